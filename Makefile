@@ -1,0 +1,50 @@
+# attnbench — `make help` lists the targets. Everything runs inside .venv.
+.DEFAULT_GOAL := help
+SHELL := /bin/bash
+
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+# Installed before the project so pip never resolves `torch` to a multi-GB CUDA build on a CPU
+# machine. On a GPU machine: make setup TORCH="torch==2.13.0 --index-url <your CUDA wheel index>"
+TORCH  ?= torch==2.13.0
+STAMP  := $(VENV)/.installed
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q $(TORCH)
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $@
+
+.PHONY: help setup run test test-fast bench-micro lint clean
+help:  ## list targets
+	@grep -hE '^[a-zA-Z_%-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN{FS=":.*## "}{printf "  make %-12s %s\n",$$1,$$2}'
+
+setup: $(STAMP)  ## create .venv and install torch, the project and its dev extra
+
+# The main job's scaling lengths: what 2 CPU cores finish in about 10 minutes. The scaling
+# preset itself goes to 16384; re-running it into multirun/scaling adds only what is missing.
+RUN_SEQ_LENS ?= 256,512,1024,2048,4096,8192
+
+run: $(STAMP)  ## the main job: smoke sweep, then the scaling sweep (tables, results, W&B runs)
+	$(PY) -m experiments.run -m +experiment=smoke
+	$(PY) -m experiments.run -m +experiment=scaling seq_len=$(RUN_SEQ_LENS)
+
+sweep-%: $(STAMP)  ## run a preset sweep, e.g. make sweep-depth (smoke, scaling, depth, lsh, linformer)
+	$(PY) -m experiments.run -m +experiment=$*
+
+test: $(STAMP)  ## install, then run the default test suite
+	$(PY) -m pytest -q
+
+test-fast: $(STAMP)  ## tests without the slow (subprocess sweep) ones
+	$(PY) -m pytest -q -m "not slow"
+
+bench-micro: $(STAMP)  ## pytest-benchmark micro-benchmarks, JSON saved, compared to the last run
+	$(PY) -m pytest tests/benchmarks -m bench --benchmark-enable --benchmark-only \
+		--benchmark-autosave --benchmark-compare --benchmark-columns=median,iqr,rounds
+
+lint: $(STAMP)  ## ruff
+	$(VENV)/bin/ruff check .
+
+clean:  ## remove caches and local outputs (keeps .venv)
+	rm -rf .pytest_cache .ruff_cache outputs multirun

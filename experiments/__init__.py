@@ -1,0 +1,1 @@
+"""The Hydra app: one job measures one configuration and records it."""

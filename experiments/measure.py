@@ -1,0 +1,230 @@
+"""What one job measures, the same way for every variant.
+
+`measure(config)` builds the model from a resolved config, trains it on the task, then times the
+attention kernel alone and the whole training step, takes the step's peak memory, the kernel's
+analytic FLOPs and its approximation error against exact attention. It returns the measurement
+columns of the record; `experiments.run` adds identity, status and provenance.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+import variants
+from experiments.memory import peak_memory_bytes, peak_rss_bytes
+from experiments.tasks import Task, build_task
+from experiments.timing import matmul_gflops_per_s, time_ms
+from experiments.train import masked_loss_and_hits, train
+from variants.attention.base import FWD_BWD_FLOP_FACTOR, Attention
+from variants.checks import require_positive_int
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_device(name: str) -> torch.device:
+    """`auto` -> cuda if available else cpu; `cuda` without a GPU is a clear error."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name not in ("cpu", "cuda"):
+        raise ValueError(f"option 'device' must be one of auto, cpu, cuda; got {name!r}")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ValueError("option 'device'=cuda but torch sees no CUDA device")
+    return torch.device(name)
+
+
+def resolve_dtype(name: str) -> torch.dtype:
+    if name not in DTYPES:
+        raise ValueError(f"option 'dtype' must be one of {', '.join(DTYPES)}; got {name!r}")
+    return DTYPES[name]
+
+
+def build_model(config: dict[str, Any], vocab_size: int) -> torch.nn.Module:
+    """The TransformerLM a config describes (ValueErrors from the registry pass through)."""
+    attention = dict(config["attention"])
+    name = attention.pop("name")
+    model_cfg = config["model"]
+    shared_qk = model_cfg["shared_qk"]
+    if shared_qk is None:
+        shared_qk = variants.attention_spec(name).shared_qk_required
+    return variants.TransformerLM(
+        vocab_size=vocab_size,
+        d_model=model_cfg["d_model"],
+        n_heads=model_cfg["n_heads"],
+        depth=model_cfg["depth"],
+        ff_mult=model_cfg["ff_mult"],
+        dropout=model_cfg["dropout"],
+        ff_chunks=model_cfg["ff_chunks"],
+        max_seq_len=config["seq_len"],
+        attention=name,
+        attention_options=attention,
+        block=config["block"]["name"],
+        shared_qk=shared_qk,
+        causal=model_cfg["causal"],
+    )
+
+
+def first_kernel(model: torch.nn.Module) -> Attention:
+    return next(m for m in model.modules() if isinstance(m, Attention))
+
+
+@dataclass
+class Setup:
+    """Everything a configuration builds before anything is measured."""
+
+    device: torch.device
+    dtype: torch.dtype
+    task: Task
+    model: torch.nn.Module
+
+
+def setup(config: dict[str, Any]) -> Setup:
+    """Validate and build a configuration; bad options raise `ValueError` naming the key."""
+    device = resolve_device(config["device"])
+    dtype = resolve_dtype(config["dtype"])
+    if config["threads"]:
+        torch.set_num_threads(int(config["threads"]))
+    seq_len, batch_size, seed = config["seq_len"], config["batch_size"], config["seed"]
+    for key, value in (("seq_len", seq_len), ("batch_size", batch_size)):
+        require_positive_int("config", key, value)
+    torch.manual_seed(seed)
+    task = build_task(config["task"], seq_len=seq_len, batch_size=batch_size, seed=seed)
+    model = build_model(config, task.vocab_size).to(device=device, dtype=dtype)
+    return Setup(device, dtype, task, model)
+
+
+def measure(
+    config: dict[str, Any],
+    built: Setup,
+    on_step: Callable[[dict[str, Any], int], None] | None = None,
+) -> dict[str, Any]:
+    """Measure one configuration; returns the measurement columns (units in the names)."""
+    device, dtype, task, model = built.device, built.dtype, built.task, built.model
+    seq_len, batch_size = config["seq_len"], config["batch_size"]
+    m_cfg, t_cfg = config["measure"], config["train"]
+    kernel = first_kernel(model)
+    n_heads = config["model"]["n_heads"]
+    head_dim = config["model"]["d_model"] // n_heads
+    columns: dict[str, Any] = {
+        "device": device.type,
+        "threads": torch.get_num_threads(),
+        "n_parameters": sum(p.numel() for p in model.parameters()),
+        "matmul_peak_gflops_per_s": matmul_gflops_per_s(str(device), dtype, m_cfg["matmul_size"]),
+    }
+
+    # Training first, on the freshly seeded model, so every variant starts from the same state.
+    if t_cfg["steps"] > 0:
+        result = train(
+            model,
+            task,
+            device,
+            steps=t_cfg["steps"],
+            lr=t_cfg["lr"],
+            warmup=t_cfg["warmup"],
+            weight_decay=t_cfg["weight_decay"],
+            grad_clip=t_cfg["grad_clip"],
+            eval_every=t_cfg["eval_every"],
+            eval_batches=t_cfg["eval_batches"],
+            on_step=on_step,
+            progress=t_cfg["progress"],
+        )
+        columns.update(
+            train_loss=result.train_loss,
+            eval_loss=result.eval_loss,
+            eval_accuracy=result.eval_accuracy,
+            tokens_per_s=result.tokens_per_s,
+        )
+
+    timing = {"min_run_time_s": m_cfg["min_run_time_s"], "warmup": m_cfg["warmup"]}
+    shape = (batch_size, n_heads, seq_len, head_dim)
+    if m_cfg["kernel"]:
+        columns.update(_kernel_timings(kernel, shape, device, dtype, timing))
+        fwd_flops = kernel.flops(batch_size, n_heads, seq_len, head_dim)
+        columns["attn_fwd_flops"] = fwd_flops
+        columns["attn_fwd_bwd_flops"] = int(fwd_flops * FWD_BWD_FLOP_FACTOR)
+        columns["attn_fwd_gflops_per_s"] = fwd_flops / columns["attn_fwd_ms"] / 1e6
+        columns["attn_fwd_bwd_gflops_per_s"] = (
+            columns["attn_fwd_bwd_flops"] / columns["attn_fwd_bwd_ms"] / 1e6
+        )
+        columns["attn_fwd_bwd_matmul_fraction"] = (
+            columns["attn_fwd_bwd_gflops_per_s"] / columns["matmul_peak_gflops_per_s"]
+        )
+
+    step = _training_step(model, task, device)
+    if m_cfg["step"]:
+        columns["step_ms"], columns["step_iqr_ms"] = time_ms(step, device, **timing)
+    if m_cfg["memory"]:
+        step()  # optimiser state exists before the measured step, as in steady-state training
+        columns["peak_memory_bytes"] = peak_memory_bytes(step, device)
+    if m_cfg["approx_error"]:
+        columns["approx_rel_error"] = approx_rel_error(
+            kernel, shape, device, dtype, m_cfg["approx_seeds"]
+        )
+    columns["peak_rss_bytes"] = peak_rss_bytes()
+    return columns
+
+
+def _kernel_timings(kernel, shape, device, dtype, timing) -> dict[str, float]:
+    """Forward (no grad) and forward+backward times of the kernel alone on random q, k, v."""
+    q, k, v = (torch.randn(shape, device=device, dtype=dtype) for _ in range(3))
+    with torch.no_grad():
+        fwd_ms, fwd_iqr = time_ms(lambda: kernel(q, k, v), device, **timing)
+    qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
+    grad_out = torch.randn(shape, device=device, dtype=dtype)
+
+    def fwd_bwd():
+        for t in (qg, kg, vg):
+            t.grad = None
+        kernel.zero_grad(set_to_none=True)
+        kernel(qg, kg, vg).backward(grad_out)
+
+    fwd_bwd_ms, fwd_bwd_iqr = time_ms(fwd_bwd, device, **timing)
+    return {
+        "attn_fwd_ms": fwd_ms,
+        "attn_fwd_iqr_ms": fwd_iqr,
+        "attn_fwd_bwd_ms": fwd_bwd_ms,
+        "attn_fwd_bwd_iqr_ms": fwd_bwd_iqr,
+    }
+
+
+def _training_step(model, task, device) -> Callable[[], None]:
+    """One full optimiser step (forward, loss, backward, AdamW update) on a fixed batch."""
+    batch = task.batch("train", 0).to(device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+    def step():
+        optimizer.zero_grad(set_to_none=True)
+        loss, _ = masked_loss_and_hits(model(batch.inputs), batch)
+        loss.backward()
+        optimizer.step()
+
+    return step
+
+
+@torch.no_grad()
+def approx_rel_error(kernel: Attention, shape, device, dtype, seeds: int) -> float:
+    """Mean over `seeds` random (q, k, v) of ||kernel(q,k,v) - exact|| / ||exact|| (Frobenius).
+
+    Exact attention is SDPA on the same inputs, causal iff the kernel is. Shared-QK variants
+    (LSH) use unit-normalised q as keys, so their reference does too; the remaining error is then
+    what hashing, chunking and the self-mask cost. Measured in eval mode, in float32 or wider.
+    """
+    was_training = kernel.training
+    kernel.eval()
+    errors = []
+    for seed in range(seeds):
+        g = torch.Generator(device="cpu").manual_seed(10_000 + seed)
+        q, k, v = (torch.randn(shape, generator=g).to(device=device, dtype=dtype) for _ in range(3))
+        if kernel.shared_qk_required:
+            k = F.normalize(q, dim=-1)
+        out = kernel(q, k, v).float()
+        exact = F.scaled_dot_product_attention(q, k, v, is_causal=kernel.causal).float()
+        errors.append(
+            float(torch.linalg.vector_norm(out - exact) / torch.linalg.vector_norm(exact))
+        )
+    kernel.train(was_training)
+    return sum(errors) / len(errors)

@@ -1,0 +1,43 @@
+"""Peak memory of a piece of work, with the same meaning on CPU and CUDA.
+
+`peak_memory_bytes` is the peak of bytes held by tensors allocated while `fn` runs, above what was
+live before it started. On CUDA it is the caching allocator's peak after a reset; on CPU the
+allocator keeps no such counter, so we replay the profiler's allocation and free events in time
+order and take the running maximum, which is the same quantity.
+"""
+
+from __future__ import annotations
+
+import resource
+import sys
+from collections.abc import Callable
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+
+def peak_memory_bytes(fn: Callable[[], object], device: torch.device | str = "cpu") -> int:
+    """Peak bytes of live tensors allocated by `fn()` on `device` (bytes, > 0 if fn allocates)."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        baseline = torch.cuda.memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        fn()
+        torch.cuda.synchronize(device)
+        return int(torch.cuda.max_memory_allocated(device) - baseline)
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
+    events.sort(key=lambda e: e.start_ns())
+    live = peak = 0
+    for event in events:
+        live += event.nbytes()  # positive for an allocation, negative for a free
+        peak = max(peak, live)
+    return int(peak)
+
+
+def peak_rss_bytes() -> int:
+    """The process's peak resident set size so far, in bytes."""
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(rss if sys.platform == "darwin" else rss * 1024)  # Linux reports KiB

@@ -1,0 +1,141 @@
+"""One job's record: a flat dict of documented columns, its identity and its provenance.
+
+Columns carry their unit in the name (`_ms`, `_bytes`, `_per_s`). Configuration columns come from
+the resolved Hydra config, flattened with dots (`attention.n_hashes`, `model.depth`); the
+short aliases `attention`, `block`, `task`, `seq_len`, ... are the ones analysis groups by.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import socket
+import subprocess
+import tempfile
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import torch
+
+STATUSES = ("ok", "oom", "timeout", "skipped", "error", "diverged")
+
+# Keys of the resolved config that do not change what is measured, so they stay out of the hash.
+_UNHASHED = ("logger", "sweep", "resume", "train.progress")
+
+
+def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """{"a": {"b": 1}} -> {"a.b": 1}; lists become JSON strings so every value is a scalar."""
+    flat: dict[str, Any] = {}
+    for key, value in tree.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            flat.update(flatten(value, f"{name}."))
+        elif isinstance(value, (list, tuple)):
+            flat[name] = json.dumps(list(value))
+        else:
+            flat[name] = value
+    return flat
+
+
+def config_hash(config: dict[str, Any]) -> str:
+    """Stable 12-hex-digit hash of what a job measures (the resolved config minus bookkeeping)."""
+    flat = {
+        k: v
+        for k, v in flatten(config).items()
+        if not any(k == u or k.startswith(f"{u}.") for u in _UNHASHED)
+    }
+    blob = json.dumps(flat, sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
+def config_columns(config: dict[str, Any]) -> dict[str, Any]:
+    """The configuration part of a record: short aliases plus every flattened config key."""
+    flat = flatten(config)
+    columns = {
+        "attention": config["attention"]["name"],
+        "block": config["block"]["name"],
+        "task": config["task"]["name"],
+        "seq_len": config["seq_len"],
+        "batch_size": config["batch_size"],
+        "d_model": config["model"]["d_model"],
+        "n_heads": config["model"]["n_heads"],
+        "depth": config["model"]["depth"],
+        "causal": config["model"]["causal"],
+        "dtype": config["dtype"],
+        "seed": config["seed"],
+    }
+    for key, value in flat.items():
+        if key.startswith(
+            ("attention.", "block.", "task.", "model.", "train.", "measure.", "budget.")
+        ):
+            columns.setdefault(key, value)
+    return columns
+
+
+def provenance(device: torch.device | None = None) -> dict[str, Any]:
+    """Where and with what a record was measured."""
+    if device is not None and device.type == "cuda":
+        device_name = torch.cuda.get_device_name(device)
+    else:
+        device_name = cpu_name()
+    return {
+        "git_commit": git_commit(),
+        "torch_version": torch.__version__,
+        "device_name": device_name,
+        "hostname": socket.gethostname(),
+        "timestamp": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+def cpu_name() -> str:
+    """The CPU's model name (Linux /proc/cpuinfo), else what `platform` knows."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def git_commit() -> str:
+    """HEAD of the checkout this code runs from, with `+dirty` if it has uncommitted changes."""
+    root = Path(__file__).resolve().parent.parent
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "--verify", "-q", "HEAD"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+        commit = head.stdout.strip() if head.returncode == 0 else ""
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return f"{commit}+dirty" if commit and dirty else (commit or "unknown")
+
+
+def write_json_atomic(path: Path, record: dict[str, Any]) -> None:
+    """Write `record` to `path` so a reader never sees a partial file (tmp file + rename)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(record, f, indent=1, sort_keys=True, default=str)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

@@ -1,0 +1,150 @@
+"""The Hydra app: `python -m experiments.run [overrides]` measures one configuration.
+
+One job = one configuration: build it (bad options -> `skipped` in a sweep, a one-line error and
+a non-zero exit in a single run), measure it under the memory and time budgets, and record it in
+`<job dir>/result.json` and a W&B run. Any failure becomes the record's `status`; in a sweep the
+job returns normally so every other job still runs.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
+from omegaconf import DictConfig, OmegaConf
+
+from experiments import budget, measure, record, store, tracking
+from experiments.train import Diverged
+
+log = logging.getLogger("attnbench")
+
+
+def run_job(
+    config: dict[str, Any], out_dir: Path, *, job: str, sweep_dir: Path | None
+) -> dict[str, Any] | None:
+    """Measure and record one configuration; returns the record, or None if resumed (skipped).
+
+    `sweep_dir` is set in a multirun: a configuration already recorded there with status ok is
+    not measured again (resume), and nothing is written for it.
+    """
+    digest = record.config_hash(config)
+    if sweep_dir is not None and config["resume"]:
+        previous = store.find_ok_record(sweep_dir, digest)
+        if previous is not None:
+            log.info("already recorded with status ok in %s; skipping", previous)
+            return None
+
+    rec: dict[str, Any] = {
+        "sweep": config["sweep"],
+        "job": job,
+        "config_hash": digest,
+        "status": "ok",
+        "error": None,
+        **record.config_columns(config),
+    }
+    tracker = tracking.start_tracker(
+        config["logger"],
+        run_config=config,
+        group=config["sweep"],
+        job_type=f"{rec['attention']}-{rec['block']}",
+        name=f"{job}-{digest}",
+        tags=[rec["attention"], rec["block"], rec["task"]],
+        out_dir=out_dir,
+    )
+    device = None
+    started = time.perf_counter()
+    try:
+        built = measure.setup(config)
+        device = built.device
+    except ValueError as error:
+        rec.update(status="skipped", error=str(error))
+    else:
+        try:
+            with (
+                budget.time_limit(config["budget"]["max_seconds"]),
+                budget.memory_cap(config["budget"]["max_memory_gb"], device),
+            ):
+                rec.update(measure.measure(config, built, on_step=tracker.log_step))
+        except BaseException as error:  # noqa: BLE001 — every failure becomes data
+            if isinstance(error, KeyboardInterrupt):
+                raise
+            rec.update(status=_status_of(error), error=_one_line(error))
+            if rec["status"] == "error":
+                log.error("job failed:\n%s", traceback.format_exc())
+        finally:
+            del built
+            gc.collect()
+    rec["job_seconds"] = time.perf_counter() - started
+    rec.update(record.provenance(device))
+    rec["offline_run_dir"] = None
+    record.write_json_atomic(out_dir / "result.json", rec)
+    tracker.finish(rec, exit_code=0 if rec["status"] == "ok" else 1)
+    if tracker.run_dir is not None:
+        rec["offline_run_dir"] = str(tracker.run_dir)
+        record.write_json_atomic(out_dir / "result.json", rec)
+    return rec
+
+
+def _threads_per_job(hydra_cfg) -> int | None:
+    """With the joblib launcher, split the cores between the parallel jobs (None = torch default).
+
+    n_jobs processes each using every core oversubscribe the machine and make every timing
+    slower and noisier; giving each job cores // n_jobs threads keeps them apart.
+    """
+    launcher = hydra_cfg.launcher
+    if "joblib" not in str(launcher.get("_target_", "")).lower():
+        return None
+    n_jobs = int(launcher.get("n_jobs", -1))
+    cores = os.cpu_count() or 1
+    n_jobs = cores if n_jobs <= 0 else n_jobs
+    return max(1, cores // n_jobs)
+
+
+def _status_of(error: BaseException) -> str:
+    if isinstance(error, budget.JobTimeout):
+        return "timeout"
+    if budget.is_out_of_memory(error):
+        return "oom"
+    if isinstance(error, Diverged):
+        return "diverged"
+    return "error"
+
+
+def _one_line(error: BaseException) -> str:
+    text = " ".join(str(error).split())
+    return f"{type(error).__name__}: {text}"[:500]
+
+
+@hydra.main(config_path="../conf", config_name="config", version_base="1.3")
+def main(cfg: DictConfig) -> None:
+    hydra_cfg = HydraConfig.get()
+    multirun = hydra_cfg.mode == RunMode.MULTIRUN
+    out_dir = Path(hydra_cfg.runtime.output_dir)
+    config = OmegaConf.to_container(cfg, resolve=True)
+    if config["threads"] is None:
+        config["threads"] = _threads_per_job(hydra_cfg)
+    sweep_dir = Path(hydra_cfg.sweep.dir) if multirun else None
+    job = str(hydra_cfg.job.num) if multirun else out_dir.name
+    rec = run_job(config, out_dir, job=job, sweep_dir=sweep_dir)
+    if rec is None:
+        return
+    print(store.format_records([rec]))
+    print(f"record: {out_dir / 'result.json'}")
+    if rec.get("offline_run_dir"):
+        print(f"W&B run: {rec['offline_run_dir']}")
+    if rec["status"] != "ok" and not multirun:
+        print(f"error: {rec['error']}", file=sys.stderr)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

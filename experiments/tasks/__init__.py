@@ -1,0 +1,73 @@
+"""Tasks a model trains on: seeded batch generators selected by `task.name`.
+
+A task yields `Batch`es of token ids for next-token prediction; `loss_mask` says which target
+positions count (e.g. only the second copy in the duplication task). Batches are a pure function
+of (seed, split, index), so every variant sees exactly the same data.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+
+
+@dataclass
+class Batch:
+    """inputs, targets: (B, L) int64; loss_mask: (B, L) bool, True where the target counts."""
+
+    inputs: torch.Tensor
+    targets: torch.Tensor
+    loss_mask: torch.Tensor
+
+    def to(self, device: torch.device) -> Batch:
+        return Batch(
+            *(t.to(device, non_blocking=True) for t in (self.inputs, self.targets, self.loss_mask))
+        )
+
+
+class Task(Protocol):
+    name: str
+    vocab_size: int
+    has_accuracy: bool
+
+    def batch(self, split: str, index: int) -> Batch:
+        """Batch number `index` of `split` ("train" or "eval"), identical on every call."""
+        ...
+
+
+_TASKS: dict[str, type] = {}
+
+
+def register_task(cls: type) -> type:
+    _TASKS[cls.name] = cls
+    return cls
+
+
+def task_names() -> list[str]:
+    _load_builtin_tasks()
+    return list(_TASKS)
+
+
+def build_task(options: dict[str, Any], *, seq_len: int, batch_size: int, seed: int) -> Task:
+    """Build the task `options["name"]` with its other options; ValueError naming bad ones."""
+    _load_builtin_tasks()
+    options = dict(options)
+    name = options.pop("name")
+    if name not in _TASKS:
+        raise ValueError(f"unknown task {name!r}; available: {', '.join(_TASKS)}")
+    try:
+        return _TASKS[name](seq_len=seq_len, batch_size=batch_size, seed=seed, **options)
+    except TypeError as error:  # an option the task does not take
+        raise ValueError(f"task {name!r}: {error}") from None
+
+
+def generator(seed: int, split: str, index: int) -> torch.Generator:
+    """A CPU generator whose stream depends only on (seed, split, index)."""
+    split_id = {"train": 0, "eval": 1}[split]
+    return torch.Generator().manual_seed(hash((seed, split_id, index)) & 0x7FFF_FFFF_FFFF_FFFF)
+
+
+def _load_builtin_tasks() -> None:
+    from experiments.tasks import random_lm  # noqa: F401  (imported to register)

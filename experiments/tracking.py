@@ -1,0 +1,422 @@
+"""Weights & Biases tracking for the experiment runner, offline by default.
+
+A job calls `start_tracker(cfg.logger, ...)`, logs training steps with `Tracker.log_step`, and hands
+its finished record to `Tracker.finish`. With `logger=none`, `mode: disabled`, or when W&B cannot
+start, the tracker is a no-op: tracking never stops a job from recording its result locally.
+
+Mode precedence: the environment variable WANDB_MODE, when set, wins over `logger.mode` (so a
+shell or CI can force `offline`/`disabled` whatever the config says); `logger=none` turns W&B
+off altogether.
+
+An offline run is a folder `<dir>/wandb/offline-run-<time>-<id>/` whose `run-<id>.wandb` file is
+W&B's transaction log: every config, history, summary and exit record of the run. `wandb sync`
+uploads it later; `read_offline_run` reads it back here without any service or account.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import pathlib
+import struct
+import zlib
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import pandas
+
+log = logging.getLogger(__name__)
+
+MODES = ("online", "offline", "disabled", "dryrun")  # dryrun is W&B's old name for offline
+STEP_AXIS = "step"  # x-axis of per-step training curves
+SCALING_AXIS = "seq_len"  # x-axis of per-job cost measurements
+MAX_TAG_CHARS = 64  # W&B rejects the whole run for a longer tag
+
+# Why W&B is off for the rest of this process after a failed start (None while it is not): a
+# failure such as no network would otherwise cost every later job of a sweep its init timeout.
+_disabled_reason: str | None = None
+
+
+class Tracker:
+    """No-op tracker: what a job gets when W&B is off.
+
+    `run_dir` is the run's local folder (`offline-run-*`, or `run-*` online), None when off.
+    """
+
+    run_dir: pathlib.Path | None = None
+
+    def log_step(self, metrics: dict[str, float], step: int) -> None:
+        """Log per-step training metrics at `step` (nothing here)."""
+
+    def finish(self, record: dict, exit_code: int) -> None:
+        """Store the job's record and close the run (nothing here)."""
+
+
+class _WandbTracker(Tracker):
+    """One W&B run per job; a W&B error after start turns it into a no-op with a warning."""
+
+    def __init__(self, run: Any, scaling_metrics: Sequence[str]):
+        self._run = run
+        self._scaling_metrics = tuple(scaling_metrics)
+        self.run_dir = pathlib.Path(run.settings.sync_dir)
+
+    def log_step(self, metrics: dict[str, float], step: int) -> None:
+        """Log `metrics` on the step axis; bare names go under `train/` (`loss` -> `train/loss`)."""
+        if self._run is None:
+            return
+        row = {(k if "/" in k else f"train/{k}"): v for k, v in metrics.items()}
+        self._guard(self._run.log, {**row, STEP_AXIS: step})
+
+    def finish(self, record: dict, exit_code: int) -> None:
+        """Copy every non-None column of `record` into the run summary, then close the run.
+
+        The cost columns named in `scaling_metrics` are also logged as one history row against
+        `seq_len`, so that W&B charts grouped by sweep can draw them over sequence length.
+        `exit_code != 0` marks the run failed. On return the run is complete on disk.
+        """
+        if self._run is None:
+            return
+        run, self._run = self._run, None
+        scaling = {k: record[k] for k in self._scaling_metrics if _is_number(record.get(k))}
+        if scaling and _is_number(record.get(SCALING_AXIS)):
+            self._guard(run.log, {SCALING_AXIS: record[SCALING_AXIS], **scaling})
+        self._guard(run.summary.update, {k: v for k, v in record.items() if v is not None})
+        self._guard(_close, run, exit_code)
+
+    def _guard(self, call, *args, **kwargs) -> None:
+        try:
+            call(*args, **kwargs)
+        except Exception as error:  # tracking must never fail the job
+            log.warning("W&B call %s failed, run left as is: %s", call.__name__, _one_line(error))
+            self._run = None
+
+
+def start_tracker(
+    logger_cfg: Mapping | None,
+    *,
+    run_config: Mapping,
+    group: str,
+    job_type: str,
+    tags: Sequence[str],
+    name: str,
+    out_dir: pathlib.Path,
+) -> Tracker:
+    """Start this job's W&B run as configured by `conf/logger/*.yaml`; a no-op tracker if off.
+
+    `run_config` is the resolved job config (nested plain mapping); `group` is usually the sweep;
+    the run is written under `logger.dir`, or `out_dir` when that is null. Several calls in one
+    process (Hydra's basic launcher) each get their own run: a run still open is finished first.
+    If W&B fails to start, one warning is logged and W&B stays off for the rest of the process.
+    Raises ValueError for a mode W&B does not know.
+    """
+    mode = _mode(logger_cfg)
+    if mode is None:
+        return Tracker()
+    run = _init_run(
+        logger_cfg, mode, config=_plain(run_config), group=group, job_type=job_type,
+        tags=tags, name=name, out_dir=out_dir,
+    )
+    if run is None:
+        return Tracker()
+    scaling_metrics = list(logger_cfg.get("scaling_metrics") or [])
+    try:
+        _define_metrics(run, scaling_metrics)
+    except Exception as error:  # charts lose their axes, the run is still fine
+        log.warning("W&B define_metric failed: %s", _one_line(error))
+    return _WandbTracker(run, scaling_metrics)
+
+
+def log_sweep_summary(
+    logger_cfg: Mapping | None,
+    *,
+    records: pandas.DataFrame,
+    figures: Mapping[str, pathlib.Path],
+    group: str,
+    out_dir: pathlib.Path,
+) -> pathlib.Path | None:
+    """Log a sweep's records as a W&B Table plus its figures (PNG paths) in one run; its run dir.
+
+    The run has job_type `sweep-summary` and the sweep's `group`; the table is under the key
+    `records` (a file `files/<path>` of the run, `path` given in its summary), each figure under
+    `figures/<name>`. None if W&B is off.
+    """
+    import wandb
+
+    mode = _mode(logger_cfg)
+    if mode is None:
+        return None
+    run = _init_run(
+        logger_cfg, mode, config={"sweep": group, "n_records": len(records)}, group=group,
+        job_type="sweep-summary", tags=[], name=f"{group}-summary", out_dir=out_dir,
+    )
+    if run is None:
+        return None
+    run_dir, exit_code = pathlib.Path(run.settings.sync_dir), 0
+    try:
+        table = wandb.Table(dataframe=records.reset_index(drop=True), allow_mixed_types=True)
+        images = {f"figures/{key}": wandb.Image(str(path)) for key, path in figures.items()}
+        run.log({"records": table, **images})
+    except Exception as error:  # the sweep's local results are already written
+        log.warning("W&B sweep summary failed: %s", _one_line(error))
+        exit_code = 1
+    try:
+        _close(run, exit_code)
+    except Exception as error:
+        log.warning("W&B sweep summary failed to finish: %s", _one_line(error))
+    return run_dir
+
+
+def _mode(logger_cfg: Mapping | None) -> str | None:
+    """W&B mode after precedence (WANDB_MODE > logger.mode), or None when W&B is off."""
+    if not logger_cfg or logger_cfg.get("name", "none") != "wandb" or _disabled_reason:
+        return None
+    from_env = os.environ.get("WANDB_MODE")
+    mode = from_env or logger_cfg.get("mode") or "offline"
+    if mode not in MODES:
+        source = "environment variable WANDB_MODE" if from_env else "logger.mode"
+        raise ValueError(f"logger wandb: {source}={mode!r} must be one of {', '.join(MODES)}")
+    return None if mode == "disabled" else mode
+
+
+def _init_run(logger_cfg: Mapping, mode: str, *, config, group, job_type, tags, name, out_dir):
+    """`wandb.init` with quiet, fast settings; None (and one warning) if W&B fails to start."""
+    global _disabled_reason
+    import wandb
+
+    run_dir = pathlib.Path(logger_cfg.get("dir") or out_dir)
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        return wandb.init(
+            mode=mode,
+            project=logger_cfg.get("project"),
+            entity=logger_cfg.get("entity"),
+            group=group,
+            job_type=job_type,
+            tags=_tags([*(logger_cfg.get("tags") or []), *tags]),
+            name=name,
+            config=config,
+            dir=str(run_dir),
+            settings=wandb.Settings(**_settings(logger_cfg)),
+        )
+    except Exception as error:  # any failure: record locally without W&B
+        _disabled_reason = _one_line(error)
+        log.warning("W&B is off for the rest of this process (%s mode): %s", mode, _disabled_reason)
+        return None
+
+
+def _close(run: Any, exit_code: int) -> None:
+    """Finish `run` and stop the W&B service until the next run starts it (~0.2 s later).
+
+    `run.finish()` returns before W&B's service has written the run's transaction log out; the
+    teardown waits for it, so the run is complete on disk when we return, and no service lingers
+    after a sweep's last job. It also finishes any other open run of this process.
+    """
+    import wandb
+
+    run.finish(exit_code=exit_code)
+    wandb.teardown()
+
+
+def _settings(logger_cfg: Mapping) -> dict[str, Any]:
+    """wandb.Settings for a benchmark: no background sampling, no code/git capture, quiet.
+
+    System-metric sampling would compete with the timed kernels for the CPU; code, git, machine
+    and requirements capture add start-up work and duplicate the record's provenance columns.
+    Keys that the installed wandb does not know are dropped, so an older or newer wandb starts.
+    """
+    import wandb
+
+    quiet = bool(logger_cfg.get("quiet", True))
+    settings = {
+        "reinit": "finish_previous",  # one open run at a time; a job that leaked one closes it
+        "silent": quiet,
+        "quiet": quiet,
+        "console": "auto" if logger_cfg.get("capture_console", False) else "off",
+        "init_timeout": float(logger_cfg.get("init_timeout", 90)),
+        "save_code": False,
+        "disable_code": True,
+        "disable_git": True,
+        "disable_job_creation": True,
+        "x_save_requirements": False,
+        "x_disable_stats": True,
+        "x_disable_meta": True,
+        "x_disable_machine_info": True,
+    }
+    known = getattr(wandb.Settings, "model_fields", None)
+    return settings if known is None else {k: v for k, v in settings.items() if k in known}
+
+
+def _define_metrics(run: Any, scaling_metrics: Sequence[str]) -> None:
+    """Training curves against `step`, per-job costs against `seq_len` (W&B chart x-axes)."""
+    run.define_metric(STEP_AXIS)
+    run.define_metric("train/*", step_metric=STEP_AXIS)
+    run.define_metric("eval/*", step_metric=STEP_AXIS)
+    run.define_metric(SCALING_AXIS)
+    for metric in scaling_metrics:
+        run.define_metric(metric, step_metric=SCALING_AXIS)
+
+
+def _tags(tags: Sequence[str]) -> list[str]:
+    """Distinct, non-empty tags cut to W&B's limit, in their first order."""
+    cut = (str(tag)[:MAX_TAG_CHARS] for tag in tags if str(tag))
+    return list(dict.fromkeys(cut))
+
+
+def _plain(value: Any) -> Any:
+    """Nested Mappings and sequences as plain dicts and lists (e.g. from an OmegaConf config)."""
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, Sequence) and not isinstance(value, (str, bytes)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _one_line(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0] if text else ''}"
+
+
+# --- Reading offline runs back ---------------------------------------------------------------
+#
+# The .wandb file is a LevelDB-format log (github.com/google/leveldb, doc/log_format.md) after
+# a 7-byte W&B header: 32 KiB blocks of chunks, each chunk = crc32 (uint32, zlib's CRC of the
+# type byte then the data), length (uint16), type (uint8: FULL, FIRST, MIDDLE, LAST), data. A
+# record is one FULL chunk or FIRST, MIDDLE..., LAST; its bytes are a serialized
+# `wandb_internal_pb2.Record`. wandb 0.31 no longer ships a Python reader (its old
+# `sdk.internal.datastore` is gone; `wandb leet inspect --json` reads it in the Go core), so the
+# chunk framing is read here and W&B's own protobuf classes decode each record.
+
+_HEADER = struct.Struct("<4sHB")  # ident ":W&B", magic 0xBEE1, version
+_CHUNK = struct.Struct("<IHB")  # crc32, data length, chunk type
+_BLOCK_BYTES = 32 * 1024
+_FULL, _FIRST, _MIDDLE, _LAST = 1, 2, 3, 4
+
+
+def find_offline_runs(root: pathlib.Path) -> list[pathlib.Path]:
+    """Every offline run folder (`offline-run-*` holding a `.wandb` log) under `root`, sorted."""
+    runs = (path for path in pathlib.Path(root).rglob("offline-run-*") if path.is_dir())
+    return sorted(path for path in runs if any(path.glob("run-*.wandb")))
+
+
+def read_offline_run(run_dir: pathlib.Path) -> dict:
+    """What W&B recorded for one run, read from its `.wandb` transaction log.
+
+    Returns a dict with
+      config   -- the run config as logged (W&B's own `_wandb` key dropped);
+      summary  -- the latest summary: every key ever set, last value wins; keys starting with `_`
+                  (W&B's runtime bookkeeping) and null values are dropped -- W&B writes NaN as
+                  null, and `Tracker.finish` skips None, so "absent" means "no value";
+      history  -- one dict per logged row, in order, without `_` keys (`_step`, `_runtime`, ...);
+      group, job_type, tags, name, project, run_id -- the run's metadata;
+      exit_code -- as passed to finish, or None if the run never finished (crashed, still open).
+    A log cut short by a crash is read up to its last whole record. Nested keys are nested
+    dicts. `run_dir` may also be the `.wandb` file itself. Raises ValueError if it is not one.
+    """
+    run = {"config": {}, "summary": {}, "history": [], "group": "", "job_type": "", "tags": [],
+           "name": "", "project": "", "run_id": "", "exit_code": None}
+    for record in _records(_log_file(pathlib.Path(run_dir))):
+        kind = record.WhichOneof("record_type")
+        if kind == "run":
+            _apply_run(run, record.run)
+        elif kind == "config":
+            _apply_updates(run["config"], record.config)
+        elif kind == "summary":
+            _apply_updates(run["summary"], record.summary)
+        elif kind == "history":
+            row = {}
+            for item in record.history.item:
+                _put(row, _path(item), _history_value(item))
+            run["history"].append(_user_keys(row))
+        elif kind == "exit":
+            run["exit_code"] = record.exit.exit_code
+    run["config"] = _user_keys(run["config"])
+    run["summary"] = {k: v for k, v in _user_keys(run["summary"]).items() if v is not None}
+    return run
+
+
+def _log_file(run_dir: pathlib.Path) -> pathlib.Path:
+    if run_dir.is_file():
+        return run_dir
+    logs = sorted(run_dir.glob("run-*.wandb"))
+    if len(logs) != 1:
+        raise ValueError(f"{run_dir}: expected one run-*.wandb file, found {len(logs)}")
+    return logs[0]
+
+
+def _records(path: pathlib.Path):
+    """Yield each `wandb_internal_pb2.Record` of a .wandb log, stopping at a torn or bad chunk."""
+    from wandb.proto import wandb_internal_pb2
+
+    data = path.read_bytes()
+    ident, magic, _version = _HEADER.unpack_from(data) if len(data) >= _HEADER.size else (b"", 0, 0)
+    if ident != b":W&B" or magic != 0xBEE1:
+        raise ValueError(f"{path}: not a W&B transaction log (bad header)")
+    pos, pending = _HEADER.size, None
+    while pos + _CHUNK.size <= len(data):
+        room = _BLOCK_BYTES - pos % _BLOCK_BYTES
+        if room < _CHUNK.size:  # a block's tail too small for a chunk header is zero padding
+            pos += room
+            continue
+        crc, length, kind = _CHUNK.unpack_from(data, pos)
+        chunk = data[pos + _CHUNK.size : pos + _CHUNK.size + length]
+        if kind == 0 or len(chunk) < length or zlib.crc32(chunk, zlib.crc32(bytes([kind]))) != crc:
+            return  # end of what was written: zeros, a torn write or a corrupted chunk
+        pos += _CHUNK.size + length
+        if kind in (_FULL, _FIRST):
+            pending = chunk
+        elif pending is not None:  # MIDDLE or LAST continue a FIRST
+            pending += chunk
+        if kind in (_FULL, _LAST) and pending is not None:
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(pending)
+            pending = None
+            yield record
+
+
+def _apply_run(run: dict, record: Any) -> None:
+    run.update(group=record.run_group, job_type=record.job_type, tags=list(record.tags),
+               name=record.display_name, project=record.project, run_id=record.run_id)
+    _apply_updates(run["config"], record.config)
+    _apply_updates(run["summary"], record.summary)
+
+
+def _apply_updates(target: dict, record: Any) -> None:
+    """Apply a ConfigRecord or SummaryRecord (`update` items, then `remove` items) to `target`."""
+    for item in record.update:
+        _put(target, _path(item), json.loads(item.value_json))
+    for item in record.remove:
+        *parents, last = _path(item)
+        for key in parents:
+            target = target.get(key, {})
+        target.pop(last, None)
+
+
+def _history_value(item: Any) -> Any:
+    """A history item's value: JSON text, or one of the typed fields newer writers use."""
+    if item.value_json:
+        return json.loads(item.value_json)
+    typed = item.WhichOneof("value")
+    if typed == "json":
+        return json.loads(item.json)
+    return None if typed in (None, "none") else getattr(item, typed)
+
+
+def _path(item: Any) -> list[str]:
+    return list(item.nested_key) or [item.key]
+
+
+def _put(target: dict, path: list[str], value: Any) -> None:
+    for key in path[:-1]:
+        target = target.setdefault(key, {})
+    target[path[-1]] = value
+
+
+def _user_keys(values: dict) -> dict:
+    return {k: v for k, v in values.items() if not k.startswith("_")}

@@ -1,0 +1,131 @@
+"""The training loop every variant is trained with: AdamW, warmup then cosine, clipping, eval."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from experiments.tasks import Batch, Task
+
+
+class Diverged(Exception):
+    """The training loss became NaN or infinite."""
+
+
+@dataclass
+class TrainResult:
+    train_loss: float  # mean loss over the last eval window of training steps (nats/token)
+    eval_loss: float | None
+    eval_accuracy: float | None
+    tokens_per_s: float  # training tokens per second of wall time, evaluation excluded
+    steps: int
+
+
+def lr_at(step: int, *, lr: float, warmup: int, steps: int) -> float:
+    """Linear warmup over `warmup` steps, then cosine decay to 10 % of `lr` at `steps`."""
+    if warmup and step < warmup:
+        return lr * (step + 1) / warmup
+    progress = (step - warmup) / max(1, steps - warmup)
+    return lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
+
+
+def masked_loss_and_hits(logits: torch.Tensor, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mean cross-entropy over `loss_mask` positions and the number of correct argmax predictions.
+
+    logits: (B, L, V); returns (scalar loss, scalar int count of hits on masked positions).
+    """
+    mask = batch.loss_mask.reshape(-1)  # (B*L,)
+    flat_logits = logits.reshape(-1, logits.shape[-1])[mask]  # (N, V)
+    flat_targets = batch.targets.reshape(-1)[mask]  # (N,)
+    loss = F.cross_entropy(flat_logits.float(), flat_targets)
+    hits = (flat_logits.argmax(-1) == flat_targets).sum()
+    return loss, hits
+
+
+@torch.no_grad()
+def evaluate(
+    model: nn.Module, task: Task, device: torch.device, n_batches: int
+) -> tuple[float, float]:
+    """Mean eval loss and accuracy (over masked target positions) on `n_batches` eval batches."""
+    was_training = model.training
+    model.eval()
+    total_loss, total_hits, total_count = 0.0, 0, 0
+    for index in range(n_batches):
+        batch = task.batch("eval", index).to(device)
+        loss, hits = masked_loss_and_hits(model(batch.inputs), batch)
+        count = int(batch.loss_mask.sum())
+        total_loss += float(loss) * count
+        total_hits += int(hits)
+        total_count += count
+    model.train(was_training)
+    return total_loss / total_count, total_hits / total_count
+
+
+def train(
+    model: nn.Module,
+    task: Task,
+    device: torch.device,
+    *,
+    steps: int,
+    lr: float,
+    warmup: int,
+    weight_decay: float,
+    grad_clip: float,
+    eval_every: int,
+    eval_batches: int,
+    on_step: Callable[[dict[str, Any], int], None] | None = None,
+    progress: bool = False,
+) -> TrainResult:
+    """Train `model` for `steps` optimiser steps on `task`; deterministic given the seeds.
+
+    `on_step(metrics, step)` receives `train/loss`, `train/lr` every step and `eval/loss`,
+    `eval/accuracy` every `eval_every` steps and at the end. Raises `Diverged` on a NaN/inf loss.
+    """
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
+    model.train()
+    recent: list[float] = []
+    tokens, train_seconds = 0, 0.0
+    eval_loss = eval_accuracy = None
+    for step in range(steps):
+        for group in optimizer.param_groups:
+            group["lr"] = lr_at(step, lr=lr, warmup=warmup, steps=steps)
+        batch = task.batch("train", step).to(device)
+        started = time.perf_counter()
+        loss, _ = masked_loss_and_hits(model(batch.inputs), batch)
+        if not torch.isfinite(loss):
+            raise Diverged(f"training loss is {float(loss)} at step {step}")
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if grad_clip:
+            nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+        optimizer.step()
+        loss_value = loss.item()  # synchronises on CUDA, so the timing below is honest
+        train_seconds += time.perf_counter() - started
+        tokens += batch.inputs.numel()
+        recent = (recent + [loss_value])[-max(1, eval_every or steps) :]
+        metrics: dict[str, Any] = {
+            "train/loss": loss_value,
+            "train/lr": optimizer.param_groups[0]["lr"],
+        }
+        last = step == steps - 1
+        if last or (eval_every and (step + 1) % eval_every == 0):
+            eval_loss, eval_accuracy = evaluate(model, task, device, eval_batches)
+            metrics.update({"eval/loss": eval_loss, "eval/accuracy": eval_accuracy})
+        if on_step is not None:
+            on_step(metrics, step)
+        if progress:
+            print(f"step {step + 1}/{steps} loss {loss_value:.4f}", flush=True)
+    return TrainResult(
+        train_loss=sum(recent) / len(recent) if recent else float("nan"),
+        eval_loss=eval_loss,
+        eval_accuracy=eval_accuracy if task.has_accuracy else None,
+        tokens_per_s=tokens / train_seconds if train_seconds else float("nan"),
+        steps=steps,
+    )

@@ -1,0 +1,224 @@
+"""W&B tracking against real offline W&B: what a job logs is what `read_offline_run` reads back."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import shutil
+import socket
+import subprocess
+import sys
+import time
+
+import pandas as pd
+import pytest
+import wandb
+from omegaconf import OmegaConf
+
+from experiments import tracking
+
+WANDB = {"name": "wandb", "mode": "offline", "project": "attnbench", "entity": None, "tags": [],
+         "dir": None, "quiet": True, "capture_console": False, "init_timeout": 90,
+         "scaling_metrics": ["attn_fwd_ms", "step_ms", "peak_memory_bytes", "approx_rel_error"]}
+RUN_CONFIG = {"attention": {"name": "lsh", "bucket_size": 32, "n_hashes": 2, "seed": None},
+              "seq_len": 256, "batch_size": 2, "tags": ["a", "b"]}
+RECORD = {"sweep": "s1", "job": "0", "status": "ok", "error": None, "attention": "lsh",
+          "attention.bucket_size": 32, "seq_len": 256, "causal": True, "attn_fwd_ms": 1.25,
+          "step_ms": 7.5, "peak_memory_bytes": 123456789, "approx_rel_error": float("nan"),
+          "timestamp": "2026-01-01T00:00:00"}
+
+
+@pytest.fixture(autouse=True)
+def wandb_home(tmp_path, monkeypatch):
+    """Keep W&B's files out of ~, W&B on, and its service fresh for each test."""
+    for var in ("WANDB_DIR", "WANDB_CACHE_DIR", "WANDB_CONFIG_DIR", "WANDB_DATA_DIR"):
+        monkeypatch.setenv(var, str(tmp_path / "wandb_home" / var.lower()))
+    for var in ("WANDB_MODE", "WANDB_API_KEY", "WANDB_BASE_URL", "WANDB_PROJECT", "WANDB_ENTITY"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setattr(tracking, "_disabled_reason", None)
+    yield
+    wandb.teardown()
+
+
+def start(out_dir, logger_cfg=WANDB, name="job-0", tags=("lsh", "seq_len=256")):
+    return tracking.start_tracker(logger_cfg, run_config=RUN_CONFIG, group="s1", job_type="bench",
+                                  tags=list(tags), name=name, out_dir=out_dir)
+
+
+def expected_summary(record):
+    """W&B keeps no None; it writes NaN as null, which reads back as absent too."""
+    return {k: v for k, v in record.items()
+            if v is not None and not (isinstance(v, float) and math.isnan(v))}
+
+
+def test_offline_run_reads_back_as_logged(tmp_path):
+    tracker = start(tmp_path)
+    for step in range(5):
+        tracker.log_step({"loss": 1.0 / (step + 1), "eval/loss": 2.0}, step=step)
+    tracker.finish(RECORD, exit_code=0)
+
+    assert tracker.run_dir.parent == tmp_path / "wandb"
+    assert tracker.run_dir.name.startswith("offline-run-")
+    assert tracking.find_offline_runs(tmp_path) == [tracker.run_dir]
+    run = tracking.read_offline_run(tracker.run_dir)
+    assert run["config"] == RUN_CONFIG
+    summary = expected_summary(RECORD)
+    assert {k: run["summary"].get(k) for k in summary} == summary
+    assert "error" not in run["summary"] and "approx_rel_error" not in run["summary"]
+    steps = [row for row in run["history"] if "step" in row]
+    assert [row["step"] for row in steps] == [0, 1, 2, 3, 4]
+    assert [row["train/loss"] for row in steps] == [1.0, 0.5, 1 / 3, 0.25, 0.2]
+    assert all(row["eval/loss"] == 2.0 for row in steps)
+    # One more row puts the per-job costs on the seq_len axis (NaN error left out).
+    assert run["history"][-1] == {"seq_len": 256, "attn_fwd_ms": 1.25, "step_ms": 7.5,
+                                  "peak_memory_bytes": 123456789}
+    assert (run["group"], run["job_type"], run["name"]) == ("s1", "bench", "job-0")
+    assert run["tags"] == ["lsh", "seq_len=256"]
+    assert (run["project"], run["exit_code"]) == ("attnbench", 0)
+
+
+def test_two_jobs_in_one_process_get_separate_runs(tmp_path):
+    hydra_cfg = OmegaConf.create(WANDB)  # as the runner passes it
+    first = start(tmp_path / "job0", hydra_cfg, name="job-0")
+    first.log_step({"loss": 1.0}, step=0)
+    first.finish({**RECORD, "job": "0"}, exit_code=0)
+    second = start(tmp_path / "job1", hydra_cfg, name="job-1")
+    second.finish({**RECORD, "job": "1", "status": "error", "error": "boom"}, exit_code=1)
+
+    assert first.run_dir != second.run_dir
+    assert tracking.find_offline_runs(tmp_path) == [first.run_dir, second.run_dir]
+    one, two = (tracking.read_offline_run(t.run_dir) for t in (first, second))
+    assert (one["name"], one["summary"]["job"], one["exit_code"]) == ("job-0", "0", 0)
+    assert (two["name"], two["summary"]["job"], two["exit_code"]) == ("job-1", "1", 1)
+    assert two["summary"]["error"] == "boom"
+    assert not [row for row in two["history"] if "step" in row]
+    assert one["run_id"] != two["run_id"]
+
+
+def test_no_wandb_service_outlives_a_finished_run(tmp_path):
+    psutil = pytest.importorskip("psutil")
+
+    def services():
+        return [p for p in psutil.Process().children(recursive=True) if "wandb" in p.name()]
+
+    tracker = start(tmp_path)
+    assert services()  # W&B's service runs while the job does
+    tracker.finish(RECORD, exit_code=0)
+    assert not services()
+
+
+def test_logger_none_and_disabled_are_no_ops(tmp_path, monkeypatch):
+    trackers = [start(tmp_path, {"name": "none"}), start(tmp_path, {**WANDB, "mode": "disabled"})]
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    trackers.append(start(tmp_path, WANDB))
+    for tracker in trackers:
+        assert type(tracker) is tracking.Tracker and tracker.run_dir is None
+        tracker.log_step({"loss": 1.0}, step=0)
+        tracker.finish(RECORD, exit_code=0)
+    assert not (tmp_path / "wandb").exists()
+    assert tracking.log_sweep_summary({"name": "none"}, records=pd.DataFrame([RECORD]),
+                                      figures={}, group="s1", out_dir=tmp_path) is None
+
+
+def test_wandb_mode_environment_variable_wins(tmp_path, monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    tracker = start(tmp_path, {**WANDB, "mode": "online"})  # online would fail: no server here
+    tracker.finish(RECORD, exit_code=0)
+    assert tracker.run_dir.name.startswith("offline-run-")
+    monkeypatch.setenv("WANDB_MODE", "ofline")
+    with pytest.raises(ValueError, match="WANDB_MODE='ofline' must be one of"):
+        start(tmp_path, WANDB)
+
+
+def test_failed_start_warns_once_and_returns_no_op(tmp_path, monkeypatch, caplog):
+    with socket.socket() as probe:  # a port nothing listens on: connections are refused
+        probe.bind(("127.0.0.1", 0))
+        closed_port = probe.getsockname()[1]
+    monkeypatch.setenv("WANDB_BASE_URL", f"http://127.0.0.1:{closed_port}")
+    monkeypatch.setenv("WANDB_API_KEY", "x" * 40)
+    online = {**WANDB, "mode": "online", "init_timeout": 3}
+    begin = time.perf_counter()
+    with caplog.at_level(logging.WARNING, logger="experiments.tracking"):
+        trackers = [start(tmp_path / f"job{i}", online, name=f"job-{i}") for i in range(3)]
+    assert time.perf_counter() - begin < 30  # one timed-out attempt, then W&B stays off
+    for tracker in trackers:
+        assert type(tracker) is tracking.Tracker and tracker.run_dir is None
+        tracker.finish(RECORD, exit_code=0)
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "W&B is off" in warnings[0].getMessage()
+
+
+def test_sweep_summary_logs_table_and_figures(tmp_path):
+    matplotlib = pytest.importorskip("matplotlib")
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(figsize=(2, 2))
+    axes.plot([128, 256], [1.0, 4.0])
+    png = tmp_path / "scaling.png"
+    figure.savefig(png)
+    plt.close(figure)
+    records = pd.DataFrame([RECORD, {**RECORD, "job": "1", "seq_len": 512, "status": "oom",
+                                     "error": "out of memory", "attn_fwd_ms": None,
+                                     "attention.bucket_size": "auto"}])
+
+    run_dir = tracking.log_sweep_summary(WANDB, records=records, figures={"scaling": png},
+                                         group="s1", out_dir=tmp_path / "summary")
+    run = tracking.read_offline_run(run_dir)
+    assert (run["job_type"], run["group"], run["exit_code"]) == ("sweep-summary", "s1", 0)
+    table_ref, image_ref = run["summary"]["records"], run["summary"]["figures/scaling"]
+    assert (table_ref["_type"], image_ref["_type"]) == ("table-file", "image-file")
+    table = json.loads((run_dir / "files" / table_ref["path"]).read_text())
+    assert table["columns"] == list(records.columns)
+    assert [row[table["columns"].index("status")] for row in table["data"]] == ["ok", "oom"]
+    assert (run_dir / "files" / image_ref["path"]).is_file()
+
+
+def test_reader_agrees_with_wandb_leet_across_blocks(tmp_path):
+    """A 70 KB config record spans three 32 KiB blocks; W&B's own Go reader must agree."""
+    config = {**RUN_CONFIG, "blob": "x" * 70_000}
+    tracker = tracking.start_tracker(WANDB, run_config=config, group="s1", job_type="bench",
+                                     tags=[], name="big", out_dir=tmp_path)
+    for step in range(200):
+        tracker.log_step({f"metric_{i}": step + i / 10 for i in range(20)}, step=step)
+    tracker.finish(RECORD, exit_code=3)
+    run = tracking.read_offline_run(tracker.run_dir)
+    assert run["config"] == config and len(run["history"]) == 201
+
+    inspect = [sys.executable, "-m", "wandb", "leet", "inspect", "--json", str(tracker.run_dir)]
+    done = subprocess.run([*inspect[:5], "--summary", *inspect[5:]], capture_output=True,
+                          text=True, timeout=60, stdin=subprocess.DEVNULL)
+    if "No such command" in done.stderr:
+        pytest.skip("this wandb has no `wandb leet inspect`")
+    assert done.returncode == 0, done.stderr
+    theirs = json.loads(done.stdout)
+    assert theirs["config"] == config and theirs["exit_code"] == 3
+    assert {k: v for k, v in theirs["summary"].items() if not k.startswith("_")} == run["summary"]
+    done = subprocess.run(inspect, capture_output=True, text=True, timeout=60,
+                          stdin=subprocess.DEVNULL, check=True)
+    kinds = [json.loads(line)["type"] for line in done.stdout.splitlines()]
+    assert kinds.count("history") == len(run["history"])
+
+
+def test_reader_stops_at_a_torn_write(tmp_path):
+    tracker = start(tmp_path)
+    for step in range(5):
+        tracker.log_step({"loss": float(step)}, step=step)
+    tracker.finish(RECORD, exit_code=0)
+    (log_file,) = tracker.run_dir.glob("run-*.wandb")
+    torn = tmp_path / "torn" / log_file.name
+    torn.parent.mkdir()
+    shutil.copyfile(log_file, torn)
+    whole = log_file.stat().st_size
+    with torn.open("r+b") as handle:  # a crash mid-write leaves part of the last record
+        handle.truncate(whole - 5)
+    run = tracking.read_offline_run(torn.parent)
+    assert run["config"] == RUN_CONFIG and run["exit_code"] is None  # the exit record is torn
+    assert [row["step"] for row in run["history"] if "step" in row] == [0, 1, 2, 3, 4]
+    with torn.open("r+b") as handle:
+        handle.truncate(whole // 2)
+    assert len(tracking.read_offline_run(torn.parent)["history"]) < 5
+    (tmp_path / "bad.wandb").write_bytes(b"hello world")
+    with pytest.raises(ValueError, match="not a W&B transaction log"):
+        tracking.read_offline_run(tmp_path / "bad.wandb")

@@ -1,0 +1,56 @@
+"""Independent references for the tests: dense masks and explicit softmax, nothing from variants."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+
+import torch
+
+
+def dense_attention(q, k, v, mask=None, scale=None):
+    """softmax(q k^T * scale, masked) v on explicit (L, L) scores; mask True = may attend.
+
+    q, k, v: (B, H, L, D); mask: bool broadcastable to (B, H, L, L). Rows with no allowed key
+    return zeros.
+    """
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    scores = (q @ k.transpose(-1, -2)) * scale
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    probs = torch.softmax(scores, dim=-1).nan_to_num(0.0)
+    return probs @ v
+
+
+def causal_mask(length, device=None):
+    """(L, L) bool, True where j <= i."""
+    idx = torch.arange(length, device=device)
+    return idx[None, :] <= idx[:, None]
+
+
+def qkv(batch=2, heads=3, length=16, head_dim=8, seed=0, dtype=torch.float64, requires_grad=False):
+    """Random q, k, v (B, H, L, D); float64 by default so equality tests can be tight."""
+    g = torch.Generator().manual_seed(seed)
+    shape = (batch, heads, length, head_dim)
+    return tuple(
+        torch.randn(shape, generator=g, dtype=dtype).requires_grad_(requires_grad) for _ in range(3)
+    )
+
+
+def assert_causal(module, length=24, t=10, head_dim=8, seed=0, replay=False):
+    """Changing q, k, v after position t leaves outputs at positions <= t unchanged.
+
+    replay=True runs the second call inside `replaying()`, so a stochastic kernel reuses the
+    random choices (LSH buckets) of the first.
+    """
+    from variants.attention.base import replaying
+
+    q, k, v = qkv(1, 2, length, head_dim, seed=seed)
+    out = module(q, k, v)
+    q2, k2, v2 = (x.clone() for x in (q, k, v))
+    for x in (q2, k2, v2):
+        x[:, :, t + 1 :] = torch.randn_like(x[:, :, t + 1 :]) * 3
+    with replaying() if replay else contextlib.nullcontext():
+        out2 = module(q2, k2, v2)
+    torch.testing.assert_close(out[:, :, : t + 1], out2[:, :, : t + 1])
+    assert not torch.allclose(out[:, :, t + 1 :], out2[:, :, t + 1 :])

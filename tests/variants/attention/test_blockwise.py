@@ -1,0 +1,118 @@
+"""Blockwise (local) attention against dense masks of its pattern built here from positions."""
+
+import pytest
+import torch
+
+from experiments.memory import peak_memory_bytes
+from tests.reference import assert_causal, dense_attention, qkv
+from variants.registry import build_attention
+
+# (seq_len, block_size, look_backward, look_forward)
+PATTERNS = [
+    (16, 4, 1, 1),
+    (32, 8, 2, 0),
+    (24, 4, 0, 2),
+    (20, 8, 0, 0),
+    (37, 5, 2, 1),  # 37 = 7 * 5 + 2: two real positions in the last block
+]
+
+
+def blockwise_mask(length, block_size, look_backward, look_forward, causal):
+    """(L, L) bool: key block within [query block - back, query block + fwd], j <= i if causal."""
+    position = torch.arange(length)
+    query_block = (position // block_size)[:, None]
+    key_block = (position // block_size)[None, :]
+    if causal:
+        return (key_block >= query_block - look_backward) & (position[None, :] <= position[:, None])
+    return (key_block >= query_block - look_backward) & (key_block <= query_block + look_forward)
+
+
+def blockwise(causal, block_size, look_backward, look_forward):
+    return build_attention(
+        "blockwise",
+        causal=causal,
+        block_size=block_size,
+        look_backward=look_backward,
+        look_forward=look_forward,
+    )
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("block_size", [12, 64])
+def test_block_covering_the_sequence_is_full_attention(causal, block_size):
+    q, k, v = qkv(length=12)
+    mask = torch.ones(12, 12, dtype=torch.bool).tril() if causal else None
+    out = blockwise(causal, block_size, 1, 1)(q, k, v)
+    torch.testing.assert_close(out, dense_attention(q, k, v, mask))
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("length, block_size, look_backward, look_forward", PATTERNS)
+def test_matches_dense_mask_of_pattern(causal, length, block_size, look_backward, look_forward):
+    q, k, v = qkv(length=length, seed=length)
+    mask = blockwise_mask(length, block_size, look_backward, look_forward, causal)
+    out = blockwise(causal, block_size, look_backward, look_forward)(q, k, v)
+    torch.testing.assert_close(out, dense_attention(q, k, v, mask))
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_length_not_multiple_of_block_equals_dense_masked_result(causal):
+    # 13 = 3 * 4 + 1: the last block holds one real query and three padded keys.
+    q, k, v = qkv(length=13, seed=3)
+    out = blockwise(causal, 4, 1, 1)(q, k, v)
+    torch.testing.assert_close(out, dense_attention(q, k, v, blockwise_mask(13, 4, 1, 1, causal)))
+
+
+@pytest.mark.parametrize("length, block_size, look_backward, look_forward", PATTERNS)
+@pytest.mark.parametrize("causal", [False, True])
+def test_flops_count_allowed_pairs(causal, length, block_size, look_backward, look_forward):
+    allowed = int(blockwise_mask(length, block_size, look_backward, look_forward, causal).sum())
+    module = blockwise(causal, block_size, look_backward, look_forward)
+    assert module.flops(2, 3, length, 8) == 4 * 2 * 3 * allowed * 8
+
+
+def test_causal_ignores_look_forward():
+    q, k, v = qkv(length=16)
+    torch.testing.assert_close(blockwise(True, 4, 1, 0)(q, k, v), blockwise(True, 4, 1, 3)(q, k, v))
+
+
+@pytest.mark.parametrize("block_size, look_backward", [(4, 1), (5, 0), (3, 2)])
+def test_causal_never_sees_the_future(block_size, look_backward):
+    assert_causal(blockwise(True, block_size, look_backward, 1), length=24, t=10)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_gradients_match_dense_reference(causal):
+    q, k, v = qkv(batch=1, heads=2, length=11, head_dim=4, seed=5, requires_grad=True)
+    out = blockwise(causal, 3, 1, 1)(q, k, v)
+    expected = dense_attention(q, k, v, blockwise_mask(11, 3, 1, 1, causal))
+    upstream = torch.randn_like(out)
+    grads = torch.autograd.grad(out, (q, k, v), upstream)
+    expected_grads = torch.autograd.grad(expected, (q, k, v), upstream)
+    torch.testing.assert_close(grads, expected_grads)
+
+
+def test_memory_grows_linearly_with_length():
+    module = blockwise(True, 128, 1, 1)
+
+    def forward_backward_peak(length):
+        q, k, v = qkv(
+            batch=1, heads=2, length=length, head_dim=32, dtype=torch.float32, requires_grad=True
+        )
+        return peak_memory_bytes(lambda: module(q, k, v).sum().backward())
+
+    assert forward_backward_peak(4096) <= 2.3 * forward_backward_peak(2048)
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ({"block_size": 0}, "blockwise: option 'block_size' must be a positive integer, got 0"),
+        ({"block_size": 2.5}, "option 'block_size' must be a positive integer"),
+        ({"look_backward": -1}, "option 'look_backward' must be a non-negative integer, got -1"),
+        ({"look_forward": -2}, "option 'look_forward' must be a non-negative integer, got -2"),
+    ],
+)
+def test_bad_options_are_rejected_by_name(options, message):
+    with pytest.raises(ValueError, match=message):
+        build_attention("blockwise", **options)

@@ -1,0 +1,124 @@
+"""Linformer: exact with identity projections, sharing modes, its refusal of causal, its memory."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from experiments.memory import peak_memory_bytes
+from tests.reference import dense_attention, qkv
+from variants import build_attention
+from variants.registry import attention_spec
+
+
+def build(**options):
+    options = {"k": 16, "n_heads": 3, "max_seq_len": 16, **options}
+    return build_attention("linformer", **options).double()
+
+
+def set_identity_columns(module, length):
+    """E = F = [I_L | anything]: the projected keys and values are the keys and values."""
+    with torch.no_grad():
+        for proj in (module.key_proj, module.value_proj):
+            if proj is not None:
+                proj[:, :, :length] = torch.eye(length)
+
+
+@pytest.mark.parametrize("share", ["none", "headwise", "kv"])
+def test_identity_projections_with_k_equal_to_length_are_full_attention(share):
+    module = build(share=share)
+    set_identity_columns(module, 16)
+    q, k, v = qkv(length=16)
+    torch.testing.assert_close(module(q, k, v), dense_attention(q, k, v))
+
+
+def test_shorter_inputs_use_the_first_columns():
+    module = build(k=10, max_seq_len=32)
+    set_identity_columns(module, 10)  # columns 10.. stay random and must not be read
+    q, k, v = qkv(length=10)
+    torch.testing.assert_close(module(q, k, v), dense_attention(q, k, v))
+
+
+@pytest.mark.parametrize(
+    ("share", "n_params"),
+    [("none", 2 * 3 * 5 * 16), ("headwise", 2 * 5 * 16), ("kv", 5 * 16), ("layerwise", 5 * 16)],
+)
+def test_share_modes_have_the_documented_parameter_count(share, n_params):
+    module = build(k=5, share=share)
+    assert sum(p.numel() for p in module.parameters()) == n_params
+
+
+def test_layerwise_tie_shares_one_parameter_and_accumulates_both_gradients():
+    first, second = build(share="layerwise"), build(share="layerwise")
+    second.tie_to(first)
+    assert second.key_proj is first.key_proj
+    joint = torch.nn.ModuleList([first, second])
+    assert sum(p.numel() for p in joint.parameters()) == 16 * 16
+
+    q, k, v = qkv(length=12)
+    loss_first = first(q, k, v).square().sum()
+    loss_second = second(k, v, q).square().sum()  # other inputs, so the two gradients differ
+    (grad_first,) = torch.autograd.grad(loss_first, first.key_proj, retain_graph=True)
+    (grad_second,) = torch.autograd.grad(loss_second, first.key_proj, retain_graph=True)
+    (loss_first + loss_second).backward()
+    torch.testing.assert_close(first.key_proj.grad, grad_first + grad_second)
+    assert grad_second.abs().sum() > 0
+
+
+def test_tie_to_leaves_other_share_modes_separate():
+    first, second = build(share="kv"), build(share="kv")
+    second.tie_to(first)
+    assert second.key_proj is not first.key_proj
+
+
+def test_layerwise_tie_to_a_different_shape_is_refused():
+    with pytest.raises(ValueError, match="linformer: option share='layerwise'"):
+        build(share="layerwise").tie_to(build(share="layerwise", k=8))
+
+
+def test_future_positions_leak_into_earlier_outputs():
+    module = build()
+    q, k, v = qkv(length=16)
+    k2, v2 = k.clone(), v.clone()
+    k2[:, :, -1] += 1.0
+    v2[:, :, -1] += 1.0
+    assert not torch.allclose(module(q, k, v)[:, :, 0], module(q, k2, v2)[:, :, 0])
+
+
+def test_causal_is_refused_with_the_reason():
+    assert attention_spec("linformer").causal_supported is False
+    with pytest.raises(ValueError, match=r"'linformer' does not support option causal=True"):
+        build_attention("linformer", causal=True)
+
+
+def test_longer_than_max_seq_len_is_refused():
+    q, k, v = qkv(length=17)
+    with pytest.raises(ValueError, match="linformer: seq_len 17 exceeds option 'max_seq_len'=16"):
+        build()(q, k, v)
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"share": "heads"}, "linformer: option 'share' must be one of none, headwise, kv"),
+        ({"k": 0}, "linformer: option 'k' must be a positive integer"),
+        ({"max_seq_len": 0}, "linformer: option 'max_seq_len' must be a positive integer"),
+    ],
+)
+def test_bad_options_are_refused(options, message):
+    with pytest.raises(ValueError, match=message):
+        build_attention("linformer", **options)
+
+
+def test_flops():
+    assert build(k=5).flops(2, 3, 12, 8) == 4 * 2 * 3 * 12 * 5 * 8 + 2 * 2 * 2 * 3 * 5 * 12 * 8
+
+
+def test_fwd_bwd_memory_grows_linearly_with_length():
+    module = build_attention("linformer", k=64, n_heads=2, max_seq_len=4096)
+
+    def fwd_bwd_peak(length):
+        q, k, v = qkv(1, 2, length, 32, dtype=torch.float32, requires_grad=True)
+        return peak_memory_bytes(lambda: module(q, k, v).sum().backward())
+
+    assert fwd_bwd_peak(4096) <= 2.3 * fwd_bwd_peak(2048)

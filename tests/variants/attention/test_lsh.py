@@ -1,0 +1,218 @@
+"""LSH attention against dense shared-QK references built here, independently of the kernel."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+import yaml
+
+from experiments.memory import peak_memory_bytes
+from tests.reference import assert_causal, causal_mask, dense_attention, qkv
+from variants import attention_spec, build_attention
+from variants.attention.base import replaying
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def shared_qk_reference(q, v, allowed, multiplicity=None):
+    """Dense shared-QK attention over `allowed` (L, L) or (B, H, L, L) pairs, self excluded.
+
+    Keys are the unit-normalised queries, scale 1/sqrt(d); a token attends to itself only when
+    `allowed` leaves it no other key. `multiplicity` (same shape, counts) weighs each pair's
+    exp(score) by how many times it is counted; None counts every pair once.
+    """
+    length = q.shape[2]
+    eye = torch.eye(length, dtype=torch.bool)
+    others = allowed & ~eye
+    alone = ~others.any(dim=-1, keepdim=True)
+    mask = others | (eye & alone)
+    keys = F.normalize(q, dim=-1)
+    if multiplicity is None:
+        return dense_attention(q, keys, v, mask)
+    scores = (q @ keys.transpose(-1, -2)) / math.sqrt(q.shape[-1])
+    scores = scores + multiplicity.clamp_min(1).log()
+    probs = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1)
+    return probs @ v
+
+
+def window_counts(buckets, length, bucket_size):
+    """(B, H, L, L) int: in how many rounds key j is in query i's window.
+
+    Straight from the definition, one position at a time: sort each round's positions by
+    (bucket, position), cut into chunks, a query sees its chunk and the previous one (wrapping).
+    `buckets` is (B, H, R, Lp) and includes the padded positions.
+    """
+    batch, heads, rounds, padded = buckets.shape
+    n_chunks = padded // bucket_size
+    counts = torch.zeros(batch, heads, length, length, dtype=torch.long)
+    for b in range(batch):
+        for h in range(heads):
+            for r in range(rounds):
+                row = buckets[b, h, r].tolist()
+                order = sorted(range(padded), key=lambda p: (row[p], p))
+                chunk = {p: slot // bucket_size for slot, p in enumerate(order)}
+                for i in range(length):
+                    for j in range(length):
+                        if chunk[j] in (chunk[i], (chunk[i] - 1) % n_chunks):
+                            counts[b, h, i, j] += 1
+    return counts
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("n_hashes", [1, 2, 4])
+@pytest.mark.parametrize("length", [5, 16, 27, 32])
+def test_short_sequences_equal_dense_shared_qk(causal, n_hashes, length):
+    # With L <= 2m every window is the whole sequence, in every round (L=5, 27: padded).
+    q, k, v = qkv(2, 3, length, 8)
+    module = build_attention("lsh", causal=causal, n_hashes=n_hashes, bucket_size=16, seed=3)
+    allowed = causal_mask(length) if causal else torch.ones(length, length, dtype=torch.bool)
+    torch.testing.assert_close(module(q, k, v), shared_qk_reference(q, v, allowed))
+
+
+@pytest.mark.parametrize("dedup", [True, False])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("n_hashes", [1, 3, 8])
+@pytest.mark.parametrize("length", [22, 40])
+def test_rounds_combine_over_the_union_of_windows(dedup, causal, n_hashes, length):
+    # The real test of multi-round LSH: 6 and 10 chunks of m=4 (L=22 is padded), so windows
+    # differ between rounds. dedup=True is a softmax over the union of the windows; dedup=False
+    # weighs each pair by the number of rounds whose windows hold it.
+    q, k, v = qkv(1, 2, length, 8, seed=n_hashes)
+    q = q * 3  # sharper scores: a wrong weight on a shared pair shows clearly
+    module = build_attention(
+        "lsh", causal=causal, n_hashes=n_hashes, bucket_size=4, n_buckets=6, dedup=dedup
+    )
+    out = module(q, k, v)
+    counts = window_counts(module.last_buckets, length, bucket_size=4)
+    allowed = counts > 0
+    if causal:
+        allowed = allowed & causal_mask(length)
+    expected = shared_qk_reference(q, v, allowed, multiplicity=None if dedup else counts)
+    torch.testing.assert_close(out, expected)
+
+
+def test_padded_positions_are_never_keys():
+    # L=100, m=32: 28 padded slots share the last chunk with real tokens and sit in windows of
+    # real queries. The reference sorts the padded slots too (so chunk edges are the kernel's)
+    # but offers only real keys; a padded key with any weight, or a padded query's output left
+    # in place, breaks the equality.
+    q, k, v = qkv(1, 2, 100, 8, seed=1)
+    module = build_attention("lsh", n_hashes=2, bucket_size=32, n_buckets=4, seed=0)
+    out = module(q, k, v)
+    assert out.shape == q.shape and torch.isfinite(out).all()
+    allowed = window_counts(module.last_buckets, 100, bucket_size=32) > 0
+    torch.testing.assert_close(out, shared_qk_reference(q, v, allowed))
+
+
+def test_default_bucket_count_and_padding_bucket():
+    # Lp = 128, m = 32: the paper's 2 Lp / m = 8 buckets; padded positions get the extra one.
+    q, k, v = qkv(2, 2, 100, 8)
+    module = build_attention("lsh", n_hashes=3, bucket_size=32, seed=0)
+    module(q, k, v)
+    buckets = module.last_buckets
+    assert buckets.shape == (2, 2, 3, 128)
+    assert buckets[..., :100].min() >= 0 and buckets[..., :100].max() < 8
+    assert (buckets[..., 100:] == 8).all()
+
+
+def test_key_argument_is_ignored():
+    q, k, v = qkv(1, 2, 24, 8)
+    module = build_attention("lsh", bucket_size=4, seed=0)
+    torch.testing.assert_close(module(q, k, v), module(q, torch.randn_like(k), v))
+
+
+def test_hash_is_angular():
+    # A positively scaled copy of a vector shares its bucket; the opposite vector lands n_buckets/2
+    # further, the argmax over [xR; -xR] switching halves.
+    q, k, v = qkv(1, 1, 8, 16)
+    q = torch.cat([q, 2.5 * q, -q], dim=2)  # (1, 1, 24, 16)
+    module = build_attention("lsh", n_hashes=3, bucket_size=4, n_buckets=8, seed=0)
+    module(q, q, v.repeat(1, 1, 3, 1))
+    buckets = module.last_buckets[0, 0]  # (R, 24)
+    assert torch.equal(buckets[:, :8], buckets[:, 8:16])
+    assert torch.equal(buckets[:, 16:], (buckets[:, :8] + 4) % 8)
+    assert buckets.min() >= 0 and buckets.max() < 8
+
+
+def test_causal_under_replayed_buckets():
+    # The sort is global, so a later token's bucket can reshape earlier windows (module
+    # docstring); with the buckets replayed no later key or value may reach earlier outputs.
+    module = build_attention("lsh", causal=True, n_hashes=2, bucket_size=4, seed=0)
+    q, k, v = qkv(1, 2, 32, 8)
+    module(q, k, v)  # hashes the sequence assert_causal starts from
+    with replaying():
+        assert_causal(module, length=32, t=13)
+
+
+def test_seed_reproduces():
+    q, k, v = qkv(1, 2, 64, 8)
+    first = build_attention("lsh", bucket_size=4, seed=7)(q, k, v)
+    assert torch.equal(build_attention("lsh", bucket_size=4, seed=7)(q, k, v), first)
+
+
+def test_fresh_rotations_differ_but_replaying_reuses_the_buckets():
+    q, k, v = qkv(1, 2, 64, 8)
+    module = build_attention("lsh", bucket_size=4)
+    first = module(q, k, v)
+    second = module(q, k, v)
+    assert not torch.equal(first, second)
+    buckets = module.last_buckets.clone()
+    with replaying():
+        again = module(q, k, v)
+    assert torch.equal(again, second)
+    assert torch.equal(module.last_buckets, buckets)
+
+
+@pytest.mark.parametrize("dedup", [True, False])
+@pytest.mark.parametrize("causal", [False, True])
+def test_gradcheck(causal, dedup):
+    # 14 tokens, m = 4: four chunks with padding, two rounds, so masks and dedup are all active.
+    q, k, v = qkv(1, 1, 14, 4, requires_grad=True)
+    module = build_attention(
+        "lsh", causal=causal, n_hashes=2, bucket_size=4, n_buckets=4, seed=1, dedup=dedup
+    )
+    module(q, k, v)
+    # Replayed buckets: gradcheck's perturbations must not move a vector across a bucket edge.
+    with replaying():
+        assert torch.autograd.gradcheck(lambda a, b: module(a, k, b), (q, v), fast_mode=True)
+
+
+def test_memory_grows_linearly():
+    def peak(length):
+        q, k, v = qkv(1, 2, length, 32, dtype=torch.float32, requires_grad=True)
+        module = build_attention("lsh", causal=True, seed=0)
+        return peak_memory_bytes(lambda: module(q, k, v).sum().backward())
+
+    assert peak(4096) <= 2.3 * peak(2048)
+
+
+def test_flops_count_the_two_chunk_window():
+    module = build_attention("lsh", n_hashes=4, bucket_size=64)
+    assert module.flops(1, 4, 4096, 64) == 4 * 4 * 4 * 4096 * 128 * 64
+    assert module.flops(1, 1, 100, 8) == 4 * 4 * 128 * 128 * 8  # padded to 128: two chunks
+    assert module.flops(1, 1, 10, 8) == 4 * 4 * 64 * 64 * 8  # one chunk: its own 64 keys
+
+
+def test_config_mirrors_the_code_defaults():
+    config = yaml.safe_load((REPO / "conf" / "attention" / "lsh.yaml").read_text())
+    assert config == {"name": "lsh", **attention_spec("lsh").options}
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"n_hashes": 0}, "lsh: option 'n_hashes' must be a positive integer, got 0"),
+        ({"bucket_size": -4}, "lsh: option 'bucket_size' must be a positive integer, got -4"),
+        ({"n_buckets": 0}, "lsh: option 'n_buckets' must be a positive integer, got 0"),
+        ({"n_buckets": 7}, "lsh: option 'n_buckets' must be even"),
+        ({"seed": -1}, "lsh: option 'seed' must be a non-negative integer, got -1"),
+        ({"dedup": "yes"}, "lsh: option 'dedup' must be true or false"),
+    ],
+)
+def test_bad_options_are_rejected(options, message):
+    with pytest.raises(ValueError, match=message):
+        build_attention("lsh", **options)

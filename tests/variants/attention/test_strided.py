@@ -1,0 +1,75 @@
+"""Strided (Sparse Transformer) attention against dense masks of its pattern built here."""
+
+import math
+
+import pytest
+import torch
+
+from tests.reference import assert_causal, dense_attention, qkv
+from variants.registry import build_attention
+
+# (seq_len, stride); "auto" means round(sqrt(seq_len))
+PATTERNS = [(16, 4), (18, 4), (23, 5), (9, 1), (12, 12), (7, 30), (30, "auto"), (50, "auto")]
+
+
+def strided_mask(length, stride, causal):
+    """(L, L) bool: (i - j) mod stride == 0 or the `stride` nearest keys; j <= i if causal."""
+    if stride == "auto":
+        stride = round(math.sqrt(length))
+    offset = torch.arange(length)[:, None] - torch.arange(length)[None, :]  # i - j
+    allowed = (offset % stride == 0) | (offset.abs() < stride)
+    return allowed & (offset >= 0) if causal else allowed
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("length, stride", PATTERNS)
+def test_matches_dense_mask_of_pattern(causal, length, stride):
+    q, k, v = qkv(length=length, seed=length)
+    out = build_attention("strided", causal=causal, stride=stride)(q, k, v)
+    torch.testing.assert_close(out, dense_attention(q, k, v, strided_mask(length, stride, causal)))
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_length_not_multiple_of_stride_equals_dense_masked_result(causal):
+    # 22 = 4 * 5 + 2: the last row of the (rows, stride) view holds two real positions.
+    q, k, v = qkv(length=22, seed=2)
+    out = build_attention("strided", causal=causal, stride=5)(q, k, v)
+    torch.testing.assert_close(out, dense_attention(q, k, v, strided_mask(22, 5, causal)))
+
+
+def test_auto_stride_follows_sequence_length():
+    module = build_attention("strided", stride="auto")
+    assert [module.stride_for(n) for n in (1, 10, 64, 1000)] == [1, 3, 8, 32]
+
+
+@pytest.mark.parametrize("length, stride", PATTERNS)
+@pytest.mark.parametrize("causal", [False, True])
+def test_flops_count_allowed_pairs(causal, length, stride):
+    allowed = int(strided_mask(length, stride, causal).sum())
+    module = build_attention("strided", causal=causal, stride=stride)
+    assert module.flops(2, 3, length, 8) == 4 * 2 * 3 * allowed * 8
+
+
+@pytest.mark.parametrize("stride", [3, 5, "auto"])
+def test_causal_never_sees_the_future(stride):
+    assert_causal(build_attention("strided", causal=True, stride=stride), length=24, t=10)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_gradients_match_dense_reference(causal):
+    q, k, v = qkv(batch=1, heads=2, length=14, head_dim=4, seed=7, requires_grad=True)
+    out = build_attention("strided", causal=causal, stride=4)(q, k, v)
+    expected = dense_attention(q, k, v, strided_mask(14, 4, causal))
+    weights = torch.randn_like(out)
+    got = torch.autograd.grad((out * weights).sum(), (q, k, v))
+    want = torch.autograd.grad((expected * weights).sum(), (q, k, v))
+    # Rows without strided keys (logsumexp -inf) must not leak NaN into the gradients.
+    assert all(torch.isfinite(g).all() for g in got)
+    torch.testing.assert_close(got, want)
+
+
+@pytest.mark.parametrize("stride", [0, -3, "sqrt", 2.0, True, None])
+def test_bad_stride_is_rejected_by_name(stride):
+    message = "strided: option 'stride' must be a positive integer or 'auto', got "
+    with pytest.raises(ValueError, match=message):
+        build_attention("strided", stride=stride)

@@ -1,0 +1,151 @@
+"""SelfAttention and FeedForward against plain-autograd references written here."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from experiments.memory import peak_memory_bytes
+from tests.reference import causal_mask, dense_attention
+from variants.layers import FeedForward, SelfAttention
+
+
+def _reference_self_attention(layer, x, causal, normalise_keys=False):
+    """Multi-head attention from the layer's weights, on explicit (L, L) scores."""
+    batch, length, d_model = x.shape
+    heads, head_dim = layer.n_heads, d_model // layer.n_heads
+    projected = F.linear(x, layer.qkv.weight, layer.qkv.bias)
+    if layer.shared_qk:
+        q, v = projected.split(d_model, dim=-1)
+        k = q
+    else:
+        q, k, v = projected.split(d_model, dim=-1)
+
+    def split_heads(t):
+        return t.reshape(batch, length, heads, head_dim).permute(0, 2, 1, 3)
+
+    q, k, v = split_heads(q), split_heads(k), split_heads(v)
+    if normalise_keys:
+        k = k / k.norm(dim=-1, keepdim=True)
+        scale = 1.0  # unit keys, no extra 1/sqrt(d)
+    else:
+        scale = 1.0 / math.sqrt(head_dim)
+    mask = causal_mask(length) if causal else None
+    y = dense_attention(q, k, v, mask=mask, scale=scale)
+    y = y.permute(0, 2, 1, 3).reshape(batch, length, d_model)
+    return F.linear(y, layer.out.weight, layer.out.bias)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_self_attention_matches_dense_reference(causal):
+    torch.manual_seed(0)
+    layer = SelfAttention(24, 3, causal=causal).double()
+    x = torch.randn(2, 11, 24, dtype=torch.float64)
+    torch.testing.assert_close(layer(x), _reference_self_attention(layer, x, causal))
+
+
+def test_shared_qk_for_full_attention_uses_unit_keys():
+    torch.manual_seed(0)
+    layer = SelfAttention(24, 3, shared_qk=True).double()
+    assert layer.qkv.out_features == 2 * 24  # one projection for queries and keys
+    x = torch.randn(2, 9, 24, dtype=torch.float64)
+    expected = _reference_self_attention(layer, x, causal=True, normalise_keys=True)
+    torch.testing.assert_close(layer(x), expected)
+
+
+def test_kernel_receives_only_the_model_options_it_declares():
+    layer = SelfAttention(16, 4, causal=False, attention_options={"impl": "math"})
+    assert layer.kernel.causal is False and layer.kernel.impl == "math"
+
+
+def _reference_ff(ff, x):
+    first, _, _, second = ff.net
+    return F.linear(F.gelu(F.linear(x, first.weight, first.bias)), second.weight, second.bias)
+
+
+@pytest.mark.parametrize("ff_chunks", [1, 3, 7, 12])
+def test_ff_chunking_is_exact_in_output_and_gradients(ff_chunks):
+    torch.manual_seed(0)
+    ff = FeedForward(8, ff_mult=3, ff_chunks=ff_chunks).double()
+    x = torch.randn(2, 10, 8, dtype=torch.float64, requires_grad=True)
+    out = ff(x)
+    expected = _reference_ff(ff, x)
+    torch.testing.assert_close(out, expected, rtol=0, atol=1e-12)
+
+    cotangent = torch.randn_like(out)
+    params = list(ff.parameters())
+    grads = torch.autograd.grad(out, [x, *params], cotangent)
+    expected_grads = torch.autograd.grad(expected, [x, *params], cotangent)
+    for got, want in zip(grads, expected_grads, strict=True):
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
+    assert all(p.grad is None for p in params)
+
+
+def test_ff_chunk_recompute_replays_dropout():
+    # Reference: the same pieces through plain autograd (no recompute), same seed.
+    ff = FeedForward(8, ff_chunks=3, dropout=0.5).double()
+    x = torch.randn(2, 10, 8, dtype=torch.float64, requires_grad=True)
+    params = list(ff.parameters())
+    torch.manual_seed(1)
+    out = ff(x)
+    grads = torch.autograd.grad(out.square().sum(), [x, *params])
+    torch.manual_seed(1)
+    expected = torch.cat([ff.net(piece) for piece in torch.tensor_split(x, 3, dim=1)], dim=1)
+    expected_grads = torch.autograd.grad(expected.square().sum(), [x, *params])
+    torch.testing.assert_close(out, expected, rtol=0, atol=0)
+    for got, want in zip(grads, expected_grads, strict=True):
+        torch.testing.assert_close(got, want)
+
+
+def test_ff_chunking_lowers_peak_memory_of_forward_and_backward():
+    torch.manual_seed(0)
+    x = torch.randn(2, 512, 64, requires_grad=True)
+
+    def peak(ff_chunks):
+        ff = FeedForward(64, ff_chunks=ff_chunks)
+        return peak_memory_bytes(lambda: ff(x).sum().backward())
+
+    whole, chunked = peak(1), peak(8)
+    # The (2, 512, 256) hidden layer is 1 MiB; unchunked, autograd keeps it and its GELU output.
+    assert chunked < 0.6 * whole, (whole, chunked)
+
+
+@pytest.mark.parametrize(
+    "kwargs, words",
+    [
+        ({"d_model": 10, "n_heads": 3}, ["'d_model'", "'n_heads'"]),
+        ({"d_model": 0, "n_heads": 1}, ["'d_model'", "positive"]),
+        ({"d_model": 8, "n_heads": -2}, ["'n_heads'", "positive"]),
+        ({"d_model": 8, "n_heads": 2, "dropout": 1.0}, ["'dropout'"]),
+        ({"d_model": 8, "n_heads": 2, "attention": "nope"}, ["'nope'", "full"]),
+        ({"d_model": 8, "n_heads": 2, "attention_options": {"causal": False}}, ["'causal'"]),
+        ({"d_model": 8, "n_heads": 2, "attention_options": {"bogus": 1}}, ["'bogus'"]),
+        ({"d_model": 8, "n_heads": 2, "shared_qk": "yes"}, ["'shared_qk'"]),
+    ],
+)
+def test_self_attention_errors_name_the_option(kwargs, words):
+    with pytest.raises(ValueError) as err:
+        SelfAttention(**kwargs)
+    for word in words:
+        assert word in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "kwargs, option",
+    [
+        ({"ff_mult": 0}, "'ff_mult'"),
+        ({"ff_chunks": 0}, "'ff_chunks'"),
+        ({"dropout": -0.1}, "'dropout'"),
+    ],
+)
+def test_feed_forward_errors_name_the_option(kwargs, option):
+    with pytest.raises(ValueError, match=option):
+        FeedForward(8, **kwargs)
+
+
+def test_lsh_requires_shared_qk():
+    with pytest.raises(ValueError, match="'lsh'.*'shared_qk'"):
+        SelfAttention(16, 2, attention="lsh", shared_qk=False)
+    layer = SelfAttention(16, 2, attention="lsh", shared_qk=True)
+    assert layer(torch.randn(1, 64, 16)).shape == (1, 64, 16)

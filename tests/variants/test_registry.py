@@ -1,0 +1,94 @@
+"""The registry's public contract, checked for every registered variant."""
+
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+import variants
+from tests.reference import assert_causal, qkv
+
+CONF = Path(__file__).resolve().parents[2] / "conf" / "attention"
+README = Path(__file__).resolve().parents[2] / "README.md"
+NAMES = variants.attention_names()
+
+# Model options a kernel may need when built standalone in these tests.
+MODEL_OPTIONS = {"n_heads": 3, "head_dim": 8, "max_seq_len": 64}
+
+
+def build(name, **options):
+    spec = variants.attention_spec(name)
+    extra = {k: v for k, v in MODEL_OPTIONS.items() if k in spec.model_options}
+    return variants.build_attention(name, **extra, **options)
+
+
+def test_all_six_variants_are_registered():
+    assert set(NAMES) == {"full", "blockwise", "strided", "compressed", "lsh", "linformer"}
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_conf_yaml_equals_code_defaults(name):
+    conf = yaml.safe_load((CONF / f"{name}.yaml").read_text())
+    assert conf == {"name": name, **variants.attention_spec(name).options}
+
+
+def test_every_conf_yaml_is_a_registered_variant():
+    assert sorted(p.stem for p in CONF.glob("*.yaml")) == sorted(NAMES)
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("length", [1, 7, 50])
+def test_output_shape_equals_input_shape(name, length):
+    q, k, v = qkv(2, 3, length, 8, dtype=torch.float32)
+    out = build(name)(q, k, v)
+    assert out.shape == q.shape and torch.isfinite(out).all()
+
+
+@pytest.mark.parametrize("name", [n for n in NAMES if variants.attention_spec(n).causal_supported])
+def test_causal_variants_do_not_look_ahead(name):
+    # float64 inputs, so the module's parameters (compressed's conv) must be float64 too.
+    module = build(name, causal=True).double().eval()
+    # Random choices (LSH's hash) are replayed, so only the inputs after t differ. Without the
+    # replay LSH's global sort lets later tokens' buckets move earlier chunk boundaries, which
+    # lsh.py documents; no key or value after t is ever read either way.
+    assert_causal(module, length=48, t=20, replay=True)
+
+
+def test_unknown_variant_lists_the_available_ones():
+    with pytest.raises(ValueError, match="unknown attention variant 'flash'; available: full"):
+        variants.build_attention("flash")
+
+
+def test_unknown_option_names_variant_and_option():
+    with pytest.raises(ValueError, match="attention 'full' has no option 'n_hashes'"):
+        variants.build_attention("full", n_hashes=4)
+
+
+def test_unsupported_causal_names_variant_and_option():
+    with pytest.raises(
+        ValueError, match="attention 'linformer' does not support option causal=True"
+    ):
+        variants.build_attention("linformer", causal=True)
+
+
+def test_bad_choice_names_option_and_choices():
+    with pytest.raises(ValueError, match="full: option 'impl' must be one of sdpa, math"):
+        variants.build_attention("full", impl="flash")
+
+
+@pytest.mark.parametrize(
+    "shapes, message",
+    [
+        (((2, 3, 8, 4), (2, 3, 8, 4), (2, 3, 9, 4)), "q, k and v must have the same shape"),
+        (((3, 8, 4),) * 3, r"input q must have shape \(batch, heads, seq_len, head_dim\)"),
+    ],
+)
+def test_mismatched_shapes_name_the_constraint(shapes, message):
+    q, k, v = (torch.randn(s) for s in shapes)
+    with pytest.raises(ValueError, match=message):
+        variants.build_attention("full")(q, k, v)
+
+
+def test_readme_registry_table_is_generated_from_the_specs():
+    assert variants.registry_table() in README.read_text()

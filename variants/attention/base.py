@@ -1,0 +1,141 @@
+"""The contract every attention variant fulfils, and the small pieces they share.
+
+A variant subclasses `Attention`, declares its capabilities as class attributes, takes its
+options as keyword-only constructor arguments (their defaults are the registry's defaults) and
+implements `attend(q, k, v)` and `flops(...)`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import ClassVar
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from variants.checks import check_qkv
+
+# Useful FLOPs of forward+backward as a multiple of forward FLOPs. Backward of softmax(QK^T)V
+# needs dV, dP, dQ, dK (4 matmuls) plus one recompute of QK^T in fused kernels: (2 + 5) / 2.
+# This is the convention of ../shared/docs/methods.md and of FlashAttention's reported figures.
+FWD_BWD_FLOP_FACTOR = 3.5
+
+
+class Attention(nn.Module):
+    """Base class: validate inputs, then delegate to `attend`."""
+
+    name: ClassVar[str]
+    exact: ClassVar[bool]
+    time_complexity: ClassVar[str]
+    memory_complexity: ClassVar[str]
+    causal_supported: ClassVar[bool] = True
+    causal_reason: ClassVar[str] = ""  # why causal is unsupported, shown in the error
+    shared_qk_required: ClassVar[bool] = False
+    bounded_length: ClassVar[bool] = False
+
+    def __init__(self, *, causal: bool = False):
+        super().__init__()
+        if not isinstance(causal, bool):
+            raise ValueError(f"{self.name}: option 'causal' must be true or false, got {causal!r}")
+        self.causal = causal
+
+    @property
+    def max_seq_len(self) -> int | None:
+        """Longest sequence this instance accepts, or None if unbounded."""
+        return None
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """q, k, v: (batch, heads, seq_len, head_dim) -> (batch, heads, seq_len, head_dim)."""
+        check_qkv(self.name, q, k, v)
+        limit = self.max_seq_len
+        if limit is not None and q.shape[2] > limit:
+            raise ValueError(
+                f"{self.name}: seq_len {q.shape[2]} exceeds option 'max_seq_len'={limit}"
+            )
+        return self.attend(q, k, v)
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def flops(self, batch: int, heads: int, seq_len: int, head_dim: int) -> int:
+        """Useful forward FLOPs (2 per multiply-add) of the score and value matmuls.
+
+        Counts only query-key pairs the pattern actually scores (e.g. half for causal full
+        attention), not padding or masked-out work, so that achieved FLOP/s is comparable across
+        variants. Forward+backward is `FWD_BWD_FLOP_FACTOR` times this.
+        """
+        raise NotImplementedError
+
+    def tie_to(self, first: Attention) -> None:
+        """Share parameters with the first layer's kernel when the variant asks for it.
+
+        The model calls this on every layer's kernel after the first (e.g. Linformer's
+        `share=layerwise`); by default kernels share nothing.
+        """
+
+    def extra_repr(self) -> str:
+        return f"causal={self.causal}"
+
+
+# A process-wide depth counter, not a thread-local: on CUDA the autograd engine runs backward,
+# and hence the recompute, on its own device thread.
+_replay_depth = 0
+
+
+@contextmanager
+def replaying() -> Iterator[None]:
+    """Within this block, stochastic kernels reuse the random choices of their last forward.
+
+    Reversible and checkpointed blocks recompute a forward pass during backward; LSH must hash
+    into the same buckets then, or the recomputed graph differs from the one that produced the
+    output and the gradients are wrong.
+    """
+    global _replay_depth
+    _replay_depth += 1
+    try:
+        yield
+    finally:
+        _replay_depth -= 1
+
+
+def is_replaying() -> bool:
+    """True inside `replaying()`."""
+    return _replay_depth > 0
+
+
+def pad_to_multiple(x: torch.Tensor, multiple: int, dim: int = 2) -> torch.Tensor:
+    """Zero-pad `x` along `dim` up to the next multiple of `multiple` (no copy if already one)."""
+    length = x.shape[dim]
+    pad = -length % multiple
+    if pad == 0:
+        return x
+    pad_spec = [0, 0] * (x.dim() - 1 - dim % x.dim()) + [0, pad]
+    return F.pad(x, pad_spec)
+
+
+def masked_attend(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor | None,
+    scale: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Softmax attention over explicit keys, returning the output and its logsumexp.
+
+    q: (..., Lq, D); k, v: (..., Lk, D); mask: bool, broadcastable to (..., Lq, Lk), True where a
+    query may attend. Rows with no allowed key give a zero output and logsumexp -inf (never NaN),
+    which is what combining partial results (LSH rounds, block pieces) needs.
+    Returns out (..., Lq, D) and lse (..., Lq).
+    """
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    scores = torch.matmul(q, k.transpose(-1, -2)) * scale  # (..., Lq, Lk)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    lse = torch.logsumexp(scores, dim=-1, keepdim=True)  # (..., Lq, 1)
+    # exp(-inf - -inf) would be NaN for empty rows; a finite stand-in makes them exp(-inf) = 0.
+    safe_lse = torch.where(torch.isfinite(lse), lse, torch.zeros_like(lse))
+    probs = torch.exp(scores - safe_lse)  # (..., Lq, Lk)
+    return torch.matmul(probs, v), lse.squeeze(-1)

@@ -1,0 +1,80 @@
+"""Local attention: each query attends to its own block and a few neighbouring blocks."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from variants.attention.base import Attention
+from variants.attention.local import from_blocks, key_windows, to_blocks, window_mask
+from variants.checks import require_non_negative_int, require_positive_int
+from variants.registry import register_attention
+
+
+@register_attention
+class BlockwiseAttention(Attention):
+    """Local attention over fixed blocks: own block plus look_backward/look_forward neighbours.
+
+    The sequence is cut into blocks of `block_size`. A query attends to every key of its own
+    block and of the `look_backward` previous blocks and, when not causal, the `look_forward`
+    following blocks. When causal, `look_forward` is ignored (those keys are all in the future)
+    and keys after the query inside the window are masked. Windows do not wrap around: the
+    first and last blocks simply have fewer neighbours. A length that is not a multiple of
+    `block_size` is zero-padded internally, the padded keys masked and the padded queries dropped.
+    """
+
+    name = "blockwise"
+    exact = False
+    time_complexity = "O(L b d)"
+    memory_complexity = "O(L b)"
+
+    def __init__(
+        self,
+        *,
+        causal: bool = False,
+        block_size: int = 128,
+        look_backward: int = 1,
+        look_forward: int = 1,
+    ):
+        super().__init__(causal=causal)
+        self.block_size = require_positive_int(self.name, "block_size", block_size)
+        self.look_backward = require_non_negative_int(self.name, "look_backward", look_backward)
+        self.look_forward = require_non_negative_int(self.name, "look_forward", look_forward)
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        batch, heads, seq_len, _ = q.shape
+        # A block longer than the sequence is the same pattern as one block of exactly L, and
+        # then no padding work is wasted.
+        block = min(self.block_size, seq_len)
+        back, fwd = self.look_backward, 0 if self.causal else self.look_forward
+        q_blocks = to_blocks(q, block).flatten(0, 1)  # (B*H, n, b, D)
+        k_windows = key_windows(k, block, back, fwd).flatten(0, 1)  # (B*H, n, w*b, D)
+        v_windows = key_windows(v, block, back, fwd).flatten(0, 1)  # (B*H, n, w*b, D)
+        mask = window_mask(seq_len, block, back, fwd, causal=self.causal, device=q.device)
+        # Blocks play the role of SDPA's heads, so the (1, n, b, w*b) mask broadcasts over batch
+        # and heads and SDPA takes its fused (flash) CPU kernel, which measured 1.4-3x faster
+        # than explicit matmul + softmax at L = 4K-32K. Every row keeps at least the query
+        # itself, so no row is fully masked.
+        out = F.scaled_dot_product_attention(
+            q_blocks, k_windows, v_windows, attn_mask=mask[None]
+        )  # (B*H, n, b, D)
+        return from_blocks(out.unflatten(0, (batch, heads)), seq_len)  # (B, H, L, D)
+
+    def flops(self, batch: int, heads: int, seq_len: int, head_dim: int) -> int:
+        # Query i in block c sees keys from the start of block c - look_backward up to itself
+        # (causal) or to the end of block c + look_forward, clipped to the sequence.
+        block = self.block_size
+        position = torch.arange(seq_len, dtype=torch.int64)
+        first_key = ((position // block - self.look_backward) * block).clamp(min=0)
+        if self.causal:
+            end_key = position + 1
+        else:
+            end_key = ((position // block + 1 + self.look_forward) * block).clamp(max=seq_len)
+        pairs = int((end_key - first_key).sum())
+        return 4 * batch * heads * pairs * head_dim
+
+    def extra_repr(self) -> str:
+        return (
+            f"causal={self.causal}, block_size={self.block_size}, "
+            f"look_backward={self.look_backward}, look_forward={self.look_forward}"
+        )

@@ -1,0 +1,130 @@
+"""Linformer (Wang et al. 2020): keys and values projected along the sequence to k rows.
+
+softmax(Q (E K)^T / sqrt(d)) (F V) with learned E, F in R^{k x N}, N = max_seq_len; an input of
+length L < N uses the first L columns of E and F. Time O(L k d) and memory O(L k) instead of
+O(L^2). Every projected key mixes all positions, future ones included, so Linformer cannot be
+causal: building it with causal=True is refused, and the lengths it accepts are bounded by N.
+
+Sharing modes (`share`), with parameters per layer for H heads:
+  none       a separate E and F for each head         2 H k N
+  headwise   one E and one F shared by all heads      2 k N
+  kv         one projection used as both E and F      k N
+  layerwise  like kv, and all layers use the first layer's projection (the model calls
+             `tie_to`), so k N for the whole model.
+
+Initialisation follows the paper's fairseq code: xavier-uniform over each (k, N) matrix with gain
+1/sqrt(2), i.e. U(-b, b) with b = sqrt(3 / (k + N)); a projected key then has about L / (k + N)
+times the variance of a key, never more.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from variants.attention.base import Attention
+from variants.checks import require_choice, require_positive_int
+from variants.registry import register_attention
+
+SHARE_MODES = ("none", "headwise", "kv", "layerwise")
+
+
+def sequence_projection(copies: int, proj_len: int, max_seq_len: int) -> nn.Parameter:
+    """`copies` xavier-uniform (gain 1/sqrt(2)) projections, (copies, proj_len, max_seq_len).
+
+    Initialised by hand because nn.init.xavier_uniform_ would read a 3-d tensor as a conv
+    weight and take the wrong fans.
+    """
+    bound = math.sqrt(3.0 / (proj_len + max_seq_len))
+    weight = torch.empty(copies, proj_len, max_seq_len).uniform_(-bound, bound)
+    return nn.Parameter(weight)
+
+
+@register_attention
+class LinformerAttention(Attention):
+    """Linformer: keys and values projected along the sequence to k rows by learned E and F."""
+
+    name = "linformer"
+    exact = False
+    time_complexity = "O(L k d)"
+    memory_complexity = "O(L k)"
+    causal_supported = False
+    causal_reason = (
+        "its projection along the sequence mixes future positions into every projected key, "
+        "so no query can be kept from seeing the future"
+    )
+    bounded_length = True
+
+    def __init__(
+        self,
+        *,
+        causal: bool = False,
+        k: int = 256,
+        share: str = "none",
+        n_heads: int = 4,
+        max_seq_len: int = 4096,
+    ):
+        super().__init__(causal=causal)
+        if causal:
+            raise ValueError(
+                f"{self.name}: option 'causal'=True is not supported: {self.causal_reason}"
+            )
+        self.proj_len = require_positive_int(self.name, "k", k)
+        self.share = require_choice(self.name, "share", share, SHARE_MODES)
+        self.n_heads = require_positive_int(self.name, "n_heads", n_heads)
+        self._max_seq_len = require_positive_int(self.name, "max_seq_len", max_seq_len)
+
+        copies = n_heads if share == "none" else 1
+        self.key_proj = sequence_projection(copies, k, max_seq_len)  # E: (H or 1, k, N)
+        if share in ("none", "headwise"):
+            self.value_proj = sequence_projection(copies, k, max_seq_len)  # F: (H or 1, k, N)
+        else:
+            self.register_parameter("value_proj", None)  # F is E
+
+    @property
+    def max_seq_len(self) -> int:
+        """Longest input: E and F have one column per position."""
+        return self._max_seq_len
+
+    def tie_to(self, first: Attention) -> None:
+        """With share=layerwise, use the first layer's projection (the same nn.Parameter)."""
+        if self.share != "layerwise":
+            return
+        if (
+            not isinstance(first, LinformerAttention)
+            or first.share != "layerwise"
+            or first.key_proj.shape != self.key_proj.shape
+        ):
+            raise ValueError(
+                f"{self.name}: option share='layerwise' needs the first layer to be a layerwise "
+                f"linformer with the same 'k' and 'max_seq_len', got {first!r}"
+            )
+        self.key_proj = first.key_proj
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        heads, length = q.shape[1], q.shape[2]
+        if self.key_proj.shape[0] not in (1, heads):
+            raise ValueError(
+                f"{self.name}: option 'n_heads'={self.n_heads} must equal the inputs' heads "
+                f"{heads} with share='none' (one projection per head)"
+            )
+        key_proj = self.key_proj[:, :, :length]  # (H or 1, k, L)
+        value_proj = key_proj if self.value_proj is None else self.value_proj[:, :, :length]
+        keys = torch.einsum("hkl,bhld->bhkd", key_proj, k)  # (B, H, k, D)
+        values = torch.einsum("hkl,bhld->bhkd", value_proj, v)  # (B, H, k, D)
+        return F.scaled_dot_product_attention(q, keys, values)  # (B, H, L, D)
+
+    def flops(self, batch: int, heads: int, seq_len: int, head_dim: int) -> int:
+        """Attention to k projected keys, 4 B H L k d, plus projecting K and V, 2 x 2 B H k L d."""
+        attention = 4 * batch * heads * seq_len * self.proj_len * head_dim
+        projection = 2 * 2 * batch * heads * self.proj_len * seq_len * head_dim
+        return attention + projection
+
+    def extra_repr(self) -> str:
+        return (
+            f"k={self.proj_len}, share={self.share}, n_heads={self.n_heads}, "
+            f"max_seq_len={self._max_seq_len}"
+        )

@@ -1,0 +1,105 @@
+"""Sliding windows of whole blocks: the machinery shared by blockwise and strided attention.
+
+The sequence is cut into blocks of `block_size`; query block i attends to the keys of blocks
+i - look_backward .. i + look_forward (its window). Windows are views built by padding and
+unfolding, so the work is O(L * window) and no (L, L) tensor ever exists. Neighbour blocks that
+fall outside the sequence are zero blocks whose keys `window_mask` removes: windows never wrap
+around.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch.autograd.function import once_differentiable
+
+from variants.attention.base import pad_to_multiple
+
+
+def to_blocks(x: torch.Tensor, block_size: int) -> torch.Tensor:
+    """(B, H, L, D) -> (B, H, n, block_size, D), zero-padding L up to n * block_size."""
+    x = pad_to_multiple(x, block_size)  # (B, H, n*b, D)
+    return x.unflatten(2, (-1, block_size))  # (B, H, n, b, D)
+
+
+def from_blocks(x: torch.Tensor, seq_len: int) -> torch.Tensor:
+    """(B, H, n, b, ...) -> (B, H, seq_len, ...): undo `to_blocks`, dropping padded rows."""
+    return x.flatten(2, 3)[:, :, :seq_len]
+
+
+def key_windows(
+    x: torch.Tensor, block_size: int, look_backward: int, look_forward: int
+) -> torch.Tensor:
+    """Each query block's window of keys (or values), in position order.
+
+    x: (B, H, L, D) -> (B, H, n, w * block_size, D), w = 1 + look_backward + look_forward,
+    n = ceil(L / block_size). Window i holds positions (i - look_backward) * block_size onwards;
+    positions outside [0, L) are zeros. Consecutive windows overlap, so the result is a strided
+    view of one padded copy of x rather than w copies.
+    """
+    return _KeyWindows.apply(x, block_size, look_backward, look_forward)
+
+
+class _KeyWindows(torch.autograd.Function):
+    # `unfold` gives the overlapping view for free, but its generic backward measured about
+    # twice as slow on CPU as summing the w window slots back with shifted block adds; at long
+    # lengths that difference is a tenth of blockwise attention's whole forward+backward.
+
+    @staticmethod
+    def forward(ctx, x, block_size, look_backward, look_forward):
+        seq_len = x.shape[2]
+        n_blocks = -(-seq_len // block_size)
+        width = 1 + look_backward + look_forward
+        before = look_backward * block_size
+        after = n_blocks * block_size - seq_len + look_forward * block_size
+        ctx.layout = (seq_len, n_blocks, block_size, width, before)
+        padded = F.pad(x, (0, 0, before, after))  # (B, H, (n+w-1)*b, D)
+        windows = padded.unfold(2, width * block_size, block_size)  # (B, H, n, D, w*b)
+        return windows.transpose(-1, -2)  # (B, H, n, w*b, D)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_windows):
+        seq_len, n_blocks, block_size, width, before = ctx.layout
+        slots = grad_windows.unflatten(3, (width, block_size))  # (B, H, n, w, b, D)
+        batch, heads, _, _, _, head_dim = slots.shape
+        grad = slots.new_zeros(batch, heads, n_blocks + width - 1, block_size, head_dim)
+        for slot in range(width):  # window slot `slot` of block i is padded block i + slot
+            grad[:, :, slot : slot + n_blocks] += slots[:, :, :, slot]
+        grad = grad.flatten(2, 3)[:, :, before : before + seq_len]  # (B, H, L, D)
+        return grad, None, None, None
+
+
+def window_mask(
+    seq_len: int,
+    block_size: int,
+    look_backward: int,
+    look_forward: int,
+    *,
+    causal: bool,
+    max_distance: int | None = None,
+    device: torch.device | None = None,
+) -> torch.Tensor:
+    """Which window keys each query may attend: bool (n, block_size, w * block_size).
+
+    True where key j is a real position (0 <= j < seq_len: missing edge blocks and padding are
+    masked), j <= i if `causal`, and |i - j| <= `max_distance` if given. Built once per call and
+    broadcast over batch and heads; its size is O(L * window), not O(L^2).
+    """
+    n_blocks = -(-seq_len // block_size)
+    width = 1 + look_backward + look_forward
+    # Positions relative to the start of the query block: j - i is the same in every block, so
+    # the causal and distance constraints are one (b, w*b) pattern.
+    key_offset = torch.arange(width * block_size, device=device) - look_backward * block_size
+    query_offset = torch.arange(block_size, device=device)[:, None]  # (b, 1)
+    key_minus_query = key_offset - query_offset  # (b, w*b)
+    allowed = torch.ones_like(key_minus_query, dtype=torch.bool)  # (b, w*b)
+    if causal:
+        allowed = allowed & (key_minus_query <= 0)
+    if max_distance is not None:
+        allowed = allowed & (key_minus_query.abs() <= max_distance)
+    # Which keys exist depends only on the block: edge windows and padding miss some.
+    block_start = torch.arange(n_blocks, device=device)[:, None] * block_size  # (n, 1)
+    key_pos = (block_start + key_offset)[:, None, :]  # (n, 1, w*b)
+    real_key = (key_pos >= 0) & (key_pos < seq_len)  # (n, 1, w*b)
+    return allowed & real_key  # (n, b, w*b)

@@ -1,0 +1,72 @@
+"""Input validation shared by kernels, blocks and the model.
+
+Every error is a `ValueError` whose message names the owner (a variant, block or model), the
+offending option and the constraint it broke, so a config typo is fixed from the message alone.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+
+def require_positive_int(owner: str, option: str, value: Any) -> int:
+    """Return `value` if it is an int > 0, else raise `ValueError` naming `owner` and `option`."""
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"{owner}: option {option!r} must be a positive integer, got {value!r}")
+    return value
+
+
+def require_non_negative_int(owner: str, option: str, value: Any) -> int:
+    """Return `value` if it is an int >= 0, else raise `ValueError` naming `owner` and `option`."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(
+            f"{owner}: option {option!r} must be a non-negative integer, got {value!r}"
+        )
+    return value
+
+
+def require_choice(owner: str, option: str, value: Any, choices: tuple[str, ...]) -> str:
+    """Return `value` if it is one of `choices`, else raise `ValueError` listing them."""
+    if value not in choices:
+        raise ValueError(
+            f"{owner}: option {option!r} must be one of {', '.join(choices)}; got {value!r}"
+        )
+    return value
+
+
+def require_probability(owner: str, option: str, value: Any) -> float:
+    """Return `value` as float if 0 <= value < 1, else raise `ValueError`."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
+        raise ValueError(f"{owner}: option {option!r} must be in [0, 1), got {value!r}")
+    return float(value)
+
+
+def require_divisible(owner: str, option: str, value: int, divisor_option: str, divisor: int):
+    """Raise `ValueError` unless `divisor` divides `value`."""
+    if value % divisor:
+        raise ValueError(
+            f"{owner}: option {option!r}={value} must be divisible by {divisor_option!r}={divisor}"
+        )
+
+
+def check_qkv(owner: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    """Check q, k, v are (batch, heads, seq_len, head_dim) tensors of one shape, dtype, device."""
+    for label, t in (("q", q), ("k", k), ("v", v)):
+        if t.dim() != 4:
+            raise ValueError(
+                f"{owner}: input {label} must have shape (batch, heads, seq_len, head_dim), "
+                f"got {tuple(t.shape)}"
+            )
+    if not q.shape == k.shape == v.shape:
+        raise ValueError(
+            f"{owner}: q, k and v must have the same shape (batch, heads, seq_len, head_dim), "
+            f"got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}"
+        )
+    if q.shape[2] == 0:
+        raise ValueError(f"{owner}: seq_len must be positive, got 0")
+    if not q.dtype == k.dtype == v.dtype:
+        raise ValueError(
+            f"{owner}: q, k and v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}"
+        )

@@ -1,0 +1,134 @@
+"""The attention registry: variants by name, their options and their capabilities.
+
+Every attention variant is a subclass of `variants.attention.base.Attention` decorated with
+`register_attention`. Its options are its constructor's keyword arguments, and their defaults are
+the code's defaults, which `conf/attention/<name>.yaml` mirrors (a test checks that they agree).
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+from typing import Any
+
+_ATTENTION: dict[str, type] = {}
+
+# Options that describe the model the kernel lives in rather than the kernel itself. The layer
+# passes the ones a variant declares; they are not part of `conf/attention/*.yaml`.
+MODEL_OPTIONS = ("causal", "n_heads", "head_dim", "max_seq_len")
+
+
+@dataclass(frozen=True)
+class AttentionSpec:
+    """What a variant is and can do, read by the layer, the runner and the README table."""
+
+    name: str
+    cls: type
+    summary: str
+    exact: bool
+    causal_supported: bool
+    shared_qk_required: bool
+    bounded_length: bool  # True if `max_seq_len` is a hard limit (learned per-position weights)
+    time_complexity: str
+    memory_complexity: str
+
+    @property
+    def defaults(self) -> dict[str, Any]:
+        """Every build option and its default, in signature order (model options included)."""
+        params = list(inspect.signature(self.cls.__init__).parameters.values())[1:]
+        return {
+            p.name: p.default for p in params if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)
+        }
+
+    @property
+    def options(self) -> dict[str, Any]:
+        """The kernel's own options and defaults (what `conf/attention/<name>.yaml` holds)."""
+        return {k: v for k, v in self.defaults.items() if k not in MODEL_OPTIONS}
+
+    @property
+    def model_options(self) -> tuple[str, ...]:
+        """The model-level options (causal, n_heads, head_dim, max_seq_len) this variant takes."""
+        return tuple(k for k in self.defaults if k in MODEL_OPTIONS)
+
+
+def register_attention(cls: type) -> type:
+    """Class decorator: add an `Attention` subclass to the registry under `cls.name`."""
+    if cls.name in _ATTENTION:
+        raise ValueError(f"attention variant {cls.name!r} is registered twice")
+    _ATTENTION[cls.name] = cls
+    return cls
+
+
+def attention_names() -> list[str]:
+    """Names of all registered attention variants, in registration order."""
+    _load_builtin_variants()
+    return list(_ATTENTION)
+
+
+def attention_spec(name: str) -> AttentionSpec:
+    """The spec of variant `name`; `ValueError` listing the available names if unknown."""
+    _load_builtin_variants()
+    if name not in _ATTENTION:
+        raise ValueError(f"unknown attention variant {name!r}; available: {', '.join(_ATTENTION)}")
+    cls = _ATTENTION[name]
+    return AttentionSpec(
+        name=name,
+        cls=cls,
+        summary=(cls.__doc__ or "").strip().splitlines()[0],
+        exact=cls.exact,
+        causal_supported=cls.causal_supported,
+        shared_qk_required=cls.shared_qk_required,
+        bounded_length=cls.bounded_length,
+        time_complexity=cls.time_complexity,
+        memory_complexity=cls.memory_complexity,
+    )
+
+
+def build_attention(name: str, **options: Any):
+    """Build attention variant `name` with `options`; returns an `nn.Module`.
+
+    The module maps q, k, v of shape (batch, heads, seq_len, head_dim) to an output of the same
+    shape. Unknown names, unknown options and unsupported combinations (e.g. `causal=True` on a
+    variant that cannot be causal) raise `ValueError` naming the variant and the option.
+    """
+    spec = attention_spec(name)
+    unknown = sorted(set(options) - set(spec.defaults))
+    if unknown:
+        raise ValueError(
+            f"attention {name!r} has no option {unknown[0]!r}; "
+            f"its options are: {', '.join(spec.defaults)}"
+        )
+    if options.get("causal", False) and not spec.causal_supported:
+        raise ValueError(
+            f"attention {name!r} does not support option causal=True: {spec.cls.causal_reason}"
+        )
+    return spec.cls(**options)
+
+
+def _load_builtin_variants() -> None:
+    # Imported for their registration side effect; deferred so that importing the registry
+    # module alone never imports every kernel.
+    import variants.attention  # noqa: F401
+
+
+def registry_table() -> str:
+    """The README's registry table (markdown), generated from the specs so it cannot drift."""
+    rows = [
+        "| variant | options (defaults) | time | memory | causal | exact |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name in attention_names():
+        spec = attention_spec(name)
+        options = ", ".join(f"`{k}={v!r}`" for k, v in spec.options.items()) or "—"
+        needs = ", ".join(f"`{k}`" for k in spec.model_options if k != "causal")
+        if needs:
+            options += f"; model: {needs}"
+        causal = "yes" if spec.causal_supported else "no"
+        exact = "exact" if spec.exact else "approximate"
+        if spec.shared_qk_required:
+            exact += " (shared QK)"
+        rows.append(
+            f"| `{name}` | {options} | {spec.time_complexity} | {spec.memory_complexity} "
+            f"| {causal} | {exact} |"
+        )
+    return "\n".join(rows)
