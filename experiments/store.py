@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 from hydra.experimental.callback import Callback
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 log = logging.getLogger("attnbench")
 
@@ -81,11 +82,15 @@ def write_results(sweep_dir: Path) -> pd.DataFrame:
     typed = frame.copy()
     for column in typed.columns:
         if typed[column].dtype == object:
-            typed[column] = typed[column].map(
-                lambda v: v if v is None or isinstance(v, str) else str(v)
-            )
+            typed[column] = typed[column].map(_text_or_none)
     typed.to_parquet(sweep_dir / "results.parquet", index=False)
     return frame
+
+
+def _text_or_none(value: Any) -> str | None:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return None
+    return value if isinstance(value, str) else str(value)
 
 
 def format_records(records: list[dict[str, Any]] | pd.DataFrame) -> str:
@@ -112,11 +117,3 @@ class GatherResults(Callback):
         print(format_records(frame))
         counts = frame["status"].value_counts().to_dict()
         print(f"{len(frame)} configurations {counts}; results: {sweep_dir / 'results.csv'}")
-        from experiments import tracking
-
-        logger_cfg = OmegaConf.to_container(config.logger, resolve=True)
-        run_dir = tracking.log_sweep_summary(
-            logger_cfg, records=frame, figures={}, group=str(config.sweep), out_dir=sweep_dir
-        )
-        if run_dir is not None:
-            print(f"W&B sweep summary run: {run_dir}")

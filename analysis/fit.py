@@ -1,0 +1,129 @@
+"""Scaling laws from measured points: power-law exponents and crossover lengths.
+
+Pure functions of arrays (no DataFrames): `analysis.scaling` applies them per variant.
+
+- Exponent: the least-squares slope of log(cost) against log(seq_len), so cost ≈ c·L^α.
+  Exact attention is α = 2 asymptotically; overheads flatten the short-length end, hence the
+  optional `tail` (fit only the longest lengths).
+- Crossover: the length where a variant's cost falls below the reference's (exact attention).
+  Between two measured lengths the log of the cost ratio is interpolated linearly in log L,
+  which is exact when both costs are power laws over that interval.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class PowerLaw:
+    """cost ≈ prefactor · length ** exponent, fitted on `n_points` distinct lengths."""
+
+    exponent: float
+    prefactor: float
+    n_points: int
+
+    def __call__(self, length: np.ndarray | float) -> np.ndarray | float:
+        return self.prefactor * np.asarray(length, dtype=float) ** self.exponent
+
+    @property
+    def ok(self) -> bool:
+        return math.isfinite(self.exponent)
+
+    def __str__(self) -> str:
+        return f"{self.exponent:.2f}" if self.ok else "n/a"
+
+
+def fit_power_law(lengths, costs, *, tail: int | None = None) -> PowerLaw:
+    """Least-squares fit of log(costs) = α·log(lengths) + log(c) over positive finite points.
+
+    Repeated lengths (seeds) are averaged first, so each length weighs the same. `tail` keeps
+    only the `tail` longest lengths. Fewer than two distinct lengths give exponent NaN.
+    """
+    x, y = _positive_points(lengths, costs)
+    if tail is not None:
+        x, y = x[-tail:], y[-tail:]
+    if len(x) < 2:
+        return PowerLaw(math.nan, math.nan, len(x))
+    slope, intercept = np.polyfit(np.log(x), np.log(y), deg=1)
+    return PowerLaw(float(slope), float(math.exp(intercept)), len(x))
+
+
+# Kinds of crossover result.
+CROSSED = "crossed"  # slower, then faster: `length` interpolated between two measured lengths
+ALWAYS_FASTER = "always_faster"  # faster at every common length: `length` is the shortest
+NEVER = "never"  # slower at the longest common length: `length` is that length
+REFERENCE_FAILED = "reference_failed"  # slower where both ran, but the variant ran at `length`
+#                                       where the reference failed (oom/timeout/...)
+NO_OVERLAP = "no_overlap"  # no length where both have a cost: `length` is NaN
+
+
+@dataclass(frozen=True)
+class Crossover:
+    """Where a variant becomes cheaper than the reference; see the kinds above."""
+
+    kind: str
+    length: float
+    reference_status: str = ""  # the reference's status at `length` for REFERENCE_FAILED
+
+    def __str__(self) -> str:
+        """"1,469" (crossed), "≤256" (always faster), ">2,048" (never), "≤4,096 (exact oom)"."""
+        if self.kind == CROSSED:
+            return f"{self.length:,.0f}"
+        if self.kind == ALWAYS_FASTER:
+            return f"≤{self.length:,.0f}"
+        if self.kind == NEVER:
+            return f">{self.length:,.0f}"
+        if self.kind == REFERENCE_FAILED:
+            return f"≤{self.length:,.0f} (exact {self.reference_status})"
+        return "n/a"
+
+
+def crossover_length(lengths, costs, ref_lengths, ref_costs, *, ref_failed=None) -> Crossover:
+    """The length above which a variant costs less than the reference (exact attention).
+
+    `lengths, costs` and `ref_lengths, ref_costs` are the measured points of the variant and the
+    reference (repeated lengths are averaged). `ref_failed` maps lengths where the reference has
+    no cost to its status there ("oom", "timeout"), for REFERENCE_FAILED. The crossover is the
+    last change from slower to faster, so the variant is faster at every longer common length;
+    a variant that is slower at the longest common length has no crossover (NEVER), even if it
+    was faster somewhere shorter. Equal cost counts as faster.
+    """
+    x, y = _positive_points(lengths, costs)
+    rx, ry = _positive_points(ref_lengths, ref_costs)
+    common, mine, theirs = np.intersect1d(x, rx, return_indices=True)
+    if len(common) == 0:
+        return _reference_failed(x, ref_failed, above=0.0) or Crossover(NO_OVERLAP, math.nan)
+    log_ratio = np.log(y[mine]) - np.log(ry[theirs])
+    if log_ratio[-1] > 0:
+        return _reference_failed(x, ref_failed, above=common[-1]) or Crossover(NEVER, common[-1])
+    slower = np.flatnonzero(log_ratio > 0)
+    if len(slower) == 0:
+        return Crossover(ALWAYS_FASTER, float(common[0]))
+    j = slower[-1]  # log_ratio[j] > 0 >= log_ratio[j + 1]
+    t = log_ratio[j] / (log_ratio[j] - log_ratio[j + 1])
+    log_length = np.log(common[j]) + t * (np.log(common[j + 1]) - np.log(common[j]))
+    return Crossover(CROSSED, float(np.exp(log_length)))
+
+
+def _reference_failed(x: np.ndarray, ref_failed, *, above: float) -> Crossover | None:
+    """The shortest length above `above` where the variant ran and the reference failed."""
+    failed = sorted(float(length) for length in (ref_failed or {}) if length > above)
+    reached = [length for length in failed if np.any(x == length)]
+    if not reached:
+        return None
+    return Crossover(REFERENCE_FAILED, reached[0], str(ref_failed[reached[0]]))
+
+
+def _positive_points(lengths, costs) -> tuple[np.ndarray, np.ndarray]:
+    """Sorted distinct lengths with the mean positive finite cost at each."""
+    x = np.asarray(lengths, dtype=float)
+    y = np.asarray(costs, dtype=float)
+    keep = np.isfinite(x) & np.isfinite(y) & (x > 0) & (y > 0)
+    x, y = x[keep], y[keep]
+    distinct, inverse = np.unique(x, return_inverse=True)
+    means = np.bincount(inverse, weights=y, minlength=len(distinct)) / np.bincount(inverse)
+    return distinct, means

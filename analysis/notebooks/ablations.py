@@ -1,0 +1,43 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Ablations: what each variant gives up
+#
+# Approximation error against length and against each variant's knob, training curves, and the
+# quality–speed–memory trade-off, drawn from `RESULTS` as in `python -m analysis.report`.
+# The `lsh` and `linformer` presets sweep the knobs; any sweep with training gives curves.
+
+# %%
+# %matplotlib inline
+from analysis import load, plots
+
+# %% tags=["parameters"]
+RESULTS = ["../../multirun/lsh", "../../multirun/linformer"]  # relative to this folder
+OFFLINE_RUNS = False
+SEQ_LEN = None  # length of the training-curve and trade-off figures; None = most measured
+
+# %%
+frame = load.load_results(RESULTS, offline_runs=OFFLINE_RUNS)
+
+# %%
+plots.error_vs_seq_len(frame)
+
+# %%
+plots.error_vs_knob(frame)
+
+# %%
+plots.training_curves(frame, seq_len=SEQ_LEN)
+
+# %%
+plots.tradeoff(frame, seq_len=SEQ_LEN)

@@ -1,0 +1,35 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Depth: memory and time of residual, reversible and checkpointed blocks
+#
+# The depth figure and table of `python -m analysis.report`, drawn from `RESULTS`.
+# `python -m experiments.run -m +experiment=depth` writes `multirun/depth`.
+
+# %%
+# %matplotlib inline
+from IPython.display import Markdown
+
+from analysis import load, plots, report, tables
+
+# %% tags=["parameters"]
+RESULTS = ["../../multirun/depth"]  # paths relative to this notebook's folder
+OFFLINE_RUNS = False
+
+# %%
+frame = load.load_results(RESULTS, offline_runs=OFFLINE_RUNS)
+Markdown(report.markdown_tables(frame, [tables.depth_table, tables.failures]))
+
+# %%
+plots.depth(frame)

@@ -1,0 +1,42 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Scaling: time, memory and FLOP/s against sequence length
+#
+# The same figures and table as `python -m analysis.report`, drawn from `RESULTS`: sweep dirs,
+# `results.csv`/`.parquet` files, or (with `OFFLINE_RUNS`) the W&B offline runs under them.
+# `python -m experiments.run -m +experiment=scaling` writes `multirun/scaling`.
+
+# %%
+# %matplotlib inline
+from IPython.display import Markdown
+
+from analysis import load, plots, report, tables
+
+# %% tags=["parameters"]
+RESULTS = ["../../multirun/scaling"]  # paths relative to this notebook's folder
+OFFLINE_RUNS = False
+
+# %%
+frame = load.load_results(RESULTS, offline_runs=OFFLINE_RUNS)
+Markdown(report.markdown_tables(frame, [tables.variant_summary, tables.failures]))
+
+# %%
+plots.time_vs_seq_len(frame)
+
+# %%
+plots.memory_vs_seq_len(frame)
+
+# %%
+plots.flops_fraction(frame)

@@ -1,0 +1,69 @@
+"""Per series: scaling exponent and crossover length against exact attention, from the frame.
+
+The figures' legends and report.md's tables both come from `scaling_fits`, so they agree.
+Fits use each length's mean over seeds (`series.mean_spread`); the crossover is measured
+against the exact-attention series with the same context (`series.reference_of`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pandas as pd
+
+from analysis import fit, series
+
+TIME_METRICS = {"fwd": "attn_fwd_ms", "fwd+bwd": "attn_fwd_bwd_ms"}
+X = "seq_len"
+
+
+@dataclass(frozen=True)
+class SeriesFit:
+    """One series' scaling of one metric: exponent over all lengths and over the longest ones."""
+
+    power_law: fit.PowerLaw
+    tail_power_law: fit.PowerLaw
+    crossover: fit.Crossover | None  # None for exact attention itself or without a reference
+
+
+def scaling_fits(labelled: pd.DataFrame, keys: list[str], metric: str, *,
+                 tail: int = 3) -> dict[str, SeriesFit]:
+    """Fits of `metric` against seq_len for every series of a frame from `series.with_series`.
+
+    `tail` is the number of longest lengths of the second (asymptotic) exponent.
+    """
+    stats = series.mean_spread(labelled, X, metric)
+    failed = series.failures(labelled, X)
+    references = series.reference_of(labelled, keys)
+    fits = {}
+    for name in series.series_order(labelled):
+        points = stats[stats["series"] == name]
+        crossover = None
+        if name in references:
+            ref = stats[stats["series"] == references[name]]
+            crossover = fit.crossover_length(
+                points[X], points["mean"], ref[X], ref["mean"],
+                ref_failed=_failed_lengths(failed, references[name], set(ref[X])),
+            )
+        fits[name] = SeriesFit(
+            fit.fit_power_law(points[X], points["mean"]),
+            fit.fit_power_law(points[X], points["mean"], tail=tail),
+            crossover,
+        )
+    return fits
+
+
+def _failed_lengths(failed: pd.DataFrame, name: str, measured: set) -> dict[float, str]:
+    """Lengths where series `name` has no measurement but failed, with its status there."""
+    rows = failed[(failed["series"] == name) & ~failed[X].isin(measured)]
+    return {float(r[X]): str(r["status"]) for _, r in rows.iterrows()}
+
+
+def longest_common_length(labelled: pd.DataFrame, metric: str) -> float | None:
+    """The longest seq_len at which every series that has any value of `metric` has one."""
+    stats = series.mean_spread(labelled, X, metric)
+    if stats.empty:
+        return None
+    per_series = [set(group[X]) for _, group in stats.groupby("series")]
+    common = set.intersection(*per_series)
+    return max(common) if common else None

@@ -1,0 +1,101 @@
+"""Which records make one curve, and what is drawn for it: mean and spread, or a failure.
+
+A series is a `variant` plus whichever context columns differ within the frame (block, depth,
+causal, ...): columns that are the same everywhere are left out of the label. Everything else
+that differs between a series' records at one x (seed, a repeated sweep) is spread: the mean is
+drawn with a band from the minimum to the maximum.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pandas as pd
+
+from analysis.load import format_value
+
+# Columns that change what a measurement means; a series holds all of them fixed.
+CONTEXT = ("causal", "batch_size", "d_model", "n_heads", "dtype", "device", "task", "block",
+           "depth", "seq_len", "model.ff_mult", "model.ff_chunks", "model.shared_qk",
+           "model.dropout")
+REFERENCE = "full"  # exact attention: what crossovers are measured against
+
+
+def varying(frame: pd.DataFrame, columns: Sequence[str]) -> list[str]:
+    """The `columns` of `frame` that take more than one value.
+
+    Missing values do not count: a skipped job records no `device`, which is not a second device.
+    """
+    return [c for c in columns if c in frame and frame[c].dropna().map(format_value).nunique() > 1]
+
+
+def with_series(frame: pd.DataFrame, *, x: str | None = None,
+                context: Sequence[str] = CONTEXT) -> tuple[pd.DataFrame, list[str]]:
+    """`frame` with a `series` label column, and the columns that define a series.
+
+    The series columns are `variant` and the context columns (except the x-axis `x`) that vary
+    in the frame. A label names the variant, then `name=value` for those of them that vary among
+    that variant's rows, e.g. "full block=reversible" (so "lsh" when only exact attention was
+    swept over blocks).
+    """
+    keys = ["variant", *varying(frame, [c for c in context if c != x])]
+    labelled = frame.copy()
+    labelled["series"] = pd.Series(dtype=object)
+    for _, rows in labelled.groupby("variant", sort=False):
+        shown = ["variant", *varying(rows, keys[1:])]
+        labelled.loc[rows.index, "series"] = [label(row, shown) for _, row in rows.iterrows()]
+    return labelled, keys
+
+
+def label(row: pd.Series, keys: Sequence[str]) -> str:
+    """The first key's value, then `name=value` for the others (name after its last dot)."""
+    parts = [str(row[keys[0]])]
+    parts += [f"{key.rsplit('.', 1)[-1]}={format_value(row[key])}" for key in keys[1:]]
+    return " ".join(parts)
+
+
+def series_order(frame: pd.DataFrame) -> list[str]:
+    """Series labels with exact attention first, then in the frame's (sorted) order."""
+    labels = list(dict.fromkeys(frame["series"]))
+    return sorted(labels, key=lambda s: (not s.startswith(REFERENCE), labels.index(s)))
+
+
+def mean_spread(frame: pd.DataFrame, x: str, y: str) -> pd.DataFrame:
+    """Per series and x, over status-ok records with a value: mean, min, max and count of `y`."""
+    ok = frame[(frame["status"] == "ok") & frame[y].notna() & frame[x].notna()]
+    if ok.empty:
+        return pd.DataFrame(columns=["series", x, "mean", "lo", "hi", "n"])
+    grouped = ok.groupby(["series", x], sort=True)[y]
+    stats = grouped.agg(["mean", "min", "max", "count"]).reset_index()
+    return stats.rename(columns={"min": "lo", "max": "hi", "count": "n"})
+
+
+def failures(frame: pd.DataFrame, x: str) -> pd.DataFrame:
+    """Per series, x and non-ok status, how many records ended so (oom, timeout, skipped, ...)."""
+    failed = frame[(frame["status"] != "ok") & frame[x].notna()]
+    if failed.empty:
+        return pd.DataFrame(columns=["series", x, "status", "n"])
+    return failed.groupby(["series", x, "status"]).size().rename("n").reset_index()
+
+
+def reference_of(frame: pd.DataFrame, keys: Sequence[str]) -> dict[str, str]:
+    """Each series' reference series: exact attention with the same context values.
+
+    When exact attention was measured with several `impl`s, the SDPA one is the reference (a
+    naive baseline would flatter every variant). Series without a reference are left out.
+    """
+    exact = frame[frame["attention"] == REFERENCE]
+    if "attention.impl" in exact and (exact["attention.impl"] == "sdpa").any():
+        exact = exact[exact["attention.impl"] == "sdpa"]
+    context = list(keys[1:])
+    by_context = {_context_values(row, context): row["series"] for _, row in exact.iterrows()}
+    references = {}
+    for _, row in frame.drop_duplicates("series").iterrows():
+        match = by_context.get(_context_values(row, context))
+        if match is not None and match != row["series"]:
+            references[row["series"]] = match
+    return references
+
+
+def _context_values(row: pd.Series, columns: Sequence[str]) -> tuple[str, ...]:
+    return tuple(format_value(row[c]) for c in columns)

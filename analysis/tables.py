@@ -1,0 +1,181 @@
+"""report.md's tables: each builder takes the results frame and returns a `Table`, or None when
+the results hold nothing for it (so a report shows only the tables its sweep can fill)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pandas as pd
+
+from analysis import scaling, series
+from analysis.load import format_value
+
+MIB = 2**20
+TAIL = 3  # lengths of the asymptotic exponent
+
+
+@dataclass(frozen=True)
+class Table:
+    """A titled table with an explanatory note, rendered as GitHub-flavoured Markdown."""
+
+    title: str
+    frame: pd.DataFrame
+    note: str = ""
+
+    def markdown(self) -> str:
+        header = "| " + " | ".join(_cell(c) for c in self.frame.columns) + " |"
+        rule = "|" + "|".join("---" for _ in self.frame.columns) + "|"
+        body = ["| " + " | ".join(_cell(v) for v in row) + " |"
+                for row in self.frame.itertuples(index=False)]
+        note = f"\n{self.note}\n" if self.note else ""
+        return "\n".join([f"## {self.title}", "", header, rule, *body, note])
+
+
+def variant_summary(frame: pd.DataFrame) -> Table | None:
+    """Per series: exponents, crossover against exact attention, reach, memory and error."""
+    labelled, keys = series.with_series(frame, x="seq_len")
+    if labelled.empty:
+        return None
+    fits = {name: scaling.scaling_fits(labelled, keys, metric, tail=TAIL)
+            for name, metric in scaling.TIME_METRICS.items()}
+    memory_at = scaling.longest_common_length(labelled, "peak_memory_bytes")
+    error_at = scaling.longest_common_length(labelled, "approx_rel_error")
+    memory = series.mean_spread(labelled, "seq_len", "peak_memory_bytes")
+    error = series.mean_spread(labelled, "seq_len", "approx_rel_error")
+    rows = []
+    for name in series.series_order(labelled):
+        mine = labelled[labelled["series"] == name]
+        fwd, fwd_bwd = fits["fwd"][name], fits["fwd+bwd"][name]
+        rows.append({
+            "variant": name,
+            "α fwd": str(fwd.power_law),
+            "α fwd+bwd": str(fwd_bwd.power_law),
+            f"α fwd+bwd, longest {TAIL} L": str(fwd_bwd.tail_power_law),
+            "L* fwd": _crossover(fwd),
+            "L* fwd+bwd": _crossover(fwd_bwd),
+            "longest L ok": _longest_ok(mine),
+            "failed at": _first_failures(mine),
+            f"peak memory @ L={_length(memory_at)} (MiB)": _value_at(memory, name, memory_at, MIB),
+            f"rel. error @ L={_length(error_at)}": _value_at(error, name, error_at, 1, ".3g"),
+        })
+    note = (
+        "α: least-squares slope of log(kernel time) against log(seq_len), over the mean per "
+        f"length (all lengths, and the {TAIL} longest: the asymptotic regime). L*: the length "
+        "above which the variant's kernel is faster than exact attention (SDPA, same context), "
+        "the log time ratio interpolated linearly in log L between measured lengths; "
+        "≤x: faster at every measured length; >x: still slower at the longest; "
+        "(exact oom): exact attention failed there. Memory and error at the longest length "
+        "every measured series reached."
+    )
+    return Table("Per variant", pd.DataFrame(rows), note)
+
+
+def depth_table(frame: pd.DataFrame) -> Table | None:
+    """Peak memory and step time per block type and depth, when depth was swept."""
+    labelled, _ = series.with_series(frame, x="depth")
+    ok = labelled[(labelled["status"] == "ok") & labelled["depth"].notna()]
+    if ok["depth"].nunique() < 2:
+        return None
+    memory = series.mean_spread(labelled, "depth", "peak_memory_bytes")
+    step = series.mean_spread(labelled, "depth", "step_ms")
+    failed = series.failures(labelled, "depth")
+    depths = sorted(labelled["depth"].dropna().unique())
+    rows = []
+    for name in series.series_order(labelled):
+        row = {"series": name}
+        for d in depths:
+            row[f"depth {format_value(d)}"] = _depth_cell(name, d, memory, step, failed)
+        rows.append(row)
+    note = "Each cell: peak memory of one training step (MiB) / its time (ms), mean over seeds."
+    return Table("Memory and time vs depth", pd.DataFrame(rows), note)
+
+
+def failures(frame: pd.DataFrame) -> Table | None:
+    """Every configuration that did not end ok, grouped by variant, status and reason."""
+    labelled, _ = series.with_series(frame, x="seq_len")
+    failed = labelled[labelled["status"] != "ok"]
+    if failed.empty:
+        return None
+    rows = []
+    for (name, status, reason), group in failed.groupby(
+        ["series", "status", failed["error"].map(lambda e: "" if e is None else str(e))],
+        sort=False,
+    ):
+        rows.append({
+            "variant": name,
+            "status": status,
+            "seq_len": ", ".join(_length(v) for v in sorted(group["seq_len"].dropna().unique())),
+            "records": len(group),
+            "reason": reason[:160] + ("…" if len(reason) > 160 else ""),
+        })
+    return Table("Not measured (oom, timeout, skipped, error, diverged)", pd.DataFrame(rows))
+
+
+def provenance(frame: pd.DataFrame) -> list[str]:
+    """Markdown bullets: what was measured, where, with what."""
+    counts = frame["status"].value_counts().to_dict()
+    lines = [
+        f"- sweeps: {_distinct(frame['sweep'])}; {len(frame)} records "
+        f"({', '.join(f'{n} {s}' for s, n in counts.items())})",
+        f"- device: {_distinct(frame['device_name'])} ({_distinct(frame['device'])}), "
+        f"threads {_distinct(frame['threads'])}, torch {_distinct(frame['torch_version'])}",
+        f"- git commit: {_distinct(frame['git_commit'])}; hosts: {_distinct(frame['hostname'])}",
+    ]
+    stamps = frame["timestamp"].dropna()
+    if len(stamps):
+        lines.append(f"- measured: {stamps.min()} … {stamps.max()}")
+    return lines
+
+
+def _crossover(f: scaling.SeriesFit) -> str:
+    return "reference" if f.crossover is None else str(f.crossover)
+
+
+def _longest_ok(rows: pd.DataFrame) -> str:
+    ok = rows.loc[rows["status"] == "ok", "seq_len"].dropna()
+    return _length(ok.max()) if len(ok) else "—"
+
+
+def _first_failures(rows: pd.DataFrame) -> str:
+    """The status at the shortest failed length, e.g. "oom at 8,192"."""
+    failed = rows[rows["status"] != "ok"].dropna(subset=["seq_len"])
+    if failed.empty:
+        return ""
+    shortest = failed["seq_len"].min()
+    statuses = ",".join(dict.fromkeys(failed.loc[failed["seq_len"] == shortest, "status"]))
+    return f"{statuses} at {_length(shortest)}"
+
+
+def _value_at(stats: pd.DataFrame, name: str, length, scale: float, spec: str = ".1f") -> str:
+    if length is None:
+        return "—"
+    match = stats[(stats["series"] == name) & (stats["seq_len"] == length)]
+    return format(match["mean"].iloc[0] / scale, spec) if len(match) else "—"
+
+
+def _depth_cell(name: str, depth: float, memory, step, failed) -> str:
+    def at(stats: pd.DataFrame) -> pd.DataFrame:
+        return stats[(stats["series"] == name) & (stats["depth"] == depth)]
+
+    mem, time = at(memory), at(step)
+    if mem.empty and time.empty:
+        return ",".join(at(failed)["status"].unique()) or "—"
+    mem_text = f"{mem['mean'].iloc[0] / MIB:.1f}" if len(mem) else "—"
+    time_text = f"{time['mean'].iloc[0]:.0f}" if len(time) else "—"
+    return f"{mem_text} / {time_text}"
+
+
+def _length(value) -> str:
+    if value is None or pd.isna(value):
+        return "—"
+    return f"{float(value):,.0f}"
+
+
+def _distinct(column: pd.Series) -> str:
+    values = [format_value(v) for v in column.dropna().unique()]
+    return ", ".join(values) if values else "unknown"
+
+
+def _cell(value) -> str:
+    text = "" if value is None or (isinstance(value, float) and pd.isna(value)) else str(value)
+    return text.replace("|", "\\|").replace("\n", " ")

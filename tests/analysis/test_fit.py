@@ -1,0 +1,90 @@
+"""Exponent fits and crossover detection on synthetic costs with known answers."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from analysis import fit
+
+LENGTHS = np.array([256, 512, 1024, 2048, 4096], dtype=float)
+
+
+def test_power_law_recovers_exponent_and_prefactor():
+    law = fit.fit_power_law(LENGTHS, 3.0 * LENGTHS**1.5)
+    assert law.exponent == pytest.approx(1.5, abs=1e-12)
+    assert law.prefactor == pytest.approx(3.0, rel=1e-9)
+    assert law.n_points == 5
+    assert law(1000.0) == pytest.approx(3.0 * 1000.0**1.5)
+    assert str(law) == "1.50"
+
+
+def test_power_law_under_multiplicative_noise():
+    rng = np.random.default_rng(0)
+    lengths = np.repeat(LENGTHS, 3)  # three seeds per length, averaged before fitting
+    costs = 1e-6 * lengths**2 * np.exp(rng.normal(0.0, 0.05, lengths.size))
+    assert fit.fit_power_law(lengths, costs).exponent == pytest.approx(2.0, abs=0.05)
+
+
+def test_power_law_tail_fits_only_the_longest_lengths():
+    # Constant overhead dominates short lengths; the tail sees the quadratic regime.
+    costs = 50.0 + 1e-4 * LENGTHS**2
+    assert fit.fit_power_law(LENGTHS, costs).exponent < 1.5
+    assert fit.fit_power_law(LENGTHS, costs, tail=2).exponent == pytest.approx(1.9, abs=0.05)
+
+
+def test_power_law_ignores_missing_and_needs_two_lengths():
+    law = fit.fit_power_law([256, 512, 1024], [1.0, float("nan"), 0.0])
+    assert math.isnan(law.exponent) and law.n_points == 1 and str(law) == "n/a"
+    assert fit.fit_power_law([256, 512, 512], [1.0, 2.0, 2.0]).exponent == pytest.approx(1.0)
+
+
+def test_crossover_of_linear_against_quadratic_is_exact():
+    # 1e-6·L² = 1e-3·L at L = 1000, between the measured 512 and 1024.
+    crossover = fit.crossover_length(LENGTHS, 1e-3 * LENGTHS, LENGTHS, 1e-6 * LENGTHS**2)
+    assert crossover.kind == fit.CROSSED
+    assert crossover.length == pytest.approx(1000.0, rel=1e-9)
+    assert str(crossover) == "1,000"
+
+
+def test_crossover_uses_only_common_lengths():
+    variant_lengths = np.array([128, 512, 2048, 8192], dtype=float)
+    crossover = fit.crossover_length(
+        variant_lengths, 2.5e-4 * variant_lengths**1.2, LENGTHS, 1e-6 * LENGTHS**2
+    )
+    expected = (2.5e-4 / 1e-6) ** (1 / 0.8)  # 2.5e-4·L^1.2 = 1e-6·L², ≈ 995
+    assert crossover.kind == fit.CROSSED
+    assert crossover.length == pytest.approx(expected, rel=1e-9)
+
+
+def test_crossover_is_the_last_change_from_slower_to_faster():
+    ratio = np.array([0.5, 2.0, 0.9, 0.5, 0.25])  # faster, slower, then faster for good
+    crossover = fit.crossover_length(LENGTHS, ratio, LENGTHS, np.ones(5))
+    # log ratio goes from log 2 at 512 to log 0.9 at 1024: zero at t = log2 / (log2 - log0.9).
+    t = math.log(2.0) / (math.log(2.0) - math.log(0.9))
+    assert crossover.length == pytest.approx(512 * 2**t, rel=1e-9)
+
+
+def test_always_faster_and_never():
+    faster = fit.crossover_length(LENGTHS, 0.5 * LENGTHS, LENGTHS, LENGTHS)
+    assert (faster.kind, faster.length, str(faster)) == (fit.ALWAYS_FASTER, 256.0, "≤256")
+    # Faster in the middle but slower at the longest length: no crossover.
+    never = fit.crossover_length(LENGTHS, [2.0, 0.5, 0.5, 0.5, 2.0], LENGTHS, np.ones(5))
+    assert (never.kind, never.length, str(never)) == (fit.NEVER, 4096.0, ">4,096")
+
+
+def test_reference_failure_beyond_the_common_lengths():
+    ref_lengths = LENGTHS[:3]
+    crossover = fit.crossover_length(
+        LENGTHS, 2.0 * LENGTHS, ref_lengths, LENGTHS[:3], ref_failed={2048: "oom", 4096: "oom"}
+    )
+    assert crossover.kind == fit.REFERENCE_FAILED
+    assert crossover.length == 2048.0
+    assert str(crossover) == "≤2,048 (exact oom)"
+
+
+def test_no_overlap():
+    crossover = fit.crossover_length([256.0], [1.0], [512.0], [1.0])
+    assert crossover.kind == fit.NO_OVERLAP and str(crossover) == "n/a"

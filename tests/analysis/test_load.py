@@ -1,0 +1,144 @@
+"""Loading: result.json, CSV, Parquet and W&B offline runs give the same tidy frame."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from analysis import load
+from experiments import record, store, tracking
+from tests.analysis.conftest import FIXTURE, WANDB_LOGGER, fixture_records
+
+# Where a row came from, not its values.
+BOOKKEEPING = {"source", "run_dir", "offline_run_dir", "wandb_path"}
+
+
+def assert_same_records(a: pd.DataFrame, b: pd.DataFrame) -> None:
+    assert len(a) == len(b)
+    columns = sorted((set(a.columns) & set(b.columns)) - BOOKKEEPING)
+    a = a.sort_values("config_hash").reset_index(drop=True)[columns]
+    b = b.sort_values("config_hash").reset_index(drop=True)[columns]
+    pd.testing.assert_frame_equal(a, b, check_dtype=False, check_exact=False, rtol=1e-12)
+
+
+def test_fixture_sweep_has_the_documented_schema():
+    frame = load.load_results([FIXTURE])
+    assert len(frame) == len(fixture_records())
+    for column in (*load.IDENTITY, *load.CONFIG, *load.MEASUREMENTS, *load.ADDED):
+        assert column in frame, column
+    assert set(frame["status"]) <= set(record.STATUSES)
+    assert all(frame[c].dtype == float for c in load.MEASUREMENTS)
+    failed = frame[frame["status"] != "ok"]
+    assert failed[["attn_fwd_ms", "step_ms", "peak_memory_bytes"]].isna().all().all()
+    assert frame["seq_len"].dtype.kind == "i"
+    # The variant names the options that differ between one attention's records.
+    assert {"full impl=math", "full impl=sdpa", "lsh n_hashes=1", "linformer k=256",
+            "blockwise"} <= set(frame["variant"])
+    assert frame["source"].eq(str(FIXTURE)).all()
+
+
+def test_results_csv_and_parquet_load_like_the_records(sweep_copy):
+    store.write_results(sweep_copy)
+    from_records = load.load_results([sweep_copy])
+    for name in ("results.csv", "results.parquet"):
+        assert_same_records(from_records, load.load_results([sweep_copy / name]))
+    # A sweep dir with only the gathered files (e.g. copied without job dirs) loads too.
+    gathered = sweep_copy.parent / "gathered"
+    gathered.mkdir()
+    shutil.copy(sweep_copy / "results.csv", gathered)
+    assert_same_records(from_records, load.load_results([gathered]))
+
+
+def test_missing_results_are_an_error(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no result.json"):
+        load.load_results([tmp_path])
+
+
+@pytest.fixture
+def wandb_sweep(tmp_path, wandb_home) -> Path:
+    """Three fixture records re-recorded as a runner job does: result.json plus a real offline
+    W&B run written by experiments.tracking, with per-step losses."""
+    picked = [r for r in fixture_records() if r["sweep"] == "scaling" and r["seq_len"] == 512
+              and r["seed"] == 0 and r["attention"] in ("full", "lsh", "linformer")]
+    sweep = tmp_path / "wandb_sweep"
+    for job, rec in enumerate(picked):
+        out_dir = sweep / str(job)
+        tracker = tracking.start_tracker(
+            WANDB_LOGGER, run_config={"attention": {"name": rec["attention"]}},
+            group=rec["sweep"], job_type=f"{rec['attention']}-{rec['block']}",
+            tags=[rec["attention"]], name=f"{job}-{rec['config_hash']}", out_dir=out_dir,
+        )
+        if rec["status"] == "ok":
+            for step in range(3):
+                metrics = {"train/loss": 6.0 - 0.5 * step - job, "train/lr": 1e-3}
+                if step == 2:
+                    metrics.update({"eval/loss": 5.5 - job, "eval/accuracy": 0.25})
+                tracker.log_step(metrics, step)
+        rec = {**rec, "offline_run_dir": None}
+        record.write_json_atomic(out_dir / "result.json", rec)
+        tracker.finish(rec, exit_code=0 if rec["status"] == "ok" else 1)
+        rec["offline_run_dir"] = str(tracker.run_dir)
+        record.write_json_atomic(out_dir / "result.json", rec)
+    return sweep
+
+
+def test_wandb_offline_runs_load_like_the_records(wandb_sweep, tmp_path):
+    from_records = load.load_results([wandb_sweep])
+    from_runs = load.load_results([wandb_sweep], offline_runs=True)
+    assert sorted(from_runs["status"]) == ["ok", "ok", "skipped"]
+    assert_same_records(from_records, from_runs)
+    # Every record column that has a value survives the round trip through W&B.
+    present = {c for c in from_records.columns if from_records[c].notna().any()}
+    assert present - BOOKKEEPING <= set(from_runs.columns)
+    assert from_records["run_dir"].tolist() == from_runs.set_index("config_hash").loc[
+        from_records["config_hash"], "run_dir"].tolist()
+
+    curves = load.load_curves(from_records)
+    assert curves.equals(load.load_curves(from_runs.set_index("config_hash").loc[
+        from_records["config_hash"]].reset_index()))
+    lsh_row = from_records.index[from_records["attention"] == "lsh"][0]
+    lsh = curves[(curves["row"] == lsh_row) & (curves["metric"] == "train/loss")]
+    assert lsh["step"].tolist() == [0, 1, 2]
+    assert set(curves["metric"]) == {"train/loss", "eval/loss", "eval/accuracy"}
+
+    # A moved sweep finds its runs again by folder name.
+    moved = Path(shutil.copytree(wandb_sweep, tmp_path / "moved"))
+    shutil.rmtree(wandb_sweep)
+    relocated = load.load_results([moved])
+    assert relocated["run_dir"].map(lambda p: p.startswith(str(moved))).all()
+    assert len(load.load_curves(relocated)) == len(curves)
+
+
+class FakeRun:
+    def __init__(self, run_id, job_type, summary):
+        self.id, self.job_type, self.summary_metrics = run_id, job_type, summary
+        self.path = ["me", "attnbench", run_id]
+        self.url = f"https://wandb.example/me/attnbench/runs/{run_id}"
+
+
+class FakeApi:
+    """What `load_wandb` uses of `wandb.Api()`: runs(path, filters) with summaries."""
+
+    def __init__(self, runs):
+        self._runs, self.calls = runs, []
+
+    def runs(self, path, filters):
+        self.calls.append((path, filters))
+        return self._runs
+
+
+def test_wandb_api_runs_load_like_the_records():
+    records = fixture_records()[:4]
+    runs = [FakeRun(f"r{i}", "bench", {**{k: v for k, v in r.items() if v is not None},
+                                         "train/loss": 1.0, "step": 3, "_runtime": 2.0})
+            for i, r in enumerate(records)]
+    runs.append(FakeRun("summary", load.SUMMARY_JOB_TYPE, {"n_records": 4}))
+    api = FakeApi(runs)
+    frame = load.load_wandb("me/attnbench", "scaling", api=api)
+    assert api.calls == [("me/attnbench", {"group": "scaling"})]
+    assert sorted(frame["wandb_path"]) == [f"me/attnbench/r{i}" for i in range(4)]
+    assert not {"train/loss", "step", "_runtime"} & set(frame.columns)
+    assert_same_records(load.tidy(pd.DataFrame(records)), frame)
