@@ -16,8 +16,12 @@ from contextlib import contextmanager
 import torch
 
 
-class JobTimeout(Exception):
-    """The measurement ran past `budget.max_seconds`."""
+class JobTimeout(BaseException):
+    """The measurement ran past `budget.max_seconds`.
+
+    A BaseException, like KeyboardInterrupt, so that an `except Exception` on the way (a logging
+    guard, say) cannot swallow it and let the job run on past its budget.
+    """
 
 
 class MemoryBudgetExceeded(Exception):

@@ -8,6 +8,7 @@ columns of the record; `experiments.run` adds identity, status and provenance.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -16,12 +17,13 @@ import torch
 import torch.nn.functional as F
 
 import variants
+import variants.layers
 from experiments.memory import peak_memory_bytes, peak_rss_bytes
 from experiments.tasks import Task, build_task
 from experiments.timing import matmul_gflops_per_s, time_ms
-from experiments.train import masked_loss_and_hits, train
+from experiments.train import evaluate, masked_loss_and_hits, train
 from variants.attention.base import FWD_BWD_FLOP_FACTOR, Attention
-from variants.checks import require_positive_int
+from variants.checks import require_non_negative_int, require_positive_int
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -82,15 +84,48 @@ class Setup:
     model: torch.nn.Module
 
 
+POSITIVE_INTS = (
+    "seq_len",
+    "batch_size",
+    "measure.approx_seeds",
+    "measure.matmul_size",
+    "train.eval_batches",
+)
+NON_NEGATIVE_INTS = ("train.steps", "train.warmup", "train.eval_every", "measure.warmup")
+POSITIVE_OR_NULL = ("measure.min_run_time_s", "budget.max_memory_gb", "budget.max_seconds")
+
+
+def check_sizes(config: dict[str, Any]) -> None:
+    """The runner's own size options, checked before anything is built or measured."""
+
+    def value(key: str) -> Any:
+        node = config
+        for part in key.split("."):
+            node = node[part]
+        return node
+
+    for key in POSITIVE_INTS:
+        require_positive_int("config", key, value(key))
+    for key in NON_NEGATIVE_INTS:
+        require_non_negative_int("config", key, value(key))
+    for key in POSITIVE_OR_NULL:
+        number = value(key)
+        if number is not None and (
+            isinstance(number, bool) or not isinstance(number, (int, float)) or number <= 0
+        ):
+            raise ValueError(
+                f"config: option {key!r} must be a positive number or null, got {number!r}"
+            )
+
+
 def setup(config: dict[str, Any]) -> Setup:
     """Validate and build a configuration; bad options raise `ValueError` naming the key."""
     device = resolve_device(config["device"])
     dtype = resolve_dtype(config["dtype"])
     if config["threads"]:
         torch.set_num_threads(int(config["threads"]))
+    check_sizes(config)
     seq_len, batch_size, seed = config["seq_len"], config["batch_size"], config["seed"]
-    for key, value in (("seq_len", seq_len), ("batch_size", batch_size)):
-        require_positive_int("config", key, value)
     torch.manual_seed(seed)
     task = build_task(config["task"], seq_len=seq_len, batch_size=batch_size, seed=seed)
     model = build_model(config, task.vocab_size).to(device=device, dtype=dtype)
@@ -138,6 +173,11 @@ def measure(
             eval_accuracy=result.eval_accuracy,
             tokens_per_s=result.tokens_per_s,
         )
+        if getattr(task, "reports_bits_per_byte", False):
+            columns["eval_bits_per_byte"] = result.eval_loss / math.log(2)
+    eval_attention = (config.get("eval") or {}).get("attention") or {}
+    for label, attention in eval_attention.items():
+        columns.update(evaluate_with_kernel(model, task, device, attention, label, config))
 
     timing = {"min_run_time_s": m_cfg["min_run_time_s"], "warmup": m_cfg["warmup"]}
     shape = (batch_size, n_heads, seq_len, head_dim)
@@ -165,6 +205,45 @@ def measure(
             kernel, shape, device, dtype, m_cfg["approx_seeds"]
         )
     columns["peak_rss_bytes"] = peak_rss_bytes()
+    return columns
+
+
+def evaluate_with_kernel(
+    model: torch.nn.Module,
+    task: Task,
+    device: torch.device,
+    attention: dict[str, Any],
+    label: str,
+    config: dict[str, Any],
+) -> dict[str, float]:
+    """Evaluate the model with every layer's kernel replaced by `attention`, then restore it.
+
+    attention: {"name": variant, **kernel options}, e.g. {"name": "lsh", "n_hashes": 8}. The
+    projections stay as trained, as in the Reformer's Table 2 (train with one attention,
+    evaluate with another). Returns `eval_loss@<label>`, and `eval_accuracy@<label>` or
+    `eval_bits_per_byte@<label>` when the task has them. Stochastic kernels (LSH) draw from a
+    generator seeded with the config's seed, so the columns are reproducible; the global RNG
+    stream is left as it was. A kernel the layers refuse raises `ValueError`.
+    """
+    options = dict(attention)
+    name = options.pop("name")
+    layers = [m for m in model.modules() if isinstance(m, variants.layers.SelfAttention)]
+    originals = [layer.replace_kernel(name, options) for layer in layers]
+    first, *rest = (layer.kernel for layer in layers)
+    for kernel in rest:  # as the model ties its own kernels (Linformer's layerwise sharing)
+        kernel.tie_to(first)
+    try:
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+            torch.manual_seed(config["seed"])
+            loss, accuracy = evaluate(model, task, device, config["train"]["eval_batches"])
+    finally:
+        for layer, original in zip(layers, originals, strict=True):
+            layer.kernel = original
+    columns = {f"eval_loss@{label}": loss}
+    if task.has_accuracy:
+        columns[f"eval_accuracy@{label}"] = accuracy
+    if getattr(task, "reports_bits_per_byte", False):
+        columns[f"eval_bits_per_byte@{label}"] = loss / math.log(2)
     return columns
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import platform
 import socket
@@ -23,7 +24,9 @@ import torch
 STATUSES = ("ok", "oom", "timeout", "skipped", "error", "diverged")
 
 # Keys of the resolved config that do not change what is measured, so they stay out of the hash.
-_UNHASHED = ("logger", "sweep", "resume", "train.progress")
+# A budget decides whether a measurement completes, not what it measures: re-running an oom
+# configuration with a larger budget replaces its record.
+_UNHASHED = ("logger", "sweep", "resume", "train.progress", "budget")
 
 
 def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -126,13 +129,23 @@ def git_commit() -> str:
     return f"{commit}+dirty" if commit and dirty else (commit or "unknown")
 
 
+def _json_safe(record: dict[str, Any]) -> dict[str, Any]:
+    """NaN and infinities are not JSON; a value that is not a number is recorded as null."""
+    return {
+        k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in record.items()
+    }
+
+
 def write_json_atomic(path: Path, record: dict[str, Any]) -> None:
     """Write `record` to `path` so a reader never sees a partial file (tmp file + rename)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.fchmod(fd, 0o666 & ~umask)  # mkstemp makes 0600; follow the umask like any other file
     try:
         with os.fdopen(fd, "w") as f:
-            json.dump(record, f, indent=1, sort_keys=True, default=str)
+            json.dump(_json_safe(record), f, indent=1, sort_keys=True, default=str)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)

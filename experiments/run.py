@@ -9,6 +9,7 @@ job returns normally so every other job still runs.
 from __future__ import annotations
 
 import gc
+import json
 import logging
 import os
 import sys
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import hydra
+import torch._dynamo  # noqa: F401  (AdamW imports it lazily; a timeout mid-import breaks later jobs)
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
@@ -43,6 +45,7 @@ def run_job(
             log.info("already recorded with status ok in %s; skipping", previous)
             return None
 
+    _displace_other_record(out_dir, digest)
     rec: dict[str, Any] = {
         "sweep": config["sweep"],
         "job": job,
@@ -92,6 +95,24 @@ def run_job(
         rec["offline_run_dir"] = str(tracker.run_dir)
         record.write_json_atomic(out_dir / "result.json", rec)
     return rec
+
+
+def _displace_other_record(out_dir: Path, digest: str) -> None:
+    """Move a record of another configuration out of this job's way, never overwrite it.
+
+    Job dirs are numbered by position in the sweep, so a value inserted into or reordered in a
+    re-run sweep gives a recorded configuration's dir to a new one. The old record moves to
+    `displaced/<its hash>/result.json` below it, where the store and resume still find it.
+    """
+    path = out_dir / "result.json"
+    try:
+        other = json.loads(path.read_text()).get("config_hash")
+    except (OSError, ValueError):
+        return
+    if other and other != digest:
+        target = out_dir / "displaced" / other / "result.json"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(path, target)
 
 
 def _threads_per_job(hydra_cfg) -> int | None:

@@ -100,7 +100,7 @@ def train(
         started = time.perf_counter()
         loss, _ = masked_loss_and_hits(model(batch.inputs), batch)
         if not torch.isfinite(loss):
-            raise Diverged(f"training loss is {float(loss)} at step {step}")
+            raise Diverged(f"training loss is {loss.item()} at step {step}")
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         if grad_clip:

@@ -1,0 +1,313 @@
+"""The runner through its CLI: real Hydra sweeps in subprocesses, read back from disk and W&B.
+
+Every sweep measures a tiny configuration (d_model 32, seq_len 64, 2 training steps) so a job
+takes about a second; what is checked is the plumbing: records, the results store, resume, the
+W&B runs, failures as data, and the messages of bad single runs.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from omegaconf import OmegaConf
+
+from experiments import tracking
+from experiments.record import flatten
+
+IDENTITY = ("sweep", "job", "config_hash", "status", "error")
+CONFIGURATION = ("attention", "attention.name", "block", "task", "seq_len", "batch_size",
+                 "d_model", "n_heads", "depth", "causal", "dtype", "seed", "device", "threads")
+# Measurements of an ok job on the random-token task, each a positive number.
+MEASUREMENTS = ("attn_fwd_ms", "attn_fwd_bwd_ms", "step_ms", "peak_memory_bytes",
+                "peak_rss_bytes", "attn_fwd_flops", "attn_fwd_bwd_flops", "attn_fwd_gflops_per_s",
+                "attn_fwd_bwd_gflops_per_s", "matmul_peak_gflops_per_s", "train_loss",
+                "eval_loss", "tokens_per_s", "n_parameters", "job_seconds")
+SPREADS = ("attn_fwd_iqr_ms", "attn_fwd_bwd_iqr_ms", "step_iqr_ms", "approx_rel_error")  # >= 0
+PROVENANCE = ("git_commit", "torch_version", "device_name", "hostname", "timestamp",
+              "offline_run_dir")
+SKIP_MESSAGE = "already recorded with status ok"  # logged by a job that resume skips
+RAN_MESSAGE = "record: "  # printed by a job that measured and recorded
+# Resume is about which jobs run, not what they measure: time only the machine's matmul rate.
+QUICK = ("logger=none", "train.steps=0", "measure.kernel=false", "measure.step=false",
+         "measure.memory=false", "measure.approx_error=false")
+
+
+def job_records(sweep_dir: Path) -> dict[str, dict]:
+    """{job dir name: record} of every `<sweep_dir>/<job>/result.json`."""
+    paths = sorted(sweep_dir.glob("*/result.json"))
+    return {p.parent.name: json.loads(p.read_text()) for p in paths}
+
+
+def record_mtimes(sweep_dir: Path) -> dict[str, int]:
+    return {p.parent.name: p.stat().st_mtime_ns for p in sweep_dir.glob("*/result.json")}
+
+
+def results_csv(sweep_dir: Path) -> pd.DataFrame:
+    frame = pd.read_csv(sweep_dir / "results.csv")
+    assert frame["config_hash"].is_unique, frame[["config_hash", "job", "status"]]
+    return frame
+
+
+def assert_ran(done: subprocess.CompletedProcess, *, ran: int, skipped: int) -> None:
+    """The multirun measured `ran` jobs and resume skipped `skipped` (from its stdout)."""
+    assert (done.stdout.count(RAN_MESSAGE), done.stdout.count(SKIP_MESSAGE)) == (ran, skipped), (
+        done.stdout[-3000:]
+    )
+
+
+# --- A sweep with W&B offline -----------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def wandb_sweep(module_cli, tmp_path_factory) -> Path:
+    """Two measured variants and linformer, which cannot be causal, with the default logger."""
+    sweep_dir = tmp_path_factory.mktemp("wandb") / "sweep"
+    module_cli.sweep(sweep_dir, "attention=full,blockwise,linformer", "model.causal=true",
+                     "sweep=runner-test")
+    return sweep_dir
+
+
+def ok_records(sweep_dir: Path) -> dict[str, dict]:
+    records = job_records(sweep_dir)
+    assert sorted(records) == ["0", "1", "2"]
+    return {job: rec for job, rec in records.items() if rec["attention"] != "linformer"}
+
+
+@pytest.mark.slow
+def test_sweep_records_have_every_documented_column(wandb_sweep):
+    records = ok_records(wandb_sweep)
+    assert sorted(r["attention"] for r in records.values()) == ["blockwise", "full"]
+    for job, rec in records.items():
+        assert rec["status"] == "ok" and rec["error"] is None, rec["error"]
+        missing = [c for c in (*IDENTITY, *CONFIGURATION, *MEASUREMENTS, *SPREADS, *PROVENANCE)
+                   if c not in rec]
+        assert not missing, f"job {job} lacks {missing}"
+        for column in MEASUREMENTS:
+            value = rec[column]
+            assert isinstance(value, (int, float)) and math.isfinite(value) and value > 0, column
+        assert all(rec[c] >= 0 for c in SPREADS)
+        assert isinstance(rec["peak_memory_bytes"], int)
+        identity = (rec["sweep"], rec["job"], rec["seq_len"], rec["d_model"], rec["causal"])
+        assert identity == ("runner-test", job, 64, 32, True)
+        assert rec["eval_accuracy"] is None  # random tokens: no accuracy to report
+        assert rec["device"] == "cpu" and rec["threads"] == 1
+    full = next(r for r in records.values() if r["attention"] == "full")
+    assert full["approx_rel_error"] < 1e-6  # exact attention against itself
+
+
+@pytest.mark.slow
+def test_unsupported_combination_is_skipped_and_the_rest_succeed(wandb_sweep):
+    records = job_records(wandb_sweep)
+    (linformer,) = [r for r in records.values() if r["attention"] == "linformer"]
+    assert linformer["status"] == "skipped"
+    assert "linformer" in linformer["error"] and "causal" in linformer["error"]
+    assert "attn_fwd_ms" not in linformer and linformer["causal"] is True
+    assert all(r["status"] == "ok" for r in records.values() if r is not linformer)
+    run = tracking.read_offline_run(Path(linformer["offline_run_dir"]))
+    assert (run["summary"]["status"], run["summary"]["error"]) == ("skipped", linformer["error"])
+    assert run["exit_code"] == 1
+
+
+@pytest.mark.slow
+def test_sweep_is_gathered_into_csv_and_parquet(wandb_sweep):
+    records = job_records(wandb_sweep)
+    csv, parquet = results_csv(wandb_sweep), pd.read_parquet(wandb_sweep / "results.parquet")
+    assert len(csv) == len(parquet) == 3
+    hashes = {r["config_hash"] for r in records.values()}
+    assert set(csv["config_hash"]) == set(parquet["config_hash"]) == hashes
+    assert sorted(csv["status"]) == ["ok", "ok", "skipped"]
+    ok = csv[csv["status"] == "ok"].set_index("config_hash")
+    for rec in ok_records(wandb_sweep).values():
+        assert ok.loc[rec["config_hash"], "attn_fwd_ms"] == pytest.approx(rec["attn_fwd_ms"])
+
+
+@pytest.mark.slow
+def test_offline_wandb_runs_hold_the_same_config_and_summary(wandb_sweep):
+    for job, rec in job_records(wandb_sweep).items():
+        run = tracking.read_offline_run(Path(rec["offline_run_dir"]))
+        hydra_config = OmegaConf.load(wandb_sweep / job / ".hydra" / "config.yaml")
+        assert run["config"] == OmegaConf.to_container(hydra_config, resolve=True)
+        assert run["config"]["attention"]["name"] == rec["attention"]
+        assert run["config"]["seq_len"] == rec["seq_len"] == 64
+        flat = flatten(run["config"])
+        config_columns = {k: v for k, v in rec.items() if "." in k}  # e.g. attention.block_size
+        assert {k: flat[k] for k in config_columns} == config_columns
+        # The summary carries every column of the record (W&B keeps no None values).
+        expected = {k: v for k, v in rec.items() if v is not None and k != "offline_run_dir"}
+        assert {k: run["summary"].get(k) for k in expected} == expected
+        assert (run["group"], run["name"]) == ("runner-test", f"{job}-{rec['config_hash']}")
+        if rec["status"] == "ok":
+            assert run["exit_code"] == 0
+            assert [row["step"] for row in run["history"] if "train/loss" in row] == [0, 1]
+    summary_runs = tracking.find_offline_runs(wandb_sweep / "wandb")
+    assert [tracking.read_offline_run(r)["job_type"] for r in summary_runs] == ["sweep-summary"]
+
+
+# --- Resume -----------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_killed_sweep_resumes_with_only_the_missing_jobs(cli, tmp_path):
+    sweep_dir = tmp_path / "sweep"
+    command = cli.sweep_args(sweep_dir, "seq_len=64,96,128", *QUICK)
+    process = cli.start(*command)
+    deadline = time.monotonic() + 240
+    while not (sweep_dir / "0" / "result.json").exists():  # kill right after the first record
+        assert process.poll() is None and time.monotonic() < deadline, process.communicate()[1]
+        time.sleep(0.02)
+    process.kill()
+    process.communicate()
+    before = record_mtimes(sweep_dir)
+    assert "0" in before and len(before) < 3
+
+    done = cli.run(*command)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert_ran(done, ran=3 - len(before), skipped=len(before))
+    assert {job: record_mtimes(sweep_dir)[job] for job in before} == before
+    assert sorted(results_csv(sweep_dir)["seq_len"]) == [64, 96, 128]
+
+    # Extend the sweep after losing one record and failing another: those two and the new
+    # configuration are measured, the one still recorded ok is not.
+    (sweep_dir / "1" / "result.json").unlink()
+    failed = sweep_dir / "2" / "result.json"
+    failed.write_text(json.dumps({**json.loads(failed.read_text()), "status": "error"}))
+    before = record_mtimes(sweep_dir)
+    done = cli.sweep(sweep_dir, "seq_len=64,96,128,160", *QUICK)
+    assert_ran(done, ran=3, skipped=1)
+    after = record_mtimes(sweep_dir)
+    assert after["0"] == before["0"] and after["2"] != before["2"] and {"1", "3"} <= set(after)
+    frame = results_csv(sweep_dir)
+    assert sorted(frame["seq_len"]) == [64, 96, 128, 160] and set(frame["status"]) == {"ok"}
+
+
+@pytest.mark.slow
+def test_sweep_with_a_value_inserted_first_runs_only_it(cli, tmp_path):
+    sweep_dir = tmp_path / "sweep"
+    cli.sweep(sweep_dir, "seq_len=64", *QUICK)
+    done = cli.sweep(sweep_dir, "seq_len=32,64", *QUICK)
+    assert sorted(results_csv(sweep_dir)["seq_len"]) == [32, 64]
+    assert_ran(done, ran=1, skipped=1)
+
+
+# --- Failures are data ------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_oom_under_a_memory_cap_is_recorded_and_the_sweep_goes_on(cli, tmp_path):
+    sweep_dir = tmp_path / "sweep"
+    # Explicit 8192 x 8192 float32 scores are 512 MiB per head, over a 0.3 GiB cap; the OOM job
+    # runs first, so the second also shows that the cap was lifted after it.
+    cli.sweep(sweep_dir, "attention.impl=math", "seq_len=8192,64", "budget.max_memory_gb=0.3",
+              "logger=none")
+    records = job_records(sweep_dir)
+    assert records["0"]["status"] == "oom" and "memory" in records["0"]["error"].lower()
+    assert "attn_fwd_ms" not in records["0"] and records["0"]["seq_len"] == 8192
+    assert records["1"]["status"] == "ok", records["1"]["error"]
+    assert sorted(results_csv(sweep_dir)["status"]) == ["ok", "oom"]
+
+
+# --- Launchers --------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_submitit_local_launch_records_and_gathers(cli, tmp_path):
+    sweep_dir = tmp_path / "sweep"
+    cli.sweep(sweep_dir, "hydra/launcher=submitit_local", "attention=full,blockwise", "logger=none")
+    records = job_records(sweep_dir)
+    assert sorted(records) == ["0", "1"]
+    assert [r["status"] for r in records.values()] == ["ok", "ok"]
+    assert (sweep_dir / ".submitit").is_dir()  # the jobs really went through submitit
+    assert sorted(results_csv(sweep_dir)["attention"]) == ["blockwise", "full"]
+
+
+# --- Single runs: exit code and message -------------------------------------------------------
+
+# name -> (overrides, words the one-line message on stderr must contain)
+BAD_RUNS = {
+    "heads_not_dividing_d_model": (["model.n_heads=3"], ["d_model", "n_heads", "divisible"]),
+    "zero_seq_len": (["seq_len=0"], ["seq_len", "positive"]),
+    "zero_depth": (["model.depth=0"], ["depth", "positive"]),
+    "unknown_variant": (["attention.name=nope"],
+                        ["unknown attention variant 'nope'", "available:", "full", "lsh"]),
+    "causal_linformer": (["attention=linformer", "model.causal=true"], ["linformer", "causal"]),
+    "negative_block_size": (["attention=blockwise", "attention.block_size=-1"],
+                            ["blockwise", "block_size", "positive"]),
+}
+OTHER_RUNS = {
+    "good": [],  # W&B offline, as by default
+    "over_time_budget": ["budget.max_seconds=0.5", "logger=none"],
+    "unknown_config_group_option": ["attention=nope", "logger=none"],
+}
+PARALLEL = 5  # runs at once: each is mostly ~3 s of imports
+Finished = tuple[subprocess.CompletedProcess, Path]  # a run and its run dir
+
+
+@pytest.fixture(scope="module")
+def single_runs(module_cli, tmp_path_factory) -> dict[str, Finished]:
+    """{name: (finished process, its run dir)} of every run above, a few launched at a time."""
+    root = tmp_path_factory.mktemp("single")
+    launches = {name: [*overrides, "logger=none"] for name, (overrides, _) in BAD_RUNS.items()}
+    launches.update(OTHER_RUNS)
+    results, names = {}, list(launches)
+    for first in range(0, len(names), PARALLEL):
+        batch = names[first:first + PARALLEL]
+        processes = {n: module_cli.start_single(root / n, *launches[n]) for n in batch}
+        for name, process in processes.items():
+            stdout, stderr = process.communicate(timeout=300)
+            done = subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
+            results[name] = (done, root / name)
+    return results
+
+
+def one_line_error(done: subprocess.CompletedProcess) -> str:
+    """The run's whole stderr, which must be a single `error: ...` line."""
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), done.stderr[-2000:]
+    return lines[0]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", BAD_RUNS)
+def test_bad_single_run_exits_non_zero_with_a_one_line_message(single_runs, name):
+    done, run_dir = single_runs[name]
+    assert done.returncode != 0
+    message = one_line_error(done)
+    assert not [word for word in BAD_RUNS[name][1] if word not in message], message
+    assert json.loads((run_dir / "result.json").read_text())["status"] == "skipped"
+
+
+@pytest.mark.slow
+def test_single_run_over_its_time_budget_is_a_timeout(single_runs):
+    done, run_dir = single_runs["over_time_budget"]
+    assert done.returncode != 0
+    assert "JobTimeout" in one_line_error(done) and "max_seconds=0.5" in done.stderr
+    rec = json.loads((run_dir / "result.json").read_text())
+    assert rec["status"] == "timeout" and rec["job_seconds"] < 30
+
+
+@pytest.mark.slow
+def test_good_single_run_exits_zero_and_says_where_its_results_are(single_runs):
+    done, run_dir = single_runs["good"]
+    assert done.returncode == 0, done.stderr[-2000:]
+    rec = json.loads((run_dir / "result.json").read_text())
+    assert rec["status"] == "ok"
+    assert f"record: {run_dir / 'result.json'}" in done.stdout
+    assert f"W&B run: {rec['offline_run_dir']}" in done.stdout
+    assert tracking.read_offline_run(Path(rec["offline_run_dir"]))["summary"]["status"] == "ok"
+
+
+@pytest.mark.slow
+def test_unknown_config_group_option_fails_in_hydra_listing_the_options(single_runs):
+    """`attention=nope` fails while Hydra composes the config, before the runner runs: Hydra's
+    own multi-line message, which names the group and lists its options."""
+    done, run_dir = single_runs["unknown_config_group_option"]
+    assert done.returncode != 0
+    assert "Could not find 'attention/nope'" in done.stderr
+    assert "Available options in 'attention'" in done.stderr and "linformer" in done.stderr
+    assert not (run_dir / "result.json").exists()

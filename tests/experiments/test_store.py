@@ -1,0 +1,115 @@
+"""The results store: records gathered per sweep, one row per configuration, newest wins."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import pandas as pd
+import pytest
+from omegaconf import OmegaConf
+
+from experiments import store
+
+
+def rec(config_hash, *, status="ok", timestamp="2026-01-01T00:00:00+00:00", **columns):
+    return {"config_hash": config_hash, "status": status, "timestamp": timestamp,
+            "attention": "full", "block": "residual", "seq_len": 64, "depth": 1,
+            "error": None if status == "ok" else f"{status} happened", **columns}
+
+
+def put(sweep_dir, job, record):
+    path = sweep_dir / str(job) / "result.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record))
+    return path
+
+
+def test_gather_keeps_the_newest_record_of_each_configuration(tmp_path):
+    # The newest record sits in the first job dir, so dir order cannot be what decides.
+    put(tmp_path, 0, rec("aaa", timestamp="2026-01-02T00:00:00+00:00", attn_fwd_ms=2.0))
+    put(tmp_path, 1, rec("aaa", status="oom", timestamp="2026-01-01T00:00:00+00:00"))
+    put(tmp_path, 2, rec("bbb", status="error", timestamp="2026-01-01T00:00:00+00:00"))
+    put(tmp_path, 3, rec("bbb", timestamp="2026-01-03T00:00:00+00:00", attn_fwd_ms=5.0))
+    put(tmp_path, 4, rec("ccc", seq_len=32, attention="lsh"))
+    frame = store.gather(tmp_path)
+    assert frame["config_hash"].is_unique and len(frame) == 3
+    rows = frame.set_index("config_hash")
+    assert rows.loc["aaa", "status"] == "ok" and rows.loc["aaa", "attn_fwd_ms"] == 2.0
+    assert rows.loc["bbb", "status"] == "ok" and rows.loc["bbb", "attn_fwd_ms"] == 5.0
+    assert list(frame["attention"]) == ["full", "full", "lsh"]  # sorted for reading
+    assert list(frame.index) == [0, 1, 2]
+
+
+def test_gather_of_an_empty_or_missing_dir_is_empty(tmp_path):
+    assert store.gather(tmp_path).empty
+    assert store.gather(tmp_path / "nothing-here").empty
+    assert store.write_results(tmp_path).empty
+    assert not (tmp_path / "results.csv").exists()
+
+
+def test_unreadable_record_is_reported_not_fatal(tmp_path, caplog):
+    put(tmp_path, 0, rec("aaa"))
+    (tmp_path / "1").mkdir()
+    (tmp_path / "1" / "result.json").write_text('{"config_hash": "bb')  # a torn copy
+    with caplog.at_level(logging.WARNING, logger="attnbench"):
+        records = store.iter_records(tmp_path)
+    assert [r["config_hash"] for r in records] == ["aaa"]
+    assert "unreadable record" in caplog.text and "1/result.json" in caplog.text
+
+
+def test_find_ok_record_only_finds_status_ok_of_that_hash(tmp_path):
+    ok = put(tmp_path, 0, rec("aaa"))
+    put(tmp_path, 1, rec("bbb", status="timeout"))
+    (tmp_path / "2").mkdir()
+    (tmp_path / "2" / "result.json").write_text("not json")
+    assert store.find_ok_record(tmp_path, "aaa") == ok
+    assert store.find_ok_record(tmp_path, "bbb") is None
+    assert store.find_ok_record(tmp_path, "ccc") is None
+
+
+def test_write_results_writes_csv_and_typed_parquet(tmp_path):
+    # Mixed-type columns (stride 'auto' or 64) and missing values must not break Parquet.
+    put(tmp_path, 0, rec("aaa", **{"attention.stride": "auto", "attn_fwd_ms": 1.5}))
+    put(tmp_path, 1, rec("bbb", **{"attention.stride": 64, "attn_fwd_ms": None}))
+    put(tmp_path, 2, rec("ccc", status="skipped", **{"attention.stride": 8}))
+    frame = store.write_results(tmp_path)
+    csv = pd.read_csv(tmp_path / "results.csv")
+    parquet = pd.read_parquet(tmp_path / "results.parquet")
+    assert len(frame) == len(csv) == len(parquet) == 3
+    assert list(csv["config_hash"]) == list(parquet["config_hash"]) == list(frame["config_hash"])
+    assert sorted(parquet["attention.stride"].astype(str)) == ["64", "8", "auto"]
+    assert parquet["attn_fwd_ms"].dtype.kind == "f"
+    assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".")]
+
+
+def test_format_records_shows_headline_columns_with_memory_in_mib():
+    table = store.format_records([
+        rec("aaa", peak_memory_bytes=3 * 2**20, attn_fwd_ms=1.23456, extra="not shown"),
+        rec("bbb", status="oom"),
+    ])
+    header = table.splitlines()[0].split()
+    assert header[:4] == ["attention", "block", "seq_len", "depth"]
+    assert "peak_memory" in header and "extra" not in header and "config_hash" not in header
+    assert "3.0 MiB" in table and "1.235" in table and "oom" in table
+
+
+def test_gather_callback_writes_the_store_at_the_end_of_a_multirun(tmp_path, capsys):
+    put(tmp_path, 0, rec("aaa"))
+    put(tmp_path, 1, rec("bbb", status="skipped"))
+    config = OmegaConf.create({"hydra": {"sweep": {"dir": str(tmp_path)}},
+                               "logger": {"name": "none"}, "sweep": "s"})
+    store.GatherResults().on_multirun_end(config=config)
+    assert len(pd.read_csv(tmp_path / "results.csv")) == 2
+    out = capsys.readouterr().out
+    assert "2 configurations" in out and "results.csv" in out
+
+
+@pytest.mark.parametrize("statuses", [["error"], ["oom", "timeout"]])
+def test_gather_callback_runs_when_every_job_failed(tmp_path, statuses):
+    for job, status in enumerate(statuses):
+        put(tmp_path, job, rec(f"h{job}", status=status))
+    config = OmegaConf.create({"hydra": {"sweep": {"dir": str(tmp_path)}},
+                               "logger": {"name": "none"}, "sweep": "s"})
+    store.GatherResults().on_multirun_end(config=config)
+    assert sorted(pd.read_csv(tmp_path / "results.csv")["status"]) == sorted(statuses)
