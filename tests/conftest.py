@@ -1,7 +1,24 @@
 """Shared test setup."""
 
+import pytest
 import torch
 
 # Correctness tests use tiny tensors: one thread avoids oversubscribing the 2-core CI machine
 # (and a 10x slowdown when another process is busy). Subprocess sweeps set their own threads.
 torch.set_num_threads(1)
+
+
+@pytest.fixture
+def wandb_home(tmp_path, monkeypatch):
+    """W&B offline with its files and settings under tmp_path, its service fresh per test."""
+    import wandb
+
+    from experiments import tracking
+
+    for var in ("WANDB_DIR", "WANDB_CACHE_DIR", "WANDB_CONFIG_DIR", "WANDB_DATA_DIR"):
+        monkeypatch.setenv(var, str(tmp_path / "wandb_home" / var.lower()))
+    for var in ("WANDB_MODE", "WANDB_API_KEY", "WANDB_BASE_URL", "WANDB_PROJECT", "WANDB_ENTITY"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setattr(tracking, "_disabled_reason", None)
+    yield
+    wandb.teardown()

@@ -37,22 +37,6 @@ def small_sweep(tmp_path) -> Path:
     return sweep
 
 
-@pytest.fixture
-def wandb_home(tmp_path, monkeypatch):
-    """W&B offline, its files and settings under tmp, its service fresh for the test."""
-    import wandb
-
-    from experiments import tracking
-
-    for var in ("WANDB_DIR", "WANDB_CACHE_DIR", "WANDB_CONFIG_DIR", "WANDB_DATA_DIR"):
-        monkeypatch.setenv(var, str(tmp_path / "wandb_home" / var.lower()))
-    for var in ("WANDB_MODE", "WANDB_API_KEY", "WANDB_BASE_URL", "WANDB_PROJECT", "WANDB_ENTITY"):
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.setattr(tracking, "_disabled_reason", None)
-    yield
-    wandb.teardown()
-
-
 def synthetic_records() -> list[dict]:
     """Exact attention costs 1e-5·L² ms and lsh 1e-2·L ms (equal at L = 1000), two seeds 1 %
     either side of that; exact attention runs out of memory at 8192; linformer is skipped."""

@@ -13,7 +13,6 @@ import time
 
 import pandas as pd
 import pytest
-import wandb
 from omegaconf import OmegaConf
 
 from experiments import tracking
@@ -30,15 +29,8 @@ RECORD = {"sweep": "s1", "job": "0", "status": "ok", "error": None, "attention":
 
 
 @pytest.fixture(autouse=True)
-def wandb_home(tmp_path, monkeypatch):
-    """Keep W&B's files out of ~, W&B on, and its service fresh for each test."""
-    for var in ("WANDB_DIR", "WANDB_CACHE_DIR", "WANDB_CONFIG_DIR", "WANDB_DATA_DIR"):
-        monkeypatch.setenv(var, str(tmp_path / "wandb_home" / var.lower()))
-    for var in ("WANDB_MODE", "WANDB_API_KEY", "WANDB_BASE_URL", "WANDB_PROJECT", "WANDB_ENTITY"):
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.setattr(tracking, "_disabled_reason", None)
-    yield
-    wandb.teardown()
+def _isolated_wandb(wandb_home):
+    """Every test here talks to a real offline W&B, isolated by tests/conftest.py."""
 
 
 def start(out_dir, logger_cfg=WANDB, name="job-0", tags=("lsh", "seq_len=256")):
