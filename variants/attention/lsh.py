@@ -10,10 +10,16 @@ and memory are linear in L.
 Choices where published implementations differ:
 - Keys are the unit-normalised queries (shared QK) and scores are q . k_hat / sqrt(d), as in the
   paper; there is no further 1/sqrt(d) on the unit keys.
-- Hash: one random rotation R of shape (d, n_hashes, n_buckets/2) per forward, shared by every
-  batch row and head (the vectors are still hashed independently; only the projection is
-  shared), bucket = argmax([xR; -xR]). Fresh from the global RNG each call, or the same every
-  call when `seed` is set. `n_buckets` defaults to the paper's 2 L/m, about two buckets per chunk.
+- Hash: one random rotation R per round, drawn per forward and shared by every batch row and
+  head (the vectors are still hashed independently; only the projection is shared), bucket =
+  argmax([xR; -xR]). Fresh from the global RNG each call, or the same every call when `seed` is
+  set. `n_buckets` defaults to the paper's 2 L/m, about two buckets per chunk.
+  Deviation above SINGLE_HASH_MAX_BUCKETS (128) buckets, i.e. beyond L = 4096 with the defaults:
+  a bucket is the pair of two independent angular hashes of about sqrt(n_buckets) buckets
+  each (the classic LSH concatenation; collision probability the product of the two), mapped
+  monotonically onto exactly n_buckets. One rotation of n_buckets/2 columns would cost
+  n_hashes L d n_buckets multiply-adds, O(L^2 d / m) with the default count: at 32K that is
+  4.5x the attention's own forward+backward FLOPs. The pair costs O(L d sqrt(L / m)).
 - Self: a token's score for itself is -1e5 (finite, as in the paper), so it attends to itself
   only when it has no other key.
 - How pairs that collide in several rounds are counted: with `dedup=True` (the default) a
@@ -35,13 +41,14 @@ Choices where published implementations differ:
 A length that is not a multiple of m is padded; padded positions hash into an extra last bucket
 (so they sort to the end of every round), are never keys, and their outputs are dropped.
 
-Hashing (no gradient) costs n_hashes * L * d * n_buckets multiply-adds, O(n_hashes L^2 d / m)
-with the default bucket count: it equals the attention's own forward matmuls at L = 4 m^2 (16K
-for m = 64) and grows past them beyond. `flops` counts only the attention matmuls.
+Hashing (no gradient) costs n_hashes * L * d * (sum of the factors' bucket counts / 2)
+multiply-adds: below the attention's own matmuls at every length. `flops` counts only the
+attention matmuls.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 
 import torch
@@ -56,6 +63,8 @@ from variants.registry import register_attention
 SELF_SCORE = -1e5
 # Keys are q / max(|q|, NORM_EPS), as F.normalize: padded (zero) queries give zero keys.
 NORM_EPS = 1e-12
+# Up to this many buckets the hash is one angular hash, as in the paper; beyond, see hash_factors.
+SINGLE_HASH_MAX_BUCKETS = 128
 
 
 @register_attention
@@ -115,30 +124,35 @@ class LSHAttention(Attention):
         # by position with a single argsort (its keys are unique, so stability is moot).
         positions = torch.arange(padded, device=q.device)
         order = (buckets * padded + positions).argsort(dim=-1)  # (B, H, R, Lp) position per slot
+        slot = torch.empty_like(order).scatter_(-1, order, positions.expand_as(order))  # (B,H,R,Lp)
 
         # Rounds are folded into the batch: row g = (b, h, r) holds one round's sorted sequence.
-        # source_rows: for every sorted slot, its row in the flattened (B*H*Lp, D) inputs.
-        head_offset = torch.arange(batch * heads, device=q.device).view(batch, heads, 1, 1)
-        source_rows = (order + head_offset * padded).view(-1)  # (G*Lp,), G = B*H*R
+        # Three row layouts: inputs (B*H*Lp), sorted (G*Lp, G = B*H*R) and by position with the
+        # rounds apart (G*Lp). source_rows: input row of each sorted slot; sorted_rows and
+        # position_rows: the two directions between the sorted and by-position layouts.
+        group = torch.arange(batch * heads * rounds, device=q.device).view(batch, heads, rounds, 1)
+        group_start = group * padded  # (B, H, R, 1) first row of each round's sequence
+        source_rows = (order + group // rounds * padded).view(-1)  # (G*Lp,)
+        sorted_rows = (slot + group_start).view(-1, rounds, padded)  # (B*H, R, Lp)
+        position_rows = (order + group_start).view(-1, 1, padded)  # (G, 1, Lp)
         sorted_q, sorted_v = (
-            x.reshape(-1, head_dim).index_select(0, source_rows).view(-1, n_chunks, m, head_dim)
+            GatherRows.apply(x.reshape(-1, head_dim), source_rows, sorted_rows).view(
+                -1, n_chunks, m, head_dim
+            )
             for x in (q, v)
         )  # (G, C, m, D) each
         hidden = self._hidden_keys(order, source_rows, length)  # (W, G, C, m or 1, m) or None
         out, lse = SharedQKWindowAttention.apply(sorted_q, sorted_v, hidden)  # (G,C,m,D), (G,C,m)
 
-        # Round weights exp(lse_r - logsumexp_r lse_r): the rounds of a position meet in
-        # position order, and the weights go back to each round's sorted order.
-        lse = lse.view(batch, heads, rounds, padded)  # (B, H, R, Lp) sorted
-        lse_by_position = torch.zeros_like(lse).scatter(-1, order, lse)  # (B, H, R, Lp)
-        # A softmax, not exp(lse - logsumexp): self-only rows have lse near -1e5, where float32
-        # cannot hold the difference.
-        weights = lse_by_position.softmax(dim=2).gather(-1, order)  # (B, H, R, Lp) sorted
-        # Un-sort and add up the rounds in one scatter: each position receives R weighted rows.
-        weighted = out.view(-1, head_dim) * weights.view(-1, 1)  # (G*Lp, D)
-        out = weighted.new_zeros(batch * heads * padded, head_dim)
-        out = out.index_add(0, source_rows, weighted).view(batch, heads, padded, head_dim)
-        return out[:, :, :length]
+        # Back to position order, every round apart, then the rounds combined with the weights
+        # exp(lse_r - logsumexp_r lse_r). A softmax, not exp(lse - logsumexp): self-only rows
+        # have lse near -1e5, where float32 cannot hold the difference.
+        unsort = sorted_rows.view(-1)  # (G*Lp,) sorted row of each (round, position)
+        out = GatherRows.apply(out.view(-1, head_dim), unsort, position_rows)  # (G*Lp, D)
+        lse = GatherRows.apply(lse.view(-1, 1), unsort, position_rows)  # (G*Lp, 1)
+        weights = lse.view(batch, heads, rounds, padded, 1).softmax(dim=2)  # (B, H, R, Lp, 1)
+        out = (out.view(batch, heads, rounds, padded, head_dim) * weights).sum(dim=2)
+        return out[:, :, :length]  # (B, H, L, D)
 
     def _buckets(self, q: torch.Tensor, length: int) -> torch.Tensor:
         """Bucket of every position in every round, (B, H, R, Lp) int64; cached for replays.
@@ -147,21 +161,26 @@ class LSHAttention(Attention):
         """
         batch, heads, padded, head_dim = q.shape
         n_buckets = self.n_buckets or 2 * padded // self.bucket_size
+        factors = hash_factors(n_buckets)
         # Drawn even when replaying: the recompute restores the RNG state of the forward, and
         # the dropout after this kernel must draw the same mask, so the draws must match too.
-        rotations = self._rotations(head_dim, n_buckets // 2, q)  # (D, R, nb/2)
+        columns = sum(n // 2 for n in factors)
+        rotations = self._rotations(head_dim, columns, q)  # (D, R, sum of n_f / 2)
         cached = self.last_buckets
         replayable = cached is not None and cached.shape == (batch, heads, self.n_hashes, padded)
         if is_replaying() and replayable:
             return cached
-        buckets = angular_hash(q.detach(), rotations)  # (B, H, R, Lp)
+        buckets = angular_hash(q.detach(), rotations, factors)  # (B, H, R, Lp)
+        # Monotone onto exactly n_buckets: neighbouring product buckets merge when the factors'
+        # product overshoots, which keeps similar vectors adjacent in the sort.
+        buckets = buckets * n_buckets // math.prod(factors)
         buckets[..., length:] = n_buckets
         self.last_buckets = buckets
         return buckets
 
-    def _rotations(self, head_dim: int, half: int, like: torch.Tensor) -> torch.Tensor:
-        """Random rotation (D, n_hashes, half) on `like`'s device and dtype; seeded if `seed`."""
-        shape = (head_dim, self.n_hashes, half)
+    def _rotations(self, head_dim: int, columns: int, like: torch.Tensor) -> torch.Tensor:
+        """Random rotation (D, n_hashes, columns) on `like`'s device and dtype; seeded if `seed`."""
+        shape = (head_dim, self.n_hashes, columns)
         if self.seed is None:
             return torch.randn(shape, device=like.device, dtype=like.dtype)
         generator = torch.Generator(device=like.device).manual_seed(self.seed)
@@ -209,26 +228,73 @@ class LSHAttention(Attention):
         )
 
 
-def angular_hash(x: torch.Tensor, rotations: torch.Tensor) -> torch.Tensor:
-    """Angular LSH: bucket = argmax([xR; -xR]) per round.
+class GatherRows(torch.autograd.Function):
+    """rows = x[index] along dim 0, with a backward that gathers too instead of scattering.
 
-    x: (B, H, L, D); rotations: (D, R, nb/2). Returns (B, H, R, L) int64 buckets in [0, nb).
-    The largest of [xR; -xR] is the entry of xR largest in absolute value, taken in the second
-    half when negative; max and min find it without materialising [xR; -xR] or |xR|. Rounds go
-    one at a time through one (L, nb/2) buffer because the default bucket count grows with L:
-    that buffer, L^2/m per head, is as large as all rounds' scores at L = 2 n_hashes m^2 (32K
-    for the defaults) and larger beyond.
+    x: (N, D); index: (M,) rows of x. `inverse`: (N', copies, n) int64 with N' * n = N, the rows
+    of the output that each row of x went to, grouped so that summing over `copies` gives the
+    gradient of x: (g, c, i) holds the c-th copy of x's row g * n + i. With copies = 1 this is
+    the inverse permutation. PyTorch's own backward of index_select is an index_add (and that of
+    gather a scatter_add): on CPU those four scatters took 15 % of LSH's forward+backward at 4K,
+    far more than gathers of the same rows.
     """
-    half = rotations.shape[-1]
-    buckets = []
+
+    @staticmethod
+    def forward(ctx, x, index, inverse):
+        ctx.save_for_backward(inverse)
+        return x.index_select(0, index)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_rows):
+        (inverse,) = ctx.saved_tensors
+        grad = grad_rows.index_select(0, inverse.view(-1)).view(*inverse.shape, -1)  # (N',c,n,D)
+        grad = grad.squeeze(1) if inverse.shape[1] == 1 else grad.sum(dim=1)  # (N', n, D)
+        return grad.flatten(0, 1), None, None
+
+
+def hash_factors(n_buckets: int) -> tuple[int, ...]:
+    """Bucket counts of the angular hashes whose concatenation buckets the vectors.
+
+    One hash of n_buckets up to SINGLE_HASH_MAX_BUCKETS. Beyond, two independent hashes of
+    about sqrt(n_buckets) buckets each (both even, product >= n_buckets): projecting onto
+    n_buckets/2 columns would cost O(L^2 d / m) with the default count, more than the attention.
+    """
+    if n_buckets <= SINGLE_HASH_MAX_BUCKETS:
+        return (n_buckets,)
+    root = math.isqrt(n_buckets)
+    # An exact even x even factorisation not too far from the square root (powers of two have
+    # one), else the nearest even factors whose product overshoots a little.
+    for first in range(root - root % 2, root // 2, -2):
+        if n_buckets % (2 * first) == 0:
+            return (first, n_buckets // first)
+    first = 2 * max(1, round(math.sqrt(n_buckets) / 2))
+    return (first, 2 * -(-n_buckets // (2 * first)))
+
+
+def angular_hash(
+    x: torch.Tensor, rotations: torch.Tensor, factors: tuple[int, ...]
+) -> torch.Tensor:
+    """Angular LSH: per round and factor n_f, argmax([xR_f; -xR_f]); the factors' buckets
+    combine in mixed radix, the first most significant.
+
+    x: (B, H, L, D); rotations: (D, R, sum_f n_f / 2), the factors' columns side by side.
+    Returns (B, H, R, L) int64 buckets in [0, prod_f n_f). The largest of [xR; -xR] is the
+    entry of xR largest in absolute value, taken in the second half when negative; max and min
+    find it without materialising [xR; -xR] or |xR|. All rounds project in one matmul: the
+    columns per round are at most SINGLE_HASH_MAX_BUCKETS / 2 or about sqrt(n_buckets).
+    """
     with torch.no_grad():
-        projected = x.new_empty(*x.shape[:-1], half)  # (B, H, L, nb/2)
-        for rotation in rotations.unbind(dim=1):  # (D, nb/2) each
-            torch.matmul(x, rotation, out=projected)
-            top, top_index = projected.max(dim=-1)  # (B, H, L)
-            bottom, bottom_index = projected.min(dim=-1)  # (B, H, L)
-            buckets.append(torch.where(top >= -bottom, top_index, bottom_index + half))
-    return torch.stack(buckets, dim=2)  # (B, H, R, L)
+        projected = torch.matmul(x, rotations.flatten(1))  # (B, H, L, R * columns)
+        projected = projected.unflatten(-1, (rotations.shape[1], -1))  # (B, H, L, R, columns)
+        buckets = torch.zeros(projected.shape[:-1], dtype=torch.int64, device=x.device)
+        parts = projected.split([n // 2 for n in factors], dim=-1)  # (B, H, L, R, n_f/2) each
+        for part, n in zip(parts, factors, strict=True):
+            top, top_index = part.max(dim=-1)  # (B, H, L, R)
+            bottom, bottom_index = part.min(dim=-1)  # (B, H, L, R)
+            bucket = torch.where(top >= -bottom, top_index, bottom_index + n // 2)  # (B, H, L, R)
+            buckets = buckets * n + bucket
+    return buckets.transpose(-1, -2).contiguous()  # (B, H, R, L)
 
 
 def window(x: torch.Tensor) -> torch.Tensor:
@@ -357,16 +423,20 @@ class SharedQKWindowAttention(torch.autograd.Function):
         # d score_ij = p_ij (d p_ij - sum_k p_ik d p_ik + d lse_i), where sum_k p_ik d p_ik is
         # d out_i . out_i.
         row_term = (grad_out * out).sum(dim=-1, keepdim=True) - grad_lse.unsqueeze(-1)
-        grad_scores = torch.empty_like(probs)  # (W, G, C, m, m)
-        for half, value in enumerate(values):
-            torch.matmul(grad_out, value.transpose(-1, -2), out=grad_scores[half])
-        grad_scores.sub_(row_term).mul_(probs)
-        grad_scores[0].diagonal(dim1=-2, dim2=-1).zero_()  # the self score is a constant
         grad_v = unwindow([p.transpose(-1, -2) @ grad_out for p in probs])  # (G, C, m, D)
         # q has two roles, both under the 1/sqrt(d) scale: query, and key through unit = q / |q|,
-        # whose gradient loses its radial part and is divided by |q|.
-        grad_q = matmul_sum(grad_scores, keys)  # (G, C, m, D), query role / scale
-        grad_unit = unwindow([g.transpose(-1, -2) @ q for g in grad_scores])  # (G, C, m, D) / scale
+        # whose gradient loses its radial part and is divided by |q|. One window half at a time:
+        # a whole (W, G, C, m, m) score gradient would be the largest buffer of the backward
+        # (0.5 GB per layer at 64K tokens), and each half is used up at once.
+        grad_q = torch.zeros_like(q)  # (G, C, m, D), query role / scale
+        grad_unit_halves = []  # W x (G, C, m, D), key role / scale
+        for half, (key, value) in enumerate(zip(keys, values, strict=True)):
+            grad_scores = (grad_out @ value.transpose(-1, -2)).sub_(row_term).mul_(probs[half])
+            if half == 0:  # the self score is a constant
+                grad_scores.diagonal(dim1=-2, dim2=-1).zero_()
+            grad_q.view(-1, *q.shape[-2:]).baddbmm_(grad_scores.flatten(0, 1), key.flatten(0, 1))
+            grad_unit_halves.append(grad_scores.transpose(-1, -2) @ q)
+        grad_unit = unwindow(grad_unit_halves)  # (G, C, m, D) / scale
         radial = (grad_unit * unit).sum(dim=-1, keepdim=True)  # (G, C, m, 1)
         grad_q.addcmul_(grad_unit.sub_(unit * radial), inv_norm)
         return grad_q.mul_(scale), grad_v, None

@@ -206,3 +206,19 @@ def test_config_mirrors_the_code_defaults():
 def test_bad_options_are_rejected(options, message):
     with pytest.raises(ValueError, match=message):
         build_attention("lsh", **options)
+
+
+def test_product_hash_above_128_buckets_uses_every_bucket_and_keeps_neighbours_together():
+    # 512 buckets > SINGLE_HASH_MAX_BUCKETS: the two-factor angular hash path.
+    module = build_attention("lsh", n_hashes=1, bucket_size=16, n_buckets=512, seed=0)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(1, 1, 4096, 32, generator=g)
+    near = x + 1e-3 * torch.randn(x.shape, generator=g)
+    module(x, x, x)
+    buckets = module.last_buckets[0, 0, 0].clone()
+    module(near, near, near)
+    near_buckets = module.last_buckets[0, 0, 0]
+    assert buckets.min() >= 0 and buckets.max() < 512
+    assert buckets.unique().numel() > 400  # ~4096 draws into 512 buckets reach nearly all
+    assert (buckets == near_buckets).float().mean() > 0.95  # a nearby vector shares its bucket
+    assert (buckets == buckets.roll(1)).float().mean() < 0.05  # unrelated vectors do not

@@ -1,0 +1,87 @@
+"""Micro-benchmarks of every attention variant, forward and forward+backward, 1K to 32K tokens.
+
+Skipped by the default test run (`--benchmark-skip`); `make bench-micro` runs them, saves the
+JSON under .benchmarks/ and compares with the previous saved run. Shapes follow the performance
+targets: batch 1, 4 heads, head_dim 64, fp32, causal (Linformer cannot be causal and runs
+unmasked); `sdpa` is the bare fused call every variant is compared with. Select lengths with
+-k, e.g. `-k "not L16384 and not L32768"` for a quick run; at 32K one call of full attention
+takes ~13 s, so the long lengths run few rounds.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from variants.registry import build_attention
+
+BATCH, HEADS, HEAD_DIM = 1, 4, 64
+LENGTHS = [1024, 2048, 4096, 8192, 16384, 32768]
+KERNELS = {
+    "full": {},
+    "lsh": {"n_hashes": 4, "bucket_size": 64},
+    "blockwise": {"block_size": 128, "look_backward": 1},
+    "strided": {"stride": "auto"},
+    "compressed": {},
+    "linformer": {},
+}
+
+# Causal compressed attention holds (B, H, L, L/f) scores: > 20 GB at 32K (OOM-killed here).
+LONGEST = {"compressed": 16384}
+
+pytestmark = pytest.mark.bench
+
+
+def sdpa(q, k, v):
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
+def attention(name: str, length: int):
+    if length > LONGEST.get(name, length):
+        pytest.skip(f"{name} needs O(L^2) memory; skipped above L={LONGEST[name]}")
+    if name == "sdpa":
+        return sdpa
+    if name == "linformer":
+        return build_attention(name, max_seq_len=length, **KERNELS[name])
+    return build_attention(name, causal=True, **KERNELS[name])
+
+
+def run(benchmark, fn, length: int) -> None:
+    # pytest-benchmark's default calibration would repeat a 13 s call for a minute; a few
+    # rounds after one warm-up give a usable median at the long lengths.
+    rounds = 10 if length <= 4096 else 3
+    benchmark.pedantic(fn, rounds=rounds, iterations=1, warmup_rounds=1)
+
+
+lengths = pytest.mark.parametrize("length", LENGTHS, ids=[f"L{n}" for n in LENGTHS])
+names = pytest.mark.parametrize("name", ["sdpa", *KERNELS])
+
+
+@lengths
+@names
+def test_forward(benchmark, name, length):
+    kernel = attention(name, length)
+    q, k, v = (torch.randn(BATCH, HEADS, length, HEAD_DIM) for _ in range(3))
+    benchmark.group = f"forward L{length}"
+
+    def forward():
+        with torch.no_grad():
+            return kernel(q, k, v)  # (B, H, L, D)
+
+    run(benchmark, forward, length)
+
+
+@lengths
+@names
+def test_forward_backward(benchmark, name, length):
+    kernel = attention(name, length)
+    q, k, v = (torch.randn(BATCH, HEADS, length, HEAD_DIM, requires_grad=True) for _ in range(3))
+    grad_out = torch.randn(BATCH, HEADS, length, HEAD_DIM)
+    benchmark.group = f"forward+backward L{length}"
+
+    def forward_backward():
+        out = kernel(q, k, v)  # (B, H, L, D)
+        return torch.autograd.grad(out, (q, k, v), grad_out, allow_unused=True)
+
+    run(benchmark, forward_backward, length)
