@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from variants.attention.base import Attention
 from variants.checks import require_divisible, require_positive_int, require_probability
 from variants.registry import MODEL_OPTIONS, attention_spec, build_attention
 
@@ -58,8 +59,42 @@ class SelfAttention(nn.Module):
         dropout = require_probability(owner, "dropout", dropout)
         _require_bool(owner, "causal", causal)
         _require_bool(owner, "shared_qk", shared_qk)
+
+        self.n_heads = n_heads
+        self.head_dim = d_model // n_heads
+        self.shared_qk = shared_qk
+        self.causal = causal
+        self.max_seq_len = max_seq_len
+        self.kernel = self._build_kernel(attention, attention_options)
+        n_projections = 2 if shared_qk else 3  # (q, v) or (q, k, v)
+        self.qkv = nn.Linear(d_model, n_projections * d_model)
+        self.out = nn.Linear(d_model, d_model)
+        self.dropout = nn.Dropout(dropout)
+
+    @property
+    def kernel_normalises_keys(self) -> bool:
+        return self.kernel.shared_qk_required
+
+    def replace_kernel(
+        self, attention: str, attention_options: dict[str, Any] | None = None
+    ) -> Attention:
+        """Swap in a new kernel built as the constructor would; returns the kernel it replaces.
+
+        The projections are kept, so a trained model can be evaluated with another kernel (the
+        Reformer's Table 2: trained with full attention, evaluated with LSH). The new kernel
+        takes the layer's device, dtype and train/eval mode; assigning the returned kernel to
+        `kernel` restores the old one. Raises `ValueError` as the constructor does.
+        """
+        reference = self.out.weight
+        kernel = self._build_kernel(attention, attention_options)
+        kernel.to(device=reference.device, dtype=reference.dtype).train(self.training)
+        previous, self.kernel = self.kernel, kernel
+        return previous
+
+    def _build_kernel(self, attention: str, attention_options: dict[str, Any] | None):
+        owner = "SelfAttention"
         spec = attention_spec(attention)  # ValueError listing the variants if unknown
-        if spec.shared_qk_required and not shared_qk:
+        if spec.shared_qk_required and not self.shared_qk:
             raise ValueError(
                 f"{owner}: attention {attention!r} requires option 'shared_qk'=True "
                 f"(its keys are the normalised queries)"
@@ -71,26 +106,17 @@ class SelfAttention(nn.Module):
                 f"{owner}: attention_options may not set model option {clashing[0]!r}; "
                 f"it is set by the layer"
             )
-
-        self.n_heads = n_heads
-        self.head_dim = d_model // n_heads
-        self.shared_qk = shared_qk
-        self.kernel_normalises_keys = spec.shared_qk_required
         model_options = {
-            "causal": causal,
-            "n_heads": n_heads,
+            "causal": self.causal,
+            "n_heads": self.n_heads,
             "head_dim": self.head_dim,
-            "max_seq_len": max_seq_len,
+            "max_seq_len": self.max_seq_len,
         }
-        self.kernel = build_attention(
+        return build_attention(
             attention,
             **attention_options,
             **{k: model_options[k] for k in spec.model_options},
         )
-        n_projections = 2 if shared_qk else 3  # (q, v) or (q, k, v)
-        self.qkv = nn.Linear(d_model, n_projections * d_model)
-        self.out = nn.Linear(d_model, d_model)
-        self.dropout = nn.Dropout(dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: (B, L, d_model) -> (B, L, d_model)."""
