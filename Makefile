@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e '.[dev]'
 	touch $@
 
-.PHONY: help setup run report test test-fast bench-micro lint clean
+.PHONY: help setup run data report test test-fast bench-micro lint clean
 help:  ## list targets
 	@grep -hE '^[a-zA-Z_%-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN{FS=":.*## "}{printf "  make %-12s %s\n",$$1,$$2}'
 
@@ -29,6 +29,9 @@ RUN_SEQ_LENS ?= 256,512,1024,2048,4096,8192
 run: $(STAMP)  ## the main job: smoke sweep, then the scaling sweep (tables, results, W&B runs)
 	$(PY) -m experiments.run -m +experiment=smoke
 	$(PY) -m experiments.run -m +experiment=scaling seq_len=$(RUN_SEQ_LENS)
+
+data: $(STAMP)  ## download enwik8 to data/enwik8.zip (needs the internet; the other tasks need no data)
+	$(PY) -m experiments.tasks.download_enwik8 data/enwik8.zip
 
 SWEEP ?= multirun/scaling
 report: $(STAMP)  ## regenerate the report of a sweep: make report SWEEP=multirun/scaling
