@@ -51,6 +51,7 @@ TABLES: list[Callable[[pd.DataFrame], tables.Table | None]] = [
     tables.variant_summary,
     tables.depth_table,
     tables.failures,
+    tables.cross_evaluation,
 ]
 
 FORMATS = ("png", "svg")

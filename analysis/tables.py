@@ -111,6 +111,37 @@ def failures(frame: pd.DataFrame) -> Table | None:
     return Table("Not measured (oom, timeout, skipped, error, diverged)", pd.DataFrame(rows))
 
 
+def cross_evaluation(frame: pd.DataFrame) -> Table | None:
+    """Rows: the kernel a model was trained with; columns: the kernel it was evaluated with.
+
+    Reformer Table 2's layout, from records carrying `eval_accuracy@<label>` columns (the
+    runner's `eval.attention` evaluations). The row label is the preset's `train_as` when
+    present, else the attention name. Values are accuracy in percent, mean over seeds.
+    """
+    labels = [c.split("@", 1)[1] for c in frame.columns if c.startswith("eval_accuracy@")]
+    ok = frame[frame["status"] == "ok"]
+    if not labels or ok.empty:
+        return None
+    if "train_as" in ok:
+        rows = ok["train_as"]
+    else:  # records from before `train_as` was recorded: the kernel and its rounds
+        rounds = ok.get("attention.n_hashes", pd.Series(index=ok.index, dtype=float))
+        rows = ok["attention"] + rounds.map(lambda n: "" if pd.isna(n) else f"-{int(n)}")
+    table = (
+        ok[[f"eval_accuracy@{label}" for label in labels]]
+        .groupby(rows.rename("trained with"), sort=False)
+        .mean()
+        .mul(100)
+        .round(1)
+    )
+    table.columns = [f"eval {label}" for label in labels]
+    note = (
+        "Accuracy (%) on the evaluation batches; each row is one trained model evaluated with "
+        "every kernel (Reformer Table 2's layout), the mean over seeds."
+    )
+    return Table("Trained with × evaluated with", table.reset_index(), note)
+
+
 def provenance(frame: pd.DataFrame) -> list[str]:
     """Markdown bullets: what was measured, where, with what."""
     counts = frame["status"].value_counts().to_dict()

@@ -70,10 +70,10 @@ def config_columns(config: dict[str, Any]) -> dict[str, Any]:
         "dtype": config["dtype"],
         "seed": config["seed"],
     }
+    # Every other resolved key too (e.g. a preset's `train_as`, `eval.attention.*`), so a
+    # record says everything that made it; the logger's settings are not measurement.
     for key, value in flat.items():
-        if key.startswith(
-            ("attention.", "block.", "task.", "model.", "train.", "measure.", "budget.")
-        ):
+        if not key.startswith("logger."):
             columns.setdefault(key, value)
     return columns
 
