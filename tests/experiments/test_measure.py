@@ -98,11 +98,7 @@ def test_approx_rel_error_of_exact_attention_is_zero(causal):
 
 
 def test_approx_rel_error_of_lsh_is_positive_and_keeps_training_mode():
-    try:
-        kernel = variants.build_attention("lsh", causal=True, bucket_size=16, n_hashes=1)
-        kernel(*(torch.randn(SHAPE) for _ in range(3)))
-    except Exception as error:  # another helper may be editing lsh.py right now
-        pytest.skip(f"lsh unavailable: {error!r}")
+    kernel = variants.build_attention("lsh", causal=True, bucket_size=16, n_hashes=1)
     kernel.train()
     error = measure.approx_rel_error(kernel, SHAPE, CPU, torch.float32, seeds=2)
     assert 0.01 < error < 2 and kernel.training
