@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 import variants
 import variants.layers
@@ -288,20 +287,24 @@ def _training_step(model, task, device) -> Callable[[], None]:
 def approx_rel_error(kernel: Attention, shape, device, dtype, seeds: int) -> float:
     """Mean over `seeds` random (q, k, v) of ||kernel(q,k,v) - exact|| / ||exact|| (Frobenius).
 
-    Exact attention is SDPA on the same inputs, causal iff the kernel is. Shared-QK variants
-    (LSH) use unit-normalised q as keys, so their reference does too; the remaining error is then
-    what hashing, chunking and the self-mask cost. Measured in eval mode, in float32 or wider.
+    Exact attention is the `full` kernel on the same inputs, causal iff the kernel is. A kernel
+    under the Reformer's shared-QK rule (LSH, or one built with `shared_qk=True`) gets k = q and
+    is compared with exact shared-QK attention (unit keys, self masked unless alone), so the
+    error is what hashing, chunking or the pattern cost, not the convention. Measured in eval
+    mode, in float32 or wider.
     """
+    shared_qk = kernel.shared_qk_required or getattr(kernel, "shared_qk", False)
+    exact_kernel = variants.build_attention("full", causal=kernel.causal, shared_qk=shared_qk)
     was_training = kernel.training
     kernel.eval()
     errors = []
     for seed in range(seeds):
         g = torch.Generator(device="cpu").manual_seed(10_000 + seed)
         q, k, v = (torch.randn(shape, generator=g).to(device=device, dtype=dtype) for _ in range(3))
-        if kernel.shared_qk_required:
-            k = F.normalize(q, dim=-1)
+        if shared_qk:
+            k = q
         out = kernel(q, k, v).float()
-        exact = F.scaled_dot_product_attention(q, k, v, is_causal=kernel.causal).float()
+        exact = exact_kernel(q, k, v).float()
         errors.append(
             float(torch.linalg.vector_norm(out - exact) / torch.linalg.vector_norm(exact))
         )

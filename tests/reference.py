@@ -28,6 +28,22 @@ def causal_mask(length, device=None):
     return idx[None, :] <= idx[:, None]
 
 
+def shared_qk_reference(q, v, mask=None):
+    """The Reformer's shared-QK attention, row by row: unit keys k_j = q_j / |q_j|, scores
+    q_i . k_j / sqrt(D), and key i offered to query i only if no other key is allowed.
+
+    q, v: (B, H, L, D); mask: (L, L) bool of the pattern (True = may attend) or None (all).
+    """
+    length = q.shape[2]
+    allowed = torch.ones(length, length, dtype=torch.bool) if mask is None else mask.clone()
+    for i in range(length):
+        others = [j for j in range(length) if j != i and allowed[i, j]]
+        if others:
+            allowed[i, i] = False
+    k = q / q.norm(dim=-1, keepdim=True)
+    return dense_attention(q, k, v, mask=allowed)
+
+
 def qkv(batch=2, heads=3, length=16, head_dim=8, seed=0, dtype=torch.float64, requires_grad=False):
     """Random q, k, v (B, H, L, D); float64 by default so equality tests can be tight."""
     g = torch.Generator().manual_seed(seed)

@@ -27,6 +27,13 @@ def require_non_negative_int(owner: str, option: str, value: Any) -> int:
     return value
 
 
+def require_bool(owner: str, option: str, value: Any) -> bool:
+    """Return `value` if it is a bool (not 0/1 or a string), else raise `ValueError`."""
+    if not isinstance(value, bool):
+        raise ValueError(f"{owner}: option {option!r} must be true or false, got {value!r}")
+    return value
+
+
 def require_choice(owner: str, option: str, value: Any, choices: tuple[str, ...]) -> str:
     """Return `value` if it is one of `choices`, else raise `ValueError` listing them."""
     if value not in choices:

@@ -6,16 +6,19 @@ any registered variant, built by name through the registry.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from variants.attention.base import Attention
-from variants.checks import require_divisible, require_positive_int, require_probability
+from variants.attention.base import Attention, shared_qk_keys
+from variants.checks import (
+    require_bool,
+    require_divisible,
+    require_positive_int,
+    require_probability,
+)
 from variants.registry import MODEL_OPTIONS, attention_spec, build_attention
 
 
@@ -26,14 +29,14 @@ class SelfAttention(nn.Module):
     `build_attention(attention, **attention_options, **model_options)`, where the model options
     are those of causal / n_heads / head_dim / max_seq_len that the variant declares.
 
-    Shared QK (`shared_qk=True`, the Reformer's choice): one projection gives the queries and the
-    keys are derived from them. A variant that requires shared QK (LSH) receives k = q and
-    normalises keys itself. Any other kernel receives unit-normalised keys scaled by
-    sqrt(head_dim), k_j = sqrt(head_dim) * q_j / |q_j|, so that after its usual 1/sqrt(head_dim)
-    scaling the score is q_i . q_j / |q_j| — the paper's unit-norm keys with no extra 1/sqrt(d).
-    Without normalisation a query's score with itself, |q_i|^2, would dominate its row. The
-    Reformer also stops a token from attending to itself under shared QK; only the LSH kernel
-    does that, other kernels keep their own masks.
+    Shared QK (`shared_qk=True`, the Reformer's choice): one projection gives the queries, and
+    the keys are the unit-normalised queries, k_hat_j = q_j / |q_j|, so every kernel's usual
+    1/sqrt(head_dim) makes the score q_i . k_hat_j / sqrt(head_dim). A kernel that takes the
+    model option `shared_qk` (full, blockwise) or requires it (lsh) receives k = q and applies
+    the Reformer's whole rule itself: unit keys and no attending to oneself unless no other key
+    is allowed; under shared QK a query's score with itself is its row's largest and would
+    crowd out every other key. The remaining kernels (strided, compressed, linformer) receive
+    unit keys and keep their own masks, self included.
 
     Dropout is applied to the output projection (residual dropout); kernels have no attention-
     probability dropout.
@@ -57,8 +60,8 @@ class SelfAttention(nn.Module):
         require_divisible(owner, "d_model", d_model, "n_heads", n_heads)
         require_positive_int(owner, "max_seq_len", max_seq_len)
         dropout = require_probability(owner, "dropout", dropout)
-        _require_bool(owner, "causal", causal)
-        _require_bool(owner, "shared_qk", shared_qk)
+        require_bool(owner, "causal", causal)
+        require_bool(owner, "shared_qk", shared_qk)
 
         self.n_heads = n_heads
         self.head_dim = d_model // n_heads
@@ -72,8 +75,10 @@ class SelfAttention(nn.Module):
         self.dropout = nn.Dropout(dropout)
 
     @property
-    def kernel_normalises_keys(self) -> bool:
-        return self.kernel.shared_qk_required
+    def kernel_handles_shared_qk(self) -> bool:
+        """True if the kernel normalises keys and masks self itself (given k = q)."""
+        spec = attention_spec(self.kernel.name)
+        return spec.shared_qk_required or "shared_qk" in spec.model_options
 
     def replace_kernel(
         self, attention: str, attention_options: dict[str, Any] | None = None
@@ -111,6 +116,7 @@ class SelfAttention(nn.Module):
             "n_heads": self.n_heads,
             "head_dim": self.head_dim,
             "max_seq_len": self.max_seq_len,
+            "shared_qk": self.shared_qk,
         }
         return build_attention(
             attention,
@@ -133,12 +139,11 @@ class SelfAttention(nn.Module):
         if not self.shared_qk:
             return projected.split(d_model, dim=-1)
         q, v = projected.split(d_model, dim=-1)  # (B, L, d_model) each
-        if self.kernel_normalises_keys:
+        if self.kernel_handles_shared_qk:
             return q, q, v
         # Normalise per head: the kernel scores head_dim-sized slices, not the whole d_model.
         q_heads = q.unflatten(-1, (self.n_heads, self.head_dim))  # (B, L, H, head_dim)
-        k = F.normalize(q_heads, dim=-1) * math.sqrt(self.head_dim)  # (B, L, H, head_dim)
-        return q, k.flatten(-2), v
+        return q, shared_qk_keys(q_heads).flatten(-2), v
 
     def _heads(self, x: torch.Tensor) -> torch.Tensor:
         # (B, L, d_model) -> (B, H, L, head_dim)
@@ -229,8 +234,3 @@ def pre_norm_sublayers(
     )
     ff = FeedForward(d_model, ff_mult=ff_mult, dropout=dropout, ff_chunks=ff_chunks)
     return PreNorm(d_model, attn), PreNorm(d_model, ff)
-
-
-def _require_bool(owner: str, option: str, value: Any) -> None:
-    if not isinstance(value, bool):
-        raise ValueError(f"{owner}: option {option!r} must be true or false, got {value!r}")

@@ -15,7 +15,7 @@ _ATTENTION: dict[str, type] = {}
 
 # Options that describe the model the kernel lives in rather than the kernel itself. The layer
 # passes the ones a variant declares; they are not part of `conf/attention/*.yaml`.
-MODEL_OPTIONS = ("causal", "n_heads", "head_dim", "max_seq_len")
+MODEL_OPTIONS = ("causal", "n_heads", "head_dim", "max_seq_len", "shared_qk")
 
 
 @dataclass(frozen=True)
@@ -47,7 +47,7 @@ class AttentionSpec:
 
     @property
     def model_options(self) -> tuple[str, ...]:
-        """The model-level options (causal, n_heads, head_dim, max_seq_len) this variant takes."""
+        """The model-level options (causal, n_heads, ..., shared_qk) this variant takes."""
         return tuple(k for k in self.defaults if k in MODEL_OPTIONS)
 
 

@@ -91,10 +91,17 @@ def test_resolve_device_without_a_gpu():
         measure.resolve_device("cuda")
 
 
+@pytest.mark.parametrize("shared_qk", [False, True])
 @pytest.mark.parametrize("causal", [False, True])
-def test_approx_rel_error_of_exact_attention_is_zero(causal):
-    kernel = variants.build_attention("full", causal=causal)
+def test_approx_rel_error_of_exact_attention_is_zero(causal, shared_qk):
+    kernel = variants.build_attention("full", causal=causal, shared_qk=shared_qk)
     assert measure.approx_rel_error(kernel, SHAPE, CPU, torch.float32, seeds=2) < 1e-6
+
+
+def test_approx_rel_error_of_lsh_with_every_key_in_its_window_is_zero():
+    """The reference follows the shared-QK conventions, so only hashing and chunking count."""
+    kernel = variants.build_attention("lsh", causal=True, bucket_size=SHAPE[2], n_hashes=1)
+    assert measure.approx_rel_error(kernel, SHAPE, CPU, torch.float32, seeds=2) < 1e-5
 
 
 def test_approx_rel_error_of_lsh_is_positive_and_keeps_training_mode():

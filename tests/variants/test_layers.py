@@ -7,12 +7,15 @@ import torch
 import torch.nn.functional as F
 
 from experiments.memory import peak_memory_bytes
-from tests.reference import causal_mask, dense_attention
+from tests.reference import causal_mask, dense_attention, shared_qk_reference
 from variants.layers import FeedForward, SelfAttention
 
 
-def _reference_self_attention(layer, x, causal, normalise_keys=False):
-    """Multi-head attention from the layer's weights, on explicit (L, L) scores."""
+def _reference_self_attention(layer, x, causal, normalise_keys=False, exclude_self=False):
+    """Multi-head attention from the layer's weights, on explicit (L, L) scores.
+
+    normalise_keys: keys are q / |q| (shared QK); exclude_self: also the Reformer's rule that a
+    token attends to itself only when it has nothing else."""
     batch, length, d_model = x.shape
     heads, head_dim = layer.n_heads, d_model // layer.n_heads
     projected = F.linear(x, layer.qkv.weight, layer.qkv.bias)
@@ -26,13 +29,13 @@ def _reference_self_attention(layer, x, causal, normalise_keys=False):
         return t.reshape(batch, length, heads, head_dim).permute(0, 2, 1, 3)
 
     q, k, v = split_heads(q), split_heads(k), split_heads(v)
-    if normalise_keys:
-        k = k / k.norm(dim=-1, keepdim=True)
-        scale = 1.0  # unit keys, no extra 1/sqrt(d)
-    else:
-        scale = 1.0 / math.sqrt(head_dim)
     mask = causal_mask(length) if causal else None
-    y = dense_attention(q, k, v, mask=mask, scale=scale)
+    if exclude_self:
+        y = shared_qk_reference(q, v, mask)
+    else:
+        if normalise_keys:
+            k = k / k.norm(dim=-1, keepdim=True)
+        y = dense_attention(q, k, v, mask=mask, scale=1.0 / math.sqrt(head_dim))
     y = y.permute(0, 2, 1, 3).reshape(batch, length, d_model)
     return F.linear(y, layer.out.weight, layer.out.bias)
 
@@ -45,10 +48,23 @@ def test_self_attention_matches_dense_reference(causal):
     torch.testing.assert_close(layer(x), _reference_self_attention(layer, x, causal))
 
 
-def test_shared_qk_for_full_attention_uses_unit_keys():
+@pytest.mark.parametrize("attention", ["full", "blockwise"])
+def test_shared_qk_kernels_get_unit_keys_and_skip_self(attention):
     torch.manual_seed(0)
-    layer = SelfAttention(24, 3, shared_qk=True).double()
+    layer = SelfAttention(24, 3, attention=attention, shared_qk=True).double()
     assert layer.qkv.out_features == 2 * 24  # one projection for queries and keys
+    assert layer.kernel.shared_qk
+    x = torch.randn(2, 9, 24, dtype=torch.float64)
+    expected = _reference_self_attention(layer, x, causal=True, exclude_self=True)
+    torch.testing.assert_close(layer(x), expected)
+
+
+def test_other_kernels_get_unit_keys_under_shared_qk_and_keep_self():
+    torch.manual_seed(0)
+    # stride 9 >= L: strided's local part covers every pair, so it is exact causal attention.
+    layer = SelfAttention(
+        24, 3, attention="strided", attention_options={"stride": 9}, shared_qk=True
+    ).double()
     x = torch.randn(2, 9, 24, dtype=torch.float64)
     expected = _reference_self_attention(layer, x, causal=True, normalise_keys=True)
     torch.testing.assert_close(layer(x), expected)

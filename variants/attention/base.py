@@ -16,12 +16,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from variants.checks import check_qkv
+from variants.checks import check_qkv, require_bool
 
 # Useful FLOPs of forward+backward as a multiple of forward FLOPs. Backward of softmax(QK^T)V
 # needs dV, dP, dQ, dK (4 matmuls) plus one recompute of QK^T in fused kernels: (2 + 5) / 2.
 # This is the convention of ../shared/docs/methods.md and of FlashAttention's reported figures.
 FWD_BWD_FLOP_FACTOR = 3.5
+# Shared-QK keys are k / max(|k|, eps), as F.normalize: padded (zero) positions give zero keys.
+SHARED_QK_NORM_EPS = 1e-12
 
 
 class Attention(nn.Module):
@@ -38,9 +40,7 @@ class Attention(nn.Module):
 
     def __init__(self, *, causal: bool = False):
         super().__init__()
-        if not isinstance(causal, bool):
-            raise ValueError(f"{self.name}: option 'causal' must be true or false, got {causal!r}")
-        self.causal = causal
+        self.causal = require_bool(self.name, "causal", causal)
 
     @property
     def max_seq_len(self) -> int | None:
@@ -114,6 +114,29 @@ def pad_to_multiple(x: torch.Tensor, multiple: int, dim: int = 2) -> torch.Tenso
         return x
     pad_spec = [0, 0] * (x.dim() - 1 - dim % x.dim()) + [0, pad]
     return F.pad(x, pad_spec)
+
+
+def shared_qk_keys(k: torch.Tensor) -> torch.Tensor:
+    """The Reformer's shared-QK keys: k / |k| over the last dim, (..., L, D) -> (..., L, D).
+
+    Unit keys, so a kernel's usual 1/sqrt(D) makes the score q . k_hat / sqrt(D), the same as
+    the LSH kernel's; a zero vector (padding) stays zero.
+    """
+    return F.normalize(k, dim=-1, eps=SHARED_QK_NORM_EPS)
+
+
+def without_self(allowed: torch.Tensor, is_self: torch.Tensor) -> torch.Tensor:
+    """The Reformer's shared-QK rule on a mask: no query attends to itself unless it must.
+
+    allowed, is_self: bool, broadcastable to (..., Lq, Lk); True where a query may attend and
+    where the key is the query's own position. Self stays allowed only in rows with no other
+    allowed key (e.g. the first token of a causal sequence), so no row becomes empty. Under
+    shared QK a query's score with itself, |q| / sqrt(D), is its row's largest, and would
+    otherwise crowd out the keys the model is looking for.
+    """
+    others = allowed & ~is_self
+    alone = ~others.any(dim=-1, keepdim=True)
+    return others | (alone & is_self & allowed)
 
 
 def masked_attend(

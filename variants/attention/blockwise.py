@@ -5,9 +5,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from variants.attention.base import Attention
+from variants.attention.base import Attention, shared_qk_keys
 from variants.attention.local import from_blocks, key_windows, to_blocks, window_mask
-from variants.checks import require_non_negative_int, require_positive_int
+from variants.checks import require_bool, require_non_negative_int, require_positive_int
 from variants.registry import register_attention
 
 
@@ -21,6 +21,8 @@ class BlockwiseAttention(Attention):
     and keys after the query inside the window are masked. Windows do not wrap around: the
     first and last blocks simply have fewer neighbours. A length that is not a multiple of
     `block_size` is zero-padded internally, the padded keys masked and the padded queries dropped.
+    With `shared_qk=True` (set by a shared-QK model) keys are unit-normalised and a query does
+    not attend to itself unless it has no other key, as in `full`.
     """
 
     name = "blockwise"
@@ -35,8 +37,10 @@ class BlockwiseAttention(Attention):
         block_size: int = 128,
         look_backward: int = 1,
         look_forward: int = 1,
+        shared_qk: bool = False,
     ):
         super().__init__(causal=causal)
+        self.shared_qk = require_bool(self.name, "shared_qk", shared_qk)
         self.block_size = require_positive_int(self.name, "block_size", block_size)
         self.look_backward = require_non_negative_int(self.name, "look_backward", look_backward)
         self.look_forward = require_non_negative_int(self.name, "look_forward", look_forward)
@@ -47,14 +51,19 @@ class BlockwiseAttention(Attention):
         # then no padding work is wasted.
         block = min(self.block_size, seq_len)
         back, fwd = self.look_backward, 0 if self.causal else self.look_forward
+        if self.shared_qk:
+            k = shared_qk_keys(k)  # (B, H, L, D)
         q_blocks = to_blocks(q, block).flatten(0, 1)  # (B*H, n, b, D)
         k_windows = key_windows(k, block, back, fwd).flatten(0, 1)  # (B*H, n, w*b, D)
         v_windows = key_windows(v, block, back, fwd).flatten(0, 1)  # (B*H, n, w*b, D)
-        mask = window_mask(seq_len, block, back, fwd, causal=self.causal, device=q.device)
+        mask = window_mask(
+            seq_len, block, back, fwd, causal=self.causal, exclude_self=self.shared_qk,
+            device=q.device,
+        )  # (n, b, w*b)
         # Blocks play the role of SDPA's heads, so the (1, n, b, w*b) mask broadcasts over batch
         # and heads and SDPA takes its fused (flash) CPU kernel, which measured 1.4-3x faster
-        # than explicit matmul + softmax at L = 4K-32K. Every row keeps at least the query
-        # itself, so no row is fully masked.
+        # than explicit matmul + softmax at L = 4K-32K. Every row keeps at least one key (the
+        # query itself if nothing else), so no row is fully masked.
         out = F.scaled_dot_product_attention(
             q_blocks, k_windows, v_windows, attn_mask=mask[None]
         )  # (B*H, n, b, D)
@@ -76,5 +85,6 @@ class BlockwiseAttention(Attention):
     def extra_repr(self) -> str:
         return (
             f"causal={self.causal}, block_size={self.block_size}, "
-            f"look_backward={self.look_backward}, look_forward={self.look_forward}"
+            f"look_backward={self.look_backward}, look_forward={self.look_forward}, "
+            f"shared_qk={self.shared_qk}"
         )

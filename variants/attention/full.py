@@ -5,35 +5,54 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from variants.attention.base import Attention, masked_attend
-from variants.checks import require_choice
+from variants.attention.base import Attention, masked_attend, shared_qk_keys, without_self
+from variants.checks import require_bool, require_choice
 from variants.registry import register_attention
 
 
 @register_attention
 class FullAttention(Attention):
-    """Exact attention via scaled_dot_product_attention (impl=math: explicit L x L scores)."""
+    """Exact attention via scaled_dot_product_attention (impl=math: explicit L x L scores).
+
+    With `shared_qk=True` (set by a shared-QK model) the Reformer's conventions apply: keys are
+    unit-normalised, k_hat = k / |k|, and a query does not attend to itself unless it has no
+    other key. That takes an explicit (L, L) bool mask, so shared-QK full attention holds
+    O(L^2) bytes even through SDPA.
+    """
 
     name = "full"
     exact = True
     time_complexity = "O(L^2 d)"
     memory_complexity = "O(L) sdpa, O(L^2) math"
 
-    def __init__(self, *, causal: bool = False, impl: str = "sdpa"):
+    def __init__(self, *, causal: bool = False, impl: str = "sdpa", shared_qk: bool = False):
         super().__init__(causal=causal)
         self.impl = require_choice(self.name, "impl", impl, ("sdpa", "math"))
+        self.shared_qk = require_bool(self.name, "shared_qk", shared_qk)
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        mask = self._mask(q.shape[2], q.device)  # (L, L) bool or None
+        if self.shared_qk:
+            k = shared_qk_keys(k)  # (B, H, L, D)
         if self.impl == "sdpa":
-            return F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
+            is_causal = self.causal and mask is None
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal)
         # The reference path materialises the (L, L) scores on purpose: it is the ablation that
         # shows what SDPA's fused kernels save.
-        length = q.shape[2]
-        mask = None
-        if self.causal:
-            mask = torch.ones(length, length, dtype=torch.bool, device=q.device).tril()
+        if mask is None and self.causal:
+            mask = torch.ones(q.shape[2], q.shape[2], dtype=torch.bool, device=q.device).tril()
         out, _ = masked_attend(q, k, v, mask)  # (B, H, L, D)
         return out
+
+    def _mask(self, length: int, device: torch.device) -> torch.Tensor | None:
+        """The shared-QK (L, L) mask, True where a query may attend; None without shared QK."""
+        if not self.shared_qk:
+            return None
+        allowed = torch.ones(length, length, dtype=torch.bool, device=device)
+        if self.causal:
+            allowed = allowed.tril()
+        is_self = torch.eye(length, dtype=torch.bool, device=device)
+        return without_self(allowed, is_self)
 
     def flops(self, batch: int, heads: int, seq_len: int, head_dim: int) -> int:
         # QK^T and PV: 2 matmuls x 2 FLOPs per multiply-add x L x L x D; causal scores half.
@@ -41,4 +60,4 @@ class FullAttention(Attention):
         return 4 * batch * heads * pairs * head_dim
 
     def extra_repr(self) -> str:
-        return f"causal={self.causal}, impl={self.impl}"
+        return f"causal={self.causal}, impl={self.impl}, shared_qk={self.shared_qk}"

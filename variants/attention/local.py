@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
-from variants.attention.base import pad_to_multiple
+from variants.attention.base import pad_to_multiple, without_self
 
 
 def to_blocks(x: torch.Tensor, block_size: int) -> torch.Tensor:
@@ -78,13 +78,15 @@ def window_mask(
     *,
     causal: bool,
     max_distance: int | None = None,
+    exclude_self: bool = False,
     device: torch.device | None = None,
 ) -> torch.Tensor:
     """Which window keys each query may attend: bool (n, block_size, w * block_size).
 
     True where key j is a real position (0 <= j < seq_len: missing edge blocks and padding are
-    masked), j <= i if `causal`, and |i - j| <= `max_distance` if given. Built once per call and
-    broadcast over batch and heads; its size is O(L * window), not O(L^2).
+    masked), j <= i if `causal`, and |i - j| <= `max_distance` if given; with `exclude_self`,
+    j != i unless i has no other key (`base.without_self`, the shared-QK rule). Built once per
+    call and broadcast over batch and heads; its size is O(L * window), not O(L^2).
     """
     n_blocks = -(-seq_len // block_size)
     width = 1 + look_backward + look_forward
@@ -102,4 +104,7 @@ def window_mask(
     block_start = torch.arange(n_blocks, device=device)[:, None] * block_size  # (n, 1)
     key_pos = (block_start + key_offset)[:, None, :]  # (n, 1, w*b)
     real_key = (key_pos >= 0) & (key_pos < seq_len)  # (n, 1, w*b)
-    return allowed & real_key  # (n, b, w*b)
+    allowed = allowed & real_key  # (n, b, w*b)
+    if exclude_self:
+        allowed = without_self(allowed, key_minus_query == 0)  # (n, b, w*b)
+    return allowed

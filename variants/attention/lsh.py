@@ -54,15 +54,18 @@ from collections.abc import Iterable
 import torch
 from torch.autograd.function import once_differentiable
 
-from variants.attention.base import Attention, is_replaying, pad_to_multiple
-from variants.checks import require_non_negative_int, require_positive_int
+from variants.attention.base import (
+    SHARED_QK_NORM_EPS,
+    Attention,
+    is_replaying,
+    pad_to_multiple,
+)
+from variants.checks import require_bool, require_non_negative_int, require_positive_int
 from variants.registry import register_attention
 
 # A token's score for itself. Finite, unlike a masked score (-inf), so a row whose other keys are
 # all masked falls back to the token itself, and exp(-1e5) is 0 next to any real score.
 SELF_SCORE = -1e5
-# Keys are q / max(|q|, NORM_EPS), as F.normalize: padded (zero) queries give zero keys.
-NORM_EPS = 1e-12
 # Up to this many buckets the hash is one angular hash, as in the paper; beyond, see hash_factors.
 SINGLE_HASH_MAX_BUCKETS = 128
 
@@ -106,9 +109,7 @@ class LSHAttention(Attention):
                 )
         self.n_buckets = n_buckets
         self.seed = None if seed is None else require_non_negative_int(self.name, "seed", seed)
-        if not isinstance(dedup, bool):
-            raise ValueError(f"{self.name}: option 'dedup' must be true or false, got {dedup!r}")
-        self.dedup = dedup
+        self.dedup = require_bool(self.name, "dedup", dedup)
         self.last_buckets: torch.Tensor | None = None
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -393,7 +394,8 @@ class SharedQKWindowAttention(torch.autograd.Function):
         """q, v: (G, C, m, D) sorted chunks; hidden: bool broadcastable to (W, G, C, m, m),
         True for keys a query must not see, or None.
         Returns out (G, C, m, D) and each row's logsumexp (G, C, m)."""
-        inv_norm = q.norm(dim=-1, keepdim=True).clamp_min_(NORM_EPS).reciprocal_()  # (G,C,m,1)
+        inv_norm = q.norm(dim=-1, keepdim=True).clamp_min_(SHARED_QK_NORM_EPS).reciprocal_()
+        # inv_norm: (G, C, m, 1)
         keys, values = window_halves(q * inv_norm), window_halves(v)  # W x (G, C, m, D)
         queries = q * q.shape[-1] ** -0.5
         probs = q.new_empty((len(keys), *q.shape[:-1], q.shape[-2]))  # (W, G, C, m, m) scores

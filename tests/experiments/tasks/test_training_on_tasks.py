@@ -35,12 +35,12 @@ def periodic_text(tmp_path):
 
 
 def test_training_lowers_the_loss_on_a_learnable_task(periodic_text):
-    model = _model()
+    model = _model(shared_qk=False)  # the runner's default for full attention
     before, _ = evaluate(model, periodic_text, CPU, 2)
-    result = train(model, periodic_text, CPU, steps=40, lr=3e-3, warmup=4, weight_decay=0.0,
+    result = train(model, periodic_text, CPU, steps=60, lr=3e-3, warmup=4, weight_decay=0.0,
                    grad_clip=1.0, eval_every=20, eval_batches=2)
     assert before > math.log(100)  # about uniform over bytes at the start
-    assert result.eval_loss < 0.3 * before
+    assert result.eval_loss < 0.3 * before  # 0.14 measured: a margin for other BLAS builds
 
 
 def test_evaluating_with_the_training_kernel_changes_nothing(periodic_text):

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from tests.reference import assert_causal, dense_attention, qkv
+from tests.reference import assert_causal, dense_attention, qkv, shared_qk_reference
 from variants.registry import build_attention
 
 # (seq_len, block_size, look_backward, look_forward)
@@ -103,3 +103,17 @@ def test_gradients_match_dense_reference(causal):
 def test_bad_options_are_rejected_by_name(options, message):
     with pytest.raises(ValueError, match=message):
         build_attention("blockwise", **options)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("length, block_size, look_backward, look_forward", PATTERNS)
+def test_shared_qk_matches_reference_on_the_pattern(
+    causal, length, block_size, look_backward, look_forward
+):
+    q, _, v = qkv(length=length, seed=length)
+    mask = blockwise_mask(length, block_size, look_backward, look_forward, causal)
+    module = build_attention(
+        "blockwise", causal=causal, block_size=block_size, look_backward=look_backward,
+        look_forward=look_forward, shared_qk=True,
+    )
+    torch.testing.assert_close(module(q, q, v), shared_qk_reference(q, v, mask))
