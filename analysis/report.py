@@ -44,14 +44,13 @@ FIGURES: dict[str, tuple[Callable[[pd.DataFrame], Figure], str]] = {
                        "matmul rate."),
 }
 
-# Each builder: frame -> Table, or None when these results hold nothing for it. Extension
-# point: the tasks issue's reproduction tables (Reformer Table 2, LRA Table 2, ...) are
-# appended here as further builders.
+# Each builder: frame -> Table, or None when these results hold nothing for it.
 TABLES: list[Callable[[pd.DataFrame], tables.Table | None]] = [
     tables.variant_summary,
     tables.depth_table,
     tables.failures,
     tables.cross_evaluation,
+    tables.quality,
 ]
 
 FORMATS = ("png", "svg")

@@ -142,6 +142,71 @@ def cross_evaluation(frame: pd.DataFrame) -> Table | None:
     return Table("Trained with × evaluated with", table.reset_index(), note)
 
 
+# Final quality columns, the first present being the one compared; lower is better except
+# accuracy.
+QUALITY = {"eval_bits_per_byte": "eval bits/byte", "eval_accuracy": "eval accuracy (%)",
+           "eval_loss": "eval loss"}
+COST = {"step_ms": "step (ms)", "peak_memory_bytes": "peak memory (MiB)",
+        "tokens_per_s": "train tokens/s"}
+NO_QUALITY_TASKS = ("random_lm",)  # uniform tokens: its loss measures nothing
+
+
+def quality(frame: pd.DataFrame) -> Table | None:
+    """Final quality and cost per trained configuration, relative to the first (exact) one.
+
+    The table of the quality reproductions (shared vs separate QK, reversible vs residual, Linformer
+    k and LSH rounds): one row per series (`series.with_series`: the variant plus whichever of
+    block, shared_qk, task, ... vary), mean over seeds, and the relative difference of the first
+    quality metric from the first row's. Records of tasks without a quality signal (random_lm)
+    and of jobs that did not train are left out.
+    """
+    trained = frame[(frame["status"] == "ok") & ~frame["task"].isin(NO_QUALITY_TASKS)]
+    metrics = [m for m in QUALITY if m in trained and trained[m].notna().any()]
+    if trained.empty or not metrics:
+        return None
+    trained = trained[trained[metrics[0]].notna()]
+    labelled, _ = series.with_series(trained)
+    if "train_as" in labelled and labelled["train_as"].notna().all():
+        labelled["series"] = labelled["train_as"]  # the preset's own row names
+    costs = [c for c in COST if c in labelled and labelled[c].notna().any()]
+    means = labelled.groupby("series", sort=False)[metrics + costs].mean()
+    means = means.loc[series.series_order(labelled)]
+    primary, base = metrics[0], means.index[0]
+    relative = (means[primary] / means.loc[base, primary] - 1) * 100
+    rows = []
+    for name, values in means.iterrows():
+        row = {"configuration": name,
+               "seeds": int((labelled["series"] == name).sum())}
+        for m in metrics:
+            row[QUALITY[m]] = _format_metric(m, values[m])
+        row[f"Δ {QUALITY[primary]} vs {base}"] = (
+            "—" if name == base else f"{relative[name]:+.1f} %"
+        )
+        for c in costs:
+            row[COST[c]] = _format_cost(c, values[c])
+        rows.append(row)
+    note = (
+        f"Final evaluation after training, mean over seeds; Δ: relative difference of "
+        f"{QUALITY[primary]} from the first row ({base}). Step time and peak memory are of one "
+        "training step at the trained size (blank when the preset does not measure them)."
+    )
+    return Table("Quality and cost after training", pd.DataFrame(rows), note)
+
+
+def _format_metric(metric: str, value: float) -> str:
+    if pd.isna(value):
+        return ""
+    return f"{value * 100:.1f}" if metric == "eval_accuracy" else f"{value:.4f}"
+
+
+def _format_cost(column: str, value: float) -> str:
+    if pd.isna(value):
+        return ""
+    if column == "peak_memory_bytes":
+        return f"{value / MIB:.1f}"
+    return f"{value:.0f}" if column == "tokens_per_s" else f"{value:.1f}"
+
+
 def provenance(frame: pd.DataFrame) -> list[str]:
     """Markdown bullets: what was measured, where, with what."""
     counts = frame["status"].value_counts().to_dict()
