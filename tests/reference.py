@@ -28,20 +28,28 @@ def causal_mask(length, device=None):
     return idx[None, :] <= idx[:, None]
 
 
-def shared_qk_reference(q, v, mask=None):
-    """The Reformer's shared-QK attention, row by row: unit keys k_j = q_j / |q_j|, scores
-    q_i . k_j / sqrt(D), and key i offered to query i only if no other key is allowed.
+def shared_qk_reference(q, v, allowed=None, multiplicity=None):
+    """The Reformer's shared-QK attention on explicit scores: unit keys k_j = q_j / |q_j|,
+    scores q_i . k_j (no 1/sqrt(D)), and key i offered to query i only when `allowed` leaves
+    it no other key.
 
-    q, v: (B, H, L, D); mask: (L, L) bool of the pattern (True = may attend) or None (all).
+    q, v: (B, H, L, D); allowed: (L, L) or (B, H, L, L) bool pattern (True = may attend), None
+    for all pairs. `multiplicity` (same shape, counts) weighs each pair's exp(score) by how
+    many times it is counted; None counts every pair once.
     """
     length = q.shape[2]
-    allowed = torch.ones(length, length, dtype=torch.bool) if mask is None else mask.clone()
-    for i in range(length):
-        others = [j for j in range(length) if j != i and allowed[i, j]]
-        if others:
-            allowed[i, i] = False
-    k = q / q.norm(dim=-1, keepdim=True)
-    return dense_attention(q, k, v, mask=allowed)
+    if allowed is None:
+        allowed = torch.ones(length, length, dtype=torch.bool)
+    eye = torch.eye(length, dtype=torch.bool)
+    others = allowed & ~eye
+    alone = ~others.any(dim=-1, keepdim=True)
+    mask = others | (eye & alone)
+    keys = q / q.norm(dim=-1, keepdim=True)
+    scores = q @ keys.transpose(-1, -2)
+    if multiplicity is not None:
+        scores = scores + multiplicity.clamp_min(1).log()
+    probs = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1)
+    return probs @ v
 
 
 def qkv(batch=2, heads=3, length=16, head_dim=8, seed=0, dtype=torch.float64, requires_grad=False):

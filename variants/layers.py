@@ -30,13 +30,14 @@ class SelfAttention(nn.Module):
     are those of causal / n_heads / head_dim / max_seq_len that the variant declares.
 
     Shared QK (`shared_qk=True`, the Reformer's choice): one projection gives the queries, and
-    the keys are the unit-normalised queries, k_hat_j = q_j / |q_j|, so every kernel's usual
-    1/sqrt(head_dim) makes the score q_i . k_hat_j / sqrt(head_dim). A kernel that takes the
-    model option `shared_qk` (full, blockwise) or requires it (lsh) receives k = q and applies
-    the Reformer's whole rule itself: unit keys and no attending to oneself unless no other key
-    is allowed; under shared QK a query's score with itself is its row's largest and would
-    crowd out every other key. The remaining kernels (strided, compressed, linformer) receive
-    unit keys and keep their own masks, self included.
+    the keys are derived from them so that every kernel scores q_i . k_hat_j with the unit key
+    k_hat_j = q_j / |q_j| (`base.shared_qk_keys`: norm sqrt(head_dim) under the kernel's usual
+    1/sqrt(head_dim)). A kernel that takes the model option `shared_qk` (full, blockwise) or
+    requires it (lsh) receives k = q and applies the Reformer's whole rule itself: those keys,
+    and no attending to oneself unless no other key is allowed; under shared QK a query's score
+    with itself is its row's largest and would crowd out every other key. The remaining kernels
+    (strided, compressed, linformer) receive the normalised keys and keep their own masks, self
+    included.
 
     Dropout is applied to the output projection (residual dropout); kernels have no attention-
     probability dropout.

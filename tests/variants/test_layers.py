@@ -33,9 +33,11 @@ def _reference_self_attention(layer, x, causal, normalise_keys=False, exclude_se
     if exclude_self:
         y = shared_qk_reference(q, v, mask)
     else:
+        scale = 1.0 / math.sqrt(head_dim)
         if normalise_keys:
             k = k / k.norm(dim=-1, keepdim=True)
-        y = dense_attention(q, k, v, mask=mask, scale=1.0 / math.sqrt(head_dim))
+            scale = 1.0  # the Reformer's q . k_hat
+        y = dense_attention(q, k, v, mask=mask, scale=scale)
     y = y.permute(0, 2, 1, 3).reshape(batch, length, d_model)
     return F.linear(y, layer.out.weight, layer.out.bias)
 

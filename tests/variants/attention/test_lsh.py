@@ -2,40 +2,17 @@
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 import pytest
 import torch
-import torch.nn.functional as F
 import yaml
 
-from tests.reference import assert_causal, causal_mask, dense_attention, qkv
+from tests.reference import assert_causal, causal_mask, qkv, shared_qk_reference
 from variants import attention_spec, build_attention
 from variants.attention.base import replaying
 
 REPO = Path(__file__).resolve().parents[3]
-
-
-def shared_qk_reference(q, v, allowed, multiplicity=None):
-    """Dense shared-QK attention over `allowed` (L, L) or (B, H, L, L) pairs, self excluded.
-
-    Keys are the unit-normalised queries, scale 1/sqrt(d); a token attends to itself only when
-    `allowed` leaves it no other key. `multiplicity` (same shape, counts) weighs each pair's
-    exp(score) by how many times it is counted; None counts every pair once.
-    """
-    length = q.shape[2]
-    eye = torch.eye(length, dtype=torch.bool)
-    others = allowed & ~eye
-    alone = ~others.any(dim=-1, keepdim=True)
-    mask = others | (eye & alone)
-    keys = F.normalize(q, dim=-1)
-    if multiplicity is None:
-        return dense_attention(q, keys, v, mask)
-    scores = (q @ keys.transpose(-1, -2)) / math.sqrt(q.shape[-1])
-    scores = scores + multiplicity.clamp_min(1).log()
-    probs = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1)
-    return probs @ v
 
 
 def window_counts(buckets, length, bucket_size):
