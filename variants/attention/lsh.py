@@ -51,7 +51,6 @@ attention matmuls.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
 
 import torch
 from torch.autograd.function import once_differentiable
@@ -65,9 +64,14 @@ from variants.attention.base import (
 from variants.checks import require_bool, require_non_negative_int, require_positive_int
 from variants.registry import register_attention
 
-# A token's score for itself. Finite, unlike a masked score (-inf), so a row whose other keys are
-# all masked falls back to the token itself, and exp(-1e5) is 0 next to any real score.
-SELF_SCORE = -1e5
+# How far below every other key a token's own score is put (see `window_bias`): finite, unlike
+# a masked score, so a row whose other keys are all masked falls back to the token itself, and
+# exp(-100) vanishes next to any real key (underflow in float32, 4e-44 in float64).
+SELF_MARGIN = 100.0
+# The window attention runs on PyTorch's fused CPU flash-attention kernels when True (and the
+# tensors are CPU floats); False forces the explicit-matmul path that other devices use.
+FUSED_CPU_KERNELS = True
+FUSED_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
 # Up to this many buckets the hash is one angular hash, as in the paper; beyond, see hash_factors.
 SINGLE_HASH_MAX_BUCKETS = 128
 
@@ -130,14 +134,12 @@ class LSHAttention(Attention):
         slot = torch.empty_like(order).scatter_(-1, order, positions.expand_as(order))  # (B,H,R,Lp)
 
         # Rounds are folded into the batch: row g = (b, h, r) holds one round's sorted sequence.
-        # Three row layouts: inputs (B*H*Lp), sorted (G*Lp, G = B*H*R) and by position with the
-        # rounds apart (G*Lp). source_rows: input row of each sorted slot; sorted_rows and
-        # position_rows: the two directions between the sorted and by-position layouts.
+        # Two row layouts: inputs (B*H*Lp) and sorted (G*Lp, G = B*H*R). source_rows: the input
+        # row of each sorted slot; sorted_rows: the sorted row of each (b, h, round, position).
         group = torch.arange(batch * heads * rounds, device=q.device).view(batch, heads, rounds, 1)
         group_start = group * padded  # (B, H, R, 1) first row of each round's sequence
         source_rows = (order + group // rounds * padded).view(-1)  # (G*Lp,)
         sorted_rows = (slot + group_start).view(-1, rounds, padded)  # (B*H, R, Lp)
-        position_rows = (order + group_start).view(-1, 1, padded)  # (G, 1, Lp)
         sorted_q, sorted_v = (
             GatherRows.apply(x.reshape(-1, head_dim), source_rows, sorted_rows).view(
                 -1, n_chunks, m, head_dim
@@ -145,16 +147,10 @@ class LSHAttention(Attention):
             for x in (q, v)
         )  # (G, C, m, D) each
         hidden = self._hidden_keys(order, source_rows, length)  # (W, G, C, m or 1, m) or None
-        out, lse = SharedQKWindowAttention.apply(sorted_q, sorted_v, hidden)  # (G,C,m,D), (G,C,m)
-
-        # Back to position order, every round apart, then the rounds combined with the weights
-        # exp(lse_r - logsumexp_r lse_r). A softmax, not exp(lse - logsumexp): self-only rows
-        # have lse near -1e5, where float32 cannot hold the difference.
-        unsort = sorted_rows.view(-1)  # (G*Lp,) sorted row of each (round, position)
-        out = GatherRows.apply(out.view(-1, head_dim), unsort, position_rows)  # (G*Lp, D)
-        lse = GatherRows.apply(lse.view(-1, 1), unsort, position_rows)  # (G*Lp, 1)
-        weights = lse.view(batch, heads, rounds, padded, 1).softmax(dim=2)  # (B, H, R, Lp, 1)
-        out = (out.view(batch, heads, rounds, padded, head_dim) * weights).sum(dim=2)
+        out = RoundsWindowAttention.apply(
+            sorted_q, sorted_v, hidden, source_rows, sorted_rows.view(-1),
+            (batch, heads, rounds, padded),
+        )  # (B, H, Lp, D)
         return out[:, :, :length]  # (B, H, L, D)
 
     def _buckets(self, q: torch.Tensor, length: int) -> torch.Tensor:
@@ -196,19 +192,19 @@ class LSHAttention(Attention):
 
         order: (B, H, R, Lp) position at each sorted slot; source_rows as in `attend`. Hides
         later keys (causal) or padded keys, and with `dedup` pairs an earlier round already
-        offers. Shape (W, G, C, m, m), or (W, G, C, 1, m) when only padding is hidden, laid out
-        as the scores of `SharedQKWindowAttention`.
+        offers. Shape (G, C, m, W*m), or (G, C, 1, W*m) when only padding is hidden, laid out
+        as `window_view`'s keys (previous chunk, then own).
         """
         padded = order.shape[-1]
         n_chunks = padded // self.bucket_size
         pos = order.view(-1, n_chunks, self.bucket_size).to(torch.int32)  # (G, C, m)
-        key_pos = window(pos).unsqueeze(-2)  # (W, G, C, 1, m)
+        key_pos = window_view(pos.unsqueeze(-1)).squeeze(-1).unsqueeze(-2)  # (G, C, 1, W*m)
         hidden = None
         if self.causal:
             # Padded keys sit after every real query, so the causal mask also hides them.
-            hidden = key_pos > pos.unsqueeze(-1)  # (W, G, C, m, m)
+            hidden = key_pos > pos.unsqueeze(-1)  # (G, C, m, W*m)
         elif length < padded:
-            hidden = key_pos >= length  # (W, G, C, 1, m)
+            hidden = key_pos >= length  # (G, C, 1, W*m)
         # With one or two chunks every window is the whole sequence in every round: every pair
         # counts n_hashes times, which cancels in the softmax and in the round weights.
         if self.dedup and self.n_hashes > 1 and n_chunks > 2:
@@ -300,44 +296,6 @@ def angular_hash(
     return buckets.transpose(-1, -2).contiguous()  # (B, H, R, L)
 
 
-def window(x: torch.Tensor) -> torch.Tensor:
-    """Each chunk's window: (G, C, m, ...) -> (W, G, C, m, ...), its own chunk then the previous.
-
-    The previous chunk of a row's first is the row's last (wrap-around). With a single chunk
-    W = 1, so that no key enters a window twice. For index tensors; the attention itself uses
-    `window_halves` and never copies keys or values into windows.
-    """
-    return torch.stack(window_halves(x))
-
-
-def window_halves(x: torch.Tensor) -> list[torch.Tensor]:
-    """[x, x with every chunk replaced by the previous one], or [x] if there is one chunk."""
-    return [x] if x.shape[1] == 1 else [x, x.roll(1, dims=1)]
-
-
-def unwindow(halves: list[torch.Tensor]) -> torch.Tensor:
-    """Gradient of `window_halves`: add each previous-chunk half back onto its own chunk.
-
-    Accumulates into `halves[0]` in place (two shifted adds instead of a rolled copy).
-    """
-    if len(halves) == 1:
-        return halves[0]
-    own, previous = halves  # (G, C, m, ...) each; previous[:, c] belongs to chunk c - 1
-    own[:, :-1] += previous[:, 1:]
-    own[:, -1] += previous[:, 0]
-    return own
-
-
-def matmul_sum(lefts: Iterable[torch.Tensor], rights: Iterable[torch.Tensor]) -> torch.Tensor:
-    """sum_i lefts[i] @ rights[i] over (G, C, x, y) @ (G, C, y, z), accumulated in one buffer."""
-    (first_left, first_right), *rest = zip(lefts, rights, strict=True)
-    total = first_left @ first_right  # (G, C, x, z)
-    flat = total.view(-1, *total.shape[-2:])  # (G*C, x, z)
-    for left, right in rest:
-        flat.baddbmm_(left.flatten(0, 1), right.flatten(0, 1))
-    return total
-
-
 def chunk_dtype(n_chunks: int) -> torch.dtype:
     """The narrowest integer type for chunk indices: the pairwise comparisons run on it."""
     return torch.int16 if n_chunks <= torch.iinfo(torch.int16).max else torch.int32
@@ -347,8 +305,9 @@ def seen_in_earlier_round(order: torch.Tensor, source_rows: torch.Tensor, m: int
     """Window pairs that an earlier round's windows already hold.
 
     order: (B, H, R, Lp) position at each sorted slot; source_rows: (B*H*R*Lp,) the row of each
-    slot's position in the flattened (B*H*Lp) positions. Returns (2, G, C, m, m) bool, True
-    where key j of query i's window is also in i's window in a round before this one. Masking
+    slot's position in the flattened (B*H*Lp) positions. Returns (G, C, m, 2m) bool, laid out as
+    `window_view`'s keys, True where key j of query i's window is also in i's window in a round
+    before this one. Masking
     those counts every pair in the first round that offers it and in no other.
     Key j is in query i's window in round r iff chunk_r(i) is chunk_r(j) or the one after it.
     """
@@ -359,86 +318,168 @@ def seen_in_earlier_round(order: torch.Tensor, source_rows: torch.Tensor, m: int
     chunk_of = (slot // m).to(chunk_dtype(n_chunks)).transpose(-1, -2)  # (B, H, Lp, R)
     query_chunks = chunk_of.reshape(-1, rounds).index_select(0, source_rows)  # (G*Lp, R)
     query_chunks = query_chunks.view(-1, n_chunks, m, rounds)  # (G, C, m, R)
-    key_chunks = window(query_chunks).unsqueeze(-3)  # (2, G, C, 1, m, R)
-    next_chunks = (key_chunks + 1) % n_chunks  # (2, G, C, 1, m, R)
+    key_chunks = window_view(query_chunks)  # (G, C, 2m, R)
+    next_chunks = (key_chunks + 1) % n_chunks  # (G, C, 2m, R)
 
     # Row g = (b, h, r): view the rows as (B*H, R) to pick the rounds after `earlier`.
     by_round = (batch * heads, rounds, n_chunks)
     query_chunks = query_chunks.view(*by_round, m, 1, rounds)  # (BH, R, C, m, 1, R)
-    key_chunks = key_chunks.view(2, *by_round, 1, m, rounds)  # (2, BH, R, C, 1, m, R)
-    next_chunks = next_chunks.view(2, *by_round, 1, m, rounds)  # (2, BH, R, C, 1, m, R)
-    seen = torch.zeros(2, *by_round, m, m, dtype=torch.bool, device=order.device)
+    key_chunks = key_chunks.reshape(*by_round, 1, 2 * m, rounds)  # (BH, R, C, 1, 2m, R)
+    next_chunks = next_chunks.view(*by_round, 1, 2 * m, rounds)  # (BH, R, C, 1, 2m, R)
+    seen = torch.zeros(*by_round, m, 2 * m, dtype=torch.bool, device=order.device)
     # One earlier round at a time, against all the rounds after it: comparing every pair of
     # rounds at once would hold R times the mask, and half of those comparisons are not needed.
     for earlier in range(rounds - 1):
         later = slice(earlier + 1, None)
         query_chunk = query_chunks[:, later, ..., earlier]  # (BH, R', C, m, 1)
-        seen_later = seen[:, :, later]  # (2, BH, R', C, m, m) view
-        seen_later |= key_chunks[:, :, later, ..., earlier] == query_chunk
-        seen_later |= next_chunks[:, :, later, ..., earlier] == query_chunk
-    return seen.view(2, -1, n_chunks, m, m)
+        seen_later = seen[:, later]  # (BH, R', C, m, 2m) view
+        seen_later |= key_chunks[:, later, ..., earlier] == query_chunk
+        seen_later |= next_chunks[:, later, ..., earlier] == query_chunk
+    return seen.view(-1, n_chunks, m, 2 * m)
 
 
-class SharedQKWindowAttention(torch.autograd.Function):
-    """Shared-QK softmax attention of every chunk over its window: itself and the previous chunk.
+class RoundsWindowAttention(torch.autograd.Function):
+    """Every sorted chunk attends to its window (previous chunk, itself); rounds combined.
 
-    Keys are the unit-normalised queries and scores q . k_hat; a token's score for
-    itself is SELF_SCORE. Scores are held as (W, G, C, m, m), one (m, m) block per window half
-    (own chunk, previous chunk; W = 1 with a single chunk), so keys and values are never copied
-    into 2m-row windows. Hand-written so that the scores live in one buffer, become
-    probabilities in place and are saved as they are: autograd would keep scores, exponentials
-    and probabilities apart, and every fresh buffer of that size costs page faults on top of
-    its passes.
+    Forward: per round, softmax attention of each chunk's m queries over its window's keys
+    with the additive `bias`, giving out_r and lse_r; back in position order, the rounds are
+    combined as o = sum_r softmax_r(lse_r) out_r. Keys are the unit-normalised queries and
+    scores q . k_hat (shared QK, no 1/sqrt(d)).
+
+    Backward without a per-round softmax: o is a softmax over the union of the rounds' windows,
+    so every pair's probability is exp(score - LSE) with the combined LSE = logsumexp_r lse_r,
+    and the gradient of each round is a standard attention backward given the *combined* o and
+    LSE (the flash-attention form: dS = P (dO V^T - rowsum(dO * o))). The windows are strided
+    views of one padded copy of the keys and values, never m x 2m copies; only q, v, the norms
+    and the bool mask are saved. On CPU the fused flash kernels run both directions (measured
+    1.5-2x faster than explicit matmul + softmax passes); elsewhere `_attend_math` does.
     """
 
     @staticmethod
-    def forward(ctx, q, v, hidden):
-        """q, v: (G, C, m, D) sorted chunks; hidden: bool broadcastable to (W, G, C, m, m),
-        True for keys a query must not see, or None.
-        Returns out (G, C, m, D) and each row's logsumexp (G, C, m)."""
-        inv_norm = q.norm(dim=-1, keepdim=True).clamp_min_(SHARED_QK_NORM_EPS).reciprocal_()
-        # inv_norm: (G, C, m, 1)
-        keys, values = window_halves(q * inv_norm), window_halves(v)  # W x (G, C, m, D)
-        probs = q.new_empty((len(keys), *q.shape[:-1], q.shape[-2]))  # (W, G, C, m, m) scores
-        for half, key in enumerate(keys):
-            torch.matmul(q, key.transpose(-1, -2), out=probs[half])
-        if hidden is not None:
-            probs.masked_fill_(hidden, float("-inf"))
-        # The own chunk's keys are the queries in order, so self is the diagonal; set last, it
-        # leaves every row one finite score.
-        probs[0].diagonal(dim1=-2, dim2=-1).fill_(SELF_SCORE)
-        top = probs.amax(dim=(0, -1), keepdim=True)  # (1, G, C, m, 1)
-        probs.sub_(top).exp_()
-        total = probs.sum(dim=(0, -1), keepdim=True)  # (1, G, C, m, 1)
-        probs.div_(total)  # now probabilities
-        out = matmul_sum(probs, values)  # (G, C, m, D)
-        lse = (top + total.log()).view(q.shape[:-1])  # (G, C, m)
-        ctx.save_for_backward(q, v, inv_norm, probs, out)
-        return out, lse
+    def forward(ctx, q, v, hidden, source_rows, unsort_rows, shape):
+        """q, v: (G, C, m, D) sorted chunks, G = B*H*R; hidden: bool (W, G, C, m or 1, m) keys a
+        query must not see (own chunk first), or None; source_rows: (G*C*m,) row of each sorted
+        slot in the (B*H*Lp) positions; unsort_rows: (B*H*R*Lp,) sorted row of each (round,
+        position); shape: (B, H, R, Lp). Returns o (B, H, Lp, D)."""
+        batch, heads, rounds, padded = shape
+        head_dim = q.shape[-1]
+        norm = q.norm(dim=-1, keepdim=True).clamp_min_(SHARED_QK_NORM_EPS)  # (G, C, m, 1)
+        unit = q / norm  # (G, C, m, D)
+        bias = window_bias(hidden, norm, q.shape)  # (G, C, m, W*m)
+        out, lse = _attend(q, window_view(unit), window_view(v), bias)  # (G,C,m,D), (G,C,m)
+        out = out.reshape(-1, head_dim).index_select(0, unsort_rows)  # (B*H*R*Lp, D)
+        lse = lse.reshape(-1).index_select(0, unsort_rows)  # (B*H*R*Lp,)
+        lse = lse.view(batch, heads, rounds, padded, 1)
+        # A softmax over rounds, not exp(lse - logsumexp): self-only rows have lse near the
+        # self bias, where the difference would lose every digit.
+        weights = lse.softmax(dim=2)  # (B, H, R, Lp, 1)
+        combined = (out.view(batch, heads, rounds, padded, head_dim) * weights).sum(dim=2)
+        total_lse = lse.logsumexp(dim=2)  # (B, H, Lp, 1)
+        ctx.save_for_backward(q, v, norm, hidden, source_rows, combined, total_lse)
+        return combined  # (B, H, Lp, D)
 
     @staticmethod
     @once_differentiable
-    def backward(ctx, grad_out, grad_lse):
-        q, v, inv_norm, probs, out = ctx.saved_tensors
-        unit = q * inv_norm  # (G, C, m, D)
-        keys, values = window_halves(unit), window_halves(v)  # W x (G, C, m, D)
-        # d score_ij = p_ij (d p_ij - sum_k p_ik d p_ik + d lse_i), where sum_k p_ik d p_ik is
-        # d out_i . out_i.
-        row_term = (grad_out * out).sum(dim=-1, keepdim=True) - grad_lse.unsqueeze(-1)
-        grad_v = unwindow([p.transpose(-1, -2) @ grad_out for p in probs])  # (G, C, m, D)
-        # q has two roles: query, and key through unit = q / |q|,
-        # whose gradient loses its radial part and is divided by |q|. One window half at a time:
-        # a whole (W, G, C, m, m) score gradient would be the largest buffer of the backward
-        # (0.5 GB per layer at 64K tokens), and each half is used up at once.
-        grad_q = torch.zeros_like(q)  # (G, C, m, D), query role
-        grad_unit_halves = []  # W x (G, C, m, D), key role
-        for half, (key, value) in enumerate(zip(keys, values, strict=True)):
-            grad_scores = (grad_out @ value.transpose(-1, -2)).sub_(row_term).mul_(probs[half])
-            if half == 0:  # the self score is a constant
-                grad_scores.diagonal(dim1=-2, dim2=-1).zero_()
-            grad_q.view(-1, *q.shape[-2:]).baddbmm_(grad_scores.flatten(0, 1), key.flatten(0, 1))
-            grad_unit_halves.append(grad_scores.transpose(-1, -2) @ q)
-        grad_unit = unwindow(grad_unit_halves)  # (G, C, m, D)
+    def backward(ctx, grad_combined):
+        q, v, norm, hidden, source_rows, combined, total_lse = ctx.saved_tensors
+        unit = q / norm  # (G, C, m, D)
+
+        def to_sorted(x):  # (B, H, Lp, E) -> (G, C, m, E), each round's sorted order
+            rows = x.reshape(-1, x.shape[-1]).index_select(0, source_rows)
+            return rows.view(*q.shape[:-1], x.shape[-1])
+
+        grad_out = to_sorted(grad_combined.contiguous())  # (G, C, m, D)
+        out = to_sorted(combined)  # (G, C, m, D)
+        lse = to_sorted(total_lse).squeeze(-1)  # (G, C, m)
+        bias = window_bias(hidden, norm, q.shape)  # (G, C, m, W*m)
+        grad_q, grad_keys, grad_values = _attend_backward(
+            grad_out, q, window_view(unit), window_view(v), out, lse, bias
+        )  # (G, C, m, D), (G, C, W*m, D) twice
+        grad_unit = unwindow(grad_keys)  # (G, C, m, D)
+        # unit = q / |q|: the key role's gradient loses its radial part and is divided by |q|.
         radial = (grad_unit * unit).sum(dim=-1, keepdim=True)  # (G, C, m, 1)
-        grad_q.addcmul_(grad_unit.sub_(unit * radial), inv_norm)
-        return grad_q, grad_v, None
+        grad_q += (grad_unit - unit * radial) / norm
+        return grad_q, unwindow(grad_values), None, None, None, None
+
+
+def window_view(x: torch.Tensor) -> torch.Tensor:
+    """Each chunk's keys: (G, C, m, D) -> (G, C, W*m, D), the previous chunk then its own.
+
+    The previous chunk of a row's first is the row's last (wrap-around); with one chunk W = 1.
+    A strided view of one copy of x with the last chunk prepended, so consecutive windows
+    share memory instead of being 2m-row copies.
+    """
+    n_chunks, m = x.shape[1], x.shape[2]
+    if n_chunks == 1:
+        return x
+    flat = x.flatten(1, 2)  # (G, C*m, D)
+    padded = torch.cat([flat[:, -m:], flat], dim=1)  # (G, (C+1)*m, D)
+    g_stride, row_stride = padded.stride(0), padded.stride(1)
+    return padded.as_strided(
+        (x.shape[0], n_chunks, 2 * m, x.shape[-1]), (g_stride, m * row_stride, row_stride, 1)
+    )
+
+
+def unwindow(grad_windows: torch.Tensor) -> torch.Tensor:
+    """Gradient of `window_view`: (G, C, W*m, D) -> (G, C, m, D), each half added back."""
+    n_chunks = grad_windows.shape[1]
+    if n_chunks == 1:
+        return grad_windows
+    previous, own = grad_windows.chunk(2, dim=2)  # (G, C, m, D) each; previous[:, c] is c - 1's
+    grad = own.contiguous()
+    grad[:, :-1] += previous[:, 1:]
+    grad[:, -1] += previous[:, 0]
+    return grad
+
+
+def window_bias(hidden: torch.Tensor | None, norm: torch.Tensor, shape) -> torch.Tensor:
+    """Additive score bias laid out as `window_view`'s keys: (G, C, m, W*m) float.
+
+    -inf where `hidden` ((G, C, m or 1, W*m)) hides a key; on a token's score for itself
+    -(2 |q| + SELF_MARGIN), which puts it SELF_MARGIN below the lowest score any other key can
+    have (|q . k_hat| <= |q|): a token attends to itself only when it has no other key, with no
+    precision lost to a huge constant.
+    """
+    groups, n_chunks, m, _ = shape
+    full = (groups, n_chunks, m, (1 if n_chunks == 1 else 2) * m)
+    if hidden is None:
+        bias = norm.new_zeros(full)
+    else:
+        masked, allowed = norm.new_full((), float("-inf")), norm.new_zeros(())
+        bias = torch.where(hidden, masked, allowed).expand(full).contiguous()
+    own = bias[..., -m:]  # (G, C, m, m) view: the own chunk is the window's last
+    own.diagonal(dim1=-2, dim2=-1).copy_(norm.squeeze(-1).mul(-2).sub_(SELF_MARGIN))
+    return bias
+
+
+def _attend(q, keys, values, bias):
+    """Softmax(q keys^T + bias) values and its logsumexp: (G, C, m, D), (G, C, m)."""
+    if _fused(q):
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+            q, keys, values, attn_mask=bias, scale=1.0
+        )
+        return out, lse
+    scores = torch.matmul(q, keys.transpose(-1, -2)).add_(bias)  # (G, C, m, W*m)
+    lse = scores.logsumexp(dim=-1)  # (G, C, m)
+    probs = scores.sub_(lse.unsqueeze(-1)).exp_()
+    return torch.matmul(probs, values), lse
+
+
+def _attend_backward(grad_out, q, keys, values, out, lse, bias):
+    """Gradients of `_attend` w.r.t. q, keys, values, given the output and logsumexp that the
+    probabilities are to be normalised by: (G, C, m, D), (G, C, W*m, D), (G, C, W*m, D)."""
+    if _fused(q):
+        return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+            grad_out, q, keys, values, out, lse, 0.0, False, attn_mask=bias, scale=1.0
+        )
+    probs = torch.matmul(q, keys.transpose(-1, -2)).add_(bias)  # (G, C, m, W*m)
+    probs.sub_(lse.unsqueeze(-1)).exp_()
+    grad_values = probs.transpose(-1, -2) @ grad_out  # (G, C, W*m, D)
+    row = (grad_out * out).sum(dim=-1, keepdim=True)  # (G, C, m, 1)
+    grad_scores = (grad_out @ values.transpose(-1, -2)).sub_(row).mul_(probs)  # (G, C, m, W*m)
+    return grad_scores @ keys, grad_scores.transpose(-1, -2) @ q, grad_values
+
+
+def _fused(x: torch.Tensor) -> bool:
+    """Whether the fused CPU flash kernels take `x`: CPU floating tensors, unless disabled."""
+    return FUSED_CPU_KERNELS and x.device.type == "cpu" and x.dtype in FUSED_DTYPES

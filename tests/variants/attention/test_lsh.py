@@ -10,9 +10,18 @@ import yaml
 
 from tests.reference import assert_causal, causal_mask, qkv, shared_qk_reference
 from variants import attention_spec, build_attention
+from variants.attention import lsh
 from variants.attention.base import replaying
 
 REPO = Path(__file__).resolve().parents[3]
+
+
+@pytest.fixture(params=[True, False], ids=["fused", "explicit"])
+def window_kernels(request, monkeypatch):
+    """Both window-attention paths: the fused CPU flash kernels and the explicit matmuls that
+    other devices run."""
+    monkeypatch.setattr(lsh, "FUSED_CPU_KERNELS", request.param)
+    return request.param
 
 
 def window_counts(buckets, length, bucket_size):
@@ -53,7 +62,7 @@ def test_short_sequences_equal_dense_shared_qk(causal, n_hashes, length):
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("n_hashes", [1, 3, 8])
 @pytest.mark.parametrize("length", [22, 40])
-def test_rounds_combine_over_the_union_of_windows(dedup, causal, n_hashes, length):
+def test_rounds_combine_over_the_union_of_windows(dedup, causal, n_hashes, length, window_kernels):
     # The real test of multi-round LSH: 6 and 10 chunks of m=4 (L=22 is padded), so windows
     # differ between rounds. dedup=True is a softmax over the union of the windows; dedup=False
     # weighs each pair by the number of rounds whose windows hold it.
@@ -145,7 +154,7 @@ def test_fresh_rotations_differ_but_replaying_reuses_the_buckets():
 
 @pytest.mark.parametrize("dedup", [True, False])
 @pytest.mark.parametrize("causal", [False, True])
-def test_gradcheck(causal, dedup):
+def test_gradcheck(causal, dedup, window_kernels):
     # 14 tokens, m = 4: four chunks with padding, two rounds, so masks and dedup are all active.
     q, k, v = qkv(1, 1, 14, 4, requires_grad=True)
     module = build_attention(
