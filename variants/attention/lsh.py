@@ -364,7 +364,7 @@ class RoundsWindowAttention(torch.autograd.Function):
         batch, heads, rounds, padded = shape
         head_dim = q.shape[-1]
         norm = q.norm(dim=-1, keepdim=True).clamp_min_(SHARED_QK_NORM_EPS)  # (G, C, m, 1)
-        unit = q / norm  # (G, C, m, D)
+        unit = q * norm.reciprocal()  # (G, C, m, D)
         bias = window_bias(hidden, norm, q.shape)  # (G, C, m, W*m)
         out, lse = _attend(q, window_view(unit), window_view(v), bias)  # (G,C,m,D), (G,C,m)
         out = out.reshape(-1, head_dim).index_select(0, unsort_rows)  # (B*H*R*Lp, D)
@@ -382,7 +382,8 @@ class RoundsWindowAttention(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, grad_combined):
         q, v, norm, hidden, source_rows, combined, total_lse = ctx.saved_tensors
-        unit = q / norm  # (G, C, m, D)
+        inv_norm = norm.reciprocal()  # (G, C, m, 1)
+        unit = q * inv_norm  # (G, C, m, D)
 
         def to_sorted(x):  # (B, H, Lp, E) -> (G, C, m, E), each round's sorted order
             rows = x.reshape(-1, x.shape[-1]).index_select(0, source_rows)
@@ -398,7 +399,7 @@ class RoundsWindowAttention(torch.autograd.Function):
         grad_unit = unwindow(grad_keys)  # (G, C, m, D)
         # unit = q / |q|: the key role's gradient loses its radial part and is divided by |q|.
         radial = (grad_unit * unit).sum(dim=-1, keepdim=True)  # (G, C, m, 1)
-        grad_q += (grad_unit - unit * radial) / norm
+        grad_q.addcmul_(grad_unit.sub_(unit.mul_(radial)), inv_norm)
         return grad_q, unwindow(grad_values), None, None, None, None
 
 
