@@ -22,8 +22,10 @@ Choices where published implementations differ:
   monotonically onto exactly n_buckets. One rotation of n_buckets/2 columns would cost
   n_hashes L d n_buckets multiply-adds, O(L^2 d / m) with the default count: at 32K that is
   4.5x the attention's own forward+backward FLOPs. The pair costs O(L d sqrt(L / m)).
-- Self: a token's score for itself is -1e5 (finite, as in the paper), so it attends to itself
-  only when it has no other key.
+- Self: a token attends to itself only when it has no other key. The paper (and trax)
+  subtract 1e5 from its score; we put it SELF_MARGIN (100) below the lowest score any other
+  key can reach, -|q| (see `window_bias`): the same outputs, without float32 losing the
+  digits of a score near -1e5 in the backward's exp(score - logsumexp).
 - How pairs that collide in several rounds are counted: with `dedup=True` (the default) a
   (query, key) pair counts once however many rounds put the key in the query's window, so the
   combined output is exactly a softmax over the union of the windows, as in the Reformer's own
@@ -39,6 +41,11 @@ Choices where published implementations differ:
   earlier keys share a query's window. Outputs at positions <= t therefore depend on the hashes
   of tokens after t (not on their values); with buckets replayed they do not. This is inherent
   in the Reformer's causal LSH.
+
+Speed: the per-chunk attention runs on PyTorch's fused CPU flash-attention kernels (forward
+and backward) with an additive mask, chunks playing the role of heads; the rounds are combined
+inside the same autograd Function, so its backward is one flash backward given the combined
+output and logsumexp (`RoundsWindowAttention`). Other devices take explicit matmuls.
 
 A length that is not a multiple of m is padded; padded positions hash into an extra last bucket
 (so they sort to the end of every round), are never keys, and their outputs are dropped.
