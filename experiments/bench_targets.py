@@ -47,7 +47,7 @@ KERNELS = {
 LONGEST = {"compressed": 16384}
 MEMORY_LENGTH = 65536
 MEMORY_KERNELS = ("lsh", "blockwise", "strided", "linformer")
-MEMORY_LIMIT_BYTES = 4 * 2**30
+MEMORY_LIMIT_BYTES = 4 * 10**9  # the target says 4 GB: 3.73 GiB
 GiB = 2**30
 
 
@@ -276,7 +276,8 @@ def memory_targets(length: int) -> list[Target]:
         peak = peak_memory_bytes(step)
         elapsed = time.perf_counter() - start
         row = f"{name} 1-layer fwd+bwd peak GiB, L={length} ({elapsed:.0f} s)"
-        rows.append(Target(row, peak / GiB, "< 4", peak < MEMORY_LIMIT_BYTES))
+        bound = f"< {MEMORY_LIMIT_BYTES / GiB:.2f} (4 GB)"
+        rows.append(Target(row, peak / GiB, bound, peak < MEMORY_LIMIT_BYTES))
         print(f"{row}: {peak / GiB:.2f}")
     return rows
 

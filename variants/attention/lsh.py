@@ -79,6 +79,9 @@ SELF_MARGIN = 100.0
 # tensors are CPU floats); False forces the explicit-matmul path that other devices use.
 FUSED_CPU_KERNELS = True
 FUSED_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
+# Sorted query rows per slice of the window attention (see `group_slices`): at 16K tokens and
+# 16 sequences (4 heads x 4 rounds) one slice, at 64K four.
+SLICE_ROWS = 2**18
 # Up to this many buckets the hash is one angular hash, as in the paper; beyond, see hash_factors.
 SINGLE_HASH_MAX_BUCKETS = 128
 
@@ -364,22 +367,28 @@ class RoundsWindowAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, v, hidden, source_rows, unsort_rows, shape):
-        """q, v: (G, C, m, D) sorted chunks, G = B*H*R; hidden: bool (W, G, C, m or 1, m) keys a
-        query must not see (own chunk first), or None; source_rows: (G*C*m,) row of each sorted
-        slot in the (B*H*Lp) positions; unsort_rows: (B*H*R*Lp,) sorted row of each (round,
+        """q, v: (G, C, m, D) sorted chunks, G = B*H*R; hidden: bool (G, C, m or 1, W*m) keys a
+        query must not see, or None; source_rows: (G*C*m,) row of each sorted slot in the
+        (B*H*Lp) positions; unsort_rows: (B*H*R*Lp,) sorted row of each (b, h, round,
         position); shape: (B, H, R, Lp). Returns o (B, H, Lp, D)."""
         batch, heads, rounds, padded = shape
         head_dim = q.shape[-1]
         norm = q.norm(dim=-1, keepdim=True).clamp_min_(SHARED_QK_NORM_EPS)  # (G, C, m, 1)
-        unit = q * norm.reciprocal()  # (G, C, m, D)
-        bias = window_bias(hidden, norm, q.shape)  # (G, C, m, W*m)
-        out, lse = _attend(q, window_view(unit), window_view(v), bias)  # (G,C,m,D), (G,C,m)
-        out = out.reshape(-1, head_dim).index_select(0, unsort_rows)  # (B*H*R*Lp, D)
-        lse = lse.reshape(-1).index_select(0, unsort_rows)  # (B*H*R*Lp,)
+        out = torch.empty_like(q)  # (G, C, m, D)
+        lse = None  # (G, C, m), in the dtype the kernels return
+        for part in group_slices(q.shape[0], padded):
+            unit = q[part] / norm[part]  # (g, C, m, D)
+            bias = window_bias(_rows(hidden, part), norm[part], unit.shape)  # (g, C, m, W*m)
+            out[part], part_lse = _attend(q[part], window_view(unit), window_view(v[part]), bias)
+            if lse is None:
+                lse = part_lse.new_empty(q.shape[:-1])
+            lse[part] = part_lse
+        out = out.view(-1, head_dim).index_select(0, unsort_rows)  # (B*H*R*Lp, D)
+        lse = lse.view(-1).index_select(0, unsort_rows)  # (B*H*R*Lp,)
         lse = lse.view(batch, heads, rounds, padded, 1)
         # A softmax over rounds, not exp(lse - logsumexp): self-only rows have lse near the
         # self bias, where the difference would lose every digit.
-        weights = lse.softmax(dim=2)  # (B, H, R, Lp, 1)
+        weights = lse.softmax(dim=2).to(out.dtype)  # (B, H, R, Lp, 1)
         combined = (out.view(batch, heads, rounds, padded, head_dim) * weights).sum(dim=2)
         total_lse = lse.logsumexp(dim=2)  # (B, H, Lp, 1)
         ctx.save_for_backward(q, v, norm, hidden, source_rows, combined, total_lse)
@@ -389,8 +398,6 @@ class RoundsWindowAttention(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, grad_combined):
         q, v, norm, hidden, source_rows, combined, total_lse = ctx.saved_tensors
-        inv_norm = norm.reciprocal()  # (G, C, m, 1)
-        unit = q * inv_norm  # (G, C, m, D)
 
         def to_sorted(x):  # (B, H, Lp, E) -> (G, C, m, E), each round's sorted order
             rows = x.reshape(-1, x.shape[-1]).index_select(0, source_rows)
@@ -399,15 +406,35 @@ class RoundsWindowAttention(torch.autograd.Function):
         grad_out = to_sorted(grad_combined.contiguous())  # (G, C, m, D)
         out = to_sorted(combined)  # (G, C, m, D)
         lse = to_sorted(total_lse).squeeze(-1)  # (G, C, m)
-        bias = window_bias(hidden, norm, q.shape)  # (G, C, m, W*m)
-        grad_q, grad_keys, grad_values = _attend_backward(
-            grad_out, q, window_view(unit), window_view(v), out, lse, bias
-        )  # (G, C, m, D), (G, C, W*m, D) twice
-        grad_unit = unwindow(grad_keys)  # (G, C, m, D)
-        # unit = q / |q|: the key role's gradient loses its radial part and is divided by |q|.
-        radial = (grad_unit * unit).sum(dim=-1, keepdim=True)  # (G, C, m, 1)
-        grad_q.addcmul_(grad_unit.sub_(unit.mul_(radial)), inv_norm)
-        return grad_q, unwindow(grad_values), None, None, None, None
+        grad_q, grad_v = torch.empty_like(q), torch.empty_like(v)  # (G, C, m, D) each
+        for part in group_slices(q.shape[0], q.shape[1] * q.shape[2]):
+            inv_norm = norm[part].reciprocal()  # (g, C, m, 1)
+            unit = q[part] * inv_norm  # (g, C, m, D)
+            bias = window_bias(_rows(hidden, part), norm[part], unit.shape)  # (g, C, m, W*m)
+            part_grad_q, grad_keys, grad_values = _attend_backward(
+                grad_out[part], q[part], window_view(unit), window_view(v[part]), out[part],
+                lse[part], bias,
+            )  # (g, C, m, D), (g, C, W*m, D) twice
+            del bias
+            grad_unit = unwindow(grad_keys)  # (g, C, m, D)
+            # unit = q / |q|: the key role's gradient loses its radial part, divided by |q|.
+            radial = (grad_unit * unit).sum(dim=-1, keepdim=True)  # (g, C, m, 1)
+            part_grad_q.addcmul_(grad_unit.sub_(unit.mul_(radial)), inv_norm)
+            grad_q[part] = part_grad_q
+            grad_v[part] = unwindow(grad_values)
+        return grad_q, grad_v, None, None, None, None
+
+
+def group_slices(groups: int, rows_per_group: int) -> list[slice]:
+    """Slices of the G = B*H*R sorted sequences, each of at most SLICE_ROWS rows (at least one
+    sequence): the window attention's temporaries (score bias, key and value windows, their
+    gradients) are a few hundred bytes per row, so at 64K tokens one slice would hold GBs."""
+    per_slice = max(1, SLICE_ROWS // rows_per_group)
+    return [slice(start, min(start + per_slice, groups)) for start in range(0, groups, per_slice)]
+
+
+def _rows(mask: torch.Tensor | None, part: slice) -> torch.Tensor | None:
+    return None if mask is None else mask[part]
 
 
 def window_view(x: torch.Tensor) -> torch.Tensor:

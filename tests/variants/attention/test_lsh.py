@@ -208,3 +208,21 @@ def test_product_hash_above_128_buckets_uses_every_bucket_and_keeps_neighbours_t
     assert buckets.unique().numel() > 400  # ~4096 draws into 512 buckets reach nearly all
     assert (buckets == near_buckets).float().mean() > 0.95  # a nearby vector shares its bucket
     assert (buckets == buckets.roll(1)).float().mean() < 0.05  # unrelated vectors do not
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_slicing_the_rounds_changes_nothing(causal, monkeypatch, window_kernels):
+    """Long sequences run the window attention in slices of the B*H*R sorted sequences; a
+    tiny slice size here makes every sequence its own slice."""
+    q, _, v = qkv(2, 2, 40, 8, seed=7, requires_grad=True)
+    module = build_attention("lsh", causal=causal, n_hashes=3, bucket_size=4, seed=2)
+    out = module(q, q, v)
+    grads = torch.autograd.grad(out.square().sum(), (q, v))
+    monkeypatch.setattr(lsh, "SLICE_ROWS", 1)
+    assert len(lsh.group_slices(2 * 2 * 3, 40)) == 12
+    with replaying():
+        sliced = module(q, q, v)
+        sliced_grads = torch.autograd.grad(sliced.square().sum(), (q, v))
+    torch.testing.assert_close(sliced, out)
+    for got, want in zip(sliced_grads, grads, strict=True):
+        torch.testing.assert_close(got, want)
