@@ -133,7 +133,14 @@ def forward_backward(attend: Callable, length: int) -> Callable[[], object]:
 
 
 def seconds_per_call(fn: Callable[[], object], min_time_s: float = 0.3) -> float:
-    """Mean seconds of one call over as many calls as fill `min_time_s` (at least one)."""
+    """Mean seconds of one call over as many calls as fill `min_time_s` (at least one), after
+    one untimed call.
+
+    The untimed call matters for every contender alike: the first call after another kernel's
+    measured up to 2x slower for allocation-heavy kernels (LSH at 16K: 2.2 s after an SDPA call,
+    1.07 s after its own), as glibc hands freed memory back and fresh pages fault in again.
+    """
+    fn()
     calls, start = 0, time.perf_counter()
     while True:
         fn()
