@@ -77,7 +77,9 @@ from variants.registry import register_attention
 SELF_MARGIN = 100.0
 # The window attention runs on PyTorch's fused CPU flash-attention kernels when True (and the
 # tensors are CPU floats); False forces the explicit-matmul path that other devices use.
-FUSED_CPU_KERNELS = True
+# They are private ATen ops (what SDPA calls on CPU, plus the logsumexp SDPA does not return);
+# a PyTorch without them takes the explicit path.
+FUSED_CPU_KERNELS = hasattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu_backward")
 FUSED_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
 # Sorted query rows per slice of the window attention (see `group_slices`): at 16K tokens and
 # 16 sequences (4 heads x 4 rounds) one slice, at 64K four.
