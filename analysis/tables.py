@@ -51,8 +51,8 @@ def variant_summary(frame: pd.DataFrame) -> Table | None:
             "α fwd": str(fwd.power_law),
             "α fwd+bwd": str(fwd_bwd.power_law),
             f"α fwd+bwd, longest {TAIL} L": str(fwd_bwd.tail_power_law),
-            "L* fwd": _crossover(fwd),
-            "L* fwd+bwd": _crossover(fwd_bwd),
+            "L* fwd": _crossover(fwd, name),
+            "L* fwd+bwd": _crossover(fwd_bwd, name),
             "longest L ok": _longest_ok(mine),
             "failed at": _first_failures(mine),
             f"peak memory @ L={_length(memory_at)} (MiB)": _value_at(memory, name, memory_at, MIB),
@@ -223,8 +223,12 @@ def provenance(frame: pd.DataFrame) -> list[str]:
     return lines
 
 
-def _crossover(f: scaling.SeriesFit) -> str:
-    return "reference" if f.crossover is None else str(f.crossover)
+def _crossover(f: scaling.SeriesFit, name: str) -> str:
+    if f.crossover is not None:
+        return str(f.crossover)
+    # No crossover: exact attention is the reference itself; any other series had no
+    # measurement to compare (e.g. every job skipped).
+    return "reference" if name.startswith(series.REFERENCE) else "—"
 
 
 def _longest_ok(rows: pd.DataFrame) -> str:

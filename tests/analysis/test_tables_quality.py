@@ -1,4 +1,4 @@
-"""The quality-after-training table of the reproductions (shared QK, reversible, quality-speed)."""
+"""The quality-after-training table, and the per-variant table's crossover column."""
 
 import pandas as pd
 
@@ -45,3 +45,15 @@ def test_cost_only_sweeps_have_no_quality_table():
     frame = _records({"task": "random_lm", "eval_loss": 5.5, "step_ms": 3.0})
     assert tables.quality(frame) is None
     assert tables.quality(_records({"step_ms": 3.0})) is None  # nothing trained
+
+
+def test_a_series_with_no_measurement_has_no_crossover_rather_than_being_the_reference():
+    # Skipped jobs record no device, so no exact-attention series shares their context.
+    rows = [{"status": "ok", "attention": "full", "task": "random_lm", "seq_len": n,
+             "device": "cpu", "attn_fwd_ms": n / 100, "attn_fwd_bwd_ms": n / 50}
+            for n in (256, 512)]
+    rows += [{"status": "skipped", "attention": "linformer", "task": "random_lm", "seq_len": n,
+              "error": "cannot be causal"} for n in (256, 512)]
+    table = tables.variant_summary(load.tidy(pd.DataFrame(rows))).frame.set_index("variant")
+    assert table.loc["full", "L* fwd"] == "reference"
+    assert table.loc["linformer", "L* fwd"] == "—"
