@@ -48,12 +48,12 @@ def test_cost_only_sweeps_have_no_quality_table():
 
 
 def test_a_series_with_no_measurement_has_no_crossover_rather_than_being_the_reference():
-    # Skipped jobs record no device, so no exact-attention series shares their context.
+    # A skipped job keeps the configured device ("auto"), so no exact series shares its context.
     rows = [{"status": "ok", "attention": "full", "task": "random_lm", "seq_len": n,
              "device": "cpu", "attn_fwd_ms": n / 100, "attn_fwd_bwd_ms": n / 50}
             for n in (256, 512)]
     rows += [{"status": "skipped", "attention": "linformer", "task": "random_lm", "seq_len": n,
-              "error": "cannot be causal"} for n in (256, 512)]
+              "device": "auto", "error": "cannot be causal"} for n in (256, 512)]
     table = tables.variant_summary(load.tidy(pd.DataFrame(rows))).frame.set_index("variant")
     assert table.loc["full", "L* fwd"] == "reference"
     assert table.loc["linformer", "L* fwd"] == "—"
