@@ -162,8 +162,6 @@ def time_kernels(length: int, rounds: int) -> tuple[dict[str, float], dict[str, 
     calls = {"sdpa": forward_backward(sdpa, length), "matmul": matmul_call()}
     names = [name for name in KERNELS if length <= LONGEST.get(name, length)]
     calls |= {name: forward_backward(kernel(name, length), length) for name in names}
-    for fn in calls.values():  # warm-up: allocator, lazy init
-        fn()
     times = {name: [] for name in calls}
     for _ in range(rounds):
         for name, fn in calls.items():
@@ -301,8 +299,6 @@ def depth_targets(length: int, attention: str, rounds: int) -> list[Target]:
         block: training_step(model(attention, length, 12, block), length)
         for block in ("residual", "reversible")
     }
-    for step in steps.values():
-        step()  # warm-up
     ratios = []
     for _ in range(rounds):
         residual = seconds_per_call(steps["residual"], min_time_s=0)

@@ -293,7 +293,7 @@ def approx_rel_error(kernel: Attention, shape, device, dtype, seeds: int) -> flo
     error is what hashing, chunking or the pattern cost, not the convention. Measured in eval
     mode, in float32 or wider.
     """
-    shared_qk = kernel.shared_qk_required or getattr(kernel, "shared_qk", False)
+    shared_qk = kernel.applies_shared_qk
     exact_kernel = variants.build_attention("full", causal=kernel.causal, shared_qk=shared_qk)
     was_training = kernel.training
     kernel.eval()

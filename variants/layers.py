@@ -27,7 +27,7 @@ class SelfAttention(nn.Module):
 
     x (batch, seq_len, d_model) -> (batch, seq_len, d_model). The kernel is
     `build_attention(attention, **attention_options, **model_options)`, where the model options
-    are those of causal / n_heads / head_dim / max_seq_len that the variant declares.
+    are those of causal / n_heads / head_dim / max_seq_len / shared_qk that the variant declares.
 
     Shared QK (`shared_qk=True`, the Reformer's choice): one projection gives the queries, and
     the keys are derived from them so that every kernel scores q_i . k_hat_j with the unit key
@@ -74,12 +74,6 @@ class SelfAttention(nn.Module):
         self.qkv = nn.Linear(d_model, n_projections * d_model)
         self.out = nn.Linear(d_model, d_model)
         self.dropout = nn.Dropout(dropout)
-
-    @property
-    def kernel_handles_shared_qk(self) -> bool:
-        """True if the kernel normalises keys and masks self itself (given k = q)."""
-        spec = attention_spec(self.kernel.name)
-        return spec.shared_qk_required or "shared_qk" in spec.model_options
 
     def replace_kernel(
         self, attention: str, attention_options: dict[str, Any] | None = None
@@ -140,7 +134,7 @@ class SelfAttention(nn.Module):
         if not self.shared_qk:
             return projected.split(d_model, dim=-1)
         q, v = projected.split(d_model, dim=-1)  # (B, L, d_model) each
-        if self.kernel_handles_shared_qk:
+        if self.kernel.applies_shared_qk:
             return q, q, v
         # Normalise per head: the kernel scores head_dim-sized slices, not the whole d_model.
         q_heads = q.unflatten(-1, (self.n_heads, self.head_dim))  # (B, L, H, head_dim)

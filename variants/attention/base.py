@@ -47,6 +47,13 @@ class Attention(nn.Module):
         """Longest sequence this instance accepts, or None if unbounded."""
         return None
 
+    @property
+    def applies_shared_qk(self) -> bool:
+        """True if the kernel derives its keys from k = q itself under the Reformer's rule
+        (unit keys, no attending to oneself unless alone): LSH always, `full` and `blockwise`
+        when built with `shared_qk=True`."""
+        return self.shared_qk_required or getattr(self, "shared_qk", False)
+
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """q, k, v: (batch, heads, seq_len, head_dim) -> (batch, heads, seq_len, head_dim)."""
         check_qkv(self.name, q, k, v)

@@ -158,7 +158,7 @@ class LSHAttention(Attention):
             )
             for x in (q, v)
         )  # (G, C, m, D) each
-        hidden = self._hidden_keys(order, source_rows, length)  # (W, G, C, m or 1, m) or None
+        hidden = self._hidden_keys(order, source_rows, length)  # (G, C, m or 1, W*m) or None
         out = RoundsWindowAttention.apply(
             sorted_q, sorted_v, hidden, source_rows, sorted_rows.view(-1),
             (batch, heads, rounds, padded),
@@ -319,8 +319,8 @@ def seen_in_earlier_round(order: torch.Tensor, source_rows: torch.Tensor, m: int
     order: (B, H, R, Lp) position at each sorted slot; source_rows: (B*H*R*Lp,) the row of each
     slot's position in the flattened (B*H*Lp) positions. Returns (G, C, m, 2m) bool, laid out as
     `window_view`'s keys, True where key j of query i's window is also in i's window in a round
-    before this one. Masking
-    those counts every pair in the first round that offers it and in no other.
+    before this one. Masking those counts every pair in the first round that offers it and in
+    no other.
     Key j is in query i's window in round r iff chunk_r(i) is chunk_r(j) or the one after it.
     """
     batch, heads, rounds, padded = order.shape
@@ -379,7 +379,7 @@ class RoundsWindowAttention(torch.autograd.Function):
         out = torch.empty_like(q)  # (G, C, m, D)
         lse = None  # (G, C, m), in the dtype the kernels return
         for part in group_slices(q.shape[0], padded):
-            unit = q[part] / norm[part]  # (g, C, m, D)
+            unit = q[part] * norm[part].reciprocal()  # (g, C, m, D), as in backward
             bias = window_bias(_rows(hidden, part), norm[part], unit.shape)  # (g, C, m, W*m)
             out[part], part_lse = _attend(q[part], window_view(unit), window_view(v[part]), bias)
             if lse is None:
