@@ -44,8 +44,11 @@ Choices where published implementations differ:
 
 Speed: the per-chunk attention runs on PyTorch's fused CPU flash-attention kernels (forward
 and backward) with an additive mask, chunks playing the role of heads; the rounds are combined
-inside the same autograd Function, so its backward is one flash backward given the combined
-output and logsumexp (`RoundsWindowAttention`). Other devices take explicit matmuls.
+inside the same autograd Function, so its backward is one flash backward per round given the
+combined output and logsumexp (`RoundsWindowAttention`). Other devices take explicit matmuls.
+Both directions sort, attend and unsort one round of a few sequences at a time, so that no
+temporary exceeds SLICE_BYTES: on CPU, memory blocks above glibc's mmap threshold come back
+as fresh pages on every call, and faulting them in took as long as the attention itself.
 
 A length that is not a multiple of m is padded; padded positions hash into an extra last bucket
 (so they sort to the end of every round), are never keys, and their outputs are dropped.
@@ -81,9 +84,12 @@ SELF_MARGIN = 100.0
 # a PyTorch without them takes the explicit path.
 FUSED_CPU_KERNELS = hasattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu_backward")
 FUSED_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
-# Sorted query rows per slice of the window attention (see `group_slices`): at 16K tokens and
-# 16 sequences (4 heads x 4 rounds) one slice, at 64K four.
-SLICE_ROWS = 2**18
+# Bytes of the largest window temporary of one slice (see `sequence_slices`). Kept well under
+# glibc's 32 MiB ceiling for its mmap threshold: larger blocks are mmapped fresh on every call
+# and their pages fault in again (a fresh 32 MiB tensor took 10x the time of a reused one
+# here), smaller ones are reused from the heap. 2**18 rows per slice instead made LSH's
+# forward+backward 1.5-2x slower at 8K-16K, with half its time in the kernel.
+SLICE_BYTES = 16 * 2**20
 # Up to this many buckets the hash is one angular hash, as in the paper; beyond, see hash_factors.
 SINGLE_HASH_MAX_BUCKETS = 128
 
@@ -132,11 +138,9 @@ class LSHAttention(Attention):
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         batch, heads, length, head_dim = q.shape
-        m, rounds = self.bucket_size, self.n_hashes
-        q = pad_to_multiple(q, m)  # (B, H, Lp, D)
-        v = pad_to_multiple(v, m)  # (B, H, Lp, D)
+        q = pad_to_multiple(q, self.bucket_size)  # (B, H, Lp, D)
+        v = pad_to_multiple(v, self.bucket_size)  # (B, H, Lp, D)
         padded = q.shape[2]
-        n_chunks = padded // m
 
         buckets = self._buckets(q, length)  # (B, H, R, Lp)
         # Buckets are < n_buckets + 1 and positions < Lp, so this key orders by bucket and then
@@ -144,26 +148,12 @@ class LSHAttention(Attention):
         positions = torch.arange(padded, device=q.device)
         order = (buckets * padded + positions).argsort(dim=-1)  # (B, H, R, Lp) position per slot
         slot = torch.empty_like(order).scatter_(-1, order, positions.expand_as(order))  # (B,H,R,Lp)
-
-        # Rounds are folded into the batch: row g = (b, h, r) holds one round's sorted sequence.
-        # Two row layouts: inputs (B*H*Lp) and sorted (G*Lp, G = B*H*R). source_rows: the input
-        # row of each sorted slot; sorted_rows: the sorted row of each (b, h, round, position).
-        group = torch.arange(batch * heads * rounds, device=q.device).view(batch, heads, rounds, 1)
-        group_start = group * padded  # (B, H, R, 1) first row of each round's sequence
-        source_rows = (order + group // rounds * padded).view(-1)  # (G*Lp,)
-        sorted_rows = (slot + group_start).view(-1, rounds, padded)  # (B*H, R, Lp)
-        sorted_q, sorted_v = (
-            GatherRows.apply(x.reshape(-1, head_dim), source_rows, sorted_rows).view(
-                -1, n_chunks, m, head_dim
-            )
-            for x in (q, v)
-        )  # (G, C, m, D) each
-        hidden = self._hidden_keys(order, source_rows, length)  # (G, C, m or 1, W*m) or None
+        order, slot = order.flatten(0, 1), slot.flatten(0, 1)  # (B*H, R, Lp) each
+        hidden = self._hidden_keys(order, slot, length)  # (B*H, R, C, m or 1, W*m) or None
         out = RoundsWindowAttention.apply(
-            sorted_q, sorted_v, hidden, source_rows, sorted_rows.view(-1),
-            (batch, heads, rounds, padded),
-        )  # (B, H, Lp, D)
-        return out[:, :, :length]  # (B, H, L, D)
+            q.flatten(0, 1), v.flatten(0, 1), hidden, order, slot, self.bucket_size
+        )  # (B*H, Lp, D)
+        return out.view(batch, heads, padded, head_dim)[:, :, :length]  # (B, H, L, D)
 
     def _buckets(self, q: torch.Tensor, length: int) -> torch.Tensor:
         """Bucket of every position in every round, (B, H, R, Lp) int64; cached for replays.
@@ -198,31 +188,32 @@ class LSHAttention(Attention):
         return torch.randn(shape, generator=generator, device=like.device, dtype=like.dtype)
 
     def _hidden_keys(
-        self, order: torch.Tensor, source_rows: torch.Tensor, length: int
+        self, order: torch.Tensor, slot: torch.Tensor, length: int
     ) -> torch.Tensor | None:
         """Bool mask of the window keys each sorted query must not see, or None.
 
-        order: (B, H, R, Lp) position at each sorted slot; source_rows as in `attend`. Hides
-        later keys (causal) or padded keys, and with `dedup` pairs an earlier round already
-        offers. Shape (G, C, m, W*m), or (G, C, 1, W*m) when only padding is hidden, laid out
-        as `window_view`'s keys (previous chunk, then own).
+        order, slot: (S, R, Lp), S = B*H, as in `attend`. Hides later keys (causal) or padded
+        keys, and with `dedup` pairs an earlier round already offers. Shape (S, R, C, m, W*m),
+        or (S, R, C, 1, W*m) when only padding is hidden, laid out as `window_view`'s keys
+        (previous chunk, then own).
         """
-        padded = order.shape[-1]
-        n_chunks = padded // self.bucket_size
-        pos = order.view(-1, n_chunks, self.bucket_size).to(torch.int32)  # (G, C, m)
-        key_pos = window_view(pos.unsqueeze(-1)).squeeze(-1).unsqueeze(-2)  # (G, C, 1, W*m)
+        n_seq, rounds, padded = order.shape
+        m = self.bucket_size
+        n_chunks = padded // m
+        pos = order.view(-1, n_chunks, m).to(torch.int32)  # (S*R, C, m)
+        key_pos = window_view(pos.unsqueeze(-1)).squeeze(-1).unsqueeze(-2)  # (S*R, C, 1, W*m)
         hidden = None
         if self.causal:
             # Padded keys sit after every real query, so the causal mask also hides them.
-            hidden = key_pos > pos.unsqueeze(-1)  # (G, C, m, W*m)
+            hidden = key_pos > pos.unsqueeze(-1)  # (S*R, C, m, W*m)
         elif length < padded:
-            hidden = key_pos >= length  # (G, C, 1, W*m)
+            hidden = key_pos >= length  # (S*R, C, 1, W*m)
         # With one or two chunks every window is the whole sequence in every round: every pair
         # counts n_hashes times, which cancels in the softmax and in the round weights.
-        if self.dedup and self.n_hashes > 1 and n_chunks > 2:
-            seen = seen_in_earlier_round(order, source_rows, self.bucket_size)
+        if self.dedup and rounds > 1 and n_chunks > 2:
+            seen = seen_in_earlier_round(order, slot, m).flatten(0, 1)  # (S*R, C, m, 2m)
             hidden = seen if hidden is None else seen.logical_or_(hidden)
-        return hidden
+        return None if hidden is None else hidden.unflatten(0, (n_seq, rounds))
 
     def flops(self, batch: int, heads: int, seq_len: int, head_dim: int) -> int:
         # Scores and values over each query's window (2m keys, m with a single chunk) in every
@@ -237,31 +228,6 @@ class LSHAttention(Attention):
             f"causal={self.causal}, n_hashes={self.n_hashes}, bucket_size={self.bucket_size}, "
             f"n_buckets={self.n_buckets}, seed={self.seed}, dedup={self.dedup}"
         )
-
-
-class GatherRows(torch.autograd.Function):
-    """rows = x[index] along dim 0, with a backward that gathers too instead of scattering.
-
-    x: (N, D); index: (M,) rows of x. `inverse`: (N', copies, n) int64 with N' * n = N, the rows
-    of the output that each row of x went to, grouped so that summing over `copies` gives the
-    gradient of x: (g, c, i) holds the c-th copy of x's row g * n + i. With copies = 1 this is
-    the inverse permutation. PyTorch's own backward of index_select is an index_add (and that of
-    gather a scatter_add): on CPU those four scatters took 15 % of LSH's forward+backward at 4K,
-    far more than gathers of the same rows.
-    """
-
-    @staticmethod
-    def forward(ctx, x, index, inverse):
-        ctx.save_for_backward(inverse)
-        return x.index_select(0, index)
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, grad_rows):
-        (inverse,) = ctx.saved_tensors
-        grad = grad_rows.index_select(0, inverse.view(-1)).view(*inverse.shape, -1)  # (N',c,n,D)
-        grad = grad.squeeze(1) if inverse.shape[1] == 1 else grad.sum(dim=1)  # (N', n, D)
-        return grad.flatten(0, 1), None, None
 
 
 def hash_factors(n_buckets: int) -> tuple[int, ...]:
@@ -313,130 +279,173 @@ def chunk_dtype(n_chunks: int) -> torch.dtype:
     return torch.int16 if n_chunks <= torch.iinfo(torch.int16).max else torch.int32
 
 
-def seen_in_earlier_round(order: torch.Tensor, source_rows: torch.Tensor, m: int) -> torch.Tensor:
+def seen_in_earlier_round(order: torch.Tensor, slot: torch.Tensor, m: int) -> torch.Tensor:
     """Window pairs that an earlier round's windows already hold.
 
-    order: (B, H, R, Lp) position at each sorted slot; source_rows: (B*H*R*Lp,) the row of each
-    slot's position in the flattened (B*H*Lp) positions. Returns (G, C, m, 2m) bool, laid out as
-    `window_view`'s keys, True where key j of query i's window is also in i's window in a round
-    before this one. Masking those counts every pair in the first round that offers it and in
-    no other.
+    order: (S, R, Lp) position at each sorted slot; slot: (S, R, Lp) sorted slot of each
+    position. Returns (S, R, C, m, 2m) bool, laid out as `window_view`'s keys, True where key j
+    of query i's window is also in i's window in a round before this one. Masking those counts
+    every pair in the first round that offers it and in no other.
     Key j is in query i's window in round r iff chunk_r(i) is chunk_r(j) or the one after it.
     """
-    batch, heads, rounds, padded = order.shape
+    n_seq, rounds, padded = order.shape
     n_chunks = padded // m
-    positions = torch.arange(padded, device=order.device).expand_as(order)
-    slot = torch.empty_like(order).scatter_(-1, order, positions)  # (B, H, R, Lp)
-    chunk_of = (slot // m).to(chunk_dtype(n_chunks)).transpose(-1, -2)  # (B, H, Lp, R)
-    query_chunks = chunk_of.reshape(-1, rounds).index_select(0, source_rows)  # (G*Lp, R)
-    query_chunks = query_chunks.view(-1, n_chunks, m, rounds)  # (G, C, m, R)
-    key_chunks = window_view(query_chunks)  # (G, C, 2m, R)
-    next_chunks = (key_chunks + 1) % n_chunks  # (G, C, 2m, R)
+    chunk_of = (slot // m).to(chunk_dtype(n_chunks)).transpose(1, 2)  # (S, Lp, R) by position
+    # Every round's chunk of the position at each sorted slot of every round.
+    at_slot = order.view(n_seq, rounds * padded, 1).expand(-1, -1, rounds)  # (S, R*Lp, R)
+    query_chunks = chunk_of.gather(1, at_slot)  # (S, R*Lp, R)
+    query_chunks = query_chunks.view(n_seq * rounds, n_chunks, m, rounds)  # (S*R, C, m, R)
+    key_chunks = window_view(query_chunks)  # (S*R, C, 2m, R)
+    next_chunks = (key_chunks + 1) % n_chunks  # (S*R, C, 2m, R)
 
-    # Row g = (b, h, r): view the rows as (B*H, R) to pick the rounds after `earlier`.
-    by_round = (batch * heads, rounds, n_chunks)
-    query_chunks = query_chunks.view(*by_round, m, 1, rounds)  # (BH, R, C, m, 1, R)
-    key_chunks = key_chunks.reshape(*by_round, 1, 2 * m, rounds)  # (BH, R, C, 1, 2m, R)
-    next_chunks = next_chunks.view(*by_round, 1, 2 * m, rounds)  # (BH, R, C, 1, 2m, R)
+    by_round = (n_seq, rounds, n_chunks)
+    query_chunks = query_chunks.view(*by_round, m, 1, rounds)  # (S, R, C, m, 1, R)
+    key_chunks = key_chunks.reshape(*by_round, 1, 2 * m, rounds)  # (S, R, C, 1, 2m, R)
+    next_chunks = next_chunks.view(*by_round, 1, 2 * m, rounds)  # (S, R, C, 1, 2m, R)
     seen = torch.zeros(*by_round, m, 2 * m, dtype=torch.bool, device=order.device)
     # One earlier round at a time, against all the rounds after it: comparing every pair of
     # rounds at once would hold R times the mask, and half of those comparisons are not needed.
     for earlier in range(rounds - 1):
         later = slice(earlier + 1, None)
-        query_chunk = query_chunks[:, later, ..., earlier]  # (BH, R', C, m, 1)
-        seen_later = seen[:, later]  # (BH, R', C, m, 2m) view
+        query_chunk = query_chunks[:, later, ..., earlier]  # (S, R', C, m, 1)
+        seen_later = seen[:, later]  # (S, R', C, m, 2m) view
         seen_later |= key_chunks[:, later, ..., earlier] == query_chunk
         seen_later |= next_chunks[:, later, ..., earlier] == query_chunk
-    return seen.view(-1, n_chunks, m, 2 * m)
+    return seen
 
 
 class RoundsWindowAttention(torch.autograd.Function):
     """Every sorted chunk attends to its window (previous chunk, itself); rounds combined.
 
-    Forward: per round, softmax attention of each chunk's m queries over its window's keys
-    with the additive `bias`, giving out_r and lse_r; back in position order, the rounds are
-    combined as o = sum_r softmax_r(lse_r) out_r. Keys are the unit-normalised queries and
+    Forward: per round, the sequence is sorted, each chunk's m queries attend over their
+    window's keys with the additive `window_bias`, giving out_r and lse_r, which go back to
+    position order and are folded into the running combination o = sum_r softmax_r(lse_r) out_r
+    (the online-softmax update, one round at a time). Keys are the unit-normalised queries and
     scores q . k_hat (shared QK, no 1/sqrt(d)).
 
     Backward without a per-round softmax: o is a softmax over the union of the rounds' windows,
     so every pair's probability is exp(score - LSE) with the combined LSE = logsumexp_r lse_r,
     and the gradient of each round is a standard attention backward given the *combined* o and
-    LSE (the flash-attention form: dS = P (dO V^T - rowsum(dO * o))). The windows are strided
-    views of one padded copy of the keys and values, never m x 2m copies; only q, v, the norms
-    and the bool mask are saved. On CPU the fused flash kernels run both directions (measured
-    1.5-2x faster than explicit matmul + softmax passes); elsewhere `_attend_math` does.
+    LSE (the flash-attention form: dS = P (dO V^T - rowsum(dO * o))).
+
+    Memory: both directions work on slices of one round of a few sequences (`sequence_slices`),
+    sorting them on the fly, so no sorted copy of the R rounds is held or saved: only q, v (in
+    position order), the norms, the combined output and LSE and the bool mask are saved. The
+    windows are strided views of one padded copy of the keys and values, never m x 2m copies.
+    On CPU the fused flash kernels run both directions (measured 1.5-2x faster than explicit
+    matmul + softmax passes); elsewhere the explicit path in `_attend` does.
     """
 
     @staticmethod
-    def forward(ctx, q, v, hidden, source_rows, unsort_rows, shape):
-        """q, v: (G, C, m, D) sorted chunks, G = B*H*R; hidden: bool (G, C, m or 1, W*m) keys a
-        query must not see, or None; source_rows: (G*C*m,) row of each sorted slot in the
-        (B*H*Lp) positions; unsort_rows: (B*H*R*Lp,) sorted row of each (b, h, round,
-        position); shape: (B, H, R, Lp). Returns o (B, H, Lp, D)."""
-        batch, heads, rounds, padded = shape
-        head_dim = q.shape[-1]
-        norm = q.norm(dim=-1, keepdim=True).clamp_min_(SHARED_QK_NORM_EPS)  # (G, C, m, 1)
-        out = torch.empty_like(q)  # (G, C, m, D)
-        lse = None  # (G, C, m), in the dtype the kernels return
-        for part in group_slices(q.shape[0], padded):
-            unit = q[part] * norm[part].reciprocal()  # (g, C, m, D), as in backward
-            bias = window_bias(_rows(hidden, part), norm[part], unit.shape)  # (g, C, m, W*m)
-            out[part], part_lse = _attend(q[part], window_view(unit), window_view(v[part]), bias)
-            if lse is None:
-                lse = part_lse.new_empty(q.shape[:-1])
-            lse[part] = part_lse
-        out = out.view(-1, head_dim).index_select(0, unsort_rows)  # (B*H*R*Lp, D)
-        lse = lse.view(-1).index_select(0, unsort_rows)  # (B*H*R*Lp,)
-        lse = lse.view(batch, heads, rounds, padded, 1)
-        # A softmax over rounds, not exp(lse - logsumexp): self-only rows have lse near the
-        # self bias, where the difference would lose every digit.
-        weights = lse.softmax(dim=2).to(out.dtype)  # (B, H, R, Lp, 1)
-        combined = (out.view(batch, heads, rounds, padded, head_dim) * weights).sum(dim=2)
-        total_lse = lse.logsumexp(dim=2)  # (B, H, Lp, 1)
-        ctx.save_for_backward(q, v, norm, hidden, source_rows, combined, total_lse)
-        return combined  # (B, H, Lp, D)
+    def forward(ctx, q, v, hidden, order, slot, m):
+        """q, v: (S, Lp, D) in position order, S = B*H; hidden: bool (S, R, C, m or 1, W*m) keys
+        a query must not see, or None; order: (S, R, Lp) position at each sorted slot; slot:
+        (S, R, Lp) sorted slot of each position; m: chunk length. Returns o (S, Lp, D)."""
+        n_seq, rounds, padded = order.shape
+        # Row gathers and the `out=` writes below want dense rows; one copy here, if any.
+        q, v = q.contiguous(), v.contiguous()
+        norm = q.norm(dim=-1, keepdim=True).clamp_min_(SHARED_QK_NORM_EPS)  # (S, Lp, 1)
+        combined = torch.empty_like(q)  # (S, Lp, D)
+        total_lse = None  # (S, Lp, 1), in the dtype the kernels return
+        for part in sequence_slices(q, m, n_chunks=padded // m):
+            for r in range(rounds):
+                sort, unsort = permutations(order[part, r], slot[part, r], m)
+                q_r, v_r, norm_r = sort(q[part]), sort(v[part]), sort(norm[part])  # (s, C, m, ·)
+                unit = q_r * norm_r.reciprocal()  # (s, C, m, D), as in backward
+                bias = window_bias(_round(hidden, part, r), norm_r, unit.shape)  # (s,C,m,W*m)
+                out_r, lse_r = _attend(q_r, window_view(unit), window_view(v_r), bias)
+                del bias, unit
+                if r == 0:
+                    unsort(out_r, out=combined[part])  # (s, Lp, D)
+                    lse = unsort(lse_r.unsqueeze(-1))  # (s, Lp, 1)
+                    continue
+                # The online softmax over rounds: no difference of lse values is exponentiated
+                # at more than ~2|q| + SELF_MARGIN (a self-only row), so float32 keeps its digits.
+                lse_r = unsort(lse_r.unsqueeze(-1))  # (s, Lp, 1)
+                new_lse = torch.logaddexp(lse, lse_r)  # (s, Lp, 1)
+                kept, added = (lse - new_lse).exp_(), (lse_r - new_lse).exp_()
+                combined[part].mul_(kept.to(q.dtype)).add_(unsort(out_r) * added.to(q.dtype))
+                lse = new_lse
+            if total_lse is None:
+                total_lse = lse.new_empty(*q.shape[:-1], 1)
+            total_lse[part] = lse
+        ctx.m = m
+        ctx.save_for_backward(q, v, norm, hidden, order, slot, combined, total_lse)
+        return combined  # (S, Lp, D)
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_combined):
-        q, v, norm, hidden, source_rows, combined, total_lse = ctx.saved_tensors
-
-        def to_sorted(x):  # (B, H, Lp, E) -> (G, C, m, E), each round's sorted order
-            rows = x.reshape(-1, x.shape[-1]).index_select(0, source_rows)
-            return rows.view(*q.shape[:-1], x.shape[-1])
-
-        grad_out = to_sorted(grad_combined.contiguous())  # (G, C, m, D)
-        out = to_sorted(combined)  # (G, C, m, D)
-        lse = to_sorted(total_lse).squeeze(-1)  # (G, C, m)
-        grad_q, grad_v = torch.empty_like(q), torch.empty_like(v)  # (G, C, m, D) each
-        for part in group_slices(q.shape[0], q.shape[1] * q.shape[2]):
-            inv_norm = norm[part].reciprocal()  # (g, C, m, 1)
-            unit = q[part] * inv_norm  # (g, C, m, D)
-            bias = window_bias(_rows(hidden, part), norm[part], unit.shape)  # (g, C, m, W*m)
-            part_grad_q, grad_keys, grad_values = _attend_backward(
-                grad_out[part], q[part], window_view(unit), window_view(v[part]), out[part],
-                lse[part], bias,
-            )  # (g, C, m, D), (g, C, W*m, D) twice
-            del bias
-            grad_unit = unwindow(grad_keys)  # (g, C, m, D)
-            # unit = q / |q|: the key role's gradient loses its radial part, divided by |q|.
-            radial = (grad_unit * unit).sum(dim=-1, keepdim=True)  # (g, C, m, 1)
-            part_grad_q.addcmul_(grad_unit.sub_(unit.mul_(radial)), inv_norm)
-            grad_q[part] = part_grad_q
-            grad_v[part] = unwindow(grad_values)
+        q, v, norm, hidden, order, slot, combined, total_lse = ctx.saved_tensors
+        m, rounds = ctx.m, order.shape[1]
+        grad_combined = grad_combined.contiguous()
+        grad_q, grad_v = torch.empty_like(q), torch.empty_like(v)  # (S, Lp, D) each
+        for part in sequence_slices(q, m, n_chunks=q.shape[1] // m):
+            for r in range(rounds):
+                sort, unsort = permutations(order[part, r], slot[part, r], m)
+                q_r, v_r, norm_r = sort(q[part]), sort(v[part]), sort(norm[part])  # (s, C, m, ·)
+                grad_out, out = sort(grad_combined[part]), sort(combined[part])  # (s, C, m, D)
+                lse = sort(total_lse[part]).squeeze(-1)  # (s, C, m)
+                inv_norm = norm_r.reciprocal()  # (s, C, m, 1)
+                unit = q_r * inv_norm  # (s, C, m, D)
+                bias = window_bias(_round(hidden, part, r), norm_r, unit.shape)  # (s,C,m,W*m)
+                grad_q_r, grad_keys, grad_values = _attend_backward(
+                    grad_out, q_r, window_view(unit), window_view(v_r), out, lse, bias
+                )  # (s, C, m, D), (s, C, W*m, D) twice
+                del bias, grad_out, out
+                grad_unit = unwindow(grad_keys)  # (s, C, m, D)
+                # unit = q / |q|: the key role's gradient loses its radial part, divided by |q|.
+                radial = (grad_unit * unit).sum(dim=-1, keepdim=True)  # (s, C, m, 1)
+                grad_q_r.addcmul_(grad_unit.sub_(unit.mul_(radial)), inv_norm)
+                grad_v_r = unwindow(grad_values)  # (s, C, m, D)
+                if r == 0:
+                    unsort(grad_q_r, out=grad_q[part])
+                    unsort(grad_v_r, out=grad_v[part])
+                else:
+                    grad_q[part] += unsort(grad_q_r)
+                    grad_v[part] += unsort(grad_v_r)
         return grad_q, grad_v, None, None, None, None
 
 
-def group_slices(groups: int, rows_per_group: int) -> list[slice]:
-    """Slices of the G = B*H*R sorted sequences, each of at most SLICE_ROWS rows (at least one
-    sequence): the window attention's temporaries (score bias, key and value windows, their
-    gradients) are a few hundred bytes per row, so at 64K tokens one slice would hold GBs."""
-    per_slice = max(1, SLICE_ROWS // rows_per_group)
-    return [slice(start, min(start + per_slice, groups)) for start in range(0, groups, per_slice)]
+def permutations(order: torch.Tensor, slot: torch.Tensor, m: int):
+    """The sort and unsort of one round of s sequences, as functions of (s, Lp, E) tensors.
+
+    order, slot: (s, Lp) position at each sorted slot and sorted slot of each position.
+    sort(x): (s, Lp, E) -> (s, C, m, E) in the round's sorted order; unsort(y, out=None):
+    (s, C, m, E) -> (s, Lp, E) back in position order. Both are row gathers: the gradient
+    flows by gathering too, never by a scatter (on CPU PyTorch's index_add and scatter_add
+    took 15 % of LSH's forward+backward at 4K, far more than gathers of the same rows).
+    """
+    n_seq, padded = order.shape
+    start = torch.arange(n_seq, device=order.device).unsqueeze(-1) * padded  # (s, 1)
+    sorted_rows, position_rows = (order + start).view(-1), (slot + start).view(-1)  # (s*Lp,)
+
+    def sort(x):
+        rows = x.reshape(-1, x.shape[-1]).index_select(0, sorted_rows)  # (s*Lp, E)
+        return rows.view(n_seq, padded // m, m, x.shape[-1])
+
+    def unsort(y, out=None):
+        flat = y.reshape(-1, y.shape[-1])  # (s*Lp, E)
+        if out is None:
+            return flat.index_select(0, position_rows).view(n_seq, padded, y.shape[-1])
+        return torch.index_select(flat, 0, position_rows, out=out.view(-1, y.shape[-1]))
+
+    return sort, unsort
 
 
-def _rows(mask: torch.Tensor | None, part: slice) -> torch.Tensor | None:
-    return None if mask is None else mask[part]
+def sequence_slices(x: torch.Tensor, m: int, n_chunks: int) -> list[slice]:
+    """Slices of the S = B*H sequences of x (S, Lp, D) such that one round of a slice keeps
+    every window temporary (score bias, key and value windows and their gradients, W*max(m, D)
+    elements per row) within SLICE_BYTES, and at least one sequence each."""
+    n_seq, padded, head_dim = x.shape
+    window = 1 if n_chunks == 1 else 2
+    bytes_per_sequence = padded * window * max(m, head_dim) * x.element_size()
+    per_slice = max(1, SLICE_BYTES // bytes_per_sequence)
+    return [slice(start, min(start + per_slice, n_seq)) for start in range(0, n_seq, per_slice)]
+
+
+def _round(mask: torch.Tensor | None, part: slice, r: int) -> torch.Tensor | None:
+    return None if mask is None else mask[part, r]
 
 
 def window_view(x: torch.Tensor) -> torch.Tensor:

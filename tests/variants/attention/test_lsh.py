@@ -211,18 +211,36 @@ def test_product_hash_above_128_buckets_uses_every_bucket_and_keeps_neighbours_t
 
 
 @pytest.mark.parametrize("causal", [False, True])
-def test_slicing_the_rounds_changes_nothing(causal, monkeypatch, window_kernels):
-    """Long sequences run the window attention in slices of the B*H*R sorted sequences; a
-    tiny slice size here makes every sequence its own slice."""
+def test_slicing_the_sequences_changes_nothing(causal, monkeypatch, window_kernels):
+    """The window attention runs in slices of the B*H sequences, as many per slice as a byte
+    budget allows; a one-byte budget here makes every sequence its own slice."""
     q, _, v = qkv(2, 2, 40, 8, seed=7, requires_grad=True)
     module = build_attention("lsh", causal=causal, n_hashes=3, bucket_size=4, seed=2)
     out = module(q, q, v)
     grads = torch.autograd.grad(out.square().sum(), (q, v))
-    monkeypatch.setattr(lsh, "SLICE_ROWS", 1)
-    assert len(lsh.group_slices(2 * 2 * 3, 40)) == 12
+    assert len(lsh.sequence_slices(q.flatten(0, 1), 4, n_chunks=10)) == 1
+    monkeypatch.setattr(lsh, "SLICE_BYTES", 1)
+    assert len(lsh.sequence_slices(q.flatten(0, 1), 4, n_chunks=10)) == 4
     with replaying():
         sliced = module(q, q, v)
         sliced_grads = torch.autograd.grad(sliced.square().sum(), (q, v))
     torch.testing.assert_close(sliced, out)
     for got, want in zip(sliced_grads, grads, strict=True):
+        torch.testing.assert_close(got, want)
+
+
+def test_strided_inputs_give_the_contiguous_result():
+    # The model hands the kernel (B, H, L, D) views of (B, L, H, D) projections.
+    q, _, v = qkv(1, 3, 40, 8, seed=5)  # batch 1: B*H flattens to a strided view
+    q_t, v_t = (x.transpose(1, 2).contiguous().transpose(1, 2).requires_grad_() for x in (q, v))
+    q_c, v_c = (x.clone().requires_grad_() for x in (q, v))
+    assert not q_t.is_contiguous()
+    module = build_attention("lsh", causal=True, n_hashes=2, bucket_size=4, seed=0)
+    out_t = module(q_t, q_t, v_t)
+    with replaying():
+        out_c = module(q_c, q_c, v_c)
+    torch.testing.assert_close(out_t, out_c)
+    grads_t = torch.autograd.grad(out_t.square().sum(), (q_t, v_t))
+    grads_c = torch.autograd.grad(out_c.square().sum(), (q_c, v_c))
+    for got, want in zip(grads_t, grads_c, strict=True):
         torch.testing.assert_close(got, want)
