@@ -10,6 +10,10 @@ speed drifts, so every length is measured in rounds that time each contender onc
 variant's speed-up is the median over rounds of SDPA's time / its time in the same round.
 Set THP_MEM_ALLOC_ENABLE=1 in the environment to give every contender (SDPA included) PyTorch's
 transparent-huge-page allocations; the table header says whether it was set.
+
+With reformer-pytorch installed (`pip install -e '.[compare]'`), its `LSHAttention` at the same
+settings (n_hashes 4, bucket_size 64, causal) is timed in the same rounds, for the target
+"lsh >= 3x faster than reformer-pytorch" at 32K.
 """
 
 from __future__ import annotations
@@ -72,16 +76,16 @@ def main(argv: list[str] | None = None) -> None:
         f"THP_MEM_ALLOC_ENABLE={os.environ.get('THP_MEM_ALLOC_ENABLE', 'unset')}, "
         f"{args.rounds} rounds per length"
     )
-    speedups, fractions, seconds = {}, {}, {}
+    timings = {}
     for length in lengths:
-        speedups[length], fractions[length], seconds[length] = time_kernels(length, args.rounds)
+        timings[length] = measured = time_kernels(length, args.rounds)
         print(
             f"L={length}: speed-up over SDPA "
-            + ", ".join(f"{k} {v:.2f}x" for k, v in speedups[length].items())
-            + f"; seconds {', '.join(f'{k} {v:.3g}' for k, v in seconds[length].items())}",
+            + ", ".join(f"{k} {v:.2f}x" for k, v in measured.speedups.items())
+            + f"; seconds {', '.join(f'{k} {v:.3g}' for k, v in measured.seconds.items())}",
             flush=True,
         )
-    targets = kernel_targets(speedups, fractions, seconds, lengths)
+    targets = kernel_targets(timings, lengths)
     if not args.skip_memory:
         targets += memory_targets(args.memory_len)
     if not args.skip_depth:
@@ -120,6 +124,27 @@ def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     return F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
 
+REFORMER_PYTORCH = "reformer-pytorch"
+
+
+def reformer_pytorch_lsh() -> Callable | None:
+    """reformer-pytorch's LSHAttention at the `lsh` settings of KERNELS, causal, as an
+    attend(q, k, v) on (B, H, L, D); None when the package is not installed. It takes shared
+    qk and folds heads into the batch; its other options stay at its defaults."""
+    try:
+        from reformer_pytorch import LSHAttention
+    except ImportError:
+        return None
+    module = LSHAttention(**KERNELS["lsh"], causal=True)
+
+    def attend(q, k, v):
+        batch, heads, length, head_dim = q.shape
+        out, _, _ = module(q.flatten(0, 1), v.flatten(0, 1))  # (B*H, L, D)
+        return out.view(batch, heads, length, head_dim)
+
+    return attend
+
+
 def forward_backward(attend: Callable, length: int) -> Callable[[], object]:
     """A call of attend(q, k, v) forward and backward to q, k, v, on fixed random inputs."""
     q, k, v = (torch.randn(BATCH, HEADS, length, HEAD_DIM, requires_grad=True) for _ in range(3))
@@ -156,12 +181,25 @@ def matmul_call(size: int = 1024) -> Callable[[], object]:
     return lambda: a @ b
 
 
-def time_kernels(length: int, rounds: int) -> tuple[dict[str, float], dict[str, float]]:
-    """Per variant: speed-up over SDPA and achieved fraction of the matmul rate (medians of
-    per-round values), and median seconds per call ("sdpa" and "matmul" included)."""
+@dataclass
+class Timings:
+    """One length's measurements, each the median over rounds, by contender name."""
+
+    speedups: dict[str, float]  # SDPA's time / the contender's, per round
+    fractions: dict[str, float]  # useful FLOP/s / the round's matmul rate
+    seconds: dict[str, float]  # per forward+backward call ("sdpa" and "matmul" included)
+    matmuls: dict[str, float]  # time per call in units of the round's 1024^3 matmul
+
+
+def time_kernels(length: int, rounds: int) -> Timings:
+    """Every registry variant, SDPA, and reformer-pytorch's LSHAttention when installed, timed
+    once per round in turn (see `Timings`)."""
     calls = {"sdpa": forward_backward(sdpa, length), "matmul": matmul_call()}
     names = [name for name in KERNELS if length <= LONGEST.get(name, length)]
     calls |= {name: forward_backward(kernel(name, length), length) for name in names}
+    if (reference := reformer_pytorch_lsh()) is not None:
+        names.append(REFORMER_PYTORCH)
+        calls[REFORMER_PYTORCH] = forward_backward(reference, length)
     times = {name: [] for name in calls}
     for _ in range(rounds):
         for name, fn in calls.items():
@@ -170,11 +208,31 @@ def time_kernels(length: int, rounds: int) -> tuple[dict[str, float], dict[str, 
     for name in names:
         pairs = list(zip(times["sdpa"], times["matmul"], times[name], strict=True))
         speedups[name] = statistics.median(s / t for s, _, t in pairs)
+        if name == REFORMER_PYTORCH:
+            continue
         # Useful FLOPs of the pattern (the kernel's own count), forward+backward.
         flops = FWD_BWD_FLOP_FACTOR * kernel(name, length).flops(BATCH, HEADS, length, HEAD_DIM)
         fractions[name] = statistics.median(flops / t / (2 * 1024**3 / mm) for _, mm, t in pairs)
     seconds = {name: statistics.median(t) for name, t in times.items()}
-    return speedups, fractions, seconds
+    # Per round in units of that round's matmul, so that the machine's drift between rounds and
+    # lengths (other jobs come and go) cancels; the scaling exponents are fitted to these.
+    matmuls = {
+        name: statistics.median(t / mm for t, mm in zip(ts, times["matmul"], strict=True))
+        for name, ts in times.items()
+        if name != "matmul"
+    }
+    return Timings(speedups, fractions, seconds, matmuls)
+
+
+def scaling_exponent(lengths: list[int], times: list[float]) -> float:
+    """Least-squares slope of log(time) against log(length): every measured length counts,
+    so one noisy end point moves the exponent less than a two-point ratio would."""
+    x = [math.log(n) for n in lengths]
+    y = [math.log(t) for t in times]
+    x_mean, y_mean = statistics.fmean(x), statistics.fmean(y)
+    return sum((a - x_mean) * (b - y_mean) for a, b in zip(x, y, strict=True)) / sum(
+        (a - x_mean) ** 2 for a in x
+    )
 
 
 def at_least(name: str, value: float, bound: float) -> Target:
@@ -189,8 +247,11 @@ def info(name: str, value: float) -> Target:
     return Target(name, value, "", None)
 
 
-def kernel_targets(speedups, fractions, seconds, lengths: list[int]) -> list[Target]:
+def kernel_targets(timings: dict[int, Timings], lengths: list[int]) -> list[Target]:
     """Rows for the speed-ups over SDPA, FLOP-rate fractions and scaling exponents."""
+    speedups = {n: timings[n].speedups for n in lengths}
+    fractions = {n: timings[n].fractions for n in lengths}
+    matmuls = {n: timings[n].matmuls for n in lengths}
     rows = [at_most(f"full time / SDPA time, L={n}", 1 / speedups[n]["full"], 1.1) for n in lengths]
     # "Faster than SDPA" is a speed-up above 1; at_least(1) would also pass a tie.
     rows += [
@@ -218,19 +279,20 @@ def kernel_targets(speedups, fractions, seconds, lengths: list[int]) -> list[Tar
         value = fractions[longest][name]
         rows.append(at_least(row, value, 0.25) if wanted else info(row, value))
 
+    if REFORMER_PYTORCH in speedups[longest]:
+        for n in lengths:
+            row = f"lsh speed-up over reformer-pytorch LSHAttention, L={n}"
+            value = speedups[n]["lsh"] / speedups[n][REFORMER_PYTORCH]
+            rows.append(at_least(row, value, 3) if full_run and n == longest else info(row, value))
+
     if len(lengths) > 1:
-        first = lengths[0]
         bounds = {"blockwise": 1.15, "lsh": 1.15, "linformer": 1.15, "strided": 1.6}
         for name in ("blockwise", "lsh", "linformer", "strided", "compressed", "full", "sdpa"):
-            if name not in seconds[longest]:
+            measured = [n for n in lengths if name in matmuls[n]]
+            if len(measured) < 2:
                 continue
-            # In units of the round's matmul time, so that the machine's drift between the
-            # lengths (other jobs come and go) does not enter the exponent.
-            ratio = (seconds[longest][name] / seconds[longest]["matmul"]) / (
-                seconds[first][name] / seconds[first]["matmul"]
-            )
-            exponent = math.log(ratio) / math.log(longest / first)
-            row = f"{name} scaling exponent {first}->{longest}"
+            exponent = scaling_exponent(measured, [matmuls[n][name] for n in measured])
+            row = f"{name} scaling exponent {measured[0]}->{measured[-1]}"
             if name in bounds:
                 rows.append(at_most(row, exponent, bounds[name]))
             elif name == "full":

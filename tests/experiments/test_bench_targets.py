@@ -1,0 +1,34 @@
+"""The target table's arithmetic and a run of the script at toy lengths."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from experiments import bench_targets
+
+
+def test_scaling_exponent_is_the_least_squares_slope():
+    lengths = [4096, 8192, 16384, 32768]
+    assert bench_targets.scaling_exponent(lengths, [3 * n**1.5 for n in lengths]) == pytest.approx(
+        1.5
+    )
+    # One end point 20 % slow moves a fitted exponent less than the two-point ratio.
+    noisy = [n * (1.2 if n == lengths[-1] else 1.0) for n in lengths]
+    fitted = bench_targets.scaling_exponent(lengths, noisy)
+    two_point = math.log(noisy[-1] / noisy[0]) / math.log(lengths[-1] / lengths[0])
+    assert 1 < fitted < two_point
+
+
+def test_toy_run_prints_a_row_per_target(monkeypatch, capsys):
+    monkeypatch.setattr(bench_targets, "LENGTHS", (256, 512))
+    bench_targets.main(["--rounds", "1", "--threads", "1", "--skip-memory", "--skip-depth"])
+    table = capsys.readouterr().out.split("| target")[1]
+    rows = {line.split("|")[1].strip(): line.split("|")[2].strip() for line in table.splitlines()[2:]}
+    assert "lsh speed-up, L=512" in rows and "full time / SDPA time, L=256" in rows
+    assert "blockwise scaling exponent 256->512" in rows
+    assert all(math.isfinite(float(value)) for value in rows.values())
+    # The 32K targets are not judged at toy lengths: speed-ups there are informational.
+    assert "blockwise speed-up, L=512" in rows
+    assert "lsh FLOP/s / matmul rate, L=512" in rows
