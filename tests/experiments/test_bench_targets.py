@@ -25,7 +25,8 @@ def test_toy_run_prints_a_row_per_target(monkeypatch, capsys):
     monkeypatch.setattr(bench_targets, "LENGTHS", (256, 512))
     bench_targets.main(["--rounds", "1", "--threads", "1", "--skip-memory", "--skip-depth"])
     table = capsys.readouterr().out.split("| target")[1]
-    rows = {line.split("|")[1].strip(): line.split("|")[2].strip() for line in table.splitlines()[2:]}
+    cells = [line.split("|") for line in table.splitlines()[2:]]
+    rows = {cell[1].strip(): cell[2].strip() for cell in cells}
     assert "lsh speed-up, L=512" in rows and "full time / SDPA time, L=256" in rows
     assert "blockwise scaling exponent 256->512" in rows
     assert all(math.isfinite(float(value)) for value in rows.values())

@@ -65,6 +65,7 @@ import math
 import torch
 from torch.autograd.function import once_differentiable
 
+from variants.attention import flash
 from variants.attention.base import (
     SHARED_QK_NORM_EPS,
     Attention,
@@ -78,17 +79,6 @@ from variants.registry import register_attention
 # a masked score, so a row whose other keys are all masked falls back to the token itself, and
 # exp(-100) vanishes next to any real key (underflow in float32, 4e-44 in float64).
 SELF_MARGIN = 100.0
-# The score bias of a hidden key. Finite, so that the bias is one multiply of the bool mask
-# (torch.where(hidden, -inf, 0) took 3-4x as long on CPU); exp of it is exactly 0 next to any
-# real score in every float type (in float16 it rounds to -inf), and no row is all hidden: a
-# token's own score is always finite.
-MASKED_SCORE = -1e30
-# The window attention runs on PyTorch's fused CPU flash-attention kernels when True (and the
-# tensors are CPU floats); False forces the explicit-matmul path that other devices use.
-# They are private ATen ops (what SDPA calls on CPU, plus the logsumexp SDPA does not return);
-# a PyTorch without them takes the explicit path.
-FUSED_CPU_KERNELS = hasattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu_backward")
-FUSED_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
 # Bytes of the largest window temporary of one slice (see `sequence_slices`). Kept well under
 # glibc's 32 MiB ceiling for its mmap threshold: larger blocks are mmapped fresh on every call
 # and their pages fault in again (a fresh 32 MiB tensor took 10x the time of a reused one
@@ -339,7 +329,7 @@ class RoundsWindowAttention(torch.autograd.Function):
     windows are strided views of the sorted keys and values, gathered with the last chunk in
     front (`SortedRound.with_previous`), never m x 2m copies.
     On CPU the fused flash kernels run both directions (measured 1.5-2x faster than explicit
-    matmul + softmax passes); elsewhere the explicit path in `_attend` does.
+    matmul + softmax passes); elsewhere the explicit path of `flash.attend` does.
     """
 
     @staticmethod
@@ -364,7 +354,7 @@ class RoundsWindowAttention(torch.autograd.Function):
                 q_r = sorted_round.own(q_rows)  # (s, C, m, D)
                 bias = window_bias(_round(hidden, part, r), norm_r, q_r.shape)  # (s,C,m,W*m)
                 keys, values = sorted_round.windows(unit_rows), sorted_round.windows(v_rows)
-                out_r, lse_r = _attend(q_r, keys, values, bias)  # (s, C, m, D), (s, C, m)
+                out_r, lse_r = flash.attend(q_r, keys, values, bias=bias, scale=1.0)  # (s,C,m,[D])
                 del bias, keys, values, unit_rows
                 unsort = sorted_round.unsort
                 if r == 0:
@@ -406,14 +396,15 @@ class RoundsWindowAttention(torch.autograd.Function):
                 out = sorted_round.sort(combined[part])  # (s, C, m, D)
                 lse = sorted_round.sort(total_lse[part]).squeeze(-1)  # (s, C, m)
                 bias = window_bias(_round(hidden, part, r), norm_r, q_r.shape)  # (s,C,m,W*m)
-                grad_q_r, grad_keys, grad_values = _attend_backward(
+                grad_q_r, grad_keys, grad_values = flash.attend_backward(
                     grad_out,
                     q_r,
                     sorted_round.windows(unit_rows),
                     sorted_round.windows(v_rows),
                     out,
                     lse,
-                    bias,
+                    bias=bias,
+                    scale=1.0,
                 )  # (s, C, m, D), (s, C, W*m, D) twice
                 del bias, grad_out, out
                 grad_unit = unwindow(grad_keys)  # (s, C, m, D)
@@ -537,50 +528,17 @@ def unwindow(grad_windows: torch.Tensor) -> torch.Tensor:
 def window_bias(hidden: torch.Tensor | None, norm: torch.Tensor, shape) -> torch.Tensor:
     """Additive score bias laid out as `window_view`'s keys: (G, C, m, W*m) float.
 
-    MASKED_SCORE where `hidden` ((G, C, m or 1, W*m)) hides a key; on a token's score for itself
-    -(2 |q| + SELF_MARGIN), which puts it SELF_MARGIN below the lowest score any other key can
-    have (|q . k_hat| <= |q|): a token attends to itself only when it has no other key, with no
-    precision lost to a huge constant.
+    flash.MASKED_SCORE where `hidden` ((G, C, m or 1, W*m)) hides a key; on a token's score
+    for itself -(2 |q| + SELF_MARGIN), which puts it SELF_MARGIN below the lowest score any
+    other key can have (|q . k_hat| <= |q|): a token attends to itself only when it has no
+    other key, with no precision lost to a huge constant.
     """
     groups, n_chunks, m, _ = shape
     full = (groups, n_chunks, m, (1 if n_chunks == 1 else 2) * m)
     if hidden is None:
         bias = norm.new_zeros(full)
     else:
-        bias = hidden.to(norm.dtype).mul_(MASKED_SCORE).expand(full).contiguous()
+        bias = hidden.to(norm.dtype).mul_(flash.MASKED_SCORE).expand(full).contiguous()
     own = bias[..., -m:]  # (G, C, m, m) view: the own chunk is the window's last
     own.diagonal(dim1=-2, dim2=-1).copy_(norm.squeeze(-1).mul(-2).sub_(SELF_MARGIN))
     return bias
-
-
-def _attend(q, keys, values, bias):
-    """Softmax(q keys^T + bias) values and its logsumexp: (G, C, m, D), (G, C, m)."""
-    if _fused(q):
-        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-            q, keys, values, attn_mask=bias, scale=1.0
-        )
-        return out, lse
-    scores = torch.matmul(q, keys.transpose(-1, -2)).add_(bias)  # (G, C, m, W*m)
-    lse = scores.logsumexp(dim=-1)  # (G, C, m)
-    probs = scores.sub_(lse.unsqueeze(-1)).exp_()
-    return torch.matmul(probs, values), lse
-
-
-def _attend_backward(grad_out, q, keys, values, out, lse, bias):
-    """Gradients of `_attend` w.r.t. q, keys, values, given the output and logsumexp that the
-    probabilities are to be normalised by: (G, C, m, D), (G, C, W*m, D), (G, C, W*m, D)."""
-    if _fused(q):
-        return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
-            grad_out, q, keys, values, out, lse, 0.0, False, attn_mask=bias, scale=1.0
-        )
-    probs = torch.matmul(q, keys.transpose(-1, -2)).add_(bias)  # (G, C, m, W*m)
-    probs.sub_(lse.unsqueeze(-1)).exp_()
-    grad_values = probs.transpose(-1, -2) @ grad_out  # (G, C, W*m, D)
-    row = (grad_out * out).sum(dim=-1, keepdim=True)  # (G, C, m, 1)
-    grad_scores = (grad_out @ values.transpose(-1, -2)).sub_(row).mul_(probs)  # (G, C, m, W*m)
-    return grad_scores @ keys, grad_scores.transpose(-1, -2) @ q, grad_values
-
-
-def _fused(x: torch.Tensor) -> bool:
-    """Whether the fused CPU flash kernels take `x`: CPU floating tensors, unless disabled."""
-    return FUSED_CPU_KERNELS and x.device.type == "cpu" and x.dtype in FUSED_DTYPES

@@ -16,14 +16,6 @@ from variants.attention.base import replaying
 REPO = Path(__file__).resolve().parents[3]
 
 
-@pytest.fixture(params=[True, False], ids=["fused", "explicit"])
-def window_kernels(request, monkeypatch):
-    """Both window-attention paths: the fused CPU flash kernels and the explicit matmuls that
-    other devices run."""
-    monkeypatch.setattr(lsh, "FUSED_CPU_KERNELS", request.param)
-    return request.param
-
-
 def window_counts(buckets, length, bucket_size):
     """(B, H, L, L) int: in how many rounds key j is in query i's window.
 
@@ -62,7 +54,7 @@ def test_short_sequences_equal_dense_shared_qk(causal, n_hashes, length):
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("n_hashes", [1, 3, 8])
 @pytest.mark.parametrize("length", [22, 40])
-def test_rounds_combine_over_the_union_of_windows(dedup, causal, n_hashes, length, window_kernels):
+def test_rounds_combine_over_the_union_of_windows(dedup, causal, n_hashes, length, flash_kernels):
     # The real test of multi-round LSH: 6 and 10 chunks of m=4 (L=22 is padded), so windows
     # differ between rounds. dedup=True is a softmax over the union of the windows; dedup=False
     # weighs each pair by the number of rounds whose windows hold it.
@@ -154,7 +146,7 @@ def test_fresh_rotations_differ_but_replaying_reuses_the_buckets():
 
 @pytest.mark.parametrize("dedup", [True, False])
 @pytest.mark.parametrize("causal", [False, True])
-def test_gradcheck(causal, dedup, window_kernels):
+def test_gradcheck(causal, dedup, flash_kernels):
     # 14 tokens, m = 4: four chunks with padding, two rounds, so masks and dedup are all active.
     q, k, v = qkv(1, 1, 14, 4, requires_grad=True)
     module = build_attention(
@@ -211,7 +203,7 @@ def test_product_hash_above_128_buckets_uses_every_bucket_and_keeps_neighbours_t
 
 
 @pytest.mark.parametrize("causal", [False, True])
-def test_slicing_the_sequences_changes_nothing(causal, monkeypatch, window_kernels):
+def test_slicing_the_sequences_changes_nothing(causal, monkeypatch, flash_kernels):
     """The window attention runs in slices of the B*H sequences, as many per slice as a byte
     budget allows; a one-byte budget here makes every sequence its own slice."""
     q, _, v = qkv(2, 2, 40, 8, seed=7, requires_grad=True)
