@@ -11,8 +11,10 @@ after the block's last position. A query at i therefore attends to
 Nothing leaks, and no row is empty: position i always sees itself. A block that ends exactly at i
 is seen raw, not also compressed, so no position is counted twice; with f = 1 and an identity
 compression this is full causal attention. The two parts are softmaxes over disjoint key sets and
-are merged with their logsumexps. The own-block part works on (L/f, f, f) blocks, never on an
-(L, L) mask.
+are merged with their logsumexps. Each part is an ordinary causal attention in its own layout
+(see `PastBlocksAndOwnBlock`), so the fused kernels' causal flag masks both and no mask tensor
+is built: O(L) memory beyond the compressed keys, where an explicit (L, C) mask and its scores
+took O(L^2 / f) and ran slower than exact attention.
 
 Compression `method`:
   conv  a learned Conv1d over the head_dim channels with kernel = stride = f; separate convs for
@@ -34,8 +36,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.autograd.function import once_differentiable
 
-from variants.attention.base import Attention, masked_attend, pad_to_multiple
+from variants.attention import flash
+from variants.attention.base import Attention, pad_to_multiple
 from variants.checks import require_choice, require_positive_int
 from variants.registry import register_attention
 
@@ -69,19 +73,6 @@ def block_conv(x: torch.Tensor, conv: nn.Conv1d) -> torch.Tensor:
     blocks = pad_to_multiple(x, factor).unflatten(2, (-1, factor))  # (B, H, C, f, D); zero pad
     kernel = conv.weight.permute(0, 2, 1).flatten(1)  # (D_out, f*D_in), matches blocks' order
     return F.linear(blocks.flatten(3), kernel, conv.bias)  # (B, H, C, D)
-
-
-def merge_partials(
-    out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor, lse_b: torch.Tensor
-) -> torch.Tensor:
-    """Softmax attention over the union of two disjoint key sets, from each set's result.
-
-    out_*: (..., D) outputs, lse_*: (...) logsumexps of their scores. Set a may be empty
-    (lse -inf, out 0); set b must not be. The weight of a is exp(lse_a) / (exp(lse_a) +
-    exp(lse_b)) = sigmoid(lse_a - lse_b), which is 0 with a zero gradient for an empty set a.
-    """
-    weight_a = torch.sigmoid(lse_a - lse_b).unsqueeze(-1)  # (..., 1)
-    return out_b + weight_a * (out_a - out_b)  # (..., D)
 
 
 @register_attention
@@ -124,36 +115,7 @@ class CompressedAttention(Attention):
         values = self.compress(v, self.value_conv)  # (B, H, C, D)
         if not self.causal:
             return F.scaled_dot_product_attention(q, keys, values)  # (B, H, L, D)
-        return self._causal_attend(q, k, v, keys, values)
-
-    def _causal_attend(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        keys: torch.Tensor,
-        values: torch.Tensor,
-    ) -> torch.Tensor:
-        """Compressed earlier blocks + exact own block up to the query, merged by logsumexp.
-
-        q, k, v: (B, H, L, D) raw; keys, values: (B, H, C, D) compressed. Returns (B, H, L, D).
-        """
-        length, factor = q.shape[2], self.factor
-        query_block = torch.arange(length, device=q.device) // factor  # (L,)
-        key_block = torch.arange(keys.shape[2], device=q.device)  # (C,)
-        ended_before = key_block[None, :] < query_block[:, None]  # (L, C)
-        out_past, lse_past = masked_attend(q, keys, values, ended_before)  # (B, H, L, D), (B, H, L)
-
-        # Padded keys sit after the last real query in the last block, so the triangle hides them.
-        q_blocks, k_blocks, v_blocks = (
-            pad_to_multiple(x, factor).unflatten(2, (-1, factor)) for x in (q, k, v)
-        )  # (B, H, C, f, D)
-        up_to_self = torch.ones(factor, factor, dtype=torch.bool, device=q.device).tril()  # (f, f)
-        out_own, lse_own = masked_attend(q_blocks, k_blocks, v_blocks, up_to_self)
-        out_own = out_own.flatten(2, 3)[:, :, :length]  # (B, H, L, D)
-        lse_own = lse_own.flatten(2, 3)[:, :, :length]  # (B, H, L)
-
-        return merge_partials(out_past, lse_past, out_own, lse_own)  # (B, H, L, D)
+        return PastBlocksAndOwnBlock.apply(q, k, v, keys, values, self.factor)  # (B, H, L, D)
 
     def flops(self, batch: int, heads: int, seq_len: int, head_dim: int) -> int:
         """Scored pairs x 4 B H d, plus the two compression convs' 2 B H C f d^2 each (conv only).
@@ -180,3 +142,113 @@ class CompressedAttention(Attention):
 
     def extra_repr(self) -> str:
         return f"causal={self.causal}, factor={self.factor}, method={self.method}"
+
+
+class PastBlocksAndOwnBlock(torch.autograd.Function):
+    """Causal compressed attention: each query over the compressed blocks that ended before its
+    own block began, and exactly over its own block up to itself; the two parts merged.
+
+    Both parts are plain causal attentions in the right layout, so the fused kernels' causal
+    flag does all the masking and no mask tensor exists (O(L) memory, not O(L^2 / f)):
+      own   blocks as batch entries, (B, H*C, f, D) against the raw keys of the same block.
+      past  the t-th query of every block as a sequence, (B, H*f, C-1, D), for blocks 1..C-1:
+            block c' sees compressed keys c < c', i.e. key row c <= query row c' - 1, which is
+            the causal mask between those C-1 queries and compressed keys 0..C-2.
+    The parts are merged with their logsumexps, and the backward runs each part's attention
+    backward given the merged output and logsumexp (see `flash`).
+    """
+
+    @staticmethod
+    def forward(ctx, q, k, v, keys, values, factor):
+        """q, k, v: (B, H, L, D) raw; keys, values: (B, H, C, D) compressed, C = ceil(L / f).
+        Returns (B, H, L, D)."""
+        batch, heads, length, head_dim = q.shape
+        n_blocks, scale = keys.shape[2], head_dim**-0.5
+        blocked = (batch, heads, n_blocks, factor)
+        q_own, k_own, v_own = (own_blocks(x, factor) for x in (q, k, v))  # (B, H*C, f, D)
+        out, lse = flash.attend(q_own, k_own, v_own, scale=scale, causal=True)  # (B,H*C,f,[D])
+        out, lse = out.reshape(*blocked, head_dim), lse.reshape(blocked)  # (B, H, C, f, [D])
+        if n_blocks > 1:
+            q_past = past_queries(q_own.view(*blocked, head_dim))  # (B, H*f, C-1, D)
+            k_past, v_past = past_keys(keys, factor), past_keys(values, factor)  # (B,H*f,C-1,D)
+            out_past, lse_past = flash.attend(q_past, k_past, v_past, scale=scale, causal=True)
+            out_past = from_past(out_past, factor)  # (B, H, C-1, f, D)
+            lse_past = from_past(lse_past.unsqueeze(-1), factor).squeeze(-1)  # (B, H, C-1, f)
+            lse_own = lse[:, :, 1:]  # (B, H, C-1, f)
+            total = torch.logaddexp(lse_own, lse_past)  # (B, H, C-1, f)
+            weight_own = (lse_own - total).exp_().unsqueeze(-1).to(out.dtype)
+            weight_past = (lse_past - total).exp_().unsqueeze(-1).to(out.dtype)
+            out[:, :, 1:] = out[:, :, 1:] * weight_own + out_past * weight_past
+            lse[:, :, 1:] = total
+        ctx.factor = factor
+        ctx.save_for_backward(q, k, v, keys, values, out, lse)
+        return out.reshape(batch, heads, n_blocks * factor, head_dim)[:, :, :length]
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_out):
+        q, k, v, keys, values, out, lse = ctx.saved_tensors
+        factor = ctx.factor
+        batch, heads, length, head_dim = q.shape
+        n_blocks, scale = keys.shape[2], head_dim**-0.5
+        blocked = (batch, heads, n_blocks, factor)
+        grad_out = own_blocks(grad_out, factor).view(*blocked, head_dim)  # padded rows get 0
+        q_own, k_own, v_own = (own_blocks(x, factor) for x in (q, k, v))  # (B, H*C, f, D)
+        grad_q, grad_k, grad_v = flash.attend_backward(
+            grad_out.flatten(1, 2),
+            q_own,
+            k_own,
+            v_own,
+            out.flatten(1, 2),
+            lse.flatten(1, 2),
+            scale=scale,
+            causal=True,
+        )  # (B, H*C, f, D) each
+        grad_q = grad_q.reshape(*blocked, head_dim)  # (B, H, C, f, D)
+        grad_keys, grad_values = torch.zeros_like(keys), torch.zeros_like(values)  # (B,H,C,D)
+        if n_blocks > 1:
+            q_past = past_queries(q_own.view(*blocked, head_dim))  # (B, H*f, C-1, D)
+            k_past, v_past = past_keys(keys, factor), past_keys(values, factor)  # (B,H*f,C-1,D)
+            grad_q_past, grad_k_past, grad_v_past = flash.attend_backward(
+                past_queries(grad_out),
+                q_past,
+                k_past,
+                v_past,
+                past_queries(out),
+                past_queries(lse.unsqueeze(-1)).squeeze(-1),
+                scale=scale,
+                causal=True,
+            )  # (B, H*f, C-1, D) each
+            grad_q[:, :, 1:] += from_past(grad_q_past, factor)
+            # Every one of the f query sequences saw the same compressed keys.
+            grad_keys[:, :, :-1] = grad_k_past.unflatten(1, (heads, factor)).sum(dim=2)
+            grad_values[:, :, :-1] = grad_v_past.unflatten(1, (heads, factor)).sum(dim=2)
+        grads = (
+            x.reshape(batch, heads, n_blocks * factor, head_dim)[:, :, :length]
+            for x in (grad_q, grad_k, grad_v)
+        )
+        return *grads, grad_keys, grad_values, None
+
+
+def own_blocks(x: torch.Tensor, factor: int) -> torch.Tensor:
+    """(B, H, L, E) -> (B, H*C, f, E), zero-padded to C*f positions; a copy only if needed."""
+    batch, heads, _, width = x.shape
+    return pad_to_multiple(x, factor).reshape(batch, -1, factor, width)
+
+
+def past_queries(x: torch.Tensor) -> torch.Tensor:
+    """(B, H, C, f, E) blocks -> (B, H*f, C-1, E): the t-th row of blocks 1..C-1, per t."""
+    return x[:, :, 1:].transpose(2, 3).flatten(1, 2).contiguous()
+
+
+def from_past(x: torch.Tensor, factor: int) -> torch.Tensor:
+    """The inverse of `past_queries` as a view: (B, H*f, C-1, E) -> (B, H, C-1, f, E)."""
+    return x.unflatten(1, (-1, factor)).transpose(2, 3)
+
+
+def past_keys(x: torch.Tensor, factor: int) -> torch.Tensor:
+    """Compressed keys 0..C-2 once per query sequence of `past_queries`: (B, H, C, D) ->
+    (B, H*f, C-1, D). The last compressed block ends after every query of the sequence."""
+    batch, heads, n_blocks, width = x.shape
+    shape = (batch, heads, factor, n_blocks - 1, width)
+    return x[:, :, :-1].unsqueeze(2).expand(shape).reshape(batch, heads * factor, -1, width)

@@ -79,10 +79,25 @@ def test_factor_one_identity_compression_is_full_attention(method, causal):
 @pytest.mark.parametrize("method", METHODS)
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("length", [16, 18])  # a multiple of factor 4, and not
-def test_matches_dense_reference(method, causal, length):
+def test_matches_dense_reference(method, causal, length, flash_kernels):
     module = build(method, factor=4, causal=causal)
     q, k, v = qkv(length=length, head_dim=HEAD_DIM, seed=1)
     torch.testing.assert_close(module(q, k, v), reference_output(module, q, k, v))
+
+
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize(("length", "factor"), [(16, 4), (18, 4), (3, 4), (9, 3)])
+def test_causal_gradients_match_the_dense_reference(method, length, factor, flash_kernels):
+    # Gradients of q, k, v and of the compression (conv weights) against plain autograd
+    # through the dense reference; L=3 < f has no past blocks at all.
+    module = build(method, factor=factor, causal=True)
+    q, k, v = qkv(length=length, head_dim=HEAD_DIM, seed=2, requires_grad=True)
+    grad_out = torch.randn(q.shape, dtype=q.dtype, generator=torch.Generator().manual_seed(3))
+    inputs = (q, k, v, *module.parameters())
+    got = torch.autograd.grad(module(q, k, v), inputs, grad_out)
+    want = torch.autograd.grad(reference_output(module, q, k, v), inputs, grad_out)
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b)
 
 
 @pytest.mark.parametrize("method", METHODS)
