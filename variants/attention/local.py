@@ -47,27 +47,42 @@ class _KeyWindows(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, block_size, look_backward, look_forward):
-        seq_len = x.shape[2]
-        n_blocks = -(-seq_len // block_size)
-        width = 1 + look_backward + look_forward
-        before = look_backward * block_size
-        after = n_blocks * block_size - seq_len + look_forward * block_size
-        ctx.layout = (seq_len, n_blocks, block_size, width, before)
-        padded = F.pad(x, (0, 0, before, after))  # (B, H, (n+w-1)*b, D)
-        windows = padded.unfold(2, width * block_size, block_size)  # (B, H, n, D, w*b)
-        return windows.transpose(-1, -2)  # (B, H, n, w*b, D)
+        ctx.layout = (x.shape[2], block_size, look_backward, look_forward)
+        return windows_of(x, block_size, look_backward, look_forward)
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_windows):
-        seq_len, n_blocks, block_size, width, before = ctx.layout
-        slots = grad_windows.unflatten(3, (width, block_size))  # (B, H, n, w, b, D)
-        batch, heads, _, _, _, head_dim = slots.shape
-        grad = slots.new_zeros(batch, heads, n_blocks + width - 1, block_size, head_dim)
-        for slot in range(width):  # window slot `slot` of block i is padded block i + slot
-            grad[:, :, slot : slot + n_blocks] += slots[:, :, :, slot]
-        grad = grad.flatten(2, 3)[:, :, before : before + seq_len]  # (B, H, L, D)
-        return grad, None, None, None
+        return sum_windows(grad_windows, *ctx.layout), None, None, None
+
+
+def windows_of(
+    x: torch.Tensor, block_size: int, look_backward: int, look_forward: int
+) -> torch.Tensor:
+    """`key_windows` without autograd: (B, H, L, D) -> (B, H, n, w * block_size, D) view."""
+    seq_len = x.shape[2]
+    n_blocks = -(-seq_len // block_size)
+    width = 1 + look_backward + look_forward
+    before = look_backward * block_size
+    after = n_blocks * block_size - seq_len + look_forward * block_size
+    padded = F.pad(x, (0, 0, before, after))  # (B, H, (n+w-1)*b, D)
+    windows = padded.unfold(2, width * block_size, block_size)  # (B, H, n, D, w*b)
+    return windows.transpose(-1, -2)  # (B, H, n, w*b, D)
+
+
+def sum_windows(
+    grad_windows: torch.Tensor, seq_len: int, block_size: int, look_backward: int, look_forward: int
+) -> torch.Tensor:
+    """The gradient of `key_windows`: (B, H, n, w * block_size, D) -> (B, H, L, D), every
+    position's window slots added back."""
+    width = 1 + look_backward + look_forward
+    slots = grad_windows.unflatten(3, (width, block_size))  # (B, H, n, w, b, D)
+    batch, heads, n_blocks, _, _, head_dim = slots.shape
+    grad = slots.new_zeros(batch, heads, n_blocks + width - 1, block_size, head_dim)
+    for slot in range(width):  # window slot `slot` of block i is padded block i + slot
+        grad[:, :, slot : slot + n_blocks] += slots[:, :, :, slot]
+    before = look_backward * block_size
+    return grad.flatten(2, 3)[:, :, before : before + seq_len]  # (B, H, L, D)
 
 
 def window_mask(

@@ -5,9 +5,12 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
+from torch.autograd.function import once_differentiable
 
-from variants.attention.base import Attention, masked_attend, pad_to_multiple
-from variants.attention.local import from_blocks, key_windows, to_blocks, window_mask
+from variants.attention import flash
+from variants.attention.base import Attention, pad_to_multiple
+from variants.attention.local import sum_windows, to_blocks, window_mask, windows_of
 from variants.registry import register_attention
 
 
@@ -22,7 +25,8 @@ class StridedAttention(Attention):
     round(sqrt(L)) per call. Each part is computed on its own layout, without any (L, L) tensor:
     the local part as a sliding window of blocks of `stride`, the strided part by viewing the
     sequence as (L / stride, stride) and attending along each column; the two are merged with
-    their logsumexps. The query itself belongs to both parts and is counted in the local one only.
+    their logsumexps (`LocalAndColumns`). The query itself belongs to both parts and is counted
+    in the local one only.
     """
 
     name = "strided"
@@ -47,53 +51,10 @@ class StridedAttention(Attention):
         return self.stride
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        seq_len = q.shape[2]
         # A stride beyond L gives the same pattern as stride L (the local part already covers
         # every pair), without padding the sequence to the larger multiple.
-        stride = min(self.stride_for(seq_len), seq_len)
-        local_out, local_lse = self._local(q, k, v, stride)  # (B, H, L, D), (B, H, L)
-        column_out, column_lse = self._columns(q, k, v, stride)  # (B, H, L, D), (B, H, L)
-        # softmax over the union of two disjoint key sets, from the softmax over each: the local
-        # part always holds the query itself, so `lse` is finite and rows without strided keys
-        # (lse -inf) get weight 0.
-        lse = torch.logaddexp(local_lse, column_lse)  # (B, H, L)
-        local_weight = torch.exp(local_lse - lse).unsqueeze(-1)  # (B, H, L, 1)
-        column_weight = torch.exp(column_lse - lse).unsqueeze(-1)  # (B, H, L, 1)
-        return local_weight * local_out + column_weight * column_out  # (B, H, L, D)
-
-    def _local(self, q, k, v, stride: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Softmax over the stride nearest keys (self included): out (B, H, L, D), lse (B, H, L)."""
-        # Blocks of `stride` with one neighbour block on each allowed side cover the window
-        # |i - j| < stride; the mask trims the window to exactly that.
-        seq_len, fwd = q.shape[2], 0 if self.causal else 1
-        q_blocks = to_blocks(q, stride)  # (B, H, n, s, D)
-        k_windows = key_windows(k, stride, 1, fwd)  # (B, H, n, w*s, D)
-        v_windows = key_windows(v, stride, 1, fwd)  # (B, H, n, w*s, D)
-        mask = window_mask(
-            seq_len, stride, 1, fwd, causal=self.causal, max_distance=stride - 1, device=q.device
-        )  # (n, s, w*s)
-        out, lse = masked_attend(q_blocks, k_windows, v_windows, mask)  # (B, H, n, s, [D])
-        return from_blocks(out, seq_len), from_blocks(lse, seq_len)
-
-    def _columns(self, q, k, v, stride: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Softmax over the keys a multiple of `stride` away (self excluded): out, lse."""
-        # Position r * stride + c sits in row r, column c of the (rows, stride) view, so the
-        # keys at a multiple of `stride` from a query are exactly the other entries of its column.
-        seq_len = q.shape[2]
-        q_cols, k_cols, v_cols = (
-            pad_to_multiple(x, stride).unflatten(2, (-1, stride)).transpose(2, 3) for x in (q, k, v)
-        )  # (B, H, s, m, D) each, m = ceil(L / s) rows
-        rows = q_cols.shape[3]
-        row = torch.arange(rows, device=q.device)
-        # Self is left to the local part; causal keeps only earlier rows of the column.
-        pair_ok = row[None, :] < row[:, None] if self.causal else row[None, :] != row[:, None]
-        position = torch.arange(rows * stride, device=q.device).view(rows, stride).T  # (s, m)
-        real_key = (position < seq_len)[:, None, :]  # (s, 1, m)
-        mask = pair_ok & real_key  # (s, m, m)
-        out, lse = masked_attend(q_cols, k_cols, v_cols, mask)  # (B, H, s, m, [D])
-        out = out.transpose(2, 3).flatten(2, 3)[:, :, :seq_len]  # (B, H, L, D)
-        lse = lse.transpose(2, 3).flatten(2, 3)[:, :, :seq_len]  # (B, H, L)
-        return out, lse
+        stride = min(self.stride_for(q.shape[2]), q.shape[2])
+        return LocalAndColumns.apply(q, k, v, stride, self.causal)  # (B, H, L, D)
 
     def flops(self, batch: int, heads: int, seq_len: int, head_dim: int) -> int:
         stride = min(self.stride_for(seq_len), seq_len)
@@ -110,3 +71,162 @@ class StridedAttention(Attention):
 
     def extra_repr(self) -> str:
         return f"causal={self.causal}, stride={self.stride}"
+
+
+class LocalAndColumns(torch.autograd.Function):
+    """Strided attention as two attentions over disjoint keys, merged by their logsumexps.
+
+    local    blocks of s queries against windows of the previous (and, unmasked, the next)
+             block: (B*H, n, s, D) against (B*H, n, w*s, D), with a (1, n, s, w*s) bias shared
+             by batch and heads that keeps the s nearest keys (and drops missing edge keys).
+    columns  position r*s + c is row r of column c: (B*H, s, rows, D). Causally row r sees the
+             earlier rows, which is a plain causal attention of rows 1.. against rows ..-2 (no
+             mask tensor); unmasked, every other real row, with a (1, s, rows, rows) bias.
+    Both run on the fused kernels where available (`flash`); the backward runs each part's
+    attention backward given the merged output and logsumexp, so no (L, L) or per-pair tensor
+    is ever saved: O(L sqrt(L)) time, O(L) memory beyond the windows.
+    """
+
+    @staticmethod
+    def forward(ctx, q, k, v, stride, causal):
+        """q, k, v: (B, H, L, D); stride s <= L. Returns (B, H, L, D)."""
+        parts = StridedParts(q, stride, causal)
+        local_out, local_lse = flash.attend(*parts.local_inputs(q, k, v), **parts.local_options)
+        out = parts.from_blocks(local_out)  # (B, H, Lp, D)
+        lse = parts.from_blocks(local_lse.unsqueeze(-1))  # (B, H, Lp, 1)
+        if parts.rows > 1:
+            column_out, column_lse = flash.attend(
+                *parts.column_inputs(q, k, v), **parts.column_options
+            )  # (B*H, s, rows', D), (B*H, s, rows')
+            column_out = parts.from_columns(column_out)  # (B, H, Lp', D), Lp' = rows' * s
+            column_lse = parts.from_columns(column_lse.unsqueeze(-1))  # (B, H, Lp', 1)
+            merged = parts.queried(lse)  # the rows that have column keys: views into out, lse
+            total = torch.logaddexp(merged, column_lse)  # (B, H, Lp', 1)
+            weight_local = (merged - total).exp_().to(out.dtype)
+            weight_column = (column_lse - total).exp_().to(out.dtype)
+            out_rows = parts.queried(out)
+            out_rows.copy_(out_rows * weight_local + column_out * weight_column)
+            merged.copy_(total)
+        ctx.parts = parts
+        ctx.save_for_backward(q, k, v, out, lse)
+        return out[:, :, : q.shape[2]]  # (B, H, L, D)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_out):
+        q, k, v, out, lse = ctx.saved_tensors
+        parts = ctx.parts
+        grad_out = pad_to_multiple(grad_out, parts.stride).contiguous()  # (B, H, Lp, D)
+        grad_q, grad_k, grad_v = parts.local_backward(
+            flash.attend_backward(
+                parts.to_blocks(grad_out),
+                *parts.local_inputs(q, k, v),
+                parts.to_blocks(out),
+                parts.to_blocks(lse).squeeze(-1),
+                **parts.local_options,
+            )
+        )  # (B, H, L, D) each
+        if parts.rows > 1:
+            column_grads = parts.column_backward(
+                flash.attend_backward(
+                    parts.query_columns(grad_out),
+                    *parts.column_inputs(q, k, v),
+                    parts.query_columns(out),
+                    parts.query_columns(lse).squeeze(-1),
+                    **parts.column_options,
+                )
+            )  # (B, H, L, D) each
+            for grad, column_grad in zip((grad_q, grad_k, grad_v), column_grads, strict=True):
+                grad += column_grad
+        return grad_q, grad_k, grad_v, None, None
+
+
+class StridedParts:
+    """The layouts of `LocalAndColumns`' two parts and the moves between them and positions.
+
+    Positions are (B, H, Lp, E) with Lp = rows * s, L zero-padded; `queried` and the column
+    layouts cover only the rows that have column keys (rows 1.. causally, all unmasked).
+    """
+
+    def __init__(self, q: torch.Tensor, stride: int, causal: bool):
+        self.batch, self.heads, self.length, head_dim = q.shape
+        self.stride, self.causal = stride, causal
+        self.rows = -(-self.length // stride)
+        self.look_forward = 0 if causal else 1
+        scale = head_dim**-0.5
+        allowed = window_mask(
+            self.length, stride, 1, self.look_forward, causal=causal,
+            max_distance=stride - 1, device=q.device,
+        )  # (n, s, w*s)
+        self.local_options = {"scale": scale, "bias": flash.hidden_bias(allowed, q.dtype)[None]}
+        if causal:
+            self.column_options = {"scale": scale, "causal": True}
+        else:
+            row = torch.arange(self.rows, device=q.device)
+            position = row[None, :] * stride + torch.arange(stride, device=q.device)[:, None]
+            real_key = (position < self.length)[:, None, :]  # (s, 1, rows)
+            allowed = (row[None, :] != row[:, None]) & real_key  # (s, rows, rows), self dropped
+            self.column_options = {"scale": scale, "bias": flash.hidden_bias(allowed, q.dtype)}
+            self.column_options["bias"] = self.column_options["bias"][None]
+
+    # --- local part ---------------------------------------------------------------------------
+    def to_blocks(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, H, Lp or L, E) -> (B*H, n, s, E)."""
+        return to_blocks(x, self.stride).flatten(0, 1)
+
+    def from_blocks(self, x: torch.Tensor) -> torch.Tensor:
+        """(B*H, n, s, E) -> (B, H, Lp, E)."""
+        return x.reshape(self.batch, self.heads, -1, x.shape[-1])
+
+    def local_inputs(self, q, k, v):
+        """Query blocks (B*H, n, s, D) and key and value windows (B*H, n, w*s, D)."""
+        windows = (
+            windows_of(x, self.stride, 1, self.look_forward).flatten(0, 1) for x in (k, v)
+        )
+        return self.to_blocks(q), *windows
+
+    def local_backward(self, grads):
+        """Gradients of the local inputs back to positions: (B, H, L, D) each."""
+        grad_q, grad_k, grad_v = grads
+        grad_q = self.from_blocks(grad_q)[:, :, : self.length]
+        layout = (self.length, self.stride, 1, self.look_forward)
+        unflat = (self.batch, self.heads)
+        grad_k, grad_v = (sum_windows(g.unflatten(0, unflat), *layout) for g in (grad_k, grad_v))
+        return grad_q.contiguous(), grad_k.contiguous(), grad_v.contiguous()
+
+    # --- columns ------------------------------------------------------------------------------
+    def columns(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, H, L or Lp, E) -> (B*H, s, rows, E) view: column c holds positions c, c+s, ..."""
+        x = pad_to_multiple(x, self.stride)
+        return x.unflatten(2, (self.rows, self.stride)).transpose(2, 3).flatten(0, 1)
+
+    def query_columns(self, x: torch.Tensor) -> torch.Tensor:
+        """The queries' column layout (B*H, s, rows', E): rows 1.. causally, else all."""
+        columns = self.columns(x)
+        return (columns[:, :, 1:] if self.causal else columns).contiguous()
+
+    def column_inputs(self, q, k, v):
+        """Queries (B*H, s, rows', D); keys and values of the same rows' layout: causally the
+        rows before the last, so that row r's keys are rows < r under a plain causal mask."""
+        keys = (self.columns(x) for x in (k, v))
+        if self.causal:
+            keys = (x[:, :, :-1] for x in keys)
+        return self.query_columns(q), *(x.contiguous() for x in keys)
+
+    def from_columns(self, x: torch.Tensor) -> torch.Tensor:
+        """(B*H, s, rows', E) -> (B, H, rows' * s, E), the positions of `queried`."""
+        x = x.unflatten(0, (self.batch, self.heads)).transpose(2, 3)  # (B, H, rows', s, E)
+        return x.flatten(2, 3)
+
+    def queried(self, x: torch.Tensor) -> torch.Tensor:
+        """The positions with column keys, as a view of (B, H, Lp, E): from row 1 causally."""
+        return x[:, :, self.stride :] if self.causal else x
+
+    def column_backward(self, grads):
+        """Gradients of the column inputs back to positions: (B, H, L, D) each."""
+        grad_q, grad_k, grad_v = (self.from_columns(g) for g in grads)  # (B, H, rows' * s, D)
+        if self.causal:  # queries were rows 1.., keys rows ..-2
+            pad_q, pad_kv = (self.stride, 0), (0, self.stride)
+            grad_q = F.pad(grad_q, (0, 0, *pad_q))
+            grad_k, grad_v = (F.pad(g, (0, 0, *pad_kv)) for g in (grad_k, grad_v))
+        return tuple(g[:, :, : self.length] for g in (grad_q, grad_k, grad_v))

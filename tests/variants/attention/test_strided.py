@@ -23,7 +23,7 @@ def strided_mask(length, stride, causal):
 
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("length, stride", PATTERNS)
-def test_matches_dense_mask_of_pattern(causal, length, stride):
+def test_matches_dense_mask_of_pattern(causal, length, stride, flash_kernels):
     q, k, v = qkv(length=length, seed=length)
     out = build_attention("strided", causal=causal, stride=stride)(q, k, v)
     torch.testing.assert_close(out, dense_attention(q, k, v, strided_mask(length, stride, causal)))
@@ -56,10 +56,13 @@ def test_causal_never_sees_the_future(stride):
 
 
 @pytest.mark.parametrize("causal", [False, True])
-def test_gradients_match_dense_reference(causal):
-    q, k, v = qkv(batch=1, heads=2, length=14, head_dim=4, seed=7, requires_grad=True)
-    out = build_attention("strided", causal=causal, stride=4)(q, k, v)
-    expected = dense_attention(q, k, v, strided_mask(14, 4, causal))
+# (7, 5): two rows, the second mostly padding, so unmasked queries in columns 2-4 have no
+# strided key at all; (9, 1): every key is strided; (12, 12): no strided part.
+@pytest.mark.parametrize("length, stride", [(14, 4), (22, 5), (7, 5), (9, 1), (12, 12)])
+def test_gradients_match_dense_reference(causal, length, stride, flash_kernels):
+    q, k, v = qkv(batch=2, heads=2, length=length, head_dim=4, seed=7, requires_grad=True)
+    out = build_attention("strided", causal=causal, stride=stride)(q, k, v)
+    expected = dense_attention(q, k, v, strided_mask(length, stride, causal))
     weights = torch.randn_like(out)
     got = torch.autograd.grad((out * weights).sum(), (q, k, v))
     want = torch.autograd.grad((expected * weights).sum(), (q, k, v))
