@@ -82,7 +82,7 @@ class CompressedAttention(Attention):
     name = "compressed"
     exact = False
     time_complexity = "O(L^2 d / f)"
-    memory_complexity = "O(L^2 / f)"
+    memory_complexity = "O(L) fused, O(L^2 / f) explicit"
 
     def __init__(
         self, *, causal: bool = False, factor: int = 4, method: str = "conv", head_dim: int = 64
