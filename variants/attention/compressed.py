@@ -12,9 +12,10 @@ Nothing leaks, and no row is empty: position i always sees itself. A block that 
 is seen raw, not also compressed, so no position is counted twice; with f = 1 and an identity
 compression this is full causal attention. The two parts are softmaxes over disjoint key sets and
 are merged with their logsumexps. Each part is an ordinary causal attention in its own layout
-(see `PastBlocksAndOwnBlock`), so the fused kernels' causal flag masks both and no mask tensor
-is built: O(L) memory beyond the compressed keys, where an explicit (L, C) mask and its scores
-took O(L^2 / f) and ran slower than exact attention.
+(see `PastBlocksAndOwnBlock`), so on CPU the fused kernels' causal flag masks both and no mask
+tensor is built: O(L) memory beyond the compressed keys, where an explicit (L, C) mask and its
+scores took O(L^2 / f) and ran slower than exact attention. Other devices take the explicit
+path of `flash`, which does build the (C-1)^2 f and C f^2 scores.
 
 Compression `method`:
   conv  a learned Conv1d over the head_dim channels with kernel = stride = f; separate convs for
@@ -149,7 +150,7 @@ class PastBlocksAndOwnBlock(torch.autograd.Function):
     own block began, and exactly over its own block up to itself; the two parts merged.
 
     Both parts are plain causal attentions in the right layout, so the fused kernels' causal
-    flag does all the masking and no mask tensor exists (O(L) memory, not O(L^2 / f)):
+    flag does all the masking and no mask tensor exists (O(L) memory on the fused path):
       own   blocks as batch entries, (B, H*C, f, D) against the raw keys of the same block.
       past  the t-th query of every block as a sequence, (B, H*f, C-1, D), for blocks 1..C-1:
             block c' sees compressed keys c < c', i.e. key row c <= query row c' - 1, which is

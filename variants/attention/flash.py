@@ -1,8 +1,10 @@
 """Softmax attention that returns its logsumexp, and its backward given any output and logsumexp.
 
-Kernels that split a query's keys into disjoint parts (LSH rounds, compressed attention's past
-blocks and own block) attend to each part, then combine the parts' outputs with their
-logsumexps: o = sum_p exp(lse_p - LSE) o_p with LSE = logsumexp_p lse_p. The gradient of the
+Kernels that split a query's keys into disjoint parts (LSH rounds, strided attention's local
+windows and columns, compressed attention's past blocks and own block) attend to each part,
+then combine the parts' outputs with their logsumexps: o = sum_p exp(lse_p - LSE) o_p with
+LSE = logsumexp_p lse_p. (With dedup=False LSH's rounds may share keys; the same formula then
+counts a shared key once per round, which is what that option means.) The gradient of the
 combined o with respect to each part's q, k, v is a standard attention backward of that part
 given the *combined* o and LSE (the flash-attention form, dS = P (dO V^T - rowsum(dO * o)) with
 P = exp(S - LSE)), so no gradient flows through the logsumexps themselves.
@@ -20,7 +22,7 @@ import torch
 # (torch.where(hidden, -inf, 0) took 3-4x as long on CPU), and a row with every key hidden
 # stays finite: its logsumexp is about MASKED_SCORE, so it weighs exactly 0 when combined with
 # a part that has a real key. Next to any real score exp(MASKED_SCORE - lse) is exactly 0 in
-# every float type (float16 rounds it to -inf).
+# every float type (float16 takes half its lowest value instead: see `masked_score`).
 MASKED_SCORE = -1e30
 # False forces the explicit path that other devices take (tests run both).
 FUSED_CPU_KERNELS = hasattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu_backward")
@@ -32,9 +34,16 @@ def fused(x: torch.Tensor) -> bool:
     return FUSED_CPU_KERNELS and x.device.type == "cpu" and x.dtype in FUSED_DTYPES
 
 
+def masked_score(dtype: torch.dtype) -> float:
+    """MASKED_SCORE, or half the lowest finite value of `dtype` where that is higher (float16):
+    a row with every key hidden must keep a finite logsumexp, which then weighs 0 in a merge
+    (the fused float16 kernel gave such a row a weight, and the explicit path NaN, at -inf)."""
+    return max(MASKED_SCORE, torch.finfo(dtype).min / 2)
+
+
 def hidden_bias(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """Additive bias from a bool mask (True = may attend): 0 or MASKED_SCORE, in `dtype`."""
-    return (~allowed).to(dtype).mul_(MASKED_SCORE)
+    """Additive bias from a bool mask (True = may attend): 0 or `masked_score`, in `dtype`."""
+    return (~allowed).to(dtype).mul_(masked_score(dtype))
 
 
 def attend(
@@ -50,18 +59,20 @@ def attend(
 
     q: (B, N, Lq, D); k, v: (B, N, Lk, D) (any strides with a contiguous last dimension);
     bias: additive, broadcastable to (B, N, Lq, Lk), or None; causal: key j is hidden from
-    query i when j > i (square, top-left aligned). Every row must keep at least one key.
-    Returns out (B, N, Lq, D) and lse (B, N, Lq).
+    query i when j > i (square, top-left aligned). A row whose keys are all hidden gets an lse
+    of about MASKED_SCORE (or -inf where that is not finite), so it weighs 0 when merged with a
+    part that has keys. Returns out (B, N, Lq, D) and lse (B, N, Lq), the latter in float32 for
+    half types (as the fused kernels).
     """
     if fused(q):
         out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
             q, k, v, is_causal=causal, attn_mask=bias, scale=scale
         )
         return out, lse
-    scores = _scores(q, k, scale, bias, causal)  # (B, N, Lq, Lk)
+    scores = _scores(q, k, scale, bias, causal)  # (B, N, Lq, Lk), at least float32
     lse = scores.logsumexp(dim=-1)  # (B, N, Lq)
-    probs = scores.sub_(lse.unsqueeze(-1)).exp_()
-    return torch.matmul(probs, v), lse
+    probs = scores.sub_(_finite(lse).unsqueeze(-1)).exp_()
+    return torch.matmul(probs.to(v.dtype), v), lse
 
 
 def attend_backward(
@@ -85,16 +96,31 @@ def attend_backward(
         return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
             grad_out, q, k, v, out, lse, 0.0, causal, attn_mask=bias, scale=scale
         )
-    probs = _scores(q, k, scale, bias, causal).sub_(lse.unsqueeze(-1)).exp_()  # (B, N, Lq, Lk)
+    dtypes = (q.dtype, k.dtype, v.dtype)
+    probs = _scores(q, k, scale, bias, causal)  # (B, N, Lq, Lk), at least float32
+    probs.sub_(_finite(lse).unsqueeze(-1).to(probs.dtype)).exp_()
+    grad_out, out, q, k, v = (x.to(probs.dtype) for x in (grad_out, out, q, k, v))
     grad_v = probs.transpose(-1, -2) @ grad_out  # (B, N, Lk, D)
     row = (grad_out * out).sum(dim=-1, keepdim=True)  # (B, N, Lq, 1)
     grad_scores = (grad_out @ v.transpose(-1, -2)).sub_(row).mul_(probs)  # (B, N, Lq, Lk)
-    return (grad_scores @ k).mul_(scale), (grad_scores.transpose(-1, -2) @ q).mul_(scale), grad_v
+    grad_q = (grad_scores @ k).mul_(scale)  # (B, N, Lq, D)
+    grad_k = (grad_scores.transpose(-1, -2) @ q).mul_(scale)  # (B, N, Lk, D)
+    return tuple(g.to(dtype) for g, dtype in zip((grad_q, grad_k, grad_v), dtypes, strict=True))
+
+
+def _finite(lse: torch.Tensor) -> torch.Tensor:
+    """lse with -inf (a row with every key at -inf: MASKED_SCORE overflows in float16) as 0, so
+    exp(score - lse) is 0 for such a row instead of NaN."""
+    return torch.where(torch.isfinite(lse), lse, torch.zeros_like(lse))
 
 
 def _scores(q, k, scale, bias, causal) -> torch.Tensor:
-    """scale q k^T + bias, causal positions at -inf: (B, N, Lq, Lk), a fresh tensor."""
-    scores = torch.matmul(q, k.transpose(-1, -2)).mul_(scale)  # (B, N, Lq, Lk)
+    """scale q k^T + bias, causal positions at -inf: (B, N, Lq, Lk), a fresh tensor in float32
+    for half types (the softmax of half-precision scores loses most of its digits)."""
+    scores = torch.matmul(q, k.transpose(-1, -2))  # (B, N, Lq, Lk)
+    if scores.dtype in (torch.float16, torch.bfloat16):
+        scores = scores.float()
+    scores.mul_(scale)
     if bias is not None:
         scores.add_(bias)
     if causal:

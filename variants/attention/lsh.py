@@ -46,9 +46,10 @@ Speed: the per-chunk attention runs on PyTorch's fused CPU flash-attention kerne
 and backward) with an additive mask, chunks playing the role of heads; the rounds are combined
 inside the same autograd Function, so its backward is one flash backward per round given the
 combined output and logsumexp (`RoundsWindowAttention`). Other devices take explicit matmuls.
-Both directions sort, attend and unsort one round of a few sequences at a time, so that no
-temporary exceeds SLICE_BYTES: on CPU, memory blocks above glibc's mmap threshold come back
-as fresh pages on every call, and faulting them in took as long as the attention itself.
+Both directions sort, attend and unsort one round of as many sequences at a time as keep the
+window temporaries within SLICE_BYTES (one sequence at least: 16 MiB each at 32K tokens, 32 MiB
+at 64K, with m = d = 64 in float32): on CPU, memory blocks above glibc's mmap threshold come
+back as fresh pages on every call, and faulting them in took as long as the attention itself.
 
 A length that is not a multiple of m is padded; padded positions hash into an extra last bucket
 (so they sort to the end of every round), are never keys, and their outputs are dropped.
@@ -325,7 +326,8 @@ class RoundsWindowAttention(torch.autograd.Function):
 
     Memory: both directions work on slices of one round of a few sequences (`sequence_slices`),
     sorting them on the fly, so no sorted copy of the R rounds is held or saved: only q, v (in
-    position order), the norms, the combined output and LSE and the bool mask are saved. The
+    position order), their norms, the sort orders, the combined output and LSE and the bool
+    mask are saved. The
     windows are strided views of the sorted keys and values, gathered with the last chunk in
     front (`SortedRound.with_previous`), never m x 2m copies.
     On CPU the fused flash kernels run both directions (measured 1.5-2x faster than explicit
@@ -528,7 +530,7 @@ def unwindow(grad_windows: torch.Tensor) -> torch.Tensor:
 def window_bias(hidden: torch.Tensor | None, norm: torch.Tensor, shape) -> torch.Tensor:
     """Additive score bias laid out as `window_view`'s keys: (G, C, m, W*m) float.
 
-    flash.MASKED_SCORE where `hidden` ((G, C, m or 1, W*m)) hides a key; on a token's score
+    flash.masked_score where `hidden` ((G, C, m or 1, W*m)) hides a key; on a token's score
     for itself -(2 |q| + SELF_MARGIN), which puts it SELF_MARGIN below the lowest score any
     other key can have (|q . k_hat| <= |q|): a token attends to itself only when it has no
     other key, with no precision lost to a huge constant.
@@ -538,7 +540,8 @@ def window_bias(hidden: torch.Tensor | None, norm: torch.Tensor, shape) -> torch
     if hidden is None:
         bias = norm.new_zeros(full)
     else:
-        bias = hidden.to(norm.dtype).mul_(flash.MASKED_SCORE).expand(full).contiguous()
+        bias = hidden.to(norm.dtype).mul_(flash.masked_score(norm.dtype))
+        bias = bias.expand(full).contiguous()
     own = bias[..., -m:]  # (G, C, m, m) view: the own chunk is the window's last
     own.diagonal(dim1=-2, dim2=-1).copy_(norm.squeeze(-1).mul(-2).sub_(SELF_MARGIN))
     return bias

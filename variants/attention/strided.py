@@ -83,8 +83,10 @@ class LocalAndColumns(torch.autograd.Function):
              earlier rows, which is a plain causal attention of rows 1.. against rows ..-2 (no
              mask tensor); unmasked, every other real row, with a (1, s, rows, rows) bias.
     Both run on the fused kernels where available (`flash`); the backward runs each part's
-    attention backward given the merged output and logsumexp, so no (L, L) or per-pair tensor
-    is ever saved: O(L sqrt(L)) time, O(L) memory beyond the windows.
+    attention backward given the merged output and logsumexp, so no (L, L) tensor and no
+    scores are saved: O(L sqrt(L)) time; memory O(L d) plus the two biases (L * w*s and
+    s * rows^2 = L * rows entries, O(L sqrt(L)) each, shared by batch and heads; causal
+    columns need none).
     """
 
     @staticmethod

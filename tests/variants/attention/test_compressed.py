@@ -154,3 +154,28 @@ def test_capabilities():
     spec = attention_spec("compressed")
     assert (spec.exact, spec.causal_supported, spec.bounded_length) == (False, True, False)
     assert spec.options == {"factor": 4, "method": "conv"}
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_causal_half_precision_matches_the_dense_reference(dtype, flash_kernels):
+    module = build("mean", factor=4, causal=True)
+    q, k, v = qkv(length=18, head_dim=HEAD_DIM, seed=5)
+    out = module(*(x.to(dtype) for x in (q, k, v)))
+    assert torch.isfinite(out).all()
+    expected = reference_output(module, q, k, v)
+    torch.testing.assert_close(out.double(), expected, atol=2e-2, rtol=2e-2)
+
+
+def test_causal_strided_inputs_give_the_contiguous_result(flash_kernels):
+    # The model hands the kernel (B, H, L, D) views of (B, L, H, D) projections.
+    module = build("conv", factor=4, causal=True)
+    q, k, v = qkv(batch=1, length=18, head_dim=HEAD_DIM, seed=6)
+    views = [x.transpose(1, 2).contiguous().transpose(1, 2).requires_grad_() for x in (q, k, v)]
+    dense = [x.clone().requires_grad_() for x in (q, k, v)]
+    assert not views[0].is_contiguous()
+    out_views, out_dense = module(*views), module(*dense)
+    torch.testing.assert_close(out_views, out_dense)
+    weights = torch.randn_like(out_dense)
+    got = torch.autograd.grad((out_views * weights).sum(), views)
+    want = torch.autograd.grad((out_dense * weights).sum(), dense)
+    torch.testing.assert_close(got, want)

@@ -146,9 +146,11 @@ def test_fresh_rotations_differ_but_replaying_reuses_the_buckets():
 
 @pytest.mark.parametrize("dedup", [True, False])
 @pytest.mark.parametrize("causal", [False, True])
-def test_gradcheck(causal, dedup, flash_kernels):
-    # 14 tokens, m = 4: four chunks with padding, two rounds, so masks and dedup are all active.
-    q, k, v = qkv(1, 1, 14, 4, requires_grad=True)
+@pytest.mark.parametrize("batch, heads", [(1, 1), (2, 2)])
+def test_gradcheck(causal, dedup, batch, heads, flash_kernels):
+    # 14 tokens, m = 4: four chunks with padding, two rounds, so masks and dedup are all active;
+    # with 2 x 2 sequences one slice holds several, and the per-slice sort offsets count.
+    q, k, v = qkv(batch, heads, 14, 4, requires_grad=True)
     module = build_attention(
         "lsh", causal=causal, n_hashes=2, bucket_size=4, n_buckets=4, seed=1, dedup=dedup
     )
@@ -221,7 +223,7 @@ def test_slicing_the_sequences_changes_nothing(causal, monkeypatch, flash_kernel
         torch.testing.assert_close(got, want)
 
 
-def test_strided_inputs_give_the_contiguous_result():
+def test_strided_inputs_give_the_contiguous_result(flash_kernels):
     # The model hands the kernel (B, H, L, D) views of (B, L, H, D) projections.
     q, _, v = qkv(1, 3, 40, 8, seed=5)  # batch 1: B*H flattens to a strided view
     q_t, v_t = (x.transpose(1, 2).contiguous().transpose(1, 2).requires_grad_() for x in (q, v))

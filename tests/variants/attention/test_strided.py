@@ -76,3 +76,30 @@ def test_bad_stride_is_rejected_by_name(stride):
     message = "strided: option 'stride' must be a positive integer or 'auto', got "
     with pytest.raises(ValueError, match=message):
         build_attention("strided", stride=stride)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_rows_without_strided_keys_stay_finite(dtype, flash_kernels):
+    # L=7, stride 5, unmasked: queries in columns 2-4 have no real strided key. Their column
+    # part has every key hidden, which must weigh 0, not NaN (MASKED_SCORE is -inf in float16).
+    q, k, v = qkv(batch=1, heads=2, length=7, head_dim=8, seed=3)
+    out = build_attention("strided", stride=5)(*(x.to(dtype) for x in (q, k, v)))
+    assert torch.isfinite(out).all()
+    expected = dense_attention(q, k, v, strided_mask(7, 5, causal=False))
+    torch.testing.assert_close(out.double(), expected, atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_strided_inputs_give_the_contiguous_result(causal, flash_kernels):
+    # The model hands the kernel (B, H, L, D) views of (B, L, H, D) projections.
+    q, k, v = qkv(batch=1, heads=3, length=22, head_dim=4, seed=4)
+    module = build_attention("strided", causal=causal, stride=5)
+    views = [x.transpose(1, 2).contiguous().transpose(1, 2).requires_grad_() for x in (q, k, v)]
+    dense = [x.clone().requires_grad_() for x in (q, k, v)]
+    assert not views[0].is_contiguous()
+    out_views, out_dense = module(*views), module(*dense)
+    torch.testing.assert_close(out_views, out_dense)
+    weights = torch.randn_like(out_dense)
+    got = torch.autograd.grad((out_views * weights).sum(), views)
+    want = torch.autograd.grad((out_dense * weights).sum(), dense)
+    torch.testing.assert_close(got, want)
