@@ -49,7 +49,8 @@ KERNELS = {
     "linformer": {},
 }
 MEMORY_LENGTH = 65536
-MEMORY_KERNELS = ("lsh", "blockwise", "strided", "linformer")
+MEMORY_KERNELS = ("lsh", "blockwise", "strided", "linformer")  # the target's kernels
+MEMORY_INFO_KERNELS = ("compressed",)  # measured alongside, without a bound
 MEMORY_LIMIT_BYTES = 4 * 10**9  # the target says 4 GB: 3.73 GiB
 GiB = 2**30
 
@@ -341,14 +342,17 @@ def training_step(net: TransformerLM, length: int) -> Callable[[], None]:
 def memory_targets(length: int) -> list[Target]:
     """Peak live-tensor bytes of one training step of a one-layer model at `length`."""
     rows = []
-    for name in MEMORY_KERNELS:
+    for name in MEMORY_KERNELS + MEMORY_INFO_KERNELS:
         step = training_step(model(name, length), length)
         start = time.perf_counter()
         peak = peak_memory_bytes(step)
         elapsed = time.perf_counter() - start
         row = f"{name} 1-layer fwd+bwd peak GiB, L={length} ({elapsed:.0f} s)"
-        bound = f"< {MEMORY_LIMIT_BYTES / GiB:.2f} (4 GB)"
-        rows.append(Target(row, peak / GiB, bound, peak < MEMORY_LIMIT_BYTES))
+        if name in MEMORY_KERNELS:
+            bound = f"< {MEMORY_LIMIT_BYTES / GiB:.2f} (4 GB)"
+            rows.append(Target(row, peak / GiB, bound, peak < MEMORY_LIMIT_BYTES))
+        else:
+            rows.append(info(row, peak / GiB))
         print(f"{row}: {peak / GiB:.2f}")
     return rows
 
