@@ -238,3 +238,14 @@ def test_strided_inputs_give_the_contiguous_result(flash_kernels):
     grads_c = torch.autograd.grad(out_c.square().sum(), (q_c, v_c))
     for got, want in zip(grads_t, grads_c, strict=True):
         torch.testing.assert_close(got, want)
+
+
+def test_hashing_sequence_by_sequence_gives_the_same_buckets(monkeypatch):
+    # Long sequences hash one (batch, head) sequence at a time; a 1-byte budget forces it here.
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 3, 40, 8, generator=g, dtype=torch.float64)
+    rotations = torch.randn(8, 2, 4 + 8, generator=g, dtype=torch.float64)  # factors 8 and 16
+    whole = lsh.angular_hash(x, rotations, (8, 16))
+    monkeypatch.setattr(lsh, "SLICE_BYTES", 1)
+    assert torch.equal(lsh.angular_hash(x, rotations, (8, 16)), whole)
+    assert whole.shape == (2, 3, 2, 40)
