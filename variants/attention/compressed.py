@@ -174,13 +174,8 @@ class PastBlocksAndOwnBlock(torch.autograd.Function):
             k_past, v_past = past_keys(keys, factor), past_keys(values, factor)  # (B,H*f,C-1,D)
             out_past, lse_past = flash.attend(q_past, k_past, v_past, scale=scale, causal=True)
             out_past = from_past(out_past, factor)  # (B, H, C-1, f, D)
-            lse_past = from_past(lse_past.unsqueeze(-1), factor).squeeze(-1)  # (B, H, C-1, f)
-            lse_own = lse[:, :, 1:]  # (B, H, C-1, f)
-            total = torch.logaddexp(lse_own, lse_past)  # (B, H, C-1, f)
-            weight_own = (lse_own - total).exp_().unsqueeze(-1).to(out.dtype)
-            weight_past = (lse_past - total).exp_().unsqueeze(-1).to(out.dtype)
-            out[:, :, 1:] = out[:, :, 1:] * weight_own + out_past * weight_past
-            lse[:, :, 1:] = total
+            lse_past = from_past(lse_past.unsqueeze(-1), factor)  # (B, H, C-1, f, 1)
+            flash.merge_into(out[:, :, 1:], lse.unsqueeze(-1)[:, :, 1:], out_past, lse_past)
         ctx.factor = factor
         ctx.save_for_backward(q, k, v, keys, values, out, lse)
         return out.reshape(batch, heads, n_blocks * factor, head_dim)[:, :, :length]

@@ -75,6 +75,22 @@ def attend(
     return torch.matmul(probs.to(v.dtype), v), lse
 
 
+def merge_into(
+    out: torch.Tensor, lse: torch.Tensor, part_out: torch.Tensor, part_lse: torch.Tensor
+) -> None:
+    """Fold one more part into a running result, in place: afterwards `out` and `lse` are the
+    softmax attention and logsumexp over the union of the keys so far and the part's keys.
+
+    out, part_out: (..., D); lse, part_lse: (..., 1), in the dtype `attend` returns. A part
+    whose row had every key hidden (lse about MASKED_SCORE, or -inf) weighs exactly 0.
+    """
+    total = torch.logaddexp(lse, part_lse)  # (..., 1)
+    kept = (lse - total).exp_().to(out.dtype)
+    added = (part_lse - total).exp_().to(out.dtype)
+    out.mul_(kept).add_(part_out * added)
+    lse.copy_(total)
+
+
 def attend_backward(
     grad_out: torch.Tensor,
     q: torch.Tensor,

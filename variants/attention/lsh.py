@@ -373,10 +373,7 @@ class RoundsWindowAttention(torch.autograd.Function):
                 # The online softmax over rounds: no difference of lse values is exponentiated
                 # at more than ~2|q| + SELF_MARGIN (a self-only row), so float32 keeps its digits.
                 lse_r = unsort(lse_r.unsqueeze(-1))  # (s, Lp, 1)
-                new_lse = torch.logaddexp(lse, lse_r)  # (s, Lp, 1)
-                kept, added = (lse - new_lse).exp_(), (lse_r - new_lse).exp_()
-                combined[part].mul_(kept.to(q.dtype)).add_(unsort(out_r) * added.to(q.dtype))
-                lse = new_lse
+                flash.merge_into(combined[part], lse, unsort(out_r), lse_r)
             if total_lse is None:
                 total_lse = lse.new_empty(*q.shape[:-1], 1)
             total_lse[part] = lse

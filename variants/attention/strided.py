@@ -102,13 +102,8 @@ class LocalAndColumns(torch.autograd.Function):
             )  # (B*H, s, rows', D), (B*H, s, rows')
             column_out = parts.from_columns(column_out)  # (B, H, Lp', D), Lp' = rows' * s
             column_lse = parts.from_columns(column_lse.unsqueeze(-1))  # (B, H, Lp', 1)
-            merged = parts.queried(lse)  # the rows that have column keys: views into out, lse
-            total = torch.logaddexp(merged, column_lse)  # (B, H, Lp', 1)
-            weight_local = (merged - total).exp_().to(out.dtype)
-            weight_column = (column_lse - total).exp_().to(out.dtype)
-            out_rows = parts.queried(out)
-            out_rows.copy_(out_rows * weight_local + column_out * weight_column)
-            merged.copy_(total)
+            # Into the rows that have column keys, views of out and lse.
+            flash.merge_into(parts.queried(out), parts.queried(lse), column_out, column_lse)
         ctx.parts = parts
         ctx.save_for_backward(q, k, v, out, lse)
         return out[:, :, : q.shape[2]]  # (B, H, L, D)
@@ -168,8 +163,8 @@ class StridedParts:
             position = row[None, :] * stride + torch.arange(stride, device=q.device)[:, None]
             real_key = (position < self.length)[:, None, :]  # (s, 1, rows)
             allowed = (row[None, :] != row[:, None]) & real_key  # (s, rows, rows), self dropped
-            self.column_options = {"scale": scale, "bias": flash.hidden_bias(allowed, q.dtype)}
-            self.column_options["bias"] = self.column_options["bias"][None]
+            bias = flash.hidden_bias(allowed, q.dtype)[None]  # (1, s, rows, rows)
+            self.column_options = {"scale": scale, "bias": bias}
 
     # --- local part ---------------------------------------------------------------------------
     def to_blocks(self, x: torch.Tensor) -> torch.Tensor:
