@@ -78,3 +78,25 @@ def assert_causal(module, length=24, t=10, head_dim=8, seed=0, replay=False):
         out2 = module(q2, k2, v2)
     torch.testing.assert_close(out[:, :, : t + 1], out2[:, :, : t + 1])
     assert not torch.allclose(out[:, :, t + 1 :], out2[:, :, t + 1 :])
+
+
+def assert_layout_independent(attend, tensors, replay=False):
+    """attend(*tensors) gives the same outputs and gradients on (B, H, L, D) views of
+    (B, L, H, D) tensors, the layout the model hands a kernel, as on contiguous copies.
+
+    tensors: (1, H, L, D) each (with batch 1, flattening B*H gives a strided view, not a copy).
+    replay: as in `assert_causal`, for the second call.
+    """
+    from variants.attention.base import replaying
+
+    views = [x.transpose(1, 2).contiguous().transpose(1, 2).requires_grad_() for x in tensors]
+    dense = [x.detach().clone().requires_grad_() for x in tensors]
+    assert not views[0].is_contiguous()
+    out_views = attend(*views)
+    with replaying() if replay else contextlib.nullcontext():
+        out_dense = attend(*dense)
+    torch.testing.assert_close(out_views, out_dense)
+    weights = torch.randn_like(out_dense)
+    got = torch.autograd.grad((out_views * weights).sum(), views)
+    want = torch.autograd.grad((out_dense * weights).sum(), dense)
+    torch.testing.assert_close(got, want)
