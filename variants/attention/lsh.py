@@ -88,6 +88,11 @@ SELF_MARGIN = 100.0
 SLICE_BYTES = 16 * 2**20
 # Up to this many buckets the hash is one angular hash, as in the paper; beyond, see hash_factors.
 SINGLE_HASH_MAX_BUCKETS = 128
+# Bytes of the key and value window gradients of one flash backward call (see `chunk_pieces`).
+# The CPU backward kernel zero-fills its gradient outputs, and at 16 MiB (one 32K sequence)
+# those came back as fresh pages on every call: the fill took a third of the backward's time.
+# One 32K sequence in one call took 50-80 ms, in four calls of 4 MiB 35 ms.
+PIECE_BYTES = 4 * 2**20
 
 
 @register_attention
@@ -253,28 +258,29 @@ def angular_hash(
 
     x: (B, H, L, D); rotations: (D, R, sum_f n_f / 2), the factors' columns side by side.
     Returns (B, H, R, L) int64 buckets in [0, prod_f n_f). The largest of [xR; -xR] is the
-    entry of xR largest in absolute value, taken in the second half when negative; max and min
-    find it without materialising [xR; -xR] or |xR|. All rounds project in one matmul: the
-    columns per round are at most SINGLE_HASH_MAX_BUCKETS / 2 or about sqrt(n_buckets).
+    entry of xR largest in absolute value, taken in the second half when negative, so [xR; -xR]
+    is never built. All rounds project in one matmul (the columns per round are at most
+    SINGLE_HASH_MAX_BUCKETS / 2 or about sqrt(n_buckets)), in blocks of rows whose projection
+    stays within PIECE_BYTES: one 32K sequence's, 16 MiB, faulted in fresh on every call.
     """
-    projected_bytes = x[..., :1].numel() * rotations[0].numel() * x.element_size()
-    if x.shape[0] * x.shape[1] > 1 and projected_bytes > SLICE_BYTES:
-        # One sequence at a time: the projection of all of them, (B*H, L, R * columns) floats,
-        # is 67 MB at 32K tokens and faults in fresh on every call (measured 107 -> 72 ms).
-        flat = x.flatten(0, 1).unsqueeze(1)  # (B*H, 1, L, D)
-        buckets = [angular_hash(flat[i : i + 1], rotations, factors) for i in range(len(flat))]
-        return torch.cat(buckets).view(*x.shape[:2], rotations.shape[1], x.shape[2])
+    *lead, head_dim = x.shape
+    rounds, columns = rotations.shape[1], rotations.shape[2]
+    rows = x.reshape(-1, head_dim)  # (N, D), N = B*H*L
+    buckets = torch.empty(rows.shape[0], rounds, dtype=torch.int64, device=x.device)  # (N, R)
+    block = max(1, PIECE_BYTES // (rounds * columns * x.element_size()))
     with torch.no_grad():
-        projected = torch.matmul(x, rotations.flatten(1))  # (B, H, L, R * columns)
-        projected = projected.unflatten(-1, (rotations.shape[1], -1))  # (B, H, L, R, columns)
-        buckets = torch.zeros(projected.shape[:-1], dtype=torch.int64, device=x.device)
-        parts = projected.split([n // 2 for n in factors], dim=-1)  # (B, H, L, R, n_f/2) each
-        for part, n in zip(parts, factors, strict=True):
-            top, top_index = part.max(dim=-1)  # (B, H, L, R)
-            bottom, bottom_index = part.min(dim=-1)  # (B, H, L, R)
-            bucket = torch.where(top >= -bottom, top_index, bottom_index + n // 2)  # (B, H, L, R)
-            buckets = buckets * n + bucket
-    return buckets.transpose(-1, -2).contiguous()  # (B, H, R, L)
+        for start in range(0, rows.shape[0], block):
+            projected = rows[start : start + block] @ rotations.flatten(1)  # (n, R * columns)
+            projected = projected.view(-1, rounds, columns)  # (n, R, columns)
+            parts = projected.split([n // 2 for n in factors], dim=-1)  # (n, R, n_f / 2) each
+            bucket = None
+            for part, n in zip(parts, factors, strict=True):
+                index = part.abs().argmax(dim=-1, keepdim=True)  # (n, R, 1)
+                negative = part.gather(-1, index) < 0  # (n, R, 1)
+                factor_bucket = index.squeeze(-1) + negative.squeeze(-1) * (n // 2)  # (n, R)
+                bucket = factor_bucket if bucket is None else bucket.mul_(n).add_(factor_bucket)
+            buckets[start : start + block] = bucket
+    return buckets.view(*lead, rounds).transpose(-1, -2).contiguous()  # (B, H, R, L)
 
 
 def chunk_dtype(n_chunks: int) -> torch.dtype:
@@ -361,8 +367,9 @@ class RoundsWindowAttention(torch.autograd.Function):
                 unit_rows = q_rows * norm_rows.reciprocal()  # as in backward
                 norm_r = sorted_round.own(norm_rows)  # (s, C, m, 1)
                 q_r = sorted_round.own(q_rows)  # (s, C, m, D)
-                bias = window_bias(_round(hidden, part, r), norm_r, q_r.shape)  # (s,C,m,W*m)
                 keys, values = sorted_round.windows(unit_rows), sorted_round.windows(v_rows)
+                bias_shape = (*q_r.shape[:-1], keys.shape[2])
+                bias = window_bias(_round(hidden, part, r), norm_r, bias_shape)  # (s,C,m,W*m)
                 out_r, lse_r = flash.attend(q_r, keys, values, bias=bias, scale=1.0)  # (s,C,m,[D])
                 del bias, keys, values, unit_rows
                 unsort = sorted_round.unsort
@@ -401,23 +408,40 @@ class RoundsWindowAttention(torch.autograd.Function):
                 grad_out = sorted_round.sort(grad_combined[part])  # (s, C, m, D)
                 out = sorted_round.sort(combined[part])  # (s, C, m, D)
                 lse = sorted_round.sort(total_lse[part]).squeeze(-1)  # (s, C, m)
-                bias = window_bias(_round(hidden, part, r), norm_r, q_r.shape)  # (s,C,m,W*m)
-                grad_q_r, grad_keys, grad_values = flash.attend_backward(
-                    grad_out,
-                    q_r,
-                    sorted_round.windows(unit_rows),
-                    sorted_round.windows(v_rows),
-                    out,
-                    lse,
-                    bias=bias,
-                    scale=1.0,
-                )  # (s, C, m, D), (s, C, W*m, D) twice
-                del bias, grad_out, out
-                grad_unit = unwindow(grad_keys)  # (s, C, m, D)
+                keys, values = sorted_round.windows(unit_rows), sorted_round.windows(v_rows)
+                hidden_r = _round(hidden, part, r)
+                grad_unit, grad_v_r = WindowGradient(unit), WindowGradient(unit)
+                grad_q_parts = []
+                for chunks in chunk_pieces(q_r.shape, keys.shape[2]):
+                    bias = window_bias(
+                        None if hidden_r is None else hidden_r[:, chunks],
+                        norm_r[:, chunks],
+                        (*q_r[:, chunks].shape[:-1], keys.shape[2]),
+                    )  # (s, c, m, W*m)
+                    grad_q_c, grad_keys, grad_values = flash.attend_backward(
+                        grad_out[:, chunks],
+                        q_r[:, chunks],
+                        keys[:, chunks],
+                        values[:, chunks],
+                        out[:, chunks],
+                        lse[:, chunks],
+                        bias=bias,
+                        scale=1.0,
+                    )  # (s, c, m, D), (s, c, W*m, D) twice
+                    grad_q_parts.append((chunks, grad_q_c))
+                    grad_unit.add(grad_keys, chunks)
+                    grad_v_r.add(grad_values, chunks)
+                del bias, grad_out, out, grad_keys, grad_values
+                grad_unit, grad_v_r = grad_unit.result(), grad_v_r.result()  # (s, C, m, D)
                 # unit = q / |q|: the key role's gradient loses its radial part, divided by |q|.
                 radial = (grad_unit * unit).sum(dim=-1, keepdim=True)  # (s, C, m, 1)
-                grad_q_r.addcmul_(grad_unit.sub_(unit.mul_(radial)), inv_norm)
-                grad_v_r = unwindow(grad_values)  # (s, C, m, D)
+                tangent = grad_unit.sub_(unit.mul_(radial))  # (s, C, m, D)
+                grad_q_r = torch.empty_like(tangent)  # (s, C, m, D)
+                for chunks, grad_q_c in grad_q_parts:
+                    torch.addcmul(
+                        grad_q_c, tangent[:, chunks], inv_norm[:, chunks], out=grad_q_r[:, chunks]
+                    )
+                del grad_q_parts
                 if r == 0:
                     sorted_round.unsort(grad_q_r, out=grad_q[part])
                     sorted_round.unsort(grad_v_r, out=grad_v[part])
@@ -519,33 +543,62 @@ def overlapping_windows(rows: torch.Tensor, n_chunks: int, m: int) -> torch.Tens
     )
 
 
-def unwindow(grad_windows: torch.Tensor) -> torch.Tensor:
-    """Gradient of `window_view`: (G, C, W*m, D) -> (G, C, m, D), each half added back."""
-    n_chunks = grad_windows.shape[1]
-    if n_chunks == 1:
-        return grad_windows
-    previous, own = grad_windows.chunk(2, dim=2)  # (G, C, m, D) each; previous[:, c] is c - 1's
-    grad = torch.empty(own.shape, dtype=own.dtype, device=own.device)  # (G, C, m, D)
-    torch.add(own[:, :-1], previous[:, 1:], out=grad[:, :-1])
-    torch.add(own[:, -1], previous[:, 0], out=grad[:, -1])
-    return grad
+class WindowGradient:
+    """The gradient of rows (G, C, m, D) from the gradients of their windows, added one range of
+    chunks at a time: the gradient of `window_view`, for window gradients that come in pieces.
+
+    Chunk c's rows are the own half of window c and the previous half of window c + 1 (window
+    0's previous half is the last chunk's). Ranges must come in order and cover 0 .. C once.
+    """
+
+    def __init__(self, like: torch.Tensor):
+        self.grad = torch.empty_like(like)  # (G, C, m, D)
+        self.n_chunks = like.shape[1]
+        self.wrapped = None  # window 0's previous half, for the last chunk, which comes last
+
+    def add(self, grad_windows: torch.Tensor, chunks: slice) -> None:
+        """grad_windows: (G, c, W*m, D), the windows of `chunks` (a range start:stop)."""
+        start, stop = chunks.start, chunks.stop
+        if self.n_chunks == 1:
+            self.grad.copy_(grad_windows)
+            return
+        previous, own = grad_windows.chunk(2, dim=2)  # (G, c, m, D) each; previous[:, i] is i-1's
+        torch.add(own[:, :-1], previous[:, 1:], out=self.grad[:, start : stop - 1])
+        self.grad[:, stop - 1].copy_(own[:, -1])
+        if start == 0:
+            self.wrapped = previous[:, 0]
+        else:
+            self.grad[:, start - 1] += previous[:, 0]
+
+    def result(self) -> torch.Tensor:
+        if self.wrapped is not None:
+            self.grad[:, -1] += self.wrapped
+            self.wrapped = None
+        return self.grad
+
+
+def chunk_pieces(query_shape, window: int) -> list[slice]:
+    """Ranges of the chunks of queries (s, C, m, D) whose window gradients (s, c, window, D)
+    stay within PIECE_BYTES of float32 (one chunk at least), for one flash backward call each."""
+    n_seq, n_chunks, _, head_dim = query_shape
+    per_piece = max(1, PIECE_BYTES // (n_seq * window * head_dim * 4))
+    return [slice(c, min(c + per_piece, n_chunks)) for c in range(0, n_chunks, per_piece)]
 
 
 def window_bias(hidden: torch.Tensor | None, norm: torch.Tensor, shape) -> torch.Tensor:
-    """Additive score bias laid out as `window_view`'s keys: (G, C, m, W*m) float.
+    """Additive score bias laid out as `window_view`'s keys, of `shape` (G, c, m, W*m), float.
 
-    flash.masked_score where `hidden` ((G, C, m or 1, W*m)) hides a key; on a token's score
+    flash.masked_score where `hidden` ((G, c, m or 1, W*m)) hides a key; on a token's score
     for itself -(2 |q| + SELF_MARGIN), which puts it SELF_MARGIN below the lowest score any
     other key can have (|q . k_hat| <= |q|): a token attends to itself only when it has no
-    other key, with no precision lost to a huge constant.
+    other key, with no precision lost to a huge constant. norm: (G, c, m, 1), the queries' |q|.
     """
-    groups, n_chunks, m, _ = shape
-    full = (groups, n_chunks, m, (1 if n_chunks == 1 else 2) * m)
+    m = shape[2]
     if hidden is None:
-        bias = norm.new_zeros(full)
+        bias = norm.new_zeros(shape)
     else:
         bias = hidden.to(norm.dtype).mul_(flash.masked_score(norm.dtype))
-        bias = bias.expand(full).contiguous()
+        bias = bias.expand(shape).contiguous()
     own = bias[..., -m:]  # (G, C, m, m) view: the own chunk is the window's last
     own.diagonal(dim1=-2, dim2=-1).copy_(norm.squeeze(-1).mul(-2).sub_(SELF_MARGIN))
     return bias

@@ -213,7 +213,8 @@ def test_product_hash_above_128_buckets_uses_every_bucket_and_keeps_neighbours_t
 @pytest.mark.parametrize("causal", [False, True])
 def test_slicing_the_sequences_changes_nothing(causal, monkeypatch, flash_kernels):
     """The window attention runs in slices of the B*H sequences, as many per slice as a byte
-    budget allows; a one-byte budget here makes every sequence its own slice."""
+    budget allows, and its backward in ranges of chunks; one-byte budgets here make every
+    sequence its own slice and every chunk its own range."""
     q, _, v = qkv(2, 2, 40, 8, seed=7, requires_grad=True)
     module = build_attention("lsh", causal=causal, n_hashes=3, bucket_size=4, seed=2)
     out = module(q, q, v)
@@ -221,6 +222,9 @@ def test_slicing_the_sequences_changes_nothing(causal, monkeypatch, flash_kernel
     assert len(lsh.sequence_slices(q.flatten(0, 1), 4, n_chunks=10)) == 1
     monkeypatch.setattr(lsh, "SLICE_BYTES", 1)
     assert len(lsh.sequence_slices(q.flatten(0, 1), 4, n_chunks=10)) == 4
+    # The backward's flash calls over ranges of chunks, here one chunk each.
+    monkeypatch.setattr(lsh, "PIECE_BYTES", 1)
+    assert len(lsh.chunk_pieces((1, 10, 4, 8), window=8)) == 10
     with replaying():
         sliced = module(q, q, v)
         sliced_grads = torch.autograd.grad(sliced.square().sum(), (q, v))
@@ -236,12 +240,20 @@ def test_strided_inputs_give_the_contiguous_result(flash_kernels):
     assert_layout_independent(lambda q, v: module(q, q, v), (q, v), replay=True)
 
 
-def test_hashing_sequence_by_sequence_gives_the_same_buckets(monkeypatch):
-    # Long sequences hash one (batch, head) sequence at a time; a 1-byte budget forces it here.
+def test_hash_is_the_argmax_over_both_signs_in_mixed_radix(monkeypatch):
+    # Independent reference: per factor, argmax over [xR_f; -xR_f] built in full; the factors
+    # combine first-most-significant. Rows are hashed in blocks; a 1-byte budget makes every
+    # row its own block, which must change nothing.
     g = torch.Generator().manual_seed(0)
     x = torch.randn(2, 3, 40, 8, generator=g, dtype=torch.float64)
     rotations = torch.randn(8, 2, 4 + 8, generator=g, dtype=torch.float64)  # factors 8 and 16
+    projected = torch.einsum("bhld,drc->bhrlc", x, rotations)  # (B, H, R, L, 12)
+    first, second = projected[..., :4], projected[..., 4:]
+    first_bucket = torch.cat([first, -first], dim=-1).argmax(dim=-1)  # (B, H, R, L) in [0, 8)
+    second_bucket = torch.cat([second, -second], dim=-1).argmax(dim=-1)  # in [0, 16)
+    want = first_bucket * 16 + second_bucket
     whole = lsh.angular_hash(x, rotations, (8, 16))
-    monkeypatch.setattr(lsh, "SLICE_BYTES", 1)
-    assert torch.equal(lsh.angular_hash(x, rotations, (8, 16)), whole)
     assert whole.shape == (2, 3, 2, 40)
+    assert torch.equal(whole, want)
+    monkeypatch.setattr(lsh, "PIECE_BYTES", 1)
+    assert torch.equal(lsh.angular_hash(x, rotations, (8, 16)), want)
