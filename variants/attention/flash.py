@@ -83,11 +83,13 @@ def merge_into(
 
     out, part_out: (..., D); lse, part_lse: (..., 1), in the dtype `attend` returns. A part
     whose row had every key hidden (lse about MASKED_SCORE, or -inf) weighs exactly 0.
+    part_out is scaled in place (callers pass a temporary): one buffer the size of the output
+    fewer per merge.
     """
     total = torch.logaddexp(lse, part_lse)  # (..., 1)
     kept = (lse - total).exp_().to(out.dtype)
     added = (part_lse - total).exp_().to(out.dtype)
-    out.mul_(kept).add_(part_out * added)
+    out.mul_(kept).add_(part_out.mul_(added))
     lse.copy_(total)
 
 
