@@ -102,7 +102,7 @@ class LSHAttention(Attention):
     The `k` argument is ignored: keys are the unit-normalised queries. The model passes
     shared-QK projections (q = k) because this variant declares `shared_qk_required`.
     The buckets of the last forward are kept in `last_buckets`, (batch, heads, n_hashes,
-    padded seq_len); inside `base.replaying()` a forward reuses them instead of hashing anew,
+    padded seq_len), int16 or int32; inside `base.replaying()` a forward reuses them instead of hashing anew,
     so that a reversible or checkpointed recompute sees the same buckets.
     """
 
@@ -171,13 +171,15 @@ class LSHAttention(Attention):
         cached = self.last_buckets
         replayable = cached is not None and cached.shape == (batch, heads, self.n_hashes, padded)
         if is_replaying() and replayable:
-            return cached
+            return cached.long()
         buckets = angular_hash(q.detach(), rotations, factors)  # (B, H, R, Lp)
         # Monotone onto exactly n_buckets: neighbouring product buckets merge when the factors'
         # product overshoots, which keeps similar vectors adjacent in the sort.
         buckets = buckets * n_buckets // math.prod(factors)
         buckets[..., length:] = n_buckets
-        self.last_buckets = buckets
+        # Kept in the narrowest integer type: every layer holds its buckets until its backward,
+        # so at depth 12 int64 buckets were a quarter of a reversible stack's growth over depth 1.
+        self.last_buckets = buckets.to(index_dtype(n_buckets + 1))
         return buckets
 
     def _rotations(self, head_dim: int, columns: int, like: torch.Tensor) -> torch.Tensor:
