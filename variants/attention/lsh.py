@@ -44,8 +44,9 @@ Choices where published implementations differ:
 
 Speed: the per-chunk attention runs on PyTorch's fused CPU flash-attention kernels (forward
 and backward) with an additive mask, chunks playing the role of heads; the rounds are combined
-inside the same autograd Function, so its backward is one flash backward per round given the
-combined output and logsumexp (`RoundsWindowAttention`). Other devices take explicit matmuls.
+inside the same autograd Function, so its backward is a flash backward per round (over ranges
+of chunks) given the combined output and logsumexp (`RoundsWindowAttention`). Other devices
+take explicit matmuls.
 Both directions sort, attend and unsort one round of as many sequences at a time as keep the
 window temporaries within SLICE_BYTES (one sequence at least: 16 MiB each at 32K tokens, 32 MiB
 at 64K, with m = d = 64 in float32): on CPU, memory blocks above glibc's mmap threshold come
@@ -91,7 +92,8 @@ SINGLE_HASH_MAX_BUCKETS = 128
 # Bytes of the key and value window gradients of one flash backward call (see `chunk_pieces`).
 # The CPU backward kernel zero-fills its gradient outputs, and at 16 MiB (one 32K sequence)
 # those came back as fresh pages on every call: the fill took a third of the backward's time.
-# One 32K sequence in one call took 50-80 ms, in four calls of 4 MiB 35 ms.
+# One 32K sequence in one call took 50-80 ms, in four calls of 4 MiB 35 ms. The same budget
+# bounds the hash's projection blocks and the groups of sequences the masks are built for.
 PIECE_BYTES = 4 * 2**20
 
 
@@ -102,8 +104,8 @@ class LSHAttention(Attention):
     The `k` argument is ignored: keys are the unit-normalised queries. The model passes
     shared-QK projections (q = k) because this variant declares `shared_qk_required`.
     The buckets of the last forward are kept in `last_buckets`, (batch, heads, n_hashes,
-    padded seq_len), int16 or int32; inside `base.replaying()` a forward reuses them instead of hashing anew,
-    so that a reversible or checkpointed recompute sees the same buckets.
+    padded seq_len), int16 or int32; inside `base.replaying()` a forward reuses them instead
+    of hashing anew, so that a reversible or checkpointed recompute sees the same buckets.
     """
 
     name = "lsh"
@@ -217,25 +219,33 @@ class LSHAttention(Attention):
         hidden = torch.empty(
             n_seq, rounds, n_chunks, m, window * m, dtype=torch.uint8, device=order.device
         )
-        # One sequence and round at a time, into the mask itself: temporaries the size of the
-        # whole mask came back as fresh pages on every call (comparisons into uint8 go through
-        # a bool temporary), and faulting them in cost as much as the comparisons.
-        chunk_of = (slot // m).to(index_dtype(n_chunks))  # (S, R, Lp) chunk of each position
-        same = torch.empty_like(hidden[0, 0])  # (C, m, W*m)
-        for i in range(n_seq):
+        # A few sequences and one round at a time, into the mask itself: temporaries the size
+        # of the whole mask came back as fresh pages on every call (comparisons into uint8 go
+        # through a bool temporary), and faulting them in cost as much as the comparisons.
+        # Positions compare against `length` and chunk indices against n_chunks: the dtypes
+        # must hold those too (int16 wraps 32768 around to -32768 without an error).
+        positions = order.to(index_dtype(padded + 1))  # (S, R, Lp)
+        chunk_of = (slot // m).to(index_dtype(n_chunks + 1))  # (S, R, Lp) chunk of each position
+        per_group = max(1, PIECE_BYTES // hidden[0, 0].numel())
+        for start in range(0, n_seq, per_group):
+            group = slice(start, start + per_group)
+            same = torch.empty_like(hidden[group, 0])  # (g, C, m, W*m)
             for r in range(rounds):
-                mask = hidden[i, r]  # (C, m, W*m) view
-                pos = order[i, r].view(n_chunks, m).to(index_dtype(padded))  # (C, m)
+                mask = hidden[group, r]  # (g, C, m, W*m) view
+                pos = positions[group, r].unflatten(-1, (n_chunks, m))  # (g, C, m)
                 if self.causal:
                     # Padded keys sit after every real query, so this also hides them.
                     torch.gt(window_keys(pos), pos.unsqueeze(-1), out=mask)
-                else:
+                elif length < padded:
                     torch.ge(window_keys(pos).expand_as(mask), length, out=mask)
+                else:
+                    mask.zero_()
                 for earlier in range(r if dedup else 0):
                     # Key j is in query i's window in round e iff chunk_e(i) is chunk_e(j) or
                     # the one after it.
-                    chunk = chunk_of[i, earlier].gather(0, order[i, r]).view(n_chunks, m)  # (C,m)
-                    query_chunk = chunk.unsqueeze(-1)  # (C, m, 1)
+                    chunk = chunk_of[group, earlier].gather(1, order[group, r])  # (g, Lp)
+                    chunk = chunk.unflatten(-1, (n_chunks, m))  # (g, C, m)
+                    query_chunk = chunk.unsqueeze(-1)  # (g, C, m, 1)
                     mask |= torch.eq(window_keys(chunk), query_chunk, out=same)
                     mask |= torch.eq(window_keys((chunk + 1) % n_chunks), query_chunk, out=same)
         return hidden
@@ -285,7 +295,8 @@ def angular_hash(
     entry of xR largest in absolute value, taken in the second half when negative, so [xR; -xR]
     is never built. All rounds project in one matmul (the columns per round are at most
     SINGLE_HASH_MAX_BUCKETS / 2 or about sqrt(n_buckets)), in blocks of rows whose projection
-    stays within PIECE_BYTES: one 32K sequence's, 16 MiB, faulted in fresh on every call.
+    stays within PIECE_BYTES (projecting one 32K sequence at once, 16 MiB, faulted in fresh
+    pages on every call).
     """
     *lead, head_dim = x.shape
     rounds, columns = rotations.shape[1], rotations.shape[2]
@@ -348,7 +359,7 @@ class RoundsWindowAttention(torch.autograd.Function):
         norm = q.norm(dim=-1, keepdim=True).clamp_min_(SHARED_QK_NORM_EPS)  # (S, Lp, 1)
         combined = torch.empty_like(q)  # (S, Lp, D)
         total_lse = None  # (S, Lp, 1), in the dtype the kernels return
-        bias = None  # one score-bias buffer for every round (see `reusable`)
+        bias_buffer = ScratchBuffer(q)
         for part in sequence_slices(q, m, n_chunks=padded // m):
             for r in range(rounds):
                 sorted_round = SortedRound(order[part, r], slot[part, r], m)
@@ -359,7 +370,7 @@ class RoundsWindowAttention(torch.autograd.Function):
                 norm_r = sorted_round.own(norm_rows)  # (s, C, m, 1)
                 q_r = sorted_round.own(q_rows)  # (s, C, m, D)
                 keys, values = sorted_round.windows(unit_rows), sorted_round.windows(v_rows)
-                bias = reusable(bias, (*q_r.shape[:-1], keys.shape[2]), q)  # (s, C, m, W*m)
+                bias = bias_buffer.view((*q_r.shape[:-1], keys.shape[2]))  # (s, C, m, W*m)
                 window_bias(_round(hidden, part, r), norm_r, out=bias)
                 out_r, lse_r = flash.attend(q_r, keys, values, bias=bias, scale=1.0)  # (s,C,m,[D])
                 del keys, values, unit_rows
@@ -386,7 +397,7 @@ class RoundsWindowAttention(torch.autograd.Function):
         m, rounds = ctx.m, order.shape[1]
         grad_combined = grad_combined.contiguous()
         grad_q, grad_v = torch.empty_like(q), torch.empty_like(v)  # (S, Lp, D) each
-        bias = None  # one score-bias buffer for every call (see `reusable`)
+        bias_buffer = ScratchBuffer(q)
         for part in sequence_slices(q, m, n_chunks=q.shape[1] // m):
             for r in range(rounds):
                 sorted_round = SortedRound(order[part, r], slot[part, r], m)
@@ -404,8 +415,8 @@ class RoundsWindowAttention(torch.autograd.Function):
                 hidden_r = _round(hidden, part, r)
                 grad_unit, grad_v_r = WindowGradient(unit), WindowGradient(unit)
                 grad_q_parts = []
-                for chunks in chunk_pieces(q_r.shape, keys.shape[2]):
-                    bias = reusable(bias, (*q_r[:, chunks].shape[:-1], keys.shape[2]), q)
+                for chunks in chunk_pieces(q_r.shape, keys.shape[2], q.element_size()):
+                    bias = bias_buffer.view((*q_r[:, chunks].shape[:-1], keys.shape[2]))
                     hidden_c = None if hidden_r is None else hidden_r[:, chunks]
                     window_bias(hidden_c, norm_r[:, chunks], out=bias)  # (s, c, m, W*m)
                     grad_q_c, grad_keys, grad_values = flash.attend_backward(
@@ -494,8 +505,9 @@ class SortedRound:
 
 def sequence_slices(x: torch.Tensor, m: int, n_chunks: int) -> list[slice]:
     """Slices of the S = B*H sequences of x (S, Lp, D) such that one round of a slice keeps
-    every window temporary (score bias, key and value windows and their gradients, W*max(m, D)
-    elements per row) within SLICE_BYTES, and at least one sequence each."""
+    every window temporary (score bias, key and value windows, W*max(m, D) elements per row)
+    within SLICE_BYTES, and at least one sequence each. (The backward's window gradients are
+    further split into ranges of chunks: `chunk_pieces`.)"""
     n_seq, padded, head_dim = x.shape
     window = 1 if n_chunks == 1 else 2
     bytes_per_sequence = padded * window * max(m, head_dim) * x.element_size()
@@ -564,7 +576,7 @@ class WindowGradient:
         torch.add(own[:, :-1], previous[:, 1:], out=self.grad[:, start : stop - 1])
         self.grad[:, stop - 1].copy_(own[:, -1])
         if start == 0:
-            self.wrapped = previous[:, 0]
+            self.wrapped = previous[:, 0].clone()  # not a view: the piece can go
         else:
             self.grad[:, start - 1] += previous[:, 0]
 
@@ -575,23 +587,28 @@ class WindowGradient:
         return self.grad
 
 
-def chunk_pieces(query_shape, window: int) -> list[slice]:
+def chunk_pieces(query_shape, window: int, element_size: int) -> list[slice]:
     """Ranges of the chunks of queries (s, C, m, D) whose window gradients (s, c, window, D)
-    stay within PIECE_BYTES of float32 (one chunk at least), for one flash backward call each."""
+    stay within PIECE_BYTES (one chunk at least), for one flash backward call each."""
     n_seq, n_chunks, _, head_dim = query_shape
-    per_piece = max(1, PIECE_BYTES // (n_seq * window * head_dim * 4))
+    per_piece = max(1, PIECE_BYTES // (n_seq * window * head_dim * element_size))
     return [slice(c, min(c + per_piece, n_chunks)) for c in range(0, n_chunks, per_piece)]
 
 
-def reusable(buffer: torch.Tensor | None, shape: tuple[int, ...], like: torch.Tensor):
-    """`buffer` if it has `shape`, else a new tensor of that shape with like's dtype and device.
+class ScratchBuffer:
+    """One buffer reused for the score bias of every round and range of chunks, viewed at the
+    shape each asks for and grown to the largest: a new bias, 16 MiB per 32K sequence, came
+    back as fresh pages on every round, and faulting them in cost as much as writing it."""
 
-    The rounds reuse one score-bias buffer: a new one, 16 MiB per 32K sequence, came back as
-    fresh pages on every round, and faulting them in cost as much as writing the bias.
-    """
-    if buffer is not None and buffer.shape == shape:
-        return buffer
-    return like.new_empty(shape)
+    def __init__(self, like: torch.Tensor):
+        self.like = like  # dtype and device
+        self.data: torch.Tensor | None = None
+
+    def view(self, shape: tuple[int, ...]) -> torch.Tensor:
+        numel = math.prod(shape)
+        if self.data is None or self.data.numel() < numel:
+            self.data = self.like.new_empty(numel)
+        return self.data[:numel].view(shape)
 
 
 def window_bias(

@@ -166,6 +166,18 @@ def test_gradcheck(causal, dedup, batch, heads, flash_kernels):
         assert torch.autograd.gradcheck(lambda a, b: module(a, k, b), (q, v), fast_mode=True)
 
 
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("length", [3, 4, 7])
+def test_gradcheck_with_one_or_two_chunks(causal, length, flash_kernels):
+    # m = 4: one chunk (padded or not), or two chunks with padding: windows without a previous
+    # chunk, and the wrap-around bringing the other chunk.
+    q, k, v = qkv(1, 2, length, 4, requires_grad=True)
+    module = build_attention("lsh", causal=causal, n_hashes=2, bucket_size=4, seed=1)
+    module(q, k, v)
+    with replaying():
+        assert torch.autograd.gradcheck(lambda a, b: module(a, k, b), (q, v), fast_mode=True)
+
+
 def test_flops_count_the_two_chunk_window():
     module = build_attention("lsh", n_hashes=4, bucket_size=64)
     assert module.flops(1, 4, 4096, 64) == 4 * 4 * 4 * 4096 * 128 * 64
@@ -211,26 +223,58 @@ def test_product_hash_above_128_buckets_uses_every_bucket_and_keeps_neighbours_t
 
 
 @pytest.mark.parametrize("causal", [False, True])
-def test_slicing_the_sequences_changes_nothing(causal, monkeypatch, flash_kernels):
+@pytest.mark.parametrize(("length", "dedup"), [(40, True), (38, True), (38, False)])
+@pytest.mark.parametrize(
+    ("one_sequence_per_slice", "chunks_per_piece", "n_pieces"),
+    [(True, 1, 10), (False, 1, 10), (True, 3, 4)],  # 3 chunks: 3 + 3 + 3 + 1
+)
+def test_slicing_the_sequences_changes_nothing(
+    causal, length, dedup, one_sequence_per_slice, chunks_per_piece, n_pieces, monkeypatch,
+    flash_kernels,
+):
     """The window attention runs in slices of the B*H sequences, as many per slice as a byte
-    budget allows, and its backward in ranges of chunks; one-byte budgets here make every
-    sequence its own slice and every chunk its own range."""
-    q, _, v = qkv(2, 2, 40, 8, seed=7, requires_grad=True)
-    module = build_attention("lsh", causal=causal, n_hashes=3, bucket_size=4, seed=2)
+    budget allows, and its backward in ranges of chunks; small budgets here make every
+    sequence its own slice, or split every round into ranges of one or three chunks (the last
+    one shorter), with and without padding and dedup."""
+    q, _, v = qkv(2, 2, length, 8, seed=7, requires_grad=True)
+    module = build_attention("lsh", causal=causal, n_hashes=3, bucket_size=4, seed=2, dedup=dedup)
     out = module(q, q, v)
     grads = torch.autograd.grad(out.square().sum(), (q, v))
     assert len(lsh.sequence_slices(q.flatten(0, 1), 4, n_chunks=10)) == 1
-    monkeypatch.setattr(lsh, "SLICE_BYTES", 1)
-    assert len(lsh.sequence_slices(q.flatten(0, 1), 4, n_chunks=10)) == 4
-    # The backward's flash calls over ranges of chunks, here one chunk each.
-    monkeypatch.setattr(lsh, "PIECE_BYTES", 1)
-    assert len(lsh.chunk_pieces((1, 10, 4, 8), window=8)) == 10
+    n_seq = 4
+    if one_sequence_per_slice:
+        monkeypatch.setattr(lsh, "SLICE_BYTES", 1)
+        assert len(lsh.sequence_slices(q.flatten(0, 1), 4, n_chunks=10)) == 4
+        n_seq = 1
+    # One chunk's window gradients: n_seq sequences x 2m keys x D, float64.
+    monkeypatch.setattr(lsh, "PIECE_BYTES", chunks_per_piece * n_seq * 8 * 8 * 8)
+    assert len(lsh.chunk_pieces((n_seq, 10, 4, 8), window=8, element_size=8)) == n_pieces
     with replaying():
         sliced = module(q, q, v)
         sliced_grads = torch.autograd.grad(sliced.square().sum(), (q, v))
     torch.testing.assert_close(sliced, out)
     for got, want in zip(sliced_grads, grads, strict=True):
         torch.testing.assert_close(got, want)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("m", [64, 1])
+def test_masks_at_32768_positions_do_not_wrap_around(causal, m):
+    # Positions and chunk indices compare as int16 where they fit; 32768 itself (the length,
+    # or the chunk count with m = 1) does not, and int16 wraps it around without an error.
+    # Two identical rounds: the first hides nothing but later keys, the second every key.
+    length = 32768
+    order = torch.arange(length).expand(1, 2, length)  # (S, R, Lp): every round unsorted
+    module = build_attention("lsh", causal=causal, n_hashes=2, bucket_size=m)
+    hidden = module._hidden_keys(order, order, length)  # (1, 2, C, m, 2m)
+    first, second = hidden[0, 0].bool(), hidden[0, 1].bool()
+    if causal:
+        query = torch.arange(length).view(-1, m, 1)  # (C, m, 1)
+        key = lsh.window_keys(torch.arange(length).view(1, -1, m))[0]  # (C, 1, 2m)
+        assert torch.equal(first, (key > query).expand_as(first))
+    else:
+        assert not first.any()
+    assert second.all()
 
 
 def test_strided_inputs_give_the_contiguous_result(flash_kernels):
