@@ -303,9 +303,10 @@ def angular_hash(
     rows = x.reshape(-1, head_dim)  # (N, D), N = B*H*L
     buckets = torch.empty(rows.shape[0], rounds, dtype=torch.int64, device=x.device)  # (N, R)
     block = max(1, PIECE_BYTES // (rounds * columns * x.element_size()))
+    projection = rotations.flatten(1)  # (D, R * columns)
     with torch.no_grad():
         for start in range(0, rows.shape[0], block):
-            projected = rows[start : start + block] @ rotations.flatten(1)  # (n, R * columns)
+            projected = rows[start : start + block] @ projection  # (n, R * columns)
             projected = projected.view(-1, rounds, columns)  # (n, R, columns)
             parts = projected.split([n // 2 for n in factors], dim=-1)  # (n, R, n_f / 2) each
             bucket = None
@@ -623,11 +624,7 @@ def window_bias(
     other key, with no precision lost to a huge constant. norm: (G, c, m, 1), the queries' |q|.
     """
     m = out.shape[2]
-    bias = out
-    if hidden is None:
-        bias.zero_()
-    else:
-        bias.copy_(hidden).mul_(flash.masked_score(norm.dtype))
+    bias = out.zero_() if hidden is None else flash.hidden_bias(hidden, out.dtype, out=out)
     own = bias[..., -m:]  # (G, C, m, m) view: the own chunk is the window's last
     own.diagonal(dim1=-2, dim2=-1).copy_(norm.squeeze(-1).mul(-2).sub_(SELF_MARGIN))
     return bias

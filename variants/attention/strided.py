@@ -155,7 +155,7 @@ class StridedParts:
             self.length, stride, 1, self.look_forward, causal=causal,
             max_distance=stride - 1, device=q.device,
         )  # (n, s, w*s)
-        self.local_options = {"scale": scale, "bias": flash.hidden_bias(allowed, q.dtype)[None]}
+        self.local_options = {"scale": scale, "bias": flash.hidden_bias(~allowed, q.dtype)[None]}
         if causal:
             self.column_options = {"scale": scale, "causal": True}
         else:
@@ -163,7 +163,7 @@ class StridedParts:
             position = row[None, :] * stride + torch.arange(stride, device=q.device)[:, None]
             real_key = (position < self.length)[:, None, :]  # (s, 1, rows)
             allowed = (row[None, :] != row[:, None]) & real_key  # (s, rows, rows), self dropped
-            bias = flash.hidden_bias(allowed, q.dtype)[None]  # (1, s, rows, rows)
+            bias = flash.hidden_bias(~allowed, q.dtype)[None]  # (1, s, rows, rows)
             self.column_options = {"scale": scale, "bias": bias}
 
     # --- local part ---------------------------------------------------------------------------
