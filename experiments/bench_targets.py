@@ -7,7 +7,9 @@ Kernel timings are forward+backward (gradients of q, k, v) at batch 1, 4 heads, 
 fp32, causal (Linformer cannot be causal and runs unmasked), all against a bare
 `F.scaled_dot_product_attention(q, k, v, is_causal=True)` call. The machine is shared and its
 speed drifts, so every length is measured in rounds that time each contender once, and a
-variant's speed-up is the median over rounds of SDPA's time / its time in the same round.
+variant's speed-up is the median over rounds of SDPA's time / its time in the same round, and
+its FLOP fraction the median of its useful FLOP/s over the rate of a 1024^3 matmul timed just
+before and just after it.
 Set THP_MEM_ALLOC_ENABLE=1 in the environment to give every contender (SDPA included) PyTorch's
 transparent-huge-page allocations; the table header says whether it was set.
 
@@ -72,7 +74,7 @@ def main(argv: list[str] | None = None) -> None:
     rate = matmul_gflops_per_s("cpu", torch.float32)
     print(
         f"threads {torch.get_num_threads()}, fp32 matmul {rate:.0f} GFLOP/s at start "
-        "(FLOP fractions use the matmul timed in each round), "
+        "(FLOP fractions use the matmul timed around each call), "
         f"THP_MEM_ALLOC_ENABLE={os.environ.get('THP_MEM_ALLOC_ENABLE', 'unset')}, "
         f"{args.rounds} rounds per length"
     )
@@ -186,47 +188,69 @@ class Timings:
     """One length's measurements, each the median over rounds, by contender name."""
 
     speedups: dict[str, float]  # SDPA's time / the contender's, per round
-    fractions: dict[str, float]  # useful FLOP/s / the round's matmul rate
+    fractions: dict[str, float]  # useful FLOP/s / the rate of the matmul timed around it
     seconds: dict[str, float]  # per forward+backward call ("sdpa" and "matmul" included)
-    matmuls: dict[str, float]  # time per call in units of the round's 1024^3 matmul
+    matmuls: dict[str, float]  # time per call in units of the 1024^3 matmul timed around it
     lsh_over_reference: float | None  # reformer-pytorch's time / lsh's, when installed
 
 
 def time_kernels(length: int, rounds: int) -> Timings:
     """Every registry variant, SDPA, and reformer-pytorch's LSHAttention when installed, timed
-    once per round in turn (see `Timings`)."""
-    calls = {"sdpa": forward_backward(sdpa, length), "matmul": matmul_call()}
+    once per round in turn, each next to the matmul yardstick (see `time_in_rounds`)."""
+    calls = {"sdpa": forward_backward(sdpa, length)}
     names = list(KERNELS)
     calls |= {name: forward_backward(kernel(name, length), length) for name in names}
     if (reference := reformer_pytorch_lsh()) is not None:
         names.append(REFORMER_PYTORCH)
         calls[REFORMER_PYTORCH] = forward_backward(reference, length)
-    times = {name: [] for name in calls}
-    for _ in range(rounds):
-        for name, fn in calls.items():
-            times[name].append(seconds_per_call(fn))
+    times, yardsticks = time_in_rounds(calls, rounds, matmul_call())
     speedups, fractions = {}, {}
     for name in names:
-        pairs = list(zip(times["sdpa"], times["matmul"], times[name], strict=True))
-        speedups[name] = statistics.median(s / t for s, _, t in pairs)
+        speedups[name] = statistics.median(
+            s / t for s, t in zip(times["sdpa"], times[name], strict=True)
+        )
         if name == REFORMER_PYTORCH:
             continue
         # Useful FLOPs of the pattern (the kernel's own count), forward+backward.
         flops = FWD_BWD_FLOP_FACTOR * kernel(name, length).flops(BATCH, HEADS, length, HEAD_DIM)
-        fractions[name] = statistics.median(flops / t / (2 * 1024**3 / mm) for _, mm, t in pairs)
+        pairs = zip(times[name], yardsticks[name], strict=True)
+        fractions[name] = statistics.median(flops / t / (2 * 1024**3 / mm) for t, mm in pairs)
     seconds = {name: statistics.median(t) for name, t in times.items()}
-    # Per round in units of that round's matmul, so that the machine's drift between rounds and
-    # lengths (other jobs come and go) cancels; the scaling exponents are fitted to these.
+    seconds["matmul"] = statistics.median(mm for ms in yardsticks.values() for mm in ms)
+    # In units of the matmul timed next to each call, so that the machine's drift between rounds
+    # and lengths (other jobs come and go) cancels; the scaling exponents are fitted to these.
     matmuls = {
-        name: statistics.median(t / mm for t, mm in zip(ts, times["matmul"], strict=True))
+        name: statistics.median(t / mm for t, mm in zip(ts, yardsticks[name], strict=True))
         for name, ts in times.items()
-        if name != "matmul"
     }
     versus = None
     if REFORMER_PYTORCH in times:
         pairs = zip(times[REFORMER_PYTORCH], times["lsh"], strict=True)
         versus = statistics.median(reference / ours for reference, ours in pairs)
     return Timings(speedups, fractions, seconds, matmuls, versus)
+
+
+def time_in_rounds(
+    calls: dict[str, Callable[[], object]], rounds: int, yardstick: Callable[[], object]
+) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+    """Seconds per call of every contender, once per round in turn, and of the yardstick around
+    each: the geometric mean of its time just before and just after the contender's.
+
+    The machine's speed drifts within a minute (LSH at 32K took 1.35-1.94 s in four profiles
+    minutes apart, the matmul 131-166 GFLOP/s): a contender measured against one matmul per
+    round, up to half a minute away behind SDPA and `full` at 32K, took that drift into its
+    FLOP fraction. Returns (times, yardsticks), each {name: one value per round}.
+    """
+    times = {name: [] for name in calls}
+    yardsticks = {name: [] for name in calls}
+    for _ in range(rounds):
+        before = seconds_per_call(yardstick)
+        for name, fn in calls.items():
+            times[name].append(seconds_per_call(fn))
+            after = seconds_per_call(yardstick)
+            yardsticks[name].append(math.sqrt(before * after))
+            before = after
+    return times, yardsticks
 
 
 def scaling_exponent(lengths: list[int], times: list[float]) -> float:

@@ -34,3 +34,15 @@ def test_toy_run_prints_a_row_per_target(monkeypatch, capsys):
     bounds = {cell[1].strip(): cell[3].strip() for cell in cells}
     for row in ("blockwise speed-up, L=512", "lsh FLOP/s / matmul rate, L=512"):
         assert bounds[row] == ""
+
+
+def test_each_contender_is_measured_against_the_yardstick_timed_around_it(monkeypatch):
+    # Scripted seconds per call: the yardstick slows down by 2x after every contender.
+    clock = iter([1.0, 10.0, 2.0, 20.0, 4.0, 1.0, 11.0, 2.0, 21.0, 4.0])
+    monkeypatch.setattr(bench_targets, "seconds_per_call", lambda fn: next(clock))
+    calls = {"a": lambda: None, "b": lambda: None}
+    times, yardsticks = bench_targets.time_in_rounds(calls, 2, lambda: None)
+    assert times == {"a": [10.0, 11.0], "b": [20.0, 21.0]}
+    # Geometric means of the yardstick just before and just after each contender's call.
+    assert yardsticks["a"] == pytest.approx([math.sqrt(2), math.sqrt(2)])
+    assert yardsticks["b"] == pytest.approx([math.sqrt(8), math.sqrt(8)])
