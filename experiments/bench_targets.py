@@ -76,13 +76,13 @@ def main(argv: list[str] | None = None) -> None:
         f"threads {torch.get_num_threads()}, fp32 matmul {rate:.0f} GFLOP/s at start "
         "(FLOP fractions use the matmul timed around each call), "
         f"THP_MEM_ALLOC_ENABLE={os.environ.get('THP_MEM_ALLOC_ENABLE', 'unset')}, "
-        f"{args.rounds} rounds per length"
+        f"at least {args.rounds} rounds and {args.min_seconds:g} s per length"
     )
     timings = {}
     for length in lengths:
-        timings[length] = measured = time_kernels(length, args.rounds)
+        timings[length] = measured = time_kernels(length, args.rounds, args.min_seconds)
         print(
-            f"L={length}: speed-up over SDPA "
+            f"L={length} ({measured.rounds} rounds): speed-up over SDPA "
             + ", ".join(f"{k} {v:.2f}x" for k, v in measured.speedups.items())
             + f"; seconds {', '.join(f'{k} {v:.3g}' for k, v in measured.seconds.items())}",
             flush=True,
@@ -99,6 +99,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--max-len", type=int, default=LENGTHS[-1], help="longest kernel length")
     parser.add_argument("--rounds", type=int, default=3, help="timing rounds (median taken)")
+    parser.add_argument(
+        "--min-seconds",
+        type=float,
+        default=60.0,
+        help="keep adding rounds at a length until this many seconds are spent on it",
+    )
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--memory-len", type=int, default=MEMORY_LENGTH)
     parser.add_argument("--depth-len", type=int, default=4096, help="seq_len of depth ratios")
@@ -192,9 +198,10 @@ class Timings:
     seconds: dict[str, float]  # per forward+backward call ("sdpa" and "matmul" included)
     matmuls: dict[str, float]  # time per call in units of the 1024^3 matmul timed around it
     lsh_over_reference: float | None  # reformer-pytorch's time / lsh's, when installed
+    rounds: int
 
 
-def time_kernels(length: int, rounds: int) -> Timings:
+def time_kernels(length: int, rounds: int, min_seconds: float = 0.0) -> Timings:
     """Every registry variant, SDPA, and reformer-pytorch's LSHAttention when installed, timed
     once per round in turn, each next to the matmul yardstick (see `time_in_rounds`)."""
     calls = {"sdpa": forward_backward(sdpa, length)}
@@ -203,7 +210,7 @@ def time_kernels(length: int, rounds: int) -> Timings:
     if (reference := reformer_pytorch_lsh()) is not None:
         names.append(REFORMER_PYTORCH)
         calls[REFORMER_PYTORCH] = forward_backward(reference, length)
-    times, yardsticks = time_in_rounds(calls, rounds, matmul_call())
+    times, yardsticks = time_in_rounds(calls, rounds, matmul_call(), min_seconds)
     speedups, fractions = {}, {}
     for name in names:
         speedups[name] = statistics.median(
@@ -227,14 +234,20 @@ def time_kernels(length: int, rounds: int) -> Timings:
     if REFORMER_PYTORCH in times:
         pairs = zip(times[REFORMER_PYTORCH], times["lsh"], strict=True)
         versus = statistics.median(reference / ours for reference, ours in pairs)
-    return Timings(speedups, fractions, seconds, matmuls, versus)
+    return Timings(speedups, fractions, seconds, matmuls, versus, len(times["sdpa"]))
 
 
 def time_in_rounds(
-    calls: dict[str, Callable[[], object]], rounds: int, yardstick: Callable[[], object]
+    calls: dict[str, Callable[[], object]],
+    rounds: int,
+    yardstick: Callable[[], object],
+    min_seconds: float = 0.0,
 ) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
     """Seconds per call of every contender, once per round in turn, and of the yardstick around
-    each: the geometric mean of its time just before and just after the contender's.
+    each: the geometric mean of its time just before and just after the contender's. At least
+    `rounds` rounds, and more until `min_seconds` have passed: where rounds are cheap (4K: ~10 s)
+    the medians get more of them. `full` and SDPA run the same kernel, yet their ratio's median
+    over 3 rounds ranged 0.97-1.21 at 4K (7 groups of 3 of 21 rounds); over all 21 it was 1.02.
 
     The machine's speed drifts within a minute (LSH at 32K took 1.35-1.94 s in four profiles
     minutes apart, the matmul 131-166 GFLOP/s): a contender measured against one matmul per
@@ -243,7 +256,10 @@ def time_in_rounds(
     """
     times = {name: [] for name in calls}
     yardsticks = {name: [] for name in calls}
-    for _ in range(rounds):
+    start = time.perf_counter()
+    done = 0
+    while done < rounds or time.perf_counter() - start < min_seconds:
+        done += 1
         before = seconds_per_call(yardstick)
         for name, fn in calls.items():
             times[name].append(seconds_per_call(fn))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import types
 
 import pytest
 
@@ -23,7 +24,9 @@ def test_scaling_exponent_is_the_least_squares_slope():
 
 def test_toy_run_prints_a_row_per_target(monkeypatch, capsys):
     monkeypatch.setattr(bench_targets, "LENGTHS", (256, 512))
-    bench_targets.main(["--rounds", "1", "--threads", "1", "--skip-memory", "--skip-depth"])
+    bench_targets.main(
+        ["--rounds", "1", "--min-seconds", "0", "--threads", "1", "--skip-memory", "--skip-depth"]
+    )
     table = capsys.readouterr().out.split("| target")[1]
     cells = [line.split("|") for line in table.splitlines()[2:]]
     rows = {cell[1].strip(): cell[2].strip() for cell in cells}
@@ -46,3 +49,20 @@ def test_each_contender_is_measured_against_the_yardstick_timed_around_it(monkey
     # Geometric means of the yardstick just before and just after each contender's call.
     assert yardsticks["a"] == pytest.approx([math.sqrt(2), math.sqrt(2)])
     assert yardsticks["b"] == pytest.approx([math.sqrt(8), math.sqrt(8)])
+
+
+def test_rounds_continue_until_the_minimum_time_is_spent(monkeypatch):
+    now = [0.0]
+
+    def one_second_call(fn):
+        now[0] += 1.0
+        return 1.0
+
+    monkeypatch.setattr(bench_targets, "seconds_per_call", one_second_call)
+    monkeypatch.setattr(bench_targets, "time", types.SimpleNamespace(perf_counter=lambda: now[0]))
+    calls = {"a": lambda: None}
+    # A round is the yardstick, the contender and the yardstick again: 3 s.
+    times, _ = bench_targets.time_in_rounds(calls, 2, lambda: None, min_seconds=10)
+    assert len(times["a"]) == 4  # 3, 6, 9 s: still under 10 after the third round
+    times, _ = bench_targets.time_in_rounds(calls, 2, lambda: None)
+    assert len(times["a"]) == 2
