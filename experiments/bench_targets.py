@@ -98,7 +98,13 @@ def main(argv: list[str] | None = None) -> None:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--max-len", type=int, default=LENGTHS[-1], help="longest kernel length")
-    parser.add_argument("--rounds", type=int, default=3, help="timing rounds (median taken)")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=3,
+        help="timing rounds (median taken): the least per kernel length, exactly this many "
+        "for the depth ratios",
+    )
     parser.add_argument(
         "--min-seconds",
         type=float,
@@ -245,14 +251,15 @@ def time_in_rounds(
 ) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
     """Seconds per call of every contender, once per round in turn, and of the yardstick around
     each: the geometric mean of its time just before and just after the contender's. At least
-    `rounds` rounds, and more until `min_seconds` have passed: where rounds are cheap (4K: ~10 s)
+    `rounds` rounds, and more until `min_seconds` have passed: where rounds are cheap (4K: ~8 s)
     the medians get more of them. `full` and SDPA run the same kernel, yet their ratio's median
     over 3 rounds ranged 0.97-1.21 at 4K (7 groups of 3 of 21 rounds); over all 21 it was 1.02.
 
     The machine's speed drifts within a minute (LSH at 32K took 1.35-1.94 s in four profiles
     minutes apart, the matmul 131-166 GFLOP/s): a contender measured against one matmul per
-    round, up to half a minute away behind SDPA and `full` at 32K, took that drift into its
-    FLOP fraction. Returns (times, yardsticks), each {name: one value per round}.
+    round took that drift into its FLOP fraction: at 32K, LSH's call came after `full`'s
+    (16-18 s) and later contenders' up to ~50 s after that matmul.
+    Returns (times, yardsticks), each {name: one value per round}.
     """
     times = {name: [] for name in calls}
     yardsticks = {name: [] for name in calls}
