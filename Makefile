@@ -50,8 +50,9 @@ bench-micro: $(STAMP)  ## pytest-benchmark micro-benchmarks, JSON saved, compare
 	$(PY) -m pytest tests/benchmarks -m bench --benchmark-enable --benchmark-only \
 		--benchmark-autosave --benchmark-compare --benchmark-columns=median,iqr,rounds
 
-lint: $(STAMP)  ## ruff
+lint: $(STAMP)  ## ruff check and ruff format --check (CI runs it before the tests)
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 
 clean:  ## remove caches and local outputs (keeps .venv)
 	rm -rf .pytest_cache .ruff_cache outputs multirun

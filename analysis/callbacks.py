@@ -47,11 +47,17 @@ class SweepReport(Callback):
             figures = report.build_report(frame, out_dir, sources=[str(sweep_dir)])
             print(f"report: {out_dir / 'report.md'}")
         except Exception:  # the records are safe on disk; the report can be redrawn
-            log.exception("report failed; redraw it with: python -m analysis.report %s --out %s",
-                          sweep_dir, out_dir)
+            log.exception(
+                "report failed; redraw it with: python -m analysis.report %s --out %s",
+                sweep_dir,
+                out_dir,
+            )
         logger_cfg = OmegaConf.to_container(config.logger, resolve=True)
         run_dir = tracking.log_sweep_summary(
-            logger_cfg, records=frame, figures=figures, group=str(config.sweep),
+            logger_cfg,
+            records=frame,
+            figures=figures,
+            group=str(config.sweep),
             out_dir=sweep_dir,
         )
         if run_dir is not None:

@@ -70,7 +70,7 @@ class Crossover:
     reference_status: str = ""  # the reference's status at `length` for REFERENCE_FAILED
 
     def __str__(self) -> str:
-        """"1,469" (crossed), "≤256" (always faster), ">2,048" (never), "≤4,096 (exact oom)"."""
+        """ "1,469" (crossed), "≤256" (always faster), ">2,048" (never), "≤4,096 (exact oom)"."""
         if self.kind == CROSSED:
             return f"{self.length:,.0f}"
         if self.kind == ALWAYS_FASTER:

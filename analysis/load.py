@@ -41,17 +41,52 @@ import pandas as pd
 from experiments import store, tracking
 
 MEASUREMENTS = (
-    "attn_fwd_ms", "attn_fwd_iqr_ms", "attn_fwd_bwd_ms", "attn_fwd_bwd_iqr_ms", "step_ms",
-    "step_iqr_ms", "peak_memory_bytes", "peak_rss_bytes", "attn_fwd_flops", "attn_fwd_bwd_flops",
-    "attn_fwd_gflops_per_s", "attn_fwd_bwd_gflops_per_s", "attn_fwd_bwd_matmul_fraction",
-    "matmul_peak_gflops_per_s", "approx_rel_error", "train_loss", "eval_loss", "eval_accuracy",
-    "tokens_per_s", "n_parameters", "job_seconds",
+    "attn_fwd_ms",
+    "attn_fwd_iqr_ms",
+    "attn_fwd_bwd_ms",
+    "attn_fwd_bwd_iqr_ms",
+    "step_ms",
+    "step_iqr_ms",
+    "peak_memory_bytes",
+    "peak_rss_bytes",
+    "attn_fwd_flops",
+    "attn_fwd_bwd_flops",
+    "attn_fwd_gflops_per_s",
+    "attn_fwd_bwd_gflops_per_s",
+    "attn_fwd_bwd_matmul_fraction",
+    "matmul_peak_gflops_per_s",
+    "approx_rel_error",
+    "train_loss",
+    "eval_loss",
+    "eval_accuracy",
+    "tokens_per_s",
+    "n_parameters",
+    "job_seconds",
 )
 IDENTITY = ("sweep", "job", "config_hash", "status", "error")
-CONFIG = ("attention", "block", "task", "seq_len", "batch_size", "d_model", "n_heads", "depth",
-          "causal", "dtype", "seed", "device", "threads")
-PROVENANCE = ("git_commit", "torch_version", "device_name", "hostname", "timestamp",
-              "offline_run_dir")
+CONFIG = (
+    "attention",
+    "block",
+    "task",
+    "seq_len",
+    "batch_size",
+    "d_model",
+    "n_heads",
+    "depth",
+    "causal",
+    "dtype",
+    "seed",
+    "device",
+    "threads",
+)
+PROVENANCE = (
+    "git_commit",
+    "torch_version",
+    "device_name",
+    "hostname",
+    "timestamp",
+    "offline_run_dir",
+)
 ADDED = ("variant", "source", "run_dir", "wandb_path")
 CURVE_METRICS = ("train/loss", "eval/loss", "eval/accuracy")
 SUMMARY_JOB_TYPE = "sweep-summary"  # the sweep's summary run (tracking.log_sweep_summary)
@@ -79,8 +114,9 @@ def load_offline_runs(root: str | Path) -> pd.DataFrame:
         run = tracking.read_offline_run(run_dir)
         if run["job_type"] == SUMMARY_JOB_TYPE or "status" not in run["summary"]:
             continue
-        rows.append({**summary_record(run["summary"]), "source": str(run_dir),
-                     "run_dir": str(run_dir)})
+        rows.append(
+            {**summary_record(run["summary"]), "source": str(run_dir), "run_dir": str(run_dir)}
+        )
     if not rows:
         raise FileNotFoundError(f"{root}: no W&B offline job runs")
     return _newest_per_config(pd.DataFrame(rows))
@@ -101,8 +137,9 @@ def load_wandb(project: str, group: str | None = None, *, api: Any = None) -> pd
         summary = dict(run.summary_metrics)
         if run.job_type == SUMMARY_JOB_TYPE or "status" not in summary:
             continue
-        rows.append({**summary_record(summary), "source": run.url,
-                     "wandb_path": "/".join(run.path)})
+        rows.append(
+            {**summary_record(summary), "source": run.url, "wandb_path": "/".join(run.path)}
+        )
     if not rows:
         raise FileNotFoundError(f"W&B {project} group {group!r}: no job runs")
     return tidy(pd.DataFrame(rows))
@@ -114,9 +151,14 @@ def summary_record(summary: Mapping[str, Any]) -> dict[str, Any]:
     Step metrics (`train/loss`, ..., and the `step` axis) also land in the summary when logged;
     record columns never contain "/", so those are the keys to drop.
     """
-    return {k: v for k, v in summary.items()
-            if "/" not in k and k != tracking.STEP_AXIS and not k.startswith("_")
-            and not isinstance(v, (dict, list))}
+    return {
+        k: v
+        for k, v in summary.items()
+        if "/" not in k
+        and k != tracking.STEP_AXIS
+        and not k.startswith("_")
+        and not isinstance(v, (dict, list))
+    }
 
 
 def load_curves(frame: pd.DataFrame, metrics: Iterable[str] = CURVE_METRICS) -> pd.DataFrame:
@@ -268,8 +310,13 @@ def _coerce(column: pd.Series) -> pd.Series:
     if present.empty:
         return pd.Series(None, index=column.index, dtype=object)
     if present.map(lambda v: isinstance(v, bool) or v in ("True", "False")).all():
-        return column.map(lambda v: v if v is None or isinstance(v, bool) else
-                          (v == "True" if isinstance(v, str) else None))
+        return column.map(
+            lambda v: (
+                v
+                if v is None or isinstance(v, bool)
+                else (v == "True" if isinstance(v, str) else None)
+            )
+        )
     numbers = pd.to_numeric(present, errors="coerce")
     if numbers.notna().all() and not present.map(lambda v: isinstance(v, bool)).any():
         return pd.to_numeric(column, errors="coerce")

@@ -82,7 +82,8 @@ def depth(frame: pd.DataFrame) -> Figure:
         title += f" ({left_out} series measured at one depth only are left out)"
     fig, axes = _figure(2, title)
     for ax, (metric, ylabel) in zip(
-        axes, (("peak_memory_mib", "peak memory (MiB)"), ("step_ms", "training step (ms)")),
+        axes,
+        (("peak_memory_mib", "peak memory (MiB)"), ("step_ms", "training step (ms)")),
         strict=True,
     ):
         if labelled.empty:
@@ -122,8 +123,11 @@ def error_vs_knob(frame: pd.DataFrame) -> Figure:
         title += f"\n(one value only: {'; '.join(fixed)})"
     fig, axes = _figure(max(len(swept), 1), title, ncols=3)
     if not swept:
-        _message(axes[0], "no variant's knob was swept in these results\n"
-                          "(e.g. +experiment=lsh, +experiment=linformer)")
+        _message(
+            axes[0],
+            "no variant's knob was swept in these results\n"
+            "(e.g. +experiment=lsh, +experiment=linformer)",
+        )
     for ax, attention in zip(axes, swept, strict=False):
         knob, *others = KNOBS[attention]
         rows = frame[(frame["attention"] == attention) & frame[knob].notna()]
@@ -139,8 +143,9 @@ def error_vs_knob(frame: pd.DataFrame) -> Figure:
     return fig
 
 
-def training_curves(frame: pd.DataFrame, curves: pd.DataFrame | None = None,
-                    seq_len: float | None = None) -> Figure:
+def training_curves(
+    frame: pd.DataFrame, curves: pd.DataFrame | None = None, seq_len: float | None = None
+) -> Figure:
     """Training (solid) and eval (dashed) loss per step, and the final losses per series.
 
     Curves come from the W&B runs of the records (`load.load_curves`), at one seq_len (default:
@@ -164,8 +169,14 @@ def tradeoff(frame: pd.DataFrame, seq_len: float | None = None) -> Figure:
     peak memory. Series without a point at that length are listed with their status.
     Default length: the one with the most variants measured, the longest on a tie.
     """
-    quality = next((c for c in ("eval_accuracy", "eval_loss", "train_loss")
-                    if frame.loc[frame["status"] == "ok", c].notna().any()), "eval_loss")
+    quality = next(
+        (
+            c
+            for c in ("eval_accuracy", "eval_loss", "train_loss")
+            if frame.loc[frame["status"] == "ok", c].notna().any()
+        ),
+        "eval_loss",
+    )
     seq_len = _pick_length(frame, "step_ms") if seq_len is None else seq_len
     at_length = frame[frame["seq_len"] == seq_len] if seq_len is not None else frame
     labelled, _ = series.with_series(_with_mib(at_length), x="seq_len")
@@ -181,24 +192,46 @@ def tradeoff(frame: pd.DataFrame, seq_len: float | None = None) -> Figure:
     for name in order:
         if name not in points.index:
             statuses = _status_text(labelled[labelled["series"] == name]) or "not measured"
-            handles.append(Line2D([], [], color=colors[name], marker="v", linestyle="none",
-                                  label=f"{name}: {statuses} (no point)"))
+            handles.append(
+                Line2D(
+                    [],
+                    [],
+                    color=colors[name],
+                    marker="v",
+                    linestyle="none",
+                    label=f"{name}: {statuses} (no point)",
+                )
+            )
             continue
         v = points.loc[name]
         memory = v["peak_memory_mib"]
         measured = np.isfinite(memory) and largest > 0
-        handles.append(ax.scatter(
-            v["step_ms"], v[quality], s=40 + 760 * memory / largest if measured else 80,
-            color=colors[name], alpha=0.6, edgecolors="black", linewidths=0.6,
-            label=f"{name} ({memory:.1f} MiB)" if measured else f"{name} (memory not measured)",
-        ))
-        ax.annotate(name, (v["step_ms"], v[quality]), fontsize=7, xytext=(5, 5),
-                    textcoords="offset points")
+        handles.append(
+            ax.scatter(
+                v["step_ms"],
+                v[quality],
+                s=40 + 760 * memory / largest if measured else 80,
+                color=colors[name],
+                alpha=0.6,
+                edgecolors="black",
+                linewidths=0.6,
+                label=f"{name} ({memory:.1f} MiB)" if measured else f"{name} (memory not measured)",
+            )
+        )
+        ax.annotate(
+            name, (v["step_ms"], v[quality]), fontsize=7, xytext=(5, 5), textcoords="offset points"
+        )
     if points.empty:
         _message(ax, "no training-step time with a loss in these results")
     if handles:
-        ax.legend(handles=handles, fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.12),
-                  frameon=False, markerscale=0.5)
+        ax.legend(
+            handles=handles,
+            fontsize=7,
+            loc="upper center",
+            bbox_to_anchor=(0.5, -0.12),
+            frameon=False,
+            markerscale=0.5,
+        )
     _axes(ax, "", "training step (ms)", quality.replace("_", " "), log=(not points.empty, False))
     ax.margins(0.15)
     return fig
@@ -219,16 +252,18 @@ def flops_fraction(frame: pd.DataFrame) -> Figure:
     ):
         xs = _draw(ax, labelled, "seq_len", metric)
         ax.axhline(1.0, color="grey", linestyle=":", linewidth=1)
-        _axes(ax, _PASS_TITLES[name], "seq_len", "fraction of matmul rate", log=(True, False),
-              xs=xs)
+        _axes(
+            ax, _PASS_TITLES[name], "seq_len", "fraction of matmul rate", log=(True, False), xs=xs
+        )
     return fig
 
 
 # --- Drawing helpers ------------------------------------------------------------------------
 
 
-def _draw(ax: Axes, labelled: pd.DataFrame, x: str, y: str,
-          notes: dict[str, str] | None = None) -> list[float]:
+def _draw(
+    ax: Axes, labelled: pd.DataFrame, x: str, y: str, notes: dict[str, str] | None = None
+) -> list[float]:
     """Mean line with min..max band per series, failures at the top wall, a legend below.
 
     Returns every x drawn (values and failures), for `_axes` to fit the x range to.
@@ -243,26 +278,54 @@ def _draw(ax: Axes, labelled: pd.DataFrame, x: str, y: str,
         points = stats[stats["series"] == name]
         text = name + (f"  {notes[name]}" if notes and notes.get(name) else "")
         if not points.empty:
-            (line,) = ax.plot(points[x], points["mean"], "o-", color=colors[name], markersize=4,
-                              linewidth=1.4, label=text)
+            (line,) = ax.plot(
+                points[x],
+                points["mean"],
+                "o-",
+                color=colors[name],
+                markersize=4,
+                linewidth=1.4,
+                label=text,
+            )
             if (points["n"] > 1).any():
-                ax.fill_between(points[x], points["lo"], points["hi"], color=colors[name],
-                                alpha=0.2, linewidth=0)
+                ax.fill_between(
+                    points[x],
+                    points["lo"],
+                    points["hi"],
+                    color=colors[name],
+                    alpha=0.2,
+                    linewidth=0,
+                )
             handles.append(line)
         rows = failed[failed["series"] == name]
         if points.empty and not rows.empty:
-            handles.append(Line2D([], [], color=colors[name], marker="v", linestyle="none",
-                                  label=f"{name}: {_status_text(rows)} (no value)"))
+            handles.append(
+                Line2D(
+                    [],
+                    [],
+                    color=colors[name],
+                    marker="v",
+                    linestyle="none",
+                    label=f"{name}: {_status_text(rows)} (no value)",
+                )
+            )
     if not handles:
         _message(ax, f"no {y} in these results")
     else:
-        ax.legend(handles=handles, fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.14),
-                  ncol=1 if len(handles) < 8 else 2, frameon=False)
+        ax.legend(
+            handles=handles,
+            fontsize=7,
+            loc="upper center",
+            bbox_to_anchor=(0.5, -0.14),
+            ncol=1 if len(handles) < 8 else 2,
+            frameon=False,
+        )
     return [float(v) for v in (*stats[x], *failed[x])]
 
 
-def _draw_failures(ax: Axes, failed: pd.DataFrame, x: str, colors: dict,
-                   order: Sequence[str]) -> None:
+def _draw_failures(
+    ax: Axes, failed: pd.DataFrame, x: str, colors: dict, order: Sequence[str]
+) -> None:
     """A downward triangle at the top wall per failed series and x, labelled with its status.
 
     Series failing at the same x are stacked down from the wall in legend order.
@@ -271,24 +334,40 @@ def _draw_failures(ax: Axes, failed: pd.DataFrame, x: str, colors: dict,
     for xv, at_x in failed.groupby(x):
         for slot, name in enumerate(s for s in order if (at_x["series"] == s).any()):
             rows = at_x[at_x["series"] == name]
-            text = ",".join(f"{status}×{n}" if n > 1 else status
-                            for status, n in zip(rows["status"], rows["n"], strict=True))
+            text = ",".join(
+                f"{status}×{n}" if n > 1 else status
+                for status, n in zip(rows["status"], rows["n"], strict=True)
+            )
             y = 0.97 - slot * _WALL_STEP
             ax.plot(xv, y, "v", color=colors[name], markersize=6, transform=wall, clip_on=False)
-            ax.annotate(text, (xv, y), xycoords=wall, fontsize=6, color=colors[name],
-                        xytext=(4, -2), textcoords="offset points")
+            ax.annotate(
+                text,
+                (xv, y),
+                xycoords=wall,
+                fontsize=6,
+                color=colors[name],
+                xytext=(4, -2),
+                textcoords="offset points",
+            )
 
 
-def _mark_crossover(ax: Axes, labelled: pd.DataFrame, name: str, metric: str,
-                    length: float) -> None:
+def _mark_crossover(
+    ax: Axes, labelled: pd.DataFrame, name: str, metric: str, length: float
+) -> None:
     """A star on the series' curve at the crossover length, with the length written by it."""
     points = series.mean_spread(labelled[labelled["series"] == name], "seq_len", metric)
     x, y = np.log(points["seq_len"].astype(float)), np.log(points["mean"].astype(float))
     at = float(np.exp(np.interp(np.log(length), x, y)))
     color = _colors(series.series_order(labelled))[name]
     ax.plot(length, at, "*", color=color, markersize=14, markeredgecolor="black", zorder=5)
-    ax.annotate(f"L*≈{length:,.0f}", (length, at), fontsize=7, xytext=(6, -10),
-                textcoords="offset points", color=color)
+    ax.annotate(
+        f"L*≈{length:,.0f}",
+        (length, at),
+        fontsize=7,
+        xytext=(6, -10),
+        textcoords="offset points",
+        color=color,
+    )
 
 
 def _draw_curves(ax: Axes, labelled: pd.DataFrame, curves: pd.DataFrame) -> None:
@@ -303,18 +382,34 @@ def _draw_curves(ax: Axes, labelled: pd.DataFrame, curves: pd.DataFrame) -> None
             if rows.empty:
                 continue
             stats = rows.groupby("step")["value"].agg(["mean", "min", "max"])
-            ax.plot(stats.index, stats["mean"], style, color=colors[name], linewidth=1.2,
-                    marker="s" if metric == "eval/loss" else None, markersize=4,
-                    label=name if metric == "train/loss" else None)
-            ax.fill_between(stats.index, stats["min"], stats["max"], color=colors[name],
-                            alpha=0.15, linewidth=0)
+            ax.plot(
+                stats.index,
+                stats["mean"],
+                style,
+                color=colors[name],
+                linewidth=1.2,
+                marker="s" if metric == "eval/loss" else None,
+                markersize=4,
+                label=name if metric == "train/loss" else None,
+            )
+            ax.fill_between(
+                stats.index, stats["min"], stats["max"], color=colors[name], alpha=0.15, linewidth=0
+            )
             drawn.append(name)
     if not drawn:
-        _message(ax, "no per-step history: these records have no W&B run\n"
-                     "(logger=none, or the runs were not copied with the results)")
+        _message(
+            ax,
+            "no per-step history: these records have no W&B run\n"
+            "(logger=none, or the runs were not copied with the results)",
+        )
     else:
-        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.14), frameon=False,
-                  ncol=1 if len(set(drawn)) < 8 else 2)
+        ax.legend(
+            fontsize=7,
+            loc="upper center",
+            bbox_to_anchor=(0.5, -0.14),
+            frameon=False,
+            ncol=1 if len(set(drawn)) < 8 else 2,
+        )
     _axes(ax, "per step (solid: train, dashed: eval)", "step", "loss", log=(False, False))
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
 
@@ -332,13 +427,26 @@ def _draw_final_losses(ax: Axes, labelled: pd.DataFrame) -> None:
             if values.empty:
                 continue
             mean = values.mean()
-            ax.errorbar(i + offset, mean, yerr=[[mean - values.min()], [values.max() - mean]],
-                        fmt=marker, color=colors[name], capsize=3, markersize=6)
+            ax.errorbar(
+                i + offset,
+                mean,
+                yerr=[[mean - values.min()], [values.max() - mean]],
+                fmt=marker,
+                color=colors[name],
+                capsize=3,
+                markersize=6,
+            )
         if ok[["train_loss", "eval_loss"]].isna().all().all():
             ax.plot(i, 0.97, "v", color=colors[name], transform=ax.get_xaxis_transform())
-            ax.annotate(_status_text(rows) or "not trained", (i, 0.97), fontsize=7,
-                        xycoords=ax.get_xaxis_transform(), xytext=(4, -2),
-                        textcoords="offset points", color=colors[name])
+            ax.annotate(
+                _status_text(rows) or "not trained",
+                (i, 0.97),
+                fontsize=7,
+                xycoords=ax.get_xaxis_transform(),
+                xytext=(4, -2),
+                textcoords="offset points",
+                color=colors[name],
+            )
     if not order:
         _message(ax, "no records")
     ax.set_xticks(range(len(order)), order, rotation=30, ha="right", fontsize=7)
@@ -360,8 +468,15 @@ def _figure(panels: int, title: str, ncols: int = 2) -> tuple[Figure, list[Axes]
     return fig, axes[:panels]
 
 
-def _axes(ax: Axes, title: str, xlabel: str, ylabel: str, *, log: tuple[bool, bool],
-          xs: Sequence[float] = ()) -> None:
+def _axes(
+    ax: Axes,
+    title: str,
+    xlabel: str,
+    ylabel: str,
+    *,
+    log: tuple[bool, bool],
+    xs: Sequence[float] = (),
+) -> None:
     """Scales, labels and grid; with `xs`, an x range holding them all, ticked at each if few."""
     ax.set_xscale("log" if log[0] else "linear")
     ax.set_yscale("log" if log[1] else "linear")
@@ -386,8 +501,17 @@ def _axes(ax: Axes, title: str, xlabel: str, ylabel: str, *, log: tuple[bool, bo
 
 
 def _message(ax: Axes, text: str) -> None:
-    ax.text(0.5, 0.5, text, transform=ax.transAxes, ha="center", va="center", fontsize=9,
-            color="dimgrey", wrap=True)
+    ax.text(
+        0.5,
+        0.5,
+        text,
+        transform=ax.transAxes,
+        ha="center",
+        va="center",
+        fontsize=9,
+        color="dimgrey",
+        wrap=True,
+    )
 
 
 def _colors(order: Sequence[str]) -> dict[str, tuple]:

@@ -23,25 +23,31 @@ from analysis import load, plots, tables
 # name -> (figure function, caption). Every figure is always written; one with nothing to
 # draw says so in its panel.
 FIGURES: dict[str, tuple[Callable[[pd.DataFrame], Figure], str]] = {
-    "time_vs_seq_len": (plots.time_vs_seq_len,
-                        "Kernel time against sequence length (log-log), forward and "
-                        "forward+backward; legend: fitted exponent α and crossover L* against "
-                        "exact attention (star)."),
-    "memory_vs_seq_len": (plots.memory_vs_seq_len,
-                          "Peak memory of one training step against sequence length (log-log)."),
+    "time_vs_seq_len": (
+        plots.time_vs_seq_len,
+        "Kernel time against sequence length (log-log), forward and "
+        "forward+backward; legend: fitted exponent α and crossover L* against "
+        "exact attention (star).",
+    ),
+    "memory_vs_seq_len": (
+        plots.memory_vs_seq_len,
+        "Peak memory of one training step against sequence length (log-log).",
+    ),
     "depth": (plots.depth, "Peak memory and step time against depth per block type."),
-    "error_vs_seq_len": (plots.error_vs_seq_len,
-                         "Relative approximation error against exact attention vs sequence "
-                         "length."),
-    "error_vs_knob": (plots.error_vs_knob,
-                      "Approximation error against each variant's knob."),
-    "training_curves": (plots.training_curves,
-                        "Training and eval loss per step (from the W&B runs) and final losses."),
-    "tradeoff": (plots.tradeoff,
-                 "Quality against training-step time; marker area is peak memory."),
-    "flops_fraction": (plots.flops_fraction,
-                       "Achieved useful GFLOP/s of the kernel as a fraction of the measured "
-                       "matmul rate."),
+    "error_vs_seq_len": (
+        plots.error_vs_seq_len,
+        "Relative approximation error against exact attention vs sequence length.",
+    ),
+    "error_vs_knob": (plots.error_vs_knob, "Approximation error against each variant's knob."),
+    "training_curves": (
+        plots.training_curves,
+        "Training and eval loss per step (from the W&B runs) and final losses.",
+    ),
+    "tradeoff": (plots.tradeoff, "Quality against training-step time; marker area is peak memory."),
+    "flops_fraction": (
+        plots.flops_fraction,
+        "Achieved useful GFLOP/s of the kernel as a fraction of the measured matmul rate.",
+    ),
 }
 
 # Each builder: frame -> Table, or None when these results hold nothing for it.
@@ -57,8 +63,9 @@ FORMATS = ("png", "svg")
 PNG_DPI = 120
 
 
-def build_report(frame: pd.DataFrame, out_dir: str | Path, *,
-                 sources: Iterable[str] = ()) -> dict[str, Path]:
+def build_report(
+    frame: pd.DataFrame, out_dir: str | Path, *, sources: Iterable[str] = ()
+) -> dict[str, Path]:
     """Write every figure (PNG and SVG) and report.md into `out_dir`; the PNG path per figure."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -75,19 +82,31 @@ def build_report(frame: pd.DataFrame, out_dir: str | Path, *,
 def markdown(frame: pd.DataFrame, *, sources: Iterable[str] = ()) -> str:
     """report.md: provenance, every table that has data, then every figure with its caption."""
     sources = list(sources) or sorted(set(frame["source"].dropna()))
-    parts = ["# attnbench report", "",
-             f"Results: {', '.join(f'`{s}`' for s in sources) or 'unknown'}", "",
-             *tables.provenance(frame), ""]
+    parts = [
+        "# attnbench report",
+        "",
+        f"Results: {', '.join(f'`{s}`' for s in sources) or 'unknown'}",
+        "",
+        *tables.provenance(frame),
+        "",
+    ]
     parts += [markdown_tables(frame), "## Figures", ""]
     for name, (_, caption) in FIGURES.items():
-        parts += [f"### {name}", "", f"![{name}]({name}.png)", "",
-                  f"{caption} ([SVG]({name}.svg))", ""]
+        parts += [
+            f"### {name}",
+            "",
+            f"![{name}]({name}.png)",
+            "",
+            f"{caption} ([SVG]({name}.svg))",
+            "",
+        ]
     return "\n".join(parts)
 
 
-def markdown_tables(frame: pd.DataFrame,
-                    builders: Iterable[Callable[[pd.DataFrame], tables.Table | None]] = TABLES,
-                    ) -> str:
+def markdown_tables(
+    frame: pd.DataFrame,
+    builders: Iterable[Callable[[pd.DataFrame], tables.Table | None]] = TABLES,
+) -> str:
     """The Markdown of every table among `builders` that these results fill."""
     built = (builder(frame) for builder in builders)
     return "\n".join(table.markdown() + "\n" for table in built if table is not None)
@@ -95,17 +114,29 @@ def markdown_tables(frame: pd.DataFrame,
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m analysis.report", description=__doc__.split("\n\n")[0],
+        prog="python -m analysis.report",
+        description=__doc__.split("\n\n")[0],
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("results", nargs="*", metavar="RESULTS",
-                        help="sweep dirs, results.csv/.parquet or result.json files")
-    parser.add_argument("--out", required=True, type=Path,
-                        help="directory for figures and report.md")
-    parser.add_argument("--offline-runs", action="store_true",
-                        help="read the W&B offline runs under RESULTS instead of result.json files")
-    parser.add_argument("--wandb", metavar="ENTITY/PROJECT",
-                        help="read the job runs of a W&B project online (needs a login)")
+    parser.add_argument(
+        "results",
+        nargs="*",
+        metavar="RESULTS",
+        help="sweep dirs, results.csv/.parquet or result.json files",
+    )
+    parser.add_argument(
+        "--out", required=True, type=Path, help="directory for figures and report.md"
+    )
+    parser.add_argument(
+        "--offline-runs",
+        action="store_true",
+        help="read the W&B offline runs under RESULTS instead of result.json files",
+    )
+    parser.add_argument(
+        "--wandb",
+        metavar="ENTITY/PROJECT",
+        help="read the job runs of a W&B project online (needs a login)",
+    )
     parser.add_argument("--group", help="with --wandb: the W&B group (the sweep's name)")
     args = parser.parse_args(argv)
     if not args.results and not args.wandb:

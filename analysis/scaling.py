@@ -26,8 +26,9 @@ class SeriesFit:
     crossover: fit.Crossover | None  # None for exact attention itself or without a reference
 
 
-def scaling_fits(labelled: pd.DataFrame, keys: list[str], metric: str, *,
-                 tail: int = 3) -> dict[str, SeriesFit]:
+def scaling_fits(
+    labelled: pd.DataFrame, keys: list[str], metric: str, *, tail: int = 3
+) -> dict[str, SeriesFit]:
     """Fits of `metric` against seq_len for every series of a frame from `series.with_series`.
 
     `tail` is the number of longest lengths of the second (asymptotic) exponent.
@@ -42,7 +43,10 @@ def scaling_fits(labelled: pd.DataFrame, keys: list[str], metric: str, *,
         if name in references:
             ref = stats[stats["series"] == references[name]]
             crossover = fit.crossover_length(
-                points[X], points["mean"], ref[X], ref["mean"],
+                points[X],
+                points["mean"],
+                ref[X],
+                ref["mean"],
                 ref_failed=_failed_lengths(failed, references[name], set(ref[X])),
             )
         fits[name] = SeriesFit(

@@ -15,9 +15,22 @@ import pandas as pd
 from analysis.load import format_value
 
 # Columns that change what a measurement means; a series holds all of them fixed.
-CONTEXT = ("causal", "batch_size", "d_model", "n_heads", "dtype", "device", "task", "block",
-           "depth", "seq_len", "model.ff_mult", "model.ff_chunks", "model.shared_qk",
-           "model.dropout")
+CONTEXT = (
+    "causal",
+    "batch_size",
+    "d_model",
+    "n_heads",
+    "dtype",
+    "device",
+    "task",
+    "block",
+    "depth",
+    "seq_len",
+    "model.ff_mult",
+    "model.ff_chunks",
+    "model.shared_qk",
+    "model.dropout",
+)
 REFERENCE = "full"  # exact attention: what crossovers are measured against
 
 
@@ -29,8 +42,9 @@ def varying(frame: pd.DataFrame, columns: Sequence[str]) -> list[str]:
     return [c for c in columns if c in frame and frame[c].dropna().map(format_value).nunique() > 1]
 
 
-def with_series(frame: pd.DataFrame, *, x: str | None = None,
-                context: Sequence[str] = CONTEXT) -> tuple[pd.DataFrame, list[str]]:
+def with_series(
+    frame: pd.DataFrame, *, x: str | None = None, context: Sequence[str] = CONTEXT
+) -> tuple[pd.DataFrame, list[str]]:
     """`frame` with a `series` label column, and the columns that define a series.
 
     The series columns are `variant` and the context columns (except the x-axis `x`) that vary

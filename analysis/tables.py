@@ -25,8 +25,10 @@ class Table:
     def markdown(self) -> str:
         header = "| " + " | ".join(_cell(c) for c in self.frame.columns) + " |"
         rule = "|" + "|".join("---" for _ in self.frame.columns) + "|"
-        body = ["| " + " | ".join(_cell(v) for v in row) + " |"
-                for row in self.frame.itertuples(index=False)]
+        body = [
+            "| " + " | ".join(_cell(v) for v in row) + " |"
+            for row in self.frame.itertuples(index=False)
+        ]
         note = f"\n{self.note}\n" if self.note else ""
         return "\n".join([f"## {self.title}", "", header, rule, *body, note])
 
@@ -36,8 +38,10 @@ def variant_summary(frame: pd.DataFrame) -> Table | None:
     labelled, keys = series.with_series(frame, x="seq_len")
     if labelled.empty:
         return None
-    fits = {name: scaling.scaling_fits(labelled, keys, metric, tail=TAIL)
-            for name, metric in scaling.TIME_METRICS.items()}
+    fits = {
+        name: scaling.scaling_fits(labelled, keys, metric, tail=TAIL)
+        for name, metric in scaling.TIME_METRICS.items()
+    }
     memory_at = scaling.longest_common_length(labelled, "peak_memory_bytes")
     error_at = scaling.longest_common_length(labelled, "approx_rel_error")
     memory = series.mean_spread(labelled, "seq_len", "peak_memory_bytes")
@@ -46,18 +50,22 @@ def variant_summary(frame: pd.DataFrame) -> Table | None:
     for name in series.series_order(labelled):
         mine = labelled[labelled["series"] == name]
         fwd, fwd_bwd = fits["fwd"][name], fits["fwd+bwd"][name]
-        rows.append({
-            "variant": name,
-            "α fwd": str(fwd.power_law),
-            "α fwd+bwd": str(fwd_bwd.power_law),
-            f"α fwd+bwd, longest {TAIL} L": str(fwd_bwd.tail_power_law),
-            "L* fwd": _crossover(fwd, name),
-            "L* fwd+bwd": _crossover(fwd_bwd, name),
-            "longest L ok": _longest_ok(mine),
-            "failed at": _first_failures(mine),
-            f"peak memory @ L={_length(memory_at)} (MiB)": _value_at(memory, name, memory_at, MIB),
-            f"rel. error @ L={_length(error_at)}": _value_at(error, name, error_at, 1, ".3g"),
-        })
+        rows.append(
+            {
+                "variant": name,
+                "α fwd": str(fwd.power_law),
+                "α fwd+bwd": str(fwd_bwd.power_law),
+                f"α fwd+bwd, longest {TAIL} L": str(fwd_bwd.tail_power_law),
+                "L* fwd": _crossover(fwd, name),
+                "L* fwd+bwd": _crossover(fwd_bwd, name),
+                "longest L ok": _longest_ok(mine),
+                "failed at": _first_failures(mine),
+                f"peak memory @ L={_length(memory_at)} (MiB)": _value_at(
+                    memory, name, memory_at, MIB
+                ),
+                f"rel. error @ L={_length(error_at)}": _value_at(error, name, error_at, 1, ".3g"),
+            }
+        )
     note = (
         "α: least-squares slope of log(kernel time) against log(seq_len), over the mean per "
         f"length (all lengths, and the {TAIL} longest: the asymptotic regime). L*: the length "
@@ -101,13 +109,17 @@ def failures(frame: pd.DataFrame) -> Table | None:
         ["series", "status", failed["error"].map(lambda e: "" if e is None else str(e))],
         sort=False,
     ):
-        rows.append({
-            "variant": name,
-            "status": status,
-            "seq_len": ", ".join(_length(v) for v in sorted(group["seq_len"].dropna().unique())),
-            "records": len(group),
-            "reason": reason[:160] + ("…" if len(reason) > 160 else ""),
-        })
+        rows.append(
+            {
+                "variant": name,
+                "status": status,
+                "seq_len": ", ".join(
+                    _length(v) for v in sorted(group["seq_len"].dropna().unique())
+                ),
+                "records": len(group),
+                "reason": reason[:160] + ("…" if len(reason) > 160 else ""),
+            }
+        )
     return Table("Not measured (oom, timeout, skipped, error, diverged)", pd.DataFrame(rows))
 
 
@@ -144,10 +156,16 @@ def cross_evaluation(frame: pd.DataFrame) -> Table | None:
 
 # Final quality columns, the first present being the one compared; lower is better except
 # accuracy.
-QUALITY = {"eval_bits_per_byte": "eval bits/byte", "eval_accuracy": "eval accuracy (%)",
-           "eval_loss": "eval loss"}
-COST = {"step_ms": "step (ms)", "peak_memory_bytes": "peak memory (MiB)",
-        "tokens_per_s": "train tokens/s"}
+QUALITY = {
+    "eval_bits_per_byte": "eval bits/byte",
+    "eval_accuracy": "eval accuracy (%)",
+    "eval_loss": "eval loss",
+}
+COST = {
+    "step_ms": "step (ms)",
+    "peak_memory_bytes": "peak memory (MiB)",
+    "tokens_per_s": "train tokens/s",
+}
 NO_QUALITY_TASKS = ("random_lm",)  # uniform tokens: its loss measures nothing
 
 
@@ -175,13 +193,10 @@ def quality(frame: pd.DataFrame) -> Table | None:
     relative = (means[primary] / means.loc[base, primary] - 1) * 100
     rows = []
     for name, values in means.iterrows():
-        row = {"configuration": name,
-               "seeds": int((labelled["series"] == name).sum())}
+        row = {"configuration": name, "seeds": int((labelled["series"] == name).sum())}
         for m in metrics:
             row[QUALITY[m]] = _format_metric(m, values[m])
-        row[f"Δ {QUALITY[primary]} vs {base}"] = (
-            "—" if name == base else f"{relative[name]:+.1f} %"
-        )
+        row[f"Δ {QUALITY[primary]} vs {base}"] = "—" if name == base else f"{relative[name]:+.1f} %"
         for c in costs:
             row[COST[c]] = _format_cost(c, values[c])
         rows.append(row)

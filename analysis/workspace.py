@@ -50,8 +50,9 @@ SECTIONS: dict[str, tuple[Panel, ...]] = {
 }
 
 
-def workspace_spec(entity: str, project: str, group: str | None = None,
-                   name: str | None = None) -> dict[str, Any]:
+def workspace_spec(
+    entity: str, project: str, group: str | None = None, name: str | None = None
+) -> dict[str, Any]:
     """The workspace as JSON-able data: where, which runs, how grouped, which panels."""
     return {
         "entity": entity,
@@ -59,8 +60,10 @@ def workspace_spec(entity: str, project: str, group: str | None = None,
         "name": name or f"attnbench: {group or 'all sweeps'}",
         "filters": runs_filter(group),
         "groupby": list(GROUP_BY),
-        "sections": [{"name": title, "panels": [asdict(p) for p in panels]}
-                     for title, panels in SECTIONS.items()],
+        "sections": [
+            {"name": title, "panels": [asdict(p) for p in panels]}
+            for title, panels in SECTIONS.items()
+        ],
     }
 
 
@@ -77,15 +80,27 @@ def build_workspace(spec: dict[str, Any]) -> Any:
     from wandb_workspaces import expr
 
     sections = [
-        ws.Section(name=section["name"], is_open=True, panels=[
-            wr.LinePlot(title=p["title"], x=p["x"], y=list(p["y"]),
-                        log_x=p["log_x"] or None, log_y=p["log_y"] or None)
-            for p in section["panels"]
-        ])
+        ws.Section(
+            name=section["name"],
+            is_open=True,
+            panels=[
+                wr.LinePlot(
+                    title=p["title"],
+                    x=p["x"],
+                    y=list(p["y"]),
+                    log_x=p["log_x"] or None,
+                    log_y=p["log_y"] or None,
+                )
+                for p in section["panels"]
+            ],
+        )
         for section in spec["sections"]
     ]
     return ws.Workspace(
-        entity=spec["entity"], project=spec["project"], name=spec["name"], sections=sections,
+        entity=spec["entity"],
+        project=spec["project"],
+        name=spec["name"],
+        sections=sections,
         runset_settings=ws.RunsetSettings(
             filters=spec["filters"], groupby=[expr.Config(key) for key in spec["groupby"]]
         ),
@@ -93,8 +108,9 @@ def build_workspace(spec: dict[str, Any]) -> Any:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m analysis.workspace",
-                                     description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m analysis.workspace", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("project", metavar="ENTITY/PROJECT")
     parser.add_argument("--group", help="only the runs of this sweep (W&B group)")
     parser.add_argument("--name", help="workspace name (default: attnbench: <group>)")
@@ -110,8 +126,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         workspace = build_workspace(spec)
     except ImportError:
-        print("creating a workspace needs the optional package wandb-workspaces: "
-              "pip install wandb-workspaces", file=sys.stderr)
+        print(
+            "creating a workspace needs the optional package wandb-workspaces: "
+            "pip install wandb-workspaces",
+            file=sys.stderr,
+        )
         return 1
     workspace.save()
     print(f"workspace: {workspace.url}")

@@ -116,8 +116,14 @@ def start_tracker(
     if mode is None:
         return Tracker()
     run = _init_run(
-        logger_cfg, mode, config=_plain(run_config), group=group, job_type=job_type,
-        tags=tags, name=name, out_dir=out_dir,
+        logger_cfg,
+        mode,
+        config=_plain(run_config),
+        group=group,
+        job_type=job_type,
+        tags=tags,
+        name=name,
+        out_dir=out_dir,
     )
     if run is None:
         return Tracker()
@@ -149,8 +155,14 @@ def log_sweep_summary(
     if mode is None:
         return None
     run = _init_run(
-        logger_cfg, mode, config={"sweep": group, "n_records": len(records)}, group=group,
-        job_type="sweep-summary", tags=[], name=f"{group}-summary", out_dir=out_dir,
+        logger_cfg,
+        mode,
+        config={"sweep": group, "n_records": len(records)},
+        group=group,
+        job_type="sweep-summary",
+        tags=[],
+        name=f"{group}-summary",
+        out_dir=out_dir,
     )
     if run is None:
         return None
@@ -319,8 +331,18 @@ def read_offline_run(run_dir: pathlib.Path) -> dict:
     A log cut short by a crash is read up to its last whole record. Nested keys are nested
     dicts. `run_dir` may also be the `.wandb` file itself. Raises ValueError if it is not one.
     """
-    run = {"config": {}, "summary": {}, "history": [], "group": "", "job_type": "", "tags": [],
-           "name": "", "project": "", "run_id": "", "exit_code": None}
+    run = {
+        "config": {},
+        "summary": {},
+        "history": [],
+        "group": "",
+        "job_type": "",
+        "tags": [],
+        "name": "",
+        "project": "",
+        "run_id": "",
+        "exit_code": None,
+    }
     for record in _records(_log_file(pathlib.Path(run_dir))):
         kind = record.WhichOneof("record_type")
         if kind == "run":
@@ -381,8 +403,14 @@ def _records(path: pathlib.Path):
 
 
 def _apply_run(run: dict, record: Any) -> None:
-    run.update(group=record.run_group, job_type=record.job_type, tags=list(record.tags),
-               name=record.display_name, project=record.project, run_id=record.run_id)
+    run.update(
+        group=record.run_group,
+        job_type=record.job_type,
+        tags=list(record.tags),
+        name=record.display_name,
+        project=record.project,
+        run_id=record.run_id,
+    )
     _apply_updates(run["config"], record.config)
     _apply_updates(run["summary"], record.summary)
 

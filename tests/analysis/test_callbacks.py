@@ -12,8 +12,9 @@ from tests.analysis.conftest import WANDB_LOGGER
 
 def multirun_config(sweep_dir, logger):
     """The parts of a multirun's config the callback reads."""
-    return OmegaConf.create({"hydra": {"sweep": {"dir": str(sweep_dir)}}, "sweep": "fixture",
-                             "logger": logger})
+    return OmegaConf.create(
+        {"hydra": {"sweep": {"dir": str(sweep_dir)}}, "sweep": "fixture", "logger": logger}
+    )
 
 
 def test_report_and_wandb_summary_of_a_sweep(small_sweep, wandb_home, capsys, monkeypatch):

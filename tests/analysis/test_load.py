@@ -35,8 +35,13 @@ def test_fixture_sweep_has_the_documented_schema():
     assert failed[["attn_fwd_ms", "step_ms", "peak_memory_bytes"]].isna().all().all()
     assert frame["seq_len"].dtype.kind == "i"
     # The variant names the options that differ between one attention's records.
-    assert {"full impl=math", "full impl=sdpa", "lsh n_hashes=1", "linformer k=256",
-            "blockwise"} <= set(frame["variant"])
+    assert {
+        "full impl=math",
+        "full impl=sdpa",
+        "lsh n_hashes=1",
+        "linformer k=256",
+        "blockwise",
+    } <= set(frame["variant"])
     assert frame["source"].eq(str(FIXTURE)).all()
 
 
@@ -61,15 +66,25 @@ def test_missing_results_are_an_error(tmp_path):
 def wandb_sweep(tmp_path, wandb_home) -> Path:
     """Three fixture records re-recorded as a runner job does: result.json plus a real offline
     W&B run written by experiments.tracking, with per-step losses."""
-    picked = [r for r in fixture_records() if r["sweep"] == "scaling" and r["seq_len"] == 512
-              and r["seed"] == 0 and r["attention"] in ("full", "lsh", "linformer")]
+    picked = [
+        r
+        for r in fixture_records()
+        if r["sweep"] == "scaling"
+        and r["seq_len"] == 512
+        and r["seed"] == 0
+        and r["attention"] in ("full", "lsh", "linformer")
+    ]
     sweep = tmp_path / "wandb_sweep"
     for job, rec in enumerate(picked):
         out_dir = sweep / str(job)
         tracker = tracking.start_tracker(
-            WANDB_LOGGER, run_config={"attention": {"name": rec["attention"]}},
-            group=rec["sweep"], job_type=f"{rec['attention']}-{rec['block']}",
-            tags=[rec["attention"]], name=f"{job}-{rec['config_hash']}", out_dir=out_dir,
+            WANDB_LOGGER,
+            run_config={"attention": {"name": rec["attention"]}},
+            group=rec["sweep"],
+            job_type=f"{rec['attention']}-{rec['block']}",
+            tags=[rec["attention"]],
+            name=f"{job}-{rec['config_hash']}",
+            out_dir=out_dir,
         )
         if rec["status"] == "ok":
             for step in range(3):
@@ -93,12 +108,17 @@ def test_wandb_offline_runs_load_like_the_records(wandb_sweep, tmp_path):
     # Every record column that has a value survives the round trip through W&B.
     present = {c for c in from_records.columns if from_records[c].notna().any()}
     assert present - BOOKKEEPING <= set(from_runs.columns)
-    assert from_records["run_dir"].tolist() == from_runs.set_index("config_hash").loc[
-        from_records["config_hash"], "run_dir"].tolist()
+    assert (
+        from_records["run_dir"].tolist()
+        == from_runs.set_index("config_hash").loc[from_records["config_hash"], "run_dir"].tolist()
+    )
 
     curves = load.load_curves(from_records)
-    assert curves.equals(load.load_curves(from_runs.set_index("config_hash").loc[
-        from_records["config_hash"]].reset_index()))
+    assert curves.equals(
+        load.load_curves(
+            from_runs.set_index("config_hash").loc[from_records["config_hash"]].reset_index()
+        )
+    )
     lsh_row = from_records.index[from_records["attention"] == "lsh"][0]
     lsh = curves[(curves["row"] == lsh_row) & (curves["metric"] == "train/loss")]
     assert lsh["step"].tolist() == [0, 1, 2]
@@ -132,9 +152,19 @@ class FakeApi:
 
 def test_wandb_api_runs_load_like_the_records():
     records = fixture_records()[:4]
-    runs = [FakeRun(f"r{i}", "bench", {**{k: v for k, v in r.items() if v is not None},
-                                         "train/loss": 1.0, "step": 3, "_runtime": 2.0})
-            for i, r in enumerate(records)]
+    runs = [
+        FakeRun(
+            f"r{i}",
+            "bench",
+            {
+                **{k: v for k, v in r.items() if v is not None},
+                "train/loss": 1.0,
+                "step": 3,
+                "_runtime": 2.0,
+            },
+        )
+        for i, r in enumerate(records)
+    ]
     runs.append(FakeRun("summary", load.SUMMARY_JOB_TYPE, {"n_records": 4}))
     api = FakeApi(runs)
     frame = load.load_wandb("me/attnbench", "scaling", api=api)

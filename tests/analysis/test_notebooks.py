@@ -14,8 +14,9 @@ NOTEBOOKS = sorted((Path(__file__).resolve().parents[2] / "analysis" / "notebook
 
 def with_parameters(notebook: nbformat.NotebookNode, **values) -> nbformat.NotebookNode:
     """Insert a cell after the one tagged `parameters` that overrides it (papermill's way)."""
-    index = next(i for i, cell in enumerate(notebook.cells)
-                 if "parameters" in cell.metadata.get("tags", []))
+    index = next(
+        i for i, cell in enumerate(notebook.cells) if "parameters" in cell.metadata.get("tags", [])
+    )
     source = "\n".join(f"{name} = {value!r}" for name, value in values.items())
     notebook.cells.insert(index + 1, nbformat.v4.new_code_cell(source))
     return notebook
@@ -33,11 +34,16 @@ def test_notebook_runs_on_the_fixture(path, small_sweep, tmp_path, monkeypatch):
     monkeypatch.setenv("JUPYTER_RUNTIME_DIR", str(tmp_path / "jupyter_runtime"))
     monkeypatch.delenv("JUPYTER_PATH", raising=False)
     notebook = with_parameters(jupytext.read(path), RESULTS=[str(small_sweep)])
-    client = nbclient.NotebookClient(notebook, kernel_name="python3", timeout=120,
-                                     resources={"metadata": {"path": str(tmp_path)}})
+    client = nbclient.NotebookClient(
+        notebook,
+        kernel_name="python3",
+        timeout=120,
+        resources={"metadata": {"path": str(tmp_path)}},
+    )
     client.execute()  # raises CellExecutionError on any failing cell
     outputs = [o for cell in notebook.cells if cell.cell_type == "code" for o in cell.outputs]
     figures = [o for o in outputs if "image/png" in o.get("data", {})]
-    figure_cells = [c for c in notebook.cells if c.cell_type == "code"
-                    and c.source.startswith("plots.")]
+    figure_cells = [
+        c for c in notebook.cells if c.cell_type == "code" and c.source.startswith("plots.")
+    ]
     assert len(figures) == len(figure_cells) > 0

@@ -46,8 +46,9 @@ def test_time_figure_has_exponents_crossover_and_failures(frame):
 
 
 def test_seeds_are_drawn_as_a_band(frame):
-    figure = plots.memory_vs_seq_len(frame.assign(
-        peak_memory_bytes=frame["peak_memory_bytes"] * (1 + 0.1 * frame["seed"])))
+    figure = plots.memory_vs_seq_len(
+        frame.assign(peak_memory_bytes=frame["peak_memory_bytes"] * (1 + 0.1 * frame["seed"]))
+    )
     assert figure.axes[0].collections  # fill_between bands
 
 

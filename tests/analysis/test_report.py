@@ -15,8 +15,13 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def run_report(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "analysis.report", *args], cwd=ROOT,
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "analysis.report", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def test_cli_writes_every_figure_and_the_tables(tmp_path):
@@ -29,8 +34,12 @@ def test_cli_writes_every_figure_and_the_tables(tmp_path):
             path = out / f"{name}.{fmt}"
             assert path.stat().st_size > 1000, path
     text = (out / "report.md").read_text()
-    for heading in ("## Per variant", "## Memory and time vs depth",
-                    "## Not measured (oom, timeout, skipped, error, diverged)", "## Figures"):
+    for heading in (
+        "## Per variant",
+        "## Memory and time vs depth",
+        "## Not measured (oom, timeout, skipped, error, diverged)",
+        "## Figures",
+    ):
         assert heading in text
     assert "| variant | α fwd | α fwd+bwd |" in text
     assert "| full impl=math | oom | 8,192 |" in text

@@ -8,14 +8,34 @@ from analysis import tables
 def test_rows_are_training_kernels_and_columns_evaluation_kernels():
     frame = pd.DataFrame(
         [
-            {"status": "ok", "train_as": "full", "attention": "lsh",
-             "eval_accuracy@full": 1.0, "eval_accuracy@lsh-1": 0.5},
-            {"status": "ok", "train_as": "lsh-4", "attention": "lsh",
-             "eval_accuracy@full": 0.9, "eval_accuracy@lsh-1": 0.8},
-            {"status": "ok", "train_as": "lsh-4", "attention": "lsh",
-             "eval_accuracy@full": 0.7, "eval_accuracy@lsh-1": 0.6},
-            {"status": "error", "train_as": "lsh-2", "attention": "lsh",
-             "eval_accuracy@full": None, "eval_accuracy@lsh-1": None},
+            {
+                "status": "ok",
+                "train_as": "full",
+                "attention": "lsh",
+                "eval_accuracy@full": 1.0,
+                "eval_accuracy@lsh-1": 0.5,
+            },
+            {
+                "status": "ok",
+                "train_as": "lsh-4",
+                "attention": "lsh",
+                "eval_accuracy@full": 0.9,
+                "eval_accuracy@lsh-1": 0.8,
+            },
+            {
+                "status": "ok",
+                "train_as": "lsh-4",
+                "attention": "lsh",
+                "eval_accuracy@full": 0.7,
+                "eval_accuracy@lsh-1": 0.6,
+            },
+            {
+                "status": "error",
+                "train_as": "lsh-2",
+                "attention": "lsh",
+                "eval_accuracy@full": None,
+                "eval_accuracy@lsh-1": None,
+            },
         ]
     )
     table = tables.cross_evaluation(frame)

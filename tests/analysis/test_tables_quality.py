@@ -6,8 +6,14 @@ from analysis import load, tables
 
 
 def _records(*rows):
-    base = {"status": "ok", "attention": "full", "task": "text", "block": "residual",
-            "seq_len": 128, "model.shared_qk": False}
+    base = {
+        "status": "ok",
+        "attention": "full",
+        "task": "text",
+        "block": "residual",
+        "seq_len": 128,
+        "model.shared_qk": False,
+    }
     return load.tidy(pd.DataFrame([{**base, **row} for row in rows]))
 
 
@@ -32,8 +38,13 @@ def test_rows_per_configuration_with_mean_over_seeds_and_difference_from_the_fir
 def test_accuracy_rows_named_by_the_presets_train_as():
     frame = _records(
         {"train_as": "full", "task": "duplication", "eval_accuracy": 1.0, "eval_loss": 0.1},
-        {"train_as": "lsh-4", "attention": "lsh", "task": "duplication", "eval_accuracy": 0.75,
-         "eval_loss": 0.9},
+        {
+            "train_as": "lsh-4",
+            "attention": "lsh",
+            "task": "duplication",
+            "eval_accuracy": 0.75,
+            "eval_loss": 0.9,
+        },
     )
     rows = tables.quality(frame).frame.to_dict("records")
     assert [r["configuration"] for r in rows] == ["full", "lsh-4"]
@@ -49,11 +60,29 @@ def test_cost_only_sweeps_have_no_quality_table():
 
 def test_a_series_with_no_measurement_has_no_crossover_rather_than_being_the_reference():
     # A skipped job keeps the configured device ("auto"), so no exact series shares its context.
-    rows = [{"status": "ok", "attention": "full", "task": "random_lm", "seq_len": n,
-             "device": "cpu", "attn_fwd_ms": n / 100, "attn_fwd_bwd_ms": n / 50}
-            for n in (256, 512)]
-    rows += [{"status": "skipped", "attention": "linformer", "task": "random_lm", "seq_len": n,
-              "device": "auto", "error": "cannot be causal"} for n in (256, 512)]
+    rows = [
+        {
+            "status": "ok",
+            "attention": "full",
+            "task": "random_lm",
+            "seq_len": n,
+            "device": "cpu",
+            "attn_fwd_ms": n / 100,
+            "attn_fwd_bwd_ms": n / 50,
+        }
+        for n in (256, 512)
+    ]
+    rows += [
+        {
+            "status": "skipped",
+            "attention": "linformer",
+            "task": "random_lm",
+            "seq_len": n,
+            "device": "auto",
+            "error": "cannot be causal",
+        }
+        for n in (256, 512)
+    ]
     table = tables.variant_summary(load.tidy(pd.DataFrame(rows))).frame.set_index("variant")
     assert table.loc["full", "L* fwd"] == "reference"
     assert table.loc["linformer", "L* fwd"] == "—"

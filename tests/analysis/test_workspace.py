@@ -32,10 +32,14 @@ def test_every_panel_plots_a_metric_the_runner_logs_on_its_axis():
 
 def test_spec_selects_the_sweeps_job_runs_grouped_by_variant():
     spec = workspace.workspace_spec("me", "attnbench", "scaling")
-    assert (spec["entity"], spec["project"], spec["name"]) == ("me", "attnbench",
-                                                              "attnbench: scaling")
-    assert spec["filters"] == ("Metric('Group') = \"scaling\" and "
-                               "Metric('JobType') != 'sweep-summary'")
+    assert (spec["entity"], spec["project"], spec["name"]) == (
+        "me",
+        "attnbench",
+        "attnbench: scaling",
+    )
+    assert spec["filters"] == (
+        "Metric('Group') = \"scaling\" and Metric('JobType') != 'sweep-summary'"
+    )
     assert spec["groupby"] == ["attention.name"]
     assert "Group" not in workspace.workspace_spec("me", "p")["filters"]
     json.dumps(spec)  # plain data

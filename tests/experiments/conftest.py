@@ -17,8 +17,13 @@ CONF = ROOT / "conf"
 
 # About a second per job on one core; every CLI test measures this configuration.
 TINY = (
-    "model.d_model=32", "model.n_heads=2", "train.steps=2", "train.warmup=1",
-    "measure.min_run_time_s=0.01", "measure.approx_seeds=1", "measure.matmul_size=64",
+    "model.d_model=32",
+    "model.n_heads=2",
+    "train.steps=2",
+    "train.warmup=1",
+    "measure.min_run_time_s=0.01",
+    "measure.approx_seeds=1",
+    "measure.matmul_size=64",
 )
 TIMEOUT_S = 300  # per CLI call: a hung sweep fails its test instead of the whole session
 
@@ -42,8 +47,14 @@ class Cli:
 
     def env(self) -> dict[str, str]:
         env = dict(os.environ)
-        for var in ("WANDB_MODE", "WANDB_API_KEY", "WANDB_BASE_URL", "WANDB_PROJECT",
-                    "WANDB_ENTITY", "HYDRA_FULL_ERROR"):
+        for var in (
+            "WANDB_MODE",
+            "WANDB_API_KEY",
+            "WANDB_BASE_URL",
+            "WANDB_PROJECT",
+            "WANDB_ENTITY",
+            "HYDRA_FULL_ERROR",
+        ):
             env.pop(var, None)
         for var in ("WANDB_DIR", "WANDB_CACHE_DIR", "WANDB_CONFIG_DIR", "WANDB_DATA_DIR"):
             env[var] = str(self.home / var.lower())
@@ -53,8 +64,13 @@ class Cli:
     def start(self, *args: str) -> subprocess.Popen:
         """Launch without waiting (to run several at once); collect with `Popen.communicate`."""
         return subprocess.Popen(
-            [sys.executable, "-m", "experiments.run", *args], cwd=ROOT, env=self.env(),
-            text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+            [sys.executable, "-m", "experiments.run", *args],
+            cwd=ROOT,
+            env=self.env(),
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            stdin=subprocess.DEVNULL,
         )
 
     def run(self, *args: str, timeout: float = TIMEOUT_S) -> subprocess.CompletedProcess:

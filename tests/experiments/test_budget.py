@@ -91,23 +91,33 @@ def test_time_limit_is_a_no_op_outside_the_main_thread():
     assert errors == []
 
 
-@pytest.mark.parametrize("error", [
-    MemoryError(),
-    budget.MemoryBudgetExceeded("needs 40 GiB"),
-    torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"),
-    RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 4 bytes"),
-    RuntimeError("CUDA error: out of memory"),
-    RuntimeError("[enforce fail at alloc_cpu.cpp:117] not enough memory: you tried to allocate"),
-], ids=repr)
+@pytest.mark.parametrize(
+    "error",
+    [
+        MemoryError(),
+        budget.MemoryBudgetExceeded("needs 40 GiB"),
+        torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"),
+        RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 4 bytes"),
+        RuntimeError("CUDA error: out of memory"),
+        RuntimeError(
+            "[enforce fail at alloc_cpu.cpp:117] not enough memory: you tried to allocate"
+        ),
+    ],
+    ids=repr,
+)
 def test_allocation_failures_are_out_of_memory(error):
     assert budget.is_out_of_memory(error)
 
 
-@pytest.mark.parametrize("error", [
-    ValueError("out of memory"),  # a message alone does not make a bad option an OOM
-    RuntimeError("shape mismatch"),
-    budget.JobTimeout("measurement exceeded budget.max_seconds=1"),
-], ids=repr)
+@pytest.mark.parametrize(
+    "error",
+    [
+        ValueError("out of memory"),  # a message alone does not make a bad option an OOM
+        RuntimeError("shape mismatch"),
+        budget.JobTimeout("measurement exceeded budget.max_seconds=1"),
+    ],
+    ids=repr,
+)
 def test_other_errors_are_not_out_of_memory(error):
     assert not budget.is_out_of_memory(error)
 
@@ -142,6 +152,7 @@ def test_timeouts_leave_the_process_fit_for_the_next_job():
                 pass
         new_optimizer()  # the next job's training
     """)
-    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True,
-                          text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 0, done.stderr[-1500:]

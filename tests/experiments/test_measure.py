@@ -13,14 +13,32 @@ from experiments import measure, timing
 from variants.attention.base import FWD_BWD_FLOP_FACTOR, Attention
 
 CPU = torch.device("cpu")
-TINY = ("seq_len=64", "model.d_model=32", "model.n_heads=2", "train.steps=2", "train.warmup=1",
-        "train.eval_every=1", "train.eval_batches=1", "measure.min_run_time_s=0.01",
-        "measure.approx_seeds=1", "measure.matmul_size=64", "logger=none")
+TINY = (
+    "seq_len=64",
+    "model.d_model=32",
+    "model.n_heads=2",
+    "train.steps=2",
+    "train.warmup=1",
+    "train.eval_every=1",
+    "train.eval_batches=1",
+    "measure.min_run_time_s=0.01",
+    "measure.approx_seeds=1",
+    "measure.matmul_size=64",
+    "logger=none",
+)
 ALWAYS = {"device", "threads", "n_parameters", "matmul_peak_gflops_per_s", "peak_rss_bytes"}
 TRAINING = {"train_loss", "eval_loss", "eval_accuracy", "tokens_per_s"}
-KERNEL = {"attn_fwd_ms", "attn_fwd_iqr_ms", "attn_fwd_bwd_ms", "attn_fwd_bwd_iqr_ms",
-          "attn_fwd_flops", "attn_fwd_bwd_flops", "attn_fwd_gflops_per_s",
-          "attn_fwd_bwd_gflops_per_s", "attn_fwd_bwd_matmul_fraction"}
+KERNEL = {
+    "attn_fwd_ms",
+    "attn_fwd_iqr_ms",
+    "attn_fwd_bwd_ms",
+    "attn_fwd_bwd_iqr_ms",
+    "attn_fwd_flops",
+    "attn_fwd_bwd_flops",
+    "attn_fwd_gflops_per_s",
+    "attn_fwd_bwd_gflops_per_s",
+    "attn_fwd_bwd_matmul_fraction",
+}
 SHAPE = (1, 2, 128, 16)  # (B, H, L, D)
 
 
@@ -29,31 +47,52 @@ def test_measure_returns_every_column_with_consistent_units(resolved_config):
     steps = []
     columns = measure.measure(config, measure.setup(config), on_step=lambda m, s: steps.append(s))
     assert set(columns) == ALWAYS | TRAINING | KERNEL | {
-        "step_ms", "step_iqr_ms", "peak_memory_bytes", "approx_rel_error"}
+        "step_ms",
+        "step_iqr_ms",
+        "peak_memory_bytes",
+        "approx_rel_error",
+    }
     assert steps == [0, 1]
     assert columns["device"] == "cpu" and columns["eval_accuracy"] is None
-    for key in ("attn_fwd_ms", "attn_fwd_bwd_ms", "step_ms", "tokens_per_s", "train_loss",
-                "matmul_peak_gflops_per_s", "peak_rss_bytes", "n_parameters"):
+    for key in (
+        "attn_fwd_ms",
+        "attn_fwd_bwd_ms",
+        "step_ms",
+        "tokens_per_s",
+        "train_loss",
+        "matmul_peak_gflops_per_s",
+        "peak_rss_bytes",
+        "n_parameters",
+    ):
         assert math.isfinite(columns[key]) and columns[key] > 0, key
     assert isinstance(columns["peak_memory_bytes"], int) and columns["peak_memory_bytes"] > 0
     assert columns["attn_fwd_bwd_flops"] == int(columns["attn_fwd_flops"] * FWD_BWD_FLOP_FACTOR)
     # FLOP/s from FLOPs and milliseconds: flops / (ms * 1e-3) / 1e9.
     assert columns["attn_fwd_gflops_per_s"] == pytest.approx(
-        columns["attn_fwd_flops"] / (columns["attn_fwd_ms"] * 1e-3) / 1e9)
+        columns["attn_fwd_flops"] / (columns["attn_fwd_ms"] * 1e-3) / 1e9
+    )
     assert columns["attn_fwd_bwd_matmul_fraction"] == pytest.approx(
-        columns["attn_fwd_bwd_gflops_per_s"] / columns["matmul_peak_gflops_per_s"])
+        columns["attn_fwd_bwd_gflops_per_s"] / columns["matmul_peak_gflops_per_s"]
+    )
     assert columns["approx_rel_error"] > 0  # a query sees 2 blocks of 16 of up to 64 keys
 
 
 def test_measure_skips_what_is_switched_off(resolved_config):
-    config = resolved_config(*TINY, "train.steps=0", "measure.kernel=false", "measure.step=false",
-                             "measure.memory=false", "measure.approx_error=false")
+    config = resolved_config(
+        *TINY,
+        "train.steps=0",
+        "measure.kernel=false",
+        "measure.step=false",
+        "measure.memory=false",
+        "measure.approx_error=false",
+    )
     assert set(measure.measure(config, measure.setup(config))) == ALWAYS
 
 
 def test_setup_builds_the_configured_model(resolved_config):
-    config = resolved_config(*TINY, "attention=lsh", "attention.bucket_size=16", "model.depth=2",
-                             "model.causal=false")
+    config = resolved_config(
+        *TINY, "attention=lsh", "attention.bucket_size=16", "model.depth=2", "model.causal=false"
+    )
     built = measure.setup(config)
     kernels = [m for m in built.model.modules() if isinstance(m, Attention)]
     assert len(kernels) == 2 and measure.first_kernel(built.model) is kernels[0]
@@ -62,23 +101,29 @@ def test_setup_builds_the_configured_model(resolved_config):
     assert (built.device, built.dtype) == (CPU, torch.float32)
 
 
-@pytest.mark.parametrize("overrides, words", [
-    (["seq_len=0"], ["seq_len", "positive"]),
-    (["batch_size=-1"], ["batch_size", "positive"]),
-    (["model.n_heads=3"], ["d_model", "n_heads"]),
-    (["attention=linformer", "model.causal=true"], ["linformer", "causal"]),
-    (["device=tpu"], ["device", "auto, cpu, cuda"]),
-    (["dtype=int8"], ["dtype", "float32"]),
-    (["task.vocab_size=0"], ["vocab_size", "positive"]),
-], ids=["seq_len", "batch_size", "n_heads", "causal_linformer", "device", "dtype", "vocab_size"])
+@pytest.mark.parametrize(
+    "overrides, words",
+    [
+        (["seq_len=0"], ["seq_len", "positive"]),
+        (["batch_size=-1"], ["batch_size", "positive"]),
+        (["model.n_heads=3"], ["d_model", "n_heads"]),
+        (["attention=linformer", "model.causal=true"], ["linformer", "causal"]),
+        (["device=tpu"], ["device", "auto, cpu, cuda"]),
+        (["dtype=int8"], ["dtype", "float32"]),
+        (["task.vocab_size=0"], ["vocab_size", "positive"]),
+    ],
+    ids=["seq_len", "batch_size", "n_heads", "causal_linformer", "device", "dtype", "vocab_size"],
+)
 def test_setup_rejects_bad_options_naming_them(resolved_config, overrides, words):
     with pytest.raises(ValueError) as caught:
         measure.setup(resolved_config(*TINY, *overrides))
     assert not [w for w in words if w not in str(caught.value)], str(caught.value)
 
 
-@pytest.mark.parametrize("override", ["measure.approx_seeds=0", "train.eval_batches=0",
-                                      "measure.matmul_size=0", "train.steps=-1"])
+@pytest.mark.parametrize(
+    "override",
+    ["measure.approx_seeds=0", "train.eval_batches=0", "measure.matmul_size=0", "train.steps=-1"],
+)
 def test_setup_rejects_non_positive_measurement_sizes(resolved_config, override):
     with pytest.raises(ValueError, match=override.split("=")[0].split(".")[-1]):
         measure.setup(resolved_config(*TINY, override))

@@ -45,44 +45,87 @@ def test_config_hash_is_the_same_in_another_process(resolved_config):
         "print(config_hash(json.load(sys.stdin)))"
     )
     env = {**os.environ, "PYTHONHASHSEED": "12345"}  # str hashes differ; the digest must not
-    done = subprocess.run([sys.executable, "-c", script], input=json.dumps(config), cwd=ROOT,
-                          env=env, capture_output=True, text=True, timeout=120, check=True)
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        input=json.dumps(config),
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
     assert done.stdout.strip() == record.config_hash(config)
 
 
-@pytest.mark.parametrize("overrides", [
-    ["logger=none"],
-    ["logger.mode=online", "logger.project=elsewhere"],
-    ["sweep=another-sweep"],
-    ["resume=false"],
-    ["train.progress=true"],
-], ids=lambda o: " ".join(o))
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["logger=none"],
+        ["logger.mode=online", "logger.project=elsewhere"],
+        ["sweep=another-sweep"],
+        ["resume=false"],
+        ["train.progress=true"],
+    ],
+    ids=lambda o: " ".join(o),
+)
 def test_config_hash_ignores_bookkeeping_keys(resolved_config, overrides):
     assert record.config_hash(resolved_config(*overrides)) == record.config_hash(resolved_config())
 
 
-@pytest.mark.parametrize("overrides", [
-    ["seq_len=2048"],
-    ["attention=blockwise"],
-    ["attention=lsh", "attention.n_hashes=8"],
-    ["model.causal=false"],
-    ["block=reversible"],
-    ["train.steps=7"],
-    ["seed=1"],
-], ids=lambda o: " ".join(o))
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["seq_len=2048"],
+        ["attention=blockwise"],
+        ["attention=lsh", "attention.n_hashes=8"],
+        ["model.causal=false"],
+        ["block=reversible"],
+        ["train.steps=7"],
+        ["seed=1"],
+    ],
+    ids=lambda o: " ".join(o),
+)
 def test_config_hash_changes_with_what_is_measured(resolved_config, overrides):
     assert record.config_hash(resolved_config(*overrides)) != record.config_hash(resolved_config())
 
 
 def test_config_columns_have_short_aliases_and_every_option(resolved_config):
-    config = resolved_config("attention=blockwise", "attention.block_size=32", "seq_len=128",
-                             "model.depth=3", "block=checkpoint")
+    config = resolved_config(
+        "attention=blockwise",
+        "attention.block_size=32",
+        "seq_len=128",
+        "model.depth=3",
+        "block=checkpoint",
+    )
     columns = record.config_columns(config)
-    assert {k: columns[k] for k in ("attention", "block", "task", "seq_len", "depth", "d_model",
-                                    "n_heads", "causal", "batch_size", "dtype", "seed")} == {
-        "attention": "blockwise", "block": "checkpoint", "task": "random_lm", "seq_len": 128,
-        "depth": 3, "d_model": config["model"]["d_model"], "n_heads": config["model"]["n_heads"],
-        "causal": True, "batch_size": 1, "dtype": "float32", "seed": 0,
+    assert {
+        k: columns[k]
+        for k in (
+            "attention",
+            "block",
+            "task",
+            "seq_len",
+            "depth",
+            "d_model",
+            "n_heads",
+            "causal",
+            "batch_size",
+            "dtype",
+            "seed",
+        )
+    } == {
+        "attention": "blockwise",
+        "block": "checkpoint",
+        "task": "random_lm",
+        "seq_len": 128,
+        "depth": 3,
+        "d_model": config["model"]["d_model"],
+        "n_heads": config["model"]["n_heads"],
+        "causal": True,
+        "batch_size": 1,
+        "dtype": "float32",
+        "seed": 0,
     }
     assert columns["attention.block_size"] == 32 and columns["model.depth"] == 3
     assert columns["budget.max_seconds"] == config["budget"]["max_seconds"]

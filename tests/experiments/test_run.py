@@ -21,21 +21,60 @@ from experiments import tracking
 from experiments.record import flatten
 
 IDENTITY = ("sweep", "job", "config_hash", "status", "error")
-CONFIGURATION = ("attention", "attention.name", "block", "task", "seq_len", "batch_size",
-                 "d_model", "n_heads", "depth", "causal", "dtype", "seed", "device", "threads")
+CONFIGURATION = (
+    "attention",
+    "attention.name",
+    "block",
+    "task",
+    "seq_len",
+    "batch_size",
+    "d_model",
+    "n_heads",
+    "depth",
+    "causal",
+    "dtype",
+    "seed",
+    "device",
+    "threads",
+)
 # Measurements of an ok job on the random-token task, each a positive number.
-MEASUREMENTS = ("attn_fwd_ms", "attn_fwd_bwd_ms", "step_ms", "peak_memory_bytes",
-                "peak_rss_bytes", "attn_fwd_flops", "attn_fwd_bwd_flops", "attn_fwd_gflops_per_s",
-                "attn_fwd_bwd_gflops_per_s", "matmul_peak_gflops_per_s", "train_loss",
-                "eval_loss", "tokens_per_s", "n_parameters", "job_seconds")
+MEASUREMENTS = (
+    "attn_fwd_ms",
+    "attn_fwd_bwd_ms",
+    "step_ms",
+    "peak_memory_bytes",
+    "peak_rss_bytes",
+    "attn_fwd_flops",
+    "attn_fwd_bwd_flops",
+    "attn_fwd_gflops_per_s",
+    "attn_fwd_bwd_gflops_per_s",
+    "matmul_peak_gflops_per_s",
+    "train_loss",
+    "eval_loss",
+    "tokens_per_s",
+    "n_parameters",
+    "job_seconds",
+)
 SPREADS = ("attn_fwd_iqr_ms", "attn_fwd_bwd_iqr_ms", "step_iqr_ms", "approx_rel_error")  # >= 0
-PROVENANCE = ("git_commit", "torch_version", "device_name", "hostname", "timestamp",
-              "offline_run_dir")
+PROVENANCE = (
+    "git_commit",
+    "torch_version",
+    "device_name",
+    "hostname",
+    "timestamp",
+    "offline_run_dir",
+)
 SKIP_MESSAGE = "already recorded with status ok"  # logged by a job that resume skips
 RAN_MESSAGE = "record: "  # printed by a job that measured and recorded
 # Resume is about which jobs run, not what they measure: time only the machine's matmul rate.
-QUICK = ("logger=none", "train.steps=0", "measure.kernel=false", "measure.step=false",
-         "measure.memory=false", "measure.approx_error=false")
+QUICK = (
+    "logger=none",
+    "train.steps=0",
+    "measure.kernel=false",
+    "measure.step=false",
+    "measure.memory=false",
+    "measure.approx_error=false",
+)
 
 
 def job_records(sweep_dir: Path) -> dict[str, dict]:
@@ -68,8 +107,9 @@ def assert_ran(done: subprocess.CompletedProcess, *, ran: int, skipped: int) -> 
 def wandb_sweep(module_cli, tmp_path_factory) -> Path:
     """Two measured variants and linformer, which cannot be causal, with the default logger."""
     sweep_dir = tmp_path_factory.mktemp("wandb") / "sweep"
-    module_cli.sweep(sweep_dir, "attention=full,blockwise,linformer", "model.causal=true",
-                     "sweep=runner-test")
+    module_cli.sweep(
+        sweep_dir, "attention=full,blockwise,linformer", "model.causal=true", "sweep=runner-test"
+    )
     return sweep_dir
 
 
@@ -85,8 +125,11 @@ def test_sweep_records_have_every_documented_column(wandb_sweep):
     assert sorted(r["attention"] for r in records.values()) == ["blockwise", "full"]
     for job, rec in records.items():
         assert rec["status"] == "ok" and rec["error"] is None, rec["error"]
-        missing = [c for c in (*IDENTITY, *CONFIGURATION, *MEASUREMENTS, *SPREADS, *PROVENANCE)
-                   if c not in rec]
+        missing = [
+            c
+            for c in (*IDENTITY, *CONFIGURATION, *MEASUREMENTS, *SPREADS, *PROVENANCE)
+            if c not in rec
+        ]
         assert not missing, f"job {job} lacks {missing}"
         for column in MEASUREMENTS:
             value = rec[column]
@@ -203,8 +246,13 @@ def test_oom_under_a_memory_cap_is_recorded_and_the_sweep_goes_on(cli, tmp_path)
     sweep_dir = tmp_path / "sweep"
     # Explicit 8192 x 8192 float32 scores are 512 MiB per head, over a 0.3 GiB cap; the OOM job
     # runs first, so the second also shows that the cap was lifted after it.
-    cli.sweep(sweep_dir, "attention.impl=math", "seq_len=8192,64", "budget.max_memory_gb=0.3",
-              "logger=none")
+    cli.sweep(
+        sweep_dir,
+        "attention.impl=math",
+        "seq_len=8192,64",
+        "budget.max_memory_gb=0.3",
+        "logger=none",
+    )
     records = job_records(sweep_dir)
     assert records["0"]["status"] == "oom" and "memory" in records["0"]["error"].lower()
     assert "attn_fwd_ms" not in records["0"] and records["0"]["seq_len"] == 8192
@@ -233,11 +281,15 @@ BAD_RUNS = {
     "heads_not_dividing_d_model": (["model.n_heads=3"], ["d_model", "n_heads", "divisible"]),
     "zero_seq_len": (["seq_len=0"], ["seq_len", "positive"]),
     "zero_depth": (["model.depth=0"], ["depth", "positive"]),
-    "unknown_variant": (["attention.name=nope"],
-                        ["unknown attention variant 'nope'", "available:", "full", "lsh"]),
+    "unknown_variant": (
+        ["attention.name=nope"],
+        ["unknown attention variant 'nope'", "available:", "full", "lsh"],
+    ),
     "causal_linformer": (["attention=linformer", "model.causal=true"], ["linformer", "causal"]),
-    "negative_block_size": (["attention=blockwise", "attention.block_size=-1"],
-                            ["blockwise", "block_size", "positive"]),
+    "negative_block_size": (
+        ["attention=blockwise", "attention.block_size=-1"],
+        ["blockwise", "block_size", "positive"],
+    ),
 }
 OTHER_RUNS = {
     "good": [],  # W&B offline, as by default
@@ -258,7 +310,7 @@ def single_runs(module_cli, tmp_path_factory) -> dict[str, Finished]:
     launches.update(OTHER_RUNS)
     results, names = {}, list(launches)
     for first in range(0, len(names), PARALLEL):
-        batch = names[first:first + PARALLEL]
+        batch = names[first : first + PARALLEL]
         processes = {n: module_cli.start_single(root / n, *launches[n]) for n in batch}
         for name, process in processes.items():
             stdout, stderr = process.communicate(timeout=300)

@@ -13,9 +13,17 @@ from experiments import store
 
 
 def rec(config_hash, *, status="ok", timestamp="2026-01-01T00:00:00+00:00", **columns):
-    return {"config_hash": config_hash, "status": status, "timestamp": timestamp,
-            "attention": "full", "block": "residual", "seq_len": 64, "depth": 1,
-            "error": None if status == "ok" else f"{status} happened", **columns}
+    return {
+        "config_hash": config_hash,
+        "status": status,
+        "timestamp": timestamp,
+        "attention": "full",
+        "block": "residual",
+        "seq_len": 64,
+        "depth": 1,
+        "error": None if status == "ok" else f"{status} happened",
+        **columns,
+    }
 
 
 def put(sweep_dir, job, record):
@@ -84,10 +92,12 @@ def test_write_results_writes_csv_and_typed_parquet(tmp_path):
 
 
 def test_format_records_shows_headline_columns_with_memory_in_mib():
-    table = store.format_records([
-        rec("aaa", peak_memory_bytes=3 * 2**20, attn_fwd_ms=1.23456, extra="not shown"),
-        rec("bbb", status="oom"),
-    ])
+    table = store.format_records(
+        [
+            rec("aaa", peak_memory_bytes=3 * 2**20, attn_fwd_ms=1.23456, extra="not shown"),
+            rec("bbb", status="oom"),
+        ]
+    )
     header = table.splitlines()[0].split()
     assert header[:4] == ["attention", "block", "seq_len", "depth"]
     assert "peak_memory" in header and "extra" not in header and "config_hash" not in header
@@ -97,8 +107,9 @@ def test_format_records_shows_headline_columns_with_memory_in_mib():
 def test_gather_callback_writes_the_store_at_the_end_of_a_multirun(tmp_path, capsys):
     put(tmp_path, 0, rec("aaa"))
     put(tmp_path, 1, rec("bbb", status="skipped"))
-    config = OmegaConf.create({"hydra": {"sweep": {"dir": str(tmp_path)}},
-                               "logger": {"name": "none"}, "sweep": "s"})
+    config = OmegaConf.create(
+        {"hydra": {"sweep": {"dir": str(tmp_path)}}, "logger": {"name": "none"}, "sweep": "s"}
+    )
     store.GatherResults().on_multirun_end(config=config)
     assert len(pd.read_csv(tmp_path / "results.csv")) == 2
     out = capsys.readouterr().out
@@ -109,7 +120,8 @@ def test_gather_callback_writes_the_store_at_the_end_of_a_multirun(tmp_path, cap
 def test_gather_callback_runs_when_every_job_failed(tmp_path, statuses):
     for job, status in enumerate(statuses):
         put(tmp_path, job, rec(f"h{job}", status=status))
-    config = OmegaConf.create({"hydra": {"sweep": {"dir": str(tmp_path)}},
-                               "logger": {"name": "none"}, "sweep": "s"})
+    config = OmegaConf.create(
+        {"hydra": {"sweep": {"dir": str(tmp_path)}}, "logger": {"name": "none"}, "sweep": "s"}
+    )
     store.GatherResults().on_multirun_end(config=config)
     assert sorted(pd.read_csv(tmp_path / "results.csv")["status"]) == sorted(statuses)

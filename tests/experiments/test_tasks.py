@@ -16,13 +16,16 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def random_lm(seed=0, seq_len=32, batch_size=3, **options):
-    return build_task({"name": "random_lm", **options}, seq_len=seq_len, batch_size=batch_size,
-                      seed=seed)
+    return build_task(
+        {"name": "random_lm", **options}, seq_len=seq_len, batch_size=batch_size, seed=seed
+    )
 
 
 def same(a: Batch, b: Batch) -> bool:
-    return all(torch.equal(x, y) for x, y in ((a.inputs, b.inputs), (a.targets, b.targets),
-                                              (a.loss_mask, b.loss_mask)))
+    return all(
+        torch.equal(x, y)
+        for x, y in ((a.inputs, b.inputs), (a.targets, b.targets), (a.loss_mask, b.loss_mask))
+    )
 
 
 def test_random_lm_batch_shapes_and_next_token_targets():
@@ -44,11 +47,20 @@ def test_random_lm_batches_are_a_function_of_seed_split_and_index():
 
 
 def test_random_lm_batches_are_the_same_in_another_process():
-    script = ("from experiments.tasks import build_task; t = build_task({'name': 'random_lm'}, "
-              "seq_len=16, batch_size=2, seed=7); print(t.batch('eval', 3).inputs.tolist())")
+    script = (
+        "from experiments.tasks import build_task; t = build_task({'name': 'random_lm'}, "
+        "seq_len=16, batch_size=2, seed=7); print(t.batch('eval', 3).inputs.tolist())"
+    )
     env = {**os.environ, "PYTHONHASHSEED": "999"}  # str hashes change; the batches must not
-    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=120, check=True)
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
     here = random_lm(seed=7, seq_len=16, batch_size=2).batch("eval", 3).inputs.tolist()
     assert done.stdout.strip() == str(here)
 
@@ -63,12 +75,16 @@ def test_random_lm_is_registered():
     assert random_lm().vocab_size == 256 and not random_lm().has_accuracy
 
 
-@pytest.mark.parametrize("options, kwargs, words", [
-    ({"name": "nope"}, {}, ["unknown task 'nope'", "available:", "random_lm"]),
-    ({"name": "random_lm", "colour": 3}, {}, ["random_lm", "colour"]),
-    ({"name": "random_lm", "vocab_size": 0}, {}, ["vocab_size", "positive"]),
-    ({"name": "random_lm"}, {"seq_len": 0}, ["seq_len", "positive"]),
-], ids=["unknown", "unknown_option", "vocab_size", "seq_len"])
+@pytest.mark.parametrize(
+    "options, kwargs, words",
+    [
+        ({"name": "nope"}, {}, ["unknown task 'nope'", "available:", "random_lm"]),
+        ({"name": "random_lm", "colour": 3}, {}, ["random_lm", "colour"]),
+        ({"name": "random_lm", "vocab_size": 0}, {}, ["vocab_size", "positive"]),
+        ({"name": "random_lm"}, {"seq_len": 0}, ["seq_len", "positive"]),
+    ],
+    ids=["unknown", "unknown_option", "vocab_size", "seq_len"],
+)
 def test_bad_task_options_are_value_errors_naming_them(options, kwargs, words):
     arguments = {"seq_len": 8, "batch_size": 1, "seed": 0, **kwargs}
     with pytest.raises(ValueError) as caught:

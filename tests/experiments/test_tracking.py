@@ -17,15 +17,39 @@ from omegaconf import OmegaConf
 
 from experiments import tracking
 
-WANDB = {"name": "wandb", "mode": "offline", "project": "attnbench", "entity": None, "tags": [],
-         "dir": None, "quiet": True, "capture_console": False, "init_timeout": 90,
-         "scaling_metrics": ["attn_fwd_ms", "step_ms", "peak_memory_bytes", "approx_rel_error"]}
-RUN_CONFIG = {"attention": {"name": "lsh", "bucket_size": 32, "n_hashes": 2, "seed": None},
-              "seq_len": 256, "batch_size": 2, "tags": ["a", "b"]}
-RECORD = {"sweep": "s1", "job": "0", "status": "ok", "error": None, "attention": "lsh",
-          "attention.bucket_size": 32, "seq_len": 256, "causal": True, "attn_fwd_ms": 1.25,
-          "step_ms": 7.5, "peak_memory_bytes": 123456789, "approx_rel_error": float("nan"),
-          "timestamp": "2026-01-01T00:00:00"}
+WANDB = {
+    "name": "wandb",
+    "mode": "offline",
+    "project": "attnbench",
+    "entity": None,
+    "tags": [],
+    "dir": None,
+    "quiet": True,
+    "capture_console": False,
+    "init_timeout": 90,
+    "scaling_metrics": ["attn_fwd_ms", "step_ms", "peak_memory_bytes", "approx_rel_error"],
+}
+RUN_CONFIG = {
+    "attention": {"name": "lsh", "bucket_size": 32, "n_hashes": 2, "seed": None},
+    "seq_len": 256,
+    "batch_size": 2,
+    "tags": ["a", "b"],
+}
+RECORD = {
+    "sweep": "s1",
+    "job": "0",
+    "status": "ok",
+    "error": None,
+    "attention": "lsh",
+    "attention.bucket_size": 32,
+    "seq_len": 256,
+    "causal": True,
+    "attn_fwd_ms": 1.25,
+    "step_ms": 7.5,
+    "peak_memory_bytes": 123456789,
+    "approx_rel_error": float("nan"),
+    "timestamp": "2026-01-01T00:00:00",
+}
 
 
 @pytest.fixture(autouse=True)
@@ -34,14 +58,24 @@ def _isolated_wandb(wandb_home):
 
 
 def start(out_dir, logger_cfg=WANDB, name="job-0", tags=("lsh", "seq_len=256")):
-    return tracking.start_tracker(logger_cfg, run_config=RUN_CONFIG, group="s1", job_type="bench",
-                                  tags=list(tags), name=name, out_dir=out_dir)
+    return tracking.start_tracker(
+        logger_cfg,
+        run_config=RUN_CONFIG,
+        group="s1",
+        job_type="bench",
+        tags=list(tags),
+        name=name,
+        out_dir=out_dir,
+    )
 
 
 def expected_summary(record):
     """W&B keeps no None; it writes NaN as null, which reads back as absent too."""
-    return {k: v for k, v in record.items()
-            if v is not None and not (isinstance(v, float) and math.isnan(v))}
+    return {
+        k: v
+        for k, v in record.items()
+        if v is not None and not (isinstance(v, float) and math.isnan(v))
+    }
 
 
 def test_offline_run_reads_back_as_logged(tmp_path):
@@ -63,8 +97,12 @@ def test_offline_run_reads_back_as_logged(tmp_path):
     assert [row["train/loss"] for row in steps] == [1.0, 0.5, 1 / 3, 0.25, 0.2]
     assert all(row["eval/loss"] == 2.0 for row in steps)
     # One more row puts the per-job costs on the seq_len axis (NaN error left out).
-    assert run["history"][-1] == {"seq_len": 256, "attn_fwd_ms": 1.25, "step_ms": 7.5,
-                                  "peak_memory_bytes": 123456789}
+    assert run["history"][-1] == {
+        "seq_len": 256,
+        "attn_fwd_ms": 1.25,
+        "step_ms": 7.5,
+        "peak_memory_bytes": 123456789,
+    }
     assert (run["group"], run["job_type"], run["name"]) == ("s1", "bench", "job-0")
     assert run["tags"] == ["lsh", "seq_len=256"]
     assert (run["project"], run["exit_code"]) == ("attnbench", 0)
@@ -109,8 +147,16 @@ def test_logger_none_and_disabled_are_no_ops(tmp_path, monkeypatch):
         tracker.log_step({"loss": 1.0}, step=0)
         tracker.finish(RECORD, exit_code=0)
     assert not (tmp_path / "wandb").exists()
-    assert tracking.log_sweep_summary({"name": "none"}, records=pd.DataFrame([RECORD]),
-                                      figures={}, group="s1", out_dir=tmp_path) is None
+    assert (
+        tracking.log_sweep_summary(
+            {"name": "none"},
+            records=pd.DataFrame([RECORD]),
+            figures={},
+            group="s1",
+            out_dir=tmp_path,
+        )
+        is None
+    )
 
 
 def test_wandb_mode_environment_variable_wins(tmp_path, monkeypatch):
@@ -151,12 +197,24 @@ def test_sweep_summary_logs_table_and_figures(tmp_path):
     png = tmp_path / "scaling.png"
     figure.savefig(png)
     plt.close(figure)
-    records = pd.DataFrame([RECORD, {**RECORD, "job": "1", "seq_len": 512, "status": "oom",
-                                     "error": "out of memory", "attn_fwd_ms": None,
-                                     "attention.bucket_size": "auto"}])
+    records = pd.DataFrame(
+        [
+            RECORD,
+            {
+                **RECORD,
+                "job": "1",
+                "seq_len": 512,
+                "status": "oom",
+                "error": "out of memory",
+                "attn_fwd_ms": None,
+                "attention.bucket_size": "auto",
+            },
+        ]
+    )
 
-    run_dir = tracking.log_sweep_summary(WANDB, records=records, figures={"scaling": png},
-                                         group="s1", out_dir=tmp_path / "summary")
+    run_dir = tracking.log_sweep_summary(
+        WANDB, records=records, figures={"scaling": png}, group="s1", out_dir=tmp_path / "summary"
+    )
     run = tracking.read_offline_run(run_dir)
     assert (run["job_type"], run["group"], run["exit_code"]) == ("sweep-summary", "s1", 0)
     table_ref, image_ref = run["summary"]["records"], run["summary"]["figures/scaling"]
@@ -170,8 +228,15 @@ def test_sweep_summary_logs_table_and_figures(tmp_path):
 def test_reader_agrees_with_wandb_leet_across_blocks(tmp_path):
     """A 70 KB config record spans three 32 KiB blocks; W&B's own Go reader must agree."""
     config = {**RUN_CONFIG, "blob": "x" * 70_000}
-    tracker = tracking.start_tracker(WANDB, run_config=config, group="s1", job_type="bench",
-                                     tags=[], name="big", out_dir=tmp_path)
+    tracker = tracking.start_tracker(
+        WANDB,
+        run_config=config,
+        group="s1",
+        job_type="bench",
+        tags=[],
+        name="big",
+        out_dir=tmp_path,
+    )
     for step in range(200):
         tracker.log_step({f"metric_{i}": step + i / 10 for i in range(20)}, step=step)
     tracker.finish(RECORD, exit_code=3)
@@ -179,16 +244,22 @@ def test_reader_agrees_with_wandb_leet_across_blocks(tmp_path):
     assert run["config"] == config and len(run["history"]) == 201
 
     inspect = [sys.executable, "-m", "wandb", "leet", "inspect", "--json", str(tracker.run_dir)]
-    done = subprocess.run([*inspect[:5], "--summary", *inspect[5:]], capture_output=True,
-                          text=True, timeout=60, stdin=subprocess.DEVNULL)
+    done = subprocess.run(
+        [*inspect[:5], "--summary", *inspect[5:]],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
+    )
     if "No such command" in done.stderr:
         pytest.skip("this wandb has no `wandb leet inspect`")
     assert done.returncode == 0, done.stderr
     theirs = json.loads(done.stdout)
     assert theirs["config"] == config and theirs["exit_code"] == 3
     assert {k: v for k, v in theirs["summary"].items() if not k.startswith("_")} == run["summary"]
-    done = subprocess.run(inspect, capture_output=True, text=True, timeout=60,
-                          stdin=subprocess.DEVNULL, check=True)
+    done = subprocess.run(
+        inspect, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL, check=True
+    )
     kinds = [json.loads(line)["type"] for line in done.stdout.splitlines()]
     assert kinds.count("history") == len(run["history"])
 

@@ -55,8 +55,9 @@ class NaNFrom(nn.Module):
 
 
 def fit(model, task=None, **overrides):
-    options = dict(steps=40, lr=0.05, warmup=2, weight_decay=0.0, grad_clip=1.0, eval_every=10,
-                   eval_batches=2)
+    options = dict(
+        steps=40, lr=0.05, warmup=2, weight_decay=0.0, grad_clip=1.0, eval_every=10, eval_batches=2
+    )
     return train(model, task or CopyTask(), CPU, **{**options, **overrides})
 
 

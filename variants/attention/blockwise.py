@@ -57,7 +57,12 @@ class BlockwiseAttention(Attention):
         k_windows = key_windows(k, block, back, fwd).flatten(0, 1)  # (B*H, n, w*b, D)
         v_windows = key_windows(v, block, back, fwd).flatten(0, 1)  # (B*H, n, w*b, D)
         mask = window_mask(
-            seq_len, block, back, fwd, causal=self.causal, exclude_self=self.shared_qk,
+            seq_len,
+            block,
+            back,
+            fwd,
+            causal=self.causal,
+            exclude_self=self.shared_qk,
             device=q.device,
         )  # (n, b, w*b)
         # Blocks play the role of SDPA's heads, so the (1, n, b, w*b) mask broadcasts over batch

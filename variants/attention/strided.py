@@ -152,8 +152,13 @@ class StridedParts:
         self.look_forward = 0 if causal else 1
         scale = head_dim**-0.5
         allowed = window_mask(
-            self.length, stride, 1, self.look_forward, causal=causal,
-            max_distance=stride - 1, device=q.device,
+            self.length,
+            stride,
+            1,
+            self.look_forward,
+            causal=causal,
+            max_distance=stride - 1,
+            device=q.device,
         )  # (n, s, w*s)
         self.local_options = {"scale": scale, "bias": flash.hidden_bias(~allowed, q.dtype)[None]}
         if causal:
@@ -177,9 +182,7 @@ class StridedParts:
 
     def local_inputs(self, q, k, v):
         """Query blocks (B*H, n, s, D) and key and value windows (B*H, n, w*s, D)."""
-        windows = (
-            windows_of(x, self.stride, 1, self.look_forward).flatten(0, 1) for x in (k, v)
-        )
+        windows = (windows_of(x, self.stride, 1, self.look_forward).flatten(0, 1) for x in (k, v))
         return self.to_blocks(q), *windows
 
     def local_backward(self, grads):

@@ -9,8 +9,9 @@ from experiments.tasks import build_task
 
 
 def _task(seq_len=12, batch_size=3, seed=0, **options):
-    return build_task({"name": "duplication", **options}, seq_len=seq_len,
-                      batch_size=batch_size, seed=seed)
+    return build_task(
+        {"name": "duplication", **options}, seq_len=seq_len, batch_size=batch_size, seed=seed
+    )
 
 
 def test_batch_is_two_copies_of_w_after_separators():

@@ -24,8 +24,13 @@ def archive(tmp_path):
 
 
 def _task(path, eval_split="valid", seq_len=4):
-    options = {"name": "enwik8", "path": str(path), "train_bytes": 90, "valid_bytes": 5,
-               "eval_split": eval_split}
+    options = {
+        "name": "enwik8",
+        "path": str(path),
+        "train_bytes": 90,
+        "valid_bytes": 5,
+        "eval_split": eval_split,
+    }
     return build_task(options, seq_len=seq_len, batch_size=8, seed=0)
 
 

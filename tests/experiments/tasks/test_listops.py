@@ -52,8 +52,9 @@ def test_answers_are_the_values_of_the_expressions():
 
 def test_batches_are_a_pure_function_of_seed_split_and_index():
     assert torch.equal(_task(seed=1).batch("eval", 2).inputs, _task(seed=1).batch("eval", 2).inputs)
-    assert not torch.equal(_task(seed=1).batch("eval", 2).inputs,
-                           _task(seed=1).batch("eval", 3).inputs)
+    assert not torch.equal(
+        _task(seed=1).batch("eval", 2).inputs, _task(seed=1).batch("eval", 3).inputs
+    )
 
 
 def test_answers_vary():
@@ -63,8 +64,11 @@ def test_answers_vary():
 
 @pytest.mark.parametrize(
     "options, match",
-    [({"max_args": 1}, "'max_args'"), ({"min_length": 65}, "'min_length'=65"),
-     ({"max_depth": 0}, "'max_depth'")],
+    [
+        ({"max_args": 1}, "'max_args'"),
+        ({"min_length": 65}, "'min_length'=65"),
+        ({"max_depth": 0}, "'max_depth'"),
+    ],
 )
 def test_bad_options_are_value_errors_naming_them(options, match):
     with pytest.raises(ValueError, match=match):

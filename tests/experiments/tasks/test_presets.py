@@ -11,8 +11,10 @@ PRESETS = {
     "reformer_table2": ("train_as", ["full", "lsh-1", "lsh-2", "lsh-4"]),
     "shared_qk": ("model.shared_qk", ["false", "true"]),
     "reversible_quality": ("block", ["residual", "reversible"]),
-    "quality_speed": ("train_as", ["full", "linformer-8", "linformer-32", "lsh-1", "lsh-2",
-                                   "lsh-4"]),
+    "quality_speed": (
+        "train_as",
+        ["full", "linformer-8", "linformer-32", "lsh-1", "lsh-2", "lsh-4"],
+    ),
 }
 JOBS = [(preset, f"{key}={value}") for preset, (key, values) in PRESETS.items() for value in values]
 

@@ -10,8 +10,9 @@ from experiments.tasks import build_task
 
 def _task(seq_len=20, batch_size=4, seed=0, **options):
     options = {"n_pairs": 4, "n_keys": 8, "n_values": 6, **options}
-    return build_task({"name": "recall", **options}, seq_len=seq_len,
-                      batch_size=batch_size, seed=seed)
+    return build_task(
+        {"name": "recall", **options}, seq_len=seq_len, batch_size=batch_size, seed=seed
+    )
 
 
 def test_queries_are_followed_by_the_value_of_their_key():

@@ -13,8 +13,9 @@ from experiments.tasks.text import corpus_files, read_corpus, stdlib_dir
 
 def _task(path, seq_len=8, batch_size=2, seed=0, **options):
     options = {"eval_fraction": 0.25, **options}
-    return build_task({"name": "text", "path": path, **options}, seq_len=seq_len,
-                      batch_size=batch_size, seed=seed)
+    return build_task(
+        {"name": "text", "path": path, **options}, seq_len=seq_len, batch_size=batch_size, seed=seed
+    )
 
 
 @pytest.fixture

@@ -17,8 +17,14 @@ CPU = torch.device("cpu")
 def _model(attention="full", shared_qk=True, seq_len=16, **options):
     torch.manual_seed(0)
     return measure.variants.TransformerLM(
-        vocab_size=256, d_model=32, n_heads=2, depth=1, max_seq_len=seq_len,
-        attention=attention, attention_options=options, shared_qk=shared_qk,
+        vocab_size=256,
+        d_model=32,
+        n_heads=2,
+        depth=1,
+        max_seq_len=seq_len,
+        attention=attention,
+        attention_options=options,
+        shared_qk=shared_qk,
     )
 
 
@@ -37,8 +43,18 @@ def periodic_text(tmp_path):
 def test_training_lowers_the_loss_on_a_learnable_task(periodic_text):
     model = _model(shared_qk=False)  # the runner's default for full attention
     before, _ = evaluate(model, periodic_text, CPU, 2)
-    result = train(model, periodic_text, CPU, steps=60, lr=3e-3, warmup=4, weight_decay=0.0,
-                   grad_clip=1.0, eval_every=20, eval_batches=2)
+    result = train(
+        model,
+        periodic_text,
+        CPU,
+        steps=60,
+        lr=3e-3,
+        warmup=4,
+        weight_decay=0.0,
+        grad_clip=1.0,
+        eval_every=20,
+        eval_batches=2,
+    )
     assert before > math.log(100)  # about uniform over bytes at the start
     assert result.eval_loss < 0.3 * before  # 0.14 measured: a margin for other BLAS builds
 
@@ -46,10 +62,13 @@ def test_training_lowers_the_loss_on_a_learnable_task(periodic_text):
 def test_evaluating_with_the_training_kernel_changes_nothing(periodic_text):
     model = _model()
     loss, _ = evaluate(model, periodic_text, CPU, 2)
-    columns = measure.evaluate_with_kernel(model, periodic_text, CPU, {"name": "full"}, "full",
-                                           _config())
-    assert columns == {"eval_loss@full": pytest.approx(loss),
-                       "eval_bits_per_byte@full": pytest.approx(loss / math.log(2))}
+    columns = measure.evaluate_with_kernel(
+        model, periodic_text, CPU, {"name": "full"}, "full", _config()
+    )
+    assert columns == {
+        "eval_loss@full": pytest.approx(loss),
+        "eval_bits_per_byte@full": pytest.approx(loss / math.log(2)),
+    }
 
 
 def test_full_model_evaluated_with_lsh_then_restored():
@@ -77,10 +96,19 @@ def test_a_kernel_the_model_cannot_take_is_refused_and_the_model_kept():
 
 def test_measure_records_a_column_per_evaluation_kernel(resolved_config):
     config = resolved_config(
-        "task=duplication", "seq_len=16", "model.d_model=16", "model.n_heads=2",
-        "model.shared_qk=true", "train.steps=2", "train.warmup=1", "train.eval_batches=1",
-        "measure.kernel=false", "measure.step=false", "measure.memory=false",
-        "measure.approx_error=false", "measure.matmul_size=32",
+        "task=duplication",
+        "seq_len=16",
+        "model.d_model=16",
+        "model.n_heads=2",
+        "model.shared_qk=true",
+        "train.steps=2",
+        "train.warmup=1",
+        "train.eval_batches=1",
+        "measure.kernel=false",
+        "measure.step=false",
+        "measure.memory=false",
+        "measure.approx_error=false",
+        "measure.matmul_size=32",
         "+eval.attention={full: {name: full}, lsh-8: {name: lsh, n_hashes: 8, bucket_size: 4}}",
     )
     columns = measure.measure(config, measure.setup(config))

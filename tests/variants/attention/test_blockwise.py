@@ -113,7 +113,11 @@ def test_shared_qk_matches_reference_on_the_pattern(
     q, _, v = qkv(length=length, seed=length)
     mask = blockwise_mask(length, block_size, look_backward, look_forward, causal)
     module = build_attention(
-        "blockwise", causal=causal, block_size=block_size, look_backward=look_backward,
-        look_forward=look_forward, shared_qk=True,
+        "blockwise",
+        causal=causal,
+        block_size=block_size,
+        look_backward=look_backward,
+        look_forward=look_forward,
+        shared_qk=True,
     )
     torch.testing.assert_close(module(q, q, v), shared_qk_reference(q, v, mask))

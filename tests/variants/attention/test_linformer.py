@@ -111,4 +111,3 @@ def test_bad_options_are_refused(options, message):
 
 def test_flops():
     assert build(k=5).flops(2, 3, 12, 8) == 4 * 2 * 3 * 12 * 5 * 8 + 2 * 2 * 2 * 3 * 5 * 12 * 8
-

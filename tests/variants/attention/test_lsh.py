@@ -229,7 +229,13 @@ def test_product_hash_above_128_buckets_uses_every_bucket_and_keeps_neighbours_t
     [(True, 1, 10), (False, 1, 10), (True, 3, 4)],  # 3 chunks: 3 + 3 + 3 + 1
 )
 def test_slicing_the_sequences_changes_nothing(
-    causal, length, dedup, one_sequence_per_slice, chunks_per_piece, n_pieces, monkeypatch,
+    causal,
+    length,
+    dedup,
+    one_sequence_per_slice,
+    chunks_per_piece,
+    n_pieces,
+    monkeypatch,
     flash_kernels,
 ):
     """The window attention runs in slices of the B*H sequences, as many per slice as a byte
