@@ -29,6 +29,7 @@ CONTEXT = (
     "model.ff_mult",
     "model.ff_chunks",
     "model.shared_qk",
+    "model.token_shift",
     "model.dropout",
 )
 REFERENCE = "full"  # exact attention: what crossovers are measured against

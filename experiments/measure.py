@@ -9,7 +9,7 @@ columns of the record; `experiments.run` adds identity, status and provenance.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,6 +17,7 @@ import torch
 
 import variants
 import variants.layers
+from experiments import curriculum, reference_model
 from experiments.memory import peak_memory_bytes, peak_rss_bytes
 from experiments.tasks import Task, build_task
 from experiments.timing import matmul_gflops_per_s, time_ms
@@ -66,6 +67,7 @@ def build_model(config: dict[str, Any], vocab_size: int) -> torch.nn.Module:
         block=config["block"]["name"],
         shared_qk=shared_qk,
         causal=model_cfg["causal"],
+        token_shift=model_cfg["token_shift"],
     )
 
 
@@ -124,6 +126,7 @@ def setup(config: dict[str, Any]) -> Setup:
     if config["threads"]:
         torch.set_num_threads(int(config["threads"]))
     check_sizes(config)
+    curriculum.stages_of(config)  # a bad schedule is a config error, before anything is built
     seq_len, batch_size, seed = config["seq_len"], config["batch_size"], config["seed"]
     torch.manual_seed(seed)
     task = build_task(config["task"], seq_len=seq_len, batch_size=batch_size, seed=seed)
@@ -135,8 +138,14 @@ def measure(
     config: dict[str, Any],
     built: Setup,
     on_step: Callable[[dict[str, Any], int], None] | None = None,
+    on_stage: Callable[[curriculum.Stage, dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
-    """Measure one configuration; returns the measurement columns (units in the names)."""
+    """Measure one configuration; returns the measurement columns (units in the names).
+
+    `on_step(metrics, step)` gets every training step's metrics (steps counted across the
+    stages of a curriculum); `on_stage(stage, columns)` gets the training columns of each
+    curriculum stage before the last, as soon as it ends, so the caller can record it.
+    """
     device, dtype, task, model = built.device, built.dtype, built.task, built.model
     seq_len, batch_size = config["seq_len"], config["batch_size"]
     m_cfg, t_cfg = config["measure"], config["train"]
@@ -150,30 +159,46 @@ def measure(
         "matmul_peak_gflops_per_s": matmul_gflops_per_s(str(device), dtype, m_cfg["matmul_size"]),
     }
 
-    # Training first, on the freshly seeded model, so every variant starts from the same state.
-    if t_cfg["steps"] > 0:
+    # Training first, on the freshly seeded model, so every variant starts from the same state;
+    # a curriculum trains the same model at shorter lengths first (experiments/curriculum.py).
+    stages = curriculum.stages_of(config)
+    trained_steps = 0
+    for number, stage in enumerate(stages):
+        if stage.steps == 0:
+            continue
+        last = number == len(stages) - 1
+        stage_task = (
+            task
+            if last
+            else build_task(
+                config["task"],
+                seq_len=stage.seq_len,
+                batch_size=stage.batch_size,
+                seed=config["seed"],
+            )
+        )
         result = train(
             model,
-            task,
+            stage_task,
             device,
-            steps=t_cfg["steps"],
+            steps=stage.steps,
             lr=t_cfg["lr"],
             warmup=t_cfg["warmup"],
             weight_decay=t_cfg["weight_decay"],
             grad_clip=t_cfg["grad_clip"],
             eval_every=t_cfg["eval_every"],
             eval_batches=t_cfg["eval_batches"],
-            on_step=on_step,
+            on_step=_after(on_step, trained_steps, stage.seq_len if len(stages) > 1 else None),
             progress=t_cfg["progress"],
         )
-        columns.update(
-            train_loss=result.train_loss,
-            eval_loss=result.eval_loss,
-            eval_accuracy=result.eval_accuracy,
-            tokens_per_s=result.tokens_per_s,
-        )
-        if getattr(task, "reports_bits_per_byte", False):
-            columns["eval_bits_per_byte"] = result.eval_loss / math.log(2)
+        trained_steps += stage.steps
+        trained = _training_columns(result, stage_task)
+        if len(stages) > 1:
+            trained.update(curriculum_stage=number, trained_steps=trained_steps)
+        if last:
+            columns.update(trained)
+        elif on_stage is not None:
+            on_stage(stage, {**columns, **trained})
     eval_attention = (config.get("eval") or {}).get("attention") or {}
     for label, attention in eval_attention.items():
         columns.update(evaluate_with_kernel(model, task, device, attention, label, config))
@@ -200,11 +225,47 @@ def measure(
         step()  # optimiser state exists before the measured step, as in steady-state training
         columns["peak_memory_bytes"] = peak_memory_bytes(step, device)
     if m_cfg["approx_error"]:
+        seeds = m_cfg["approx_seeds"]
+        reference = reference_model.load_or_train(
+            reference_model.ReferenceConfig.of_job(config),
+            device,
+            reference_model.cache_dir((m_cfg.get("reference") or {}).get("cache_dir")),
+        )
         columns["approx_rel_error"] = approx_rel_error(
-            kernel, shape, device, dtype, m_cfg["approx_seeds"]
+            kernel, trained_inputs(reference, shape, device, seeds), device, dtype
+        )
+        columns["approx_reference_digest"] = reference.digest
+        columns["approx_reference_bits_per_byte"] = reference.eval_bits_per_byte
+        columns["approx_rel_error_gaussian"] = approx_rel_error(
+            kernel, gaussian_inputs(shape, seeds), device, dtype
         )
     columns["peak_rss_bytes"] = peak_rss_bytes()
     return columns
+
+
+def _training_columns(result, task: Task) -> dict[str, Any]:
+    columns = {
+        "train_loss": result.train_loss,
+        "eval_loss": result.eval_loss,
+        "eval_accuracy": result.eval_accuracy,
+        "tokens_per_s": result.tokens_per_s,
+    }
+    if getattr(task, "reports_bits_per_byte", False):
+        columns["eval_bits_per_byte"] = result.eval_loss / math.log(2)
+    return columns
+
+
+def _after(on_step, offset: int, seq_len: int | None):
+    """on_step with steps counted from `offset` and, in a curriculum, the stage's length."""
+    if on_step is None:
+        return None
+
+    def shifted(metrics: dict[str, Any], step: int) -> None:
+        if seq_len is not None:
+            metrics = {**metrics, "train/seq_len": seq_len}
+        on_step(metrics, offset + step)
+
+    return shifted
 
 
 def evaluate_with_kernel(
@@ -284,29 +345,62 @@ def _training_step(model, task, device) -> Callable[[], None]:
 
 
 @torch.no_grad()
-def approx_rel_error(kernel: Attention, shape, device, dtype, seeds: int) -> float:
-    """Mean over `seeds` random (q, k, v) of ||kernel(q,k,v) - exact|| / ||exact|| (Frobenius).
+def approx_rel_error(
+    kernel: Attention,
+    inputs: Iterable[tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
+    device: torch.device,
+    dtype: torch.dtype,
+) -> float:
+    """Mean over `inputs` of ||kernel(q,k,v) - exact|| / ||exact|| (Frobenius).
 
-    Exact attention is the `full` kernel on the same inputs, causal iff the kernel is. A kernel
+    inputs: (q, k, v) triples of the kernel's shape (batch, heads, seq_len, head_dim). Exact
+    attention is the `full` kernel on the same inputs, causal iff the kernel is. A kernel
     under the Reformer's shared-QK rule (LSH, or one built with `shared_qk=True`) gets k = q and
     is compared with exact shared-QK attention (unit keys, self masked unless alone), so the
     error is what hashing, chunking or the pattern cost, not the convention. Measured in eval
-    mode, in float32 or wider.
+    mode (no centroid or feature updates), in float32 or wider.
     """
     shared_qk = kernel.applies_shared_qk
     exact_kernel = variants.build_attention("full", causal=kernel.causal, shared_qk=shared_qk)
     was_training = kernel.training
     kernel.eval()
     errors = []
+    try:
+        for q, k, v in inputs:
+            q, k, v = (t.to(device=device, dtype=dtype) for t in (q, k, v))
+            if shared_qk:
+                k = q
+            out = kernel(q, k, v).float()
+            exact = exact_kernel(q, k, v).float()
+            errors.append(
+                float(torch.linalg.vector_norm(out - exact) / torch.linalg.vector_norm(exact))
+            )
+    finally:
+        kernel.train(was_training)
+    return sum(errors) / len(errors)
+
+
+def gaussian_inputs(shape, seeds: int) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """`seeds` draws of q, k, v from N(0, 1) (CPU, float32), each of `shape`.
+
+    Only for `approx_rel_error_gaussian`: at realistic head sizes exact attention over such
+    inputs is nearly uniform, so this error says little about trained models.
+    """
     for seed in range(seeds):
         g = torch.Generator(device="cpu").manual_seed(10_000 + seed)
-        q, k, v = (torch.randn(shape, generator=g).to(device=device, dtype=dtype) for _ in range(3))
-        if shared_qk:
-            k = q
-        out = kernel(q, k, v).float()
-        exact = exact_kernel(q, k, v).float()
-        errors.append(
-            float(torch.linalg.vector_norm(out - exact) / torch.linalg.vector_norm(exact))
+        yield tuple(torch.randn(shape, generator=g) for _ in range(3))
+
+
+def trained_inputs(
+    reference: reference_model.ReferenceModel, shape, device: torch.device, seeds: int
+) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """q, k, v of every layer of the trained reference model on `seeds` held-out text batches.
+
+    shape: the kernel's (batch, heads, seq_len, head_dim); the reference has the same heads
+    and head_dim (`ReferenceConfig.of_job`).
+    """
+    batch, _, seq_len, _ = shape
+    for index in range(seeds):
+        yield from reference_model.attention_inputs(
+            reference, seq_len=seq_len, batch_size=batch, index=index, device=device
         )
-    kernel.train(was_training)
-    return sum(errors) / len(errors)

@@ -19,12 +19,13 @@ from pathlib import Path
 from typing import Any
 
 import hydra
+import torch
 import torch._dynamo  # noqa: F401  (AdamW imports it lazily; a timeout mid-import breaks later jobs)
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from experiments import budget, measure, record, store, tracking
+from experiments import budget, curriculum, measure, record, store, tracking
 from experiments.train import Diverged
 
 log = logging.getLogger("attnbench")
@@ -76,7 +77,14 @@ def run_job(
                 budget.time_limit(config["budget"]["max_seconds"]),
                 budget.memory_cap(config["budget"]["max_memory_gb"], device),
             ):
-                rec.update(measure.measure(config, built, on_step=tracker.log_step))
+                rec.update(
+                    measure.measure(
+                        config,
+                        built,
+                        on_step=tracker.log_step,
+                        on_stage=_stage_recorder(config, rec, out_dir, tracker, started),
+                    )
+                )
         except BaseException as error:  # noqa: BLE001 — every failure becomes data
             if isinstance(error, KeyboardInterrupt):
                 raise
@@ -95,6 +103,32 @@ def run_job(
         rec["offline_run_dir"] = str(tracker.run_dir)
         record.write_json_atomic(out_dir / "result.json", rec)
     return rec
+
+
+def _stage_recorder(config, rec, out_dir: Path, tracker, started: float):
+    """Record each finished curriculum stage as its own configuration, as soon as it ends.
+
+    A stage's record is the job's config at the stage's seq_len and batch_size
+    (`curriculum.stage_config`), in `<job dir>/stages/<seq_len>/result.json`, where the store,
+    resume and the report find it like any other record.
+    """
+
+    def write(stage: curriculum.Stage, columns: dict[str, Any]) -> None:
+        staged = curriculum.stage_config(config, stage)
+        stage_rec = {
+            **rec,
+            "job": f"{rec['job']}/{stage.seq_len}",
+            "config_hash": record.config_hash(staged),
+            **record.config_columns(staged),
+            **columns,
+            "job_seconds": time.perf_counter() - started,
+            **record.provenance(torch.device(columns["device"])),
+            "offline_run_dir": None if tracker.run_dir is None else str(tracker.run_dir),
+        }
+        path = out_dir / "stages" / str(stage.seq_len) / "result.json"
+        record.write_json_atomic(path, stage_rec)
+
+    return write
 
 
 def _displace_other_record(out_dir: Path, digest: str) -> None:

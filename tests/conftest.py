@@ -1,7 +1,14 @@
 """Shared test setup."""
 
+import os
+import tempfile
+
 import pytest
 import torch
+
+# Reference models (experiments/reference_model.py) trained by tests go to one fresh cache per
+# session, shared with the subprocess sweeps through the environment, never to ~/.cache.
+os.environ["ATTNBENCH_CACHE_DIR"] = tempfile.mkdtemp(prefix="attnbench-test-cache-")
 
 # Correctness tests use tiny tensors: one thread avoids oversubscribing the 2-core CI machine
 # (and a 10x slowdown when another process is busy). Subprocess sweeps set their own threads.

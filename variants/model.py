@@ -7,11 +7,17 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from variants.attention.base import Attention
 from variants.blocks import block_names, build_block, build_stack
-from variants.checks import require_choice, require_positive_int, require_probability
+from variants.checks import (
+    require_bool,
+    require_choice,
+    require_positive_int,
+    require_probability,
+)
 from variants.registry import attention_spec
 
 
@@ -27,6 +33,12 @@ class TransformerLM(nn.Module):
     - Layers: each layer's kernel is tied to the first layer's (`Attention.tie_to`), which is a
       no-op except for variants that share parameters across layers (Linformer layerwise).
     - `shared_qk` is passed as given: variants that require it (LSH) refuse False.
+    - `token_shift`: each position also receives a learned linear map of the previous
+      position's embedding (zero for the first), x_i + W x_{i-1}, before the first block. This
+      is the "smeared key" of Olsson et al. (2022): a model then needs no attention head to
+      find the token before a key, which a two-layer model otherwise has to learn first (an
+      induction head), so recall tasks measure what the kernel retrieves from far away, not
+      how fast a previous-token head forms. Causal; off by default.
 
     Every option is validated; errors are `ValueError`s naming the option. `config` holds the
     constructor arguments, `kernels()` yields the attention kernels, one per layer.
@@ -47,6 +59,7 @@ class TransformerLM(nn.Module):
         block: str = "residual",
         shared_qk: bool = False,
         causal: bool = True,
+        token_shift: bool = False,
     ):
         super().__init__()
         owner = "TransformerLM"
@@ -56,6 +69,7 @@ class TransformerLM(nn.Module):
         require_positive_int(owner, "max_seq_len", max_seq_len)
         dropout = require_probability(owner, "dropout", dropout)
         require_choice(owner, "block", block, tuple(block_names()))
+        require_bool(owner, "token_shift", token_shift)
         attention_spec(attention)  # unknown name -> ValueError listing the variants
         # The layers validate the remaining options (n_heads, ff_mult, ff_chunks, shared_qk, ...).
         self.config = {
@@ -72,11 +86,13 @@ class TransformerLM(nn.Module):
             "block": block,
             "shared_qk": shared_qk,
             "causal": causal,
+            "token_shift": token_shift,
         }
         self.max_seq_len = max_seq_len
         self.d_model = d_model
 
         self.embed = nn.Embedding(vocab_size, d_model)
+        self.shift = nn.Linear(d_model, d_model, bias=False) if token_shift else None
         self.dropout = nn.Dropout(dropout)
         layers = [
             build_block(
@@ -118,6 +134,9 @@ class TransformerLM(nn.Module):
             )
         x = self.embed(tokens)  # (B, L, d_model)
         x = x + sinusoidal_positions(length, self.d_model, x.device, x.dtype)  # (B, L, d_model)
+        if self.shift is not None:
+            previous = F.pad(x[:, :-1], (0, 0, 1, 0))  # (B, L, d_model): x_{i-1}, zeros at 0
+            x = x + self.shift(previous)
         x = self.dropout(x)
         x = self.blocks(x)  # (B, L, d_model)
         x = self.norm(x)

@@ -80,4 +80,12 @@ def generator(seed: int, split: str, index: int) -> torch.Generator:
 
 def _load_builtin_tasks() -> None:
     # imported to register
-    from experiments.tasks import duplication, enwik8, listops, random_lm, recall, text  # noqa: F401
+    from experiments.tasks import (  # noqa: F401
+        duplication,
+        enwik8,
+        listops,
+        long_recall,
+        random_lm,
+        recall,
+        text,
+    )

@@ -23,6 +23,9 @@ TINY = (
     "train.warmup=1",
     "measure.min_run_time_s=0.01",
     "measure.approx_seeds=1",
+    "measure.reference.steps=2",
+    "measure.reference.seq_len=32",
+    "measure.reference.batch_size=2",
     "measure.matmul_size=64",
 )
 TIMEOUT_S = 300  # per CLI call: a hung sweep fails its test instead of the whole session

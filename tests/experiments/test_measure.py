@@ -23,6 +23,9 @@ TINY = (
     "train.eval_batches=1",
     "measure.min_run_time_s=0.01",
     "measure.approx_seeds=1",
+    "measure.reference.steps=2",
+    "measure.reference.seq_len=32",
+    "measure.reference.batch_size=2",
     "measure.matmul_size=64",
     "logger=none",
 )
@@ -51,6 +54,9 @@ def test_measure_returns_every_column_with_consistent_units(resolved_config):
         "step_iqr_ms",
         "peak_memory_bytes",
         "approx_rel_error",
+        "approx_rel_error_gaussian",
+        "approx_reference_digest",
+        "approx_reference_bits_per_byte",
     }
     assert steps == [0, 1]
     assert columns["device"] == "cpu" and columns["eval_accuracy"] is None
@@ -74,7 +80,9 @@ def test_measure_returns_every_column_with_consistent_units(resolved_config):
     assert columns["attn_fwd_bwd_matmul_fraction"] == pytest.approx(
         columns["attn_fwd_bwd_gflops_per_s"] / columns["matmul_peak_gflops_per_s"]
     )
-    assert columns["approx_rel_error"] > 0  # a query sees 2 blocks of 16 of up to 64 keys
+    assert 0 < columns["approx_rel_error"] < 1  # a query sees 2 blocks of 16 of up to 64 keys
+    assert columns["approx_rel_error_gaussian"] > 0
+    assert columns["approx_reference_bits_per_byte"] > 0
 
 
 def test_measure_skips_what_is_switched_off(resolved_config):
@@ -140,19 +148,21 @@ def test_resolve_device_without_a_gpu():
 @pytest.mark.parametrize("causal", [False, True])
 def test_approx_rel_error_of_exact_attention_is_zero(causal, shared_qk):
     kernel = variants.build_attention("full", causal=causal, shared_qk=shared_qk)
-    assert measure.approx_rel_error(kernel, SHAPE, CPU, torch.float32, seeds=2) < 1e-6
+    inputs = measure.gaussian_inputs(SHAPE, seeds=2)
+    assert measure.approx_rel_error(kernel, inputs, CPU, torch.float32) < 1e-6
 
 
 def test_approx_rel_error_of_lsh_with_every_key_in_its_window_is_zero():
     """The reference follows the shared-QK conventions, so only hashing and chunking count."""
     kernel = variants.build_attention("lsh", causal=True, bucket_size=SHAPE[2], n_hashes=1)
-    assert measure.approx_rel_error(kernel, SHAPE, CPU, torch.float32, seeds=2) < 1e-5
+    inputs = measure.gaussian_inputs(SHAPE, seeds=2)
+    assert measure.approx_rel_error(kernel, inputs, CPU, torch.float32) < 1e-5
 
 
 def test_approx_rel_error_of_lsh_is_positive_and_keeps_training_mode():
     kernel = variants.build_attention("lsh", causal=True, bucket_size=16, n_hashes=1)
     kernel.train()
-    error = measure.approx_rel_error(kernel, SHAPE, CPU, torch.float32, seeds=2)
+    error = measure.approx_rel_error(kernel, measure.gaussian_inputs(SHAPE, 2), CPU, torch.float32)
     assert 0.01 < error < 2 and kernel.training
 
 

@@ -1,0 +1,73 @@
+"""Training in stages of growing length: the schedule of `train.curriculum` and each stage's config.
+
+A job trains at its `seq_len` for `train.steps` steps. With `train.curriculum` (a list of
+`{seq_len, steps}`, lengths increasing and shorter than the job's), the same model first trains
+at each of those lengths in turn, then at its own. Every stage sees the same number of tokens per
+step as the job (batch_size x seq_len), so a stage at a quarter of the length trains on four
+times the sequences. Recall tasks are learned through a sudden transition after many steps at
+short lengths and carry over to longer ones within a few hundred steps; a curriculum with the
+same schedule for every variant is a fair way to reach long lengths in budget (and what a job
+reports at each stage is how far a model trained that way gets at that length).
+
+Each stage before the last is recorded as a configuration of its own: the job's config with
+that stage's `seq_len` and `batch_size` (`stage_config`), so the results hold one row per
+(variant, length) whatever the schedule.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Any
+
+from variants.checks import require_non_negative_int, require_positive_int
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One stage: `steps` optimiser steps on sequences of `seq_len`, `batch_size` at a time."""
+
+    seq_len: int
+    batch_size: int
+    steps: int
+
+
+def stages_of(config: dict[str, Any]) -> list[Stage]:
+    """The curriculum's stages, then the job's own (always last); `ValueError` on a bad entry.
+
+    Stage batch sizes keep the job's tokens per step: batch_size * seq_len // stage seq_len
+    (at least 1).
+    """
+    seq_len, batch_size = config["seq_len"], config["batch_size"]
+    tokens_per_step = seq_len * batch_size
+    entries = config["train"].get("curriculum") or []
+    if not isinstance(entries, list):
+        raise ValueError(
+            f"config: option 'train.curriculum' must be a list of {{seq_len, steps}}, "
+            f"got {entries!r}"
+        )
+    stages, previous = [], 0
+    for i, entry in enumerate(entries):
+        key = f"train.curriculum[{i}]"
+        if not isinstance(entry, dict) or set(entry) != {"seq_len", "steps"}:
+            raise ValueError(
+                f"config: option {key!r} must be {{seq_len: <int>, steps: <int>}}, got {entry!r}"
+            )
+        length = require_positive_int("config", f"{key}.seq_len", entry["seq_len"])
+        steps = require_non_negative_int("config", f"{key}.steps", entry["steps"])
+        if not previous < length < seq_len:
+            raise ValueError(
+                f"config: option '{key}.seq_len'={length} must be longer than the stage before "
+                f"({previous}) and shorter than 'seq_len'={seq_len}"
+            )
+        stages.append(Stage(length, max(1, tokens_per_step // length), steps))
+        previous = length
+    stages.append(Stage(seq_len, batch_size, config["train"]["steps"]))
+    return stages
+
+
+def stage_config(config: dict[str, Any], stage: Stage) -> dict[str, Any]:
+    """The job's config as a record of `stage` sees it: its seq_len and batch_size."""
+    staged = copy.deepcopy(config)
+    staged["seq_len"], staged["batch_size"] = stage.seq_len, stage.batch_size
+    return staged

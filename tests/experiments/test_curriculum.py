@@ -1,0 +1,98 @@
+"""Curriculum stages: the schedule, equal tokens per step, one record per stage."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from experiments import curriculum, measure, run, store
+
+TINY = (
+    "seq_len=64",
+    "batch_size=2",
+    "task=long_recall",
+    "task.n_pairs=2",
+    "task.n_keys=4",
+    "task.n_values=4",
+    "model.d_model=32",
+    "model.n_heads=2",
+    "train.steps=2",
+    "train.warmup=1",
+    "train.eval_every=0",
+    "train.eval_batches=1",
+    "measure.kernel=false",
+    "measure.step=false",
+    "measure.memory=false",
+    "measure.approx_error=false",
+    "measure.matmul_size=64",
+    "logger=none",
+)
+SCHEDULE = "train.curriculum=[{seq_len:16,steps:3},{seq_len:32,steps:1}]"
+
+
+def test_without_a_curriculum_the_job_is_its_only_stage(resolved_config):
+    config = resolved_config(*TINY)
+    assert curriculum.stages_of(config) == [curriculum.Stage(64, 2, 2)]
+
+
+def test_stages_keep_the_tokens_per_step_and_end_with_the_job(resolved_config):
+    config = resolved_config(*TINY, SCHEDULE)
+    assert curriculum.stages_of(config) == [
+        curriculum.Stage(16, 8, 3),
+        curriculum.Stage(32, 4, 1),
+        curriculum.Stage(64, 2, 2),
+    ]
+    staged = curriculum.stage_config(config, curriculum.Stage(16, 8, 3))
+    assert (staged["seq_len"], staged["batch_size"]) == (16, 8)
+    assert config["seq_len"] == 64  # the job's config is left as it was
+
+
+@pytest.mark.parametrize(
+    ("schedule", "message"),
+    [
+        ("[{seq_len:64,steps:1}]", r"train.curriculum\[0\].seq_len'=64 must be .* shorter"),
+        ("[{seq_len:32,steps:1},{seq_len:16,steps:1}]", r"\[1\].seq_len'=16 must be longer"),
+        ("[{seq_len:16}]", r"train.curriculum\[0\]' must be \{seq_len"),
+        ("[{seq_len:16,steps:-1}]", r"\[0\].steps' must be a non-negative"),
+        ("[{seq_len:0,steps:1}]", r"\[0\].seq_len' must be a positive"),
+    ],
+)
+def test_a_bad_schedule_is_refused_at_setup_naming_the_entry(resolved_config, schedule, message):
+    with pytest.raises(ValueError, match=message):
+        measure.setup(resolved_config(*TINY, f"train.curriculum={schedule}"))
+
+
+def test_the_model_trains_through_every_stage_and_reports_each(resolved_config):
+    config = resolved_config(*TINY, SCHEDULE)
+    steps, stages = [], []
+    columns = measure.measure(
+        config,
+        measure.setup(config),
+        on_step=lambda metrics, step: steps.append((step, metrics.get("train/seq_len"))),
+        on_stage=lambda stage, cols: stages.append((stage, cols)),
+    )
+    assert [s for s, _ in steps] == list(range(6))  # one step axis across the stages
+    assert [length for _, length in steps] == [16, 16, 16, 32, 64, 64]
+    assert [stage.seq_len for stage, _ in stages] == [16, 32]
+    for number, (_, cols) in enumerate(stages):
+        assert cols["curriculum_stage"] == number and 0 <= cols["eval_accuracy"] <= 1
+    assert [cols["trained_steps"] for _, cols in stages] == [3, 4]
+    assert columns["curriculum_stage"] == 2 and columns["trained_steps"] == 6
+
+
+def test_each_stage_is_recorded_as_its_own_configuration(resolved_config, tmp_path):
+    config = resolved_config(*TINY, SCHEDULE)
+    rec = run.run_job(config, tmp_path / "0", job="0", sweep_dir=None)
+    paths = sorted((tmp_path / "0" / "stages").glob("*/result.json"))
+    assert [p.parent.name for p in paths] == ["16", "32"]
+    stage_records = [json.loads(p.read_text()) for p in paths]
+    assert [(r["seq_len"], r["batch_size"], r["job"]) for r in stage_records] == [
+        (16, 8, "0/16"),
+        (32, 4, "0/32"),
+    ]
+    hashes = {r["config_hash"] for r in stage_records} | {rec["config_hash"]}
+    assert len(hashes) == 3 and all(r["status"] == "ok" for r in stage_records)
+    assert all(r["attention"] == rec["attention"] and r["git_commit"] for r in stage_records)
+    gathered = store.gather(tmp_path)
+    assert sorted(gathered["seq_len"]) == [16, 32, 64]
