@@ -56,12 +56,16 @@ MEASUREMENTS = (
     "attn_fwd_bwd_matmul_fraction",
     "matmul_peak_gflops_per_s",
     "approx_rel_error",
+    "approx_rel_error_gaussian",
+    "approx_reference_bits_per_byte",
     "train_loss",
     "eval_loss",
     "eval_accuracy",
     "tokens_per_s",
     "n_parameters",
     "job_seconds",
+    "curriculum_stage",
+    "trained_steps",
 )
 IDENTITY = ("sweep", "job", "config_hash", "status", "error")
 CONFIG = (
@@ -189,7 +193,7 @@ def load_curves(frame: pd.DataFrame, metrics: Iterable[str] = CURVE_METRICS) -> 
 
 def tidy(frame: pd.DataFrame) -> pd.DataFrame:
     """Typed columns, every schema column present, a `variant` label, a stable row order."""
-    frame = frame.copy()
+    frame = _gaussian_error_of_old_records(frame.copy())
     for column in (*IDENTITY, *CONFIG, *PROVENANCE, *ADDED[1:]):
         if column not in frame:
             frame[column] = None
@@ -204,6 +208,24 @@ def tidy(frame: pd.DataFrame) -> pd.DataFrame:
     order = [c for c in _SORT if frame[c].notna().any()]
     frame = frame.sort_values(order, kind="stable", na_position="last") if order else frame
     return frame.reset_index(drop=True)
+
+
+def _gaussian_error_of_old_records(frame: pd.DataFrame) -> pd.DataFrame:
+    """Records written before the error was measured on trained activations (no
+    `approx_reference_digest`) measured `approx_rel_error` on N(0, 1) inputs: that figure is
+    their `approx_rel_error_gaussian`, and they have no trained-activation error."""
+    if "approx_rel_error" not in frame:
+        return frame
+    digest = frame.get("approx_reference_digest", pd.Series(None, index=frame.index))
+    old = digest.isna() & frame["approx_rel_error"].notna()
+    if old.any():
+        if "approx_rel_error_gaussian" not in frame:
+            frame["approx_rel_error_gaussian"] = None
+        frame["approx_rel_error_gaussian"] = frame["approx_rel_error_gaussian"].astype(object)
+        frame.loc[old, "approx_rel_error_gaussian"] = frame.loc[old, "approx_rel_error"]
+        frame["approx_rel_error"] = frame["approx_rel_error"].astype(object)
+        frame.loc[old, "approx_rel_error"] = None
+    return frame
 
 
 def variant_labels(frame: pd.DataFrame) -> pd.Series:

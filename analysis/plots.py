@@ -162,31 +162,70 @@ def training_curves(
     return fig
 
 
+def accuracy_vs_seq_len(frame: pd.DataFrame) -> Figure:
+    """Trained accuracy against seq_len per series: mean over seeds with a min..max band.
+
+    Only records of tasks with a quality signal (never random tokens). Dotted: the 90 % that
+    exact attention must reach for the setup to measure anything; dashed: chance.
+    """
+    trained = series.trained_quality(frame).assign(accuracy_pct=lambda f: f["eval_accuracy"] * 100)
+    labelled, _ = series.with_series(trained, x="seq_len")
+    fig, (ax,) = _figure(1, "Trained accuracy vs sequence length (mean, min–max over seeds)")
+    xs = _draw(ax, labelled, "seq_len", "accuracy_pct")
+    ax.axhline(90, color="grey", linestyle=":", linewidth=1)
+    if "task.n_values" in trained and trained["task.n_values"].notna().any():
+        chance = 100 / float(trained["task.n_values"].dropna().iloc[0])
+        ax.axhline(chance, color="grey", linestyle="--", linewidth=1)
+        ax.annotate("chance", (0.01, chance), xycoords=("axes fraction", "data"), fontsize=7)
+    _axes(ax, "", "seq_len", "accuracy (%)", log=(True, False), xs=xs)
+    ax.set_ylim(-2, 102)
+    return fig
+
+
+def tradeoff_quality(frame: pd.DataFrame) -> tuple[str, str] | None:
+    """What the quality axis of the trade-off chart can be: (column, label), or None.
+
+    Trained accuracy where the records have it; else the approximation error on a trained
+    model's activations. Never a loss on random tokens, which measures nothing.
+    """
+    if not series.trained_quality(frame).empty:
+        return "eval_accuracy", "trained accuracy (%)"
+    if "approx_rel_error" in frame and frame["approx_rel_error"].notna().any():
+        return "approx_rel_error", "relative error on trained activations (lower is better)"
+    return None
+
+
 def tradeoff(frame: pd.DataFrame, seq_len: float | None = None) -> Figure:
     """Quality vs speed vs memory at one seq_len, after the Long Range Arena paper's Figure 3.
 
-    x: training-step time, y: eval accuracy (else eval loss, else train loss), marker area:
-    peak memory. Series without a point at that length are listed with their status.
-    Default length: the one with the most variants measured, the longest on a tie.
+    x: the kernel's forward+backward time (else the training step's), y: trained accuracy (else
+    the error on trained activations, `tradeoff_quality`), marker area: peak memory of a
+    training step. Series without a point at that length are listed with their status.
+    Default length: the longest at which the most series have both quality and time.
     """
-    quality = next(
-        (
-            c
-            for c in ("eval_accuracy", "eval_loss", "train_loss")
-            if frame.loc[frame["status"] == "ok", c].notna().any()
-        ),
-        "eval_loss",
+    chosen = tradeoff_quality(frame)
+    quality, ylabel = chosen if chosen else ("eval_accuracy", "quality")
+    rows = series.trained_quality(frame) if quality == "eval_accuracy" else frame
+    cost = (
+        "attn_fwd_bwd_ms"
+        if "attn_fwd_bwd_ms" in frame and frame["attn_fwd_bwd_ms"].notna().any()
+        else "step_ms"
     )
-    seq_len = _pick_length(frame, "step_ms") if seq_len is None else seq_len
-    at_length = frame[frame["seq_len"] == seq_len] if seq_len is not None else frame
+    if seq_len is None:
+        both = rows[rows[cost].notna()] if cost in rows else rows.iloc[0:0]
+        seq_len = _pick_length(both, quality) if len(both) else None
+    at_length = frame[frame["seq_len"] == seq_len] if seq_len is not None else frame.iloc[0:0]
+    if quality == "eval_accuracy" and len(at_length):
+        at_length = at_length[~at_length["task"].isin(series.NO_QUALITY_TASKS)]
+        at_length = at_length.assign(eval_accuracy=at_length["eval_accuracy"] * 100)
     labelled, _ = series.with_series(_with_mib(at_length), x="seq_len")
     length_note = f" at seq_len={load.format_value(seq_len)}" if seq_len is not None else ""
     fig, (ax,) = _figure(1, f"Quality, speed and memory{length_note}\n(marker area ∝ peak memory)")
     order = series.series_order(labelled) if len(labelled) else []
     colors = _colors(order)
     ok = labelled[labelled["status"] == "ok"]
-    points = ok.groupby("series")[["step_ms", quality, "peak_memory_mib"]].mean()
-    points = points[points["step_ms"].notna() & points[quality].notna()]
+    points = ok.groupby("series")[[cost, quality, "peak_memory_mib"]].mean()
+    points = points[points[cost].notna() & points[quality].notna()]
     largest = points["peak_memory_mib"].max()
     handles = []
     for name in order:
@@ -208,7 +247,7 @@ def tradeoff(frame: pd.DataFrame, seq_len: float | None = None) -> Figure:
         measured = np.isfinite(memory) and largest > 0
         handles.append(
             ax.scatter(
-                v["step_ms"],
+                v[cost],
                 v[quality],
                 s=40 + 760 * memory / largest if measured else 80,
                 color=colors[name],
@@ -219,10 +258,10 @@ def tradeoff(frame: pd.DataFrame, seq_len: float | None = None) -> Figure:
             )
         )
         ax.annotate(
-            name, (v["step_ms"], v[quality]), fontsize=7, xytext=(5, 5), textcoords="offset points"
+            name, (v[cost], v[quality]), fontsize=7, xytext=(5, 5), textcoords="offset points"
         )
     if points.empty:
-        _message(ax, "no training-step time with a loss in these results")
+        _message(ax, "no quality with a time at one length in these results")
     if handles:
         ax.legend(
             handles=handles,
@@ -232,7 +271,12 @@ def tradeoff(frame: pd.DataFrame, seq_len: float | None = None) -> Figure:
             frameon=False,
             markerscale=0.5,
         )
-    _axes(ax, "", "training step (ms)", quality.replace("_", " "), log=(not points.empty, False))
+    xlabel = (
+        "attention kernel, forward + backward (ms)"
+        if cost == "attn_fwd_bwd_ms"
+        else ("training step (ms)")
+    )
+    _axes(ax, "", xlabel, ylabel, log=(not points.empty, False))
     ax.margins(0.15)
     return fig
 

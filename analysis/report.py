@@ -18,10 +18,10 @@ from pathlib import Path
 import pandas as pd
 from matplotlib.figure import Figure
 
-from analysis import load, plots, tables
+from analysis import load, plots, series, tables
 
-# name -> (figure function, caption). Every figure is always written; one with nothing to
-# draw says so in its panel.
+# name -> (figure function, caption). Every figure is always written, except those in WHEN whose
+# condition these results do not meet; a figure with nothing to draw says so in its panel.
 FIGURES: dict[str, tuple[Callable[[pd.DataFrame], Figure], str]] = {
     "time_vs_seq_len": (
         plots.time_vs_seq_len,
@@ -43,11 +43,27 @@ FIGURES: dict[str, tuple[Callable[[pd.DataFrame], Figure], str]] = {
         plots.training_curves,
         "Training and eval loss per step (from the W&B runs) and final losses.",
     ),
-    "tradeoff": (plots.tradeoff, "Quality against training-step time; marker area is peak memory."),
+    "accuracy_vs_seq_len": (
+        plots.accuracy_vs_seq_len,
+        "Trained accuracy against sequence length per variant: mean over seeds, band min–max; "
+        "dotted: the 90 % exact attention must reach for the setup to measure anything.",
+    ),
+    "tradeoff": (
+        plots.tradeoff,
+        "Quality against the kernel's forward+backward time at the longest length with both "
+        "(trained accuracy, else the error on trained activations; never random-token loss); "
+        "marker area is a training step's peak memory.",
+    ),
     "flops_fraction": (
         plots.flops_fraction,
         "Achieved useful GFLOP/s of the kernel as a fraction of the measured matmul rate.",
     ),
+}
+
+# Figures drawn only when the results hold what they show.
+WHEN: dict[str, Callable[[pd.DataFrame], bool]] = {
+    "accuracy_vs_seq_len": lambda frame: series.trained_quality(frame)["seq_len"].nunique() > 1,
+    "tradeoff": lambda frame: plots.tradeoff_quality(frame) is not None,
 }
 
 # Each builder: frame -> Table, or None when these results hold nothing for it.
@@ -57,6 +73,7 @@ TABLES: list[Callable[[pd.DataFrame], tables.Table | None]] = [
     tables.failures,
     tables.cross_evaluation,
     tables.quality,
+    tables.quality_by_length,
 ]
 
 FORMATS = ("png", "svg")
@@ -70,13 +87,22 @@ def build_report(
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     pngs = {}
-    for name, (draw, _) in FIGURES.items():
+    for name, (draw, _) in drawn_figures(frame).items():
         figure = draw(frame)
         for fmt in FORMATS:
             figure.savefig(out_dir / f"{name}.{fmt}", dpi=PNG_DPI if fmt == "png" else "figure")
         pngs[name] = out_dir / f"{name}.png"
     (out_dir / "report.md").write_text(markdown(frame, sources=sources))
     return pngs
+
+
+def drawn_figures(frame: pd.DataFrame) -> dict[str, tuple[Callable[[pd.DataFrame], Figure], str]]:
+    """The FIGURES these results fill (all but those whose WHEN condition fails)."""
+    return {name: spec for name, spec in FIGURES.items() if WHEN.get(name, _always)(frame)}
+
+
+def _always(frame: pd.DataFrame) -> bool:
+    return True
 
 
 def markdown(frame: pd.DataFrame, *, sources: Iterable[str] = ()) -> str:
@@ -91,7 +117,7 @@ def markdown(frame: pd.DataFrame, *, sources: Iterable[str] = ()) -> str:
         "",
     ]
     parts += [markdown_tables(frame), "## Figures", ""]
-    for name, (_, caption) in FIGURES.items():
+    for name, (_, caption) in drawn_figures(frame).items():
         parts += [
             f"### {name}",
             "",

@@ -33,6 +33,17 @@ CONTEXT = (
     "model.dropout",
 )
 REFERENCE = "full"  # exact attention: what crossovers are measured against
+# Tasks whose loss carries no quality signal (uniform tokens: every model sits at ln V).
+NO_QUALITY_TASKS = ("random_lm",)
+
+
+def trained_quality(frame: pd.DataFrame, metric: str = "eval_accuracy") -> pd.DataFrame:
+    """The records that measured a trained quality `metric`: status ok, a value, a task with a
+    quality signal (never random tokens)."""
+    if metric not in frame or "task" not in frame:
+        return frame.iloc[0:0]
+    keep = (frame["status"] == "ok") & frame[metric].notna() & ~frame["task"].isin(NO_QUALITY_TASKS)
+    return frame[keep]
 
 
 def varying(frame: pd.DataFrame, columns: Sequence[str]) -> list[str]:
@@ -49,17 +60,33 @@ def with_series(
     """`frame` with a `series` label column, and the columns that define a series.
 
     The series columns are `variant` and the context columns (except the x-axis `x`) that vary
-    in the frame. A label names the variant, then `name=value` for those of them that vary among
-    that variant's rows, e.g. "full block=reversible" (so "lsh" when only exact attention was
-    swept over blocks).
+    in the frame, leaving out those that move with x alone (a curriculum's batch size, which
+    keeps the tokens per step as seq_len grows). A label names the variant, then `name=value`
+    for those of them that vary among that variant's rows, e.g. "full block=reversible" (so
+    "lsh" when only exact attention was swept over blocks). When some variants ran causal and
+    others not, the bidirectional ones say so: "linformer (bidirectional)".
     """
-    keys = ["variant", *varying(frame, [c for c in context if c != x])]
+    candidates = varying(frame, [c for c in context if c != x])
+    keys = ["variant", *(c for c in candidates if not _moves_with(frame, c, x))]
     labelled = frame.copy()
     labelled["series"] = pd.Series(dtype=object)
     for _, rows in labelled.groupby("variant", sort=False):
         shown = ["variant", *varying(rows, keys[1:])]
-        labelled.loc[rows.index, "series"] = [label(row, shown) for _, row in rows.iterrows()]
+        bidirectional = "causal" in keys and "causal" not in shown
+        labelled.loc[rows.index, "series"] = [
+            label(row, shown) + (" (bidirectional)" if bidirectional and not row["causal"] else "")
+            for _, row in rows.iterrows()
+        ]
     return labelled, keys
+
+
+def _moves_with(frame: pd.DataFrame, column: str, x: str | None) -> bool:
+    """True if `column` takes one value at each x: it is part of the x axis, not a series."""
+    if x is None or x not in frame:
+        return False
+    known = frame[frame[column].notna() & frame[x].notna()]
+    per_x = known.groupby(x)[column].agg(lambda v: v.map(format_value).nunique())
+    return len(per_x) > 1 and bool((per_x <= 1).all())
 
 
 def label(row: pd.Series, keys: Sequence[str]) -> str:

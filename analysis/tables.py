@@ -166,7 +166,6 @@ COST = {
     "peak_memory_bytes": "peak memory (MiB)",
     "tokens_per_s": "train tokens/s",
 }
-NO_QUALITY_TASKS = ("random_lm",)  # uniform tokens: its loss measures nothing
 
 
 def quality(frame: pd.DataFrame) -> Table | None:
@@ -178,11 +177,13 @@ def quality(frame: pd.DataFrame) -> Table | None:
     quality metric from the first row's. Records of tasks without a quality signal (random_lm)
     and of jobs that did not train are left out.
     """
-    trained = frame[(frame["status"] == "ok") & ~frame["task"].isin(NO_QUALITY_TASKS)]
+    trained = frame[(frame["status"] == "ok") & ~frame["task"].isin(series.NO_QUALITY_TASKS)]
     metrics = [m for m in QUALITY if m in trained and trained[m].notna().any()]
     if trained.empty or not metrics:
         return None
     trained = trained[trained[metrics[0]].notna()]
+    if trained["seq_len"].nunique() > 1:
+        return None  # one row per length and series: `quality_by_length`
     labelled, _ = series.with_series(trained)
     if "train_as" in labelled and labelled["train_as"].notna().all():
         labelled["series"] = labelled["train_as"]  # the preset's own row names
@@ -206,6 +207,80 @@ def quality(frame: pd.DataFrame) -> Table | None:
         "training step at the trained size (blank when the preset does not measure them)."
     )
     return Table("Quality and cost after training", pd.DataFrame(rows), note)
+
+
+# The trained quality metrics a length sweep reports, the first present being the one shown,
+# and the accuracy exact attention must reach for a setup to measure anything.
+BY_LENGTH = {"eval_accuracy": "accuracy (%)", "eval_bits_per_byte": "eval bits/byte"}
+CEILING = 0.9
+
+
+def quality_by_length(frame: pd.DataFrame) -> Table | None:
+    """Trained quality per series (rows) and sequence length (columns), mean over seeds.
+
+    For sweeps that train at several lengths (the long-range recall preset and its curriculum
+    stages). Each cell: the mean over seeds, with the min..max when there are several. The note
+    says whether exact attention reached the task's ceiling (90 % accuracy) at every length:
+    where it did not, the setup measures nothing there and must be retuned, not read.
+    """
+    metric = next((m for m in BY_LENGTH if not series.trained_quality(frame, m).empty), None)
+    if metric is None:
+        return None
+    trained = series.trained_quality(frame, metric)
+    if trained["seq_len"].nunique() < 2:
+        return None
+    labelled, _ = series.with_series(trained, x="seq_len")
+    stats = series.mean_spread(labelled, "seq_len", metric)
+    lengths = sorted(stats["seq_len"].unique())
+    scale = 100 if metric == "eval_accuracy" else 1
+    rows = []
+    for name in series.series_order(labelled):
+        mine = stats[stats["series"] == name].set_index("seq_len")
+        row = {"variant": name, "seeds": int(mine["n"].max()) if len(mine) else 0}
+        for length in lengths:
+            row[f"L={_length(length)}"] = _mean_range(mine, length, scale)
+        rows.append(row)
+    note = f"{BY_LENGTH[metric]} on the evaluation batches after training, mean over seeds "
+    note += "(min–max when several)."
+    if metric == "eval_accuracy":
+        note += " " + _ceiling_note(labelled, stats, lengths)
+        if "task.n_values" in trained and trained["task.n_values"].notna().any():
+            chance = 100 / float(trained["task.n_values"].dropna().iloc[0])
+            note += f" Chance: {chance:.1f} %."
+    return Table(
+        f"Trained quality vs sequence length: {BY_LENGTH[metric]}", pd.DataFrame(rows), note
+    )
+
+
+def _mean_range(stats: pd.DataFrame, length, scale: float) -> str:
+    if length not in stats.index:
+        return "—"
+    cell = stats.loc[length]
+    text = f"{cell['mean'] * scale:.1f}"
+    if cell["n"] > 1:
+        text += f" ({cell['lo'] * scale:.1f}–{cell['hi'] * scale:.1f})"
+    return text
+
+
+def _ceiling_note(labelled: pd.DataFrame, stats: pd.DataFrame, lengths) -> str:
+    """Whether exact attention reached the ceiling at every length, and where it did not."""
+    exact = [s for s in series.series_order(labelled) if s == series.REFERENCE]
+    if not exact:
+        return "Exact attention was not trained here, so no row can be read against it."
+    mine = stats[stats["series"] == exact[0]].set_index("seq_len")["mean"]
+    missing = [_length(L) for L in lengths if L not in mine.index]
+    below = [_length(L) for L in lengths if L in mine.index and mine[L] < CEILING]
+    if not missing and not below:
+        return f"Exact attention reached ≥ {CEILING:.0%} at every length: the setup measures."
+    parts = []
+    if below:
+        parts.append(f"stayed below {CEILING:.0%} at L={', '.join(below)}")
+    if missing:
+        parts.append(f"was not measured at L={', '.join(missing)}")
+    return (
+        f"WARNING: exact attention {' and '.join(parts)}; at those lengths this setup measures "
+        "nothing (retune it before reading the other rows)."
+    )
 
 
 def _format_metric(metric: str, value: float) -> str:

@@ -25,10 +25,11 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from experiments import budget, curriculum, measure, record, store, tracking
+from experiments import budget, curriculum, measure, record, resolvers, store, tracking
 from experiments.train import Diverged
 
 log = logging.getLogger("attnbench")
+resolvers.register()
 
 
 def run_job(

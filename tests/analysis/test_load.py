@@ -172,3 +172,12 @@ def test_wandb_api_runs_load_like_the_records():
     assert sorted(frame["wandb_path"]) == [f"me/attnbench/r{i}" for i in range(4)]
     assert not {"train/loss", "step", "_runtime"} & set(frame.columns)
     assert_same_records(load.tidy(pd.DataFrame(records)), frame)
+
+
+def test_an_error_recorded_before_trained_activations_is_read_as_the_gaussian_one():
+    old = {"status": "ok", "attention": "lsh", "seq_len": 64, "approx_rel_error": 1.7}
+    new = {**old, "approx_rel_error": 0.2, "approx_rel_error_gaussian": 1.6}
+    new["approx_reference_digest"] = "abc123"
+    frame = load.tidy(pd.DataFrame([old, new]))
+    assert frame["approx_rel_error_gaussian"].tolist() == [1.7, 1.6]
+    assert pd.isna(frame.loc[0, "approx_rel_error"]) and frame.loc[1, "approx_rel_error"] == 0.2

@@ -12,6 +12,8 @@ from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf
 
+from experiments import resolvers
+
 ROOT = Path(__file__).resolve().parents[2]  # the repo: `python -m experiments.run` runs from here
 CONF = ROOT / "conf"
 
@@ -116,6 +118,8 @@ def module_cli(tmp_path_factory) -> Cli:
 @pytest.fixture
 def resolved_config():
     """compose(*overrides) -> the resolved job config, a plain dict as `experiments.run` sees it."""
+
+    resolvers.register()  # as experiments.run does when it loads
 
     def build(*overrides: str) -> dict:
         GlobalHydra.instance().clear()  # in case an earlier test left Hydra initialised

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import pytest
+from omegaconf import OmegaConf
 
-from experiments import measure
+import variants
+from experiments import curriculum, measure
+from tests.experiments.conftest import CONF
 
 # preset -> the sweep values of its one swept key
 PRESETS = {
@@ -42,3 +45,26 @@ def test_table2_full_row_is_the_full_kernel_under_shared_qk(resolved_config):
     config = resolved_config("+experiment=reformer_table2", "train_as=full")
     kernel = next(iter(measure.setup(config).model.kernels()))
     assert kernel.name == "full" and kernel.shared_qk and kernel.causal
+
+
+def _swept(preset: str) -> dict[str, list[str]]:
+    params = OmegaConf.load(CONF / "experiment" / f"{preset}.yaml").hydra.sweeper.params
+    return {key: str(values).split(",") for key, values in params.items()}
+
+
+def test_long_range_trains_every_registered_variant_with_two_seeds_or_more():
+    swept = _swept("long_range")
+    assert sorted(swept["attention"]) == sorted(variants.attention_names())
+    assert len(swept["seed"]) >= 2
+
+
+@pytest.mark.parametrize("attention", variants.attention_names())
+def test_every_long_range_job_builds_causal_where_its_variant_can_be(resolved_config, attention):
+    config = resolved_config("+experiment=long_range", f"attention={attention}")
+    built = measure.setup(config)
+    kernel = next(iter(built.model.kernels()))
+    assert kernel.name == attention and built.task.name == "long_recall"
+    assert kernel.causal == variants.attention_spec(attention).causal_supported
+    stages = curriculum.stages_of(config)
+    assert [s.seq_len for s in stages] == [64, 128, 256, 512, 1024, 2048]
+    assert {s.seq_len * s.batch_size for s in stages} == {2048}  # tokens per step
