@@ -194,9 +194,9 @@ def load_curves(frame: pd.DataFrame, metrics: Iterable[str] = CURVE_METRICS) -> 
 def tidy(frame: pd.DataFrame) -> pd.DataFrame:
     """Typed columns, every schema column present, a `variant` label, a stable row order."""
     frame = _gaussian_error_of_old_records(frame.copy())
-    for column in (*IDENTITY, *CONFIG, *PROVENANCE, *ADDED[1:]):
-        if column not in frame:
-            frame[column] = None
+    schema = (*IDENTITY, *CONFIG, *PROVENANCE, *ADDED[1:], *MEASUREMENTS)
+    missing = [c for c in dict.fromkeys(schema) if c not in frame]
+    frame = pd.concat([frame, pd.DataFrame(None, index=frame.index, columns=missing)], axis=1)
     for column in MEASUREMENTS:
         values = frame[column] if column in frame else float("nan")
         frame[column] = pd.to_numeric(values, errors="coerce")

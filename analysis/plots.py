@@ -26,13 +26,6 @@ from matplotlib.ticker import LogFormatter, MaxNLocator, NullFormatter
 from analysis import fit, load, scaling, series
 
 MIB = 2**20
-KNOBS = {  # each approximate variant's knobs: error is drawn against the first
-    "lsh": ("attention.n_hashes", "attention.bucket_size"),
-    "linformer": ("attention.k",),
-    "blockwise": ("attention.block_size",),
-    "compressed": ("attention.factor",),
-    "strided": ("attention.stride",),
-}
 _WALL_STEP = 0.045  # axes-fraction stagger between failure markers of different series
 _PASS_TITLES = {"fwd": "forward", "fwd+bwd": "forward + backward"}
 
@@ -109,7 +102,7 @@ def error_vs_knob(frame: pd.DataFrame) -> Figure:
     lengths. Variants measured at a single knob value are named in the title instead.
     """
     swept, fixed = [], []
-    for attention, (knob, *_) in KNOBS.items():
+    for attention, (knob, *_) in series.KNOBS.items():
         rows = frame[frame["attention"] == attention]
         if rows.empty or knob not in frame:
             continue
@@ -129,7 +122,7 @@ def error_vs_knob(frame: pd.DataFrame) -> Figure:
             "(e.g. +experiment=lsh, +experiment=linformer)",
         )
     for ax, attention in zip(axes, swept, strict=False):
-        knob, *others = KNOBS[attention]
+        knob, *others = series.KNOBS[attention]
         rows = frame[(frame["attention"] == attention) & frame[knob].notna()]
         labelled, _ = series.with_series(
             rows.assign(variant=attention), x=knob, context=(*others, *series.CONTEXT)

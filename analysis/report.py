@@ -74,6 +74,7 @@ TABLES: list[Callable[[pd.DataFrame], tables.Table | None]] = [
     tables.cross_evaluation,
     tables.quality,
     tables.quality_by_length,
+    tables.error_by_knob,
 ]
 
 FORMATS = ("png", "svg")

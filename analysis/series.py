@@ -33,6 +33,17 @@ CONTEXT = (
     "model.dropout",
 )
 REFERENCE = "full"  # exact attention: what crossovers are measured against
+# Each approximate variant's knobs: error is drawn against the first. The error should fall as
+# the first knob grows, except for the knobs in SMALLER_IS_FINER (a finer approximation when
+# the value shrinks).
+KNOBS = {
+    "lsh": ("attention.n_hashes", "attention.bucket_size"),
+    "linformer": ("attention.k",),
+    "blockwise": ("attention.block_size",),
+    "compressed": ("attention.factor",),
+    "strided": ("attention.stride",),
+}
+SMALLER_IS_FINER = ("attention.factor",)
 # Tasks whose loss carries no quality signal (uniform tokens: every model sits at ln V).
 NO_QUALITY_TASKS = ("random_lm",)
 

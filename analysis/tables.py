@@ -283,6 +283,62 @@ def _ceiling_note(labelled: pd.DataFrame, stats: pd.DataFrame, lengths) -> str:
     )
 
 
+def error_by_knob(frame: pd.DataFrame) -> Table | None:
+    """Whether each variant's error on trained activations falls as its knob gets finer.
+
+    One row per variant and setting of its other knobs whose first knob (`series.KNOBS`) was
+    swept: the error at each knob value, at the longest length measured, and whether it falls
+    (never rises by more than 2 %) as the knob grows (as it shrinks for `SMALLER_IS_FINER`).
+    """
+    rows = []
+    for attention, (knob, *others) in series.KNOBS.items():
+        if knob not in frame or "approx_rel_error" not in frame:
+            continue
+        mine = frame[
+            (frame["attention"] == attention)
+            & (frame["status"] == "ok")
+            & frame["approx_rel_error"].notna()
+            & frame[knob].notna()
+        ]
+        if mine.empty:
+            continue
+        mine = mine[mine["seq_len"] == mine["seq_len"].max()]
+        others = [o for o in others if o in mine and mine[o].notna().any()]
+        groups = mine.groupby(others, dropna=False) if others else [((), mine)]
+        for setting, group in groups:
+            errors = group.groupby(knob)["approx_rel_error"].mean()
+            if len(errors) < 2:
+                continue
+            finer = errors.sort_index(ascending=knob not in series.SMALLER_IS_FINER)
+            falls = bool((finer.diff().dropna() <= 0.02 * finer.shift().dropna()).all())
+            setting = setting if isinstance(setting, tuple) else (setting,)
+            rows.append(
+                {
+                    "variant": attention,
+                    "other knobs": ", ".join(
+                        f"{o.split('.', 1)[1]}={format_value(v)}"
+                        for o, v in zip(others, setting, strict=True)
+                    )
+                    or "—",
+                    "seq_len": _length(mine["seq_len"].iloc[0]),
+                    "finer →": " → ".join(
+                        f"{knob.split('.', 1)[1]}={format_value(k)}: {e:.3g}"
+                        for k, e in finer.items()
+                    ),
+                    "falls": "yes" if falls else "NO",
+                }
+            )
+    if not rows:
+        return None
+    note = (
+        "Relative error on trained activations (approx_rel_error) at each knob value, ordered "
+        "from the coarsest approximation to the finest; mean over seeds. 'NO': the error does "
+        "not fall as the approximation gets finer on these inputs (README, 'Approximation "
+        "error', says why where we measured it)."
+    )
+    return Table("Approximation error against each variant's knob", pd.DataFrame(rows), note)
+
+
 def _format_metric(metric: str, value: float) -> str:
     if pd.isna(value):
         return ""
