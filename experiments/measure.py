@@ -19,13 +19,12 @@ import variants
 import variants.layers
 from experiments import curriculum, reference_model
 from experiments.memory import peak_memory_bytes, peak_rss_bytes
+from experiments.precision import FLOAT32, Precision
 from experiments.tasks import Task, build_task
 from experiments.timing import matmul_gflops_per_s, time_ms
 from experiments.train import evaluate, masked_loss_and_hits, train
 from variants.attention.base import FWD_BWD_FLOP_FACTOR, Attention
 from variants.checks import require_non_negative_int, require_positive_int
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def resolve_device(name: str) -> torch.device:
@@ -39,20 +38,11 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def resolve_dtype(name: str) -> torch.dtype:
-    if name not in DTYPES:
-        raise ValueError(f"option 'dtype' must be one of {', '.join(DTYPES)}; got {name!r}")
-    return DTYPES[name]
-
-
 def build_model(config: dict[str, Any], vocab_size: int) -> torch.nn.Module:
     """The TransformerLM a config describes (ValueErrors from the registry pass through)."""
     attention = dict(config["attention"])
     name = attention.pop("name")
     model_cfg = config["model"]
-    shared_qk = model_cfg["shared_qk"]
-    if shared_qk is None:
-        shared_qk = variants.attention_spec(name).shared_qk_required
     return variants.TransformerLM(
         vocab_size=vocab_size,
         d_model=model_cfg["d_model"],
@@ -65,7 +55,7 @@ def build_model(config: dict[str, Any], vocab_size: int) -> torch.nn.Module:
         attention=name,
         attention_options=attention,
         block=config["block"]["name"],
-        shared_qk=shared_qk,
+        shared_qk=model_cfg["shared_qk"],
         causal=model_cfg["causal"],
         token_shift=model_cfg["token_shift"],
     )
@@ -80,9 +70,14 @@ class Setup:
     """Everything a configuration builds before anything is measured."""
 
     device: torch.device
-    dtype: torch.dtype
+    precision: Precision
     task: Task
     model: torch.nn.Module
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The compute type: what activations and the kernels' inputs are."""
+        return self.precision.compute_dtype
 
 
 POSITIVE_INTS = (
@@ -122,7 +117,7 @@ def check_sizes(config: dict[str, Any]) -> None:
 def setup(config: dict[str, Any]) -> Setup:
     """Validate and build a configuration; bad options raise `ValueError` naming the key."""
     device = resolve_device(config["device"])
-    dtype = resolve_dtype(config["dtype"])
+    precision = Precision.of(config["dtype"], device)
     if config["threads"]:
         torch.set_num_threads(int(config["threads"]))
     check_sizes(config)
@@ -130,8 +125,9 @@ def setup(config: dict[str, Any]) -> Setup:
     seq_len, batch_size, seed = config["seq_len"], config["batch_size"], config["seed"]
     torch.manual_seed(seed)
     task = build_task(config["task"], seq_len=seq_len, batch_size=batch_size, seed=seed)
-    model = build_model(config, task.vocab_size).to(device=device, dtype=dtype)
-    return Setup(device, dtype, task, model)
+    # float32 master weights whatever the dtype: half types are autocast (experiments/precision).
+    model = build_model(config, task.vocab_size).to(device=device)
+    return Setup(device, precision, task, model)
 
 
 def measure(
@@ -147,6 +143,7 @@ def measure(
     curriculum stage before the last, as soon as it ends, so the caller can record it.
     """
     device, dtype, task, model = built.device, built.dtype, built.task, built.model
+    precision = built.precision
     seq_len, batch_size = config["seq_len"], config["batch_size"]
     m_cfg, t_cfg = config["measure"], config["train"]
     kernel = first_kernel(model)
@@ -154,6 +151,7 @@ def measure(
     head_dim = config["model"]["d_model"] // n_heads
     columns: dict[str, Any] = {
         "device": device.type,
+        "precision": precision.label,
         "threads": torch.get_num_threads(),
         "n_parameters": sum(p.numel() for p in model.parameters()),
         "matmul_peak_gflops_per_s": matmul_gflops_per_s(str(device), dtype, m_cfg["matmul_size"]),
@@ -190,6 +188,7 @@ def measure(
             eval_batches=t_cfg["eval_batches"],
             on_step=_after(on_step, trained_steps, stage.seq_len if len(stages) > 1 else None),
             progress=t_cfg["progress"],
+            precision=precision,
         )
         trained_steps += stage.steps
         trained = _training_columns(result, stage_task)
@@ -201,12 +200,15 @@ def measure(
             on_stage(stage, {**columns, **trained})
     eval_attention = (config.get("eval") or {}).get("attention") or {}
     for label, attention in eval_attention.items():
-        columns.update(evaluate_with_kernel(model, task, device, attention, label, config))
+        columns.update(
+            evaluate_with_kernel(model, task, device, attention, label, config, precision)
+        )
 
     timing = {"min_run_time_s": m_cfg["min_run_time_s"], "warmup": m_cfg["warmup"]}
     shape = (batch_size, n_heads, seq_len, head_dim)
     if m_cfg["kernel"]:
-        columns.update(_kernel_timings(kernel, shape, device, dtype, timing))
+        with precision.autocast():
+            columns.update(_kernel_timings(kernel, shape, device, dtype, timing))
         fwd_flops = kernel.flops(batch_size, n_heads, seq_len, head_dim)
         columns["attn_fwd_flops"] = fwd_flops
         columns["attn_fwd_bwd_flops"] = int(fwd_flops * FWD_BWD_FLOP_FACTOR)
@@ -218,7 +220,7 @@ def measure(
             columns["attn_fwd_bwd_gflops_per_s"] / columns["matmul_peak_gflops_per_s"]
         )
 
-    step = _training_step(model, task, device)
+    step = _training_step(model, task, device, precision)
     if m_cfg["step"]:
         columns["step_ms"], columns["step_iqr_ms"] = time_ms(step, device, **timing)
     if m_cfg["memory"]:
@@ -231,14 +233,16 @@ def measure(
             device,
             reference_model.cache_dir((m_cfg.get("reference") or {}).get("cache_dir")),
         )
-        columns["approx_rel_error"] = approx_rel_error(
-            kernel, trained_inputs(reference, shape, device, seeds), device, dtype
-        )
+        with precision.autocast():
+            columns["approx_rel_error"] = approx_rel_error(
+                kernel, trained_inputs(reference, shape, device, seeds), device, dtype
+            )
         columns["approx_reference_digest"] = reference.digest
         columns["approx_reference_bits_per_byte"] = reference.eval_bits_per_byte
-        columns["approx_rel_error_gaussian"] = approx_rel_error(
-            kernel, gaussian_inputs(shape, seeds), device, dtype
-        )
+        with precision.autocast():
+            columns["approx_rel_error_gaussian"] = approx_rel_error(
+                kernel, gaussian_inputs(shape, seeds), device, dtype
+            )
     columns["peak_rss_bytes"] = peak_rss_bytes()
     return columns
 
@@ -275,6 +279,7 @@ def evaluate_with_kernel(
     attention: dict[str, Any],
     label: str,
     config: dict[str, Any],
+    precision: Precision = FLOAT32,
 ) -> dict[str, float]:
     """Evaluate the model with every layer's kernel replaced by `attention`, then restore it.
 
@@ -295,7 +300,9 @@ def evaluate_with_kernel(
     try:
         with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
             torch.manual_seed(config["seed"])
-            loss, accuracy = evaluate(model, task, device, config["train"]["eval_batches"])
+            loss, accuracy = evaluate(
+                model, task, device, config["train"]["eval_batches"], precision
+            )
     finally:
         for layer, original in zip(layers, originals, strict=True):
             layer.kernel = original
@@ -330,16 +337,23 @@ def _kernel_timings(kernel, shape, device, dtype, timing) -> dict[str, float]:
     }
 
 
-def _training_step(model, task, device) -> Callable[[], None]:
+def _training_step(model, task, device, precision: Precision = FLOAT32) -> Callable[[], None]:
     """One full optimiser step (forward, loss, backward, AdamW update) on a fixed batch."""
     batch = task.batch("train", 0).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    scaler = precision.grad_scaler()
 
     def step():
         optimizer.zero_grad(set_to_none=True)
-        loss, _ = masked_loss_and_hits(model(batch.inputs), batch)
-        loss.backward()
-        optimizer.step()
+        with precision.autocast():
+            loss, _ = masked_loss_and_hits(model(batch.inputs), batch)
+        if scaler is None:
+            loss.backward()
+            optimizer.step()
+        else:
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
 
     return step
 

@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from experiments.precision import FLOAT32, Precision
 from experiments.tasks import Batch, Task
 
 
@@ -51,7 +52,11 @@ def masked_loss_and_hits(logits: torch.Tensor, batch: Batch) -> tuple[torch.Tens
 
 @torch.no_grad()
 def evaluate(
-    model: nn.Module, task: Task, device: torch.device, n_batches: int
+    model: nn.Module,
+    task: Task,
+    device: torch.device,
+    n_batches: int,
+    precision: Precision = FLOAT32,
 ) -> tuple[float, float]:
     """Mean eval loss and accuracy (over masked target positions) on `n_batches` eval batches."""
     was_training = model.training
@@ -59,7 +64,8 @@ def evaluate(
     total_loss, total_hits, total_count = 0.0, 0, 0
     for index in range(n_batches):
         batch = task.batch("eval", index).to(device)
-        loss, hits = masked_loss_and_hits(model(batch.inputs), batch)
+        with precision.autocast():
+            loss, hits = masked_loss_and_hits(model(batch.inputs), batch)
         count = int(batch.loss_mask.sum())
         total_loss += float(loss) * count
         total_hits += int(hits)
@@ -82,13 +88,17 @@ def train(
     eval_batches: int,
     on_step: Callable[[dict[str, Any], int], None] | None = None,
     progress: bool = False,
+    precision: Precision = FLOAT32,
 ) -> TrainResult:
     """Train `model` for `steps` optimiser steps on `task`; deterministic given the seeds.
 
     `on_step(metrics, step)` receives `train/loss`, `train/lr` every step and `eval/loss`,
     `eval/accuracy` every `eval_every` steps and at the end. Raises `Diverged` on a NaN/inf loss.
+    Forward passes run under `precision.autocast()`; the parameters and AdamW's state stay in
+    their own (float32) type, and float16 on CUDA scales the loss (`experiments/precision.py`).
     """
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
+    scaler = precision.grad_scaler()
     model.train()
     recent: list[float] = []
     tokens, train_seconds = 0, 0.0
@@ -98,14 +108,23 @@ def train(
             group["lr"] = lr_at(step, lr=lr, warmup=warmup, steps=steps)
         batch = task.batch("train", step).to(device)
         started = time.perf_counter()
-        loss, _ = masked_loss_and_hits(model(batch.inputs), batch)
+        with precision.autocast():
+            loss, _ = masked_loss_and_hits(model(batch.inputs), batch)
         if not torch.isfinite(loss):
             raise Diverged(f"training loss is {loss.item()} at step {step}")
         optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        if scaler is None:
+            loss.backward()
+        else:
+            scaler.scale(loss).backward()
+            scaler.unscale_(optimizer)  # clip the true gradients, not the scaled ones
         if grad_clip:
             nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
-        optimizer.step()
+        if scaler is None:
+            optimizer.step()
+        else:
+            scaler.step(optimizer)
+            scaler.update()
         loss_value = loss.item()  # synchronises on CUDA, so the timing below is honest
         train_seconds += time.perf_counter() - started
         tokens += batch.inputs.numel()
@@ -116,7 +135,7 @@ def train(
         }
         last = step == steps - 1
         if last or (eval_every and (step + 1) % eval_every == 0):
-            eval_loss, eval_accuracy = evaluate(model, task, device, eval_batches)
+            eval_loss, eval_accuracy = evaluate(model, task, device, eval_batches, precision)
             metrics.update({"eval/loss": eval_loss, "eval/accuracy": eval_accuracy})
         if on_step is not None:
             on_step(metrics, step)

@@ -32,7 +32,8 @@ class TransformerLM(nn.Module):
       scale of the sinusoids it is added to while the logits start small.
     - Layers: each layer's kernel is tied to the first layer's (`Attention.tie_to`), which is a
       no-op except for variants that share parameters across layers (Linformer layerwise).
-    - `shared_qk` is passed as given: variants that require it (LSH) refuse False.
+    - `shared_qk`: None (the default) is what the variant requires (True for LSH, False
+      otherwise); an explicit False for a variant that requires it raises.
     - `token_shift`: each position also receives a learned linear map of the previous
       position's embedding (zero for the first), x_i + W x_{i-1}, before the first block. This
       is the "smeared key" of Olsson et al. (2022): a model then needs no attention head to
@@ -57,7 +58,7 @@ class TransformerLM(nn.Module):
         attention: str = "full",
         attention_options: dict[str, Any] | None = None,
         block: str = "residual",
-        shared_qk: bool = False,
+        shared_qk: bool | None = None,
         causal: bool = True,
         token_shift: bool = False,
     ):
@@ -70,7 +71,9 @@ class TransformerLM(nn.Module):
         dropout = require_probability(owner, "dropout", dropout)
         require_choice(owner, "block", block, tuple(block_names()))
         require_bool(owner, "token_shift", token_shift)
-        attention_spec(attention)  # unknown name -> ValueError listing the variants
+        spec = attention_spec(attention)  # unknown name -> ValueError listing the variants
+        if shared_qk is None:
+            shared_qk = spec.shared_qk_required
         # The layers validate the remaining options (n_heads, ff_mult, ff_chunks, shared_qk, ...).
         self.config = {
             "vocab_size": vocab_size,

@@ -29,7 +29,14 @@ TINY = (
     "measure.matmul_size=64",
     "logger=none",
 )
-ALWAYS = {"device", "threads", "n_parameters", "matmul_peak_gflops_per_s", "peak_rss_bytes"}
+ALWAYS = {
+    "device",
+    "precision",
+    "threads",
+    "n_parameters",
+    "matmul_peak_gflops_per_s",
+    "peak_rss_bytes",
+}
 TRAINING = {"train_loss", "eval_loss", "eval_accuracy", "tokens_per_s"}
 KERNEL = {
     "attn_fwd_ms",

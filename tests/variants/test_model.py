@@ -112,9 +112,18 @@ def test_option_errors_name_the_option(options, words):
         assert word in str(err.value)
 
 
+def test_shared_qk_by_default_is_what_the_variant_requires():
+    lsh = _tiny(attention="lsh", attention_options={"bucket_size": 4})
+    assert lsh.config["shared_qk"] is True and next(lsh.kernels()).applies_shared_qk
+    assert _tiny().config["shared_qk"] is False
+    assert variants.TransformerLM(vocab_size=256, attention="lsh")(
+        torch.randint(256, (1, 64))
+    ).shape == (1, 64, 256)
+
+
 def test_lsh_without_shared_qk_is_refused():
     with pytest.raises(ValueError, match="'lsh'.*'shared_qk'"):
-        _tiny(attention="lsh")
+        _tiny(attention="lsh", shared_qk=False)
 
 
 def test_sequence_longer_than_max_seq_len_is_refused():
