@@ -1,9 +1,11 @@
 """Which records make one curve, and what is drawn for it: mean and spread, or a failure.
 
-A series is a `variant` plus whichever context columns differ within the frame (block, depth,
-causal, ...): columns that are the same everywhere are left out of the label. Everything else
-that differs between a series' records at one x (seed, a repeated sweep) is spread: the mean is
-drawn with a band from the minimum to the maximum.
+A series is a `variant` plus whichever context columns differ within the frame: every resolved
+configuration key (block, depth, causal, threads, train.steps, ...; `context_columns`), so only
+records of identical configurations share a series. Columns that are the same everywhere are
+left out of the label. What may still differ between a series' records at one x is the seed,
+the sweep, the budget and how precisely it was measured (`measure.*`): that is spread, drawn as
+the mean with a band from the minimum to the maximum.
 """
 
 from __future__ import annotations
@@ -13,25 +15,22 @@ from collections.abc import Sequence
 import pandas as pd
 
 from analysis.load import format_value
+from experiments.record import config_keys
+from experiments.store import short_names
 
-# Columns that change what a measurement means; a series holds all of them fixed.
-CONTEXT = (
-    "causal",
-    "batch_size",
-    "d_model",
-    "n_heads",
-    "dtype",
-    "device",
-    "task",
-    "block",
-    "depth",
-    "seq_len",
-    "model.ff_mult",
-    "model.ff_chunks",
-    "model.shared_qk",
-    "model.dropout",
-)
 REFERENCE = "full"  # exact attention: what crossovers are measured against
+
+
+def context_columns(frame: pd.DataFrame) -> list[str]:
+    """The configuration columns that set series apart: every hashed config key of the frame
+    (`experiments.record.config_keys`: the model, block, task, training, threads, ...) but the
+    attention's own (in `variant`), the seed, and `measure.*`, which decides which quantities
+    are taken and for how long the clock runs, not the configuration they are taken of."""
+    return [
+        c
+        for c in config_keys(frame.columns, hashed_only=True)
+        if c not in ("attention", "seed") and not c.startswith(("attention.", "measure."))
+    ]
 
 
 def varying(frame: pd.DataFrame, columns: Sequence[str]) -> list[str]:
@@ -43,15 +42,16 @@ def varying(frame: pd.DataFrame, columns: Sequence[str]) -> list[str]:
 
 
 def with_series(
-    frame: pd.DataFrame, *, x: str | None = None, context: Sequence[str] = CONTEXT
+    frame: pd.DataFrame, *, x: str | None = None, context: Sequence[str] | None = None
 ) -> tuple[pd.DataFrame, list[str]]:
     """`frame` with a `series` label column, and the columns that define a series.
 
-    The series columns are `variant` and the context columns (except the x-axis `x`) that vary
-    in the frame. A label names the variant, then `name=value` for those of them that vary among
-    that variant's rows, e.g. "full block=reversible" (so "lsh" when only exact attention was
-    swept over blocks).
+    The series columns are `variant` and the context columns (default `context_columns`;
+    except the x-axis `x`) that vary in the frame. A label names the variant, then
+    `name=value` for those of them that vary among that variant's rows, e.g.
+    "full block=reversible" (so "lsh" when only exact attention was swept over blocks).
     """
+    context = context_columns(frame) if context is None else context
     keys = ["variant", *varying(frame, [c for c in context if c != x])]
     labelled = frame.copy()
     labelled["series"] = pd.Series(dtype=object)
@@ -59,6 +59,23 @@ def with_series(
         shown = ["variant", *varying(rows, keys[1:])]
         labelled.loc[rows.index, "series"] = [label(row, shown) for _, row in rows.iterrows()]
     return labelled, keys
+
+
+def key_values(labelled: pd.DataFrame, keys: Sequence[str]) -> pd.DataFrame:
+    """One row per series (indexed by its label): the attention, then a column per key that
+    varies in `labelled` (each varying `attention.*` option, then `keys[1:]`), named after its
+    last dot; blank where a key does not apply (another variant's option)."""
+    options = [
+        c
+        for c in labelled.columns
+        if c.startswith("attention.") and c != "attention.name" and c not in keys
+    ]
+    columns = ["attention", *varying(labelled, options), *keys[1:]]
+    columns = [c for c in dict.fromkeys(columns) if c in labelled]
+    first = labelled.drop_duplicates("series").set_index("series")[columns]
+    shown = first.map(lambda v: "" if v is None or (isinstance(v, float) and v != v) else v)
+    shown = shown.map(lambda v: format_value(v) if v != "" else v)
+    return shown.rename(columns={**short_names(columns), "attention": "variant"})
 
 
 def label(row: pd.Series, keys: Sequence[str]) -> str:
