@@ -19,7 +19,7 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from analysis import load, report
+from analysis import load, report, tables
 from experiments import tracking
 
 log = logging.getLogger("attnbench")
@@ -44,8 +44,18 @@ class SweepReport(Callback):
         out_dir = sweep_dir / REPORT_DIR
         figures: dict[str, Path] = {}
         try:
-            figures = report.build_report(frame, out_dir, sources=[str(sweep_dir)])
+            figures = report.build_report(
+                frame,
+                out_dir,
+                sources=[str(sweep_dir)],
+                unreadable=load.unreadable_records([sweep_dir]),
+            )
             print(f"report: {out_dir / 'report.md'}")
+            warned = tables.timing_warnings(frame)
+            if warned is not None:
+                print(
+                    f"warning: {len(warned.frame)} timing warning(s): see {out_dir / 'report.md'}"
+                )
         except Exception:  # the records are safe on disk; the report can be redrawn
             log.exception(
                 "report failed; redraw it with: python -m analysis.report %s --out %s",

@@ -13,8 +13,9 @@ Schema of the frame (one row per record):
                   identity    sweep, job, config_hash, status (ok|oom|timeout|skipped|error|
                               diverged), error
                   config      attention, block, task, seq_len, batch_size, d_model, n_heads,
-                              depth, causal, dtype, seed, and the flattened attention.*, block.*,
-                              task.*, model.*, train.*, measure.*, budget.*
+                              depth, causal, dtype, seed, shared_qk (model.shared_qk resolved),
+                              and the flattened attention.*, block.*, task.*, model.*, train.*,
+                              measure.*, budget.*
                   measured    MEASUREMENTS below: float, NaN when not measured (status != ok or
                               a measure.* switch off); always present as columns
                   provenance  git_commit, torch_version, device, device_name, threads, hostname,
@@ -38,7 +39,7 @@ from typing import Any
 
 import pandas as pd
 
-from experiments import store, tracking
+from experiments import record, store, tracking
 
 MEASUREMENTS = (
     "attn_fwd_ms",
@@ -68,21 +69,7 @@ MEASUREMENTS = (
     "trained_steps",
 )
 IDENTITY = ("sweep", "job", "config_hash", "status", "error")
-CONFIG = (
-    "attention",
-    "block",
-    "task",
-    "seq_len",
-    "batch_size",
-    "d_model",
-    "n_heads",
-    "depth",
-    "causal",
-    "dtype",
-    "seed",
-    "device",
-    "threads",
-)
+CONFIG = (*record.ALIASES, *record.RESOLVED)
 PROVENANCE = (
     "git_commit",
     "torch_version",
@@ -105,6 +92,11 @@ def load_results(paths: Iterable[str | Path], *, offline_runs: bool = False) -> 
     """
     frames = [load_offline_runs(p) if offline_runs else _load_path(Path(p)) for p in paths]
     return tidy(pd.concat(frames, ignore_index=True) if frames else pd.DataFrame())
+
+
+def unreadable_records(paths: Iterable[str | Path]) -> list[store.Unreadable]:
+    """The `result.json` files below the sweep dirs among `paths` that could not be read."""
+    return [bad for p in paths if Path(p).is_dir() for bad in store.read_records(Path(p))[1]]
 
 
 def load_offline_runs(root: str | Path) -> pd.DataFrame:
@@ -204,6 +196,10 @@ def tidy(frame: pd.DataFrame) -> pd.DataFrame:
     for column in frame.columns:
         if column not in MEASUREMENTS:
             frame[column] = _coerce(frame[column])
+    if "model.shared_qk" in frame:  # records from before `shared_qk` was resolved in them
+        frame["shared_qk"] = frame["shared_qk"].where(
+            frame["shared_qk"].notna(), frame["model.shared_qk"]
+        )
     frame["variant"] = variant_labels(frame)
     order = [c for c in _SORT if frame[c].notna().any()]
     frame = frame.sort_values(order, kind="stable", na_position="last") if order else frame

@@ -1,11 +1,14 @@
 """The report's figures: each function takes a results frame (analysis.load) and returns a Figure.
 
 Conventions shared by every figure:
-  - one colour per series (`analysis.series`), exact attention first and in black;
+  - one fixed colour per attention variant in every report (`variant_color`: registry order,
+    exact attention black), shaded and given its own marker per configuration of that variant;
+    one line style per block type (residual solid, reversible dashed, checkpoint dotted);
   - a line is the mean over seeds and repeats, its band the minimum..maximum across them;
   - a configuration that ended oom, timeout, skipped, error or diverged is a downward triangle at
     the top wall of the panel, labelled with its status: failures are data, never dropped;
-  - a panel with nothing to draw says why, so every figure always exists.
+  - a panel with nothing to draw says why; a figure with nothing drawn in any panel is one that
+    `nothing_drawn` names, and the report leaves it out.
 Figures are built with `matplotlib.figure.Figure`, not pyplot: no global state and no GUI, so
 saving uses Agg (PNG) and the SVG backend whatever the session's backend is; in a notebook a
 returned Figure displays inline.
@@ -13,12 +16,15 @@ returned Figure displays inline.
 
 from __future__ import annotations
 
+import textwrap
+import zlib
 from collections.abc import Sequence
 
 import numpy as np
 import pandas as pd
 from matplotlib import colormaps
 from matplotlib.axes import Axes
+from matplotlib.colors import to_rgb
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.ticker import LogFormatter, MaxNLocator, NullFormatter
@@ -27,7 +33,19 @@ from analysis import fit, load, scaling, series
 
 MIB = 2**20
 _WALL_STEP = 0.045  # axes-fraction stagger between failure markers of different series
+_LABEL_STEP = 0.05  # axes-fraction stagger between crossover labels
 _PASS_TITLES = {"fwd": "forward", "fwd+bwd": "forward + backward"}
+_EMPTY = "attnbench-nothing-drawn"  # gid of a panel that only says why it is empty
+BLOCK_LINESTYLES = {"residual": "-", "reversible": "--", "checkpoint": ":"}
+_OTHER_LINESTYLES = ("-.", (0, (5, 1, 1, 1, 1, 1)), (0, (1, 3)))
+_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "h", "<", ">")
+_SHADES = (0.0, 0.38, -0.35, 0.6, -0.55, 0.75)  # + lighter, - darker
+# Qualitative colours for the variants after exact attention, in registry order: tab10 without
+# its grey (too close to exact attention's black), then tab20's light shades without grey.
+_PALETTE = tuple(
+    [colormaps["tab10"](i) for i in range(10) if i != 7]
+    + [colormaps["tab20"](i) for i in range(1, 20, 2) if i != 15]
+)
 
 
 def time_vs_seq_len(frame: pd.DataFrame) -> Figure:
@@ -41,10 +59,14 @@ def time_vs_seq_len(frame: pd.DataFrame) -> Figure:
     for ax, (name, metric) in zip(axes, scaling.TIME_METRICS.items(), strict=True):
         fits = scaling.scaling_fits(labelled, keys, metric)
         notes = {s: _fit_note(f) for s, f in fits.items()}
-        xs = _draw(ax, labelled, "seq_len", metric, notes=notes)
-        for s, f in fits.items():
-            if f.crossover is not None and f.crossover.kind == fit.CROSSED:
-                _mark_crossover(ax, labelled, s, metric, f.crossover.length)
+        xs = _draw(ax, labelled, "seq_len", metric, notes=notes, min_points=2)
+        crossed = {
+            s: f.crossover.length
+            for s, f in fits.items()
+            if f.crossover is not None and f.crossover.kind == fit.CROSSED
+        }
+        if xs:
+            _mark_crossovers(ax, labelled, metric, crossed)
         _axes(ax, _PASS_TITLES[name], "seq_len", "time (ms)", log=(True, True), xs=xs)
     return fig
 
@@ -55,7 +77,7 @@ def memory_vs_seq_len(frame: pd.DataFrame) -> Figure:
     fits = scaling.scaling_fits(labelled, keys, "peak_memory_mib")
     fig, (ax,) = _figure(1, "Peak memory of a training step vs sequence length")
     notes = {s: f"α={f.power_law}" for s, f in fits.items()}
-    xs = _draw(ax, labelled, "seq_len", "peak_memory_mib", notes=notes)
+    xs = _draw(ax, labelled, "seq_len", "peak_memory_mib", notes=notes, min_points=2)
     _axes(ax, "", "seq_len", "peak memory (MiB, live tensors)", log=(True, True), xs=xs)
     return fig
 
@@ -90,7 +112,7 @@ def error_vs_seq_len(frame: pd.DataFrame) -> Figure:
     """Relative approximation error ‖out − exact‖/‖exact‖ against seq_len (0 = exact)."""
     labelled, _ = series.with_series(frame, x="seq_len")
     fig, (ax,) = _figure(1, "Approximation error vs sequence length")
-    xs = _draw(ax, labelled, "seq_len", "approx_rel_error")
+    xs = _draw(ax, labelled, "seq_len", "approx_rel_error", min_points=2)
     _axes(ax, "", "seq_len", "relative error (Frobenius)", log=(True, False), xs=xs)
     return fig
 
@@ -98,34 +120,36 @@ def error_vs_seq_len(frame: pd.DataFrame) -> Figure:
 def error_vs_knob(frame: pd.DataFrame) -> Figure:
     """Approximation error against each variant's knob (n_hashes, k, block_size, factor, stride).
 
-    One panel per variant whose knob takes several values; lines are the other knobs and the
-    lengths. Variants measured at a single knob value are named in the title instead.
+    One panel per approximate variant with an option that takes several values (its first knob
+    of `series.KNOBS`, or its first varying option); lines are the other options and the lengths.
+    Variants of `series.KNOBS` measured at one knob value only are named under the title.
     """
     swept, fixed = [], []
-    for attention, (knob, *_) in series.KNOBS.items():
-        rows = frame[frame["attention"] == attention]
-        if rows.empty or knob not in frame:
-            continue
-        values = rows[knob].dropna().map(load.format_value).unique()
-        if len(values) > 1:
-            swept.append(attention)
-        else:
-            fixed.append(f"{attention} {knob.split('.', 1)[1]}={','.join(values)}")
+    approximate = (a for a in dict.fromkeys(frame["attention"].dropna()) if a != series.REFERENCE)
+    for attention in approximate:  # exact attention's error is 0 whatever its options
+        knobs = _knobs(frame, attention)
+        if knobs:
+            swept.append((attention, knobs))
+        elif attention in series.KNOBS and series.KNOBS[attention][0] in frame:
+            rows = frame[frame["attention"] == attention]
+            knob = series.KNOBS[attention][0]
+            values = rows[knob].dropna().map(load.format_value).unique()
+            fixed.append(f"{attention} {knob.split('.', 1)[1]}={','.join(values) or 'none'}")
+    cols = min(max(len(swept), 1), 3)
     title = "Approximation error vs each variant's knob"
     if fixed:
-        title += f"\n(one value only: {'; '.join(fixed)})"
+        title += "\n" + textwrap.fill(f"(one value only: {'; '.join(fixed)})", 75 * cols)
     fig, axes = _figure(max(len(swept), 1), title, ncols=3)
     if not swept:
         _message(
             axes[0],
-            "no variant's knob was swept in these results\n"
+            "no variant's option was swept in these results\n"
             "(e.g. +experiment=lsh, +experiment=linformer)",
         )
-    for ax, attention in zip(axes, swept, strict=False):
-        knob, *others = series.KNOBS[attention]
+    for ax, (attention, (knob, *others)) in zip(axes, swept, strict=False):
         rows = frame[(frame["attention"] == attention) & frame[knob].notna()]
         labelled, _ = series.with_series(
-            rows.assign(variant=attention), x=knob, context=(*others, *series.CONTEXT)
+            rows.assign(variant=attention), x=knob, context=(*others, *series.context_columns(rows))
         )
         values = sorted(labelled[knob].unique(), key=_knob_sort_key)
         labelled["knob_position"] = labelled[knob].map({v: i for i, v in enumerate(values)})
@@ -133,6 +157,77 @@ def error_vs_knob(frame: pd.DataFrame) -> Figure:
         _axes(ax, attention, knob.split(".", 1)[1], "relative error", log=(False, False))
         ax.set_xticks(range(len(values)), [load.format_value(v) for v in values])
         ax.set_xlim(-0.5, len(values) - 0.5)
+    return fig
+
+
+def error_vs_time(frame: pd.DataFrame, seq_len: float | None = None) -> Figure:
+    """What accuracy costs: approximation error against the kernel's forward+backward time at
+    one seq_len, one point per configuration; a variant's points are joined along its first
+    knob (e.g. LSH's n_hashes, one line per bucket_size), each labelled with the knob's value.
+
+    Default length: the one with the most configurations measured, the longest on a tie.
+    """
+    x, y = "attn_fwd_bwd_ms", "approx_rel_error"
+    measured = frame[frame[x].notna() & frame[y].notna()]
+    seq_len = _pick_length(measured, x) if seq_len is None else seq_len
+    at_length = frame[frame["seq_len"] == seq_len] if seq_len is not None else frame
+    labelled, _ = series.with_series(at_length, x="seq_len")
+    length_note = f" at seq_len={load.format_value(seq_len)}" if seq_len is not None else ""
+    fig, (ax,) = _figure(1, f"Approximation error vs kernel time{length_note}")
+    ok = labelled[(labelled["status"] == "ok") & labelled[x].notna() & labelled[y].notna()]
+    if ok.empty:
+        _message(ax, "no kernel time with an approximation error in these results")
+        _axes(ax, "", "forward+backward kernel time (ms)", "relative error", log=(False, False))
+        return fig
+    styles = series_styles(labelled)
+    handles = []
+    for attention in dict.fromkeys(ok["attention"]):
+        rows = ok[ok["attention"] == attention]
+        knobs = _knobs(rows, attention)
+        if not knobs:  # one point per configuration
+            for name, point in rows.groupby("series", sort=False)[[x, y]].mean().iterrows():
+                style = styles[name]
+                (handle,) = ax.plot(
+                    point[x], point[y], style["marker"], color=style["color"], label=name
+                )
+                handles.append(handle)
+            continue
+        knob = knobs[0]
+        others = [*knobs[1:], *series.varying(rows, series.context_columns(rows))]
+        keys = [rows[c].map(load.format_value) for c in others]
+        lines = rows.groupby(keys, sort=False) if keys else [((), rows)]
+        for i, (_, line) in enumerate(lines):
+            points = line.groupby(knob)[[x, y]].mean()
+            points = points.loc[sorted(points.index, key=_knob_sort_key)]
+            color = _shade(variant_color(attention), i)
+            text = " ".join(
+                [attention]
+                + [f"{c.rsplit('.', 1)[-1]}={load.format_value(line[c].iloc[0])}" for c in others]
+            )
+            (handle,) = ax.plot(
+                points[x],
+                points[y],
+                marker=_MARKERS[i % len(_MARKERS)],
+                color=color,
+                markersize=5,
+                linewidth=1.2,
+                label=f"{text} (along {knob.rsplit('.', 1)[-1]})",
+            )
+            handles.append(handle)
+            for value, point in points.iterrows():
+                ax.annotate(
+                    load.format_value(value),
+                    (point[x], point[y]),
+                    fontsize=7,
+                    color=color,
+                    xytext=(4, 3),
+                    textcoords="offset points",
+                )
+    ax.legend(
+        handles=handles, fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.12), frameon=False
+    )
+    _axes(ax, "", "forward+backward kernel time (ms)", "relative error", log=(True, False))
+    ax.margins(0.12)
     return fig
 
 
@@ -215,7 +310,7 @@ def tradeoff(frame: pd.DataFrame, seq_len: float | None = None) -> Figure:
     length_note = f" at seq_len={load.format_value(seq_len)}" if seq_len is not None else ""
     fig, (ax,) = _figure(1, f"Quality, speed and memory{length_note}\n(marker area ∝ peak memory)")
     order = series.series_order(labelled) if len(labelled) else []
-    colors = _colors(order)
+    colors = _colors(labelled)
     ok = labelled[labelled["status"] == "ok"]
     points = ok.groupby("series")[[cost, quality, "peak_memory_mib"]].mean()
     points = points[points[cost].notna() & points[quality].notna()]
@@ -287,8 +382,9 @@ def flops_fraction(frame: pd.DataFrame) -> Figure:
     for ax, (name, metric) in zip(
         axes, (("fwd", "fwd_fraction"), ("fwd+bwd", "fwd_bwd_fraction")), strict=True
     ):
-        xs = _draw(ax, labelled, "seq_len", metric)
-        ax.axhline(1.0, color="grey", linestyle=":", linewidth=1)
+        xs = _draw(ax, labelled, "seq_len", metric, min_points=2)
+        if xs:
+            ax.axhline(1.0, color="grey", linestyle=":", linewidth=1)
         _axes(
             ax, _PASS_TITLES[name], "seq_len", "fraction of matmul rate", log=(True, False), xs=xs
         )
@@ -299,37 +395,46 @@ def flops_fraction(frame: pd.DataFrame) -> Figure:
 
 
 def _draw(
-    ax: Axes, labelled: pd.DataFrame, x: str, y: str, notes: dict[str, str] | None = None
+    ax: Axes,
+    labelled: pd.DataFrame,
+    x: str,
+    y: str,
+    notes: dict[str, str] | None = None,
+    min_points: int = 1,
 ) -> list[float]:
     """Mean line with min..max band per series, failures at the top wall, a legend below.
 
-    Returns every x drawn (values and failures), for `_axes` to fit the x range to.
+    With `min_points` 2 (a curve over seq_len), a panel where no series has two points says
+    so instead of drawing lone dots. Returns every x drawn (values and failures), for `_axes`
+    to fit the x range to; nothing when the panel is left empty.
     """
     stats = series.mean_spread(labelled, x, y)
     failed = series.failures(labelled, x)
+    if stats.empty:  # failures alone make no figure: the report's failures table lists them
+        failures_note = "\n(failed ones: see the table 'Not measured')" if len(failed) else ""
+        _message(ax, f"no {y} in these results{failures_note}")
+        return []
+    if stats.groupby("series").size().max() < min_points:
+        lengths = ", ".join(load.format_value(v) for v in sorted(stats[x].unique()))
+        _message(ax, f"measured at one {x} only ({lengths}): no curve to draw")
+        return []
     order = series.series_order(labelled) if len(labelled) else []
-    colors = _colors(order)
+    styles = series_styles(labelled)
     handles = []
-    _draw_failures(ax, failed, x, colors, order)
+    _draw_failures(ax, failed, x, {s: st["color"] for s, st in styles.items()}, order)
     for name in order:
         points = stats[stats["series"] == name]
         text = name + (f"  {notes[name]}" if notes and notes.get(name) else "")
         if not points.empty:
             (line,) = ax.plot(
-                points[x],
-                points["mean"],
-                "o-",
-                color=colors[name],
-                markersize=4,
-                linewidth=1.4,
-                label=text,
+                points[x], points["mean"], **styles[name], markersize=4, linewidth=1.4, label=text
             )
             if (points["n"] > 1).any():
                 ax.fill_between(
                     points[x],
                     points["lo"],
                     points["hi"],
-                    color=colors[name],
+                    color=styles[name]["color"],
                     alpha=0.2,
                     linewidth=0,
                 )
@@ -340,7 +445,7 @@ def _draw(
                 Line2D(
                     [],
                     [],
-                    color=colors[name],
+                    color=styles[name]["color"],
                     marker="v",
                     linestyle="none",
                     label=f"{name}: {_status_text(rows)} (no value)",
@@ -348,15 +453,16 @@ def _draw(
             )
     if not handles:
         _message(ax, f"no {y} in these results")
-    else:
-        ax.legend(
-            handles=handles,
-            fontsize=7,
-            loc="upper center",
-            bbox_to_anchor=(0.5, -0.14),
-            ncol=1 if len(handles) < 8 else 2,
-            frameon=False,
-        )
+        return []
+    ax.legend(
+        handles=handles,
+        fontsize=7,
+        loc="upper center",
+        bbox_to_anchor=(0.5, -0.14),
+        ncol=1 if len(handles) < 8 else 2,
+        frameon=False,
+        handlelength=3,
+    )
     return [float(v) for v in (*stats[x], *failed[x])]
 
 
@@ -388,29 +494,39 @@ def _draw_failures(
             )
 
 
-def _mark_crossover(
-    ax: Axes, labelled: pd.DataFrame, name: str, metric: str, length: float
+def _mark_crossovers(
+    ax: Axes, labelled: pd.DataFrame, metric: str, crossed: dict[str, float]
 ) -> None:
-    """A star on the series' curve at the crossover length, with the length written by it."""
-    points = series.mean_spread(labelled[labelled["series"] == name], "seq_len", metric)
-    x, y = np.log(points["seq_len"].astype(float)), np.log(points["mean"].astype(float))
-    at = float(np.exp(np.interp(np.log(length), x, y)))
-    color = _colors(series.series_order(labelled))[name]
-    ax.plot(length, at, "*", color=color, markersize=14, markeredgecolor="black", zorder=5)
-    ax.annotate(
-        f"L*≈{length:,.0f}",
-        (length, at),
-        fontsize=7,
-        xytext=(6, -10),
-        textcoords="offset points",
-        color=color,
-    )
+    """A star on each series' curve at its crossover length, and its "L*≈…" label in a row of
+    its own near the bottom of the panel (shortest crossover lowest), joined to the star by a
+    dotted line: labels of nearby crossovers cannot overlap."""
+    styles = series_styles(labelled)
+    wall = ax.get_xaxis_transform()  # x in data, y in axes fraction
+    for row, (name, length) in enumerate(sorted(crossed.items(), key=lambda item: item[1])):
+        points = series.mean_spread(labelled[labelled["series"] == name], "seq_len", metric)
+        x, y = np.log(points["seq_len"].astype(float)), np.log(points["mean"].astype(float))
+        at = float(np.exp(np.interp(np.log(length), x, y)))
+        color = styles[name]["color"]
+        ax.plot(length, at, "*", color=color, markersize=14, markeredgecolor="black", zorder=5)
+        ax.annotate(
+            f"L*≈{length:,.0f}",
+            xy=(length, at),
+            xytext=(length, 0.04 + row * _LABEL_STEP),
+            textcoords=wall,
+            fontsize=7,
+            color=color,
+            ha="center",
+            va="center",
+            bbox={"boxstyle": "round,pad=0.15", "facecolor": "white", "edgecolor": color},
+            arrowprops={"arrowstyle": "-", "color": color, "linestyle": ":", "linewidth": 0.8},
+        )
 
 
 def _draw_curves(ax: Axes, labelled: pd.DataFrame, curves: pd.DataFrame) -> None:
-    """Per-step losses, mean over seeds with a min..max band."""
+    """Per-step losses, mean over seeds with a min..max band: train as a solid line, eval as
+    squares (joined by a dashed line when evaluated more than once)."""
     order = series.series_order(labelled) if len(labelled) else []
-    colors = _colors(order)
+    colors = _colors(labelled)
     drawn = []
     joined = curves.join(labelled["series"], on="row", how="inner") if len(curves) else None
     for name in order if joined is not None else ():
@@ -440,22 +556,34 @@ def _draw_curves(ax: Axes, labelled: pd.DataFrame, curves: pd.DataFrame) -> None
             "(logger=none, or the runs were not copied with the results)",
         )
     else:
+        handles, _ = ax.get_legend_handles_labels()
+        handles += [
+            Line2D([], [], color="dimgrey", linestyle="-", label="train loss (every step)"),
+            Line2D(
+                [], [], color="dimgrey", linestyle="--", marker="s", markersize=4, label="eval loss"
+            ),
+        ]
         ax.legend(
+            handles=handles,
             fontsize=7,
             loc="upper center",
             bbox_to_anchor=(0.5, -0.14),
             frameon=False,
-            ncol=1 if len(set(drawn)) < 8 else 2,
+            ncol=1 if len(handles) < 8 else 2,
         )
-    _axes(ax, "per step (solid: train, dashed: eval)", "step", "loss", log=(False, False))
+    _axes(ax, "per step", "step", "loss", log=(False, False))
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
 
 
 def _draw_final_losses(ax: Axes, labelled: pd.DataFrame) -> None:
     """Final train (o) and eval (s) loss per series, mean with min..max whiskers; failures named."""
     order = series.series_order(labelled) if len(labelled) else []
-    colors = _colors(order)
-    _axes(ax, "final loss (o: train, ■: eval)", "", "loss", log=(False, False))
+    colors = _colors(labelled)
+    _axes(ax, "final loss (●: train, ■: eval)", "", "loss", log=(False, False))
+    ok = labelled[labelled["status"] == "ok"] if len(labelled) else labelled
+    if ok.empty or ok[["train_loss", "eval_loss"]].isna().all().all():
+        _message(ax, "no final losses in these results")
+        return
     for i, name in enumerate(order):
         rows = labelled[labelled["series"] == name]
         ok = rows[rows["status"] == "ok"]
@@ -484,8 +612,6 @@ def _draw_final_losses(ax: Axes, labelled: pd.DataFrame) -> None:
                 textcoords="offset points",
                 color=colors[name],
             )
-    if not order:
-        _message(ax, "no records")
     ax.set_xticks(range(len(order)), order, rotation=30, ha="right", fontsize=7)
     ax.set_xlim(-0.6, len(order) - 0.4)
 
@@ -514,12 +640,18 @@ def _axes(
     log: tuple[bool, bool],
     xs: Sequence[float] = (),
 ) -> None:
-    """Scales, labels and grid; with `xs`, an x range holding them all, ticked at each if few."""
+    """Scales, labels and grid; with `xs`, an x range holding them all, ticked at each if few.
+
+    A panel without data (only a message) stays linear: a log axis cannot scale nothing.
+    """
+    if not ax.has_data():
+        log = (False, False)
     ax.set_xscale("log" if log[0] else "linear")
     ax.set_yscale("log" if log[1] else "linear")
-    if log[1]:  # plain numbers, also on minor ticks when the data span under two decades
-        ax.yaxis.set_major_formatter(LogFormatter())
-        ax.yaxis.set_minor_formatter(LogFormatter(minor_thresholds=(2, 0.5)))
+    for axis, is_log in zip((ax.xaxis, ax.yaxis), log, strict=True):
+        if is_log:  # plain numbers, also on minor ticks when the data span under two decades
+            axis.set_major_formatter(LogFormatter())
+            axis.set_minor_formatter(LogFormatter(minor_thresholds=(2, 0.5)))
     values = sorted({v for v in xs if np.isfinite(v)})
     if values:
         low, high = values[0], values[-1]
@@ -538,6 +670,8 @@ def _axes(
 
 
 def _message(ax: Axes, text: str) -> None:
+    """Say in the panel why it is empty (and mark it so: see `nothing_drawn`)."""
+    ax.set_gid(_EMPTY)
     ax.text(
         0.5,
         0.5,
@@ -551,16 +685,84 @@ def _message(ax: Axes, text: str) -> None:
     )
 
 
-def _colors(order: Sequence[str]) -> dict[str, tuple]:
-    """Black for exact attention, then tab10 (tab20 beyond ten series)."""
-    others = [s for s in order if not s.startswith(series.REFERENCE)]
-    palette = colormaps["tab10" if len(others) <= 10 else "tab20"]
-    colors = {s: palette(i % palette.N) for i, s in enumerate(others)}
-    exact = [s for s in order if s.startswith(series.REFERENCE)]
-    greys = colormaps["Greys"]
-    for i, s in enumerate(exact):
-        colors[s] = greys(1.0 - 0.5 * i / max(len(exact), 1))
-    return colors
+def nothing_drawn(figure: Figure) -> str | None:
+    """Why `figure` shows nothing (the text of its empty panels), or None if it shows data."""
+    if not figure.axes or any(ax.get_gid() != _EMPTY for ax in figure.axes):
+        return None
+    reasons = [t.get_text() for ax in figure.axes for t in ax.texts]
+    return "; ".join(dict.fromkeys(" ".join(r.split()) for r in reasons if r))
+
+
+def variant_color(name: str) -> tuple:
+    """The colour of attention variant `name`, the same in every report: black for exact
+    attention, then the palette in registry order; a name the registry does not know (records
+    of a variant since removed or renamed) takes a colour from a hash of its name."""
+    from variants.registry import attention_names
+
+    if name == series.REFERENCE:
+        return (0.0, 0.0, 0.0, 1.0)
+    known = [n for n in attention_names() if n != series.REFERENCE]
+    if name in known and known.index(name) < len(_PALETTE):
+        return _PALETTE[known.index(name)]
+    return _PALETTE[zlib.crc32(str(name).encode()) % len(_PALETTE)]
+
+
+def series_styles(labelled: pd.DataFrame) -> dict[str, dict]:
+    """Per series of `labelled`: its variant's colour, shaded per configuration of that variant,
+    a line style per block type, and a marker per block type when several are drawn (else per
+    configuration)."""
+    styles: dict[str, dict] = {}
+    if labelled.empty or "series" not in labelled:
+        return styles
+    rows = labelled.drop_duplicates("series")
+    blocks = list(dict.fromkeys(rows["block"].dropna())) if "block" in rows else []
+    others = [b for b in blocks if b not in BLOCK_LINESTYLES]
+    by_block = len(blocks) > 1  # then markers tell blocks apart too, else configurations
+    for attention, members in rows.groupby(rows["attention"].map(str), sort=False):
+        # A configuration is the series without its block: its blocks share colour and marker.
+        configs = members["series"].map(_without_block)
+        order = list(dict.fromkeys(configs))
+        for (_, row), config in zip(members.iterrows(), configs, strict=True):
+            i = order.index(config)
+            block = row.get("block")
+            linestyle = BLOCK_LINESTYLES.get(
+                block, _OTHER_LINESTYLES[others.index(block) % 3] if block in others else "-"
+            )
+            marker = blocks.index(block) if by_block and block in blocks else i
+            styles[row["series"]] = {
+                "color": _shade(variant_color(attention), i),
+                "marker": _MARKERS[marker % len(_MARKERS)],
+                "linestyle": linestyle,
+            }
+    return styles
+
+
+def _without_block(label: str) -> str:
+    return " ".join(part for part in str(label).split() if not part.startswith("block="))
+
+
+def _shade(color, i: int) -> tuple:
+    """`color` lightened (toward white) or darkened (toward black) for the i-th configuration."""
+    rgb = np.array(to_rgb(color))
+    amount = _SHADES[i % len(_SHADES)]
+    if rgb.max() < 0.15:  # black: only lighter shades are visible
+        amount = abs(amount)
+    mixed = rgb + (1 - rgb) * amount if amount >= 0 else rgb * (1 + amount)
+    return (*np.clip(mixed, 0, 1), 1.0)
+
+
+def _colors(labelled: pd.DataFrame) -> dict[str, tuple]:
+    return {name: style["color"] for name, style in series_styles(labelled).items()}
+
+
+def _knobs(frame: pd.DataFrame, attention: str) -> list[str]:
+    """The options of `attention` that vary in `frame`: its KNOBS first (the first is the one
+    drawn along x), then any other, so a new variant's options are found without a list."""
+    rows = frame[frame["attention"] == attention]
+    options = [c for c in rows.columns if c.startswith("attention.") and c != "attention.name"]
+    swept = series.varying(rows, options)
+    preferred = [k for k in series.KNOBS.get(attention, ()) if k in swept]
+    return preferred + [k for k in swept if k not in preferred]
 
 
 def _fit_note(f: scaling.SeriesFit) -> str:

@@ -5,23 +5,27 @@
     python -m analysis.report --wandb ENTITY/PROJECT --group scaling --out report/
 
 RESULTS are sweep dirs or results files (analysis.load). The same figures come from the
-notebooks in analysis/notebooks/, which call the functions listed here.
+notebooks in analysis/notebooks/, which call the functions listed here. A figure these results
+cannot fill (e.g. depth when depth was not swept) is left out and named, with the reason, under
+"Not drawn"; records that could not be read are listed in report.md and on stderr. Mistakes
+(no results, no W&B login) print one `error:` line and exit 1.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 import pandas as pd
 from matplotlib.figure import Figure
 
 from analysis import load, plots, series, tables
+from experiments.store import Unreadable
 
-# name -> (figure function, caption). Every figure is always written, except those in WHEN whose
-# condition these results do not meet; a figure with nothing to draw says so in its panel.
+# name -> (figure function, caption). A figure is left out of the report when WHEN says these
+# results cannot fill it, or when it drew nothing.
 FIGURES: dict[str, tuple[Callable[[pd.DataFrame], Figure], str]] = {
     "time_vs_seq_len": (
         plots.time_vs_seq_len,
@@ -39,6 +43,12 @@ FIGURES: dict[str, tuple[Callable[[pd.DataFrame], Figure], str]] = {
         "Relative approximation error against exact attention vs sequence length.",
     ),
     "error_vs_knob": (plots.error_vs_knob, "Approximation error against each variant's knob."),
+    "error_vs_time": (
+        plots.error_vs_time,
+        "What accuracy costs: approximation error against the kernel's forward+backward time "
+        "at one length; a variant's points are joined along its first knob, each labelled "
+        "with the knob's value.",
+    ),
     "training_curves": (
         plots.training_curves,
         "Training and eval loss per step (from the W&B runs) and final losses.",
@@ -71,6 +81,7 @@ TABLES: list[Callable[[pd.DataFrame], tables.Table | None]] = [
     tables.variant_summary,
     tables.depth_table,
     tables.failures,
+    tables.timing_warnings,
     tables.cross_evaluation,
     tables.quality,
     tables.quality_by_length,
@@ -82,33 +93,66 @@ PNG_DPI = 120
 
 
 def build_report(
-    frame: pd.DataFrame, out_dir: str | Path, *, sources: Iterable[str] = ()
+    frame: pd.DataFrame,
+    out_dir: str | Path,
+    *,
+    sources: Iterable[str] = (),
+    unreadable: Sequence[Unreadable] = (),
 ) -> dict[str, Path]:
-    """Write every figure (PNG and SVG) and report.md into `out_dir`; the PNG path per figure."""
+    """Write the figures that have something to show (PNG and SVG) and report.md into
+    `out_dir`; the PNG path per figure written. A figure left out has no files (an old one of
+    that name is removed) and is named with its reason in report.md."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    pngs = {}
-    for name, (draw, _) in drawn_figures(frame).items():
+    pngs, left_out = {}, {}
+    for name, (draw, _) in FIGURES.items():
+        why_not = not_applicable(name, frame)
+        if why_not is not None:
+            left_out[name] = why_not
+            for fmt in FORMATS:
+                (out_dir / f"{name}.{fmt}").unlink(missing_ok=True)
+            continue
         figure = draw(frame)
+        reason = plots.nothing_drawn(figure)
         for fmt in FORMATS:
-            figure.savefig(out_dir / f"{name}.{fmt}", dpi=PNG_DPI if fmt == "png" else "figure")
-        pngs[name] = out_dir / f"{name}.png"
-    (out_dir / "report.md").write_text(markdown(frame, sources=sources))
+            path = out_dir / f"{name}.{fmt}"
+            if reason is None:
+                figure.savefig(path, dpi=PNG_DPI if fmt == "png" else "figure")
+            else:
+                path.unlink(missing_ok=True)
+        if reason is None:
+            pngs[name] = out_dir / f"{name}.png"
+        else:
+            left_out[name] = reason
+    text = markdown(frame, sources=sources, unreadable=unreadable, left_out=left_out)
+    (out_dir / "report.md").write_text(text)
     return pngs
 
 
+def not_applicable(name: str, frame: pd.DataFrame) -> str | None:
+    """Why these results cannot fill figure `name` (its WHEN condition), or None."""
+    condition = WHEN.get(name)
+    return None if condition is None else condition(frame)
+
+
 def drawn_figures(frame: pd.DataFrame) -> dict[str, tuple[Callable[[pd.DataFrame], Figure], str]]:
-    """The FIGURES these results fill (all but those whose WHEN condition fails)."""
-    return {name: spec for name, spec in FIGURES.items() if WHEN.get(name, _always)(frame)}
+    """The FIGURES whose WHEN condition these results meet."""
+    return {name: spec for name, spec in FIGURES.items() if not_applicable(name, frame) is None}
 
 
-def _always(frame: pd.DataFrame) -> bool:
-    return True
-
-
-def markdown(frame: pd.DataFrame, *, sources: Iterable[str] = ()) -> str:
-    """report.md: provenance, every table that has data, then every figure with its caption."""
+def markdown(
+    frame: pd.DataFrame,
+    *,
+    sources: Iterable[str] = (),
+    unreadable: Sequence[Unreadable] = (),
+    left_out: dict[str, str] | None = None,
+) -> str:
+    """report.md: provenance, unreadable records, every table that has data, then every figure
+    with its caption, and the figures left out (`left_out`: name -> why; by default those whose
+    WHEN condition fails) with their reasons."""
     sources = list(sources) or sorted(set(frame["source"].dropna()))
+    if left_out is None:
+        left_out = {n: r for n in FIGURES if (r := not_applicable(n, frame)) is not None}
     parts = [
         "# attnbench report",
         "",
@@ -117,8 +161,20 @@ def markdown(frame: pd.DataFrame, *, sources: Iterable[str] = ()) -> str:
         *tables.provenance(frame),
         "",
     ]
+    if unreadable:
+        parts += [
+            "## Unreadable records",
+            "",
+            f"{len(unreadable)} result.json file(s) could not be read and are not in this "
+            "report; re-running their sweep measures those configurations again.",
+            "",
+            *(f"- `{bad.path}`: {bad.reason}" for bad in unreadable),
+            "",
+        ]
     parts += [markdown_tables(frame), "## Figures", ""]
-    for name, (_, caption) in drawn_figures(frame).items():
+    for name, (_, caption) in FIGURES.items():
+        if name in left_out:
+            continue
         parts += [
             f"### {name}",
             "",
@@ -127,6 +183,10 @@ def markdown(frame: pd.DataFrame, *, sources: Iterable[str] = ()) -> str:
             f"{caption} ([SVG]({name}.svg))",
             "",
         ]
+    if left_out:
+        parts += ["### Not drawn", ""]
+        parts += [f"- {name}: {reason}" for name, reason in left_out.items()]
+        parts += [""]
     return "\n".join(parts)
 
 
@@ -168,19 +228,55 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not args.results and not args.wandb:
         parser.error("give RESULTS or --wandb ENTITY/PROJECT")
+    try:
+        frame, sources, unreadable = _load(args)
+    except (FileNotFoundError, ValueError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    for bad in unreadable:
+        print(f"warning: unreadable record {bad.path}: {bad.reason}", file=sys.stderr)
+    if frame.empty:
+        print(f"error: no readable records in {', '.join(sources)}", file=sys.stderr)
+        return 1
+    pngs = build_report(frame, args.out, sources=sources, unreadable=unreadable)
+    summary = tables.variant_summary(frame)
+    if summary is not None:
+        print(summary.markdown())
+    warned = tables.timing_warnings(frame)
+    if warned is not None:
+        print(f"warning: {len(warned.frame)} timing warning(s): see report.md", file=sys.stderr)
+    print(f"report: {args.out / 'report.md'} ({len(frame)} records, {len(pngs)} figures)")
+    return 0
+
+
+def _load(args: argparse.Namespace) -> tuple[pd.DataFrame, list[str], list[Unreadable]]:
+    """The records the arguments name, their sources, and the records that could not be read.
+
+    Raises FileNotFoundError (no results there) or ValueError (not a results file, no W&B
+    login) with a one-line message.
+    """
     frames, sources = [], [*args.results]
     if args.results:
         frames.append(load.load_results(args.results, offline_runs=args.offline_runs))
     if args.wandb:
-        frames.append(load.load_wandb(args.wandb, args.group))
+        frames.append(_load_wandb(args.wandb, args.group))
         sources.append(f"wandb:{args.wandb}" + (f" group {args.group}" if args.group else ""))
-    frame = load.tidy(pd.concat(frames, ignore_index=True))
-    build_report(frame, args.out, sources=sources)
-    summary = tables.variant_summary(frame)
-    if summary is not None:
-        print(summary.markdown())
-    print(f"report: {args.out / 'report.md'} ({len(frame)} records, {len(FIGURES)} figures)")
-    return 0
+    unreadable = [] if args.offline_runs else load.unreadable_records(args.results)
+    return load.tidy(pd.concat(frames, ignore_index=True)), sources, unreadable
+
+
+def _load_wandb(project: str, group: str | None) -> pd.DataFrame:
+    """`load.load_wandb`, with a failure to reach W&B (no login, no network) as a ValueError."""
+    try:
+        return load.load_wandb(project, group)
+    except FileNotFoundError:
+        raise
+    except Exception as error:  # wandb raises its own errors (UsageError, CommError, ...)
+        text = " ".join(str(error).split())
+        raise ValueError(
+            f"cannot read W&B project {project!r} ({type(error).__name__}: {text}); "
+            "run `wandb login` first, or set WANDB_API_KEY"
+        ) from error
 
 
 if __name__ == "__main__":

@@ -1,9 +1,11 @@
 """Which records make one curve, and what is drawn for it: mean and spread, or a failure.
 
-A series is a `variant` plus whichever context columns differ within the frame (block, depth,
-causal, ...): columns that are the same everywhere are left out of the label. Everything else
-that differs between a series' records at one x (seed, a repeated sweep) is spread: the mean is
-drawn with a band from the minimum to the maximum.
+A series is a `variant` plus whichever context columns differ within the frame: every resolved
+configuration key (block, depth, causal, threads, train.steps, ...; `context_columns`), so only
+records of identical configurations share a series. Columns that are the same everywhere are
+left out of the label. What may still differ between a series' records at one x is the seed,
+the sweep, the budget and how precisely it was measured (`measure.*`): that is spread, drawn as
+the mean with a band from the minimum to the maximum.
 """
 
 from __future__ import annotations
@@ -13,25 +15,9 @@ from collections.abc import Sequence
 import pandas as pd
 
 from analysis.load import format_value
+from experiments.record import config_keys
+from experiments.store import short_names
 
-# Columns that change what a measurement means; a series holds all of them fixed.
-CONTEXT = (
-    "causal",
-    "batch_size",
-    "d_model",
-    "n_heads",
-    "dtype",
-    "device",
-    "task",
-    "block",
-    "depth",
-    "seq_len",
-    "model.ff_mult",
-    "model.ff_chunks",
-    "model.shared_qk",
-    "model.token_shift",
-    "model.dropout",
-)
 REFERENCE = "full"  # exact attention: what crossovers are measured against
 # Each approximate variant's knobs: error is drawn against the first. The error should fall as
 # the first knob grows, except for the knobs in SMALLER_IS_FINER (a finer approximation when
@@ -57,6 +43,18 @@ def trained_quality(frame: pd.DataFrame, metric: str = "eval_accuracy") -> pd.Da
     return frame[keep]
 
 
+def context_columns(frame: pd.DataFrame) -> list[str]:
+    """The configuration columns that set series apart: every hashed config key of the frame
+    (`experiments.record.config_keys`: the model, block, task, training, threads, ...) but the
+    attention's own (in `variant`), the seed, and `measure.*`, which decides which quantities
+    are taken and for how long the clock runs, not the configuration they are taken of."""
+    return [
+        c
+        for c in config_keys(frame.columns, hashed_only=True)
+        if c not in ("attention", "seed") and not c.startswith(("attention.", "measure."))
+    ]
+
+
 def varying(frame: pd.DataFrame, columns: Sequence[str]) -> list[str]:
     """The `columns` of `frame` that take more than one value.
 
@@ -66,17 +64,19 @@ def varying(frame: pd.DataFrame, columns: Sequence[str]) -> list[str]:
 
 
 def with_series(
-    frame: pd.DataFrame, *, x: str | None = None, context: Sequence[str] = CONTEXT
+    frame: pd.DataFrame, *, x: str | None = None, context: Sequence[str] | None = None
 ) -> tuple[pd.DataFrame, list[str]]:
     """`frame` with a `series` label column, and the columns that define a series.
 
-    The series columns are `variant` and the context columns (except the x-axis `x`) that vary
-    in the frame, leaving out those that move with x alone (a curriculum's batch size, which
-    keeps the tokens per step as seq_len grows). A label names the variant, then `name=value`
-    for those of them that vary among that variant's rows, e.g. "full block=reversible" (so
-    "lsh" when only exact attention was swept over blocks). When some variants ran causal and
-    others not, the bidirectional ones say so: "linformer (bidirectional)".
+    The series columns are `variant` and the context columns (default `context_columns`;
+    except the x-axis `x`) that vary in the frame, leaving out those that move with x alone (a
+    curriculum's batch size, which keeps the tokens per step as seq_len grows). A label names
+    the variant, then `name=value` for those of them that vary among that variant's rows, e.g.
+    "full block=reversible" (so "lsh" when only exact attention was swept over blocks). When
+    some variants ran causal and others not, the bidirectional ones say so:
+    "linformer (bidirectional)".
     """
+    context = context_columns(frame) if context is None else context
     candidates = varying(frame, [c for c in context if c != x])
     keys = ["variant", *(c for c in candidates if not _moves_with(frame, c, x))]
     labelled = frame.copy()
@@ -98,6 +98,23 @@ def _moves_with(frame: pd.DataFrame, column: str, x: str | None) -> bool:
     known = frame[frame[column].notna() & frame[x].notna()]
     per_x = known.groupby(x)[column].agg(lambda v: v.map(format_value).nunique())
     return len(per_x) > 1 and bool((per_x <= 1).all())
+
+
+def key_values(labelled: pd.DataFrame, keys: Sequence[str]) -> pd.DataFrame:
+    """One row per series (indexed by its label): the attention, then a column per key that
+    varies in `labelled` (each varying `attention.*` option, then `keys[1:]`), named after its
+    last dot; blank where a key does not apply (another variant's option)."""
+    options = [
+        c
+        for c in labelled.columns
+        if c.startswith("attention.") and c != "attention.name" and c not in keys
+    ]
+    columns = ["attention", *varying(labelled, options), *keys[1:]]
+    columns = [c for c in dict.fromkeys(columns) if c in labelled]
+    first = labelled.drop_duplicates("series").set_index("series")[columns]
+    shown = first.map(lambda v: "" if v is None or (isinstance(v, float) and v != v) else v)
+    shown = shown.map(lambda v: format_value(v) if v != "" else v)
+    return shown.rename(columns={**short_names(columns), "attention": "variant"})
 
 
 def label(row: pd.Series, keys: Sequence[str]) -> str:

@@ -1,17 +1,42 @@
 """report.md's tables: each builder takes the results frame and returns a `Table`, or None when
-the results hold nothing for it (so a report shows only the tables its sweep can fill)."""
+the results hold nothing for it (so a report shows only the tables its sweep can fill).
+
+A row of configurations starts with `variant` and one column per key that varies in the
+results (`series.key_values`: the attention's varying options, then block, depth, threads, ...),
+so what was swept is always visible; a column with nothing to say (no fit, no reference, not
+measured) is left out rather than filled with dashes.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import pandas as pd
 
 from analysis import scaling, series
 from analysis.load import format_value
+from experiments.store import task_metrics
 
 MIB = 2**20
 TAIL = 3  # lengths of the asymptotic exponent
+EMPTY = ("", "—", "n/a")  # cells that say nothing
+# What a kernel's time depends on: records agreeing on all of these time the same kernel, so
+# their times must agree (a different block, depth or task cannot matter to the kernel alone).
+KERNEL_INPUTS = (
+    "seq_len",
+    "batch_size",
+    "n_heads",
+    "d_model",
+    "causal",
+    "dtype",
+    "device",
+    "threads",
+    "shared_qk",
+    "hostname",
+    "sweep",
+)
+KERNEL_DISAGREEMENT = 3.0  # a kernel time this many times the same kernel's fastest is flagged
 
 
 @dataclass(frozen=True)
@@ -34,7 +59,8 @@ class Table:
 
 
 def variant_summary(frame: pd.DataFrame) -> Table | None:
-    """Per series: exponents, crossover against exact attention, reach, memory and error."""
+    """Per series: exponents, crossover against exact attention, reach, kernel time, memory and
+    error at the longest length every series reached. Columns without a value are left out."""
     labelled, keys = series.with_series(frame, x="seq_len")
     if labelled.empty:
         return None
@@ -42,48 +68,71 @@ def variant_summary(frame: pd.DataFrame) -> Table | None:
         name: scaling.scaling_fits(labelled, keys, metric, tail=TAIL)
         for name, metric in scaling.TIME_METRICS.items()
     }
-    memory_at = scaling.longest_common_length(labelled, "peak_memory_bytes")
-    error_at = scaling.longest_common_length(labelled, "approx_rel_error")
-    memory = series.mean_spread(labelled, "seq_len", "peak_memory_bytes")
-    error = series.mean_spread(labelled, "seq_len", "approx_rel_error")
+    at = {
+        metric: (
+            scaling.longest_common_length(labelled, metric),
+            series.mean_spread(labelled, "seq_len", metric),
+        )
+        for metric in ("attn_fwd_ms", "attn_fwd_bwd_ms", "peak_memory_bytes", "approx_rel_error")
+    }
+    several_lengths = labelled["seq_len"].dropna().nunique() > 1
     rows = []
     for name in series.series_order(labelled):
         mine = labelled[labelled["series"] == name]
         fwd, fwd_bwd = fits["fwd"][name], fits["fwd+bwd"][name]
-        rows.append(
-            {
-                "variant": name,
-                "α fwd": str(fwd.power_law),
-                "α fwd+bwd": str(fwd_bwd.power_law),
-                f"α fwd+bwd, longest {TAIL} L": str(fwd_bwd.tail_power_law),
-                "L* fwd": _crossover(fwd, name),
-                "L* fwd+bwd": _crossover(fwd_bwd, name),
-                "longest L ok": _longest_ok(mine),
-                "failed at": _first_failures(mine),
-                f"peak memory @ L={_length(memory_at)} (MiB)": _value_at(
-                    memory, name, memory_at, MIB
-                ),
-                f"rel. error @ L={_length(error_at)}": _value_at(error, name, error_at, 1, ".3g"),
-            }
+        row = {
+            "series": name,
+            "α fwd": str(fwd.power_law),
+            "α fwd+bwd": str(fwd_bwd.power_law),
+            f"α fwd+bwd, longest {TAIL} L": str(fwd_bwd.tail_power_law),
+            "L* fwd": _crossover(fwd, name),
+            "L* fwd+bwd": _crossover(fwd_bwd, name),
+        }
+        if several_lengths:
+            row["longest L ok"] = _longest_ok(mine)
+        row["failed at"] = _first_failures(mine)
+        for metric, title, scale, spec in (
+            ("attn_fwd_ms", "fwd (ms)", 1, ".3g"),
+            ("attn_fwd_bwd_ms", "fwd+bwd (ms)", 1, ".3g"),
+            ("peak_memory_bytes", "peak memory (MiB)", MIB, ".1f"),
+            ("approx_rel_error", "rel. error", 1, ".3g"),
+        ):
+            length, stats = at[metric]
+            if length is not None:
+                row[f"{title} @ L={_length(length)}"] = _value_at(stats, name, length, scale, spec)
+        rows.append(row)
+    table = _informative(_with_keys(rows, labelled, keys), also_empty=("reference",))
+    notes = []
+    if any(c.startswith("α") for c in table):
+        notes.append(
+            "α: least-squares slope of log(kernel time) against log(seq_len), over the mean per "
+            f"length (all lengths, and the {TAIL} longest: the asymptotic regime)."
         )
-    note = (
-        "α: least-squares slope of log(kernel time) against log(seq_len), over the mean per "
-        f"length (all lengths, and the {TAIL} longest: the asymptotic regime). L*: the length "
-        "above which the variant's kernel is faster than exact attention (SDPA, same context), "
-        "the log time ratio interpolated linearly in log L between measured lengths; "
-        "≤x: faster at every measured length; >x: still slower at the longest; "
-        "(exact oom): exact attention failed there. Memory and error at the longest length "
-        "every measured series reached."
-    )
-    return Table("Per variant", pd.DataFrame(rows), note)
+    if any(c.startswith("L*") for c in table):
+        notes.append(
+            "L*: the length above which the variant's kernel is faster than exact attention "
+            "(SDPA, same context), the log time ratio interpolated linearly in log L between "
+            "measured lengths; ≤x: faster at every measured length; >x: still slower at the "
+            "longest; (exact oom): exact attention failed there."
+        )
+    if any(" @ L=" in c for c in table):
+        notes.append(
+            "@ L: at the longest length every series measuring that column reached; kernel "
+            "times are medians of the kernel alone."
+        )
+    return Table("Per variant", table, " ".join(notes))
 
 
 def depth_table(frame: pd.DataFrame) -> Table | None:
-    """Peak memory and step time per block type and depth, when depth was swept."""
-    labelled, _ = series.with_series(frame, x="depth")
+    """Peak memory and step time per block type and depth, for the series measured at two depths
+    or more (as the depth figure)."""
+    labelled, keys = series.with_series(frame, x="depth")
     ok = labelled[(labelled["status"] == "ok") & labelled["depth"].notna()]
     if ok["depth"].nunique() < 2:
         return None
+    depths_per_series = labelled.groupby("series")["depth"].nunique()
+    swept = labelled["series"].isin(depths_per_series[depths_per_series > 1].index)
+    labelled, keys = series.with_series(frame[swept], x="depth")  # keys of these series only
     memory = series.mean_spread(labelled, "depth", "peak_memory_bytes")
     step = series.mean_spread(labelled, "depth", "step_ms")
     failed = series.failures(labelled, "depth")
@@ -95,12 +144,12 @@ def depth_table(frame: pd.DataFrame) -> Table | None:
             row[f"depth {format_value(d)}"] = _depth_cell(name, d, memory, step, failed)
         rows.append(row)
     note = "Each cell: peak memory of one training step (MiB) / its time (ms), mean over seeds."
-    return Table("Memory and time vs depth", pd.DataFrame(rows), note)
+    return Table("Memory and time vs depth", _with_keys(rows, labelled, keys), note)
 
 
 def failures(frame: pd.DataFrame) -> Table | None:
     """Every configuration that did not end ok, grouped by variant, status and reason."""
-    labelled, _ = series.with_series(frame, x="seq_len")
+    labelled, keys = series.with_series(frame, x="seq_len")
     failed = labelled[labelled["status"] != "ok"]
     if failed.empty:
         return None
@@ -111,7 +160,7 @@ def failures(frame: pd.DataFrame) -> Table | None:
     ):
         rows.append(
             {
-                "variant": name,
+                "series": name,
                 "status": status,
                 "seq_len": ", ".join(
                     _length(v) for v in sorted(group["seq_len"].dropna().unique())
@@ -120,7 +169,9 @@ def failures(frame: pd.DataFrame) -> Table | None:
                 "reason": reason[:160] + ("…" if len(reason) > 160 else ""),
             }
         )
-    return Table("Not measured (oom, timeout, skipped, error, diverged)", pd.DataFrame(rows))
+    return Table(
+        "Not measured (oom, timeout, skipped, error, diverged)", _with_keys(rows, labelled, keys)
+    )
 
 
 def cross_evaluation(frame: pd.DataFrame) -> Table | None:
@@ -184,29 +235,44 @@ def quality(frame: pd.DataFrame) -> Table | None:
     trained = trained[trained[metrics[0]].notna()]
     if trained["seq_len"].nunique() > 1:
         return None  # one row per length and series: `quality_by_length`
-    labelled, _ = series.with_series(trained)
-    if "train_as" in labelled and labelled["train_as"].notna().all():
+    labelled, keys = series.with_series(trained)
+    own_names = "train_as" in labelled and labelled["train_as"].notna().all()
+    if own_names:
         labelled["series"] = labelled["train_as"]  # the preset's own row names
+    evaluations = [  # the task's metrics with other kernels (`eval.attention`), when recorded
+        m for m in task_metrics(labelled.columns) if "@" in m and labelled[m].notna().any()
+    ]
     costs = [c for c in COST if c in labelled and labelled[c].notna().any()]
-    means = labelled.groupby("series", sort=False)[metrics + costs].mean()
+    means = labelled.groupby("series", sort=False)[metrics + evaluations + costs].mean()
     means = means.loc[series.series_order(labelled)]
     primary, base = metrics[0], means.index[0]
     relative = (means[primary] / means.loc[base, primary] - 1) * 100
     rows = []
     for name, values in means.iterrows():
-        row = {"configuration": name, "seeds": int((labelled["series"] == name).sum())}
-        for m in metrics:
-            row[QUALITY[m]] = _format_metric(m, values[m])
+        row = {"series": name, "seeds": int((labelled["series"] == name).sum())}
+        for m in metrics + evaluations:
+            row[_metric_title(m)] = _format_metric(m, values[m])
         row[f"Δ {QUALITY[primary]} vs {base}"] = "—" if name == base else f"{relative[name]:+.1f} %"
         for c in costs:
             row[COST[c]] = _format_cost(c, values[c])
         rows.append(row)
     note = (
         f"Final evaluation after training, mean over seeds; Δ: relative difference of "
-        f"{QUALITY[primary]} from the first row ({base}). Step time and peak memory are of one "
-        "training step at the trained size (blank when the preset does not measure them)."
+        f"{QUALITY[primary]} from the first row ({base}). `@label`: evaluated with that kernel "
+        "instead of the trained one. Step time and peak memory are of one training step at the "
+        "trained size (blank when the preset does not measure them)."
     )
-    return Table("Quality and cost after training", pd.DataFrame(rows), note)
+    table = (
+        pd.DataFrame(rows).rename(columns={"series": "configuration"})
+        if own_names
+        else _with_keys(rows, labelled, keys)
+    )
+    return Table("Quality and cost after training", table, note)
+
+
+def _metric_title(metric: str) -> str:
+    name, _, label = metric.partition("@")
+    return QUALITY[name] + (f" @{label}" if label else "")
 
 
 # The trained quality metrics a length sweep reports, the first present being the one shown,
@@ -342,7 +408,8 @@ def error_by_knob(frame: pd.DataFrame) -> Table | None:
 def _format_metric(metric: str, value: float) -> str:
     if pd.isna(value):
         return ""
-    return f"{value * 100:.1f}" if metric == "eval_accuracy" else f"{value:.4f}"
+    name = metric.split("@", 1)[0]
+    return f"{value * 100:.1f}" if name == "eval_accuracy" else f"{value:.4f}"
 
 
 def _format_cost(column: str, value: float) -> str:
@@ -367,6 +434,67 @@ def provenance(frame: pd.DataFrame) -> list[str]:
     if len(stamps):
         lines.append(f"- measured: {stamps.min()} … {stamps.max()}")
     return lines
+
+
+def timing_warnings(frame: pd.DataFrame) -> Table | None:
+    """Timings not to take at face value: a figure whose blocks spread widely (the record's
+    `timing_warning`), and a kernel time that disagrees with the same kernel elsewhere in the
+    sweep (same attention, options and shape, another block or depth: the kernel alone is timed,
+    so its time cannot depend on them) by more than KERNEL_DISAGREEMENT×."""
+    labelled, keys = series.with_series(frame)
+    ok = labelled[labelled["status"] == "ok"]
+    rows = []
+    if "timing_warning" in ok:
+        for _, rec in ok[ok["timing_warning"].notna()].iterrows():
+            rows.append(
+                {"series": rec["series"], "job": rec["job"], "warning": rec["timing_warning"]}
+            )
+    options = sorted(c for c in ok.columns if c.startswith("attention."))
+    inputs = [c for c in ("attention", *options, *KERNEL_INPUTS) if c in ok]
+    for metric in scaling.TIME_METRICS.values():
+        timed = ok[ok[metric].notna()]
+        if timed.empty:
+            continue
+        same_kernel = timed[inputs].map(format_value).apply(tuple, axis=1)
+        for _, group in timed.groupby(same_kernel, sort=False):
+            fastest = group.loc[group[metric].idxmin()]
+            for _, rec in group.iterrows():
+                ratio = rec[metric] / fastest[metric]
+                if ratio > KERNEL_DISAGREEMENT:
+                    rows.append(
+                        {
+                            "series": rec["series"],
+                            "job": rec["job"],
+                            "warning": (
+                                f"{metric} {rec[metric]:.3g} is {ratio:.0f}× the "
+                                f"{fastest[metric]:.3g} of the same kernel in job "
+                                f"{fastest['job']} ({fastest['series']})"
+                            ),
+                        }
+                    )
+    if not rows:
+        return None
+    note = (
+        "Treat these figures with care: re-measure them (delete the record and re-run the sweep) "
+        "on a quieter machine."
+    )
+    return Table("Timing warnings", _with_keys(rows, labelled, keys), note)
+
+
+def _with_keys(rows: list[dict], labelled: pd.DataFrame, keys: Sequence[str]) -> pd.DataFrame:
+    """`rows` (each with its `series` label) with the label replaced by the series' key
+    columns (`series.key_values`): variant, then each key that varies."""
+    table = pd.DataFrame(rows)
+    if table.empty:
+        return table
+    described = series.key_values(labelled, keys).loc[table["series"]].reset_index(drop=True)
+    return pd.concat([described, table.drop(columns="series")], axis=1)
+
+
+def _informative(table: pd.DataFrame, also_empty: Sequence[str] = ()) -> pd.DataFrame:
+    """`table` without the columns whose every cell says nothing (blank, —, n/a, `also_empty`)."""
+    empty = (*EMPTY, *also_empty)
+    return table[[c for c in table if not table[c].map(lambda v: str(v) in empty).all()]]
 
 
 def _crossover(f: scaling.SeriesFit, name: str) -> str:

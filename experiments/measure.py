@@ -21,7 +21,7 @@ from experiments import curriculum, reference_model
 from experiments.memory import peak_memory_bytes, peak_rss_bytes
 from experiments.precision import FLOAT32, Precision
 from experiments.tasks import Task, build_task
-from experiments.timing import matmul_gflops_per_s, time_ms
+from experiments.timing import Timing, matmul_gflops_per_s, spread_warnings, time_call
 from experiments.train import evaluate, masked_loss_and_hits, train
 from variants.attention.base import FWD_BWD_FLOP_FACTOR, Attention
 from variants.checks import require_non_negative_int, require_positive_int
@@ -36,6 +36,14 @@ def resolve_device(name: str) -> torch.device:
     if name == "cuda" and not torch.cuda.is_available():
         raise ValueError("option 'device'=cuda but torch sees no CUDA device")
     return torch.device(name)
+
+
+def resolve_shared_qk(config: dict[str, Any]) -> bool:
+    """`model.shared_qk`, null resolved: as the attention variant requires."""
+    shared_qk = config["model"]["shared_qk"]
+    if shared_qk is None:
+        return variants.attention_spec(config["attention"]["name"]).shared_qk_required
+    return shared_qk
 
 
 def build_model(config: dict[str, Any], vocab_size: int) -> torch.nn.Module:
@@ -206,9 +214,11 @@ def measure(
 
     timing = {"min_run_time_s": m_cfg["min_run_time_s"], "warmup": m_cfg["warmup"]}
     shape = (batch_size, n_heads, seq_len, head_dim)
+    timings: dict[str, Timing] = {}
     if m_cfg["kernel"]:
         with precision.autocast():
-            columns.update(_kernel_timings(kernel, shape, device, dtype, timing))
+            timings.update(_kernel_timings(kernel, shape, device, dtype, timing))
+        columns.update(_timing_columns(timings))
         fwd_flops = kernel.flops(batch_size, n_heads, seq_len, head_dim)
         columns["attn_fwd_flops"] = fwd_flops
         columns["attn_fwd_bwd_flops"] = int(fwd_flops * FWD_BWD_FLOP_FACTOR)
@@ -222,7 +232,10 @@ def measure(
 
     step = _training_step(model, task, device, precision)
     if m_cfg["step"]:
-        columns["step_ms"], columns["step_iqr_ms"] = time_ms(step, device, **timing)
+        timings["step_ms"] = time_call(step, device, **timing)
+        columns.update(_timing_columns({"step_ms": timings["step_ms"]}))
+    # A figure whose blocks spread widely is flagged, not silently recorded as a fact.
+    columns["timing_warning"] = spread_warnings(timings)
     if m_cfg["memory"]:
         step()  # optimiser state exists before the measured step, as in steady-state training
         columns["peak_memory_bytes"] = peak_memory_bytes(step, device)
@@ -314,11 +327,11 @@ def evaluate_with_kernel(
     return columns
 
 
-def _kernel_timings(kernel, shape, device, dtype, timing) -> dict[str, float]:
+def _kernel_timings(kernel, shape, device, dtype, timing) -> dict[str, Timing]:
     """Forward (no grad) and forward+backward times of the kernel alone on random q, k, v."""
     q, k, v = (torch.randn(shape, device=device, dtype=dtype) for _ in range(3))
     with torch.no_grad():
-        fwd_ms, fwd_iqr = time_ms(lambda: kernel(q, k, v), device, **timing)
+        fwd = time_call(lambda: kernel(q, k, v), device, **timing)
     qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
     grad_out = torch.randn(shape, device=device, dtype=dtype)
 
@@ -328,13 +341,15 @@ def _kernel_timings(kernel, shape, device, dtype, timing) -> dict[str, float]:
         kernel.zero_grad(set_to_none=True)
         kernel(qg, kg, vg).backward(grad_out)
 
-    fwd_bwd_ms, fwd_bwd_iqr = time_ms(fwd_bwd, device, **timing)
-    return {
-        "attn_fwd_ms": fwd_ms,
-        "attn_fwd_iqr_ms": fwd_iqr,
-        "attn_fwd_bwd_ms": fwd_bwd_ms,
-        "attn_fwd_bwd_iqr_ms": fwd_bwd_iqr,
-    }
+    return {"attn_fwd_ms": fwd, "attn_fwd_bwd_ms": time_call(fwd_bwd, device, **timing)}
+
+
+def _timing_columns(timings: dict[str, Timing]) -> dict[str, float]:
+    """`<name>_ms` -> its median, and `<name>_iqr_ms` its interquartile range."""
+    columns = {}
+    for name, t in timings.items():
+        columns[name], columns[name.removesuffix("_ms") + "_iqr_ms"] = t.median_ms, t.iqr_ms
+    return columns
 
 
 def _training_step(model, task, device, precision: Precision = FLOAT32) -> Callable[[], None]:

@@ -1,13 +1,16 @@
-"""The Hydra app: `python -m experiments.run [overrides]` measures one configuration.
+"""The Hydra app: `attnbench [overrides]` (= `python -m experiments.run`) measures a configuration.
 
-One job = one configuration: build it (bad options -> `skipped` in a sweep, a one-line error and
-a non-zero exit in a single run), measure it under the memory and time budgets, and record it in
-`<job dir>/result.json` and a W&B run. Any failure becomes the record's `status`; in a sweep the
-job returns normally so every other job still runs.
+One job = one configuration: build it, measure it under the memory and time budgets, and record it
+in `<job dir>/result.json` and a W&B run. Any failure becomes the record's `status`: a combination
+the variant cannot do is `skipped`, an invalid option or any other exception is `error` (nothing
+is tracked in W&B for a job that measured nothing). A single run that did not end ok prints one
+line and exits 1; in a sweep the job returns normally so every other job still runs, and the
+multirun's end (experiments/sweep.py) prints the jobs that did not end ok and sets the exit code.
 """
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import logging
@@ -25,11 +28,19 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from experiments import budget, curriculum, measure, record, resolvers, store, tracking
+from experiments import budget, curriculum, measure, record, resolvers, store, sweep, tracking
 from experiments.train import Diverged
+from variants.checks import UnsupportedCombination
 
 log = logging.getLogger("attnbench")
 resolvers.register()
+
+
+def config_dir() -> Path:
+    """The Hydra configs: `conf/` of the checkout, which an install puts in `experiments/conf/`."""
+    here = Path(__file__).resolve().parent
+    installed = here / "conf"
+    return installed if (installed / "config.yaml").is_file() else here.parent / "conf"
 
 
 def run_job(
@@ -46,6 +57,7 @@ def run_job(
         if previous is not None:
             log.info("already recorded with status ok in %s; skipping", previous)
             return None
+        _say_if_unreadable(out_dir / "result.json")
 
     _displace_other_record(out_dir, digest)
     rec: dict[str, Any] = {
@@ -56,23 +68,30 @@ def run_job(
         "error": None,
         **record.config_columns(config),
     }
-    tracker = tracking.start_tracker(
-        config["logger"],
-        run_config=config,
-        group=config["sweep"],
-        job_type=f"{rec['attention']}-{rec['block']}",
-        name=f"{job}-{digest}",
-        tags=[rec["attention"], rec["block"], rec["task"]],
-        out_dir=out_dir,
-    )
+    tracker = tracking.Tracker()
     device = None
     started = time.perf_counter()
     try:
         built = measure.setup(config)
-        device = built.device
-    except ValueError as error:
-        rec.update(status="skipped", error=str(error))
+    except UnsupportedCombination as error:
+        rec.update(status="skipped", error=" ".join(str(error).split()))
+    except Exception as error:  # noqa: BLE001 — an invalid option, or a setup that broke
+        rec.update(status="error", error=_one_line(error))
+        if not isinstance(error, ValueError):
+            log.error("setup failed:\n%s", traceback.format_exc())
     else:
+        device = built.device
+        tracker = tracking.start_tracker(
+            config["logger"],
+            run_config=config,
+            group=config["sweep"],
+            job_type=f"{rec['attention']}-{rec['block']}",
+            name=f"{job}-{digest}",
+            tags=[rec["attention"], rec["block"], rec["task"]],
+            out_dir=out_dir,
+            run_id=tracking.run_id(config["sweep"], digest) if sweep_dir is not None else None,
+            replace_in=sweep_dir,
+        )
         try:
             with (
                 budget.time_limit(config["budget"]["max_seconds"]),
@@ -86,9 +105,10 @@ def run_job(
                         on_stage=_stage_recorder(config, rec, out_dir, tracker, started),
                     )
                 )
+        except KeyboardInterrupt:
+            tracker.discard()  # no record, so no run: a re-run measures it afresh
+            raise
         except BaseException as error:  # noqa: BLE001 — every failure becomes data
-            if isinstance(error, KeyboardInterrupt):
-                raise
             rec.update(status=_status_of(error), error=_one_line(error))
             if rec["status"] == "error":
                 log.error("job failed:\n%s", traceback.format_exc())
@@ -96,10 +116,20 @@ def run_job(
             del built
             gc.collect()
     rec["job_seconds"] = time.perf_counter() - started
+    if rec["status"] != "ok":  # as it would have run: `auto` and null resolved, as measured ones
+        rec["device"] = device.type if device is not None else _device_or_as_configured(config)
+        rec["threads"] = torch.get_num_threads()
+    rec["shared_qk"] = None  # model.shared_qk resolved (None: the variant is unknown)
+    with contextlib.suppress(ValueError):
+        rec["shared_qk"] = measure.resolve_shared_qk(config)
     rec.update(record.provenance(device))
     rec["offline_run_dir"] = None
     record.write_json_atomic(out_dir / "result.json", rec)
-    tracker.finish(rec, exit_code=0 if rec["status"] == "ok" else 1)
+    try:
+        tracker.finish(rec, exit_code=0 if rec["status"] == "ok" else 1)
+    except KeyboardInterrupt:
+        tracker.discard()
+        raise
     if tracker.run_dir is not None:
         rec["offline_run_dir"] = str(tracker.run_dir)
         record.write_json_atomic(out_dir / "result.json", rec)
@@ -122,6 +152,7 @@ def _stage_recorder(config, rec, out_dir: Path, tracker, started: float):
             "config_hash": record.config_hash(staged),
             **record.config_columns(staged),
             **columns,
+            "shared_qk": measure.resolve_shared_qk(config),
             "job_seconds": time.perf_counter() - started,
             **record.provenance(torch.device(columns["device"])),
             "offline_run_dir": None if tracker.run_dir is None else str(tracker.run_dir),
@@ -130,6 +161,24 @@ def _stage_recorder(config, rec, out_dir: Path, tracker, started: float):
         record.write_json_atomic(path, stage_rec)
 
     return write
+
+
+def _say_if_unreadable(path: Path) -> None:
+    """A job dir's record that cannot be read is measured again: say so, it is not silent."""
+    try:
+        json.loads(path.read_text())
+    except FileNotFoundError:
+        return
+    except (OSError, ValueError) as error:
+        log.warning("%s is unreadable (%s); measuring this configuration again", path, error)
+
+
+def _device_or_as_configured(config: dict[str, Any]) -> str:
+    """The device the job would have used (auto resolved), or the configured name if invalid."""
+    try:
+        return measure.resolve_device(config["device"]).type
+    except ValueError:
+        return str(config["device"])
 
 
 def _displace_other_record(out_dir: Path, digest: str) -> None:
@@ -180,8 +229,9 @@ def _one_line(error: BaseException) -> str:
     return f"{type(error).__name__}: {text}"[:500]
 
 
-@hydra.main(config_path="../conf", config_name="config", version_base="1.3")
-def main(cfg: DictConfig) -> None:
+@hydra.main(config_path=str(config_dir()), config_name="config", version_base="1.3")
+def app(cfg: DictConfig) -> None:
+    """One job: the resolved config measured and recorded (see `run_job`)."""
     hydra_cfg = HydraConfig.get()
     multirun = hydra_cfg.mode == RunMode.MULTIRUN
     out_dir = Path(hydra_cfg.runtime.output_dir)
@@ -194,12 +244,31 @@ def main(cfg: DictConfig) -> None:
     if rec is None:
         return
     print(store.format_records([rec]))
+    if rec["status"] != "ok" and multirun:  # the sweep's end lists it again, with the others
+        print(f"{rec['status']}: {rec['error']}")
     print(f"record: {out_dir / 'result.json'}")
     if rec.get("offline_run_dir"):
         print(f"W&B run: {rec['offline_run_dir']}")
     if rec["status"] != "ok" and not multirun:
         print(f"error: {rec['error']}", file=sys.stderr)
         sys.exit(1)
+
+
+def main() -> None:
+    """The `attnbench` command: the Hydra app, then how a multirun ended (experiments/sweep.py).
+
+    Exit codes: 0 done; 1 a single run did not end ok, or a job of a multirun ended in a status
+    of `fail_on` (default: error); 130 interrupted (Ctrl-C), after gathering what finished.
+    """
+    try:
+        app()
+        code = sweep.finish()
+    except KeyboardInterrupt:
+        try:
+            code = sweep.interrupted()
+        except KeyboardInterrupt:  # a second Ctrl-C: stop now
+            code = sweep.INTERRUPTED
+    sys.exit(code)
 
 
 if __name__ == "__main__":

@@ -5,7 +5,8 @@ Layout of a sweep dir (Hydra's `hydra.sweep.dir`):
     <sweep>/results.csv             every record of the sweep, one row per configuration
     <sweep>/results.parquet         the same, typed
 A configuration is identified by `config_hash`; if it was measured more than once (a re-run of a
-failed job), the newest record wins, so no configuration appears twice.
+failed job), the newest record wins, so no configuration appears twice. The store is rewritten as
+each job ends and at the end of the multirun, so a killed sweep keeps what finished.
 """
 
 from __future__ import annotations
@@ -13,21 +14,24 @@ from __future__ import annotations
 import json
 import logging
 import math
+import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 from hydra.experimental.callback import Callback
+from hydra.types import RunMode
 from omegaconf import DictConfig
+
+from experiments.record import config_keys, write_atomic
 
 log = logging.getLogger("attnbench")
 
-SUMMARY_COLUMNS = (
-    "attention",
-    "block",
-    "seq_len",
-    "depth",
-    "status",
+# The printed table: these keys always (a single run's too), then every other key that varies.
+HEADLINE_KEYS = ("attention", "block", "seq_len", "depth")
+# Then these measurements when any record has them, and the task's metrics.
+SUMMARY_MEASUREMENTS = (
     "attn_fwd_ms",
     "attn_fwd_bwd_ms",
     "step_ms",
@@ -36,16 +40,40 @@ SUMMARY_COLUMNS = (
     "train_loss",
     "eval_loss",
 )
+TASK_METRICS = ("eval_accuracy", "eval_bits_per_byte")  # and their `@<label>` evaluations
+
+
+@dataclass(frozen=True)
+class Unreadable:
+    """A `result.json` that could not be read, and why."""
+
+    path: Path
+    reason: str
+
+
+def read_records(
+    sweep_dir: Path, *, since: float | None = None
+) -> tuple[list[dict[str, Any]], list[Unreadable]]:
+    """Every readable `result.json` below `sweep_dir`, and the unreadable ones.
+
+    `since` (a time.time()): only the files written at or after it, e.g. this multirun's jobs.
+    """
+    records, unreadable = [], []
+    for path in sorted(Path(sweep_dir).glob("**/result.json")):
+        try:
+            if since is not None and path.stat().st_mtime < since:
+                continue
+            records.append(json.loads(path.read_text()))
+        except (OSError, json.JSONDecodeError) as error:
+            unreadable.append(Unreadable(path, " ".join(str(error).split())))
+    return records, unreadable
 
 
 def iter_records(sweep_dir: Path) -> list[dict[str, Any]]:
     """Every readable `result.json` below `sweep_dir` (unreadable ones are reported, not fatal)."""
-    records = []
-    for path in sorted(Path(sweep_dir).glob("**/result.json")):
-        try:
-            records.append(json.loads(path.read_text()))
-        except (OSError, json.JSONDecodeError) as error:
-            log.warning("unreadable record %s: %s", path, error)
+    records, unreadable = read_records(sweep_dir)
+    for bad in unreadable:
+        log.warning("unreadable record %s: %s", bad.path, bad.reason)
     return records
 
 
@@ -63,27 +91,32 @@ def find_ok_record(sweep_dir: Path, config_hash: str) -> Path | None:
 
 def gather(sweep_dir: Path) -> pd.DataFrame:
     """All records of a sweep as a DataFrame, one row per configuration (newest record wins)."""
-    frame = pd.DataFrame(iter_records(sweep_dir))
+    frame = pd.DataFrame(read_records(sweep_dir)[0])  # the callers report unreadable ones
     if frame.empty:
         return frame
     frame = frame.sort_values("timestamp").drop_duplicates("config_hash", keep="last")
     return frame.sort_values(["attention", "block", "seq_len"]).reset_index(drop=True)
 
 
-def write_results(sweep_dir: Path) -> pd.DataFrame:
-    """Gather a sweep into `results.csv` and `results.parquet` in `sweep_dir`; returns the frame."""
+def write_results(sweep_dir: Path, *, quiet: bool = False) -> pd.DataFrame:
+    """Gather a sweep into `results.csv` and `results.parquet` in `sweep_dir`; returns the frame.
+
+    Each file is replaced whole (written aside, then renamed), so a reader, or a parallel job
+    gathering at the same moment, never sees half a file.
+    """
     sweep_dir = Path(sweep_dir)
     frame = gather(sweep_dir)
     if frame.empty:
-        log.warning("no records found in %s", sweep_dir)
+        if not quiet:
+            log.warning("no records found in %s", sweep_dir)
         return frame
-    frame.to_csv(sweep_dir / "results.csv", index=False)
+    write_atomic(sweep_dir / "results.csv", lambda path: frame.to_csv(path, index=False))
     # Parquet wants one type per column; config columns can mix (e.g. stride 'auto' or 64).
     typed = frame.copy()
     for column in typed.columns:
         if typed[column].dtype == object:
             typed[column] = typed[column].map(_text_or_none)
-    typed.to_parquet(sweep_dir / "results.parquet", index=False)
+    write_atomic(sweep_dir / "results.parquet", lambda path: typed.to_parquet(path, index=False))
     return frame
 
 
@@ -93,25 +126,79 @@ def _text_or_none(value: Any) -> str | None:
     return value if isinstance(value, str) else str(value)
 
 
-def format_records(records: list[dict[str, Any]] | pd.DataFrame) -> str:
-    """A compact text table of the headline columns."""
+def varying_keys(frame: pd.DataFrame) -> list[str]:
+    """The configuration keys (`record.config_keys`) that take more than one value in `frame`.
+
+    A missing value is not a value: a job that failed before it resolved `threads` does not
+    make threads vary.
+    """
+    return [
+        key
+        for key in config_keys(frame.columns)
+        if frame[key].dropna().map(_text_or_none).nunique() > 1
+    ]
+
+
+def task_metrics(columns) -> list[str]:
+    """The task's quality columns among `columns`: TASK_METRICS and their `@<label>` columns."""
+    return [c for c in columns if c in TASK_METRICS or c.split("@", 1)[0] in TASK_METRICS]
+
+
+def key_columns(frame: pd.DataFrame) -> list[str]:
+    """The columns that tell a sweep's rows apart: HEADLINE_KEYS present, then varying keys."""
+    headline = [k for k in HEADLINE_KEYS if k in frame]
+    return headline + [k for k in varying_keys(frame) if k not in headline]
+
+
+def short_names(columns: list[str]) -> dict[str, str]:
+    """Column -> the part after its last dot (`attention.n_hashes` -> `n_hashes`) when unique."""
+    tails = [c.rsplit(".", 1)[-1] for c in columns]
+    return {c: t if tails.count(t) == 1 else c for c, t in zip(columns, tails, strict=True)}
+
+
+def format_records(
+    records: list[dict[str, Any]] | pd.DataFrame, keys: list[str] | None = None
+) -> str:
+    """A compact text table: the keys that tell the rows apart, status, what was measured.
+
+    `keys` default to `key_columns` of the records themselves. Measurements are shown when any
+    record has one, then the task's metrics (`eval_accuracy`, `eval_bits_per_byte` and their
+    `@<label>` evaluations); peak memory in MiB.
+    """
     frame = pd.DataFrame(records)
-    columns = [c for c in SUMMARY_COLUMNS if c in frame.columns]
-    frame = frame[columns].copy()
+    keys = key_columns(frame) if keys is None else [k for k in keys if k in frame]
+    measured = [
+        c
+        for c in (*SUMMARY_MEASUREMENTS, *task_metrics(frame.columns))
+        if c in frame and frame[c].notna().any()
+    ]
+    frame = frame[[*keys, "status", *measured]].copy()
     if "peak_memory_bytes" in frame:
         frame["peak_memory_bytes"] = frame["peak_memory_bytes"].map(
             lambda b: f"{b / 2**20:.1f} MiB" if pd.notna(b) else ""
         )
         frame = frame.rename(columns={"peak_memory_bytes": "peak_memory"})
-    return frame.to_string(index=False, float_format=lambda x: f"{x:.4g}")
+    frame = frame.rename(columns=short_names(keys))
+    return frame.to_string(index=False, float_format=lambda x: f"{x:.4g}", na_rep="")
 
 
 class GatherResults(Callback):
-    """Hydra callback: at the end of a multirun, gather the sweep's records into the store."""
+    """Hydra callback: as each job ends and at the end of a multirun, gather the sweep's records
+    into the store; at the end, print them and any record that could not be read."""
+
+    def on_job_end(self, config: DictConfig, **kwargs: Any) -> None:
+        if config.hydra.get("mode") != RunMode.MULTIRUN:
+            return
+        try:
+            write_results(Path(config.hydra.sweep.dir), quiet=True)
+        except Exception as error:  # the end of the multirun gathers again
+            log.warning("results not gathered after this job: %s", error)
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         sweep_dir = Path(config.hydra.sweep.dir)
         frame = write_results(sweep_dir)
+        for bad in read_records(sweep_dir)[1]:
+            print(f"warning: unreadable record {bad.path}: {bad.reason}", file=sys.stderr)
         if frame.empty:
             return
         print(format_records(frame))

@@ -11,6 +11,13 @@ off altogether.
 An offline run is a folder `<dir>/wandb/offline-run-<time>-<id>/` whose `run-<id>.wandb` file is
 W&B's transaction log: every config, history, summary and exit record of the run. `wandb sync`
 uploads it later; `read_offline_run` reads it back here without any service or account.
+
+One run per configuration of a sweep, and one summary run per sweep, however often the sweep
+is re-run: their ids are derived from the sweep's name (and the configuration's hash), so a
+re-measured configuration *replaces* its offline run (the superseded folder is deleted before
+the new run starts) and *resumes* its online run (`resume="allow"`: the summary is the newest
+measurement's, the history holds every attempt's steps). A job interrupted by Ctrl-C discards
+its run.
 """
 
 from __future__ import annotations
@@ -20,6 +27,8 @@ import logging
 import math
 import os
 import pathlib
+import re
+import shutil
 import struct
 import zlib
 from collections.abc import Mapping, Sequence
@@ -54,13 +63,17 @@ class Tracker:
     def finish(self, record: dict, exit_code: int) -> None:
         """Store the job's record and close the run (nothing here)."""
 
+    def discard(self) -> None:
+        """Close the run of a job that will leave no record, and delete it if offline."""
+
 
 class _WandbTracker(Tracker):
     """One W&B run per job; a W&B error after start turns it into a no-op with a warning."""
 
-    def __init__(self, run: Any, scaling_metrics: Sequence[str]):
+    def __init__(self, run: Any, scaling_metrics: Sequence[str], offline: bool):
         self._run = run
         self._scaling_metrics = tuple(scaling_metrics)
+        self._offline = offline
         self.run_dir = pathlib.Path(run.settings.sync_dir)
 
     def log_step(self, metrics: dict[str, float], step: int) -> None:
@@ -71,8 +84,10 @@ class _WandbTracker(Tracker):
         self._guard(self._run.log, {**row, STEP_AXIS: step})
 
     def finish(self, record: dict, exit_code: int) -> None:
-        """Copy every non-None column of `record` into the run summary, then close the run.
+        """Copy every column of `record` into the run summary, then close the run.
 
+        None is written as null, which W&B keeps as "no value": it clears what an earlier
+        attempt of a resumed (online) run left there, e.g. its error.
         The cost columns named in `scaling_metrics` are also logged as one history row against
         `seq_len`, so that W&B charts grouped by sweep can draw them over sequence length.
         `exit_code != 0` marks the run failed. On return the run is complete on disk.
@@ -83,8 +98,18 @@ class _WandbTracker(Tracker):
         scaling = {k: record[k] for k in self._scaling_metrics if _is_number(record.get(k))}
         if scaling and _is_number(record.get(SCALING_AXIS)):
             self._guard(run.log, {SCALING_AXIS: record[SCALING_AXIS], **scaling})
-        self._guard(run.summary.update, {k: v for k, v in record.items() if v is not None})
+        self._guard(run.summary.update, dict(record))
         self._guard(_close, run, exit_code)
+
+    def discard(self) -> None:
+        """Close the run unfinished; offline, delete its folder, so no failed run is left beside
+        the one a re-run records (online, the re-run resumes this run by its id)."""
+        run, self._run = self._run, None
+        if run is not None:
+            self._guard(_close, run, 255)
+        if self._offline and self.run_dir is not None:
+            shutil.rmtree(self.run_dir, ignore_errors=True)
+            self.run_dir = None
 
     def _guard(self, call, *args, **kwargs) -> None:
         try:
@@ -103,18 +128,25 @@ def start_tracker(
     tags: Sequence[str],
     name: str,
     out_dir: pathlib.Path,
+    run_id: str | None = None,
+    replace_in: pathlib.Path | None = None,
 ) -> Tracker:
     """Start this job's W&B run as configured by `conf/logger/*.yaml`; a no-op tracker if off.
 
     `run_config` is the resolved job config (nested plain mapping); `group` is usually the sweep;
     the run is written under `logger.dir`, or `out_dir` when that is null. Several calls in one
     process (Hydra's basic launcher) each get their own run: a run still open is finished first.
+    With `run_id` (a sweep's job: `run_id(sweep, config_hash)`), offline runs of that id under
+    `logger.dir`, else `replace_in` (the sweep dir), are deleted first, and an online run of
+    that id is resumed.
     If W&B fails to start, one warning is logged and W&B stays off for the rest of the process.
     Raises ValueError for a mode W&B does not know.
     """
     mode = _mode(logger_cfg)
     if mode is None:
         return Tracker()
+    if run_id is not None and mode != "online":
+        remove_offline_runs(pathlib.Path(logger_cfg.get("dir") or replace_in or out_dir), run_id)
     run = _init_run(
         logger_cfg,
         mode,
@@ -124,6 +156,7 @@ def start_tracker(
         tags=tags,
         name=name,
         out_dir=out_dir,
+        run_id=run_id,
     )
     if run is None:
         return Tracker()
@@ -132,7 +165,25 @@ def start_tracker(
         _define_metrics(run, scaling_metrics)
     except Exception as error:  # charts lose their axes, the run is still fine
         log.warning("W&B define_metric failed: %s", _one_line(error))
-    return _WandbTracker(run, scaling_metrics)
+    return _WandbTracker(run, scaling_metrics, offline=mode != "online")
+
+
+def run_id(sweep: str, key: str) -> str:
+    """The W&B run id of `key` (a config hash, or "summary") in sweep `sweep`: the same at every
+    re-run of the sweep. W&B ids allow letters, digits, `-` and `_`."""
+    slug = re.sub(r"[^A-Za-z0-9_-]+", "-", str(sweep)).strip("-")[:48] or "sweep"
+    return f"{slug}-{key}"
+
+
+def remove_offline_runs(root: pathlib.Path, run_id: str) -> list[pathlib.Path]:
+    """Delete every offline run folder of `run_id` below `root` (a superseded measurement)."""
+    name = re.compile(rf"offline-run-\d{{8}}_\d{{6}}-{re.escape(run_id)}(-\d+)?")
+    removed = []
+    for path in pathlib.Path(root).rglob("offline-run-*") if pathlib.Path(root).is_dir() else ():
+        if path.is_dir() and name.fullmatch(path.name):
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    return removed
 
 
 def log_sweep_summary(
@@ -147,13 +198,17 @@ def log_sweep_summary(
 
     The run has job_type `sweep-summary` and the sweep's `group`; the table is under the key
     `records` (a file `files/<path>` of the run, `path` given in its summary), each figure under
-    `figures/<name>`. None if W&B is off.
+    `figures/<name>`. One summary run per sweep: a re-run replaces (offline) or resumes (online)
+    the last one. None if W&B is off.
     """
     import wandb
 
     mode = _mode(logger_cfg)
     if mode is None:
         return None
+    summary_id = run_id(group, "summary")
+    if mode != "online":
+        remove_offline_runs(pathlib.Path(logger_cfg.get("dir") or out_dir), summary_id)
     run = _init_run(
         logger_cfg,
         mode,
@@ -163,6 +218,7 @@ def log_sweep_summary(
         tags=[],
         name=f"{group}-summary",
         out_dir=out_dir,
+        run_id=summary_id,
     )
     if run is None:
         return None
@@ -193,7 +249,9 @@ def _mode(logger_cfg: Mapping | None) -> str | None:
     return None if mode == "disabled" else mode
 
 
-def _init_run(logger_cfg: Mapping, mode: str, *, config, group, job_type, tags, name, out_dir):
+def _init_run(
+    logger_cfg: Mapping, mode: str, *, config, group, job_type, tags, name, out_dir, run_id=None
+):
     """`wandb.init` with quiet, fast settings; None (and one warning) if W&B fails to start."""
     global _disabled_reason
     import wandb
@@ -211,6 +269,7 @@ def _init_run(logger_cfg: Mapping, mode: str, *, config, group, job_type, tags, 
             name=name,
             config=config,
             dir=str(run_dir),
+            **({"id": run_id, "resume": "allow"} if run_id else {}),
             settings=wandb.Settings(**_settings(logger_cfg)),
         )
     except Exception as error:  # any failure: record locally without W&B
@@ -324,7 +383,7 @@ def read_offline_run(run_dir: pathlib.Path) -> dict:
       config   -- the run config as logged (W&B's own `_wandb` key dropped);
       summary  -- the latest summary: every key ever set, last value wins; keys starting with `_`
                   (W&B's runtime bookkeeping) and null values are dropped -- W&B writes NaN as
-                  null, and `Tracker.finish` skips None, so "absent" means "no value";
+                  null, as `Tracker.finish` writes None, so "absent" means "no value";
       history  -- one dict per logged row, in order, without `_` keys (`_step`, `_runtime`, ...);
       group, job_type, tags, name, project, run_id -- the run's metadata;
       exit_code -- as passed to finish, or None if the run never finished (crashed, still open).

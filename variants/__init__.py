@@ -1,6 +1,7 @@
 """attnbench's registry of attention variants, block types and the small LM they build."""
 
 from variants.blocks import block_names, build_block
+from variants.checks import UnsupportedCombination
 from variants.model import TransformerLM
 from variants.registry import (
     AttentionSpec,
@@ -19,4 +20,5 @@ __all__ = [
     "block_names",
     "build_block",
     "TransformerLM",
+    "UnsupportedCombination",
 ]

@@ -2,6 +2,8 @@
 
 Every error is a `ValueError` whose message names the owner (a variant, block or model), the
 offending option and the constraint it broke, so a config typo is fixed from the message alone.
+Options that are each valid but that a variant cannot combine raise its subclass
+`UnsupportedCombination`.
 """
 
 from __future__ import annotations
@@ -9,6 +11,12 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+
+
+class UnsupportedCombination(ValueError):
+    """Valid options that this variant cannot combine, e.g. a causal Linformer or LSH without
+    shared QK: the runner records such a configuration as `skipped`, any other `ValueError` (an
+    invalid option) as `error`."""
 
 
 def require_positive_int(owner: str, option: str, value: Any) -> int:

@@ -14,6 +14,7 @@ from torch.utils.checkpoint import checkpoint
 
 from variants.attention.base import Attention, shared_qk_keys
 from variants.checks import (
+    UnsupportedCombination,
     require_bool,
     require_divisible,
     require_positive_int,
@@ -95,7 +96,7 @@ class SelfAttention(nn.Module):
         owner = "SelfAttention"
         spec = attention_spec(attention)  # ValueError listing the variants if unknown
         if spec.shared_qk_required and not self.shared_qk:
-            raise ValueError(
+            raise UnsupportedCombination(
                 f"{owner}: attention {attention!r} requires option 'shared_qk'=True "
                 f"(its keys are the normalised queries)"
             )

@@ -11,6 +11,8 @@ import inspect
 from dataclasses import dataclass
 from typing import Any
 
+from variants.checks import UnsupportedCombination
+
 _ATTENTION: dict[str, type] = {}
 
 # Options that describe the model the kernel lives in rather than the kernel itself. The layer
@@ -88,8 +90,9 @@ def build_attention(name: str, **options: Any):
     """Build attention variant `name` with `options`; returns an `nn.Module`.
 
     The module maps q, k, v of shape (batch, heads, seq_len, head_dim) to an output of the same
-    shape. Unknown names, unknown options and unsupported combinations (e.g. `causal=True` on a
-    variant that cannot be causal) raise `ValueError` naming the variant and the option.
+    shape. Unknown names and unknown options raise `ValueError` naming the variant and the option;
+    unsupported combinations (e.g. `causal=True` on a variant that cannot be causal) raise its
+    subclass `UnsupportedCombination`.
     """
     spec = attention_spec(name)
     unknown = sorted(set(options) - set(spec.defaults))
@@ -99,7 +102,7 @@ def build_attention(name: str, **options: Any):
             f"its options are: {', '.join(spec.defaults)}"
         )
     if options.get("causal", False) and not spec.causal_supported:
-        raise ValueError(
+        raise UnsupportedCombination(
             f"attention {name!r} does not support option causal=True: {spec.cls.causal_reason}"
         )
     return spec.cls(**options)

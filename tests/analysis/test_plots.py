@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pandas as pd
 import pytest
+from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.text import Text
 
 from analysis import load, plots, report, scaling, series, tables
 from tests.analysis.conftest import synthetic_records
@@ -62,14 +64,108 @@ def test_summary_table_reports_exponent_crossover_reach_and_failures(frame):
     assert table.loc["full", "failed at"] == "oom at 8,192"
     assert table.loc["linformer", "failed at"] == "skipped at 1,024"
     # Memory and error at the longest length both measured series reached.
-    assert table.loc["lsh", "peak memory @ L=4,096 (MiB)"] == "16.0"
+    assert table.loc["lsh", "peak memory (MiB) @ L=4,096"] == "16.0"
     assert table.loc["lsh", "rel. error @ L=4,096"] == "0.1"
+    assert table.loc["lsh", "fwd+bwd (ms) @ L=4,096"] == "123"  # 3 · 1e-2 · 4096, mean of seeds
     failures = tables.failures(frame).frame
     assert set(failures["status"]) == {"oom", "skipped"}
     assert tables.depth_table(frame) is None  # depth was not swept
 
 
-def test_every_figure_draws_for_results_without_any_measurement(frame):
+def test_every_figure_draws_for_results_without_any_measurement(frame, tmp_path):
     failed_only = frame[frame["status"] != "ok"]
     for name, (draw, _) in report.FIGURES.items():
-        assert isinstance(draw(failed_only), Figure), name
+        figure = draw(failed_only)
+        assert plots.nothing_drawn(figure), name  # so the report leaves it out
+        figure.savefig(tmp_path / f"{name}.png")  # and it still saves: no log axis of nothing
+
+
+def two_variants(*families: tuple[str, float]) -> pd.DataFrame:
+    """Synthetic scaling records: exact attention (1e-5·L²) and each (name, crossover length)
+    family costing 1e-5·L²·(crossover/L)^0.9·... so that it crosses exact attention there."""
+    records = []
+    for length in (256, 512, 1024, 2048, 4096):
+        for name, crossover in (("full", None), *families):
+            cost = 1e-5 * length**2 if crossover is None else 1e-5 * crossover * length
+            records.append(
+                {
+                    "status": "ok",
+                    "attention": name,
+                    "block": "residual",
+                    "task": "random_lm",
+                    "seq_len": length,
+                    "attn_fwd_ms": cost,
+                    "attn_fwd_bwd_ms": 3 * cost,
+                    "timestamp": "2026-01-01T00:00:00",
+                }
+            )
+    return load.tidy(pd.DataFrame(records))
+
+
+def test_crossover_labels_never_overlap():
+    figure = plots.time_vs_seq_len(two_variants(("blockwise", 1000.0), ("compressed", 1050.0)))
+    renderer = FigureCanvasAgg(figure).get_renderer()
+    figure.draw(renderer)  # lays the labels out
+    for ax in figure.axes:
+        labels = [t for t in ax.texts if t.get_text().startswith("L*≈")]
+        assert sorted(t.get_text() for t in labels) == ["L*≈1,000", "L*≈1,050"]
+        first, second = (Text.get_window_extent(t, renderer) for t in labels)  # not the arrow
+        assert not first.overlaps(second)
+
+
+def line_colors(figure: Figure) -> dict[str, tuple]:
+    lines = [line for ax in figure.axes[:1] for line in ax.get_lines() if line.get_label()]
+    return {line.get_label().split()[0]: line.get_color() for line in lines}
+
+
+def test_a_variant_keeps_its_colour_in_every_report():
+    one = line_colors(plots.time_vs_seq_len(two_variants(("compressed", 900.0), ("lsh", 1e3))))
+    two = line_colors(plots.time_vs_seq_len(two_variants(("lsh", 1e3), ("blockwise", 800.0))))
+    assert one["lsh"] == two["lsh"] == plots.variant_color("lsh")
+    assert len({one["full"], one["compressed"], one["lsh"], two["blockwise"]}) == 4
+    # A name the registry does not know (yet) gets a colour of its own name, every time.
+    assert plots.variant_color("not_registered_yet") == plots.variant_color("not_registered_yet")
+
+
+def test_block_types_have_their_own_line_styles():
+    records = [
+        {
+            "status": "ok",
+            "attention": "full",
+            "block": block,
+            "task": "random_lm",
+            "seq_len": 256,
+            "depth": depth,
+            "peak_memory_bytes": depth * 2**20,
+            "step_ms": 10.0 * depth,
+        }
+        for block in ("residual", "reversible", "checkpoint")
+        for depth in (1, 2, 4)
+    ]
+    figure = plots.depth(load.tidy(pd.DataFrame(records)))
+    styles = {line.get_label(): line.get_linestyle() for line in figure.axes[0].get_lines()}
+    assert styles == {
+        "full block=residual": "-",
+        "full block=reversible": "--",
+        "full block=checkpoint": ":",
+    }
+
+
+def test_error_vs_knob_is_left_out_when_no_knob_was_swept(frame):
+    assert "no variant's option was swept" in plots.nothing_drawn(plots.error_vs_knob(frame))
+    swept = frame.assign(**{"attention.n_hashes": frame["seed"] + 1})  # 1 and 2 hashes
+    assert plots.nothing_drawn(plots.error_vs_knob(swept)) is None
+
+
+def test_training_curve_legend_says_how_train_and_eval_are_drawn(frame):
+    at_256 = frame[(frame["seq_len"] == 256) & (frame["seed"] == 0)]
+    first = at_256.index[0]
+    curves = pd.DataFrame(
+        [(first, step, "train/loss", 5.0 - step / 10) for step in range(4)]
+        + [(first, 3, "eval/loss", 5.2)],  # evaluated once: one square, no dashes to see
+        columns=["row", "step", "metric", "value"],
+    )
+    figure = plots.training_curves(frame, curves=curves, seq_len=256)
+    legend = [t.get_text() for t in figure.axes[0].get_legend().get_texts()]
+    assert legend[-2:] == ["train loss (every step)", "eval loss"]
+    assert figure.axes[0].get_title() == "per step"

@@ -29,13 +29,15 @@ def test_cli_writes_every_figure_and_the_tables(tmp_path):
     result = run_report(str(FIXTURE), "--out", str(out))
     assert result.returncode == 0, result.stderr
     assert f"report: {out / 'report.md'}" in result.stdout
-    drawn = report.drawn_figures(load.load_results([FIXTURE]))
+    text = (out / "report.md").read_text()
+    drawn = [name for name in report.FIGURES if f"![{name}]({name}.png)" in text]
+    assert set(drawn) <= set(report.drawn_figures(load.load_results([FIXTURE])))
     assert "accuracy_vs_seq_len" not in drawn and "tradeoff" not in drawn  # no trained quality
+    assert "time_vs_seq_len" in drawn and "depth" in drawn
     for name in drawn:
         for fmt in report.FORMATS:
             path = out / f"{name}.{fmt}"
             assert path.stat().st_size > 1000, path
-    text = (out / "report.md").read_text()
     for heading in (
         "## Per variant",
         "## Memory and time vs depth",
@@ -43,13 +45,56 @@ def test_cli_writes_every_figure_and_the_tables(tmp_path):
         "## Figures",
     ):
         assert heading in text
-    assert "| variant | α fwd | α fwd+bwd |" in text
-    assert "| full impl=math | oom | 8,192 |" in text
+    # Every key that varies is a column: the variants' options, block, depth, training, ...
+    assert "| variant | impl | n_hashes | k | block | causal | depth |" in text
+    assert "| α fwd | α fwd+bwd |" in text and "| fwd+bwd (ms) @ L=512 |" in text
+    assert "| full | math |  |  | residual | True | 1 | 2 | 5 | oom | 8,192 | 1 |" in text
     assert "timeout at 4,096" in text
-    for name in drawn:
-        assert f"![{name}]({name}.png)" in text
+    assert "| variant | block | depth 1 | depth 2 | depth 4 |" in text
     assert "![tradeoff]" not in text
     assert "- sweeps: " in text and "45 records (37 ok, 4 skipped, 3 timeout, 1 oom)" in text
+
+
+def test_unreadable_records_are_listed_in_the_report_and_on_stderr(
+    small_sweep, capsys, monkeypatch
+):
+    monkeypatch.setattr(report, "FIGURES", {})  # the tables are what is checked here
+    broken = small_sweep / "99" / "result.json"
+    broken.parent.mkdir()
+    broken.write_text('{"status": "ok", "config_ha')
+    out = small_sweep / "report"
+    assert report.main([str(small_sweep), "--out", str(out)]) == 0
+    assert f"warning: unreadable record {broken}: " in capsys.readouterr().err
+    text = (out / "report.md").read_text()
+    assert "## Unreadable records" in text and f"- `{broken}`: " in text
+
+
+def test_a_figure_with_nothing_to_draw_is_left_out_and_named(small_sweep, monkeypatch):
+    monkeypatch.setattr(report, "FORMATS", ("png",))
+    two = {name: report.FIGURES[name] for name in ("time_vs_seq_len", "depth")}
+    monkeypatch.setattr(report, "FIGURES", two)
+    out = small_sweep / "report"
+    (out / "depth.png").parent.mkdir()
+    (out / "depth.png").write_bytes(b"an old figure")
+    report.main([str(small_sweep), "--out", str(out)])
+    text = (out / "report.md").read_text()
+    assert "![time_vs_seq_len](time_vs_seq_len.png)" in text
+    assert "![depth]" not in text and not (out / "depth.png").exists()
+    assert "- depth: depth was not swept in these results" in text.split("### Not drawn")[1]
+
+
+def test_cli_mistakes_get_one_line_and_exit_1(tmp_path, capsys, monkeypatch, wandb_home):
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.netrc: no W&B login
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    for args, words in (
+        ([str(tmp_path / "missing")], "no such file or directory"),
+        ([str(empty)], "no result.json, results.csv"),
+        (["--wandb", "someone/project"], "wandb login"),
+    ):
+        assert report.main([*args, "--out", str(tmp_path / "out")]) == 1
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and err.startswith("error: ") and words in err, err
 
 
 def test_cli_needs_results_or_wandb(tmp_path, capsys):

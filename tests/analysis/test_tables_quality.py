@@ -26,7 +26,7 @@ def test_rows_per_configuration_with_mean_over_seeds_and_difference_from_the_fir
     )
     table = tables.quality(frame)
     rows = table.frame.to_dict("records")
-    assert [r["configuration"] for r in rows] == ["full shared_qk=False", "full shared_qk=True"]
+    assert [(r["variant"], r["shared_qk"]) for r in rows] == [("full", "False"), ("full", "True")]
     assert [r["seeds"] for r in rows] == [2, 1]
     assert rows[0]["eval bits/byte"] == "2.1000" and rows[1]["eval bits/byte"] == "2.3100"
     delta = "Δ eval bits/byte vs full shared_qk=False"
@@ -59,18 +59,20 @@ def test_cost_only_sweeps_have_no_quality_table():
 
 
 def test_a_series_with_no_measurement_has_no_crossover_rather_than_being_the_reference():
-    # A skipped job keeps the configured device ("auto"), so no exact series shares its context.
+    # Records from before skipped jobs resolved their device keep the configured "auto", so no
+    # exact series shares their context.
     rows = [
         {
             "status": "ok",
-            "attention": "full",
+            "attention": attention,
             "task": "random_lm",
             "seq_len": n,
             "device": "cpu",
-            "attn_fwd_ms": n / 100,
-            "attn_fwd_bwd_ms": n / 50,
+            "attn_fwd_ms": n / scale,
+            "attn_fwd_bwd_ms": 2 * n / scale,
         }
         for n in (256, 512)
+        for attention, scale in (("full", 100), ("lsh", 200))
     ]
     rows += [
         {
@@ -85,4 +87,40 @@ def test_a_series_with_no_measurement_has_no_crossover_rather_than_being_the_ref
     ]
     table = tables.variant_summary(load.tidy(pd.DataFrame(rows))).frame.set_index("variant")
     assert table.loc["full", "L* fwd"] == "reference"
+    assert table.loc["lsh", "L* fwd"] == "≤256"
     assert table.loc["linformer", "L* fwd"] == "—"
+
+
+def test_summary_leaves_out_columns_with_nothing_to_say_and_shows_the_swept_knobs():
+    # The lsh preset: one length, no exact attention, no memory: no α, L* or memory columns.
+    rows = [
+        {
+            "status": "ok",
+            "attention": "lsh",
+            "task": "random_lm",
+            "seq_len": 4096,
+            "attention.n_hashes": n_hashes,
+            "attention.bucket_size": bucket,
+            "attn_fwd_ms": n_hashes * 10.0,
+            "attn_fwd_bwd_ms": n_hashes * 30.0,
+            "approx_rel_error": 1 / n_hashes,
+        }
+        for n_hashes in (1, 2)
+        for bucket in (32, 64)
+    ]
+    table = tables.variant_summary(load.tidy(pd.DataFrame(rows))).frame
+    assert list(table.columns) == [
+        "variant",
+        "n_hashes",
+        "bucket_size",
+        "fwd (ms) @ L=4,096",
+        "fwd+bwd (ms) @ L=4,096",
+        "rel. error @ L=4,096",
+    ]
+    assert table[["n_hashes", "bucket_size"]].values.tolist() == [
+        ["1", "32"],
+        ["1", "64"],
+        ["2", "32"],
+        ["2", "64"],
+    ]
+    assert list(table["fwd+bwd (ms) @ L=4,096"]) == ["30", "30", "60", "60"]

@@ -66,8 +66,12 @@ class Cli:
         env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONUNBUFFERED="1")
         return env
 
-    def start(self, *args: str) -> subprocess.Popen:
-        """Launch without waiting (to run several at once); collect with `Popen.communicate`."""
+    def start(self, *args: str, new_session: bool = False) -> subprocess.Popen:
+        """Launch without waiting (to run several at once); collect with `Popen.communicate`.
+
+        `new_session`: in a process group of its own, which `os.killpg` can signal as a
+        terminal's Ctrl-C signals its foreground job (W&B's service included).
+        """
         return subprocess.Popen(
             [sys.executable, "-m", "experiments.run", *args],
             cwd=ROOT,
@@ -76,6 +80,7 @@ class Cli:
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             stdin=subprocess.DEVNULL,
+            start_new_session=new_session,
         )
 
     def run(self, *args: str, timeout: float = TIMEOUT_S) -> subprocess.CompletedProcess:

@@ -36,6 +36,7 @@ ALWAYS = {
     "n_parameters",
     "matmul_peak_gflops_per_s",
     "peak_rss_bytes",
+    "timing_warning",
 }
 TRAINING = {"train_loss", "eval_loss", "eval_accuracy", "tokens_per_s"}
 KERNEL = {
@@ -173,16 +174,64 @@ def test_approx_rel_error_of_lsh_is_positive_and_keeps_training_mode():
     assert 0.01 < error < 2 and kernel.training
 
 
-def test_time_ms_returns_a_positive_median_after_warmup():
+def test_time_call_returns_a_positive_median_after_warmup():
     calls = []
 
     def nap():
         calls.append(time.perf_counter())
         time.sleep(0.002)
 
-    median, iqr = timing.time_ms(nap, CPU, min_run_time_s=0.05, warmup=3)
-    assert 1.5 < median < 100 and 0 <= iqr < 100  # ~2 ms of sleep, on a busy machine
-    assert len(calls) > 3  # the warm-up calls, then the timed ones
+    measured = timing.time_call(nap, CPU, min_run_time_s=0.05, warmup=3)
+    assert 1.5 < measured.median_ms < 100 and 0 <= measured.iqr_ms < 100  # ~2 ms, busy machine
+    assert len(calls) > 3 + timing.MIN_BLOCKS  # the warm-up calls, then the timed ones
+
+
+class ScriptedKernel:
+    """A stub kernel on a scripted clock: call i "takes" durations[i] seconds (the last one
+    repeats), so a timing is exact and costs no real time."""
+
+    def __init__(self, *durations: float):
+        self.durations, self.now, self.calls = list(durations), 0.0, 0
+
+    def __call__(self) -> None:
+        self.now += self.durations[min(self.calls, len(self.durations) - 1)]
+        self.calls += 1
+
+    def clock(self) -> float:
+        return self.now
+
+
+def scripted_time(kernel: ScriptedKernel, min_run_time_s: float = 0.0, warmup: int = 1):
+    return timing.time_call(
+        kernel, CPU, min_run_time_s=min_run_time_s, warmup=warmup, clock=kernel.clock
+    )
+
+
+def test_one_stalled_call_moves_a_block_not_the_median():
+    # The smoke sweep's outlier: a 1.7 ms kernel whose first timed call stalled for 55 ms.
+    # One warm-up call, one sizing call, then blocks of 10 calls: the stall lands in a block.
+    kernel = ScriptedKernel(1.7e-3, 1.7e-3, 55e-3, *[1.7e-3] * 100)
+    measured = scripted_time(kernel, min_run_time_s=0.05)
+    assert measured.blocks >= timing.MIN_BLOCKS and measured.calls_per_block == 10
+    assert measured.median_ms == pytest.approx(1.7)
+    assert timing.spread_warnings({"attn_fwd_bwd_ms": measured}) is None
+
+
+def test_a_long_call_is_still_timed_in_five_blocks_whatever_the_budget():
+    kernel = ScriptedKernel(10.0)  # 10 s a call, a budget of a fraction of one call
+    measured = scripted_time(kernel, min_run_time_s=0.3, warmup=0)
+    assert (measured.blocks, measured.calls_per_block, kernel.calls) == (5, 1, 5)
+    assert (measured.median_ms, measured.iqr_ms) == (10_000.0, 0.0)
+
+
+def test_a_widely_spread_figure_is_flagged():
+    kernel = ScriptedKernel(*[0.02, 0.06] * 10)  # blocks alternate between 20 and 60 ms
+    measured = scripted_time(kernel, warmup=0)
+    assert measured.blocks == timing.MIN_BLOCKS and measured.spread > timing.SPREAD_WARNING
+    warning = timing.spread_warnings(
+        {"step_ms": measured, "attn_fwd_ms": scripted_time(ScriptedKernel(0.02), warmup=0)}
+    )
+    assert warning.startswith("step_ms IQR") and "attn_fwd_ms" not in warning
 
 
 def test_matmul_rate_is_positive_and_measured_once_per_process():

@@ -8,7 +8,10 @@ W&B runs, failures as data, and the messages of bad single runs.
 from __future__ import annotations
 
 import json
+import logging
 import math
+import os
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -17,8 +20,9 @@ import pandas as pd
 import pytest
 from omegaconf import OmegaConf
 
-from experiments import tracking
+from experiments import run, tracking
 from experiments.record import flatten
+from tests.experiments.conftest import TINY
 
 IDENTITY = ("sweep", "job", "config_hash", "status", "error")
 CONFIGURATION = (
@@ -151,10 +155,11 @@ def test_unsupported_combination_is_skipped_and_the_rest_succeed(wandb_sweep):
     assert linformer["status"] == "skipped"
     assert "linformer" in linformer["error"] and "causal" in linformer["error"]
     assert "attn_fwd_ms" not in linformer and linformer["causal"] is True
+    assert (linformer["device"], linformer["threads"]) == ("cpu", 1)  # resolved, as measured
     assert all(r["status"] == "ok" for r in records.values() if r is not linformer)
-    run = tracking.read_offline_run(Path(linformer["offline_run_dir"]))
-    assert (run["summary"]["status"], run["summary"]["error"]) == ("skipped", linformer["error"])
-    assert run["exit_code"] == 1
+    # Nothing was measured, so nothing is tracked: no W&B run piles up at each re-run.
+    assert linformer["offline_run_dir"] is None
+    assert not tracking.find_offline_runs(wandb_sweep / linformer["job"])
 
 
 @pytest.mark.slow
@@ -172,7 +177,7 @@ def test_sweep_is_gathered_into_csv_and_parquet(wandb_sweep):
 
 @pytest.mark.slow
 def test_offline_wandb_runs_hold_the_same_config_and_summary(wandb_sweep):
-    for job, rec in job_records(wandb_sweep).items():
+    for job, rec in ok_records(wandb_sweep).items():
         run = tracking.read_offline_run(Path(rec["offline_run_dir"]))
         hydra_config = OmegaConf.load(wandb_sweep / job / ".hydra" / "config.yaml")
         assert run["config"] == OmegaConf.to_container(hydra_config, resolve=True)
@@ -185,9 +190,9 @@ def test_offline_wandb_runs_hold_the_same_config_and_summary(wandb_sweep):
         expected = {k: v for k, v in rec.items() if v is not None and k != "offline_run_dir"}
         assert {k: run["summary"].get(k) for k in expected} == expected
         assert (run["group"], run["name"]) == ("runner-test", f"{job}-{rec['config_hash']}")
-        if rec["status"] == "ok":
-            assert run["exit_code"] == 0
-            assert [row["step"] for row in run["history"] if "train/loss" in row] == [0, 1]
+        assert run["run_id"] == f"runner-test-{rec['config_hash']}"  # the same at every re-run
+        assert run["exit_code"] == 0
+        assert [row["step"] for row in run["history"] if "train/loss" in row] == [0, 1]
     summary_runs = tracking.find_offline_runs(wandb_sweep / "wandb")
     assert [tracking.read_offline_run(r)["job_type"] for r in summary_runs] == ["sweep-summary"]
 
@@ -229,6 +234,19 @@ def test_killed_sweep_resumes_with_only_the_missing_jobs(cli, tmp_path):
     assert sorted(frame["seq_len"]) == [64, 96, 128, 160] and set(frame["status"]) == {"ok"}
 
 
+def test_an_unreadable_record_is_measured_again_and_says_so(resolved_config, tmp_path, caplog):
+    sweep_dir = tmp_path / "sweep"
+    path = sweep_dir / "0" / "result.json"
+    path.parent.mkdir(parents=True)
+    path.write_text('{"status": "ok", "config_ha')  # cut short
+    config = resolved_config(*TINY, *QUICK)
+    with caplog.at_level(logging.WARNING, logger="attnbench"):
+        rec = run.run_job(config, path.parent, job="0", sweep_dir=sweep_dir)
+    assert f"{path} is unreadable" in caplog.text
+    assert "measuring this configuration again" in caplog.text
+    assert rec["status"] == "ok" and json.loads(path.read_text()) == rec
+
+
 @pytest.mark.slow
 def test_sweep_with_a_value_inserted_first_runs_only_it(cli, tmp_path):
     sweep_dir = tmp_path / "sweep"
@@ -258,6 +276,76 @@ def test_oom_under_a_memory_cap_is_recorded_and_the_sweep_goes_on(cli, tmp_path)
     assert "attn_fwd_ms" not in records["0"] and records["0"]["seq_len"] == 8192
     assert records["1"]["status"] == "ok", records["1"]["error"]
     assert sorted(results_csv(sweep_dir)["status"]) == ["ok", "oom"]
+
+
+# --- How a sweep ends -------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_sweep_with_an_invalid_option_lists_what_did_not_end_ok_and_exits_1(cli, tmp_path):
+    sweep_dir = tmp_path / "sweep"
+    # n_hashes=0 is invalid (error); LSH without shared QK is a valid but unsupported
+    # combination (skipped); one configuration is measured.
+    done = cli.run(
+        *cli.sweep_args(
+            sweep_dir,
+            "attention=lsh",
+            "attention.n_hashes=0,1",
+            "model.shared_qk=null,false",
+            *QUICK,
+        )
+    )
+    assert done.returncode == 1, done.stderr[-3000:]
+    statuses = {
+        (r["attention.n_hashes"], r["shared_qk"]): r["status"]
+        for r in job_records(sweep_dir).values()
+    }
+    assert statuses == {
+        (0, True): "error",
+        (0, False): "skipped",
+        (1, True): "ok",
+        (1, False): "skipped",
+    }
+    table = done.stdout[done.stdout.index("3 job(s) of this multirun did not end ok:") :]
+    header, *rows = table.splitlines()[1:5]
+    assert header.split()[:2] == ["job", "status"] and header.split()[-1] == "reason"
+    assert {"n_hashes", "shared_qk"} <= set(header.split())  # the keys that vary
+    assert [row.split()[:2] for row in rows] == [
+        ["0", "error"],
+        ["1", "skipped"],
+        ["3", "skipped"],
+    ]
+    assert "'n_hashes' must be a positive integer, got 0" in rows[0]
+    assert "requires option 'shared_qk'=True" in rows[1] and "shared_qk" in rows[2]
+    assert "error: 1 error in this sweep" in done.stderr
+
+
+@pytest.mark.slow
+def test_ctrl_c_keeps_what_finished_and_leaves_no_run_of_the_interrupted_job(cli, tmp_path):
+    sweep_dir = tmp_path / "sweep"
+    # The second job trains for as long as it takes Ctrl-C to arrive; W&B is on (offline).
+    measure_nothing = [o for o in QUICK if o.startswith("measure.")]
+    process = cli.start(
+        *cli.sweep_args(sweep_dir, "train.steps=1,100000", *measure_nothing), new_session=True
+    )
+    first, deadline = sweep_dir / "0" / "result.json", time.monotonic() + 240
+    while not (first.exists() and json.loads(first.read_text() or "{}").get("offline_run_dir")):
+        assert process.poll() is None and time.monotonic() < deadline, process.communicate()[1]
+        time.sleep(0.05)
+    while not (sweep_dir / "1" / ".hydra").exists():
+        time.sleep(0.05)
+    time.sleep(1.0)
+    os.killpg(process.pid, signal.SIGINT)  # as Ctrl-C in a terminal: the whole process group
+    stdout, stderr = process.communicate(timeout=240)
+    assert process.returncode == 130, stderr[-3000:]
+    assert "Traceback" not in stdout + stderr and "interrupted" in stderr
+    assert list(results_csv(sweep_dir)["train.steps"]) == [1]
+    assert "; 1 records (1 ok)" in (sweep_dir / "report" / "report.md").read_text()
+    # The finished job's run and the summary run; the interrupted job's run was deleted, so a
+    # re-run leaves no failed run beside the good one (re-runs replace runs: test_tracking.py).
+    runs = [tracking.read_offline_run(r) for r in tracking.find_offline_runs(sweep_dir)]
+    assert sorted(r["job_type"] for r in runs) == ["full-residual", "sweep-summary"]
+    assert not tracking.find_offline_runs(sweep_dir / "1")
 
 
 # --- Launchers --------------------------------------------------------------------------------
@@ -333,7 +421,9 @@ def test_bad_single_run_exits_non_zero_with_a_one_line_message(single_runs, name
     assert done.returncode != 0
     message = one_line_error(done)
     assert not [word for word in BAD_RUNS[name][1] if word not in message], message
-    assert json.loads((run_dir / "result.json").read_text())["status"] == "skipped"
+    # An invalid option is an error; options the variant cannot combine are skipped.
+    status = "skipped" if name == "causal_linformer" else "error"
+    assert json.loads((run_dir / "result.json").read_text())["status"] == status
 
 
 @pytest.mark.slow

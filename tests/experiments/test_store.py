@@ -104,6 +104,35 @@ def test_format_records_shows_headline_columns_with_memory_in_mib():
     assert "3.0 MiB" in table and "1.235" in table and "oom" in table
 
 
+def test_format_records_shows_every_key_that_varies_and_the_task_metrics():
+    common = {"task": "duplication", "model.causal": True, "measure.warmup": 1}
+    records = [
+        rec(
+            f"h{n}{b}",
+            **common,
+            **{"attention.n_hashes": n, "attention.bucket_size": b, "threads": 2},
+            eval_accuracy=0.5,
+            **{"eval_accuracy@lsh-8": 0.25, "eval_loss@lsh-8": 1.0},
+        )
+        for n in (1, 2)
+        for b in (32, 64)
+    ]
+    records.append(rec("t1", **common, **{"attention.n_hashes": 1, "threads": 1}))
+    header = store.format_records(records).splitlines()[0].split()
+    assert header == [
+        "attention",
+        "block",
+        "seq_len",
+        "depth",
+        "n_hashes",
+        "bucket_size",
+        "threads",
+        "status",
+        "eval_accuracy",
+        "eval_accuracy@lsh-8",
+    ]  # task, causal, warmup are the same everywhere; eval_loss@ is not a task metric
+
+
 def test_gather_callback_writes_the_store_at_the_end_of_a_multirun(tmp_path, capsys):
     put(tmp_path, 0, rec("aaa"))
     put(tmp_path, 1, rec("bbb", status="skipped"))

@@ -57,7 +57,7 @@ def _isolated_wandb(wandb_home):
     """Every test here talks to a real offline W&B, isolated by tests/conftest.py."""
 
 
-def start(out_dir, logger_cfg=WANDB, name="job-0", tags=("lsh", "seq_len=256")):
+def start(out_dir, logger_cfg=WANDB, name="job-0", tags=("lsh", "seq_len=256"), **run_id):
     return tracking.start_tracker(
         logger_cfg,
         run_config=RUN_CONFIG,
@@ -66,6 +66,7 @@ def start(out_dir, logger_cfg=WANDB, name="job-0", tags=("lsh", "seq_len=256")):
         tags=list(tags),
         name=name,
         out_dir=out_dir,
+        **run_id,
     )
 
 
@@ -124,6 +125,36 @@ def test_two_jobs_in_one_process_get_separate_runs(tmp_path):
     assert two["summary"]["error"] == "boom"
     assert not [row for row in two["history"] if "step" in row]
     assert one["run_id"] != two["run_id"]
+
+
+def test_a_remeasured_configuration_replaces_its_run_and_an_interrupted_one_leaves_none(
+    tmp_path,
+):
+    sweep = tmp_path / "sweep"
+    run_id = tracking.run_id("s1 (scaling)/x", "0123456789ab")
+    assert run_id == "s1-scaling-x-0123456789ab"  # the characters W&B allows
+    first = start(sweep / "0", run_id=run_id, replace_in=sweep)
+    first.finish({**RECORD, "status": "oom"}, exit_code=1)
+    # Re-measured in another job dir (a value inserted before it): the old run goes.
+    second = start(sweep / "1", run_id=run_id, replace_in=sweep)
+    second.finish(RECORD, exit_code=0)
+    assert tracking.find_offline_runs(sweep) == [second.run_dir]
+    run = tracking.read_offline_run(second.run_dir)
+    assert (run["run_id"], run["summary"]["status"], run["exit_code"]) == (run_id, "ok", 0)
+
+    other = start(sweep / "2", run_id=tracking.run_id("s1", "ffffffffffff"), replace_in=sweep)
+    other.log_step({"loss": 1.0}, step=0)
+    other.discard()  # Ctrl-C: the job leaves no record, so no run
+    assert tracking.find_offline_runs(sweep) == [second.run_dir] and other.run_dir is None
+
+
+def test_one_summary_run_per_sweep_however_often_it_ends(tmp_path):
+    for _ in range(2):
+        run_dir = tracking.log_sweep_summary(
+            WANDB, records=pd.DataFrame([RECORD]), figures={}, group="s1", out_dir=tmp_path
+        )
+    assert tracking.find_offline_runs(tmp_path) == [run_dir]
+    assert tracking.read_offline_run(run_dir)["run_id"] == "s1-summary"
 
 
 def test_no_wandb_service_outlives_a_finished_run(tmp_path):

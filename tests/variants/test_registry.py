@@ -1,5 +1,7 @@
 """The registry's public contract, checked for every registered variant."""
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -67,9 +69,22 @@ def test_unknown_option_names_variant_and_option():
 
 def test_unsupported_causal_names_variant_and_option():
     with pytest.raises(
-        ValueError, match="attention 'linformer' does not support option causal=True"
+        variants.UnsupportedCombination,
+        match="attention 'linformer' does not support option causal=True",
     ):
         variants.build_attention("linformer", causal=True)
+
+
+def test_unsupported_combinations_are_told_apart_from_invalid_options():
+    """The runner records the first `skipped` and the second `error`, without reading text."""
+    assert issubclass(variants.UnsupportedCombination, ValueError)
+    with pytest.raises(variants.UnsupportedCombination, match="'lsh'.*'shared_qk'"):
+        variants.TransformerLM(
+            vocab_size=8, d_model=16, n_heads=2, attention="lsh", shared_qk=False
+        )
+    with pytest.raises(ValueError) as invalid:
+        variants.build_attention("lsh", n_hashes=0)
+    assert not isinstance(invalid.value, variants.UnsupportedCombination)
 
 
 def test_bad_choice_names_option_and_choices():
@@ -92,3 +107,11 @@ def test_mismatched_shapes_name_the_constraint(shapes, message):
 
 def test_readme_registry_table_is_generated_from_the_specs():
     assert variants.registry_table() in README.read_text()
+
+
+def test_the_table_command_says_what_it_prints():
+    done = subprocess.run(
+        [sys.executable, "-m", "variants", "--help"], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0 and "usage: python -m variants" in done.stdout
+    assert "README.md" in done.stdout and "registry table" in done.stdout

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from variants.attention.base import Attention
-from variants.checks import require_choice, require_positive_int
+from variants.checks import UnsupportedCombination, require_choice, require_positive_int
 from variants.registry import register_attention
 
 SHARE_MODES = ("none", "headwise", "kv", "layerwise")
@@ -69,7 +69,7 @@ class LinformerAttention(Attention):
     ):
         super().__init__(causal=causal)
         if causal:
-            raise ValueError(
+            raise UnsupportedCombination(
                 f"{self.name}: option 'causal'=True is not supported: {self.causal_reason}"
             )
         self.proj_len = require_positive_int(self.name, "k", k)
