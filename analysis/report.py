@@ -70,10 +70,19 @@ FIGURES: dict[str, tuple[Callable[[pd.DataFrame], Figure], str]] = {
     ),
 }
 
-# Figures drawn only when the results hold what they show.
-WHEN: dict[str, Callable[[pd.DataFrame], bool]] = {
-    "accuracy_vs_seq_len": lambda frame: series.trained_quality(frame)["seq_len"].nunique() > 1,
-    "tradeoff": lambda frame: plots.tradeoff_quality(frame) is not None,
+# Figures drawn only when the results hold what they show: name -> (frame -> why not, or None).
+WHEN: dict[str, Callable[[pd.DataFrame], str | None]] = {
+    "accuracy_vs_seq_len": lambda frame: (
+        None
+        if series.trained_quality(frame)["seq_len"].nunique() > 1
+        else "no trained accuracy at two lengths or more (random-token loss is not quality)"
+    ),
+    "tradeoff": lambda frame: (
+        None
+        if plots.tradeoff_quality(frame) is not None
+        else "no trained quality and no error on trained activations: nothing to trade off "
+        "(random-token loss is not quality)"
+    ),
 }
 
 # Each builder: frame -> Table, or None when these results hold nothing for it.

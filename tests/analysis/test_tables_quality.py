@@ -104,6 +104,7 @@ def test_summary_leaves_out_columns_with_nothing_to_say_and_shows_the_swept_knob
             "attn_fwd_ms": n_hashes * 10.0,
             "attn_fwd_bwd_ms": n_hashes * 30.0,
             "approx_rel_error": 1 / n_hashes,
+            "approx_reference_digest": "abc123",  # measured on trained activations
         }
         for n_hashes in (1, 2)
         for bucket in (32, 64)
