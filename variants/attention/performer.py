@@ -115,8 +115,10 @@ class PerformerAttention(Attention):
                 f"head_dim {q.shape[-1]} (the random features are head_dim wide)"
             )
         if self.training and not is_replaying():
-            if self.redraw_interval and self.training_calls and not (
-                self.training_calls % self.redraw_interval
+            if (
+                self.redraw_interval
+                and self.training_calls
+                and not (self.training_calls % self.redraw_interval)
             ):
                 self.redraw()
             self.training_calls += 1
