@@ -6,8 +6,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tests.reference import assert_causal, assert_layout_independent, causal_mask, qkv
-from tests.reference import shared_qk_reference
+from tests.reference import (
+    assert_causal,
+    assert_layout_independent,
+    causal_mask,
+    qkv,
+    shared_qk_reference,
+)
 from variants import build_attention
 from variants.attention import routing
 from variants.attention.base import replaying
