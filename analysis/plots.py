@@ -28,6 +28,8 @@ from analysis import fit, load, scaling, series
 MIB = 2**20
 KNOBS = {  # each approximate variant's knobs: error is drawn against the first
     "lsh": ("attention.n_hashes", "attention.bucket_size"),
+    "routing": ("attention.window", "attention.n_clusters"),
+    "performer": ("attention.n_features",),
     "linformer": ("attention.k",),
     "blockwise": ("attention.block_size",),
     "compressed": ("attention.factor",),
@@ -103,7 +105,7 @@ def error_vs_seq_len(frame: pd.DataFrame) -> Figure:
 
 
 def error_vs_knob(frame: pd.DataFrame) -> Figure:
-    """Approximation error against each variant's knob (n_hashes, k, block_size, factor, stride).
+    """Approximation error against each variant's knob (n_hashes, window, n_features, k, ...).
 
     One panel per variant whose knob takes several values; lines are the other knobs and the
     lengths. Variants measured at a single knob value are named in the title instead.
