@@ -118,7 +118,7 @@ def error_vs_seq_len(frame: pd.DataFrame) -> Figure:
 
 
 def error_vs_knob(frame: pd.DataFrame) -> Figure:
-    """Approximation error against each variant's knob (n_hashes, k, block_size, factor, stride).
+    """Approximation error against each variant's knob (n_hashes, window, n_features, k, ...).
 
     One panel per approximate variant with an option that takes several values (its first knob
     of `series.KNOBS`, or its first varying option); lines are the other options and the lengths.

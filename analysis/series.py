@@ -24,6 +24,8 @@ REFERENCE = "full"  # exact attention: what crossovers are measured against
 # the value shrinks).
 KNOBS = {
     "lsh": ("attention.n_hashes", "attention.bucket_size"),
+    "routing": ("attention.window", "attention.n_clusters"),
+    "performer": ("attention.n_features",),
     "linformer": ("attention.k",),
     "blockwise": ("attention.block_size",),
     "compressed": ("attention.factor",),

@@ -13,9 +13,12 @@ before and just after it.
 Set THP_MEM_ALLOC_ENABLE=1 in the environment to give every contender (SDPA included) PyTorch's
 transparent-huge-page allocations; the table header says whether it was set.
 
-With reformer-pytorch installed (`pip install -e '.[compare]'`), its `LSHAttention` at the same
-settings (n_hashes 4, bucket_size 64, causal) is timed in the same rounds, for the target
-"lsh >= 3x faster than reformer-pytorch" at 32K.
+With the optional extra `compare` installed (`pip install -e '.[compare]'`), the public
+implementations are timed in the same rounds at the same settings, causal: reformer-pytorch's
+`LSHAttention` (n_hashes 4, bucket_size 64; target "lsh >= 3x faster" at 32K),
+routing-transformer's `KmeansAttention` (window 128, L / 128 clusters, shared QK) and
+performer-pytorch's `FastAttention` (266 features; targets "routing and performer faster" at
+16K). `--kernels` restricts the registry variants timed (SDPA always runs).
 """
 
 from __future__ import annotations
@@ -49,9 +52,15 @@ KERNELS = {
     "strided": {"stride": "auto"},
     "compressed": {},
     "linformer": {},
+    # n_clusters = L / window at each length (see `kernel`): clusters x window = L, the rule of
+    # the reference code's configurations, which routing-transformer's layout requires.
+    "routing": {"window": 128},
+    "performer": {},
+    "linear": {},
 }
+ROUTING_WINDOW = KERNELS["routing"]["window"]
 MEMORY_LENGTH = 65536
-MEMORY_KERNELS = ("lsh", "blockwise", "strided", "linformer")  # the target's kernels
+MEMORY_KERNELS = ("lsh", "blockwise", "strided", "linformer", "routing", "performer", "linear")
 MEMORY_INFO_KERNELS = ("compressed",)  # measured alongside, without a bound
 MEMORY_LIMIT_BYTES = 4 * 10**9  # the target says 4 GB: 3.73 GiB
 GiB = 2**30
@@ -78,9 +87,13 @@ def main(argv: list[str] | None = None) -> None:
         f"THP_MEM_ALLOC_ENABLE={os.environ.get('THP_MEM_ALLOC_ENABLE', 'unset')}, "
         f"at least {args.rounds} rounds and {args.min_seconds:g} s per length"
     )
+    names = args.kernels.split(",") if args.kernels else list(KERNELS)
+    unknown = sorted(set(names) - set(KERNELS))
+    if unknown:
+        raise SystemExit(f"--kernels: unknown {unknown[0]!r}; known: {', '.join(KERNELS)}")
     timings = {}
     for length in lengths:
-        timings[length] = measured = time_kernels(length, args.rounds, args.min_seconds)
+        timings[length] = measured = time_kernels(length, args.rounds, args.min_seconds, names)
         print(
             f"L={length} ({measured.rounds} rounds): speed-up over SDPA "
             + ", ".join(f"{k} {v:.2f}x" for k, v in measured.speedups.items())
@@ -89,7 +102,7 @@ def main(argv: list[str] | None = None) -> None:
         )
     targets = kernel_targets(timings, lengths)
     if not args.skip_memory:
-        targets += memory_targets(args.memory_len)
+        targets += memory_targets(args.memory_len, names)
     if not args.skip_depth:
         targets += depth_targets(args.depth_len, args.depth_attention, args.rounds)
     print_table(targets)
@@ -112,6 +125,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="keep adding rounds at a length until this many seconds are spent on it",
     )
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--kernels", help="comma-separated registry variants (default: all)")
     parser.add_argument("--memory-len", type=int, default=MEMORY_LENGTH)
     parser.add_argument("--depth-len", type=int, default=4096, help="seq_len of depth ratios")
     parser.add_argument("--depth-attention", default="lsh")
@@ -125,12 +139,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def kernel(name: str, length: int) -> torch.nn.Module:
     """The variant as the targets configure it; Linformer unmasked with its length as bound."""
-    options = dict(KERNELS[name])
+    options = kernel_options(name, length)
     if name == "linformer":
         options["max_seq_len"] = length
     else:
         options["causal"] = True
     return build_attention(name, **options)
+
+
+def kernel_options(name: str, length: int) -> dict:
+    """KERNELS[name], with routing's n_clusters = length / window (one cluster at least)."""
+    options = dict(KERNELS[name])
+    if name == "routing":
+        options["n_clusters"] = max(1, length // ROUTING_WINDOW)
+    return options
 
 
 def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -139,12 +161,15 @@ def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
 
 
 REFORMER_PYTORCH = "reformer-pytorch"
+ROUTING_TRANSFORMER = "routing-transformer"
+PERFORMER_PYTORCH = "performer-pytorch"
 
 
-def reformer_pytorch_lsh() -> Callable | None:
+def reformer_pytorch_lsh(length: int) -> Callable | None:
     """reformer-pytorch's LSHAttention at the `lsh` settings of KERNELS, causal, as an
     attend(q, k, v) on (B, H, L, D); None when the package is not installed. It takes shared
-    qk and folds heads into the batch; its other options stay at its defaults."""
+    qk and folds heads into the batch; its other options stay at its defaults (and do not
+    depend on the length)."""
     try:
         from reformer_pytorch import LSHAttention
     except ImportError:
@@ -157,6 +182,44 @@ def reformer_pytorch_lsh() -> Callable | None:
         return out.view(batch, heads, length, head_dim)
 
     return attend
+
+
+def routing_transformer_kmeans(length: int) -> Callable | None:
+    """routing-transformer's KmeansAttention, causal, shared QK (keys are the queries, as our
+    `routing`), window 128 and length / 128 clusters (its layout needs clusters x window = L),
+    in training mode (it updates its centroids as ours does); None when not installed."""
+    try:
+        from routing_transformer.routing_transformer import KmeansAttention
+    except ImportError:
+        return None
+    clusters = max(1, length // ROUTING_WINDOW)
+    module = KmeansAttention(clusters, ROUTING_WINDOW, HEADS, HEAD_DIM, causal=True, shared_qk=True)
+
+    def attend(q, k, v):
+        out, _ = module(q, q, v)  # (B, H, L, D) and its commitment loss
+        return out
+
+    return attend
+
+
+def performer_pytorch_favor(length: int) -> Callable | None:
+    """performer-pytorch's FastAttention (FAVOR+ softmax kernel), causal, with our default
+    number of features; None when not installed. Without its CUDA extension its causal path
+    is its own chunked cumulative sum (and it says so when built)."""
+    try:
+        from performer_pytorch import FastAttention
+    except ImportError:
+        return None
+    features = build_attention("performer").n_features
+    return FastAttention(HEAD_DIM, nb_features=features, causal=True)
+
+
+# Public implementation -> (our variant it is compared with, its builder).
+PEERS = {
+    REFORMER_PYTORCH: ("lsh", reformer_pytorch_lsh),
+    ROUTING_TRANSFORMER: ("routing", routing_transformer_kmeans),
+    PERFORMER_PYTORCH: ("performer", performer_pytorch_favor),
+}
 
 
 def forward_backward(attend: Callable, length: int) -> Callable[[], object]:
@@ -203,26 +266,31 @@ class Timings:
     fractions: dict[str, float]  # useful FLOP/s / the rate of the matmul timed around it
     seconds: dict[str, float]  # per forward+backward call ("sdpa" and "matmul" included)
     matmuls: dict[str, float]  # time per call in units of the 1024^3 matmul timed around it
-    lsh_over_reference: float | None  # reformer-pytorch's time / lsh's, when installed
+    over_peers: dict[str, float]  # a public implementation's time / our variant's, per round
     rounds: int
 
 
-def time_kernels(length: int, rounds: int, min_seconds: float = 0.0) -> Timings:
-    """Every registry variant, SDPA, and reformer-pytorch's LSHAttention when installed, timed
-    once per round in turn, each next to the matmul yardstick (see `time_in_rounds`)."""
+def time_kernels(
+    length: int, rounds: int, min_seconds: float = 0.0, variants: list[str] | None = None
+) -> Timings:
+    """The registry `variants` (default all), SDPA, and the installed public implementations
+    of those variants (PEERS), timed once per round in turn, each next to the matmul
+    yardstick (see `time_in_rounds`)."""
     calls = {"sdpa": forward_backward(sdpa, length)}
-    names = list(KERNELS)
+    names = list(KERNELS) if variants is None else list(variants)
     calls |= {name: forward_backward(kernel(name, length), length) for name in names}
-    if (reference := reformer_pytorch_lsh()) is not None:
-        names.append(REFORMER_PYTORCH)
-        calls[REFORMER_PYTORCH] = forward_backward(reference, length)
+    peers = {}
+    for peer, (ours, builder) in PEERS.items():
+        if ours in names and (reference := builder(length)) is not None:
+            peers[peer] = ours
+            calls[peer] = forward_backward(reference, length)
     times, yardsticks = time_in_rounds(calls, rounds, matmul_call(), min_seconds)
     speedups, fractions = {}, {}
-    for name in names:
+    for name in [*names, *peers]:
         speedups[name] = statistics.median(
             s / t for s, t in zip(times["sdpa"], times[name], strict=True)
         )
-        if name == REFORMER_PYTORCH:
+        if name in peers:
             continue
         # Useful FLOPs of the pattern (the kernel's own count), forward+backward.
         flops = FWD_BWD_FLOP_FACTOR * kernel(name, length).flops(BATCH, HEADS, length, HEAD_DIM)
@@ -236,10 +304,12 @@ def time_kernels(length: int, rounds: int, min_seconds: float = 0.0) -> Timings:
         name: statistics.median(t / mm for t, mm in zip(ts, yardsticks[name], strict=True))
         for name, ts in times.items()
     }
-    versus = None
-    if REFORMER_PYTORCH in times:
-        pairs = zip(times[REFORMER_PYTORCH], times["lsh"], strict=True)
-        versus = statistics.median(reference / ours for reference, ours in pairs)
+    versus = {
+        peer: statistics.median(
+            reference / own for reference, own in zip(times[peer], times[ours], strict=True)
+        )
+        for peer, ours in peers.items()
+    }
     return Timings(speedups, fractions, seconds, matmuls, versus, len(times["sdpa"]))
 
 
@@ -299,54 +369,86 @@ def info(name: str, value: float) -> Target:
     return Target(name, value, "", None)
 
 
+# Faster than SDPA from this length on; at least this speed-up at TARGET_LENGTH.
+FASTER_FROM = {"lsh": 4096, "routing": 8192, "performer": 4096, "linear": 4096}
+SPEEDUP_AT_TARGET = {"lsh": 8, "blockwise": 25, "routing": 5, "performer": 5, "linear": 5}
+EXPONENT_BOUNDS = {
+    "blockwise": 1.15,
+    "lsh": 1.15,
+    "linformer": 1.15,
+    "performer": 1.15,
+    "linear": 1.15,
+    "strided": 1.6,
+    "routing": 1.6,
+}
+# Public implementation -> (the length its target is judged at, at least this ratio).
+PEER_TARGETS = {
+    REFORMER_PYTORCH: (TARGET_LENGTH, 3),
+    ROUTING_TRANSFORMER: (16384, 1),
+    PERFORMER_PYTORCH: (16384, 1),
+}
+PEER_CLASSES = {
+    REFORMER_PYTORCH: "LSHAttention",
+    ROUTING_TRANSFORMER: "KmeansAttention",
+    PERFORMER_PYTORCH: "FastAttention",
+}
+
+
 def kernel_targets(timings: dict[int, Timings], lengths: list[int]) -> list[Target]:
-    """Rows for the speed-ups over SDPA, FLOP-rate fractions and scaling exponents."""
+    """Rows for the speed-ups over SDPA, FLOP-rate fractions, scaling exponents and the
+    ratios to the public implementations, for the variants that were measured."""
     speedups = {n: timings[n].speedups for n in lengths}
     fractions = {n: timings[n].fractions for n in lengths}
     matmuls = {n: timings[n].matmuls for n in lengths}
-    rows = [at_most(f"full time / SDPA time, L={n}", 1 / speedups[n]["full"], 1.1) for n in lengths]
-    # "Faster than SDPA" is a speed-up above 1; at_least(1) would also pass a tie.
-    rows += [
-        Target(f"lsh speed-up, L={n}", speedups[n]["lsh"], "> 1", speedups[n]["lsh"] > 1)
-        for n in lengths
-    ]
     longest = lengths[-1]
+    measured = speedups[longest]
+    rows = []
+    if "full" in measured:
+        rows += [
+            at_most(f"full time / SDPA time, L={n}", 1 / speedups[n]["full"], 1.1) for n in lengths
+        ]
+    # "Faster than SDPA" is a speed-up above 1; at_least(1) would also pass a tie.
+    for name, start in FASTER_FROM.items():
+        for n in lengths if name in measured else []:
+            value = speedups[n][name]
+            row = f"{name} speed-up, L={n}"
+            rows.append(Target(row, value, "> 1", value > 1) if n >= start else info(row, value))
     full_run = longest == TARGET_LENGTH  # the 32K targets only apply at 32K
-    if full_run:
-        for name, bound in (("lsh", 8), ("blockwise", 25)):
-            rows.append(at_least(f"{name} speed-up, L={longest}", speedups[longest][name], bound))
-    else:
-        rows.append(info(f"blockwise speed-up, L={longest}", speedups[longest]["blockwise"]))
-    rows += [
-        info(f"{name} speed-up, L={longest}", speedups[longest][name])
-        for name in ("strided", "compressed", "linformer")
-        if name in speedups[longest]
-    ]
+    for name in [n for n in KERNELS if n in measured and n != "full"]:
+        row, value = f"{name} speed-up, L={longest}", measured[name]
+        if full_run and name in SPEEDUP_AT_TARGET:
+            rows.append(at_least(row, value, SPEEDUP_AT_TARGET[name]))
+        elif name not in FASTER_FROM:  # those have a row at every length above
+            rows.append(info(row, value))
 
-    for name in ("blockwise", "lsh", "strided", "compressed", "linformer", "full"):
-        if name not in fractions[longest]:
-            continue
+    for name in [n for n in KERNELS if n in fractions[longest]]:
         row = f"{name} FLOP/s / matmul rate, L={longest}"
         wanted = full_run and name in ("blockwise", "lsh")
         value = fractions[longest][name]
         rows.append(at_least(row, value, 0.25) if wanted else info(row, value))
 
-    if timings[longest].lsh_over_reference is not None:
-        for n in lengths:
-            row = f"lsh speed-up over reformer-pytorch LSHAttention, L={n}"
-            value = timings[n].lsh_over_reference
-            rows.append(at_least(row, value, 3) if full_run and n == longest else info(row, value))
+    for peer, (ours, _) in PEERS.items():
+        judged_at, bound = PEER_TARGETS[peer]
+        for n in [n for n in lengths if peer in timings[n].over_peers]:
+            row = f"{ours} speed-up over {peer} {PEER_CLASSES[peer]}, L={n}"
+            value = timings[n].over_peers[peer]
+            if n != judged_at:
+                rows.append(info(row, value))
+            elif bound == 1:  # "faster than": above 1
+                rows.append(Target(row, value, "> 1", value > 1))
+            else:
+                rows.append(at_least(row, value, bound))
 
     if len(lengths) > 1:
-        bounds = {"blockwise": 1.15, "lsh": 1.15, "linformer": 1.15, "strided": 1.6}
-        for name in ("blockwise", "lsh", "linformer", "strided", "compressed", "full", "sdpa"):
-            measured = [n for n in lengths if name in matmuls[n]]
-            if len(measured) < 2:
+        for name in [*KERNELS, "sdpa"]:
+            lengths_measured = [n for n in lengths if name in matmuls[n]]
+            if len(lengths_measured) < 2:
                 continue
-            exponent = scaling_exponent(measured, [matmuls[n][name] for n in measured])
-            row = f"{name} scaling exponent {measured[0]}->{measured[-1]}"
-            if name in bounds:
-                rows.append(at_most(row, exponent, bounds[name]))
+            times = [matmuls[n][name] for n in lengths_measured]
+            exponent = scaling_exponent(lengths_measured, times)
+            row = f"{name} scaling exponent {lengths_measured[0]}->{lengths_measured[-1]}"
+            if name in EXPONENT_BOUNDS:
+                rows.append(at_most(row, exponent, EXPONENT_BOUNDS[name]))
             elif name == "full":
                 rows.append(Target(row, exponent, "~ 2 (1.8-2.2)", abs(exponent - 2) <= 0.2))
             else:
@@ -366,9 +468,9 @@ def model(attention: str, length: int, depth: int = 1, block: str = "residual") 
         depth=depth,
         max_seq_len=length,
         attention=attention,
-        attention_options=KERNELS[attention],
+        attention_options=kernel_options(attention, length),
         block=block,
-        shared_qk=attention == "lsh",
+        shared_qk=attention in ("lsh", "routing"),
         causal=attention != "linformer",
     )
 
@@ -386,10 +488,13 @@ def training_step(net: TransformerLM, length: int) -> Callable[[], None]:
     return step
 
 
-def memory_targets(length: int) -> list[Target]:
-    """Peak live-tensor bytes of one training step of a one-layer model at `length`."""
+def memory_targets(length: int, variants: list[str] | None = None) -> list[Target]:
+    """Peak live-tensor bytes of one training step of a one-layer model at `length`, for the
+    memory kernels among `variants` (default all)."""
     rows = []
     for name in MEMORY_KERNELS + MEMORY_INFO_KERNELS:
+        if variants is not None and name not in variants:
+            continue
         step = training_step(model(name, length), length)
         start = time.perf_counter()
         peak = peak_memory_bytes(step)

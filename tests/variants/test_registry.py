@@ -22,11 +22,21 @@ MODEL_OPTIONS = {"n_heads": 3, "head_dim": 8, "max_seq_len": 64}
 def build(name, **options):
     spec = variants.attention_spec(name)
     extra = {k: v for k, v in MODEL_OPTIONS.items() if k in spec.model_options}
-    return variants.build_attention(name, **extra, **options)
+    return variants.build_attention(name, **{**extra, **options})
 
 
-def test_all_six_variants_are_registered():
-    assert set(NAMES) == {"full", "blockwise", "strided", "compressed", "lsh", "linformer"}
+def test_all_nine_variants_are_registered():
+    assert NAMES == [
+        "full",
+        "blockwise",
+        "strided",
+        "compressed",
+        "lsh",
+        "routing",
+        "linformer",
+        "performer",
+        "linear",
+    ]
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -50,7 +60,9 @@ def test_output_shape_equals_input_shape(name, length):
 @pytest.mark.parametrize("name", [n for n in NAMES if variants.attention_spec(n).causal_supported])
 def test_causal_variants_do_not_look_ahead(name):
     # float64 inputs, so the module's parameters (compressed's conv) must be float64 too.
-    module = build(name, causal=True).double().eval()
+    # assert_causal's inputs have 2 heads (routing's centroids are per head).
+    heads = {"n_heads": 2} if "n_heads" in variants.attention_spec(name).model_options else {}
+    module = build(name, causal=True, **heads).double().eval()
     # Random choices (LSH's hash) are replayed, so only the inputs after t differ. Without the
     # replay LSH's global sort lets later tokens' buckets move earlier chunk boundaries, which
     # lsh.py documents; no key or value after t is ever read either way.

@@ -6,7 +6,7 @@ import torch.nn.functional as F
 
 from experiments.memory import peak_memory_bytes
 from variants import TransformerLM, build_block
-from variants.attention.base import is_replaying
+from variants.attention.base import is_replaying, replaying
 from variants.blocks import build_stack
 
 
@@ -172,3 +172,25 @@ def test_reversible_memory_is_nearly_flat_in_depth_while_residual_grows():
     _, res6 = _training_step_peak("residual", 6)
     assert rev6 <= 1.5 * rev1, (rev1, rev6)
     assert res6 >= 3 * res1, (res1, res6)
+
+
+def test_routing_gradients_match_plain_autograd_and_centroids_move_once_per_step():
+    # The reversible forward routes and updates the centroids once per layer; its recompute
+    # must reuse those clusters (the centroids have moved since) and update nothing.
+    options = {"n_clusters": 2, "window": 4, "decay": 0.5}
+    blocks = _blocks(attention="routing", shared_qk=True, attention_options=options)
+    kernels = [block.attn.fn.kernel for block in blocks]
+    x = torch.randn(2, 16, 16, dtype=torch.float64, requires_grad=True)
+    cotangent = torch.randn(2, 16, 16, dtype=torch.float64)
+    stack = build_stack("reversible", blocks)
+    out, grads = _outputs_and_grads(stack, blocks, x, cotangent, seed=1)
+    counts = [kernel.centroid_counts.clone() for kernel in kernels]
+    assert all(count.sum() == 0.5 * 2 * 2 + 0.5 * 2 * 16 * 2 for count in counts)  # one step
+    with replaying():  # the reference routes with the same clusters, updating nothing
+        want_out, want_grads = _outputs_and_grads(
+            lambda t: _plain_coupling(blocks, t), blocks, x, cotangent, seed=1
+        )
+    torch.testing.assert_close(out, want_out)
+    for got, want in zip(grads, want_grads, strict=True):
+        torch.testing.assert_close(got, want)
+    assert all(torch.equal(k.centroid_counts, c) for k, c in zip(kernels, counts, strict=True))

@@ -1,0 +1,37 @@
+"""Linear attention (Katharopoulos et al. 2020): softmax replaced by a positive feature map.
+
+    out_i = phi(q_i)^T sum_j phi(k_j) v_j^T / phi(q_i)^T sum_j phi(k_j),  phi(x) = elu(x) + 1
+
+with j over all positions, or j <= i when causal. phi is applied to q and k as given, without
+the 1/sqrt(d) of softmax attention (as the paper and its fast-transformers code). Time
+O(L d^2), memory O(L d + d^2): the sums are one state per head, built in chunks when causal
+(`kernelized`, shared with `performer`). Not an approximation of softmax attention but a
+different attention: its `approx_rel_error` against exact attention does not shrink with any
+option, and it has none beyond `causal`.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from variants.attention import kernelized
+from variants.attention.base import Attention
+from variants.registry import register_attention
+
+
+@register_attention
+class LinearAttention(Attention):
+    """Linear attention: phi(x) = elu(x) + 1 features of q and k, sums of phi(k) v^T per head."""
+
+    name = "linear"
+    exact = False
+    time_complexity = "O(L d^2)"
+    memory_complexity = "O(L d + d^2)"
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        phi_q, phi_k = F.elu(q) + 1, F.elu(k) + 1  # (B, H, L, D) each, positive
+        return kernelized.feature_attention(phi_q, phi_k, v, causal=self.causal)
+
+    def flops(self, batch: int, heads: int, seq_len: int, head_dim: int) -> int:
+        return kernelized.feature_flops(batch, heads, seq_len, head_dim, head_dim)

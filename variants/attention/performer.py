@@ -1,0 +1,159 @@
+"""Performer (Choromanski et al. 2021): softmax attention estimated with FAVOR+ random features.
+
+exp(q . k / sqrt(d)) = E_w[phi(q) . phi(k)] for phi(x) = exp(W x' - |x'|^2 / 2) / sqrt(m), with
+x' = x / d^(1/4) and the m rows of W Gaussian. Attention then becomes the normalised linear
+attention of `kernelized` over these features: O(L m d) time, O(L (m + d) + m d) memory,
+causal through chunked prefix sums. The estimate is unbiased and positive; its error shrinks
+as 1/sqrt(m).
+
+Choices where published implementations differ:
+- Features: positive orthogonal random features. W is made of independent blocks of d rows,
+  each an orthogonal matrix (QR of a Gaussian, signs fixed so it is Haar-distributed), the
+  rows rescaled to the lengths of d-dimensional Gaussian vectors, so that every row is N(0, I)
+  marginally (the paper's "regularised" alternative, rows of length sqrt(d), is not offered).
+  m = `n_features` defaults to round(d ln d) (the paper's d log d; 266 at d = 64), as
+  performer-pytorch; xformers takes ceil(d (1 + log2 d)) = 448 at d = 64.
+- Drawn once, when the kernel is built: from a generator seeded with `seed`, or with a seed
+  taken from the global RNG when `seed` is None (so the model's seed fixes them). With
+  `redraw_interval` = n, a training forward draws new features every n calls (the paper
+  redraws during training; performer-pytorch every 1000 calls by default); never in eval,
+  never inside `base.replaying()` (a reversible or checkpointed recompute uses the features
+  of its forward). Redraws use the kernel's own generator, never the global RNG, so dropout
+  masks replay alike whether or not a forward redrew.
+- Stabilisers, which cancel exactly between numerator and denominator: a query's features are
+  divided by their largest (a per-row constant, so its exp(-|q'|^2/2) and 1/sqrt(m) go too);
+  keys' by one constant per sequence. Non-causal, that constant is the largest key exponent
+  (as the reference code); causal, it is max_f |w_f|^2 / 2, which bounds every key exponent
+  (w . x - |x|^2 / 2 <= |w|^2 / 2), so no feature overflows and no future key takes part (the
+  reference code's global maximum over keys is taken over future positions too). No epsilon
+  is added to the features (performer-pytorch adds 1e-4, which biases the estimate).
+- Half-precision inputs are computed in float32 (exponentials of the projections overflow
+  float16) and returned in their dtype.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from variants.attention import kernelized
+from variants.attention.base import Attention, is_replaying
+from variants.checks import require_non_negative_int, require_positive_int
+from variants.registry import register_attention
+
+HALF_TYPES = (torch.float16, torch.bfloat16)
+
+
+def default_features(head_dim: int) -> int:
+    """round(d ln d), at least 1: the paper's m = d log d."""
+    return max(1, round(head_dim * math.log(head_dim)))
+
+
+def orthogonal_features(
+    n_features: int, head_dim: int, generator: torch.Generator, dtype: torch.dtype
+) -> torch.Tensor:
+    """(n_features, head_dim) rows in blocks of head_dim mutually orthogonal rows, each of the
+    length of a Gaussian vector: marginally N(0, I) rows, orthogonal within a block."""
+    blocks = []
+    for _ in range(-(-n_features // head_dim)):
+        gaussian = torch.randn(head_dim, head_dim, generator=generator, dtype=torch.float64)
+        q, r = torch.linalg.qr(gaussian)
+        blocks.append((q * torch.sign(torch.diagonal(r))).T)  # Haar-distributed rows
+    directions = torch.cat(blocks)[:n_features]  # (m, d), unit rows
+    lengths = torch.randn(n_features, head_dim, generator=generator, dtype=torch.float64)
+    return (directions * lengths.norm(dim=1, keepdim=True)).to(dtype)  # (m, d)
+
+
+@register_attention
+class PerformerAttention(Attention):
+    """Performer FAVOR+: positive orthogonal random features, seeded, optionally redrawn."""
+
+    name = "performer"
+    exact = False
+    time_complexity = "O(L m d)"
+    memory_complexity = "O(L m + m d)"
+
+    def __init__(
+        self,
+        *,
+        causal: bool = False,
+        n_features: int | None = None,
+        seed: int | None = None,
+        redraw_interval: int | None = None,
+        head_dim: int = 64,
+    ):
+        super().__init__(causal=causal)
+        self.head_dim = require_positive_int(self.name, "head_dim", head_dim)
+        if n_features is None:
+            n_features = default_features(head_dim)
+        self.n_features = require_positive_int(self.name, "n_features", n_features)
+        self.seed = None if seed is None else require_non_negative_int(self.name, "seed", seed)
+        if redraw_interval is not None:
+            require_positive_int(self.name, "redraw_interval", redraw_interval)
+        self.redraw_interval = redraw_interval
+        # The features' own seed: redraw k uses base_seed + k, so runs are reproducible and
+        # the global RNG is touched at most once, here.
+        self.base_seed = seed if seed is not None else int(torch.randint(0, 2**62, ()).item())
+        self.draws = 0  # feature draws so far
+        self.training_calls = 0  # training forwards outside replays
+        self.register_buffer("features", self._draw(torch.float32))  # (m, d)
+
+    def _draw(self, dtype: torch.dtype) -> torch.Tensor:
+        generator = torch.Generator().manual_seed(self.base_seed + self.draws)
+        return orthogonal_features(self.n_features, self.head_dim, generator, dtype)
+
+    def redraw(self) -> None:
+        """Draw new features (the next of the kernel's seeded sequence of draws)."""
+        self.draws += 1
+        self.features.copy_(self._draw(self.features.dtype))
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        if q.shape[-1] != self.head_dim:
+            raise ValueError(
+                f"{self.name}: option 'head_dim'={self.head_dim} must equal the inputs' "
+                f"head_dim {q.shape[-1]} (the random features are head_dim wide)"
+            )
+        if self.training and not is_replaying():
+            if (
+                self.redraw_interval
+                and self.training_calls
+                and not (self.training_calls % self.redraw_interval)
+            ):
+                self.redraw()
+            self.training_calls += 1
+        dtype = q.dtype
+        if dtype in HALF_TYPES:
+            q, k, v = q.float(), k.float(), v.float()
+        phi_q, phi_k = self.feature_maps(q, k)  # (B, H, L, m) each
+        out = kernelized.feature_attention(phi_q, phi_k, v, causal=self.causal)
+        return out.to(dtype)  # (B, H, L, D)
+
+    def feature_maps(self, q: torch.Tensor, k: torch.Tensor):
+        """Positive random features of q and k, (B, H, L, D) -> (B, H, L, m) each, up to the
+        per-row and per-sequence constants that cancel in the attention (module docstring)."""
+        features = self.features.to(q.dtype)  # (m, D)
+        scale = self.head_dim**-0.25
+        q_proj = (q * scale) @ features.T  # (B, H, L, m)
+        phi_q = (q_proj - q_proj.amax(dim=-1, keepdim=True).detach()).exp_()
+        k_scaled = k * scale
+        k_proj = k_scaled @ features.T  # (B, H, L, m)
+        exponent = k_proj - k_scaled.square().sum(dim=-1, keepdim=True) / 2  # (B, H, L, m)
+        if self.causal:
+            bound = features.square().sum(dim=-1).amax() / 2  # >= every key exponent
+        else:
+            bound = exponent.detach().amax(dim=(-2, -1), keepdim=True)  # (B, H, 1, 1)
+        return phi_q, (exponent - bound).exp_()
+
+    def flops(self, batch: int, heads: int, seq_len: int, head_dim: int) -> int:
+        """Projecting q and k onto the m features, 2 x 2 B H L d m, and the linear attention
+        over them (`kernelized.feature_flops`)."""
+        projections = 4 * batch * heads * seq_len * head_dim * self.n_features
+        attention = kernelized.feature_flops(batch, heads, seq_len, self.n_features, head_dim)
+        return projections + attention
+
+    def extra_repr(self) -> str:
+        return (
+            f"causal={self.causal}, n_features={self.n_features}, seed={self.seed}, "
+            f"redraw_interval={self.redraw_interval}, head_dim={self.head_dim}"
+        )

@@ -1,0 +1,356 @@
+"""Routing attention (Roy et al. 2020): a learnable pattern, tokens routed by online k-means.
+
+Every token's routing vector is its query layer-normalised without scale or bias (shared QK:
+the query is also the key, as in the reference code's default). It goes to the nearest of
+`n_clusters` per-head centroids, nearest by dot product (distance -x . mu, as the reference
+code), and attends only to members of its own cluster:
+
+- causal: the `window` most recent members of its cluster up to and including itself;
+- non-causal: the members of its cluster fewer than `window` places away in position order
+  (up to window - 1 on either side, and itself).
+
+Scores are q . k_hat with unit keys and a token attends to itself only when it has no other
+key (the suite's shared-QK rule, `base.without_self`), so no row is ever empty: a cluster's
+first member attends to itself. With one cluster and `window` >= seq_len this is exact
+shared-QK attention, causal or not (a test checks it).
+
+Causality: a token's cluster depends only on its own query and the centroids, and its keys
+are members at or before it, chosen by position alone, so no later token changes *which*
+keys an earlier query gets, nor reaches it through values. (The reference code's balanced
+clusters, each centroid's top-`window` nearest tokens, let a later token push an earlier key
+out of a cluster; chunks of a globally sorted sequence, as LSH's, move with later tokens.)
+Non-causal we use the same assignment rather than balanced clusters: every token is in
+exactly one cluster, so no token is left in none and no pair is counted in two; a pattern is
+one sort with no dedup masks.
+
+Centroids: per head, initialised when the kernel is built as random vectors of norm sqrt(d)
+(the norm of every layer-normalised vector), from a generator seeded with `seed` (or with a
+seed from the global RNG), so evaluating before any training works. They are exponential
+moving averages in the VQ-VAE style: running counts and sums of the assigned routing
+vectors, decayed by `decay` (the reference code's 0.999) per training forward, the initial
+vector counting as one member; centroid = sum / count. Updated only in training forwards,
+never in eval and never inside `base.replaying()`. No commitment loss: the centroids follow
+the projections, not the other way round (the reference code's 1e-4-weighted loss would have
+to reach the LM's loss and the record).
+
+Replay: the clusters of the last forward are kept in `last_clusters`; inside `replaying()`
+a forward of the same shape reuses them, so a reversible or checkpointed recompute attends
+with the pattern of its forward (the centroids may have moved since) and gradients are exact.
+
+Layout: positions sorted by (cluster, position), cut into chunks of m = min(window, seq_len);
+each chunk attends to the previous chunk and itself (and the next one, non-causal), with a
+bias hiding every key outside the query's own run of cluster members within the window. The
+windows run on PyTorch's fused CPU flash kernels (`flash.attend`) a few chunks at a time, and
+the backward is their flash backward; other devices take explicit matmuls. Routing costs
+O(L K d) (K = n_clusters, no gradient) and the attention O(L m d).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch.autograd.function import once_differentiable
+
+from variants.attention import flash
+from variants.attention.base import SHARED_QK_NORM_EPS, Attention, is_replaying
+from variants.attention.lsh import PIECE_BYTES, SELF_MARGIN, index_dtype
+from variants.checks import require_non_negative_int, require_positive_int, require_probability
+from variants.registry import register_attention
+
+# Counts below this are treated as this when dividing sums by counts (a cluster that has had
+# no member for many steps decays to it instead of to 0 / 0).
+COUNT_EPS = 1e-5
+
+
+@register_attention
+class RoutingAttention(Attention):
+    """Routing Transformer: shared-QK tokens routed to k-means centroids, windows per cluster.
+
+    The `k` argument is ignored: keys are the unit-normalised queries (the model passes q = k
+    because this variant declares `shared_qk_required`). Centroid state lives in the buffers
+    `centroid_sums` (H, K, D) and `centroid_counts` (H, K).
+    """
+
+    name = "routing"
+    exact = False
+    time_complexity = "O(L w d + L K d)"
+    memory_complexity = "O(L w)"
+    shared_qk_required = True
+
+    def __init__(
+        self,
+        *,
+        causal: bool = False,
+        n_clusters: int = 16,
+        window: int = 128,
+        decay: float = 0.999,
+        seed: int | None = None,
+        n_heads: int = 4,
+        head_dim: int = 64,
+    ):
+        super().__init__(causal=causal)
+        self.n_clusters = require_positive_int(self.name, "n_clusters", n_clusters)
+        self.window = require_positive_int(self.name, "window", window)
+        self.decay = require_probability(self.name, "decay", decay)
+        self.seed = None if seed is None else require_non_negative_int(self.name, "seed", seed)
+        self.n_heads = require_positive_int(self.name, "n_heads", n_heads)
+        self.head_dim = require_positive_int(self.name, "head_dim", head_dim)
+        generator = torch.Generator()
+        generator.manual_seed(seed if seed is not None else int(torch.randint(0, 2**62, ())))
+        init = torch.randn(n_heads, n_clusters, head_dim, generator=generator)
+        init = F.normalize(init, dim=-1) * math.sqrt(head_dim)  # (H, K, D)
+        self.register_buffer("centroid_sums", init)
+        self.register_buffer("centroid_counts", torch.ones(n_heads, n_clusters))
+        self.last_clusters: torch.Tensor | None = None
+
+    @property
+    def centroids(self) -> torch.Tensor:
+        """(H, K, D): running sums over running counts."""
+        return self.centroid_sums / self.centroid_counts.clamp_min(COUNT_EPS).unsqueeze(-1)
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        batch, heads, length, head_dim = q.shape
+        if (heads, head_dim) != (self.n_heads, self.head_dim):
+            raise ValueError(
+                f"{self.name}: options 'n_heads'={self.n_heads} and 'head_dim'={self.head_dim} "
+                f"must equal the inputs' heads and head_dim {heads}, {head_dim} "
+                f"(the centroids are per head)"
+            )
+        clusters = self._clusters(q)  # (B, H, L) int64
+        m = min(self.window, length)
+        padded = -(-length // m) * m
+        layout = ClusterLayout(clusters, self.n_clusters, padded, self.window, self.causal)
+        q = F.pad(q, (0, 0, 0, padded - length)).flatten(0, 1)  # (S, Lp, D), S = B*H
+        v = F.pad(v, (0, 0, 0, padded - length)).flatten(0, 1)  # (S, Lp, D)
+        out = ClusterWindowAttention.apply(
+            q, v, layout.order_rows, layout.slot_rows, layout.low, layout.high, m, self.causal
+        )  # (S, Lp, D)
+        return out.view(batch, heads, padded, head_dim)[:, :, :length]  # (B, H, L, D)
+
+    def _clusters(self, q: torch.Tensor) -> torch.Tensor:
+        """Each position's cluster, (B, H, L) int64; cached for replays, EMA-updated in training.
+
+        The nearest centroid by dot product to the query layer-normalised without scale.
+        """
+        cached = self.last_clusters
+        if is_replaying() and cached is not None and cached.shape == q.shape[:3]:
+            return cached.long()
+        with torch.no_grad():
+            x = q.detach()
+            if x.dtype in (torch.float16, torch.bfloat16):
+                x = x.float()
+            x = F.layer_norm(x, (x.shape[-1],))  # (B, H, L, D), norm sqrt(D)
+            centroids = self.centroids.to(x.dtype).transpose(-1, -2)  # (H, D, K)
+            clusters = torch.empty(x.shape[:3], dtype=torch.long, device=x.device)  # (B, H, L)
+            rows = max(1, PIECE_BYTES // (x.shape[0] * x.shape[1] * self.n_clusters * 4))
+            for start in range(0, x.shape[2], rows):
+                scores = x[:, :, start : start + rows] @ centroids  # (B, H, l, K)
+                clusters[:, :, start : start + rows] = scores.argmax(dim=-1)
+            if self.training and not is_replaying():
+                self._update_centroids(x, clusters)
+        self.last_clusters = clusters.to(index_dtype(self.n_clusters))
+        return clusters
+
+    def _update_centroids(self, x: torch.Tensor, clusters: torch.Tensor) -> None:
+        """One EMA step: counts and sums decay by `decay` and gain (1 - decay) times this
+        forward's members. x: (B, H, L, D) routing vectors; clusters: (B, H, L)."""
+        heads, n_clusters, head_dim = self.centroid_sums.shape
+        head = torch.arange(heads, device=x.device).view(1, heads, 1)
+        index = (head * n_clusters + clusters).flatten()  # (B*H*L,) into (H*K,)
+        counts = torch.bincount(index, minlength=heads * n_clusters)  # (H*K,)
+        sums = x.new_zeros(heads * n_clusters, head_dim).index_add_(0, index, x.flatten(0, 2))
+        rate = 1.0 - self.decay
+        self.centroid_counts.mul_(self.decay).add_(counts.view(heads, n_clusters), alpha=rate)
+        sums = sums.view(heads, n_clusters, head_dim).to(self.centroid_sums.dtype)
+        self.centroid_sums.mul_(self.decay).add_(sums, alpha=rate)
+
+    def flops(self, batch: int, heads: int, seq_len: int, head_dim: int) -> int:
+        """Scores and values of the pairs a single cluster allows: the most any routing allows
+        (more clusters leave their first members fewer keys), and exactly full attention's
+        pairs at window >= seq_len. Routing, O(L K d) without gradient, is not counted."""
+        length, window = seq_len, min(self.window, seq_len)
+        if self.causal:
+            pairs = window * (window + 1) // 2 + (length - window) * window
+        else:
+            pairs = length * length - (length - window) * (length - window + 1)
+        return 4 * batch * heads * pairs * head_dim
+
+    def extra_repr(self) -> str:
+        return (
+            f"causal={self.causal}, n_clusters={self.n_clusters}, window={self.window}, "
+            f"decay={self.decay}, seed={self.seed}, n_heads={self.n_heads}, "
+            f"head_dim={self.head_dim}"
+        )
+
+
+class ClusterLayout:
+    """The sort by (cluster, position) and each sorted query's run of keys.
+
+    clusters: (B, H, L); positions L..Lp-1 (padding) form an extra last cluster of their own,
+    so no real query sees them. Attributes, over S = B*H sequences of Lp sorted slots:
+    order_rows (S*Lp,) the row (of the flattened (S*Lp, D) inputs) at each sorted slot;
+    slot_rows (S*Lp,) the sorted slot of each row; low, high (S, Lp) the first and last key of
+    each sorted query, as offsets from the query's own slot (low <= 0 <= high).
+    """
+
+    def __init__(self, clusters, n_clusters: int, padded: int, window: int, causal: bool):
+        batch, heads, length = clusters.shape
+        device = clusters.device
+        clusters = F.pad(clusters, (0, padded - length), value=n_clusters).flatten(0, 1)  # S, Lp
+        positions = torch.arange(padded, device=device)
+        # Clusters <= K and positions < Lp: one argsort orders by cluster, then position.
+        order = (clusters * padded + positions).argsort(dim=-1)  # (S, Lp)
+        slot = torch.empty_like(order).scatter_(-1, order, positions.expand_as(order))
+        start = torch.arange(clusters.shape[0], device=device).unsqueeze(-1) * padded  # (S, 1)
+        self.order_rows = (order + start).view(-1)
+        self.slot_rows = (slot + start).view(-1)
+        # Each sorted slot's cluster run [first, last].
+        members = torch.zeros(clusters.shape[0], n_clusters + 1, dtype=torch.long, device=device)
+        members.scatter_add_(-1, clusters, torch.ones_like(clusters))  # (S, K+1)
+        ends = members.cumsum(dim=-1)  # (S, K+1) one past each cluster's last slot
+        sorted_clusters = clusters.gather(-1, order)  # (S, Lp)
+        first = (ends - members).gather(-1, sorted_clusters) - positions  # (S, Lp), <= 0
+        last = ends.gather(-1, sorted_clusters) - 1 - positions  # (S, Lp), >= 0
+        offsets = index_dtype(3 * min(window, padded))  # window_bias compares up to 2m away
+        self.low = first.clamp_min(1 - window).to(offsets)
+        self.high = (torch.zeros_like(last) if causal else last.clamp_max(window - 1)).to(offsets)
+
+
+class ClusterWindowAttention(torch.autograd.Function):
+    """Shared-QK attention of sorted chunks over their windows, each query limited to its run.
+
+    Forward: q and v are sorted into rows with a chunk of zero rows in front (and behind, when
+    not causal), so that every chunk's window (previous chunk, own chunk[, next chunk]) is a
+    strided view; keys are the unit rows. A few chunks at a time (`chunk_ranges`) the fused
+    kernel attends with `window_bias`, and the outputs go back to position order. The
+    backward is the flash backward of every range given the saved output and logsumexp, with
+    the window gradients added back onto the rows they view and the key role's gradient taken
+    through the normalisation. Saves the sorted rows, the output, logsumexp and the offsets.
+    """
+
+    @staticmethod
+    def forward(ctx, q, v, order_rows, slot_rows, low, high, m, causal):
+        """q, v: (S, Lp, D) in position order; order_rows, slot_rows: (S*Lp,); low, high:
+        (S, Lp) key offsets of each sorted query; m: chunk length. Returns o (S, Lp, D)."""
+        n_seq, padded, head_dim = q.shape
+        windows = 2 if causal else 3
+        q_rows, v_rows = (sorted_rows(x, order_rows, m, windows) for x in (q, v))
+        norm = q_rows.norm(dim=-1, keepdim=True).clamp_min_(SHARED_QK_NORM_EPS)  # (S, R, 1)
+        unit = q_rows / norm  # (S, R, D), R = (C + W - 1) m rows
+        out = q.new_empty(n_seq, padded, head_dim)  # sorted order
+        lse = None
+        for s, chunks in chunk_ranges(n_seq, padded, m, windows, q.element_size()):
+            query, keys, values = window_views(q_rows[s], unit[s], v_rows[s], chunks, m, windows)
+            bias = window_bias(low[s], high[s], norm[s], chunks, m, windows, q.dtype)
+            out_c, lse_c = flash.attend(query, keys, values, bias=bias, scale=1.0)
+            rows = slice(chunks.start * m, chunks.stop * m)
+            out[s, rows] = out_c.reshape(-1, head_dim)
+            if lse is None:
+                lse = lse_c.new_empty(n_seq, padded)
+            lse[s, rows] = lse_c.reshape(-1)
+        ctx.m, ctx.windows = m, windows
+        ctx.save_for_backward(q_rows, v_rows, order_rows, slot_rows, low, high, out, lse)
+        return out.view(-1, head_dim).index_select(0, slot_rows).view(n_seq, padded, head_dim)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_out):
+        q_rows, v_rows, order_rows, slot_rows, low, high, out, lse = ctx.saved_tensors
+        m, windows = ctx.m, ctx.windows
+        n_seq, padded, head_dim = out.shape
+        grad_sorted = grad_out.reshape(-1, head_dim).index_select(0, order_rows)
+        grad_sorted = grad_sorted.view(n_seq, padded, head_dim)
+        norm = q_rows.norm(dim=-1, keepdim=True).clamp_min_(SHARED_QK_NORM_EPS)  # (S, R, 1)
+        unit = q_rows / norm
+        grad_q, grad_unit, grad_v = (torch.zeros_like(q_rows) for _ in range(3))  # (S, R, D)
+        for s, chunks in chunk_ranges(n_seq, padded, m, windows, q_rows.element_size()):
+            query, keys, values = window_views(q_rows[s], unit[s], v_rows[s], chunks, m, windows)
+            bias = window_bias(low[s], high[s], norm[s], chunks, m, windows, q_rows.dtype)
+            rows = slice(chunks.start * m, chunks.stop * m)
+            shape = query.shape  # (1, c, m, D)
+            grad_query, grad_keys, grad_values = flash.attend_backward(
+                grad_sorted[s, rows].view(shape),
+                query,
+                keys,
+                values,
+                out[s, rows].view(shape),
+                lse[s, rows].view(shape[:-1]),
+                bias=bias,
+                scale=1.0,
+            )  # (1, c, m, D), (1, c, W*m, D) twice
+            grad_q[s, m + rows.start : m + rows.stop] += grad_query.reshape(-1, head_dim)
+            for w in range(windows):  # window w of chunk c views rows (c + w) m ..
+                piece = slice(rows.start + w * m, rows.stop + w * m)
+                part = slice(w * m, (w + 1) * m)
+                grad_unit[s, piece] += grad_keys[0, :, part].reshape(-1, head_dim)
+                grad_v[s, piece] += grad_values[0, :, part].reshape(-1, head_dim)
+        # unit = q / |q|: the key role's gradient loses its radial part, divided by |q|.
+        radial = (grad_unit * unit).sum(dim=-1, keepdim=True)
+        grad_q += grad_unit.sub_(unit.mul_(radial)).div_(norm)
+        own = slice(m, m + padded)  # the sorted rows, without the zero chunks around them
+        grads = []
+        for grad in (grad_q, grad_v):
+            grads.append(grad[:, own].reshape(-1, head_dim).index_select(0, slot_rows))
+        grad_q, grad_v = (g.view(n_seq, padded, head_dim) for g in grads)
+        return grad_q, grad_v, None, None, None, None, None, None
+
+
+def sorted_rows(x: torch.Tensor, order_rows: torch.Tensor, m: int, windows: int) -> torch.Tensor:
+    """(S, Lp, D) in position order -> (S, (C + W - 1) m, D): sorted, one chunk of zero rows in
+    front (and W - 2 behind), so that chunk c's window starts at row c m."""
+    n_seq, padded, head_dim = x.shape
+    rows = x.new_zeros(n_seq, padded + (windows - 1) * m, head_dim)
+    sorted_x = x.reshape(-1, head_dim).index_select(0, order_rows).view(n_seq, padded, head_dim)
+    rows[:, m : m + padded] = sorted_x
+    return rows
+
+
+def chunk_ranges(n_seq: int, padded: int, m: int, windows: int, element_size: int):
+    """(sequence, range of chunks) pairs whose score bias, c m (W m) floats, stays within
+    PIECE_BYTES (one chunk at least), in order."""
+    n_chunks = padded // m
+    per_range = max(1, PIECE_BYTES // (m * windows * m * element_size))
+    for s in range(n_seq):
+        for start in range(0, n_chunks, per_range):
+            yield s, slice(start, min(start + per_range, n_chunks))
+
+
+def window_views(q_rows, unit_rows, v_rows, chunks: slice, m: int, windows: int):
+    """One sequence's rows (R, D) -> the queries (1, c, m, D) of `chunks` and their windows'
+    keys and values (1, c, W m, D), strided views without copies."""
+    head_dim = q_rows.shape[-1]
+    n = chunks.stop - chunks.start
+    first = chunks.start * m
+    query = q_rows[m + first : m + first + n * m].view(1, n, m, head_dim)
+
+    def window(rows):
+        stride = rows.stride(0)
+        return rows.as_strided(
+            (1, n, windows * m, head_dim),
+            (0, m * stride, stride, rows.stride(1)),
+            rows.storage_offset() + first * stride,
+        )
+
+    return query, window(unit_rows), window(v_rows)
+
+
+def window_bias(low, high, norm, chunks: slice, m: int, windows: int, dtype) -> torch.Tensor:
+    """Additive bias (1, c, m, W m) of one sequence's `chunks`: `flash.masked_score` on keys
+    outside each query's run [low, high] (offsets from its slot, (Lp,) each), and on the
+    query's own key -(2 |q| + SELF_MARGIN), so it attends to itself only when alone (as LSH's
+    `window_bias`: |q . k_hat| <= |q| for every other key). norm: (R, 1) row norms."""
+    rows = slice(chunks.start * m, chunks.stop * m)
+    n = chunks.stop - chunks.start
+    offsets = low.dtype
+    # Key t of chunk row i's window sits at offset t - m - i from the query's slot.
+    relative = torch.arange(windows * m, device=low.device, dtype=offsets) - m
+    relative = relative - torch.arange(m, device=low.device, dtype=offsets).unsqueeze(-1)
+    low_c = low[rows].view(n, m, 1)
+    high_c = high[rows].view(n, m, 1)
+    hidden = (relative < low_c) | (relative > high_c)  # (c, m, W m)
+    bias = flash.hidden_bias(hidden, dtype)
+    own_norm = norm[m + rows.start : m + rows.stop].view(n, m)
+    bias[:, :, m : 2 * m].diagonal(dim1=-2, dim2=-1).copy_(own_norm.mul(-2).sub_(SELF_MARGIN))
+    return bias.unsqueeze(0)
