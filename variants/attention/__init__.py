@@ -1,11 +1,13 @@
 """Attention kernels, one module per variant; importing this package registers them all.
 
 Imported in the order the registry lists them: the exact reference first, then fixed patterns,
-learnable patterns and low rank, as in Tay et al.'s survey.
+their combinations (with the Longformer, BigBird and Sparse Transformer presets), learnable
+patterns and low rank, as in Tay et al.'s survey.
 """
 # ruff: noqa: I001, F401  (order is the registry's order; imported to register)
 
 from variants.attention import full
 from variants.attention import blockwise, strided, compressed
+from variants.attention import combined
 from variants.attention import lsh
 from variants.attention import linformer
