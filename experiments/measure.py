@@ -128,7 +128,32 @@ def setup(config: dict[str, Any]) -> Setup:
     torch.manual_seed(seed)
     task = build_task(config["task"], seq_len=seq_len, batch_size=batch_size, seed=seed)
     model = build_model(config, task.vocab_size).to(device=device, dtype=dtype)
+    check_backward(config, first_kernel(model), device)
     return Setup(device, dtype, task, model)
+
+
+def check_backward(config: dict[str, Any], kernel: Attention, device: torch.device) -> None:
+    """A kernel that runs forward only on `device` (`impl=flex` on CPU) can only be timed
+    forward: refuse a job that would train it or time or measure a training step."""
+    if kernel.supports_backward(device):
+        return
+    needs = [
+        key
+        for key, on in (
+            ("train.steps", config["train"]["steps"] > 0),
+            ("measure.step", config["measure"]["step"]),
+            ("measure.memory", config["measure"]["memory"]),
+        )
+        if on
+    ]
+    if needs:
+        name = config["attention"]["name"]
+        raise ValueError(
+            f"attention {name!r}: option impl='flex' runs forward only on {device.type} "
+            f"(PyTorch's FlexAttention has no CPU backward), but {', '.join(needs)} need a "
+            "backward; use attention.impl=native to train, or train.steps=0 "
+            "measure.step=false measure.memory=false to time its forward"
+        )
 
 
 def measure(
@@ -251,6 +276,11 @@ def _kernel_timings(kernel, shape, device, dtype, timing) -> dict[str, float]:
     q, k, v = (torch.randn(shape, device=device, dtype=dtype) for _ in range(3))
     with torch.no_grad():
         fwd_ms, fwd_iqr = time_ms(lambda: kernel(q, k, v), device, **timing)
+    if not kernel.supports_backward(device):  # forward only (impl=flex on CPU)
+        nan = float("nan")
+        return {"attn_fwd_ms": fwd_ms, "attn_fwd_iqr_ms": fwd_iqr} | dict.fromkeys(
+            ("attn_fwd_bwd_ms", "attn_fwd_bwd_iqr_ms"), nan
+        )
     qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
     grad_out = torch.randn(shape, device=device, dtype=dtype)
 
