@@ -16,6 +16,11 @@ transparent-huge-page allocations; the table header says whether it was set.
 With reformer-pytorch installed (`pip install -e '.[compare]'`), its `LSHAttention` at the same
 settings (n_hashes 4, bucket_size 64, causal) is timed in the same rounds, for the target
 "lsh >= 3x faster than reformer-pytorch" at 32K.
+
+The combined presets (`longformer`, `bigbird`) are also timed against `blockwise` with the same
+number of key blocks per query block, and every fixed pattern's forward (no grad) against
+compiled FlexAttention with the block mask of the same pattern (`impl=flex`, up to
+`--flex-max-len`; each length and pattern compiles once, ~30 s, in the untimed first call).
 """
 
 from __future__ import annotations
@@ -49,9 +54,22 @@ KERNELS = {
     "strided": {"stride": "auto"},
     "compressed": {},
     "linformer": {},
+    "longformer": {},  # presets at their published shapes; one seed for the random blocks
+    "bigbird": {"seed": 0},
+    "sparse_fixed": {},
+    # blockwise with as many key blocks per query block as the preset's causal pattern:
+    # longformer own + 2 back + the global token's block; bigbird own + 1 back + the global
+    # block + 3 random blocks.
+    "blockwise-4x128": {"variant": "blockwise", "block_size": 128, "look_backward": 3},
+    "blockwise-6x64": {"variant": "blockwise", "block_size": 64, "look_backward": 5},
 }
+# Each combined preset and the blockwise kernel with its number of key blocks per query block.
+SAME_BLOCKS = {"longformer": "blockwise-4x128", "bigbird": "blockwise-6x64"}
+# Forward (no grad) of each fixed pattern, ours against compiled FlexAttention on its pattern.
+FLEX_KERNELS = ("blockwise", "strided", "longformer", "bigbird", "sparse_fixed")
+FLEX_MAX_LENGTH = 16384
 MEMORY_LENGTH = 65536
-MEMORY_KERNELS = ("lsh", "blockwise", "strided", "linformer")  # the target's kernels
+MEMORY_KERNELS = ("lsh", "blockwise", "strided", "linformer", "longformer", "bigbird")
 MEMORY_INFO_KERNELS = ("compressed",)  # measured alongside, without a bound
 MEMORY_LIMIT_BYTES = 4 * 10**9  # the target says 4 GB: 3.73 GiB
 GiB = 2**30
@@ -88,6 +106,9 @@ def main(argv: list[str] | None = None) -> None:
             flush=True,
         )
     targets = kernel_targets(timings, lengths)
+    if not args.skip_flex:
+        flex_lengths = [n for n in lengths if n <= args.flex_max_len]
+        targets += flex_targets(flex_lengths, args.rounds, args.min_seconds)
     if not args.skip_memory:
         targets += memory_targets(args.memory_len)
     if not args.skip_depth:
@@ -115,6 +136,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--memory-len", type=int, default=MEMORY_LENGTH)
     parser.add_argument("--depth-len", type=int, default=4096, help="seq_len of depth ratios")
     parser.add_argument("--depth-attention", default="lsh")
+    parser.add_argument(
+        "--flex-max-len",
+        type=int,
+        default=FLEX_MAX_LENGTH,
+        help="longest length of the forward comparison with compiled FlexAttention",
+    )
+    parser.add_argument("--skip-flex", action="store_true", help="no FlexAttention rows")
     parser.add_argument("--skip-memory", action="store_true")
     parser.add_argument("--skip-depth", action="store_true")
     return parser.parse_args(argv)
@@ -123,14 +151,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 # --- kernels -----------------------------------------------------------------------------------
 
 
-def kernel(name: str, length: int) -> torch.nn.Module:
+def kernel(name: str, length: int, **extra) -> torch.nn.Module:
     """The variant as the targets configure it; Linformer unmasked with its length as bound."""
-    options = dict(KERNELS[name])
+    options = dict(KERNELS[name]) | extra
+    variant = options.pop("variant", name)
     if name == "linformer":
         options["max_seq_len"] = length
     else:
         options["causal"] = True
-    return build_attention(name, **options)
+    return build_attention(variant, **options)
 
 
 def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -171,6 +200,17 @@ def forward_backward(attend: Callable, length: int) -> Callable[[], object]:
     return call
 
 
+def forward(attend: Callable, length: int) -> Callable[[], object]:
+    """A call of attend(q, k, v) without autograd, on fixed random inputs."""
+    q, k, v = (torch.randn(BATCH, HEADS, length, HEAD_DIM) for _ in range(3))
+
+    @torch.no_grad()
+    def call():
+        return attend(q, k, v)
+
+    return call
+
+
 def seconds_per_call(fn: Callable[[], object], min_time_s: float = 0.3) -> float:
     """Mean seconds of one call over as many calls as fill `min_time_s` (at least one), after
     one untimed call.
@@ -205,6 +245,7 @@ class Timings:
     matmuls: dict[str, float]  # time per call in units of the 1024^3 matmul timed around it
     lsh_over_reference: float | None  # reformer-pytorch's time / lsh's, when installed
     rounds: int
+    over_same_blocks: dict[str, float]  # a SAME_BLOCKS preset's time / its blockwise's, per round
 
 
 def time_kernels(length: int, rounds: int, min_seconds: float = 0.0) -> Timings:
@@ -240,7 +281,11 @@ def time_kernels(length: int, rounds: int, min_seconds: float = 0.0) -> Timings:
     if REFORMER_PYTORCH in times:
         pairs = zip(times[REFORMER_PYTORCH], times["lsh"], strict=True)
         versus = statistics.median(reference / ours for reference, ours in pairs)
-    return Timings(speedups, fractions, seconds, matmuls, versus, len(times["sdpa"]))
+    same_blocks = {
+        name: statistics.median(a / b for a, b in zip(times[name], times[other], strict=True))
+        for name, other in SAME_BLOCKS.items()
+    }
+    return Timings(speedups, fractions, seconds, matmuls, versus, len(times["sdpa"]), same_blocks)
 
 
 def time_in_rounds(
@@ -317,11 +362,20 @@ def kernel_targets(timings: dict[int, Timings], lengths: list[int]) -> list[Targ
             rows.append(at_least(f"{name} speed-up, L={longest}", speedups[longest][name], bound))
     else:
         rows.append(info(f"blockwise speed-up, L={longest}", speedups[longest]["blockwise"]))
+    for name in SAME_BLOCKS:  # the combined presets: >= 10x SDPA at 32K
+        row = f"{name} speed-up, L={longest}"
+        value = speedups[longest][name]
+        rows.append(at_least(row, value, 10) if full_run else info(row, value))
     rows += [
         info(f"{name} speed-up, L={longest}", speedups[longest][name])
-        for name in ("strided", "compressed", "linformer")
+        for name in ("strided", "compressed", "linformer", "sparse_fixed")
         if name in speedups[longest]
     ]
+    for name, other in SAME_BLOCKS.items():  # the union costs what its blocks cost
+        rows += [
+            at_most(f"{name} time / {other} time, L={n}", timings[n].over_same_blocks[name], 1.5)
+            for n in lengths
+        ]
 
     for name in ("blockwise", "lsh", "strided", "compressed", "linformer", "full"):
         if name not in fractions[longest]:
@@ -339,7 +393,9 @@ def kernel_targets(timings: dict[int, Timings], lengths: list[int]) -> list[Targ
 
     if len(lengths) > 1:
         bounds = {"blockwise": 1.15, "lsh": 1.15, "linformer": 1.15, "strided": 1.6}
-        for name in ("blockwise", "lsh", "linformer", "strided", "compressed", "full", "sdpa"):
+        bounds |= dict.fromkeys(SAME_BLOCKS, 1.15)
+        names = ("blockwise", "lsh", "linformer", "strided", *SAME_BLOCKS, "compressed")
+        for name in (*names, "sparse_fixed", "full", "sdpa"):
             measured = [n for n in lengths if name in matmuls[n]]
             if len(measured) < 2:
                 continue
@@ -354,11 +410,37 @@ def kernel_targets(timings: dict[int, Timings], lengths: list[int]) -> list[Targ
     return rows
 
 
+def flex_targets(lengths: list[int], rounds: int, min_seconds: float = 0.0) -> list[Target]:
+    """Forward (no grad) of each FLEX_KERNELS pattern: compiled FlexAttention's time with the
+    block mask of the same pattern over ours, in the same rounds; above 1 means ours is
+    faster."""
+    rows = []
+    for length in lengths:
+        calls = {
+            f"{name} {impl}": forward(kernel(name, length, impl=impl), length)
+            for name in FLEX_KERNELS
+            for impl in ("native", "flex")
+        }
+        times, _ = time_in_rounds(calls, rounds, matmul_call(), min_seconds)
+        for name in FLEX_KERNELS:
+            pairs = zip(times[f"{name} flex"], times[f"{name} native"], strict=True)
+            ratio = statistics.median(flex / ours for flex, ours in pairs)
+            rows.append(at_least(f"compiled flex fwd / {name} fwd, L={length}", ratio, 1.0))
+        print(
+            f"L={length} forward seconds: "
+            + ", ".join(f"{k} {statistics.median(t):.3g}" for k, t in times.items()),
+            flush=True,
+        )
+    return rows
+
+
 # --- models: memory at 64K and depth ratios ----------------------------------------------------
 
 
 def model(attention: str, length: int, depth: int = 1, block: str = "residual") -> TransformerLM:
     """The targets' model: d_model 256, 4 heads, the kernel settings of KERNELS."""
+    options = dict(KERNELS[attention])
+    attention = options.pop("variant", attention)
     return TransformerLM(
         vocab_size=256,
         d_model=256,
@@ -366,7 +448,7 @@ def model(attention: str, length: int, depth: int = 1, block: str = "residual") 
         depth=depth,
         max_seq_len=length,
         attention=attention,
-        attention_options=KERNELS[attention],
+        attention_options=options,
         block=block,
         shared_qk=attention == "lsh",
         causal=attention != "linformer",
