@@ -30,6 +30,7 @@ The vocabulary (Sparse Transformer, Longformer, BigBird and attention-gym's mask
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 import torch
@@ -331,47 +332,34 @@ class Random(Pattern):
 
 
 @dataclass(frozen=True, eq=False)
-class Union(Pattern):
+class _Combination(Pattern):
+    """Parts joined pair by pair (masks) and tile by tile (states)."""
+
+    parts: tuple[Pattern, ...]
+
+    def allows(self, query, key):
+        return functools.reduce(self._join, (part.allows(query, key) for part in self.parts))
+
+    def range_states(self, *ranges):
+        states = (part.range_states(*ranges) for part in self.parts)
+        return functools.reduce(self._join_states, states)
+
+    def shift_invariant(self, period):
+        return all(part.shift_invariant(period) for part in self.parts)
+
+
+class Union(_Combination):
     """Pairs allowed by any part (each pair once)."""
 
-    parts: tuple[Pattern, ...]
-
-    def allows(self, query, key):
-        allowed = self.parts[0].allows(query, key)
-        for part in self.parts[1:]:
-            allowed = allowed | part.allows(query, key)
-        return allowed
-
-    def range_states(self, *ranges):
-        states = self.parts[0].range_states(*ranges)
-        for part in self.parts[1:]:
-            states = torch.maximum(states, part.range_states(*ranges))
-        return states
-
-    def shift_invariant(self, period):
-        return all(part.shift_invariant(period) for part in self.parts)
+    _join = staticmethod(torch.logical_or)
+    _join_states = staticmethod(torch.maximum)  # FULL if any part is, EMPTY if all are
 
 
-@dataclass(frozen=True, eq=False)
-class Intersection(Pattern):
+class Intersection(_Combination):
     """Pairs allowed by every part."""
 
-    parts: tuple[Pattern, ...]
-
-    def allows(self, query, key):
-        allowed = self.parts[0].allows(query, key)
-        for part in self.parts[1:]:
-            allowed = allowed & part.allows(query, key)
-        return allowed
-
-    def range_states(self, *ranges):
-        states = self.parts[0].range_states(*ranges)
-        for part in self.parts[1:]:
-            states = torch.minimum(states, part.range_states(*ranges))
-        return states
-
-    def shift_invariant(self, period):
-        return all(part.shift_invariant(period) for part in self.parts)
+    _join = staticmethod(torch.logical_and)
+    _join_states = staticmethod(torch.minimum)  # EMPTY if any part is, FULL if all are
 
 
 @dataclass(frozen=True, eq=False)

@@ -19,14 +19,14 @@ and merged with the others by logsumexp (`flash.merge_into`):
            attention of those rows, which replaces whatever the other pieces gave them (it
            already holds every key), so they never make every tile of the first block needed
 
-No (L, L) tensor exists: the tile bias is built per range of query blocks, O(chunk * keys).
+No (L, L) tensor exists: the tiles' mask is O(L * keys per query) bytes (uint8, cached per
+length), turned into a float bias per range of query blocks as it is needed.
 Rows that no piece gives a key (e.g. causal `random` alone in the first block) are zero, as a
 softmax over nothing is taken to be (the tests' dense reference does the same).
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
@@ -36,7 +36,7 @@ from variants import patterns
 from variants.attention import flash, flex
 from variants.attention.base import Attention
 from variants.attention.local import to_blocks
-from variants.attention.strided import from_columns, to_columns
+from variants.attention.strided import from_columns, stride_at, to_columns
 from variants.checks import (
     require_non_negative_int,
     require_positive_int,
@@ -45,8 +45,9 @@ from variants.checks import (
 from variants.registry import register_attention, register_preset
 
 PARTS = ("local", "strided", "global", "random", "summary")
-# Gathered keys and values of one call over a range of query blocks: small enough to stay
-# below glibc's mmap threshold region sizes that come back as fresh pages (see lsh.py).
+# The tiles run over ranges of query blocks whose gathered keys and values take about this
+# much: temporaries of a few MiB are reused between calls, where larger ones came back as
+# fresh pages every call and faulting them in cost as much as the attention (see lsh.py).
 CHUNK_BYTES = 8 * 2**20
 
 
@@ -114,8 +115,7 @@ class CombinedAttention(Attention):
     def stride_for(self, seq_len: int) -> int:
         """The stride at `seq_len` (option or round(sqrt(L))), at most L: a longer stride is
         the same pattern (only j == i within the sequence)."""
-        stride = max(1, round(math.sqrt(seq_len))) if self.stride == "auto" else self.stride
-        return min(stride, seq_len)
+        return min(stride_at(self.stride, seq_len), seq_len)
 
     def part_patterns(self, seq_len: int) -> dict[str, patterns.Pattern]:
         """Each named part's pattern at `seq_len`, before the causal cut."""
@@ -141,7 +141,7 @@ class CombinedAttention(Attention):
 
     def pattern(self, seq_len: int) -> patterns.Pattern:
         """The allowed pairs at `seq_len`: the union of the parts, intersected with `Causal`."""
-        return self._cached("pattern", seq_len, None, lambda: self._pattern(seq_len))
+        return self._cached("pattern", seq_len, "cpu", lambda: self._pattern(seq_len))
 
     def _pattern(self, seq_len: int) -> patterns.Pattern:
         union = patterns.union(self.part_patterns(seq_len).values())
@@ -171,7 +171,7 @@ class CombinedAttention(Attention):
         return 4 * batch * heads * self.plan(seq_len).pairs() * head_dim
 
     def _cached(self, kind: str, seq_len: int, device, build):
-        key = (kind, seq_len, None if device is None else torch.device(device))
+        key = (kind, seq_len, torch.device("cpu" if device is None else device))
         if key not in self._cache:
             # One length at a time is what a model runs; keep only the latest of each kind.
             for old in [k for k in self._cache if k[0] == kind]:
@@ -301,8 +301,8 @@ class Plan:
 
     def pairs(self) -> int:
         """Allowed pairs of the whole pattern, counted piece by piece (the pieces are
-        disjoint): FULL tiles by their area, PARTIAL ones by their masks, the strided and
-        summary pieces in closed form, global rows as L keys each."""
+        disjoint): the tiles' visible keys per row, the strided and summary pieces in closed
+        form, and L keys for each global row."""
         length, b = self.seq_len, self.block
         per_row = torch.zeros(self.n_blocks, b, dtype=torch.int64)  # (n, b)
         if self.tiles.shape[1]:

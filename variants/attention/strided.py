@@ -58,9 +58,7 @@ class StridedAttention(Attention):
 
     def stride_for(self, seq_len: int) -> int:
         """The stride used at `seq_len`: the option, or round(sqrt(seq_len)) if it is 'auto'."""
-        if self.stride == "auto":
-            return max(1, round(math.sqrt(seq_len)))
-        return self.stride
+        return stride_at(self.stride, seq_len)
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         # A stride beyond L gives the same pattern as stride L (the local part already covers
@@ -91,6 +89,11 @@ class StridedAttention(Attention):
 
     def extra_repr(self) -> str:
         return f"causal={self.causal}, stride={self.stride}, impl={self.impl}"
+
+
+def stride_at(stride: int | str, seq_len: int) -> int:
+    """`stride`, or round(sqrt(seq_len)) (at least 1) if it is 'auto'."""
+    return max(1, round(math.sqrt(seq_len))) if stride == "auto" else stride
 
 
 def strided_parts(stride: int, causal: bool) -> tuple[patterns.Pattern, patterns.Pattern]:
