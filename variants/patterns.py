@@ -17,6 +17,7 @@ intersections combine their parts' states, exactly where a part decides and cons
 (PARTIAL) otherwise. Tiles at the end of the sequence hold only real positions.
 
 The vocabulary (Sparse Transformer, Longformer, BigBird and attention-gym's mask functions):
+  Everything()                   every pair (exact attention)
   Causal()                       j <= i
   Local(block, back, forward)    j's block within [i's block - back, i's block + forward]
   Band(width)                    |i - j| < width (a sliding window)

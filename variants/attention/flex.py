@@ -23,6 +23,7 @@ from variants.checks import require_choice
 
 IMPLS = ("native", "flex")
 COMPILE = True  # False: eager flex_attention (tests: same function, no compile time)
+RECOMPILE_LIMIT = 64  # compiles of flex_attention per process (patterns x lengths x dtypes)
 _compiled = None
 
 
@@ -82,6 +83,11 @@ def attend(owner: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask) 
     function = flex_attention
     if COMPILE:
         if _compiled is None:
+            # Every pattern and length is a compile of its own (the mask_mod's structure is
+            # guarded on); past dynamo's default of 8 per function it would silently fall
+            # back to the unfused eager path, which holds all L^2 scores.
+            config = torch._dynamo.config
+            config.recompile_limit = max(config.recompile_limit, RECOMPILE_LIMIT)
             _compiled = torch.compile(flex_attention, dynamic=False)
         function = _compiled
     return function(q, k, v, block_mask=mask)
