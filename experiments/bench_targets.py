@@ -19,6 +19,11 @@ implementations are timed in the same rounds at the same settings, causal: refor
 routing-transformer's `KmeansAttention` (window 128, L / 128 clusters, shared QK) and
 performer-pytorch's `FastAttention` (266 features; targets "routing and performer faster" at
 16K). `--kernels` restricts the registry variants timed (SDPA always runs).
+
+The combined presets (`longformer`, `bigbird`) are also timed against `blockwise` with the same
+number of key blocks per query block, and every fixed pattern's forward (no grad) against
+compiled FlexAttention with the block mask of the same pattern (`impl=flex`, up to
+`--flex-max-len`; each length and pattern compiles once, ~30 s, in the untimed first call).
 """
 
 from __future__ import annotations
@@ -57,10 +62,33 @@ KERNELS = {
     "routing": {"window": 128},
     "performer": {},
     "linear": {},
+    "longformer": {},  # presets at their published shapes; one seed for the random blocks
+    "bigbird": {"seed": 0},
+    "sparse_fixed": {},
+    # blockwise with as many key blocks per query block as the preset's causal pattern:
+    # longformer own + 2 back + the global token's block; bigbird own + 1 back + the global
+    # block + 3 random blocks.
+    "blockwise-4x128": {"variant": "blockwise", "block_size": 128, "look_backward": 3},
+    "blockwise-6x64": {"variant": "blockwise", "block_size": 64, "look_backward": 5},
 }
 ROUTING_WINDOW = KERNELS["routing"]["window"]
+# Each combined preset and the blockwise kernel with its number of key blocks per query block.
+SAME_BLOCKS = {"longformer": "blockwise-4x128", "bigbird": "blockwise-6x64"}
+# Forward (no grad) of each fixed pattern, ours against compiled FlexAttention on its pattern.
+FLEX_KERNELS = ("blockwise", "strided", "longformer", "bigbird", "sparse_fixed")
+FLEX_MAX_LENGTH = 16384
 MEMORY_LENGTH = 65536
-MEMORY_KERNELS = ("lsh", "blockwise", "strided", "linformer", "routing", "performer", "linear")
+MEMORY_KERNELS = (
+    "lsh",
+    "blockwise",
+    "strided",
+    "linformer",
+    "routing",
+    "performer",
+    "linear",
+    "longformer",
+    "bigbird",
+)
 MEMORY_INFO_KERNELS = ("compressed",)  # measured alongside, without a bound
 MEMORY_LIMIT_BYTES = 4 * 10**9  # the target says 4 GB: 3.73 GiB
 GiB = 2**30
@@ -101,6 +129,9 @@ def main(argv: list[str] | None = None) -> None:
             flush=True,
         )
     targets = kernel_targets(timings, lengths)
+    if not args.skip_flex:
+        flex_lengths = [n for n in lengths if n <= args.flex_max_len]
+        targets += flex_targets(flex_lengths, args.rounds, args.min_seconds)
     if not args.skip_memory:
         targets += memory_targets(args.memory_len, names)
     if not args.skip_depth:
@@ -129,6 +160,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--memory-len", type=int, default=MEMORY_LENGTH)
     parser.add_argument("--depth-len", type=int, default=4096, help="seq_len of depth ratios")
     parser.add_argument("--depth-attention", default="lsh")
+    parser.add_argument(
+        "--flex-max-len",
+        type=int,
+        default=FLEX_MAX_LENGTH,
+        help="longest length of the forward comparison with compiled FlexAttention",
+    )
+    parser.add_argument("--skip-flex", action="store_true", help="no FlexAttention rows")
     parser.add_argument("--skip-memory", action="store_true")
     parser.add_argument("--skip-depth", action="store_true")
     return parser.parse_args(argv)
@@ -137,14 +175,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 # --- kernels -----------------------------------------------------------------------------------
 
 
-def kernel(name: str, length: int) -> torch.nn.Module:
+def kernel(name: str, length: int, **extra) -> torch.nn.Module:
     """The variant as the targets configure it; Linformer unmasked with its length as bound."""
-    options = kernel_options(name, length)
+    options = kernel_options(name, length) | extra
+    variant = options.pop("variant", name)
     if name == "linformer":
         options["max_seq_len"] = length
     else:
         options["causal"] = True
-    return build_attention(name, **options)
+    return build_attention(variant, **options)
 
 
 def kernel_options(name: str, length: int) -> dict:
@@ -234,6 +273,17 @@ def forward_backward(attend: Callable, length: int) -> Callable[[], object]:
     return call
 
 
+def forward(attend: Callable, length: int) -> Callable[[], object]:
+    """A call of attend(q, k, v) without autograd, on fixed random inputs."""
+    q, k, v = (torch.randn(BATCH, HEADS, length, HEAD_DIM) for _ in range(3))
+
+    @torch.no_grad()
+    def call():
+        return attend(q, k, v)
+
+    return call
+
+
 def seconds_per_call(fn: Callable[[], object], min_time_s: float = 0.3) -> float:
     """Mean seconds of one call over as many calls as fill `min_time_s` (at least one), after
     one untimed call.
@@ -268,6 +318,7 @@ class Timings:
     matmuls: dict[str, float]  # time per call in units of the 1024^3 matmul timed around it
     over_peers: dict[str, float]  # a public implementation's time / our variant's, per round
     rounds: int
+    over_same_blocks: dict[str, float]  # a SAME_BLOCKS preset's time / its blockwise's, per round
 
 
 def time_kernels(
@@ -310,7 +361,12 @@ def time_kernels(
         )
         for peer, ours in peers.items()
     }
-    return Timings(speedups, fractions, seconds, matmuls, versus, len(times["sdpa"]))
+    same_blocks = {
+        name: statistics.median(a / b for a, b in zip(times[name], times[other], strict=True))
+        for name, other in SAME_BLOCKS.items()
+        if name in times and other in times
+    }
+    return Timings(speedups, fractions, seconds, matmuls, versus, len(times["sdpa"]), same_blocks)
 
 
 def time_in_rounds(
@@ -371,7 +427,15 @@ def info(name: str, value: float) -> Target:
 
 # Faster than SDPA from this length on; at least this speed-up at TARGET_LENGTH.
 FASTER_FROM = {"lsh": 4096, "routing": 8192, "performer": 4096, "linear": 4096}
-SPEEDUP_AT_TARGET = {"lsh": 8, "blockwise": 25, "routing": 5, "performer": 5, "linear": 5}
+SPEEDUP_AT_TARGET = {
+    "lsh": 8,
+    "blockwise": 25,
+    "routing": 5,
+    "performer": 5,
+    "linear": 5,
+    "longformer": 10,
+    "bigbird": 10,
+}
 EXPONENT_BOUNDS = {
     "blockwise": 1.15,
     "lsh": 1.15,
@@ -380,6 +444,8 @@ EXPONENT_BOUNDS = {
     "linear": 1.15,
     "strided": 1.6,
     "routing": 1.6,
+    "longformer": 1.15,
+    "bigbird": 1.15,
 }
 # Public implementation -> (the length its target is judged at, at least this ratio).
 PEER_TARGETS = {
@@ -420,6 +486,12 @@ def kernel_targets(timings: dict[int, Timings], lengths: list[int]) -> list[Targ
             rows.append(at_least(row, value, SPEEDUP_AT_TARGET[name]))
         elif name not in FASTER_FROM:  # those have a row at every length above
             rows.append(info(row, value))
+    for name, other in SAME_BLOCKS.items():  # the union costs what its blocks cost
+        rows += [
+            at_most(f"{name} time / {other} time, L={n}", timings[n].over_same_blocks[name], 1.5)
+            for n in lengths
+            if name in timings[n].over_same_blocks
+        ]
 
     for name in [n for n in KERNELS if n in fractions[longest]]:
         row = f"{name} FLOP/s / matmul rate, L={longest}"
@@ -456,11 +528,37 @@ def kernel_targets(timings: dict[int, Timings], lengths: list[int]) -> list[Targ
     return rows
 
 
+def flex_targets(lengths: list[int], rounds: int, min_seconds: float = 0.0) -> list[Target]:
+    """Forward (no grad) of each FLEX_KERNELS pattern: compiled FlexAttention's time with the
+    block mask of the same pattern over ours, in the same rounds; above 1 means ours is
+    faster."""
+    rows = []
+    for length in lengths:
+        calls = {
+            f"{name} {impl}": forward(kernel(name, length, impl=impl), length)
+            for name in FLEX_KERNELS
+            for impl in ("native", "flex")
+        }
+        times, _ = time_in_rounds(calls, rounds, matmul_call(), min_seconds)
+        for name in FLEX_KERNELS:
+            pairs = zip(times[f"{name} flex"], times[f"{name} native"], strict=True)
+            ratio = statistics.median(flex / ours for flex, ours in pairs)
+            rows.append(at_least(f"compiled flex fwd / {name} fwd, L={length}", ratio, 1.0))
+        print(
+            f"L={length} forward seconds: "
+            + ", ".join(f"{k} {statistics.median(t):.3g}" for k, t in times.items()),
+            flush=True,
+        )
+    return rows
+
+
 # --- models: memory at 64K and depth ratios ----------------------------------------------------
 
 
 def model(attention: str, length: int, depth: int = 1, block: str = "residual") -> TransformerLM:
     """The targets' model: d_model 256, 4 heads, the kernel settings of KERNELS."""
+    options = kernel_options(attention, length)
+    attention = options.pop("variant", attention)
     return TransformerLM(
         vocab_size=256,
         d_model=256,
@@ -468,9 +566,8 @@ def model(attention: str, length: int, depth: int = 1, block: str = "residual") 
         depth=depth,
         max_seq_len=length,
         attention=attention,
-        attention_options=kernel_options(attention, length),
+        attention_options=options,
         block=block,
-        shared_qk=attention in ("lsh", "routing"),
         causal=attention != "linformer",
     )
 

@@ -135,7 +135,32 @@ def setup(config: dict[str, Any]) -> Setup:
     task = build_task(config["task"], seq_len=seq_len, batch_size=batch_size, seed=seed)
     # float32 master weights whatever the dtype: half types are autocast (experiments/precision).
     model = build_model(config, task.vocab_size).to(device=device)
+    check_backward(config, first_kernel(model), device)
     return Setup(device, precision, task, model)
+
+
+def check_backward(config: dict[str, Any], kernel: Attention, device: torch.device) -> None:
+    """A kernel that runs forward only on `device` (`impl=flex` on CPU) can only be timed
+    forward: refuse a job that would train it or time or measure a training step."""
+    if kernel.supports_backward(device):
+        return
+    needs = [
+        key
+        for key, on in (
+            ("train.steps", config["train"]["steps"] > 0),
+            ("measure.step", config["measure"]["step"]),
+            ("measure.memory", config["measure"]["memory"]),
+        )
+        if on
+    ]
+    if needs:
+        name = config["attention"]["name"]
+        raise ValueError(
+            f"attention {name!r}: option impl='flex' runs forward only on {device.type} "
+            f"(PyTorch's FlexAttention has no CPU backward), but {', '.join(needs)} need a "
+            "backward; use attention.impl=native to train, or train.steps=0 "
+            "measure.step=false measure.memory=false to time its forward"
+        )
 
 
 def measure(
@@ -223,12 +248,13 @@ def measure(
         columns["attn_fwd_flops"] = fwd_flops
         columns["attn_fwd_bwd_flops"] = int(fwd_flops * FWD_BWD_FLOP_FACTOR)
         columns["attn_fwd_gflops_per_s"] = fwd_flops / columns["attn_fwd_ms"] / 1e6
-        columns["attn_fwd_bwd_gflops_per_s"] = (
-            columns["attn_fwd_bwd_flops"] / columns["attn_fwd_bwd_ms"] / 1e6
-        )
-        columns["attn_fwd_bwd_matmul_fraction"] = (
-            columns["attn_fwd_bwd_gflops_per_s"] / columns["matmul_peak_gflops_per_s"]
-        )
+        if "attn_fwd_bwd_ms" in columns:  # not for a forward-only kernel
+            columns["attn_fwd_bwd_gflops_per_s"] = (
+                columns["attn_fwd_bwd_flops"] / columns["attn_fwd_bwd_ms"] / 1e6
+            )
+            columns["attn_fwd_bwd_matmul_fraction"] = (
+                columns["attn_fwd_bwd_gflops_per_s"] / columns["matmul_peak_gflops_per_s"]
+            )
 
     step = _training_step(model, task, device, precision)
     if m_cfg["step"]:
@@ -332,6 +358,8 @@ def _kernel_timings(kernel, shape, device, dtype, timing) -> dict[str, Timing]:
     q, k, v = (torch.randn(shape, device=device, dtype=dtype) for _ in range(3))
     with torch.no_grad():
         fwd = time_call(lambda: kernel(q, k, v), device, **timing)
+    if not kernel.supports_backward(device):  # forward only (impl=flex on CPU)
+        return {"attn_fwd_ms": fwd}
     qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
     grad_out = torch.randn(shape, device=device, dtype=dtype)
 

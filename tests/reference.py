@@ -100,3 +100,48 @@ def assert_layout_independent(attend, tensors, replay=False):
     got = torch.autograd.grad((out_views * weights).sum(), views)
     want = torch.autograd.grad((out_dense * weights).sum(), dense)
     torch.testing.assert_close(got, want)
+
+
+# --- Hand-written dense masks of the pattern vocabulary (variants.patterns), one rule per
+# pattern on python ints, written from the definitions and never from the library's code.
+
+
+def rule_mask(length, rule):
+    """(L, L) bool with [i, j] = rule(i, j), evaluated pair by pair."""
+    return torch.tensor([[bool(rule(i, j)) for j in range(length)] for i in range(length)])
+
+
+def causal_rule(i, j):
+    return j <= i
+
+
+def local_rule(block, back, forward):
+    """Key block within [query block - back, query block + forward]."""
+    return lambda i, j: i // block - back <= j // block <= i // block + forward
+
+
+def band_rule(width):
+    return lambda i, j: abs(i - j) < width
+
+
+def strided_rule(stride):
+    return lambda i, j: (i - j) % stride == 0
+
+
+def global_rule(n_global, causal):
+    """The first n_global keys for everyone; unless causal, every key for the first queries."""
+    return lambda i, j: j < n_global or (not causal and i < n_global)
+
+
+def summary_rule(block, width):
+    """The last `width` positions of every block."""
+    return lambda i, j: j % block >= block - width
+
+
+def block_table_rule(table, block):
+    """Query block qb sees key block kb where table[qb][kb] (random blocks, given the draw)."""
+    return lambda i, j: bool(table[i // block][j // block])
+
+
+def union_rule(*rules):
+    return lambda i, j: any(rule(i, j) for rule in rules)

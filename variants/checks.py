@@ -35,6 +35,15 @@ def require_non_negative_int(owner: str, option: str, value: Any) -> int:
     return value
 
 
+def require_positive_int_or_auto(owner: str, option: str, value: Any) -> int | str:
+    """Return `value` if it is an int > 0 or the string 'auto', else raise `ValueError`."""
+    if value != "auto" and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
+        raise ValueError(
+            f"{owner}: option {option!r} must be a positive integer or 'auto', got {value!r}"
+        )
+    return value
+
+
 def require_bool(owner: str, option: str, value: Any) -> bool:
     """Return `value` if it is a bool (not 0/1 or a string), else raise `ValueError`."""
     if not isinstance(value, bool):

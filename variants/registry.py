@@ -3,17 +3,20 @@
 Every attention variant is a subclass of `variants.attention.base.Attention` decorated with
 `register_attention`. Its options are its constructor's keyword arguments, and their defaults are
 the code's defaults, which `conf/attention/<name>.yaml` mirrors (a test checks that they agree).
+A preset (`register_preset`) is a variant under another name with other defaults, e.g. `bigbird`
+is `combined` with BigBird's published shape: it builds, records and plots under its own name.
 """
 
 from __future__ import annotations
 
 import inspect
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from variants.checks import UnsupportedCombination
 
-_ATTENTION: dict[str, type] = {}
+# name -> (class, preset defaults): {} for a variant itself, its overrides for a preset.
+_ATTENTION: dict[str, tuple[type, dict[str, Any], str | None]] = {}
 
 # Options that describe the model the kernel lives in rather than the kernel itself. The layer
 # passes the ones a variant declares; they are not part of `conf/attention/*.yaml`.
@@ -33,14 +36,21 @@ class AttentionSpec:
     bounded_length: bool  # True if `max_seq_len` is a hard limit (learned per-position weights)
     time_complexity: str
     memory_complexity: str
+    preset: dict[str, Any] = field(default_factory=dict)  # a preset's own defaults
+
+    @property
+    def variant(self) -> str:
+        """The registered variant this name builds (itself, unless it is a preset)."""
+        return self.cls.name
 
     @property
     def defaults(self) -> dict[str, Any]:
         """Every build option and its default, in signature order (model options included)."""
         params = list(inspect.signature(self.cls.__init__).parameters.values())[1:]
-        return {
+        defaults = {
             p.name: p.default for p in params if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)
         }
+        return defaults | self.preset
 
     @property
     def options(self) -> dict[str, Any]:
@@ -57,8 +67,16 @@ def register_attention(cls: type) -> type:
     """Class decorator: add an `Attention` subclass to the registry under `cls.name`."""
     if cls.name in _ATTENTION:
         raise ValueError(f"attention variant {cls.name!r} is registered twice")
-    _ATTENTION[cls.name] = cls
+    _ATTENTION[cls.name] = (cls, {}, None)
     return cls
+
+
+def register_preset(name: str, variant: type, summary: str, **options: Any) -> None:
+    """Register `name` as `variant` (a registered class) with `options` as its defaults; every
+    other option keeps the variant's default and any option can still be overridden."""
+    if name in _ATTENTION:
+        raise ValueError(f"attention variant {name!r} is registered twice")
+    _ATTENTION[name] = (variant, dict(options), summary)
 
 
 def attention_names() -> list[str]:
@@ -72,17 +90,18 @@ def attention_spec(name: str) -> AttentionSpec:
     _load_builtin_variants()
     if name not in _ATTENTION:
         raise ValueError(f"unknown attention variant {name!r}; available: {', '.join(_ATTENTION)}")
-    cls = _ATTENTION[name]
+    cls, preset, summary = _ATTENTION[name]
     return AttentionSpec(
         name=name,
         cls=cls,
-        summary=(cls.__doc__ or "").strip().splitlines()[0],
+        summary=summary or (cls.__doc__ or "").strip().splitlines()[0],
         exact=cls.exact,
         causal_supported=cls.causal_supported,
         shared_qk_required=cls.shared_qk_required,
         bounded_length=cls.bounded_length,
         time_complexity=cls.time_complexity,
         memory_complexity=cls.memory_complexity,
+        preset=preset,
     )
 
 
@@ -105,7 +124,7 @@ def build_attention(name: str, **options: Any):
         raise UnsupportedCombination(
             f"attention {name!r} does not support option causal=True: {spec.cls.causal_reason}"
         )
-    return spec.cls(**options)
+    return spec.cls(**(spec.preset | options))
 
 
 def _load_builtin_variants() -> None:
@@ -122,7 +141,10 @@ def registry_table() -> str:
     ]
     for name in attention_names():
         spec = attention_spec(name)
-        options = ", ".join(f"`{k}={v!r}`" for k, v in spec.options.items()) or "—"
+        shown = spec.preset or spec.options  # a preset: what it sets; the rest is the variant's
+        options = ", ".join(f"`{k}={v!r}`" for k, v in shown.items()) or "—"
+        if spec.preset:
+            options = f"`{spec.variant}` with {options}"
         needs = ", ".join(f"`{k}`" for k in spec.model_options if k != "causal")
         if needs:
             options += f"; model: {needs}"

@@ -24,6 +24,9 @@ def test_scaling_exponent_is_the_least_squares_slope():
 
 def test_toy_run_prints_a_row_per_target(monkeypatch, capsys):
     monkeypatch.setattr(bench_targets, "LENGTHS", (256, 512))
+    # One call per timing, not 0.3 s of them: the table's arithmetic is what is tested.
+    timed = bench_targets.seconds_per_call
+    monkeypatch.setattr(bench_targets, "seconds_per_call", lambda fn: timed(fn, min_time_s=0))
     bench_targets.main(
         ["--rounds", "1", "--min-seconds", "0", "--threads", "1", "--skip-memory", "--skip-depth"]
     )
@@ -32,10 +35,16 @@ def test_toy_run_prints_a_row_per_target(monkeypatch, capsys):
     rows = {cell[1].strip(): cell[2].strip() for cell in cells}
     assert "lsh speed-up, L=512" in rows and "full time / SDPA time, L=256" in rows
     assert "blockwise scaling exponent 256->512" in rows
+    assert "bigbird time / blockwise-6x64 time, L=512" in rows
+    assert "longformer scaling exponent 256->512" in rows
     assert all(math.isfinite(float(value)) for value in rows.values())
     # The 32K targets are not judged at toy lengths: those rows carry no bound.
     bounds = {cell[1].strip(): cell[3].strip() for cell in cells}
-    for row in ("blockwise speed-up, L=512", "lsh FLOP/s / matmul rate, L=512"):
+    for row in (
+        "blockwise speed-up, L=512",
+        "lsh FLOP/s / matmul rate, L=512",
+        "bigbird speed-up, L=512",
+    ):
         assert bounds[row] == ""
 
 

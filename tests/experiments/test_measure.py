@@ -136,6 +136,34 @@ def test_setup_rejects_bad_options_naming_them(resolved_config, overrides, words
     assert not [w for w in words if w not in str(caught.value)], str(caught.value)
 
 
+def test_setup_refuses_to_train_a_forward_only_kernel_naming_the_options(resolved_config):
+    # FlexAttention has no CPU backward: training, the step time and its memory need one.
+    config = resolved_config(*TINY, "attention=bigbird", "attention.impl=flex", "device=cpu")
+    with pytest.raises(ValueError) as caught:
+        measure.setup(config)
+    for words in ("impl='flex'", "forward only", "train.steps", "measure.step", "measure.memory"):
+        assert words in str(caught.value)
+
+
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+def test_a_forward_only_kernel_is_timed_forward(resolved_config, monkeypatch):
+    from variants.attention import flex
+
+    monkeypatch.setattr(flex, "COMPILE", False)  # eager: the same function, no compile time
+    config = resolved_config(
+        *TINY,
+        "attention=blockwise",
+        "attention.impl=flex",
+        "attention.block_size=16",
+        "train.steps=0",
+        "measure.step=false",
+        "measure.memory=false",
+    )
+    columns = measure.measure(config, measure.setup(config))
+    assert columns["attn_fwd_ms"] > 0 and math.isnan(columns["attn_fwd_bwd_ms"])
+    assert columns["approx_rel_error"] > 0
+
+
 @pytest.mark.parametrize(
     "override",
     ["measure.approx_seeds=0", "train.eval_batches=0", "measure.matmul_size=0", "train.steps=-1"],

@@ -25,24 +25,41 @@ def build(name, **options):
     return variants.build_attention(name, **{**extra, **options})
 
 
-def test_all_nine_variants_are_registered():
+def test_every_variant_and_preset_is_registered():
     assert NAMES == [
         "full",
         "blockwise",
         "strided",
         "compressed",
+        "combined",
+        "longformer",
+        "bigbird",
+        "sparse_fixed",
         "lsh",
         "routing",
         "linformer",
         "performer",
         "linear",
     ]
+    presets = {"longformer", "bigbird", "sparse_fixed"}
+    assert {n for n in NAMES if variants.attention_spec(n).preset} == presets
 
 
 @pytest.mark.parametrize("name", NAMES)
 def test_conf_yaml_equals_code_defaults(name):
     conf = yaml.safe_load((CONF / f"{name}.yaml").read_text())
-    assert conf == {"name": name, **variants.attention_spec(name).options}
+    options = variants.attention_spec(name).options  # a YAML list is the code's tuple
+    assert conf == {
+        "name": name,
+        **{k: list(v) if isinstance(v, tuple) else v for k, v in options.items()},
+    }
+
+
+def test_a_preset_builds_its_variant_with_its_defaults_and_overrides():
+    kernel = variants.build_attention("bigbird", causal=True, n_random=1)
+    assert type(kernel) is variants.attention_spec("combined").cls
+    assert kernel.parts == ("local", "global", "random") and kernel.block_size == 64
+    assert kernel.n_random == 1 and kernel.causal
 
 
 def test_every_conf_yaml_is_a_registered_variant():

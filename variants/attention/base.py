@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from variants.checks import check_qkv, require_bool
+from variants.patterns import Pattern
 
 # Useful FLOPs of forward+backward as a multiple of forward FLOPs. Backward of softmax(QK^T)V
 # needs dV, dP, dQ, dK (4 matmuls) plus one recompute of QK^T in fused kernels: (2 + 5) / 2.
@@ -66,6 +67,17 @@ class Attention(nn.Module):
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
+
+    def pattern(self, seq_len: int) -> Pattern | None:
+        """The (query, key) position pairs this kernel attends at `seq_len`, as a
+        `variants.patterns` predicate; None for kernels whose keys are not positions of the
+        sequence (compressed, hashed or projected ones) or whose pairs depend on the inputs."""
+        return None
+
+    def supports_backward(self, device: torch.device) -> bool:
+        """Whether this kernel can be trained on `device`; False where it runs forward only
+        (`impl="flex"` on CPU: PyTorch's FlexAttention has no CPU backward)."""
+        return True
 
     def flops(self, batch: int, heads: int, seq_len: int, head_dim: int) -> int:
         """Useful forward FLOPs (2 per multiply-add) of the score and value matmuls.

@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from variants import patterns
+from variants.attention import flex
 from variants.attention.base import Attention, shared_qk_keys
 from variants.attention.local import from_blocks, key_windows, to_blocks, window_mask
 from variants.checks import require_bool, require_non_negative_int, require_positive_int
@@ -22,7 +24,9 @@ class BlockwiseAttention(Attention):
     first and last blocks simply have fewer neighbours. A length that is not a multiple of
     `block_size` is zero-padded internally, the padded keys masked and the padded queries dropped.
     With `shared_qk=True` (set by a shared-QK model) keys are unit-normalised and a query does
-    not attend to itself unless it has no other key, as in `full`.
+    not attend to itself unless it has no other key, as in `full`. The pattern is
+    `patterns.Local` (intersected with `patterns.Causal`), whose predicate gives the window mask;
+    `impl="flex"` runs FlexAttention on the same pattern instead (`variants.attention.flex`).
     """
 
     name = "blockwise"
@@ -37,6 +41,7 @@ class BlockwiseAttention(Attention):
         block_size: int = 128,
         look_backward: int = 1,
         look_forward: int = 1,
+        impl: str = "native",
         shared_qk: bool = False,
     ):
         super().__init__(causal=causal)
@@ -44,12 +49,34 @@ class BlockwiseAttention(Attention):
         self.block_size = require_positive_int(self.name, "block_size", block_size)
         self.look_backward = require_non_negative_int(self.name, "look_backward", look_backward)
         self.look_forward = require_non_negative_int(self.name, "look_forward", look_forward)
+        self.impl = flex.require_impl(self.name, impl)
+        if self.impl == "flex" and self.shared_qk:
+            raise ValueError(
+                f"{self.name}: option impl='flex' does not support shared_qk=True (the "
+                "Reformer's no-self rule depends on a whole row); use impl='native'"
+            )
+        self._flex_mask = None  # (seq_len, device, BlockMask) of the last flex call
+
+    def pattern(self, seq_len: int) -> patterns.Pattern:
+        """The allowed (query, key) pairs: `Local` blocks, intersected with `Causal` if causal
+        (the same at every length)."""
+        forward = 0 if self.causal else self.look_forward
+        local = patterns.Local(self.block_size, self.look_backward, forward)
+        return local & patterns.Causal() if self.causal else local
+
+    def supports_backward(self, device: torch.device) -> bool:
+        return flex.supports_backward(self.impl, device)
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         batch, heads, seq_len, _ = q.shape
         # A block longer than the sequence is the same pattern as one block of exactly L, and
         # then no padding work is wasted.
         block = min(self.block_size, seq_len)
+        if self.impl == "flex":
+            if self._flex_mask is None or self._flex_mask[:2] != (seq_len, q.device):
+                mask = flex.block_mask(self.pattern(seq_len), seq_len, block, q.device)
+                self._flex_mask = (seq_len, q.device, mask)
+            return flex.attend(self.name, q, k, v, self._flex_mask[2])
         back, fwd = self.look_backward, 0 if self.causal else self.look_forward
         if self.shared_qk:
             k = shared_qk_keys(k)  # (B, H, L, D)
@@ -57,11 +84,11 @@ class BlockwiseAttention(Attention):
         k_windows = key_windows(k, block, back, fwd).flatten(0, 1)  # (B*H, n, w*b, D)
         v_windows = key_windows(v, block, back, fwd).flatten(0, 1)  # (B*H, n, w*b, D)
         mask = window_mask(
+            self.pattern(seq_len),
             seq_len,
             block,
             back,
             fwd,
-            causal=self.causal,
             exclude_self=self.shared_qk,
             device=q.device,
         )  # (n, b, w*b)
@@ -75,21 +102,12 @@ class BlockwiseAttention(Attention):
         return from_blocks(out.unflatten(0, (batch, heads)), seq_len)  # (B, H, L, D)
 
     def flops(self, batch: int, heads: int, seq_len: int, head_dim: int) -> int:
-        # Query i in block c sees keys from the start of block c - look_backward up to itself
-        # (causal) or to the end of block c + look_forward, clipped to the sequence.
-        block = self.block_size
-        position = torch.arange(seq_len, dtype=torch.int64)
-        first_key = ((position // block - self.look_backward) * block).clamp(min=0)
-        if self.causal:
-            end_key = position + 1
-        else:
-            end_key = ((position // block + 1 + self.look_forward) * block).clamp(max=seq_len)
-        pairs = int((end_key - first_key).sum())
+        pairs = self.pattern(seq_len).pairs(seq_len, min(self.block_size, seq_len))
         return 4 * batch * heads * pairs * head_dim
 
     def extra_repr(self) -> str:
         return (
             f"causal={self.causal}, block_size={self.block_size}, "
             f"look_backward={self.look_backward}, look_forward={self.look_forward}, "
-            f"shared_qk={self.shared_qk}"
+            f"impl={self.impl}, shared_qk={self.shared_qk}"
         )

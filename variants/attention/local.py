@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
+from variants import patterns
 from variants.attention.base import pad_to_multiple, without_self
 
 
@@ -86,40 +87,42 @@ def sum_windows(
 
 
 def window_mask(
+    pattern: patterns.Pattern,
     seq_len: int,
     block_size: int,
     look_backward: int,
     look_forward: int,
     *,
-    causal: bool,
-    max_distance: int | None = None,
     exclude_self: bool = False,
     device: torch.device | None = None,
 ) -> torch.Tensor:
     """Which window keys each query may attend: bool (n, block_size, w * block_size).
 
-    True where key j is a real position (0 <= j < seq_len: missing edge blocks and padding are
-    masked), j <= i if `causal`, and |i - j| <= `max_distance` if given; with `exclude_self`,
-    j != i unless i has no other key (`base.without_self`, the shared-QK rule). Built once per
-    call and broadcast over batch and heads; its size is O(L * window), not O(L^2).
+    True where `pattern` allows the pair (query i, window key j) and j is a real position
+    (0 <= j < seq_len: missing edge blocks and padding are masked); with `exclude_self`, j != i
+    unless i has no other key (`base.without_self`, the shared-QK rule). Keys outside the
+    window are not represented: the pattern must allow none (blockwise's local pattern, strided
+    attention's band of stride - 1). Built once per call and broadcast over batch and heads; its
+    size is O(L * window), not O(L^2).
     """
     n_blocks = -(-seq_len // block_size)
     width = 1 + look_backward + look_forward
-    # Positions relative to the start of the query block: j - i is the same in every block, so
-    # the causal and distance constraints are one (b, w*b) pattern.
     key_offset = torch.arange(width * block_size, device=device) - look_backward * block_size
     query_offset = torch.arange(block_size, device=device)[:, None]  # (b, 1)
-    key_minus_query = key_offset - query_offset  # (b, w*b)
-    allowed = torch.ones_like(key_minus_query, dtype=torch.bool)  # (b, w*b)
-    if causal:
-        allowed = allowed & (key_minus_query <= 0)
-    if max_distance is not None:
-        allowed = allowed & (key_minus_query.abs() <= max_distance)
-    # Which keys exist depends only on the block: edge windows and padding miss some.
     block_start = torch.arange(n_blocks, device=device)[:, None] * block_size  # (n, 1)
     key_pos = (block_start + key_offset)[:, None, :]  # (n, 1, w*b)
+    if pattern.shift_invariant(block_size):
+        # Every block's (b, w*b) pattern is the same: evaluate it once, in a block far enough
+        # in that its window starts at a position >= 0.
+        start = look_backward * block_size
+        allowed = pattern.allows(start + query_offset, start + key_offset)  # (b, w*b)
+    else:
+        query_pos = (block_start + query_offset[:, 0])[:, :, None]  # (n, b, 1)
+        allowed = pattern.allows(query_pos, key_pos)  # (n, b, w*b)
+    # Which keys exist depends only on the block: edge windows and padding miss some.
     real_key = (key_pos >= 0) & (key_pos < seq_len)  # (n, 1, w*b)
     allowed = allowed & real_key  # (n, b, w*b)
     if exclude_self:
-        allowed = without_self(allowed, key_minus_query == 0)  # (n, b, w*b)
+        is_self = key_offset - query_offset == 0  # (b, w*b)
+        allowed = without_self(allowed, is_self)  # (n, b, w*b)
     return allowed

@@ -8,10 +8,16 @@ import torch
 import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
-from variants.attention import flash
+from variants import patterns
+from variants.attention import flash, flex
 from variants.attention.base import Attention, pad_to_multiple
 from variants.attention.local import sum_windows, to_blocks, window_mask, windows_of
+from variants.checks import require_positive_int_or_auto
 from variants.registry import register_attention
+
+# FlexAttention's tile for this pattern: every tile is partial (strided keys are everywhere), so
+# the tile only sets the kernel's work granularity; 128 is FlexAttention's default.
+FLEX_TILE = 128
 
 
 @register_attention
@@ -26,7 +32,8 @@ class StridedAttention(Attention):
     the local part as a sliding window of blocks of `stride`, the strided part by viewing the
     sequence as (L / stride, stride) and attending along each column; the two are merged with
     their logsumexps (`LocalAndColumns`). The query itself belongs to both parts and is counted
-    in the local one only.
+    in the local one only. Both parts' masks come from `patterns.Band` and `patterns.Strided`
+    (`strided_parts`); `impl="flex"` runs FlexAttention on their union instead.
     """
 
     name = "strided"
@@ -34,29 +41,40 @@ class StridedAttention(Attention):
     time_complexity = "O(L sqrt(L) d)"
     memory_complexity = "O(L sqrt(L))"
 
-    def __init__(self, *, causal: bool = False, stride: int | str = "auto"):
+    def __init__(self, *, causal: bool = False, stride: int | str = "auto", impl: str = "native"):
         super().__init__(causal=causal)
-        if stride != "auto" and (
-            isinstance(stride, bool) or not isinstance(stride, int) or stride <= 0
-        ):
-            raise ValueError(
-                f"{self.name}: option 'stride' must be a positive integer or 'auto', got {stride!r}"
-            )
-        self.stride = stride
+        self.stride = require_positive_int_or_auto(self.name, "stride", stride)
+        self.impl = flex.require_impl(self.name, impl)
+        self._flex_mask = None  # (seq_len, device, BlockMask) of the last flex call
+
+    def pattern(self, seq_len: int) -> patterns.Pattern:
+        """The allowed pairs at `seq_len`: the band of `stride` nearest keys or every stride-th
+        key, intersected with `Causal` if causal."""
+        local, columns = strided_parts(min(self.stride_for(seq_len), seq_len), self.causal)
+        return local | columns
+
+    def supports_backward(self, device: torch.device) -> bool:
+        return flex.supports_backward(self.impl, device)
 
     def stride_for(self, seq_len: int) -> int:
         """The stride used at `seq_len`: the option, or round(sqrt(seq_len)) if it is 'auto'."""
-        if self.stride == "auto":
-            return max(1, round(math.sqrt(seq_len)))
-        return self.stride
+        return stride_at(self.stride, seq_len)
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         # A stride beyond L gives the same pattern as stride L (the local part already covers
         # every pair), without padding the sequence to the larger multiple.
-        stride = min(self.stride_for(q.shape[2]), q.shape[2])
+        seq_len = q.shape[2]
+        stride = min(self.stride_for(seq_len), seq_len)
+        if self.impl == "flex":
+            if self._flex_mask is None or self._flex_mask[:2] != (seq_len, q.device):
+                mask = flex.block_mask(self.pattern(seq_len), seq_len, FLEX_TILE, q.device)
+                self._flex_mask = (seq_len, q.device, mask)
+            return flex.attend(self.name, q, k, v, self._flex_mask[2])
         return LocalAndColumns.apply(q, k, v, stride, self.causal)  # (B, H, L, D)
 
     def flops(self, batch: int, heads: int, seq_len: int, head_dim: int) -> int:
+        # Counted in closed form: the pattern has no sparse block form (stride-th keys fall in
+        # every tile), so `pattern(L).pairs` would evaluate the predicate on all L^2 pairs.
         stride = min(self.stride_for(seq_len), seq_len)
         before = torch.arange(seq_len, dtype=torch.int64)  # positions before query i
         if self.causal:
@@ -70,7 +88,23 @@ class StridedAttention(Attention):
         return 4 * batch * heads * pairs * head_dim
 
     def extra_repr(self) -> str:
-        return f"causal={self.causal}, stride={self.stride}"
+        return f"causal={self.causal}, stride={self.stride}, impl={self.impl}"
+
+
+def stride_at(stride: int | str, seq_len: int) -> int:
+    """`stride`, or round(sqrt(seq_len)) (at least 1) if it is 'auto'."""
+    return max(1, round(math.sqrt(seq_len))) if stride == "auto" else stride
+
+
+def strided_parts(stride: int, causal: bool) -> tuple[patterns.Pattern, patterns.Pattern]:
+    """The two disjoint parts of the strided pattern: the band of the `stride` nearest keys
+    (with the query itself) and the other stride-th keys, each intersected with `Causal` if
+    causal."""
+    local = patterns.Band(stride)
+    columns = patterns.Strided(stride) & ~patterns.Band(stride)  # the band holds i == j
+    if causal:
+        return local & patterns.Causal(), columns & patterns.Causal()
+    return local, columns
 
 
 class LocalAndColumns(torch.autograd.Function):
@@ -151,23 +185,21 @@ class StridedParts:
         self.rows = -(-self.length // stride)
         self.look_forward = 0 if causal else 1
         scale = head_dim**-0.5
+        local, columns = strided_parts(stride, causal)
         allowed = window_mask(
-            self.length,
-            stride,
-            1,
-            self.look_forward,
-            causal=causal,
-            max_distance=stride - 1,
-            device=q.device,
+            local, self.length, stride, 1, self.look_forward, device=q.device
         )  # (n, s, w*s)
         self.local_options = {"scale": scale, "bias": flash.hidden_bias(~allowed, q.dtype)[None]}
         if causal:
+            # Row r of a column against the rows before it: `columns` (i - j a positive
+            # multiple of s) in the layout `column_inputs` sets up, with the kernels' own
+            # causal flag and no mask tensor (the tests check it against the pattern).
             self.column_options = {"scale": scale, "causal": True}
         else:
             row = torch.arange(self.rows, device=q.device)
             position = row[None, :] * stride + torch.arange(stride, device=q.device)[:, None]
-            real_key = (position < self.length)[:, None, :]  # (s, 1, rows)
-            allowed = (row[None, :] != row[:, None]) & real_key  # (s, rows, rows), self dropped
+            query, key = position[:, :, None], position[:, None, :]  # (s, rows, 1), (s, 1, rows)
+            allowed = columns.allows(query, key) & (key < self.length)  # (s, rows, rows)
             bias = flash.hidden_bias(~allowed, q.dtype)[None]  # (1, s, rows, rows)
             self.column_options = {"scale": scale, "bias": bias}
 
@@ -197,8 +229,7 @@ class StridedParts:
     # --- columns ------------------------------------------------------------------------------
     def columns(self, x: torch.Tensor) -> torch.Tensor:
         """(B, H, L or Lp, E) -> (B*H, s, rows, E) view: column c holds positions c, c+s, ..."""
-        x = pad_to_multiple(x, self.stride)
-        return x.unflatten(2, (self.rows, self.stride)).transpose(2, 3).flatten(0, 1)
+        return to_columns(x, self.stride)
 
     def query_columns(self, x: torch.Tensor) -> torch.Tensor:
         """The queries' column layout (B*H, s, rows', E): rows 1.. causally, else all."""
@@ -215,8 +246,7 @@ class StridedParts:
 
     def from_columns(self, x: torch.Tensor) -> torch.Tensor:
         """(B*H, s, rows', E) -> (B, H, rows' * s, E), the positions of `queried`."""
-        x = x.unflatten(0, (self.batch, self.heads)).transpose(2, 3)  # (B, H, rows', s, E)
-        return x.flatten(2, 3)
+        return from_columns(x, self.batch, self.heads)
 
     def queried(self, x: torch.Tensor) -> torch.Tensor:
         """The positions with column keys, as a view of (B, H, Lp, E): from row 1 causally."""
@@ -230,3 +260,17 @@ class StridedParts:
             grad_q = F.pad(grad_q, (0, 0, *pad_q))
             grad_k, grad_v = (F.pad(g, (0, 0, *pad_kv)) for g in (grad_k, grad_v))
         return tuple(g[:, :, : self.length] for g in (grad_q, grad_k, grad_v))
+
+
+def to_columns(x: torch.Tensor, stride: int) -> torch.Tensor:
+    """(B, H, L, E) -> (B*H, s, rows, E), rows = ceil(L / s): column c holds positions c, c + s,
+    ... (zero-padded to rows * s), so (i - j) mod s == 0 pairs are the pairs of one column. A
+    view of x when L is a multiple of s."""
+    x = pad_to_multiple(x, stride)
+    return x.unflatten(2, (-1, stride)).transpose(2, 3).flatten(0, 1)
+
+
+def from_columns(x: torch.Tensor, batch: int, heads: int) -> torch.Tensor:
+    """(B*H, s, rows, E) -> (B, H, rows * s, E): undo `to_columns` (a view; padding kept)."""
+    x = x.unflatten(0, (batch, heads)).transpose(2, 3)  # (B, H, rows, s, E)
+    return x.flatten(2, 3)

@@ -13,3 +13,17 @@ def flash_kernels(request, monkeypatch):
     explicit matmuls that other devices run."""
     monkeypatch.setattr(flash, "FUSED_CPU_KERNELS", request.param)
     return request.param
+
+
+@pytest.fixture
+def eager_flex(monkeypatch):
+    """impl=flex through eager `flex_attention` (the same function; torch.compile takes ~30 s
+    per shape on CPU), its warning about the unfused path silenced."""
+    import warnings
+
+    from variants.attention import flex
+
+    monkeypatch.setattr(flex, "COMPILE", False)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
+        yield

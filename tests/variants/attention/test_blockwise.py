@@ -121,3 +121,34 @@ def test_shared_qk_matches_reference_on_the_pattern(
         shared_qk=True,
     )
     torch.testing.assert_close(module(q, q, v), shared_qk_reference(q, v, mask))
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("length, block_size, look_backward, look_forward", PATTERNS)
+def test_pattern_is_the_hand_written_mask(causal, length, block_size, look_backward, look_forward):
+    module = blockwise(causal, block_size, look_backward, look_forward)
+    expected = blockwise_mask(length, block_size, look_backward, look_forward, causal)
+    assert torch.equal(module.pattern(length).dense(length), expected)
+
+
+# Eager FlexAttention spends about a second on each new block mask: few cases.
+@pytest.mark.parametrize("causal, length, block_size", [(False, 37, 5), (True, 20, 64)])
+def test_flex_forward_equals_the_native_kernel(causal, length, block_size, eager_flex):
+    q, k, v = qkv(batch=1, heads=2, length=length, seed=1)
+    options = {"causal": causal, "block_size": block_size, "look_backward": 2}
+    native = build_attention("blockwise", **options)(q, k, v)
+    torch.testing.assert_close(
+        build_attention("blockwise", impl="flex", **options)(q, k, v), native
+    )
+
+
+def test_flex_refuses_to_train_on_cpu(eager_flex):
+    q, k, v = qkv(batch=1, heads=1, length=8, requires_grad=True)
+    message = "blockwise: option impl='flex' runs forward only on CPU"
+    with pytest.raises(ValueError, match=message):
+        build_attention("blockwise", impl="flex")(q, k, v)
+
+
+def test_flex_with_shared_qk_is_refused():
+    with pytest.raises(ValueError, match="blockwise: option impl='flex' does not support shared"):
+        build_attention("blockwise", impl="flex", shared_qk=True)

@@ -94,3 +94,18 @@ def test_strided_inputs_give_the_contiguous_result(causal, flash_kernels):
     q, k, v = qkv(batch=1, heads=3, length=22, head_dim=4, seed=4)
     module = build_attention("strided", causal=causal, stride=5)
     assert_layout_independent(module, (q, k, v))
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("length, stride", PATTERNS)
+def test_pattern_is_the_hand_written_mask(causal, length, stride):
+    module = build_attention("strided", causal=causal, stride=stride)
+    assert torch.equal(module.pattern(length).dense(length), strided_mask(length, stride, causal))
+
+
+@pytest.mark.parametrize("causal, length, stride", [(True, 22, 5), (False, 30, "auto")])
+def test_flex_forward_equals_the_native_kernel(causal, length, stride, eager_flex):
+    q, k, v = qkv(batch=1, heads=2, length=length, seed=2)
+    native = build_attention("strided", causal=causal, stride=stride)(q, k, v)
+    flex = build_attention("strided", causal=causal, stride=stride, impl="flex")(q, k, v)
+    torch.testing.assert_close(flex, native)
