@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e '.[dev]'
 	touch $@
 
-.PHONY: help setup run data report test test-fast bench-micro lint clean
+.PHONY: help setup run data report test test-gpu test-fast bench-micro lint clean
 help:  ## list targets
 	@grep -hE '^[a-zA-Z_%-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN{FS=":.*## "}{printf "  make %-12s %s\n",$$1,$$2}'
 
@@ -42,6 +42,9 @@ sweep-%: $(STAMP)  ## run a preset sweep, e.g. make sweep-depth (smoke, scaling,
 
 test: $(STAMP)  ## install, then run the default test suite
 	$(PY) -m pytest -q
+
+test-gpu: $(STAMP)  ## the CUDA checks (every variant fp32/bf16 vs CPU, reversible grads, a sweep)
+	$(PY) -m pytest -q -m gpu tests/gpu
 
 test-fast: $(STAMP)  ## tests without the slow (subprocess sweep) ones
 	$(PY) -m pytest -q -m "not slow"

@@ -66,7 +66,21 @@ def causal_product(
     One sequence at a time, so that every group of chunks is a contiguous block and the batched
     matmuls run on it (and on its transposes) in place: slices across sequences made the
     matmuls copy their operands, which took as long as the matmuls.
+
+    Runs in float32 (or float64 if an input is) with autocast off, and returns c's dtype: a
+    running sum over thousands of positions loses most of its digits in a half type, and
+    autocast would hand the in-place products operands of another type than their outputs.
     """
+    out_dtype = c.dtype
+    work = torch.promote_types(torch.promote_types(a.dtype, b.dtype), torch.float32)
+    with torch.autocast(a.device.type, enabled=False):
+        out = _causal_product(a.to(work), b.to(work), c.to(work), reverse=reverse)
+    return out.to(out_dtype)
+
+
+def _causal_product(
+    a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, *, reverse: bool
+) -> torch.Tensor:
     n_seq, length, width = a.shape
     out_width = c.shape[-1]
     pad = -length % CHUNK

@@ -185,12 +185,16 @@ class LSHAttention(Attention):
         return buckets
 
     def _rotations(self, head_dim: int, columns: int, like: torch.Tensor) -> torch.Tensor:
-        """Random rotation (D, n_hashes, columns) on `like`'s device and dtype; seeded if `seed`."""
+        """Random rotation (D, n_hashes, columns) on `like`'s device and dtype; seeded if `seed`.
+
+        A seeded rotation is drawn on the CPU and moved, so one seed hashes alike on every
+        device (CUDA's generator draws other numbers from the same seed).
+        """
         shape = (head_dim, self.n_hashes, columns)
         if self.seed is None:
             return torch.randn(shape, device=like.device, dtype=like.dtype)
-        generator = torch.Generator(device=like.device).manual_seed(self.seed)
-        return torch.randn(shape, generator=generator, device=like.device, dtype=like.dtype)
+        generator = torch.Generator().manual_seed(self.seed)
+        return torch.randn(shape, generator=generator).to(device=like.device, dtype=like.dtype)
 
     def _hidden_keys(
         self, order: torch.Tensor, slot: torch.Tensor, length: int
