@@ -200,6 +200,7 @@ def tidy(frame: pd.DataFrame) -> pd.DataFrame:
         frame["shared_qk"] = frame["shared_qk"].where(
             frame["shared_qk"].notna(), frame["model.shared_qk"]
         )
+    frame = frame.copy()  # one block per dtype again after the column-by-column conversion
     frame["variant"] = variant_labels(frame)
     order = [c for c in _SORT if frame[c].notna().any()]
     frame = frame.sort_values(order, kind="stable", na_position="last") if order else frame

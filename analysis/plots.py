@@ -27,7 +27,7 @@ from matplotlib.axes import Axes
 from matplotlib.colors import to_rgb
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
-from matplotlib.ticker import LogFormatter, MaxNLocator, NullFormatter
+from matplotlib.ticker import FuncFormatter, MaxNLocator, NullFormatter
 
 from analysis import fit, load, scaling, series
 
@@ -649,9 +649,9 @@ def _axes(
     ax.set_xscale("log" if log[0] else "linear")
     ax.set_yscale("log" if log[1] else "linear")
     for axis, is_log in zip((ax.xaxis, ax.yaxis), log, strict=True):
-        if is_log:  # plain numbers, also on minor ticks when the data span under two decades
-            axis.set_major_formatter(LogFormatter())
-            axis.set_minor_formatter(LogFormatter(minor_thresholds=(2, 0.5)))
+        if is_log:  # plain numbers: 1, 10, 100 and, between them, 2 and 5 (3 and 4 crowd)
+            axis.set_major_formatter(FuncFormatter(_plain_number))
+            axis.set_minor_formatter(FuncFormatter(_two_or_five))
     values = sorted({v for v in xs if np.isfinite(v)})
     if values:
         low, high = values[0], values[-1]
@@ -667,6 +667,18 @@ def _axes(
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.grid(True, which="major", alpha=0.3)
+
+
+def _plain_number(value: float, _position=None) -> str:
+    return f"{value:g}"
+
+
+def _two_or_five(value: float, _position=None) -> str:
+    """A minor log tick's label if its leading digit is 2 or 5, else none."""
+    if value <= 0:
+        return ""
+    leading = round(value / 10 ** np.floor(np.log10(value)))
+    return f"{value:g}" if leading in (2, 5) else ""
 
 
 def _message(ax: Axes, text: str) -> None:
