@@ -426,8 +426,16 @@ def _draw(
         points = stats[stats["series"] == name]
         text = name + (f"  {notes[name]}" if notes and notes.get(name) else "")
         if not points.empty:
+            # Exact attention on top: the line every other is read against stays visible.
+            exact = name.startswith(series.REFERENCE)
             (line,) = ax.plot(
-                points[x], points["mean"], **styles[name], markersize=4, linewidth=1.4, label=text
+                points[x],
+                points["mean"],
+                **styles[name],
+                markersize=4,
+                linewidth=2.0 if exact else 1.4,
+                zorder=3 if exact else 2,
+                label=text,
             )
             if (points["n"] > 1).any():
                 ax.fill_between(
