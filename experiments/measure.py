@@ -244,11 +244,13 @@ def measure(
         with precision.autocast():
             timings.update(_kernel_timings(kernel, shape, device, dtype, timing))
         columns.update(_timing_columns(timings))
+        if "attn_fwd_bwd_ms" not in timings:  # a forward-only kernel (impl=flex on CPU)
+            columns.update(attn_fwd_bwd_ms=math.nan, attn_fwd_bwd_iqr_ms=math.nan)
         fwd_flops = kernel.flops(batch_size, n_heads, seq_len, head_dim)
         columns["attn_fwd_flops"] = fwd_flops
         columns["attn_fwd_bwd_flops"] = int(fwd_flops * FWD_BWD_FLOP_FACTOR)
         columns["attn_fwd_gflops_per_s"] = fwd_flops / columns["attn_fwd_ms"] / 1e6
-        if "attn_fwd_bwd_ms" in columns:  # not for a forward-only kernel
+        if "attn_fwd_bwd_ms" in timings:  # not for a forward-only kernel
             columns["attn_fwd_bwd_gflops_per_s"] = (
                 columns["attn_fwd_bwd_flops"] / columns["attn_fwd_bwd_ms"] / 1e6
             )
