@@ -28,12 +28,14 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from experiments import budget, curriculum, measure, record, resolvers, store, sweep, tracking
+import variants
+from experiments import budget, curriculum, measure, record, store, sweep, tracking
+from experiments.config import JobConfig, register
 from experiments.train import Diverged
 from variants.checks import UnsupportedCombination
 
 log = logging.getLogger("attnbench")
-resolvers.register()
+register()
 
 
 def config_dir() -> Path:
@@ -72,7 +74,8 @@ def run_job(
     device = None
     started = time.perf_counter()
     try:
-        built = measure.setup(config)
+        job_config = JobConfig.of(config)  # the job as one typed object, checked
+        built = measure.setup(job_config)
     except UnsupportedCombination as error:
         rec.update(status="skipped", error=" ".join(str(error).split()))
     except Exception as error:  # noqa: BLE001 — an invalid option, or a setup that broke
@@ -94,12 +97,12 @@ def run_job(
         )
         try:
             with (
-                budget.time_limit(config["budget"]["max_seconds"]),
-                budget.memory_cap(config["budget"]["max_memory_gb"], device),
+                budget.time_limit(job_config.budget.max_seconds),
+                budget.memory_cap(job_config.budget.max_memory_gb, device),
             ):
                 rec.update(
                     measure.measure(
-                        config,
+                        job_config,
                         built,
                         on_step=tracker.log_step,
                         on_stage=_stage_recorder(config, rec, out_dir, tracker, started),
@@ -121,7 +124,7 @@ def run_job(
         rec["threads"] = torch.get_num_threads()
     rec["shared_qk"] = None  # model.shared_qk resolved (None: the variant is unknown)
     with contextlib.suppress(ValueError):
-        rec["shared_qk"] = measure.resolve_shared_qk(config)
+        rec["shared_qk"] = _resolved_shared_qk(config)
     rec.update(record.provenance(device))
     rec["offline_run_dir"] = None
     record.write_json_atomic(out_dir / "result.json", rec)
@@ -152,7 +155,7 @@ def _stage_recorder(config, rec, out_dir: Path, tracker, started: float):
             "config_hash": record.config_hash(staged),
             **record.config_columns(staged),
             **columns,
-            "shared_qk": measure.resolve_shared_qk(config),
+            "shared_qk": _resolved_shared_qk(config),
             "job_seconds": time.perf_counter() - started,
             **record.provenance(torch.device(columns["device"])),
             "offline_run_dir": None if tracker.run_dir is None else str(tracker.run_dir),
@@ -161,6 +164,11 @@ def _stage_recorder(config, rec, out_dir: Path, tracker, started: float):
         record.write_json_atomic(path, stage_rec)
 
     return write
+
+
+def _resolved_shared_qk(config: dict[str, Any]) -> bool:
+    """`model.shared_qk` as the job ran it (null: what the variant requires)."""
+    return variants.resolve_shared_qk(config["attention"]["name"], config["model"]["shared_qk"])
 
 
 def _say_if_unreadable(path: Path) -> None:

@@ -62,6 +62,22 @@ class AttentionSpec:
         """The model-level options (causal, n_heads, ..., shared_qk) this variant takes."""
         return tuple(k for k in self.defaults if k in MODEL_OPTIONS)
 
+    def build(self, **options: Any):
+        """This variant built with `options` (its own and the model options it declares); raises
+        as `build_attention` does."""
+        unknown = sorted(set(options) - set(self.defaults))
+        if unknown:
+            raise ValueError(
+                f"attention {self.name!r} has no option {unknown[0]!r}; "
+                f"its options are: {', '.join(self.defaults)}"
+            )
+        if options.get("causal", False) and not self.causal_supported:
+            raise UnsupportedCombination(
+                f"attention {self.name!r} does not support option causal=True: "
+                f"{self.cls.causal_reason}"
+            )
+        return self.cls(**(self.preset | options))
+
 
 def register_attention(cls: type) -> type:
     """Class decorator: add an `Attention` subclass to the registry under `cls.name`."""
@@ -113,18 +129,7 @@ def build_attention(name: str, **options: Any):
     unsupported combinations (e.g. `causal=True` on a variant that cannot be causal) raise its
     subclass `UnsupportedCombination`.
     """
-    spec = attention_spec(name)
-    unknown = sorted(set(options) - set(spec.defaults))
-    if unknown:
-        raise ValueError(
-            f"attention {name!r} has no option {unknown[0]!r}; "
-            f"its options are: {', '.join(spec.defaults)}"
-        )
-    if options.get("causal", False) and not spec.causal_supported:
-        raise UnsupportedCombination(
-            f"attention {name!r} does not support option causal=True: {spec.cls.causal_reason}"
-        )
-    return spec.cls(**(spec.preset | options))
+    return attention_spec(name).build(**options)
 
 
 def _load_builtin_variants() -> None:
