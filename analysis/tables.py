@@ -16,9 +16,10 @@ import pandas as pd
 
 from analysis import scaling, series
 from analysis.load import format_value
+from experiments import record
+from experiments.record import MIB
 from experiments.store import task_metrics
 
-MIB = 2**20
 TAIL = 3  # lengths of the asymptotic exponent
 EMPTY = ("", "—", "n/a")  # cells that say nothing
 # What a kernel's time depends on: records agreeing on all of these time the same kernel, so
@@ -169,9 +170,8 @@ def failures(frame: pd.DataFrame) -> Table | None:
                 "reason": reason[:160] + ("…" if len(reason) > 160 else ""),
             }
         )
-    return Table(
-        "Not measured (oom, timeout, skipped, error, diverged)", _with_keys(rows, labelled, keys)
-    )
+    not_ok = ", ".join(s for s in record.STATUSES if s != record.OK)
+    return Table(f"Not measured ({not_ok})", _with_keys(rows, labelled, keys))
 
 
 def cross_evaluation(frame: pd.DataFrame) -> Table | None:

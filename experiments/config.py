@@ -21,7 +21,10 @@ constraints. They are not Hydra structured configs: a schema would coerce an int
 float field (`train.grad_clip=1` -> 1.0) and so change the hash of every such configuration,
 and a bad value would abort a whole sweep at composition instead of becoming that job's
 `error` record. The bookkeeping keys (`sweep`, `resume`, `fail_on`, `logger`) are the app's
-own and stay in the resolved dict.
+own and stay in the resolved dict. The one structured config is the W&B logger's
+(`tracking.WandbLogger`, `register()`): its settings are neither hashed nor measured, one bad
+value is every job's, so Hydra checking their types at composition loses nothing, and its
+`scaling_metrics` default comes from the record schema.
 
 Also here: the OmegaConf resolvers the configs may use, registered when the app loads:
 
@@ -38,10 +41,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
 
 import variants
-from experiments import curriculum
+from experiments import curriculum, tracking
 from variants.checks import require_non_negative_int, require_positive_int
 
 OWNER = "config"
@@ -218,6 +222,8 @@ def supports_causal(name: str) -> bool:
 
 
 def register() -> None:
-    """Register the resolvers (idempotent); the app calls it when it loads."""
+    """Register the resolvers and the logger's schema with Hydra (idempotent); the app calls it
+    when it loads, before Hydra composes the config."""
     if not OmegaConf.has_resolver("supports_causal"):
         OmegaConf.register_new_resolver("supports_causal", supports_causal)
+    ConfigStore.instance().store(group="logger", name="wandb_schema", node=tracking.WandbLogger)

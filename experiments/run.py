@@ -66,7 +66,7 @@ def run_job(
         "sweep": config["sweep"],
         "job": job,
         "config_hash": digest,
-        "status": "ok",
+        "status": record.OK,
         "error": None,
         **record.config_columns(config),
     }
@@ -77,9 +77,9 @@ def run_job(
         job_config = JobConfig.of(config)  # the job as one typed object, checked
         built = measure.setup(job_config)
     except UnsupportedCombination as error:
-        rec.update(status="skipped", error=" ".join(str(error).split()))
+        rec.update(status=record.SKIPPED, error=" ".join(str(error).split()))
     except Exception as error:  # noqa: BLE001 — an invalid option, or a setup that broke
-        rec.update(status="error", error=_one_line(error))
+        rec.update(status=record.ERROR, error=_one_line(error))
         if not isinstance(error, ValueError):
             log.error("setup failed:\n%s", traceback.format_exc())
     else:
@@ -113,13 +113,15 @@ def run_job(
             raise
         except BaseException as error:  # noqa: BLE001 — every failure becomes data
             rec.update(status=_status_of(error), error=_one_line(error))
-            if rec["status"] == "error":
+            if rec["status"] == record.ERROR:
                 log.error("job failed:\n%s", traceback.format_exc())
         finally:
             del built
             gc.collect()
     rec["job_seconds"] = time.perf_counter() - started
-    if rec["status"] != "ok":  # as it would have run: `auto` and null resolved, as measured ones
+    if (
+        rec["status"] != record.OK
+    ):  # as it would have run: `auto` and null resolved, as measured ones
         rec["device"] = device.type if device is not None else _device_or_as_configured(config)
         rec["threads"] = torch.get_num_threads()
     rec["shared_qk"] = None  # model.shared_qk resolved (None: the variant is unknown)
@@ -129,7 +131,7 @@ def run_job(
     rec["offline_run_dir"] = None
     record.write_json_atomic(out_dir / "result.json", rec)
     try:
-        tracker.finish(rec, exit_code=0 if rec["status"] == "ok" else 1)
+        tracker.finish(rec, exit_code=0 if rec["status"] == record.OK else 1)
     except KeyboardInterrupt:
         tracker.discard()
         raise
@@ -223,13 +225,14 @@ def _threads_per_job(hydra_cfg) -> int | None:
 
 
 def _status_of(error: BaseException) -> str:
+    """The record status (`record.STATUSES`) of a measurement that raised `error`."""
     if isinstance(error, budget.JobTimeout):
-        return "timeout"
+        return record.TIMEOUT
     if budget.is_out_of_memory(error):
-        return "oom"
+        return record.OOM
     if isinstance(error, Diverged):
-        return "diverged"
-    return "error"
+        return record.DIVERGED
+    return record.ERROR
 
 
 def _one_line(error: BaseException) -> str:
@@ -252,12 +255,12 @@ def app(cfg: DictConfig) -> None:
     if rec is None:
         return
     print(store.format_records([rec]))
-    if rec["status"] != "ok" and multirun:  # the sweep's end lists it again, with the others
+    if rec["status"] != record.OK and multirun:  # the sweep's end lists it again, with the others
         print(f"{rec['status']}: {rec['error']}")
     print(f"record: {out_dir / 'result.json'}")
     if rec.get("offline_run_dir"):
         print(f"W&B run: {rec['offline_run_dir']}")
-    if rec["status"] != "ok" and not multirun:
+    if rec["status"] != record.OK and not multirun:
         print(f"error: {rec['error']}", file=sys.stderr)
         sys.exit(1)
 

@@ -32,7 +32,12 @@ import shutil
 import struct
 import zlib
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Optional
+
+from omegaconf import MISSING
+
+from experiments import record
 
 if TYPE_CHECKING:
     import pandas
@@ -47,6 +52,24 @@ MAX_TAG_CHARS = 64  # W&B rejects the whole run for a longer tag
 # Why W&B is off for the rest of this process after a failed start (None while it is not): a
 # failure such as no network would otherwise cost every later job of a sweep its init timeout.
 _disabled_reason: str | None = None
+
+
+@dataclass
+class WandbLogger:
+    """The schema of `conf/logger/wandb.yaml` (registered with Hydra by `experiments.config`):
+    its types are checked when Hydra composes the config, the values are the YAML's.
+    `scaling_metrics` defaults to the record schema's (`record.SCALING_METRICS`)."""
+
+    name: str = MISSING
+    mode: str = MISSING
+    project: str = MISSING
+    entity: Optional[str] = MISSING  # noqa: UP045  (OmegaConf reads Optional, not `str | None`)
+    tags: list[str] = MISSING
+    dir: Optional[str] = MISSING  # noqa: UP045
+    quiet: bool = MISSING
+    capture_console: bool = MISSING
+    init_timeout: float = MISSING
+    scaling_metrics: list[str] = field(default_factory=lambda: list(record.SCALING_METRICS))
 
 
 class Tracker:
@@ -145,6 +168,7 @@ def start_tracker(
     mode = _mode(logger_cfg)
     if mode is None:
         return Tracker()
+    _check_scaling_metrics(logger_cfg.get("scaling_metrics", record.SCALING_METRICS) or [])
     if run_id is not None and mode != "online":
         remove_offline_runs(pathlib.Path(logger_cfg.get("dir") or replace_in or out_dir), run_id)
     run = _init_run(
@@ -160,7 +184,7 @@ def start_tracker(
     )
     if run is None:
         return Tracker()
-    scaling_metrics = list(logger_cfg.get("scaling_metrics") or [])
+    scaling_metrics = list(logger_cfg.get("scaling_metrics", record.SCALING_METRICS) or [])
     try:
         _define_metrics(run, scaling_metrics)
     except Exception as error:  # charts lose their axes, the run is still fine
@@ -247,6 +271,17 @@ def _mode(logger_cfg: Mapping | None) -> str | None:
         source = "environment variable WANDB_MODE" if from_env else "logger.mode"
         raise ValueError(f"logger wandb: {source}={mode!r} must be one of {', '.join(MODES)}")
     return None if mode == "disabled" else mode
+
+
+def _check_scaling_metrics(names: Sequence[str]) -> None:
+    """Every `logger.scaling_metrics` entry must be a numeric record column (the schema's)."""
+    for name in names:
+        column = record.column(name)
+        if column is None or not column.numeric:
+            raise ValueError(
+                f"logger wandb: option 'scaling_metrics' lists {name!r}, which is not a numeric "
+                f"record column; e.g. {', '.join(record.SCALING_METRICS)}"
+            )
 
 
 def _init_run(
@@ -402,21 +437,21 @@ def read_offline_run(run_dir: pathlib.Path) -> dict:
         "run_id": "",
         "exit_code": None,
     }
-    for record in _records(_log_file(pathlib.Path(run_dir))):
-        kind = record.WhichOneof("record_type")
+    for entry in _records(_log_file(pathlib.Path(run_dir))):
+        kind = entry.WhichOneof("record_type")
         if kind == "run":
-            _apply_run(run, record.run)
+            _apply_run(run, entry.run)
         elif kind == "config":
-            _apply_updates(run["config"], record.config)
+            _apply_updates(run["config"], entry.config)
         elif kind == "summary":
-            _apply_updates(run["summary"], record.summary)
+            _apply_updates(run["summary"], entry.summary)
         elif kind == "history":
             row = {}
-            for item in record.history.item:
+            for item in entry.history.item:
                 _put(row, _path(item), _history_value(item))
             run["history"].append(_user_keys(row))
         elif kind == "exit":
-            run["exit_code"] = record.exit.exit_code
+            run["exit_code"] = entry.exit.exit_code
     run["config"] = _user_keys(run["config"])
     run["summary"] = {k: v for k, v in _user_keys(run["summary"]).items() if v is not None}
     return run

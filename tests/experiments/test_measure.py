@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import variants
-from experiments import measure, timing
+from experiments import measure, record, timing
 from variants.attention.base import FWD_BWD_FLOP_FACTOR, Attention
 
 CPU = torch.device("cpu")
@@ -67,6 +67,7 @@ def test_measure_returns_every_column_with_consistent_units(job_config):
         "approx_reference_bits_per_byte",
     }
     assert steps == [0, 1]
+    assert all(record.column(name) is not None for name in columns)  # the schema's columns
     assert columns["device"] == "cpu" and columns["eval_accuracy"] is None
     for key in (
         "attn_fwd_ms",

@@ -168,3 +168,25 @@ def test_record_file_mode_follows_the_umask(tmp_path):
     assert stat.S_IMODE((tmp_path / "result.json").stat().st_mode) == stat.S_IMODE(
         plain.stat().st_mode
     )
+
+
+def test_the_schema_names_each_column_once_with_a_type_and_its_unit_in_the_name():
+    assert len(record.COLUMNS) == len(record.SCHEMA)
+    for column in record.SCHEMA:
+        assert column.type in (int, float, bool, str), column.name
+        assert column.part in (record.IDENTITY, record.CONFIG, record.MEASURED, record.PROVENANCE)
+        for unit, suffix in (("ms", "_ms"), ("bytes", "_bytes"), ("GFLOP/s", "_per_s")):
+            if column.unit == unit:
+                assert column.name.endswith(suffix), column.name
+    assert record.column("eval_accuracy@lsh-8") is record.COLUMNS["eval_accuracy"]
+    assert record.column("attention.n_hashes") is None  # a config key, typed by its values
+    assert set(record.SHOWN) | set(record.SCALING_METRICS) <= {
+        c.name for c in record.SCHEMA if c.numeric
+    }
+    assert record.ALIASES["attention"] == "attention.name" and "device" in record.RESOLVED
+
+
+def test_every_config_alias_stands_for_a_key_of_the_resolved_config(resolved_config):
+    flat = record.flatten(resolved_config())
+    for alias, key in {**record.ALIASES, **record.RESOLVED}.items():
+        assert key in flat, alias

@@ -15,7 +15,7 @@ import pandas as pd
 import pytest
 from omegaconf import OmegaConf
 
-from experiments import tracking
+from experiments import record, tracking
 
 WANDB = {
     "name": "wandb",
@@ -198,6 +198,24 @@ def test_wandb_mode_environment_variable_wins(tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "ofline")
     with pytest.raises(ValueError, match="WANDB_MODE='ofline' must be one of"):
         start(tmp_path, WANDB)
+
+
+def test_scaling_metrics_are_numeric_record_columns_and_default_to_the_schemas(tmp_path):
+    with pytest.raises(ValueError, match="'scaling_metrics' lists 'attn_fwd_sec'"):
+        start(tmp_path, {**WANDB, "scaling_metrics": ["attn_fwd_ms", "attn_fwd_sec"]})
+    with pytest.raises(ValueError, match="'scaling_metrics' lists 'timing_warning'"):
+        start(tmp_path, {**WANDB, "scaling_metrics": ["timing_warning"]})  # text, not a number
+    default = {k: v for k, v in WANDB.items() if k != "scaling_metrics"}
+    tracker = start(tmp_path, default)
+    assert tracker._scaling_metrics == record.SCALING_METRICS
+    tracker.finish(RECORD, exit_code=0)
+
+
+def test_the_logger_config_is_checked_against_its_schema(resolved_config):
+    logger = resolved_config()["logger"]
+    assert logger["scaling_metrics"] == list(record.SCALING_METRICS)  # the schema's default
+    with pytest.raises(Exception, match="init_timeout"):
+        resolved_config("logger.init_timeout=soon")
 
 
 def test_failed_start_warns_once_and_returns_no_op(tmp_path, monkeypatch, caplog):
