@@ -38,6 +38,7 @@ from typing import Any
 
 import pandas as pd
 
+from analysis import offline_runs
 from experiments import record, store, tracking
 
 # The columns every frame has, from the record schema (experiments/record.py).
@@ -73,8 +74,8 @@ def load_offline_runs(root: str | Path) -> pd.DataFrame:
     more than once in `root` (a resumed sweep) keeps its newest record.
     """
     rows = []
-    for run_dir in tracking.find_offline_runs(Path(root)):
-        run = tracking.read_offline_run(run_dir)
+    for run_dir in offline_runs.find_offline_runs(Path(root)):
+        run = offline_runs.read_offline_run(run_dir)
         if run["job_type"] == SUMMARY_JOB_TYPE or "status" not in run["summary"]:
             continue
         rows.append(
@@ -136,7 +137,7 @@ def load_curves(frame: pd.DataFrame, metrics: Iterable[str] = CURVE_METRICS) -> 
         frame.index, frame["run_dir"], frame["wandb_path"], strict=True
     ):
         if isinstance(run_dir, str):
-            history = tracking.read_offline_run(Path(run_dir))["history"]
+            history = offline_runs.read_offline_run(Path(run_dir))["history"]
         elif isinstance(wandb_path, str):
             history = _online_history(wandb_path, metrics)
         else:
@@ -224,7 +225,7 @@ def _load_path(path: Path) -> pd.DataFrame:
         frame, root = pd.read_parquet(path / "results.parquet"), path
     elif (path / "results.csv").exists():
         frame, root = _read_csv(path / "results.csv"), path
-    elif tracking.find_offline_runs(path):
+    elif offline_runs.find_offline_runs(path):
         return load_offline_runs(path)
     else:
         raise FileNotFoundError(
@@ -264,7 +265,7 @@ def _locate_runs(recorded: pd.Series | None, root: Path) -> list[str | None]:
             located.append(value)
         else:
             if moved is None:  # search once, only when a sweep was moved
-                moved = {p.name: str(p) for p in tracking.find_offline_runs(root)}
+                moved = {p.name: str(p) for p in offline_runs.find_offline_runs(root)}
             located.append(moved.get(Path(value).name))
     return located
 

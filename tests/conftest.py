@@ -14,6 +14,20 @@ os.environ["ATTNBENCH_CACHE_DIR"] = tempfile.mkdtemp(prefix="attnbench-test-cach
 # (and a 10x slowdown when another process is busy). Subprocess sweeps set their own threads.
 torch.set_num_threads(1)
 
+# conf/logger/wandb.yaml as the runner passes it, offline.
+WANDB_LOGGER = {
+    "name": "wandb",
+    "mode": "offline",
+    "project": "attnbench",
+    "entity": None,
+    "tags": [],
+    "dir": None,
+    "quiet": True,
+    "capture_console": False,
+    "init_timeout": 90,
+    "scaling_metrics": ["attn_fwd_ms", "step_ms", "peak_memory_bytes", "approx_rel_error"],
+}
+
 
 @pytest.fixture
 def wandb_home(tmp_path, monkeypatch):

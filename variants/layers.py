@@ -19,6 +19,29 @@ from variants.config import OWNER, ModelConfig, kernel_options
 from variants.registry import AttentionSpec
 
 
+def build_kernel(
+    config: ModelConfig,
+    spec: AttentionSpec | None = None,
+    options: Mapping[str, Any] | None = None,
+) -> Attention:
+    """The kernel a layer of a `config` model runs: variant `spec` (default the config's) with its
+    own `options` (default `config.attention_options`) and those of the model options (causal,
+    n_heads, head_dim, max_seq_len, shared_qk) it declares, from `config`. `ValueError` for
+    options it cannot take; `UnsupportedCombination` for a variant that needs shared QK the
+    config does not have."""
+    if spec is None:
+        spec, options = config.spec, config.attention_options
+    if spec.shared_qk_required and not config.shared_qk:
+        raise UnsupportedCombination(
+            f"{OWNER}: attention {spec.name!r} requires option 'shared_qk'=True "
+            f"(its keys are the normalised queries)"
+        )
+    model_options = config.model_options()
+    return spec.build(
+        **kernel_options(options or {}), **{k: model_options[k] for k in spec.model_options}
+    )
+
+
 class SelfAttention(nn.Module):
     """Multi-head self-attention around a registered attention kernel.
 
@@ -45,7 +68,7 @@ class SelfAttention(nn.Module):
         self.config = config
         self.n_heads = config.n_heads
         self.head_dim = config.head_dim
-        self.kernel = self._build_kernel(config.spec, config.attention_options)
+        self.kernel = build_kernel(config)
         n_projections = 2 if config.shared_qk else 3  # (q, v) or (q, k, v)
         self.qkv = nn.Linear(config.d_model, n_projections * config.d_model)
         self.out = nn.Linear(config.d_model, config.d_model)
@@ -56,20 +79,9 @@ class SelfAttention(nn.Module):
         the device and dtype of the layer's weights and in its train/eval mode: a trained model
         can then be evaluated with another kernel (`TransformerLM.kernels_replaced`). Raises as
         the constructor does."""
-        kernel = self._build_kernel(spec, options)
+        kernel = build_kernel(self.config, spec, options)
         reference = self.out.weight
         return kernel.to(device=reference.device, dtype=reference.dtype).train(self.training)
-
-    def _build_kernel(self, spec: AttentionSpec, options: Mapping[str, Any]) -> Attention:
-        if spec.shared_qk_required and not self.config.shared_qk:
-            raise UnsupportedCombination(
-                f"{OWNER}: attention {spec.name!r} requires option 'shared_qk'=True "
-                f"(its keys are the normalised queries)"
-            )
-        model_options = self.config.model_options()
-        return spec.build(
-            **kernel_options(options), **{k: model_options[k] for k in spec.model_options}
-        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: (B, L, d_model) -> (B, L, d_model)."""

@@ -13,6 +13,8 @@ from typing import Any, Protocol
 
 import torch
 
+from variants.registry_base import Registry
+
 
 @dataclass
 class Batch:
@@ -40,28 +42,29 @@ class Task(Protocol):
         ...
 
 
-_TASKS: dict[str, type] = {}
+# Every task class by name; importing the built-in task modules registers them.
+_BUILTIN = ("duplication", "enwik8", "listops", "long_recall", "random_lm", "recall", "text")
+_TASKS: Registry[type] = Registry("task", builtins=[f"experiments.tasks.{m}" for m in _BUILTIN])
 
 
 def register_task(cls: type) -> type:
-    _TASKS[cls.name] = cls
+    """Class decorator: add a task class to the registry under `cls.name`."""
+    _TASKS.add(cls.name, cls)
     return cls
 
 
 def task_names() -> list[str]:
-    _load_builtin_tasks()
-    return list(_TASKS)
+    """Names of all registered tasks, in registration order."""
+    return _TASKS.names()
 
 
 def build_task(options: dict[str, Any], *, seq_len: int, batch_size: int, seed: int) -> Task:
     """Build the task `options["name"]` with its other options; ValueError naming bad ones."""
-    _load_builtin_tasks()
     options = dict(options)
     name = options.pop("name")
-    if name not in _TASKS:
-        raise ValueError(f"unknown task {name!r}; available: {', '.join(_TASKS)}")
+    task_cls = _TASKS[name]  # unknown -> ValueError listing the tasks
     try:
-        return _TASKS[name](seq_len=seq_len, batch_size=batch_size, seed=seed, **options)
+        return task_cls(seq_len=seq_len, batch_size=batch_size, seed=seed, **options)
     except TypeError as error:  # an option the task does not take
         raise ValueError(f"task {name!r}: {error}") from None
 
@@ -76,16 +79,3 @@ def generator(seed: int, split: str, index: int) -> torch.Generator:
         raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
     digest = hashlib.sha256(f"{seed}/{split}/{index}".encode()).digest()
     return torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") >> 1)
-
-
-def _load_builtin_tasks() -> None:
-    # imported to register
-    from experiments.tasks import (  # noqa: F401
-        duplication,
-        enwik8,
-        listops,
-        long_recall,
-        random_lm,
-        recall,
-        text,
-    )

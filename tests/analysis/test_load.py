@@ -10,7 +10,8 @@ import pytest
 
 from analysis import load
 from experiments import record, store, tracking
-from tests.analysis.conftest import FIXTURE, WANDB_LOGGER, fixture_records
+from tests.analysis.conftest import FIXTURE, fixture_records
+from tests.conftest import WANDB_LOGGER
 
 # Where a row came from, not its values.
 BOOKKEEPING = {"source", "run_dir", "offline_run_dir", "wandb_path"}

@@ -20,18 +20,18 @@ from variants.blocks.checkpoint import CheckpointBlock
 from variants.blocks.residual import ResidualBlock, sequential_stack
 from variants.blocks.reversible import ReversibleBlock, ReversibleStack
 from variants.config import ModelConfig
+from variants.registry_base import Registry
 
 # name -> (block class, how a list of such blocks runs)
-_BLOCKS: dict[str, tuple[type[nn.Module], Callable[[list], nn.Module]]] = {
-    "residual": (ResidualBlock, sequential_stack),
-    "reversible": (ReversibleBlock, ReversibleStack),
-    "checkpoint": (CheckpointBlock, sequential_stack),
-}
+_BLOCKS: Registry[tuple[type[nn.Module], Callable[[list], nn.Module]]] = Registry("block")
+_BLOCKS.add(ResidualBlock.name, (ResidualBlock, sequential_stack))
+_BLOCKS.add(ReversibleBlock.name, (ReversibleBlock, ReversibleStack))
+_BLOCKS.add(CheckpointBlock.name, (CheckpointBlock, sequential_stack))
 
 
 def block_names() -> list[str]:
     """Names of the block types."""
-    return list(_BLOCKS)
+    return _BLOCKS.names()
 
 
 def build_block(
@@ -44,7 +44,7 @@ def build_block(
     map x (batch, seq_len, d_model) to the same shape; a reversible block maps the pair
     (x1, x2) to (y1, y2). Bad options raise `ValueError` naming the option.
     """
-    block_cls, _ = _lookup(name)
+    block_cls, _ = _BLOCKS[name]
     if not isinstance(config, ModelConfig):
         sizes = {"d_model": config, "n_heads": n_heads}
         config = ModelConfig(**{k: v for k, v in sizes.items() if v is not None}, **fields)
@@ -55,7 +55,7 @@ def build_block(
 
 def build_stack(name: str, blocks: list[nn.Module]) -> nn.Module:
     """Run `blocks` (all of type `name`, at least one) as (B, L, d_model) -> (B, L, d_model)."""
-    block_cls, stack = _lookup(name)
+    block_cls, stack = _BLOCKS[name]
     if not blocks:
         raise ValueError(f"block {name!r}: a stack needs at least one block, got none")
     for block in blocks:
@@ -65,12 +65,6 @@ def build_stack(name: str, blocks: list[nn.Module]) -> nn.Module:
                 f"got {type(block).__name__}"
             )
     return stack(blocks)
-
-
-def _lookup(name: str):
-    if name not in _BLOCKS:
-        raise ValueError(f"unknown block {name!r}; available: {', '.join(_BLOCKS)}")
-    return _BLOCKS[name]
 
 
 __all__ = [
