@@ -223,7 +223,7 @@ def _training_columns(result, task: Task) -> dict[str, Any]:
         "eval_accuracy": result.eval_accuracy,
         "tokens_per_s": result.tokens_per_s,
     }
-    if getattr(task, "reports_bits_per_byte", False):
+    if task.reports_bits_per_byte:
         columns["eval_bits_per_byte"] = result.eval_loss / math.log(2)
     return columns
 
@@ -272,7 +272,7 @@ def evaluate_with_kernel(
     columns = {f"eval_loss@{label}": loss}
     if task.has_accuracy:
         columns[f"eval_accuracy@{label}"] = accuracy
-    if getattr(task, "reports_bits_per_byte", False):
+    if task.reports_bits_per_byte:
         columns[f"eval_bits_per_byte@{label}"] = loss / math.log(2)
     return columns
 

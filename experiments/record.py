@@ -171,6 +171,17 @@ def names(part: str, *, optional: bool | None = None) -> tuple[str, ...]:
     )
 
 
+ERROR_CHARS = 500
+
+
+def one_line(error: BaseException) -> str:
+    """How a failure is told, in the `error` column and in the runner's and the W&B logger's
+    warnings: `Type: message` with the whole message on one line (its white space folded, so a
+    multi-line message keeps its later lines), cut to ERROR_CHARS characters."""
+    text = " ".join(str(error).split())
+    return f"{type(error).__name__}: {text}"[:ERROR_CHARS]
+
+
 def is_number(value: Any) -> bool:
     """A finite int or float, not a bool: a value a numeric column can hold."""
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)

@@ -79,7 +79,7 @@ def run_job(
     except UnsupportedCombination as error:
         rec.update(status=record.SKIPPED, error=" ".join(str(error).split()))
     except Exception as error:  # noqa: BLE001 — an invalid option, or a setup that broke
-        rec.update(status=record.ERROR, error=_one_line(error))
+        rec.update(status=record.ERROR, error=record.one_line(error))
         if not isinstance(error, ValueError):
             log.error("setup failed:\n%s", traceback.format_exc())
     else:
@@ -112,7 +112,7 @@ def run_job(
             tracker.discard()  # no record, so no run: a re-run measures it afresh
             raise
         except BaseException as error:  # noqa: BLE001 — every failure becomes data
-            rec.update(status=_status_of(error), error=_one_line(error))
+            rec.update(status=_status_of(error), error=record.one_line(error))
             if rec["status"] == record.ERROR:
                 log.error("job failed:\n%s", traceback.format_exc())
         finally:
@@ -233,11 +233,6 @@ def _status_of(error: BaseException) -> str:
     if isinstance(error, Diverged):
         return record.DIVERGED
     return record.ERROR
-
-
-def _one_line(error: BaseException) -> str:
-    text = " ".join(str(error).split())
-    return f"{type(error).__name__}: {text}"[:500]
 
 
 @hydra.main(config_path=str(config_dir()), config_name="config", version_base="1.3")

@@ -23,7 +23,6 @@ its run.
 from __future__ import annotations
 
 import logging
-import math
 import os
 import pathlib
 import re
@@ -80,8 +79,8 @@ class Tracker:
     def log_step(self, metrics: dict[str, float], step: int) -> None:
         """Log per-step training metrics at `step` (nothing here)."""
 
-    def finish(self, record: dict, exit_code: int) -> None:
-        """Store the job's record and close the run (nothing here)."""
+    def finish(self, rec: dict, exit_code: int) -> None:
+        """Store the job's record `rec` and close the run (nothing here)."""
 
     def discard(self) -> None:
         """Close the run of a job that will leave no record, and delete it if offline."""
@@ -103,8 +102,8 @@ class _WandbTracker(Tracker):
         row = {(k if "/" in k else f"train/{k}"): v for k, v in metrics.items()}
         self._guard(self._run.log, {**row, STEP_AXIS: step})
 
-    def finish(self, record: dict, exit_code: int) -> None:
-        """Copy every column of `record` into the run summary, then close the run.
+    def finish(self, rec: dict, exit_code: int) -> None:
+        """Copy every column of the record `rec` into the run summary, then close the run.
 
         None is written as null, which W&B keeps as "no value": it clears what an earlier
         attempt of a resumed (online) run left there, e.g. its error.
@@ -115,10 +114,10 @@ class _WandbTracker(Tracker):
         if self._run is None:
             return
         run, self._run = self._run, None
-        scaling = {k: record[k] for k in self._scaling_metrics if _is_number(record.get(k))}
-        if scaling and _is_number(record.get(SCALING_AXIS)):
-            self._guard(run.log, {SCALING_AXIS: record[SCALING_AXIS], **scaling})
-        self._guard(run.summary.update, dict(record))
+        scaling = {k: rec[k] for k in self._scaling_metrics if record.is_number(rec.get(k))}
+        if scaling and record.is_number(rec.get(SCALING_AXIS)):
+            self._guard(run.log, {SCALING_AXIS: rec[SCALING_AXIS], **scaling})
+        self._guard(run.summary.update, dict(rec))
         self._guard(_close, run, exit_code)
 
     def discard(self) -> None:
@@ -135,7 +134,9 @@ class _WandbTracker(Tracker):
         try:
             call(*args, **kwargs)
         except Exception as error:  # tracking must never fail the job
-            log.warning("W&B call %s failed, run left as is: %s", call.__name__, _one_line(error))
+            log.warning(
+                "W&B call %s failed, run left as is: %s", call.__name__, record.one_line(error)
+            )
             self._run = None
 
 
@@ -185,7 +186,7 @@ def start_tracker(
     try:
         _define_metrics(run, scaling_metrics)
     except Exception as error:  # charts lose their axes, the run is still fine
-        log.warning("W&B define_metric failed: %s", _one_line(error))
+        log.warning("W&B define_metric failed: %s", record.one_line(error))
     return _WandbTracker(run, scaling_metrics, offline=mode != "online")
 
 
@@ -249,12 +250,12 @@ def log_sweep_summary(
         images = {f"figures/{key}": wandb.Image(str(path)) for key, path in figures.items()}
         run.log({"records": table, **images})
     except Exception as error:  # the sweep's local results are already written
-        log.warning("W&B sweep summary failed: %s", _one_line(error))
+        log.warning("W&B sweep summary failed: %s", record.one_line(error))
         exit_code = 1
     try:
         _close(run, exit_code)
     except Exception as error:
-        log.warning("W&B sweep summary failed to finish: %s", _one_line(error))
+        log.warning("W&B sweep summary failed to finish: %s", record.one_line(error))
     return run_dir
 
 
@@ -305,7 +306,7 @@ def _init_run(
             settings=wandb.Settings(**_settings(logger_cfg)),
         )
     except Exception as error:  # any failure: record locally without W&B
-        _disabled_reason = _one_line(error)
+        _disabled_reason = record.one_line(error)
         log.warning("W&B is off for the rest of this process (%s mode): %s", mode, _disabled_reason)
         return None
 
@@ -375,12 +376,3 @@ def _plain(value: Any) -> Any:
     if isinstance(value, Sequence) and not isinstance(value, (str, bytes)):
         return [_plain(v) for v in value]
     return value
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def _one_line(error: BaseException) -> str:
-    text = str(error).strip().splitlines()
-    return f"{type(error).__name__}: {text[0] if text else ''}"

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 import torch
 
+from variants.checks import require_positive_int
 from variants.registry_base import Registry
 
 
@@ -31,11 +32,13 @@ class Batch:
 
 
 class Task(Protocol):
-    """A task; byte-level tasks also set `reports_bits_per_byte = True` (eval loss / ln 2)."""
+    """A task: its token vocabulary, whether it scores accuracy, and whether its eval loss over
+    ln 2 is bits per byte (byte-level tasks)."""
 
     name: str
     vocab_size: int
     has_accuracy: bool
+    reports_bits_per_byte: bool
 
     def batch(self, split: str, index: int) -> Batch:
         """Batch number `index` of `split` ("train" or "eval"), identical on every call."""
@@ -67,6 +70,25 @@ def build_task(options: dict[str, Any], *, seq_len: int, batch_size: int, seed: 
         return task_cls(seq_len=seq_len, batch_size=batch_size, seed=seed, **options)
     except TypeError as error:  # an option the task does not take
         raise ValueError(f"task {name!r}: {error}") from None
+
+
+class SeededTask:
+    """What the built-in tasks share: `seq_len`, `batch_size` and `seed`, checked, and the
+    `Task` defaults (no accuracy, a loss that is not bits per byte)."""
+
+    name: ClassVar[str]
+    has_accuracy: ClassVar[bool] = False
+    reports_bits_per_byte: ClassVar[bool] = False
+
+    def __init__(self, *, seq_len: int, batch_size: int, seed: int):
+        self.seq_len = require_positive_int(self.owner, "seq_len", seq_len)
+        self.batch_size = require_positive_int(self.owner, "batch_size", batch_size)
+        self.seed = seed
+
+    @property
+    def owner(self) -> str:
+        """How error messages name the task: `task <name>`."""
+        return f"task {self.name}"
 
 
 def generator(seed: int, split: str, index: int) -> torch.Generator:

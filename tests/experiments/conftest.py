@@ -30,6 +30,13 @@ TINY = (
     "measure.reference.batch_size=2",
     "measure.matmul_size=64",
 )
+# Switches off every measurement but training: for tests of what a job trains and records.
+MEASURE_NOTHING = (
+    "measure.kernel=false",
+    "measure.step=false",
+    "measure.memory=false",
+    "measure.approx_error=false",
+)
 TIMEOUT_S = 300  # per CLI call: a hung sweep fails its test instead of the whole session
 
 

@@ -8,6 +8,7 @@ import pytest
 
 from experiments import curriculum, measure, run, store
 from experiments.config import JobConfig
+from tests.experiments import conftest
 
 TINY = (
     "seq_len=64",
@@ -16,17 +17,10 @@ TINY = (
     "task.n_pairs=2",
     "task.n_keys=4",
     "task.n_values=4",
-    "model.d_model=32",
-    "model.n_heads=2",
-    "train.steps=2",
-    "train.warmup=1",
+    *conftest.TINY,
     "train.eval_every=0",
     "train.eval_batches=1",
-    "measure.kernel=false",
-    "measure.step=false",
-    "measure.memory=false",
-    "measure.approx_error=false",
-    "measure.matmul_size=64",
+    *conftest.MEASURE_NOTHING,
     "logger=none",
 )
 SCHEDULE = "train.curriculum=[{seq_len:16,steps:3},{seq_len:32,steps:1}]"

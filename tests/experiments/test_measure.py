@@ -10,23 +10,15 @@ import torch
 
 import variants
 from experiments import measure, record, timing
+from tests.experiments import conftest
 from variants.attention.base import FWD_BWD_FLOP_FACTOR, Attention
 
 CPU = torch.device("cpu")
 TINY = (
     "seq_len=64",
-    "model.d_model=32",
-    "model.n_heads=2",
-    "train.steps=2",
-    "train.warmup=1",
+    *conftest.TINY,
     "train.eval_every=1",
     "train.eval_batches=1",
-    "measure.min_run_time_s=0.01",
-    "measure.approx_seeds=1",
-    "measure.reference.steps=2",
-    "measure.reference.seq_len=32",
-    "measure.reference.batch_size=2",
-    "measure.matmul_size=64",
     "logger=none",
 )
 ALWAYS = {

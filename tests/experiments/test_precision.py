@@ -9,22 +9,18 @@ import torch
 
 from experiments import measure
 from experiments.precision import Precision
+from tests.experiments import conftest
 
 SHORT_RUN = (
     "task=text",
     "seq_len=64",
     "batch_size=4",
-    "model.d_model=32",
-    "model.n_heads=2",
+    *conftest.TINY,
     "train.steps=8",
     "train.warmup=2",
     "train.eval_every=0",
     "train.eval_batches=1",
-    "measure.kernel=false",
-    "measure.step=false",
-    "measure.memory=false",
-    "measure.approx_error=false",
-    "measure.matmul_size=64",
+    *conftest.MEASURE_NOTHING,
     "logger=none",
 )
 

@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 import json
-import os
 import stat
-import subprocess
-import sys
 from datetime import datetime
 from pathlib import Path
 
@@ -14,8 +11,7 @@ import pytest
 import torch
 
 from experiments import record
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.conftest import output_of_another_process
 
 
 def reversed_order(tree):
@@ -44,18 +40,8 @@ def test_config_hash_is_the_same_in_another_process(resolved_config):
         "import json, sys; from experiments.record import config_hash; "
         "print(config_hash(json.load(sys.stdin)))"
     )
-    env = {**os.environ, "PYTHONHASHSEED": "12345"}  # str hashes differ; the digest must not
-    done = subprocess.run(
-        [sys.executable, "-c", script],
-        input=json.dumps(config),
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-    )
-    assert done.stdout.strip() == record.config_hash(config)
+    there = output_of_another_process(script, hash_seed="12345", stdin=json.dumps(config))
+    assert there == record.config_hash(config)
 
 
 @pytest.mark.parametrize(

@@ -23,7 +23,7 @@ from omegaconf import OmegaConf
 from analysis import offline_runs
 from experiments import run
 from experiments.record import flatten
-from tests.experiments.conftest import TINY
+from tests.experiments.conftest import MEASURE_NOTHING, TINY
 
 IDENTITY = ("sweep", "job", "config_hash", "status", "error")
 CONFIGURATION = (
@@ -72,14 +72,7 @@ PROVENANCE = (
 SKIP_MESSAGE = "already recorded with status ok"  # logged by a job that resume skips
 RAN_MESSAGE = "record: "  # printed by a job that measured and recorded
 # Resume is about which jobs run, not what they measure: time only the machine's matmul rate.
-QUICK = (
-    "logger=none",
-    "train.steps=0",
-    "measure.kernel=false",
-    "measure.step=false",
-    "measure.memory=false",
-    "measure.approx_error=false",
-)
+QUICK = ("logger=none", "train.steps=0", *MEASURE_NOTHING)
 
 
 def job_records(sweep_dir: Path) -> dict[str, dict]:
@@ -325,9 +318,8 @@ def test_sweep_with_an_invalid_option_lists_what_did_not_end_ok_and_exits_1(cli,
 def test_ctrl_c_keeps_what_finished_and_leaves_no_run_of_the_interrupted_job(cli, tmp_path):
     sweep_dir = tmp_path / "sweep"
     # The second job trains for as long as it takes Ctrl-C to arrive; W&B is on (offline).
-    measure_nothing = [o for o in QUICK if o.startswith("measure.")]
     process = cli.start(
-        *cli.sweep_args(sweep_dir, "train.steps=1,100000", *measure_nothing), new_session=True
+        *cli.sweep_args(sweep_dir, "train.steps=1,100000", *MEASURE_NOTHING), new_session=True
     )
     first, deadline = sweep_dir / "0" / "result.json", time.monotonic() + 240
     while not (first.exists() and json.loads(first.read_text() or "{}").get("offline_run_dir")):

@@ -12,6 +12,7 @@ from experiments import measure
 from experiments.config import TrainConfig
 from experiments.tasks import build_task
 from experiments.train import evaluate, train
+from tests.experiments.conftest import MEASURE_NOTHING
 
 CPU = torch.device("cpu")
 
@@ -107,10 +108,7 @@ def test_measure_records_a_column_per_evaluation_kernel(job_config):
         "train.steps=2",
         "train.warmup=1",
         "train.eval_batches=1",
-        "measure.kernel=false",
-        "measure.step=false",
-        "measure.memory=false",
-        "measure.approx_error=false",
+        *MEASURE_NOTHING,
         "measure.matmul_size=32",
         "+eval.attention={full: {name: full}, lsh-8: {name: lsh, n_hashes: 8, bucket_size: 4}}",
     )
