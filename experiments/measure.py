@@ -153,14 +153,7 @@ def measure(
     for label, attention in job.eval_attention.items():
         columns.update(
             evaluate_with_kernel(
-                model,
-                task,
-                device,
-                attention,
-                label,
-                seed=job.seed,
-                eval_batches=job.train.eval_batches,
-                precision=precision,
+                built, attention, label, seed=job.seed, eval_batches=job.train.eval_batches
             )
         )
 
@@ -242,17 +235,10 @@ def _after(on_step, offset: int, seq_len: int | None):
 
 
 def evaluate_with_kernel(
-    model: variants.TransformerLM,
-    task: Task,
-    device: torch.device,
-    attention: Mapping[str, Any],
-    label: str,
-    *,
-    seed: int,
-    eval_batches: int,
-    precision: Precision = FLOAT32,
+    built: Setup, attention: Mapping[str, Any], label: str, *, seed: int, eval_batches: int
 ) -> dict[str, float]:
-    """Evaluate the model with every layer's kernel replaced by `attention`, then restore it.
+    """Evaluate the built model on its task, on its device and in its precision, with every
+    layer's kernel replaced by `attention`, then restore it.
 
     attention: {"name": variant, **kernel options}, e.g. {"name": "lsh", "n_hashes": 8}. The
     projections stay as trained, as in the Reformer's Table 2 (train with one attention,
@@ -262,13 +248,14 @@ def evaluate_with_kernel(
     so the columns are reproducible; the global RNG stream is left as it was. A kernel the
     layers refuse raises `ValueError`.
     """
+    model, task, device = built.model, built.task, built.device
     options = {k: v for k, v in attention.items() if k != "name"}
     with (
         model.kernels_replaced(attention["name"], options),
         torch.random.fork_rng(devices=[device] if device.type == "cuda" else []),
     ):
         torch.manual_seed(seed)
-        loss, accuracy = evaluate(model, task, device, eval_batches, precision)
+        loss, accuracy = evaluate(model, task, device, eval_batches, built.precision)
     columns = {f"eval_loss@{label}": loss}
     if task.has_accuracy:
         columns[f"eval_accuracy@{label}"] = accuracy

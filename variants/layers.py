@@ -30,7 +30,8 @@ def build_kernel(
     options it cannot take; `UnsupportedCombination` for a variant that needs shared QK the
     config does not have."""
     if spec is None:
-        spec, options = config.spec, config.attention_options
+        spec = config.spec
+        options = config.attention_options if options is None else options
     if spec.shared_qk_required and not config.shared_qk:
         raise UnsupportedCombination(
             f"{OWNER}: attention {spec.name!r} requires option 'shared_qk'=True "

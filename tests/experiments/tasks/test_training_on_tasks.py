@@ -10,6 +10,7 @@ import torch
 import variants
 from experiments import measure
 from experiments.config import TrainConfig
+from experiments.precision import FLOAT32
 from experiments.tasks import build_task
 from experiments.train import evaluate, train
 from tests.experiments.conftest import MEASURE_NOTHING
@@ -32,6 +33,10 @@ def _model(attention="full", shared_qk=True, seq_len=16, **options):
 
 
 EVAL = {"seed": 0, "eval_batches": 2}  # evaluate_with_kernel's settings of a job
+
+
+def _built(model, task) -> measure.Setup:
+    return measure.Setup(CPU, FLOAT32, task, model)
 
 
 @pytest.fixture
@@ -67,7 +72,7 @@ def test_evaluating_with_the_training_kernel_changes_nothing(periodic_text):
     model = _model()
     loss, _ = evaluate(model, periodic_text, CPU, 2)
     columns = measure.evaluate_with_kernel(
-        model, periodic_text, CPU, {"name": "full"}, "full", **EVAL
+        _built(model, periodic_text), {"name": "full"}, "full", **EVAL
     )
     assert columns == {
         "eval_loss@full": pytest.approx(loss),
@@ -80,8 +85,8 @@ def test_full_model_evaluated_with_lsh_then_restored():
     model = _model(seq_len=16)
     kernels = list(model.kernels())
     lsh = {"name": "lsh", "n_hashes": 2, "bucket_size": 4}
-    first = measure.evaluate_with_kernel(model, task, CPU, lsh, "lsh-2", **EVAL)
-    again = measure.evaluate_with_kernel(model, task, CPU, lsh, "lsh-2", **EVAL)
+    first = measure.evaluate_with_kernel(_built(model, task), lsh, "lsh-2", **EVAL)
+    again = measure.evaluate_with_kernel(_built(model, task), lsh, "lsh-2", **EVAL)
     assert set(first) == {"eval_loss@lsh-2", "eval_accuracy@lsh-2"}
     assert first == again  # hashing is seeded by the config's seed
     full, _ = evaluate(model, task, CPU, 2)
@@ -94,7 +99,7 @@ def test_a_kernel_the_model_cannot_take_is_refused_and_the_model_kept():
     task = build_task({"name": "duplication"}, seq_len=16, batch_size=2, seed=0)
     model = _model(shared_qk=False)
     with pytest.raises(ValueError, match="'lsh'.*'shared_qk'"):
-        measure.evaluate_with_kernel(model, task, CPU, {"name": "lsh"}, "lsh", **EVAL)
+        measure.evaluate_with_kernel(_built(model, task), {"name": "lsh"}, "lsh", **EVAL)
     assert [k.name for k in model.kernels()] == ["full"]
 
 
