@@ -8,18 +8,17 @@ Sources, which all give the same columns:
     summary of each job's run is its record;
   - a W&B project online (`load_wandb`), through `wandb.Api()`.
 
-Schema of the frame (one row per record):
-  record columns  every column the runner writes (experiments/record.py, run.py, measure.py):
-                  identity    sweep, job, config_hash, status (ok|oom|timeout|skipped|error|
-                              diverged), error
-                  config      attention, block, task, seq_len, batch_size, d_model, n_heads,
-                              depth, causal, dtype, seed, shared_qk (model.shared_qk resolved),
-                              and the flattened attention.*, block.*, task.*, model.*, train.*,
-                              measure.*, budget.*
-                  measured    MEASUREMENTS below: float, NaN when not measured (status != ok or
-                              a measure.* switch off); always present as columns
-                  provenance  git_commit, torch_version, device, device_name, threads, hostname,
-                              timestamp, offline_run_dir (as recorded, maybe on another machine)
+Schema of the frame (one row per record), from the record schema (experiments/record.py):
+  record columns  every column the runner writes, each in the schema's type (`record.SCHEMA`):
+                  identity    sweep, job, config_hash, status (record.STATUSES), error
+                  config      the aliases (attention, block, task, seq_len, ...), the resolved
+                              keys (device, threads, shared_qk) and the flattened
+                              attention.*, block.*, task.*, model.*, train.*, measure.*, budget.*
+                  measured    MEASUREMENTS: float, NaN when not measured (status != ok or a
+                              measure.* switch off); always present as columns; the schema's
+                              optional ones (eval_bits_per_byte, notes) when some record has them
+                  provenance  git_commit, torch_version, device_name, hostname, timestamp,
+                              offline_run_dir (as recorded, maybe on another machine)
   variant         attention name plus the attention.* options that differ between that
                   attention's rows, e.g. "lsh n_hashes=2 bucket_size=64"; just "full" when none do
   source          the path (or W&B URL) the row was read from
@@ -39,45 +38,14 @@ from typing import Any
 
 import pandas as pd
 
+from analysis import offline_runs
 from experiments import record, store, tracking
 
-MEASUREMENTS = (
-    "attn_fwd_ms",
-    "attn_fwd_iqr_ms",
-    "attn_fwd_bwd_ms",
-    "attn_fwd_bwd_iqr_ms",
-    "step_ms",
-    "step_iqr_ms",
-    "peak_memory_bytes",
-    "peak_rss_bytes",
-    "attn_fwd_flops",
-    "attn_fwd_bwd_flops",
-    "attn_fwd_gflops_per_s",
-    "attn_fwd_bwd_gflops_per_s",
-    "attn_fwd_bwd_matmul_fraction",
-    "matmul_peak_gflops_per_s",
-    "approx_rel_error",
-    "approx_rel_error_gaussian",
-    "approx_reference_bits_per_byte",
-    "train_loss",
-    "eval_loss",
-    "eval_accuracy",
-    "tokens_per_s",
-    "n_parameters",
-    "job_seconds",
-    "curriculum_stage",
-    "trained_steps",
-)
-IDENTITY = ("sweep", "job", "config_hash", "status", "error")
-CONFIG = (*record.ALIASES, *record.RESOLVED)
-PROVENANCE = (
-    "git_commit",
-    "torch_version",
-    "device_name",
-    "hostname",
-    "timestamp",
-    "offline_run_dir",
-)
+# The columns every frame has, from the record schema (experiments/record.py).
+IDENTITY = record.names(record.IDENTITY)
+CONFIG = record.names(record.CONFIG)
+MEASUREMENTS = record.names(record.MEASURED, optional=False)  # float, NaN when not measured
+PROVENANCE = record.names(record.PROVENANCE)
 ADDED = ("variant", "source", "run_dir", "wandb_path")
 CURVE_METRICS = ("train/loss", "eval/loss", "eval/accuracy")
 SUMMARY_JOB_TYPE = "sweep-summary"  # the sweep's summary run (tracking.log_sweep_summary)
@@ -106,8 +74,8 @@ def load_offline_runs(root: str | Path) -> pd.DataFrame:
     more than once in `root` (a resumed sweep) keeps its newest record.
     """
     rows = []
-    for run_dir in tracking.find_offline_runs(Path(root)):
-        run = tracking.read_offline_run(run_dir)
+    for run_dir in offline_runs.find_offline_runs(Path(root)):
+        run = offline_runs.read_offline_run(run_dir)
         if run["job_type"] == SUMMARY_JOB_TYPE or "status" not in run["summary"]:
             continue
         rows.append(
@@ -169,7 +137,7 @@ def load_curves(frame: pd.DataFrame, metrics: Iterable[str] = CURVE_METRICS) -> 
         frame.index, frame["run_dir"], frame["wandb_path"], strict=True
     ):
         if isinstance(run_dir, str):
-            history = tracking.read_offline_run(Path(run_dir))["history"]
+            history = offline_runs.read_offline_run(Path(run_dir))["history"]
         elif isinstance(wandb_path, str):
             history = _online_history(wandb_path, metrics)
         else:
@@ -178,27 +146,27 @@ def load_curves(frame: pd.DataFrame, metrics: Iterable[str] = CURVE_METRICS) -> 
             step = entry.get(tracking.STEP_AXIS)
             for metric in metrics:
                 value = entry.get(metric)
-                if step is not None and _is_number(value):
+                if step is not None and record.is_number(value):
                     points.append((row, int(step), metric, float(value)))
     return pd.DataFrame(points, columns=["row", "step", "metric", "value"])
 
 
 def tidy(frame: pd.DataFrame) -> pd.DataFrame:
-    """Typed columns, every schema column present, a `variant` label, a stable row order."""
+    """Typed columns, every schema column present, a `variant` label, a stable row order.
+
+    Each column the record schema knows gets its type whatever the source (a measurement is
+    float with NaN when not measured, a config int is int when every record has it, a bool is
+    True/False/None, text is str/None); see `_typed`.
+    """
     frame = _gaussian_error_of_old_records(frame.copy())
     schema = (*IDENTITY, *CONFIG, *PROVENANCE, *ADDED[1:], *MEASUREMENTS)
     missing = [c for c in dict.fromkeys(schema) if c not in frame]
     frame = pd.concat([frame, pd.DataFrame(None, index=frame.index, columns=missing)], axis=1)
-    for column in MEASUREMENTS:
-        values = frame[column] if column in frame else float("nan")
-        frame[column] = pd.to_numeric(values, errors="coerce")
-        frame[column] = frame[column].astype(float)
-    for column in frame.columns:
-        if column not in MEASUREMENTS:
-            frame[column] = _coerce(frame[column])
+    for name in frame.columns:
+        frame[name] = _typed(name, frame[name])
     if "model.shared_qk" in frame:  # records from before `shared_qk` was resolved in them
         frame["shared_qk"] = frame["shared_qk"].where(
-            frame["shared_qk"].notna(), frame["model.shared_qk"]
+            frame["shared_qk"].notna(), _typed("shared_qk", frame["model.shared_qk"])
         )
     frame = frame.copy()  # one block per dtype again after the column-by-column conversion
     frame["variant"] = variant_labels(frame)
@@ -257,8 +225,8 @@ def _load_path(path: Path) -> pd.DataFrame:
     elif (path / "results.parquet").exists():
         frame, root = pd.read_parquet(path / "results.parquet"), path
     elif (path / "results.csv").exists():
-        frame, root = pd.read_csv(path / "results.csv", low_memory=False), path
-    elif tracking.find_offline_runs(path):
+        frame, root = _read_csv(path / "results.csv"), path
+    elif offline_runs.find_offline_runs(path):
         return load_offline_runs(path)
     else:
         raise FileNotFoundError(
@@ -273,10 +241,16 @@ def _load_file(path: Path) -> pd.DataFrame:
     if path.suffix == ".parquet":
         return pd.read_parquet(path)
     if path.suffix == ".csv":
-        return pd.read_csv(path, low_memory=False)
+        return _read_csv(path)
     if path.suffix == ".json":
         return pd.DataFrame([json.loads(path.read_text())])
     raise ValueError(f"{path}: results files are .csv, .parquet or result.json")
+
+
+def _read_csv(path: Path) -> pd.DataFrame:
+    """A results.csv, its text columns read as text (a job "0", a hash of digits)."""
+    text = {c.name: str for c in record.SCHEMA if c.type is str}
+    return pd.read_csv(path, low_memory=False, dtype=text)
 
 
 def _locate_runs(recorded: pd.Series | None, root: Path) -> list[str | None]:
@@ -292,7 +266,7 @@ def _locate_runs(recorded: pd.Series | None, root: Path) -> list[str | None]:
             located.append(value)
         else:
             if moved is None:  # search once, only when a sweep was moved
-                moved = {p.name: str(p) for p in tracking.find_offline_runs(root)}
+                moved = {p.name: str(p) for p in offline_runs.find_offline_runs(root)}
             located.append(moved.get(Path(value).name))
     return located
 
@@ -315,32 +289,64 @@ def _online_history(wandb_path: str, metrics: tuple[str, ...]) -> list[dict[str,
     return rows
 
 
-def _coerce(column: pd.Series) -> pd.Series:
-    """Numbers stored as text (CSV, Parquet's stringified mixed columns) back to numbers.
+def _typed(name: str, values: pd.Series) -> pd.Series:
+    """A column in the type the record schema gives it (`record.column`).
 
-    A column becomes numeric only if every non-missing value is a number; "True"/"False" become
-    booleans; missing values of text columns (also the text "nan") become None.
+    Sources differ: JSON keeps types, CSV turns text into numbers where it can and writes
+    booleans as text, and results.parquet written before the store kept types holds mixed
+    columns as text. A column the schema does not know (a flattened config key such as
+    `attention.stride`, which can mix 'auto' and numbers) keeps its values, except that text
+    which reads wholly as numbers or booleans is read back as such (`_read_text`).
     """
-    if not (column.dtype == object or pd.api.types.is_string_dtype(column)):
-        return column
-    # results.parquet from experiments.store stringifies a missing value of a mixed column.
-    column = column.astype(object).where(column.ne("nan"), None)
-    present = column.dropna()
+    column = record.column(name)
+    if column is None:
+        return _read_text(values)
+    if column.numeric:
+        numbers = pd.to_numeric(values.map(_number_or_none).astype(object), errors="coerce")
+        return numbers.astype(float) if column.part == record.MEASURED else numbers
+    if column.type is bool:
+        return values.map(_bool_or_none).astype(object)
+    return values.map(_text_or_none).astype(object)
+
+
+def _number_or_none(value: Any) -> float | int | None:
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, str):
+        return pd.to_numeric(value, errors="coerce")
+    return value
+
+
+def _bool_or_none(value: Any) -> bool | None:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value in ("True", "False", "true", "false"):
+        return value in ("True", "true")
+    return None
+
+
+def _text_or_none(value: Any) -> str | None:
+    if value is None or (isinstance(value, float) and math.isnan(value)) or value is pd.NA:
+        return None
+    if isinstance(value, float) and value.is_integer():  # a CSV's number column: "3", not "3.0"
+        return str(int(value))
+    return str(value)
+
+
+def _read_text(values: pd.Series) -> pd.Series:
+    """Text that reads wholly as numbers, or as True/False, as numbers or bools; any other
+    column unchanged but for missing text values, which become None."""
+    if not (values.dtype == object or pd.api.types.is_string_dtype(values)):
+        return values
+    values = values.astype(object).where(values.notna() & values.ne("nan"), None)
+    present = values.dropna()
     if present.empty:
-        return pd.Series(None, index=column.index, dtype=object)
-    if present.map(lambda v: isinstance(v, bool) or v in ("True", "False")).all():
-        return column.map(
-            lambda v: (
-                v
-                if v is None or isinstance(v, bool)
-                else (v == "True" if isinstance(v, str) else None)
-            )
-        )
+        return pd.Series(None, index=values.index, dtype=object)
+    if not present.map(lambda v: isinstance(v, str)).all():
+        return values
+    if present.isin(("True", "False")).all():
+        return values.map(lambda v: None if v is None else v == "True").astype(object)
     numbers = pd.to_numeric(present, errors="coerce")
-    if numbers.notna().all() and not present.map(lambda v: isinstance(v, bool)).any():
-        return pd.to_numeric(column, errors="coerce")
-    return column.astype(object).where(column.notna(), None)
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if numbers.notna().all():
+        return pd.to_numeric(values, errors="coerce")
+    return values

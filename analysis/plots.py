@@ -30,8 +30,8 @@ from matplotlib.lines import Line2D
 from matplotlib.ticker import FuncFormatter, MaxNLocator, NullFormatter
 
 from analysis import fit, load, scaling, series
+from experiments.record import MIB
 
-MIB = 2**20
 _WALL_STEP = 0.045  # axes-fraction stagger between failure markers of different series
 _LABEL_STEP = 0.05  # axes-fraction stagger between crossover labels
 _PASS_TITLES = {"fwd": "forward", "fwd+bwd": "forward + backward"}

@@ -15,6 +15,7 @@ from analysis import fit, series
 
 TIME_METRICS = {"fwd": "attn_fwd_ms", "fwd+bwd": "attn_fwd_bwd_ms"}
 X = "seq_len"
+TAIL = 3  # the longest lengths the asymptotic exponent is fitted on
 
 
 @dataclass(frozen=True)
@@ -27,7 +28,7 @@ class SeriesFit:
 
 
 def scaling_fits(
-    labelled: pd.DataFrame, keys: list[str], metric: str, *, tail: int = 3
+    labelled: pd.DataFrame, keys: list[str], metric: str, *, tail: int = TAIL
 ) -> dict[str, SeriesFit]:
     """Fits of `metric` against seq_len for every series of a frame from `series.with_series`.
 

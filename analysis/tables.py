@@ -16,10 +16,10 @@ import pandas as pd
 
 from analysis import scaling, series
 from analysis.load import format_value
+from experiments import record
+from experiments.record import MIB
 from experiments.store import task_metrics
 
-MIB = 2**20
-TAIL = 3  # lengths of the asymptotic exponent
 EMPTY = ("", "—", "n/a")  # cells that say nothing
 # What a kernel's time depends on: records agreeing on all of these time the same kernel, so
 # their times must agree (a different block, depth or task cannot matter to the kernel alone).
@@ -65,7 +65,7 @@ def variant_summary(frame: pd.DataFrame) -> Table | None:
     if labelled.empty:
         return None
     fits = {
-        name: scaling.scaling_fits(labelled, keys, metric, tail=TAIL)
+        name: scaling.scaling_fits(labelled, keys, metric)
         for name, metric in scaling.TIME_METRICS.items()
     }
     at = {
@@ -84,7 +84,7 @@ def variant_summary(frame: pd.DataFrame) -> Table | None:
             "series": name,
             "α fwd": str(fwd.power_law),
             "α fwd+bwd": str(fwd_bwd.power_law),
-            f"α fwd+bwd, longest {TAIL} L": str(fwd_bwd.tail_power_law),
+            f"α fwd+bwd, longest {scaling.TAIL} L": str(fwd_bwd.tail_power_law),
             "L* fwd": _crossover(fwd, name),
             "L* fwd+bwd": _crossover(fwd_bwd, name),
         }
@@ -106,7 +106,7 @@ def variant_summary(frame: pd.DataFrame) -> Table | None:
     if any(c.startswith("α") for c in table):
         notes.append(
             "α: least-squares slope of log(kernel time) against log(seq_len), over the mean per "
-            f"length (all lengths, and the {TAIL} longest: the asymptotic regime)."
+            f"length (all lengths, and the {scaling.TAIL} longest: the asymptotic regime)."
         )
     if any(c.startswith("L*") for c in table):
         notes.append(
@@ -169,9 +169,8 @@ def failures(frame: pd.DataFrame) -> Table | None:
                 "reason": reason[:160] + ("…" if len(reason) > 160 else ""),
             }
         )
-    return Table(
-        "Not measured (oom, timeout, skipped, error, diverged)", _with_keys(rows, labelled, keys)
-    )
+    not_ok = ", ".join(s for s in record.STATUSES if s != record.OK)
+    return Table(f"Not measured ({not_ok})", _with_keys(rows, labelled, keys))
 
 
 def cross_evaluation(frame: pd.DataFrame) -> Table | None:

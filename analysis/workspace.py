@@ -4,7 +4,8 @@
     python -m analysis.workspace ENTITY/PROJECT --print      # the panel spec as JSON, offline
 
 The panels are plain data (`SECTIONS`): cost metrics against `seq_len` (the runner logs each
-job's costs as one history row on that axis, see conf/logger/wandb.yaml `scaling_metrics`) and
+job's costs as one history row on that axis: `record.SCALING_METRICS`, the default of
+conf/logger/wandb.yaml's `scaling_metrics`) and
 training curves against `step`, with runs grouped by variant. Creating the workspace needs the
 optional package `wandb-workspaces` (`pip install wandb-workspaces`) and a W&B login.
 """

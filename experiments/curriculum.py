@@ -18,9 +18,12 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from variants.checks import require_non_negative_int, require_positive_int
+
+if TYPE_CHECKING:
+    from experiments.config import JobConfig
 
 
 @dataclass(frozen=True)
@@ -32,16 +35,16 @@ class Stage:
     steps: int
 
 
-def stages_of(config: dict[str, Any]) -> list[Stage]:
+def stages_of(job: JobConfig) -> list[Stage]:
     """The curriculum's stages, then the job's own (always last); `ValueError` on a bad entry.
 
     Stage batch sizes keep the job's tokens per step: batch_size * seq_len // stage seq_len
     (at least 1).
     """
-    seq_len, batch_size = config["seq_len"], config["batch_size"]
+    seq_len, batch_size = job.seq_len, job.batch_size
     tokens_per_step = seq_len * batch_size
-    entries = config["train"].get("curriculum") or []
-    if not isinstance(entries, list):
+    entries = job.train.curriculum or []
+    if not isinstance(entries, (list, tuple)):
         raise ValueError(
             f"config: option 'train.curriculum' must be a list of {{seq_len, steps}}, "
             f"got {entries!r}"
@@ -62,7 +65,7 @@ def stages_of(config: dict[str, Any]) -> list[Stage]:
             )
         stages.append(Stage(length, max(1, tokens_per_step // length), steps))
         previous = length
-    stages.append(Stage(seq_len, batch_size, config["train"]["steps"]))
+    stages.append(Stage(seq_len, batch_size, job.train.steps))
     return stages
 
 

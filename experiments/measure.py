@@ -1,30 +1,31 @@
 """What one job measures, the same way for every variant.
 
-`measure(config)` builds the model from a resolved config, trains it on the task, then times the
-attention kernel alone and the whole training step, takes the step's peak memory, the kernel's
-analytic FLOPs and its approximation error against exact attention. It returns the measurement
+`setup(job)` builds the task and the model a job's `experiments.config.JobConfig` describes;
+`measure(job, built)` trains the model on the task, then times the attention kernel alone and
+the whole training step, takes the step's peak memory, the kernel's analytic FLOPs and its
+approximation error against exact attention. It returns the measurement
 columns of the record; `experiments.run` adds identity, status and provenance.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 import variants
-import variants.layers
 from experiments import curriculum, reference_model
+from experiments.config import JobConfig
 from experiments.memory import peak_memory_bytes, peak_rss_bytes
 from experiments.precision import FLOAT32, Precision
 from experiments.tasks import Task, build_task
 from experiments.timing import Timing, matmul_gflops_per_s, spread_warnings, time_call
 from experiments.train import evaluate, masked_loss_and_hits, train
 from variants.attention.base import FWD_BWD_FLOP_FACTOR, Attention
-from variants.checks import require_non_negative_int, require_positive_int
 
 
 def resolve_device(name: str) -> torch.device:
@@ -38,41 +39,6 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def resolve_shared_qk(config: dict[str, Any]) -> bool:
-    """`model.shared_qk`, null resolved: as the attention variant requires."""
-    shared_qk = config["model"]["shared_qk"]
-    if shared_qk is None:
-        return variants.attention_spec(config["attention"]["name"]).shared_qk_required
-    return shared_qk
-
-
-def build_model(config: dict[str, Any], vocab_size: int) -> torch.nn.Module:
-    """The TransformerLM a config describes (ValueErrors from the registry pass through)."""
-    attention = dict(config["attention"])
-    name = attention.pop("name")
-    model_cfg = config["model"]
-    return variants.TransformerLM(
-        vocab_size=vocab_size,
-        d_model=model_cfg["d_model"],
-        n_heads=model_cfg["n_heads"],
-        depth=model_cfg["depth"],
-        ff_mult=model_cfg["ff_mult"],
-        dropout=model_cfg["dropout"],
-        ff_chunks=model_cfg["ff_chunks"],
-        max_seq_len=config["seq_len"],
-        attention=name,
-        attention_options=attention,
-        block=config["block"]["name"],
-        shared_qk=model_cfg["shared_qk"],
-        causal=model_cfg["causal"],
-        token_shift=model_cfg["token_shift"],
-    )
-
-
-def first_kernel(model: torch.nn.Module) -> Attention:
-    return next(m for m in model.modules() if isinstance(m, Attention))
-
-
 @dataclass
 class Setup:
     """Everything a configuration builds before anything is measured."""
@@ -80,66 +46,35 @@ class Setup:
     device: torch.device
     precision: Precision
     task: Task
-    model: torch.nn.Module
+    model: variants.TransformerLM
 
     @property
     def dtype(self) -> torch.dtype:
         """The compute type: what activations and the kernels' inputs are."""
         return self.precision.compute_dtype
 
-
-POSITIVE_INTS = (
-    "seq_len",
-    "batch_size",
-    "measure.approx_seeds",
-    "measure.matmul_size",
-    "train.eval_batches",
-)
-NON_NEGATIVE_INTS = ("train.steps", "train.warmup", "train.eval_every", "measure.warmup")
-POSITIVE_OR_NULL = ("measure.min_run_time_s", "budget.max_memory_gb", "budget.max_seconds")
+    @property
+    def kernel(self) -> Attention:
+        """The first layer's attention kernel: the one timed alone."""
+        return next(self.model.kernels())
 
 
-def check_sizes(config: dict[str, Any]) -> None:
-    """The runner's own size options, checked before anything is built or measured."""
-
-    def value(key: str) -> Any:
-        node = config
-        for part in key.split("."):
-            node = node[part]
-        return node
-
-    for key in POSITIVE_INTS:
-        require_positive_int("config", key, value(key))
-    for key in NON_NEGATIVE_INTS:
-        require_non_negative_int("config", key, value(key))
-    for key in POSITIVE_OR_NULL:
-        number = value(key)
-        if number is not None and (
-            isinstance(number, bool) or not isinstance(number, (int, float)) or number <= 0
-        ):
-            raise ValueError(
-                f"config: option {key!r} must be a positive number or null, got {number!r}"
-            )
-
-
-def setup(config: dict[str, Any]) -> Setup:
-    """Validate and build a configuration; bad options raise `ValueError` naming the key."""
-    device = resolve_device(config["device"])
-    precision = Precision.of(config["dtype"], device)
-    if config["threads"]:
-        torch.set_num_threads(int(config["threads"]))
-    check_sizes(config)
-    curriculum.stages_of(config)  # a bad schedule is a config error, before anything is built
-    seq_len, batch_size, seed = config["seq_len"], config["batch_size"], config["seed"]
-    torch.manual_seed(seed)
-    task = build_task(config["task"], seq_len=seq_len, batch_size=batch_size, seed=seed)
+def setup(job: JobConfig) -> Setup:
+    """Build a configuration; bad options raise `ValueError` naming the key."""
+    device = resolve_device(job.device)
+    precision = Precision.of(job.dtype, device)
+    if job.threads:
+        torch.set_num_threads(int(job.threads))
+    torch.manual_seed(job.seed)
+    task = build_task(job.task, seq_len=job.seq_len, batch_size=job.batch_size, seed=job.seed)
     # float32 master weights whatever the dtype: half types are autocast (experiments/precision).
-    model = build_model(config, task.vocab_size).to(device=device)
-    check_backward(config, first_kernel(model), device)
-    return Setup(device, precision, task, model)
+    model = variants.TransformerLM(job.model_config(task.vocab_size)).to(device=device)
+    built = Setup(device, precision, task, model)
+    check_backward(job, built.kernel, device)
+    return built
 
 
-def check_backward(config: dict[str, Any], kernel: Attention, device: torch.device) -> None:
+def check_backward(job: JobConfig, kernel: Attention, device: torch.device) -> None:
     """A kernel that runs forward only on `device` (`impl=flex` on CPU) can only be timed
     forward: refuse a job that would train it or time or measure a training step."""
     if kernel.supports_backward(device):
@@ -147,24 +82,23 @@ def check_backward(config: dict[str, Any], kernel: Attention, device: torch.devi
     needs = [
         key
         for key, on in (
-            ("train.steps", config["train"]["steps"] > 0),
-            ("measure.step", config["measure"]["step"]),
-            ("measure.memory", config["measure"]["memory"]),
+            ("train.steps", job.train.steps > 0),
+            ("measure.step", job.measure.step),
+            ("measure.memory", job.measure.memory),
         )
         if on
     ]
     if needs:
-        name = config["attention"]["name"]
         raise ValueError(
-            f"attention {name!r}: option impl='flex' runs forward only on {device.type} "
-            f"(PyTorch's FlexAttention has no CPU backward), but {', '.join(needs)} need a "
-            "backward; use attention.impl=native to train, or train.steps=0 "
-            "measure.step=false measure.memory=false to time its forward"
+            f"attention {job.attention_name!r}: option impl='flex' runs forward only on "
+            f"{device.type} (PyTorch's FlexAttention has no CPU backward), but "
+            f"{', '.join(needs)} need a backward; use attention.impl=native to train, or "
+            "train.steps=0 measure.step=false measure.memory=false to time its forward"
         )
 
 
 def measure(
-    config: dict[str, Any],
+    job: JobConfig,
     built: Setup,
     on_step: Callable[[dict[str, Any], int], None] | None = None,
     on_stage: Callable[[curriculum.Stage, dict[str, Any]], None] | None = None,
@@ -176,23 +110,18 @@ def measure(
     curriculum stage before the last, as soon as it ends, so the caller can record it.
     """
     device, dtype, task, model = built.device, built.dtype, built.task, built.model
-    precision = built.precision
-    seq_len, batch_size = config["seq_len"], config["batch_size"]
-    m_cfg, t_cfg = config["measure"], config["train"]
-    kernel = first_kernel(model)
-    n_heads = config["model"]["n_heads"]
-    head_dim = config["model"]["d_model"] // n_heads
+    precision, kernel, m_cfg = built.precision, built.kernel, job.measure
     columns: dict[str, Any] = {
         "device": device.type,
         "precision": precision.label,
         "threads": torch.get_num_threads(),
         "n_parameters": sum(p.numel() for p in model.parameters()),
-        "matmul_peak_gflops_per_s": matmul_gflops_per_s(str(device), dtype, m_cfg["matmul_size"]),
+        "matmul_peak_gflops_per_s": matmul_gflops_per_s(str(device), dtype, m_cfg.matmul_size),
     }
 
     # Training first, on the freshly seeded model, so every variant starts from the same state;
     # a curriculum trains the same model at shorter lengths first (experiments/curriculum.py).
-    stages = curriculum.stages_of(config)
+    stages = job.stages
     trained_steps = 0
     for number, stage in enumerate(stages):
         if stage.steps == 0:
@@ -202,25 +131,15 @@ def measure(
             task
             if last
             else build_task(
-                config["task"],
-                seq_len=stage.seq_len,
-                batch_size=stage.batch_size,
-                seed=config["seed"],
+                job.task, seq_len=stage.seq_len, batch_size=stage.batch_size, seed=job.seed
             )
         )
         result = train(
             model,
             stage_task,
             device,
-            steps=stage.steps,
-            lr=t_cfg["lr"],
-            warmup=t_cfg["warmup"],
-            weight_decay=t_cfg["weight_decay"],
-            grad_clip=t_cfg["grad_clip"],
-            eval_every=t_cfg["eval_every"],
-            eval_batches=t_cfg["eval_batches"],
+            dataclasses.replace(job.train, steps=stage.steps),
             on_step=_after(on_step, trained_steps, stage.seq_len if len(stages) > 1 else None),
-            progress=t_cfg["progress"],
             precision=precision,
         )
         trained_steps += stage.steps
@@ -231,24 +150,28 @@ def measure(
             columns.update(trained)
         elif on_stage is not None:
             on_stage(stage, {**columns, **trained})
-    eval_attention = (config.get("eval") or {}).get("attention") or {}
-    for label, attention in eval_attention.items():
+    for label, attention in job.eval_attention.items():
         columns.update(
-            evaluate_with_kernel(model, task, device, attention, label, config, precision)
+            evaluate_with_kernel(
+                built, attention, label, seed=job.seed, eval_batches=job.train.eval_batches
+            )
         )
 
-    timing = {"min_run_time_s": m_cfg["min_run_time_s"], "warmup": m_cfg["warmup"]}
-    shape = (batch_size, n_heads, seq_len, head_dim)
+    timing = {"min_run_time_s": m_cfg.min_run_time_s, "warmup": m_cfg.warmup}
+    config = model.config
+    shape = (job.batch_size, config.n_heads, job.seq_len, config.head_dim)
     timings: dict[str, Timing] = {}
-    if m_cfg["kernel"]:
+    if m_cfg.kernel:
         with precision.autocast():
             timings.update(_kernel_timings(kernel, shape, device, dtype, timing))
         columns.update(_timing_columns(timings))
-        fwd_flops = kernel.flops(batch_size, n_heads, seq_len, head_dim)
+        if "attn_fwd_bwd_ms" not in timings:  # a forward-only kernel (impl=flex on CPU)
+            columns.update(attn_fwd_bwd_ms=math.nan, attn_fwd_bwd_iqr_ms=math.nan)
+        fwd_flops = kernel.flops(*shape)
         columns["attn_fwd_flops"] = fwd_flops
         columns["attn_fwd_bwd_flops"] = int(fwd_flops * FWD_BWD_FLOP_FACTOR)
         columns["attn_fwd_gflops_per_s"] = fwd_flops / columns["attn_fwd_ms"] / 1e6
-        if "attn_fwd_bwd_ms" in columns:  # not for a forward-only kernel
+        if "attn_fwd_bwd_ms" in timings:  # not for a forward-only kernel
             columns["attn_fwd_bwd_gflops_per_s"] = (
                 columns["attn_fwd_bwd_flops"] / columns["attn_fwd_bwd_ms"] / 1e6
             )
@@ -257,20 +180,20 @@ def measure(
             )
 
     step = _training_step(model, task, device, precision)
-    if m_cfg["step"]:
+    if m_cfg.step:
         timings["step_ms"] = time_call(step, device, **timing)
         columns.update(_timing_columns({"step_ms": timings["step_ms"]}))
     # A figure whose blocks spread widely is flagged, not silently recorded as a fact.
     columns["timing_warning"] = spread_warnings(timings)
-    if m_cfg["memory"]:
+    if m_cfg.memory:
         step()  # optimiser state exists before the measured step, as in steady-state training
         columns["peak_memory_bytes"] = peak_memory_bytes(step, device)
-    if m_cfg["approx_error"]:
-        seeds = m_cfg["approx_seeds"]
+    if m_cfg.approx_error:
+        seeds = m_cfg.approx_seeds
         reference = reference_model.load_or_train(
-            reference_model.ReferenceConfig.of_job(config),
+            reference_model.ReferenceConfig.of_job(job),
             device,
-            reference_model.cache_dir((m_cfg.get("reference") or {}).get("cache_dir")),
+            reference_model.cache_dir(m_cfg.reference.get("cache_dir")),
         )
         with precision.autocast():
             columns["approx_rel_error"] = approx_rel_error(
@@ -293,7 +216,7 @@ def _training_columns(result, task: Task) -> dict[str, Any]:
         "eval_accuracy": result.eval_accuracy,
         "tokens_per_s": result.tokens_per_s,
     }
-    if getattr(task, "reports_bits_per_byte", False):
+    if task.reports_bits_per_byte:
         columns["eval_bits_per_byte"] = result.eval_loss / math.log(2)
     return columns
 
@@ -312,43 +235,31 @@ def _after(on_step, offset: int, seq_len: int | None):
 
 
 def evaluate_with_kernel(
-    model: torch.nn.Module,
-    task: Task,
-    device: torch.device,
-    attention: dict[str, Any],
-    label: str,
-    config: dict[str, Any],
-    precision: Precision = FLOAT32,
+    built: Setup, attention: Mapping[str, Any], label: str, *, seed: int, eval_batches: int
 ) -> dict[str, float]:
-    """Evaluate the model with every layer's kernel replaced by `attention`, then restore it.
+    """Evaluate the built model on its task, on its device and in its precision, with every
+    layer's kernel replaced by `attention`, then restore it.
 
     attention: {"name": variant, **kernel options}, e.g. {"name": "lsh", "n_hashes": 8}. The
     projections stay as trained, as in the Reformer's Table 2 (train with one attention,
-    evaluate with another). Returns `eval_loss@<label>`, and `eval_accuracy@<label>` or
-    `eval_bits_per_byte@<label>` when the task has them. Stochastic kernels (LSH) draw from a
-    generator seeded with the config's seed, so the columns are reproducible; the global RNG
-    stream is left as it was. A kernel the layers refuse raises `ValueError`.
+    evaluate with another; `TransformerLM.kernels_replaced`). Returns `eval_loss@<label>`, and
+    `eval_accuracy@<label>` or `eval_bits_per_byte@<label>` when the task has them, over
+    `eval_batches` batches. Stochastic kernels (LSH) draw from a generator seeded with `seed`,
+    so the columns are reproducible; the global RNG stream is left as it was. A kernel the
+    layers refuse raises `ValueError`.
     """
-    options = dict(attention)
-    name = options.pop("name")
-    layers = [m for m in model.modules() if isinstance(m, variants.layers.SelfAttention)]
-    originals = [layer.replace_kernel(name, options) for layer in layers]
-    first, *rest = (layer.kernel for layer in layers)
-    for kernel in rest:  # as the model ties its own kernels (Linformer's layerwise sharing)
-        kernel.tie_to(first)
-    try:
-        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-            torch.manual_seed(config["seed"])
-            loss, accuracy = evaluate(
-                model, task, device, config["train"]["eval_batches"], precision
-            )
-    finally:
-        for layer, original in zip(layers, originals, strict=True):
-            layer.kernel = original
+    model, task, device = built.model, built.task, built.device
+    options = {k: v for k, v in attention.items() if k != "name"}
+    with (
+        model.kernels_replaced(attention["name"], options),
+        torch.random.fork_rng(devices=[device] if device.type == "cuda" else []),
+    ):
+        torch.manual_seed(seed)
+        loss, accuracy = evaluate(model, task, device, eval_batches, built.precision)
     columns = {f"eval_loss@{label}": loss}
     if task.has_accuracy:
         columns[f"eval_accuracy@{label}"] = accuracy
-    if getattr(task, "reports_bits_per_byte", False):
+    if task.reports_bits_per_byte:
         columns[f"eval_bits_per_byte@{label}"] = loss / math.log(2)
     return columns
 

@@ -1,6 +1,8 @@
 """One job's record: a flat dict of documented columns, its identity and its provenance.
 
-Columns carry their unit in the name (`_ms`, `_bytes`, `_per_s`). Configuration columns come from
+`SCHEMA` lists every column with its part (identity, config, measured, provenance), type and
+unit; the store, the W&B logger, the loader and the report read it. Columns carry their unit in
+the name (`_ms`, `_bytes`, `_per_s`). Configuration columns come from
 the resolved Hydra config, flattened with dots (`attention.n_hashes`, `model.depth`); the
 short aliases `attention`, `block`, `task`, `seq_len`, ... are the ones analysis groups by.
 """
@@ -16,37 +18,189 @@ import socket
 import subprocess
 import tempfile
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 import torch
 
-STATUSES = ("ok", "oom", "timeout", "skipped", "error", "diverged")
+# --- The schema: every column a record has, with its type and unit -----------------------------
+#
+# Read by the store (the printed table, typed Parquet), the W&B logger (the default
+# `logger.scaling_metrics`, and the check of that list), the loader (analysis/load.py: types,
+# and the columns every frame has) and the report. Nothing else lists the columns.
+
+OK, OOM, TIMEOUT, SKIPPED, ERROR, DIVERGED = "ok", "oom", "timeout", "skipped", "error", "diverged"
+STATUSES = (OK, OOM, TIMEOUT, SKIPPED, ERROR, DIVERGED)
+
+# The parts of a record.
+IDENTITY, CONFIG, MEASURED, PROVENANCE = "identity", "config", "measured", "provenance"
+MIB = 2**20  # `_bytes` columns are shown in MiB (the printed table, report tables and figures)
+
+
+@dataclass(frozen=True)
+class Column:
+    """One record column: its part, its Python type (values may also be None) and unit.
+
+    `key`: for a config column, the resolved config key it stands for (`attention` is
+    `attention.name`); `resolved`: the job resolves it as it runs (device auto -> cpu).
+    `optional`: a loader adds no empty column for it when a source lacks it (a metric of some
+    tasks only, a note of newer records). `shown`: in the table a job and a sweep print;
+    `task_metric`: a task's quality figure, printed after those, whose `<name>@<label>` columns
+    are the same figure with another kernel (`eval.attention`); `scaling`: logged against
+    seq_len in W&B unless `logger.scaling_metrics` says otherwise.
+    """
+
+    name: str
+    part: str
+    type: type
+    unit: str = ""
+    doc: str = ""
+    key: str | None = None
+    resolved: bool = False
+    optional: bool = False
+    shown: bool = False
+    task_metric: bool = False
+    scaling: bool = False
+
+    @property
+    def numeric(self) -> bool:
+        return self.type in (int, float)
+
+
+def _config(name: str, type_: type, doc: str, key: str | None = None, **flags) -> Column:
+    return Column(name, CONFIG, type_, doc=doc, key=key or name, **flags)
+
+
+def _measured(name: str, type_: type, unit: str, doc: str, **flags) -> Column:
+    return Column(name, MEASURED, type_, unit, doc, **flags)
+
+
+SCHEMA: tuple[Column, ...] = (
+    Column("sweep", IDENTITY, str, doc="the sweep's name: W&B group, `multirun/<sweep>`"),
+    Column("job", IDENTITY, str, doc="the job's number in its sweep (`<job>/<seq_len>`: a stage)"),
+    Column("config_hash", IDENTITY, str, doc="hash of what is measured (`config_hash`)"),
+    Column("status", IDENTITY, str, doc=" | ".join(STATUSES)),
+    Column("error", IDENTITY, str, doc="why a job did not end ok, on one line"),
+    _config("attention", str, "the attention variant", "attention.name"),
+    _config("block", str, "the block type", "block.name"),
+    _config("task", str, "the task", "task.name"),
+    _config("seq_len", int, "tokens per sequence"),
+    _config("batch_size", int, "sequences per step"),
+    _config("d_model", int, "model width", "model.d_model"),
+    _config("n_heads", int, "attention heads", "model.n_heads"),
+    _config("depth", int, "layers", "model.depth"),
+    _config("causal", bool, "causal attention", "model.causal"),
+    _config("dtype", str, "float32 | bfloat16 | float16"),
+    _config("seed", int, "the job's seed"),
+    _config("device", str, "cpu | cuda (auto resolved)", resolved=True),
+    _config("threads", int, "torch intra-op threads (null resolved)", resolved=True),
+    _config("shared_qk", bool, "shared QK (null resolved)", "model.shared_qk", resolved=True),
+    _measured("attn_fwd_ms", float, "ms", "kernel forward, median", shown=True, scaling=True),
+    _measured("attn_fwd_iqr_ms", float, "ms", "its interquartile range over timed blocks"),
+    _measured("attn_fwd_bwd_ms", float, "ms", "kernel forward+backward", shown=True, scaling=True),
+    _measured("attn_fwd_bwd_iqr_ms", float, "ms", "its interquartile range"),
+    _measured("step_ms", float, "ms", "one training step", shown=True, scaling=True),
+    _measured("step_iqr_ms", float, "ms", "its interquartile range"),
+    _measured(
+        "peak_memory_bytes",
+        int,
+        "bytes",
+        "peak live tensors in a training step",
+        shown=True,
+        scaling=True,
+    ),
+    _measured("peak_rss_bytes", int, "bytes", "the process's peak resident set size"),
+    _measured("attn_fwd_flops", int, "FLOP", "useful FLOPs of the kernel's forward"),
+    _measured("attn_fwd_bwd_flops", int, "FLOP", "and of its forward+backward"),
+    _measured("attn_fwd_gflops_per_s", float, "GFLOP/s", "achieved rate, forward"),
+    _measured(
+        "attn_fwd_bwd_gflops_per_s", float, "GFLOP/s", "achieved rate, fwd+bwd", scaling=True
+    ),
+    _measured("attn_fwd_bwd_matmul_fraction", float, "fraction", "that rate / the matmul rate"),
+    _measured("matmul_peak_gflops_per_s", float, "GFLOP/s", "the machine's matmul rate"),
+    _measured(
+        "approx_rel_error",
+        float,
+        "relative",
+        "error against exact attention on a trained model's q, k, v",
+        shown=True,
+        scaling=True,
+    ),
+    _measured("approx_rel_error_gaussian", float, "relative", "the same on N(0, 1) q, k, v"),
+    _measured("approx_reference_bits_per_byte", float, "bits/byte", "the reference model's eval"),
+    _measured("approx_reference_digest", str, "", "the reference model measured on", optional=True),
+    _measured("train_loss", float, "nats/token", "mean of the last training steps", shown=True),
+    _measured("eval_loss", float, "nats/token", "after training", shown=True),
+    _measured("eval_accuracy", float, "fraction", "after training", task_metric=True),
+    _measured(
+        "eval_bits_per_byte",
+        float,
+        "bits/byte",
+        "after training, byte-level tasks",
+        task_metric=True,
+        optional=True,
+    ),
+    _measured("tokens_per_s", float, "tokens/s", "training throughput", scaling=True),
+    _measured("n_parameters", int, "", "the model's parameters"),
+    _measured("job_seconds", float, "s", "the job's wall time"),
+    _measured("curriculum_stage", int, "", "which curriculum stage (0 = the first)"),
+    _measured("trained_steps", int, "", "optimiser steps taken when evaluated"),
+    _measured("precision", str, "", "float32 | bf16-mixed | fp16-mixed", optional=True),
+    _measured("timing_warning", str, "", "figures whose timing spread widely", optional=True),
+    Column("git_commit", PROVENANCE, str, doc="HEAD of the checkout, +dirty if changed"),
+    Column("torch_version", PROVENANCE, str),
+    Column("device_name", PROVENANCE, str, doc="GPU or CPU model"),
+    Column("hostname", PROVENANCE, str),
+    Column("timestamp", PROVENANCE, str, doc="UTC, ISO 8601"),
+    Column("offline_run_dir", PROVENANCE, str, doc="the job's W&B offline run, if any"),
+)
+COLUMNS = {c.name: c for c in SCHEMA}
+
+
+def column(name: str) -> Column | None:
+    """The schema's column `name` (`<name>@<label>` is `<name>`'s), None for a config key."""
+    return COLUMNS.get(name.split("@", 1)[0])
+
+
+def names(part: str, *, optional: bool | None = None) -> tuple[str, ...]:
+    """The columns of one part, in schema order (`optional` True/False: only those/the others)."""
+    return tuple(
+        c.name for c in SCHEMA if c.part == part and (optional is None or c.optional == optional)
+    )
+
+
+ERROR_CHARS = 500
+
+
+def one_line(error: BaseException) -> str:
+    """How a failure is told, in the `error` column and in the runner's and the W&B logger's
+    warnings: `Type: message` with the whole message on one line (its white space folded, so a
+    multi-line message keeps its later lines), cut to ERROR_CHARS characters."""
+    text = " ".join(str(error).split())
+    return f"{type(error).__name__}: {text}"[:ERROR_CHARS]
+
+
+def is_number(value: Any) -> bool:
+    """A finite int or float, not a bool: a value a numeric column can hold."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+# The short names analysis groups by, and the resolved config key each one stands for.
+ALIASES = {c.name: c.key for c in SCHEMA if c.part == CONFIG and not c.resolved}
+# Config keys a job resolves and records as it ran (device auto -> cpu, threads null -> n,
+# model.shared_qk null -> as the variant requires), and the key each one stands for.
+RESOLVED = {c.name: c.key for c in SCHEMA if c.resolved}
+SHOWN = tuple(c.name for c in SCHEMA if c.shown)
+TASK_METRICS = tuple(c.name for c in SCHEMA if c.task_metric)
+SCALING_METRICS = tuple(c.name for c in SCHEMA if c.scaling)
 
 # Keys of the resolved config that do not change what is measured, so they stay out of the hash.
 # A budget decides whether a measurement completes, not what it measures: re-running an oom
 # configuration with a larger budget replaces its record.
 _BOOKKEEPING = ("logger", "sweep", "resume", "fail_on", "train.progress")
 _UNHASHED = (*_BOOKKEEPING, "budget")
-
-# The short names analysis groups by, and the resolved config key each one stands for.
-ALIASES = {
-    "attention": "attention.name",
-    "block": "block.name",
-    "task": "task.name",
-    "seq_len": "seq_len",
-    "batch_size": "batch_size",
-    "d_model": "model.d_model",
-    "n_heads": "model.n_heads",
-    "depth": "model.depth",
-    "causal": "model.causal",
-    "dtype": "dtype",
-    "seed": "seed",
-}
-# Config keys a job resolves and records as it ran (device auto -> cpu, threads null -> n,
-# model.shared_qk null -> as the variant requires), and the key each one stands for.
-RESOLVED = {"device": "device", "threads": "threads", "shared_qk": "model.shared_qk"}
 
 
 def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -27,11 +27,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 
 import variants
+from experiments.config import JobConfig, TrainConfig
 from experiments.tasks import build_task
 from experiments.tasks.text import read_corpus
 from experiments.train import evaluate, train
@@ -63,16 +63,38 @@ class ReferenceConfig:
             require_positive_int("measure.reference", name, getattr(self, name))
 
     @classmethod
-    def of_job(cls, config: dict[str, Any]) -> ReferenceConfig:
+    def of_job(cls, job: JobConfig) -> ReferenceConfig:
         """The reference config of a job: its `measure.reference` options and model width."""
-        options = dict(config["measure"].get("reference") or {})
-        options.pop("cache_dir", None)
+        options = {k: v for k, v in job.measure.reference.items() if k != "cache_dir"}
         try:
-            return cls(
-                d_model=config["model"]["d_model"], n_heads=config["model"]["n_heads"], **options
-            )
+            return cls(d_model=job.model["d_model"], n_heads=job.model["n_heads"], **options)
         except TypeError as error:
             raise ValueError(f"config: measure.reference: {error}") from None
+
+    def model_config(self) -> variants.ModelConfig:
+        """The reference model: full attention, causal, at this width and depth. The job's
+        kernel may run at any length; sinusoids extend, so the length bound is only a guard."""
+        return variants.ModelConfig(
+            vocab_size=256,
+            d_model=self.d_model,
+            n_heads=self.n_heads,
+            depth=self.depth,
+            max_seq_len=2**24,
+            attention="full",
+            causal=True,
+        )
+
+    def train_config(self) -> TrainConfig:
+        """How it is trained (the recipe of RECIPE_VERSION)."""
+        return TrainConfig(
+            steps=self.steps,
+            lr=self.lr,
+            warmup=min(100, self.steps // 10),
+            weight_decay=0.01,
+            grad_clip=1.0,
+            eval_every=0,
+            eval_batches=8,
+        )
 
     def digest(self) -> str:
         """12 hex digits naming the model: the config, the corpus size and the recipe."""
@@ -116,23 +138,10 @@ def load_or_train(
         if not path.exists():
             _train_and_save(config, path)
         saved = torch.load(path, map_location="cpu", weights_only=True)
-    model = _build(config)
+    model = variants.TransformerLM(config.model_config())
     model.load_state_dict(saved["state_dict"])
     model.to(device).eval()
     return ReferenceModel(model, config, digest, saved["eval_bits_per_byte"], path)
-
-
-def _build(config: ReferenceConfig) -> variants.TransformerLM:
-    # The job's kernel may run at any length; sinusoids extend, so the bound is only a guard.
-    return variants.TransformerLM(
-        vocab_size=256,
-        d_model=config.d_model,
-        n_heads=config.n_heads,
-        depth=config.depth,
-        max_seq_len=2**24,
-        attention="full",
-        causal=True,
-    )
 
 
 def _train_and_save(config: ReferenceConfig, path: Path) -> None:
@@ -142,19 +151,8 @@ def _train_and_save(config: ReferenceConfig, path: Path) -> None:
     cpu = torch.device("cpu")
     with torch.random.fork_rng():
         torch.manual_seed(config.seed)
-        model = _build(config)
-        train(
-            model,
-            task,
-            cpu,
-            steps=config.steps,
-            lr=config.lr,
-            warmup=min(100, config.steps // 10),
-            weight_decay=0.01,
-            grad_clip=1.0,
-            eval_every=0,
-            eval_batches=8,
-        )
+        model = variants.TransformerLM(config.model_config())
+        train(model, task, cpu, config.train_config())
         loss, _ = evaluate(model, task, cpu, n_batches=8)
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_suffix(".partial")

@@ -28,12 +28,14 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from experiments import budget, curriculum, measure, record, resolvers, store, sweep, tracking
+import variants
+from experiments import budget, curriculum, measure, record, store, sweep, tracking
+from experiments.config import JobConfig, register
 from experiments.train import Diverged
 from variants.checks import UnsupportedCombination
 
 log = logging.getLogger("attnbench")
-resolvers.register()
+register()
 
 
 def config_dir() -> Path:
@@ -64,7 +66,7 @@ def run_job(
         "sweep": config["sweep"],
         "job": job,
         "config_hash": digest,
-        "status": "ok",
+        "status": record.OK,
         "error": None,
         **record.config_columns(config),
     }
@@ -72,11 +74,12 @@ def run_job(
     device = None
     started = time.perf_counter()
     try:
-        built = measure.setup(config)
+        job_config = JobConfig.of(config)  # the job as one typed object, checked
+        built = measure.setup(job_config)
     except UnsupportedCombination as error:
-        rec.update(status="skipped", error=" ".join(str(error).split()))
+        rec.update(status=record.SKIPPED, error=" ".join(str(error).split()))
     except Exception as error:  # noqa: BLE001 — an invalid option, or a setup that broke
-        rec.update(status="error", error=_one_line(error))
+        rec.update(status=record.ERROR, error=record.one_line(error))
         if not isinstance(error, ValueError):
             log.error("setup failed:\n%s", traceback.format_exc())
     else:
@@ -94,12 +97,12 @@ def run_job(
         )
         try:
             with (
-                budget.time_limit(config["budget"]["max_seconds"]),
-                budget.memory_cap(config["budget"]["max_memory_gb"], device),
+                budget.time_limit(job_config.budget.max_seconds),
+                budget.memory_cap(job_config.budget.max_memory_gb, device),
             ):
                 rec.update(
                     measure.measure(
-                        config,
+                        job_config,
                         built,
                         on_step=tracker.log_step,
                         on_stage=_stage_recorder(config, rec, out_dir, tracker, started),
@@ -109,24 +112,26 @@ def run_job(
             tracker.discard()  # no record, so no run: a re-run measures it afresh
             raise
         except BaseException as error:  # noqa: BLE001 — every failure becomes data
-            rec.update(status=_status_of(error), error=_one_line(error))
-            if rec["status"] == "error":
+            rec.update(status=_status_of(error), error=record.one_line(error))
+            if rec["status"] == record.ERROR:
                 log.error("job failed:\n%s", traceback.format_exc())
         finally:
             del built
             gc.collect()
     rec["job_seconds"] = time.perf_counter() - started
-    if rec["status"] != "ok":  # as it would have run: `auto` and null resolved, as measured ones
+    if (
+        rec["status"] != record.OK
+    ):  # as it would have run: `auto` and null resolved, as measured ones
         rec["device"] = device.type if device is not None else _device_or_as_configured(config)
         rec["threads"] = torch.get_num_threads()
     rec["shared_qk"] = None  # model.shared_qk resolved (None: the variant is unknown)
     with contextlib.suppress(ValueError):
-        rec["shared_qk"] = measure.resolve_shared_qk(config)
+        rec["shared_qk"] = _resolved_shared_qk(config)
     rec.update(record.provenance(device))
     rec["offline_run_dir"] = None
     record.write_json_atomic(out_dir / "result.json", rec)
     try:
-        tracker.finish(rec, exit_code=0 if rec["status"] == "ok" else 1)
+        tracker.finish(rec, exit_code=0 if rec["status"] == record.OK else 1)
     except KeyboardInterrupt:
         tracker.discard()
         raise
@@ -152,7 +157,7 @@ def _stage_recorder(config, rec, out_dir: Path, tracker, started: float):
             "config_hash": record.config_hash(staged),
             **record.config_columns(staged),
             **columns,
-            "shared_qk": measure.resolve_shared_qk(config),
+            "shared_qk": _resolved_shared_qk(config),
             "job_seconds": time.perf_counter() - started,
             **record.provenance(torch.device(columns["device"])),
             "offline_run_dir": None if tracker.run_dir is None else str(tracker.run_dir),
@@ -161,6 +166,11 @@ def _stage_recorder(config, rec, out_dir: Path, tracker, started: float):
         record.write_json_atomic(path, stage_rec)
 
     return write
+
+
+def _resolved_shared_qk(config: dict[str, Any]) -> bool:
+    """`model.shared_qk` as the job ran it (null: what the variant requires)."""
+    return variants.resolve_shared_qk(config["attention"]["name"], config["model"]["shared_qk"])
 
 
 def _say_if_unreadable(path: Path) -> None:
@@ -215,18 +225,14 @@ def _threads_per_job(hydra_cfg) -> int | None:
 
 
 def _status_of(error: BaseException) -> str:
+    """The record status (`record.STATUSES`) of a measurement that raised `error`."""
     if isinstance(error, budget.JobTimeout):
-        return "timeout"
+        return record.TIMEOUT
     if budget.is_out_of_memory(error):
-        return "oom"
+        return record.OOM
     if isinstance(error, Diverged):
-        return "diverged"
-    return "error"
-
-
-def _one_line(error: BaseException) -> str:
-    text = " ".join(str(error).split())
-    return f"{type(error).__name__}: {text}"[:500]
+        return record.DIVERGED
+    return record.ERROR
 
 
 @hydra.main(config_path=str(config_dir()), config_name="config", version_base="1.3")
@@ -244,12 +250,12 @@ def app(cfg: DictConfig) -> None:
     if rec is None:
         return
     print(store.format_records([rec]))
-    if rec["status"] != "ok" and multirun:  # the sweep's end lists it again, with the others
+    if rec["status"] != record.OK and multirun:  # the sweep's end lists it again, with the others
         print(f"{rec['status']}: {rec['error']}")
     print(f"record: {out_dir / 'result.json'}")
     if rec.get("offline_run_dir"):
         print(f"W&B run: {rec['offline_run_dir']}")
-    if rec["status"] != "ok" and not multirun:
+    if rec["status"] != record.OK and not multirun:
         print(f"error: {rec['error']}", file=sys.stderr)
         sys.exit(1)
 

@@ -24,23 +24,14 @@ from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
+from experiments import record
 from experiments.record import config_keys, write_atomic
 
 log = logging.getLogger("attnbench")
 
-# The printed table: these keys always (a single run's too), then every other key that varies.
+# The printed table: these keys always (a single run's too), then every other key that varies,
+# then the schema's shown measurements when any record has them, and the task's metrics.
 HEADLINE_KEYS = ("attention", "block", "seq_len", "depth")
-# Then these measurements when any record has them, and the task's metrics.
-SUMMARY_MEASUREMENTS = (
-    "attn_fwd_ms",
-    "attn_fwd_bwd_ms",
-    "step_ms",
-    "peak_memory_bytes",
-    "approx_rel_error",
-    "train_loss",
-    "eval_loss",
-)
-TASK_METRICS = ("eval_accuracy", "eval_bits_per_byte")  # and their `@<label>` evaluations
 
 
 @dataclass(frozen=True)
@@ -84,7 +75,7 @@ def find_ok_record(sweep_dir: Path, config_hash: str) -> Path | None:
             rec = json.loads(path.read_text())
         except (OSError, json.JSONDecodeError):
             continue
-        if rec.get("config_hash") == config_hash and rec.get("status") == "ok":
+        if rec.get("config_hash") == config_hash and rec.get("status") == record.OK:
             return path
     return None
 
@@ -111,13 +102,46 @@ def write_results(sweep_dir: Path, *, quiet: bool = False) -> pd.DataFrame:
             log.warning("no records found in %s", sweep_dir)
         return frame
     write_atomic(sweep_dir / "results.csv", lambda path: frame.to_csv(path, index=False))
-    # Parquet wants one type per column; config columns can mix (e.g. stride 'auto' or 64).
-    typed = frame.copy()
-    for column in typed.columns:
-        if typed[column].dtype == object:
-            typed[column] = typed[column].map(_text_or_none)
+    typed = parquet_frame(frame)
     write_atomic(sweep_dir / "results.parquet", lambda path: typed.to_parquet(path, index=False))
     return frame
+
+
+def parquet_frame(frame: pd.DataFrame) -> pd.DataFrame:
+    """The records with one type per column, as Parquet wants: a schema column in its type
+    (`record.SCHEMA`; ints and bools nullable), any other column as it is when its values share
+    a kind, and as text when they mix (a config key such as `attention.stride`: 'auto' or 64)."""
+    typed = frame.copy()
+    for name in typed.columns:
+        column = record.column(name)
+        values = typed[name]
+        if column is None:
+            if values.dtype == object and _mixed(values):
+                typed[name] = values.map(_text_or_none)
+        elif column.type is int:
+            typed[name] = pd.array(pd.to_numeric(values, errors="coerce"), dtype="Int64")
+        elif column.type is float:
+            typed[name] = pd.to_numeric(values, errors="coerce").astype(float)
+        elif column.type is bool:
+            typed[name] = pd.array(values.map(_bool_or_none), dtype="boolean")
+        else:
+            typed[name] = values.map(_text_or_none)
+    return typed
+
+
+def _mixed(values: pd.Series) -> bool:
+    """Whether the present values are of more than one kind (bool, number, text, ...)."""
+
+    def kind(value: Any) -> str:
+        if isinstance(value, bool):
+            return "bool"
+        return "number" if isinstance(value, (int, float)) else type(value).__name__
+
+    return values.dropna().map(kind).nunique() > 1
+
+
+def _bool_or_none(value: Any) -> bool | None:
+    return value if isinstance(value, bool) else None
 
 
 def _text_or_none(value: Any) -> str | None:
@@ -140,8 +164,9 @@ def varying_keys(frame: pd.DataFrame) -> list[str]:
 
 
 def task_metrics(columns) -> list[str]:
-    """The task's quality columns among `columns`: TASK_METRICS and their `@<label>` columns."""
-    return [c for c in columns if c in TASK_METRICS or c.split("@", 1)[0] in TASK_METRICS]
+    """The task's quality columns among `columns`: the schema's task metrics
+    (`record.TASK_METRICS`) and their `@<label>` columns."""
+    return [c for c in columns if c.split("@", 1)[0] in record.TASK_METRICS]
 
 
 def key_columns(frame: pd.DataFrame) -> list[str]:
@@ -169,13 +194,13 @@ def format_records(
     keys = key_columns(frame) if keys is None else [k for k in keys if k in frame]
     measured = [
         c
-        for c in (*SUMMARY_MEASUREMENTS, *task_metrics(frame.columns))
+        for c in (*record.SHOWN, *task_metrics(frame.columns))
         if c in frame and frame[c].notna().any()
     ]
     frame = frame[[*keys, "status", *measured]].copy()
     if "peak_memory_bytes" in frame:
         frame["peak_memory_bytes"] = frame["peak_memory_bytes"].map(
-            lambda b: f"{b / 2**20:.1f} MiB" if pd.notna(b) else ""
+            lambda b: f"{b / record.MIB:.1f} MiB" if pd.notna(b) else ""
         )
         frame = frame.rename(columns={"peak_memory_bytes": "peak_memory"})
     frame = frame.rename(columns=short_names(keys))

@@ -26,7 +26,7 @@ from omegaconf import DictConfig
 
 from experiments import record, store
 
-DEFAULT_FAIL_ON = ("error",)
+DEFAULT_FAIL_ON = (record.ERROR,)
 INTERRUPTED = 130  # the shell's exit code for a process ended by SIGINT
 REASON_CHARS = 160
 
@@ -48,7 +48,7 @@ def fail_on_statuses(value: Any) -> tuple[str, ...]:
     if isinstance(value, str):  # fail_on=oom on the command line
         value = [value]
     statuses = tuple(DEFAULT_FAIL_ON if value is None else value)
-    known = [s for s in record.STATUSES if s != "ok"]
+    known = [s for s in record.STATUSES if s != record.OK]
     unknown = [s for s in statuses if s not in known]
     if unknown:
         raise ValueError(
@@ -79,7 +79,7 @@ class SweepOutcome(Callback):
         written, _ = store.read_records(sweep_dir, since=_current.started)
         frame = pd.DataFrame(written)
         _current.keys = store.key_columns(store.gather(sweep_dir))
-        _current.not_ok = frame[frame["status"] != "ok"] if len(frame) else frame
+        _current.not_ok = frame[frame["status"] != record.OK] if len(frame) else frame
 
 
 def finish() -> int:

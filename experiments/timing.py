@@ -95,6 +95,15 @@ def spread_warnings(timings: Mapping[str, Timing], limit: float = SPREAD_WARNING
     return "; ".join(noisy) or None
 
 
+def matmul_call(
+    size: int = 1024, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32
+) -> Callable[[], object]:
+    """The machine's yardstick: a call of one dense `size` x `size` matmul (2 size^3 FLOPs)."""
+    a = torch.randn(size, size, device=device, dtype=dtype)
+    b = torch.randn(size, size, device=device, dtype=dtype)
+    return lambda: a @ b
+
+
 @functools.cache
 def matmul_gflops_per_s(device: str, dtype: torch.dtype, size: int = 1024) -> float:
     """The machine's dense matmul rate (GFLOP/s) for `dtype` on `device`, measured once per process.
@@ -103,7 +112,5 @@ def matmul_gflops_per_s(device: str, dtype: torch.dtype, size: int = 1024) -> fl
     over this rate says how close it runs to what the hardware gives.
     """
     dev = torch.device(device)
-    a = torch.randn(size, size, device=dev, dtype=dtype)
-    b = torch.randn(size, size, device=dev, dtype=dtype)
-    timing = time_call(lambda: a @ b, dev, min_run_time_s=0.3, warmup=2)
+    timing = time_call(matmul_call(size, dev, dtype), dev, min_run_time_s=0.3, warmup=2)
     return 2 * size**3 / (timing.median_ms * 1e-3) / 1e9

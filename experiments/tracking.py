@@ -10,7 +10,7 @@ off altogether.
 
 An offline run is a folder `<dir>/wandb/offline-run-<time>-<id>/` whose `run-<id>.wandb` file is
 W&B's transaction log: every config, history, summary and exit record of the run. `wandb sync`
-uploads it later; `read_offline_run` reads it back here without any service or account.
+uploads it later; `analysis.offline_runs` reads it back without any service or account.
 
 One run per configuration of a sweep, and one summary run per sweep, however often the sweep
 is re-run: their ids are derived from the sweep's name (and the configuration's hash), so a
@@ -22,17 +22,18 @@ its run.
 
 from __future__ import annotations
 
-import json
 import logging
-import math
 import os
 import pathlib
 import re
 import shutil
-import struct
-import zlib
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Optional
+
+from omegaconf import MISSING
+
+from experiments import record
 
 if TYPE_CHECKING:
     import pandas
@@ -49,6 +50,24 @@ MAX_TAG_CHARS = 64  # W&B rejects the whole run for a longer tag
 _disabled_reason: str | None = None
 
 
+@dataclass
+class WandbLogger:
+    """The schema of `conf/logger/wandb.yaml` (registered with Hydra by `experiments.config`):
+    its types are checked when Hydra composes the config, the values are the YAML's.
+    `scaling_metrics` defaults to the record schema's (`record.SCALING_METRICS`)."""
+
+    name: str = MISSING
+    mode: str = MISSING
+    project: str = MISSING
+    entity: Optional[str] = MISSING  # noqa: UP045  (OmegaConf reads Optional, not `str | None`)
+    tags: list[str] = MISSING
+    dir: Optional[str] = MISSING  # noqa: UP045
+    quiet: bool = MISSING
+    capture_console: bool = MISSING
+    init_timeout: float = MISSING
+    scaling_metrics: list[str] = field(default_factory=lambda: list(record.SCALING_METRICS))
+
+
 class Tracker:
     """No-op tracker: what a job gets when W&B is off.
 
@@ -60,8 +79,8 @@ class Tracker:
     def log_step(self, metrics: dict[str, float], step: int) -> None:
         """Log per-step training metrics at `step` (nothing here)."""
 
-    def finish(self, record: dict, exit_code: int) -> None:
-        """Store the job's record and close the run (nothing here)."""
+    def finish(self, rec: dict, exit_code: int) -> None:
+        """Store the job's record `rec` and close the run (nothing here)."""
 
     def discard(self) -> None:
         """Close the run of a job that will leave no record, and delete it if offline."""
@@ -83,8 +102,8 @@ class _WandbTracker(Tracker):
         row = {(k if "/" in k else f"train/{k}"): v for k, v in metrics.items()}
         self._guard(self._run.log, {**row, STEP_AXIS: step})
 
-    def finish(self, record: dict, exit_code: int) -> None:
-        """Copy every column of `record` into the run summary, then close the run.
+    def finish(self, rec: dict, exit_code: int) -> None:
+        """Copy every column of the record `rec` into the run summary, then close the run.
 
         None is written as null, which W&B keeps as "no value": it clears what an earlier
         attempt of a resumed (online) run left there, e.g. its error.
@@ -95,10 +114,10 @@ class _WandbTracker(Tracker):
         if self._run is None:
             return
         run, self._run = self._run, None
-        scaling = {k: record[k] for k in self._scaling_metrics if _is_number(record.get(k))}
-        if scaling and _is_number(record.get(SCALING_AXIS)):
-            self._guard(run.log, {SCALING_AXIS: record[SCALING_AXIS], **scaling})
-        self._guard(run.summary.update, dict(record))
+        scaling = {k: rec[k] for k in self._scaling_metrics if record.is_number(rec.get(k))}
+        if scaling and record.is_number(rec.get(SCALING_AXIS)):
+            self._guard(run.log, {SCALING_AXIS: rec[SCALING_AXIS], **scaling})
+        self._guard(run.summary.update, dict(rec))
         self._guard(_close, run, exit_code)
 
     def discard(self) -> None:
@@ -115,7 +134,9 @@ class _WandbTracker(Tracker):
         try:
             call(*args, **kwargs)
         except Exception as error:  # tracking must never fail the job
-            log.warning("W&B call %s failed, run left as is: %s", call.__name__, _one_line(error))
+            log.warning(
+                "W&B call %s failed, run left as is: %s", call.__name__, record.one_line(error)
+            )
             self._run = None
 
 
@@ -145,6 +166,7 @@ def start_tracker(
     mode = _mode(logger_cfg)
     if mode is None:
         return Tracker()
+    _check_scaling_metrics(logger_cfg.get("scaling_metrics", record.SCALING_METRICS) or [])
     if run_id is not None and mode != "online":
         remove_offline_runs(pathlib.Path(logger_cfg.get("dir") or replace_in or out_dir), run_id)
     run = _init_run(
@@ -160,11 +182,11 @@ def start_tracker(
     )
     if run is None:
         return Tracker()
-    scaling_metrics = list(logger_cfg.get("scaling_metrics") or [])
+    scaling_metrics = list(logger_cfg.get("scaling_metrics", record.SCALING_METRICS) or [])
     try:
         _define_metrics(run, scaling_metrics)
     except Exception as error:  # charts lose their axes, the run is still fine
-        log.warning("W&B define_metric failed: %s", _one_line(error))
+        log.warning("W&B define_metric failed: %s", record.one_line(error))
     return _WandbTracker(run, scaling_metrics, offline=mode != "online")
 
 
@@ -228,12 +250,12 @@ def log_sweep_summary(
         images = {f"figures/{key}": wandb.Image(str(path)) for key, path in figures.items()}
         run.log({"records": table, **images})
     except Exception as error:  # the sweep's local results are already written
-        log.warning("W&B sweep summary failed: %s", _one_line(error))
+        log.warning("W&B sweep summary failed: %s", record.one_line(error))
         exit_code = 1
     try:
         _close(run, exit_code)
     except Exception as error:
-        log.warning("W&B sweep summary failed to finish: %s", _one_line(error))
+        log.warning("W&B sweep summary failed to finish: %s", record.one_line(error))
     return run_dir
 
 
@@ -247,6 +269,17 @@ def _mode(logger_cfg: Mapping | None) -> str | None:
         source = "environment variable WANDB_MODE" if from_env else "logger.mode"
         raise ValueError(f"logger wandb: {source}={mode!r} must be one of {', '.join(MODES)}")
     return None if mode == "disabled" else mode
+
+
+def _check_scaling_metrics(names: Sequence[str]) -> None:
+    """Every `logger.scaling_metrics` entry must be a numeric record column (the schema's)."""
+    for name in names:
+        column = record.column(name)
+        if column is None or not column.numeric:
+            raise ValueError(
+                f"logger wandb: option 'scaling_metrics' lists {name!r}, which is not a numeric "
+                f"record column; e.g. {', '.join(record.SCALING_METRICS)}"
+            )
 
 
 def _init_run(
@@ -273,7 +306,7 @@ def _init_run(
             settings=wandb.Settings(**_settings(logger_cfg)),
         )
     except Exception as error:  # any failure: record locally without W&B
-        _disabled_reason = _one_line(error)
+        _disabled_reason = record.one_line(error)
         log.warning("W&B is off for the rest of this process (%s mode): %s", mode, _disabled_reason)
         return None
 
@@ -343,167 +376,3 @@ def _plain(value: Any) -> Any:
     if isinstance(value, Sequence) and not isinstance(value, (str, bytes)):
         return [_plain(v) for v in value]
     return value
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def _one_line(error: BaseException) -> str:
-    text = str(error).strip().splitlines()
-    return f"{type(error).__name__}: {text[0] if text else ''}"
-
-
-# --- Reading offline runs back ---------------------------------------------------------------
-#
-# The .wandb file is a LevelDB-format log (github.com/google/leveldb, doc/log_format.md) after
-# a 7-byte W&B header: 32 KiB blocks of chunks, each chunk = crc32 (uint32, zlib's CRC of the
-# type byte then the data), length (uint16), type (uint8: FULL, FIRST, MIDDLE, LAST), data. A
-# record is one FULL chunk or FIRST, MIDDLE..., LAST; its bytes are a serialized
-# `wandb_internal_pb2.Record`. wandb 0.31 no longer ships a Python reader (its old
-# `sdk.internal.datastore` is gone; `wandb leet inspect --json` reads it in the Go core), so the
-# chunk framing is read here and W&B's own protobuf classes decode each record.
-
-_HEADER = struct.Struct("<4sHB")  # ident ":W&B", magic 0xBEE1, version
-_CHUNK = struct.Struct("<IHB")  # crc32, data length, chunk type
-_BLOCK_BYTES = 32 * 1024
-_FULL, _FIRST, _MIDDLE, _LAST = 1, 2, 3, 4
-
-
-def find_offline_runs(root: pathlib.Path) -> list[pathlib.Path]:
-    """Every offline run folder (`offline-run-*` holding a `.wandb` log) under `root`, sorted."""
-    runs = (path for path in pathlib.Path(root).rglob("offline-run-*") if path.is_dir())
-    return sorted(path for path in runs if any(path.glob("run-*.wandb")))
-
-
-def read_offline_run(run_dir: pathlib.Path) -> dict:
-    """What W&B recorded for one run, read from its `.wandb` transaction log.
-
-    Returns a dict with
-      config   -- the run config as logged (W&B's own `_wandb` key dropped);
-      summary  -- the latest summary: every key ever set, last value wins; keys starting with `_`
-                  (W&B's runtime bookkeeping) and null values are dropped -- W&B writes NaN as
-                  null, as `Tracker.finish` writes None, so "absent" means "no value";
-      history  -- one dict per logged row, in order, without `_` keys (`_step`, `_runtime`, ...);
-      group, job_type, tags, name, project, run_id -- the run's metadata;
-      exit_code -- as passed to finish, or None if the run never finished (crashed, still open).
-    A log cut short by a crash is read up to its last whole record. Nested keys are nested
-    dicts. `run_dir` may also be the `.wandb` file itself. Raises ValueError if it is not one.
-    """
-    run = {
-        "config": {},
-        "summary": {},
-        "history": [],
-        "group": "",
-        "job_type": "",
-        "tags": [],
-        "name": "",
-        "project": "",
-        "run_id": "",
-        "exit_code": None,
-    }
-    for record in _records(_log_file(pathlib.Path(run_dir))):
-        kind = record.WhichOneof("record_type")
-        if kind == "run":
-            _apply_run(run, record.run)
-        elif kind == "config":
-            _apply_updates(run["config"], record.config)
-        elif kind == "summary":
-            _apply_updates(run["summary"], record.summary)
-        elif kind == "history":
-            row = {}
-            for item in record.history.item:
-                _put(row, _path(item), _history_value(item))
-            run["history"].append(_user_keys(row))
-        elif kind == "exit":
-            run["exit_code"] = record.exit.exit_code
-    run["config"] = _user_keys(run["config"])
-    run["summary"] = {k: v for k, v in _user_keys(run["summary"]).items() if v is not None}
-    return run
-
-
-def _log_file(run_dir: pathlib.Path) -> pathlib.Path:
-    if run_dir.is_file():
-        return run_dir
-    logs = sorted(run_dir.glob("run-*.wandb"))
-    if len(logs) != 1:
-        raise ValueError(f"{run_dir}: expected one run-*.wandb file, found {len(logs)}")
-    return logs[0]
-
-
-def _records(path: pathlib.Path):
-    """Yield each `wandb_internal_pb2.Record` of a .wandb log, stopping at a torn or bad chunk."""
-    from wandb.proto import wandb_internal_pb2
-
-    data = path.read_bytes()
-    ident, magic, _version = _HEADER.unpack_from(data) if len(data) >= _HEADER.size else (b"", 0, 0)
-    if ident != b":W&B" or magic != 0xBEE1:
-        raise ValueError(f"{path}: not a W&B transaction log (bad header)")
-    pos, pending = _HEADER.size, None
-    while pos + _CHUNK.size <= len(data):
-        room = _BLOCK_BYTES - pos % _BLOCK_BYTES
-        if room < _CHUNK.size:  # a block's tail too small for a chunk header is zero padding
-            pos += room
-            continue
-        crc, length, kind = _CHUNK.unpack_from(data, pos)
-        chunk = data[pos + _CHUNK.size : pos + _CHUNK.size + length]
-        if kind == 0 or len(chunk) < length or zlib.crc32(chunk, zlib.crc32(bytes([kind]))) != crc:
-            return  # end of what was written: zeros, a torn write or a corrupted chunk
-        pos += _CHUNK.size + length
-        if kind in (_FULL, _FIRST):
-            pending = chunk
-        elif pending is not None:  # MIDDLE or LAST continue a FIRST
-            pending += chunk
-        if kind in (_FULL, _LAST) and pending is not None:
-            record = wandb_internal_pb2.Record()
-            record.ParseFromString(pending)
-            pending = None
-            yield record
-
-
-def _apply_run(run: dict, record: Any) -> None:
-    run.update(
-        group=record.run_group,
-        job_type=record.job_type,
-        tags=list(record.tags),
-        name=record.display_name,
-        project=record.project,
-        run_id=record.run_id,
-    )
-    _apply_updates(run["config"], record.config)
-    _apply_updates(run["summary"], record.summary)
-
-
-def _apply_updates(target: dict, record: Any) -> None:
-    """Apply a ConfigRecord or SummaryRecord (`update` items, then `remove` items) to `target`."""
-    for item in record.update:
-        _put(target, _path(item), json.loads(item.value_json))
-    for item in record.remove:
-        *parents, last = _path(item)
-        for key in parents:
-            target = target.get(key, {})
-        target.pop(last, None)
-
-
-def _history_value(item: Any) -> Any:
-    """A history item's value: JSON text, or one of the typed fields newer writers use."""
-    if item.value_json:
-        return json.loads(item.value_json)
-    typed = item.WhichOneof("value")
-    if typed == "json":
-        return json.loads(item.json)
-    return None if typed in (None, "none") else getattr(item, typed)
-
-
-def _path(item: Any) -> list[str]:
-    return list(item.nested_key) or [item.key]
-
-
-def _put(target: dict, path: list[str], value: Any) -> None:
-    for key in path[:-1]:
-        target = target.setdefault(key, {})
-    target[path[-1]] = value
-
-
-def _user_keys(values: dict) -> dict:
-    return {k: v for k, v in values.items() if not k.startswith("_")}

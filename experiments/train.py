@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from experiments.config import TrainConfig
 from experiments.precision import FLOAT32, Precision
 from experiments.tasks import Batch, Task
 
@@ -78,26 +79,23 @@ def train(
     model: nn.Module,
     task: Task,
     device: torch.device,
+    settings: TrainConfig,
     *,
-    steps: int,
-    lr: float,
-    warmup: int,
-    weight_decay: float,
-    grad_clip: float,
-    eval_every: int,
-    eval_batches: int,
     on_step: Callable[[dict[str, Any], int], None] | None = None,
-    progress: bool = False,
     precision: Precision = FLOAT32,
 ) -> TrainResult:
-    """Train `model` for `steps` optimiser steps on `task`; deterministic given the seeds.
+    """Train `model` for `settings.steps` optimiser steps on `task`; deterministic given the seeds.
 
     `on_step(metrics, step)` receives `train/loss`, `train/lr` every step and `eval/loss`,
-    `eval/accuracy` every `eval_every` steps and at the end. Raises `Diverged` on a NaN/inf loss.
-    Forward passes run under `precision.autocast()`; the parameters and AdamW's state stay in
-    their own (float32) type, and float16 on CUDA scales the loss (`experiments/precision.py`).
+    `eval/accuracy` every `settings.eval_every` steps and at the end. Raises `Diverged` on a
+    NaN/inf loss. Forward passes run under `precision.autocast()`; the parameters and AdamW's
+    state stay in their own (float32) type, and float16 on CUDA scales the loss
+    (`experiments/precision.py`). `settings.curriculum` is the caller's (experiments/measure.py
+    trains each stage with its own `steps`).
     """
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
+    steps, lr, warmup = settings.steps, settings.lr, settings.warmup
+    eval_every, eval_batches = settings.eval_every, settings.eval_batches
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=settings.weight_decay)
     scaler = precision.grad_scaler()
     model.train()
     recent: list[float] = []
@@ -118,8 +116,8 @@ def train(
         else:
             scaler.scale(loss).backward()
             scaler.unscale_(optimizer)  # clip the true gradients, not the scaled ones
-        if grad_clip:
-            nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+        if settings.grad_clip:
+            nn.utils.clip_grad_norm_(model.parameters(), settings.grad_clip)
         if scaler is None:
             optimizer.step()
         else:
@@ -139,7 +137,7 @@ def train(
             metrics.update({"eval/loss": eval_loss, "eval/accuracy": eval_accuracy})
         if on_step is not None:
             on_step(metrics, step)
-        if progress:
+        if settings.progress:
             print(f"step {step + 1}/{steps} loss {loss_value:.4f}", flush=True)
     return TrainResult(
         train_loss=sum(recent) / len(recent) if recent else float("nan"),

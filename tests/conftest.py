@@ -1,7 +1,10 @@
 """Shared test setup."""
 
 import os
+import subprocess
+import sys
 import tempfile
+from pathlib import Path
 
 import pytest
 import torch
@@ -13,6 +16,36 @@ os.environ["ATTNBENCH_CACHE_DIR"] = tempfile.mkdtemp(prefix="attnbench-test-cach
 # Correctness tests use tiny tensors: one thread avoids oversubscribing the 2-core CI machine
 # (and a 10x slowdown when another process is busy). Subprocess sweeps set their own threads.
 torch.set_num_threads(1)
+
+# conf/logger/wandb.yaml as the runner passes it, offline.
+WANDB_LOGGER = {
+    "name": "wandb",
+    "mode": "offline",
+    "project": "attnbench",
+    "entity": None,
+    "tags": [],
+    "dir": None,
+    "quiet": True,
+    "capture_console": False,
+    "init_timeout": 90,
+    "scaling_metrics": ["attn_fwd_ms", "step_ms", "peak_memory_bytes", "approx_rel_error"],
+}
+
+
+def output_of_another_process(script: str, *, hash_seed: str, stdin: str | None = None) -> str:
+    """stdout of `python -c script` in a fresh process run from the repo, with another
+    PYTHONHASHSEED: what must not depend on the process (hashes of str change with it)."""
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        input=stdin,
+        cwd=Path(__file__).resolve().parents[1],
+        env={**os.environ, "PYTHONHASHSEED": hash_seed},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    return done.stdout.strip()
 
 
 @pytest.fixture

@@ -17,9 +17,9 @@ SETUPTOOLS = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setup
 
 
 def tree_packages() -> list[str]:
-    """Every directory of the three top-level packages that holds Python files, dotted."""
+    """Every directory of the top-level packages that holds Python files, dotted."""
     found = []
-    for top in ("variants", "experiments", "analysis"):
+    for top in ("variants", "experiments", "analysis", "benchmarks"):
         for folder in [ROOT / top, *sorted((ROOT / top).rglob("*"))]:
             if folder.is_dir() and folder.name != "__pycache__" and any(folder.glob("*.py")):
                 found.append(".".join(folder.relative_to(ROOT).parts))

@@ -2,6 +2,7 @@
 
 from variants.blocks import block_names, build_block
 from variants.checks import UnsupportedCombination
+from variants.config import ModelConfig, resolve_shared_qk
 from variants.model import TransformerLM
 from variants.registry import (
     AttentionSpec,
@@ -19,6 +20,8 @@ __all__ = [
     "registry_table",
     "block_names",
     "build_block",
+    "ModelConfig",
+    "resolve_shared_qk",
     "TransformerLM",
     "UnsupportedCombination",
 ]

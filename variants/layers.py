@@ -1,11 +1,12 @@
 """The two sublayers of a transformer block: multi-head self-attention and the feed-forward.
 
-Blocks (`variants.blocks`) wire these together; the attention kernel inside `SelfAttention` is
-any registered variant, built by name through the registry.
+Blocks (`variants.blocks`) wire these together; every sublayer takes the model's `ModelConfig`
+(variants/config.py), and the attention kernel inside `SelfAttention` is the config's variant.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -13,22 +14,41 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from variants.attention.base import Attention, shared_qk_keys
-from variants.checks import (
-    UnsupportedCombination,
-    require_bool,
-    require_divisible,
-    require_positive_int,
-    require_probability,
-)
-from variants.registry import MODEL_OPTIONS, attention_spec, build_attention
+from variants.checks import UnsupportedCombination
+from variants.config import OWNER, ModelConfig, kernel_options
+from variants.registry import AttentionSpec
+
+
+def build_kernel(
+    config: ModelConfig,
+    spec: AttentionSpec | None = None,
+    options: Mapping[str, Any] | None = None,
+) -> Attention:
+    """The kernel a layer of a `config` model runs: variant `spec` (default the config's) with its
+    own `options` (default `config.attention_options`) and those of the model options (causal,
+    n_heads, head_dim, max_seq_len, shared_qk) it declares, from `config`. `ValueError` for
+    options it cannot take; `UnsupportedCombination` for a variant that needs shared QK the
+    config does not have."""
+    if spec is None:
+        spec = config.spec
+        options = config.attention_options if options is None else options
+    if spec.shared_qk_required and not config.shared_qk:
+        raise UnsupportedCombination(
+            f"{OWNER}: attention {spec.name!r} requires option 'shared_qk'=True "
+            f"(its keys are the normalised queries)"
+        )
+    model_options = config.model_options()
+    return spec.build(
+        **kernel_options(options or {}), **{k: model_options[k] for k in spec.model_options}
+    )
 
 
 class SelfAttention(nn.Module):
     """Multi-head self-attention around a registered attention kernel.
 
-    x (batch, seq_len, d_model) -> (batch, seq_len, d_model). The kernel is
-    `build_attention(attention, **attention_options, **model_options)`, where the model options
-    are those of causal / n_heads / head_dim / max_seq_len / shared_qk that the variant declares.
+    x (batch, seq_len, d_model) -> (batch, seq_len, d_model). The kernel is the config's variant
+    built with `config.attention_options` and those of the model options (causal / n_heads /
+    head_dim / max_seq_len / shared_qk) that the variant declares.
 
     Shared QK (`shared_qk=True`, the Reformer's choice): one projection gives the queries, and
     the keys are derived from them so that every kernel scores q_i . k_hat_j with the unit key
@@ -44,81 +64,25 @@ class SelfAttention(nn.Module):
     probability dropout.
     """
 
-    def __init__(
-        self,
-        d_model: int,
-        n_heads: int,
-        attention: str = "full",
-        attention_options: dict[str, Any] | None = None,
-        causal: bool = True,
-        shared_qk: bool = False,
-        dropout: float = 0.0,
-        max_seq_len: int = 4096,
-    ):
+    def __init__(self, config: ModelConfig):
         super().__init__()
-        owner = "SelfAttention"
-        require_positive_int(owner, "d_model", d_model)
-        require_positive_int(owner, "n_heads", n_heads)
-        require_divisible(owner, "d_model", d_model, "n_heads", n_heads)
-        require_positive_int(owner, "max_seq_len", max_seq_len)
-        dropout = require_probability(owner, "dropout", dropout)
-        require_bool(owner, "causal", causal)
-        require_bool(owner, "shared_qk", shared_qk)
+        self.config = config
+        self.n_heads = config.n_heads
+        self.head_dim = config.head_dim
+        self.kernel = build_kernel(config)
+        n_projections = 2 if config.shared_qk else 3  # (q, v) or (q, k, v)
+        self.qkv = nn.Linear(config.d_model, n_projections * config.d_model)
+        self.out = nn.Linear(config.d_model, config.d_model)
+        self.dropout = nn.Dropout(config.dropout)
 
-        self.n_heads = n_heads
-        self.head_dim = d_model // n_heads
-        self.shared_qk = shared_qk
-        self.causal = causal
-        self.max_seq_len = max_seq_len
-        self.kernel = self._build_kernel(attention, attention_options)
-        n_projections = 2 if shared_qk else 3  # (q, v) or (q, k, v)
-        self.qkv = nn.Linear(d_model, n_projections * d_model)
-        self.out = nn.Linear(d_model, d_model)
-        self.dropout = nn.Dropout(dropout)
-
-    def replace_kernel(
-        self, attention: str, attention_options: dict[str, Any] | None = None
-    ) -> Attention:
-        """Swap in a new kernel built as the constructor would; returns the kernel it replaces.
-
-        The projections are kept, so a trained model can be evaluated with another kernel (the
-        Reformer's Table 2: trained with full attention, evaluated with LSH). The new kernel
-        takes the layer's device, dtype and train/eval mode; assigning the returned kernel to
-        `kernel` restores the old one. Raises `ValueError` as the constructor does.
-        """
+    def replacement_kernel(self, spec: AttentionSpec, options: Mapping[str, Any]) -> Attention:
+        """A kernel of variant `spec` with its `options`, built as this layer built its own, on
+        the device and dtype of the layer's weights and in its train/eval mode: a trained model
+        can then be evaluated with another kernel (`TransformerLM.kernels_replaced`). Raises as
+        the constructor does."""
+        kernel = build_kernel(self.config, spec, options)
         reference = self.out.weight
-        kernel = self._build_kernel(attention, attention_options)
-        kernel.to(device=reference.device, dtype=reference.dtype).train(self.training)
-        previous, self.kernel = self.kernel, kernel
-        return previous
-
-    def _build_kernel(self, attention: str, attention_options: dict[str, Any] | None):
-        owner = "SelfAttention"
-        spec = attention_spec(attention)  # ValueError listing the variants if unknown
-        if spec.shared_qk_required and not self.shared_qk:
-            raise UnsupportedCombination(
-                f"{owner}: attention {attention!r} requires option 'shared_qk'=True "
-                f"(its keys are the normalised queries)"
-            )
-        attention_options = dict(attention_options or {})
-        clashing = sorted(set(attention_options) & set(MODEL_OPTIONS))
-        if clashing:
-            raise ValueError(
-                f"{owner}: attention_options may not set model option {clashing[0]!r}; "
-                f"it is set by the layer"
-            )
-        model_options = {
-            "causal": self.causal,
-            "n_heads": self.n_heads,
-            "head_dim": self.head_dim,
-            "max_seq_len": self.max_seq_len,
-            "shared_qk": self.shared_qk,
-        }
-        return build_attention(
-            attention,
-            **attention_options,
-            **{k: model_options[k] for k in spec.model_options},
-        )
+        return kernel.to(device=reference.device, dtype=reference.dtype).train(self.training)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: (B, L, d_model) -> (B, L, d_model)."""
@@ -132,7 +96,7 @@ class SelfAttention(nn.Module):
     def _queries_keys_values(self, projected: torch.Tensor):
         # projected: (B, L, 3 d_model), or (B, L, 2 d_model) with shared QK
         d_model = self.out.in_features
-        if not self.shared_qk:
+        if not self.config.shared_qk:
             return projected.split(d_model, dim=-1)
         q, v = projected.split(d_model, dim=-1)  # (B, L, d_model) each
         if self.kernel.applies_shared_qk:
@@ -162,19 +126,15 @@ class FeedForward(nn.Module):
     forward per step. Checkpointing restores the RNG state, so dropout masks are replayed.
     """
 
-    def __init__(self, d_model: int, ff_mult: int = 4, dropout: float = 0.0, ff_chunks: int = 1):
+    def __init__(self, config: ModelConfig):
         super().__init__()
-        owner = "FeedForward"
-        require_positive_int(owner, "d_model", d_model)
-        require_positive_int(owner, "ff_mult", ff_mult)
-        require_positive_int(owner, "ff_chunks", ff_chunks)
-        dropout = require_probability(owner, "dropout", dropout)
-        self.ff_chunks = ff_chunks
+        d_model, hidden = config.d_model, config.ff_mult * config.d_model
+        self.ff_chunks = config.ff_chunks
         self.net = nn.Sequential(
-            nn.Linear(d_model, ff_mult * d_model),
+            nn.Linear(d_model, hidden),
             nn.GELU(),
-            nn.Dropout(dropout),
-            nn.Linear(ff_mult * d_model, d_model),
+            nn.Dropout(config.dropout),
+            nn.Linear(hidden, d_model),
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -204,29 +164,8 @@ class PreNorm(nn.Module):
         return self.fn(self.norm(x))
 
 
-def pre_norm_sublayers(
-    d_model: int,
-    n_heads: int,
-    *,
-    attention: str = "full",
-    attention_options: dict[str, Any] | None = None,
-    ff_mult: int = 4,
-    dropout: float = 0.0,
-    ff_chunks: int = 1,
-    causal: bool = True,
-    shared_qk: bool = False,
-    max_seq_len: int = 4096,
-) -> tuple[PreNorm, PreNorm]:
+def pre_norm_sublayers(config: ModelConfig) -> tuple[PreNorm, PreNorm]:
     """The (attention, feed-forward) sublayers every block type is made of, each pre-normed."""
-    attn = SelfAttention(
-        d_model,
-        n_heads,
-        attention=attention,
-        attention_options=attention_options,
-        causal=causal,
-        shared_qk=shared_qk,
-        dropout=dropout,
-        max_seq_len=max_seq_len,
+    return PreNorm(config.d_model, SelfAttention(config)), PreNorm(
+        config.d_model, FeedForward(config)
     )
-    ff = FeedForward(d_model, ff_mult=ff_mult, dropout=dropout, ff_chunks=ff_chunks)
-    return PreNorm(d_model, attn), PreNorm(d_model, ff)

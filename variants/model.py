@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -12,12 +13,9 @@ from torch import nn
 
 from variants.attention.base import Attention
 from variants.blocks import block_names, build_block, build_stack
-from variants.checks import (
-    require_bool,
-    require_choice,
-    require_positive_int,
-    require_probability,
-)
+from variants.checks import require_choice
+from variants.config import OWNER, ModelConfig
+from variants.layers import SelfAttention
 from variants.registry import attention_spec
 
 
@@ -41,88 +39,64 @@ class TransformerLM(nn.Module):
       induction head), so recall tasks measure what the kernel retrieves from far away, not
       how fast a previous-token head forms. Causal; off by default.
 
-    Every option is validated; errors are `ValueError`s naming the option. `config` holds the
-    constructor arguments, `kernels()` yields the attention kernels, one per layer.
+    `TransformerLM(config)` takes a `ModelConfig` (variants/config.py); `TransformerLM(**fields)`
+    builds one from its fields, e.g. `TransformerLM(vocab_size=256, attention="lsh")` (as before,
+    vocab_size may come first without its name). Every
+    option is validated; errors are `ValueError`s naming the option. `config` is the
+    `ModelConfig` (shared_qk resolved), `kernels()` yields the attention kernels, one per layer.
     """
 
-    def __init__(
-        self,
-        vocab_size: int,
-        d_model: int = 256,
-        n_heads: int = 4,
-        depth: int = 2,
-        ff_mult: int = 4,
-        dropout: float = 0.0,
-        ff_chunks: int = 1,
-        max_seq_len: int = 4096,
-        attention: str = "full",
-        attention_options: dict[str, Any] | None = None,
-        block: str = "residual",
-        shared_qk: bool | None = None,
-        causal: bool = True,
-        token_shift: bool = False,
-    ):
+    def __init__(self, config: ModelConfig | int | None = None, **fields: Any):
         super().__init__()
-        owner = "TransformerLM"
-        require_positive_int(owner, "vocab_size", vocab_size)
-        require_positive_int(owner, "d_model", d_model)
-        require_positive_int(owner, "depth", depth)
-        require_positive_int(owner, "max_seq_len", max_seq_len)
-        dropout = require_probability(owner, "dropout", dropout)
-        require_choice(owner, "block", block, tuple(block_names()))
-        require_bool(owner, "token_shift", token_shift)
-        spec = attention_spec(attention)  # unknown name -> ValueError listing the variants
-        if shared_qk is None:
-            shared_qk = spec.shared_qk_required
-        # The layers validate the remaining options (n_heads, ff_mult, ff_chunks, shared_qk, ...).
-        self.config = {
-            "vocab_size": vocab_size,
-            "d_model": d_model,
-            "n_heads": n_heads,
-            "depth": depth,
-            "ff_mult": ff_mult,
-            "dropout": dropout,
-            "ff_chunks": ff_chunks,
-            "max_seq_len": max_seq_len,
-            "attention": attention,
-            "attention_options": dict(attention_options or {}),
-            "block": block,
-            "shared_qk": shared_qk,
-            "causal": causal,
-            "token_shift": token_shift,
-        }
-        self.max_seq_len = max_seq_len
-        self.d_model = d_model
-
-        self.embed = nn.Embedding(vocab_size, d_model)
-        self.shift = nn.Linear(d_model, d_model, bias=False) if token_shift else None
-        self.dropout = nn.Dropout(dropout)
-        layers = [
-            build_block(
-                block,
-                d_model,
-                n_heads,
-                attention=attention,
-                attention_options=attention_options,
-                ff_mult=ff_mult,
-                dropout=dropout,
-                ff_chunks=ff_chunks,
-                causal=causal,
-                shared_qk=shared_qk,
-                max_seq_len=max_seq_len,
-            )
-            for _ in range(depth)
-        ]
-        self.blocks = build_stack(block, layers)
-        first, *rest = self.kernels()
-        for kernel in rest:
-            kernel.tie_to(first)
-        self.norm = nn.LayerNorm(d_model)
-        self.head = nn.Linear(d_model, vocab_size, bias=False)
+        if not isinstance(config, ModelConfig):  # the fields, vocab_size maybe positional
+            vocab_size = {} if config is None else {"vocab_size": config}
+            config = ModelConfig(**vocab_size, **fields)
+        elif fields:
+            raise TypeError("TransformerLM: pass a ModelConfig or its fields, not both")
+        require_choice(OWNER, "block", config.block, tuple(block_names()))
+        self.config = config
+        self.embed = nn.Embedding(config.vocab_size, config.d_model)
+        self.shift = (
+            nn.Linear(config.d_model, config.d_model, bias=False) if config.token_shift else None
+        )
+        self.dropout = nn.Dropout(config.dropout)
+        layers = [build_block(config.block, config) for _ in range(config.depth)]
+        self.blocks = build_stack(config.block, layers)
+        _tie(self.kernels())
+        self.norm = nn.LayerNorm(config.d_model)
+        self.head = nn.Linear(config.d_model, config.vocab_size, bias=False)
 
     def kernels(self) -> Iterator[Attention]:
         """The attention kernels, one per layer, in layer order."""
-        return (m for m in self.blocks.modules() if isinstance(m, Attention))
+        return (layer.kernel for layer in self._attention_layers())
+
+    @contextmanager
+    def kernels_replaced(
+        self, attention: str, attention_options: Mapping[str, Any] | None = None
+    ) -> Iterator[None]:
+        """Within the block every layer runs variant `attention` with `attention_options`.
+
+        The kernels are built as the layers built theirs (the model options from `config`) and
+        tied as the model ties its own (Linformer's layerwise sharing); the projections stay as
+        trained, as in the Reformer's Table 2 (train with one attention, evaluate with another).
+        The model's own kernels come back on leaving the block, also on an error. A kernel the
+        layers refuse raises `ValueError` before any is replaced.
+        """
+        spec = attention_spec(attention)
+        layers = list(self._attention_layers())
+        replacements = [layer.replacement_kernel(spec, attention_options or {}) for layer in layers]
+        _tie(replacements)
+        originals = [layer.kernel for layer in layers]
+        for layer, kernel in zip(layers, replacements, strict=True):
+            layer.kernel = kernel
+        try:
+            yield
+        finally:
+            for layer, kernel in zip(layers, originals, strict=True):
+                layer.kernel = kernel
+
+    def _attention_layers(self) -> Iterator[SelfAttention]:
+        return (m for m in self.blocks.modules() if isinstance(m, SelfAttention))
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         """tokens: (B, L) int64 -> logits (B, L, vocab_size)."""
@@ -130,13 +104,13 @@ class TransformerLM(nn.Module):
             raise ValueError(
                 f"TransformerLM: tokens must have shape (batch, seq_len), got {tuple(tokens.shape)}"
             )
-        length = tokens.shape[1]
-        if length > self.max_seq_len:
-            raise ValueError(
-                f"TransformerLM: seq_len {length} exceeds option 'max_seq_len'={self.max_seq_len}"
-            )
+        length, limit = tokens.shape[1], self.config.max_seq_len
+        if length > limit:
+            raise ValueError(f"{OWNER}: seq_len {length} exceeds option 'max_seq_len'={limit}")
         x = self.embed(tokens)  # (B, L, d_model)
-        x = x + sinusoidal_positions(length, self.d_model, x.device, x.dtype)  # (B, L, d_model)
+        x = x + sinusoidal_positions(
+            length, self.config.d_model, x.device, x.dtype
+        )  # (B, L, d_model)
         if self.shift is not None:
             previous = F.pad(x[:, :-1], (0, 0, 1, 0))  # (B, L, d_model): x_{i-1}, zeros at 0
             x = x + self.shift(previous)
@@ -144,6 +118,14 @@ class TransformerLM(nn.Module):
         x = self.blocks(x)  # (B, L, d_model)
         x = self.norm(x)
         return self.head(x)  # (B, L, vocab_size)
+
+
+def _tie(kernels: Iterable[Attention]) -> None:
+    """Tie every kernel after the first to the first (`Attention.tie_to`): a no-op except for
+    variants that share parameters across layers (Linformer layerwise)."""
+    first, *rest = kernels
+    for kernel in rest:
+        kernel.tie_to(first)
 
 
 def sinusoidal_positions(

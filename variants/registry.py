@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 from variants.checks import UnsupportedCombination
+from variants.registry_base import Registry
 
-# name -> (class, preset defaults): {} for a variant itself, its overrides for a preset.
-_ATTENTION: dict[str, tuple[type, dict[str, Any], str | None]] = {}
+# Every variant and preset by name; importing variants.attention registers the built-in ones.
+_ATTENTION: Registry[AttentionSpec] = Registry("attention variant", builtins=["variants.attention"])
 
 # Options that describe the model the kernel lives in rather than the kernel itself. The layer
 # passes the ones a variant declares; they are not part of `conf/attention/*.yaml`.
@@ -43,7 +45,7 @@ class AttentionSpec:
         """The registered variant this name builds (itself, unless it is a preset)."""
         return self.cls.name
 
-    @property
+    @cached_property
     def defaults(self) -> dict[str, Any]:
         """Every build option and its default, in signature order (model options included)."""
         params = list(inspect.signature(self.cls.__init__).parameters.values())[1:]
@@ -62,35 +64,36 @@ class AttentionSpec:
         """The model-level options (causal, n_heads, ..., shared_qk) this variant takes."""
         return tuple(k for k in self.defaults if k in MODEL_OPTIONS)
 
+    def build(self, **options: Any):
+        """This variant built with `options` (its own and the model options it declares); raises
+        as `build_attention` does."""
+        unknown = sorted(set(options) - set(self.defaults))
+        if unknown:
+            raise ValueError(
+                f"attention {self.name!r} has no option {unknown[0]!r}; "
+                f"its options are: {', '.join(self.defaults)}"
+            )
+        if options.get("causal", False) and not self.causal_supported:
+            raise UnsupportedCombination(
+                f"attention {self.name!r} does not support option causal=True: "
+                f"{self.cls.causal_reason}"
+            )
+        return self.cls(**(self.preset | options))
+
 
 def register_attention(cls: type) -> type:
     """Class decorator: add an `Attention` subclass to the registry under `cls.name`."""
-    if cls.name in _ATTENTION:
-        raise ValueError(f"attention variant {cls.name!r} is registered twice")
-    _ATTENTION[cls.name] = (cls, {}, None)
+    _ATTENTION.add(cls.name, _spec(cls.name, cls, {}, None))
     return cls
 
 
 def register_preset(name: str, variant: type, summary: str, **options: Any) -> None:
     """Register `name` as `variant` (a registered class) with `options` as its defaults; every
     other option keeps the variant's default and any option can still be overridden."""
-    if name in _ATTENTION:
-        raise ValueError(f"attention variant {name!r} is registered twice")
-    _ATTENTION[name] = (variant, dict(options), summary)
+    _ATTENTION.add(name, _spec(name, variant, dict(options), summary))
 
 
-def attention_names() -> list[str]:
-    """Names of all registered attention variants, in registration order."""
-    _load_builtin_variants()
-    return list(_ATTENTION)
-
-
-def attention_spec(name: str) -> AttentionSpec:
-    """The spec of variant `name`; `ValueError` listing the available names if unknown."""
-    _load_builtin_variants()
-    if name not in _ATTENTION:
-        raise ValueError(f"unknown attention variant {name!r}; available: {', '.join(_ATTENTION)}")
-    cls, preset, summary = _ATTENTION[name]
+def _spec(name: str, cls: type, preset: dict[str, Any], summary: str | None) -> AttentionSpec:
     return AttentionSpec(
         name=name,
         cls=cls,
@@ -105,6 +108,16 @@ def attention_spec(name: str) -> AttentionSpec:
     )
 
 
+def attention_names() -> list[str]:
+    """Names of all registered attention variants, in registration order."""
+    return _ATTENTION.names()
+
+
+def attention_spec(name: str) -> AttentionSpec:
+    """The spec of variant `name`; `ValueError` listing the available names if unknown."""
+    return _ATTENTION[name]
+
+
 def build_attention(name: str, **options: Any):
     """Build attention variant `name` with `options`; returns an `nn.Module`.
 
@@ -113,24 +126,7 @@ def build_attention(name: str, **options: Any):
     unsupported combinations (e.g. `causal=True` on a variant that cannot be causal) raise its
     subclass `UnsupportedCombination`.
     """
-    spec = attention_spec(name)
-    unknown = sorted(set(options) - set(spec.defaults))
-    if unknown:
-        raise ValueError(
-            f"attention {name!r} has no option {unknown[0]!r}; "
-            f"its options are: {', '.join(spec.defaults)}"
-        )
-    if options.get("causal", False) and not spec.causal_supported:
-        raise UnsupportedCombination(
-            f"attention {name!r} does not support option causal=True: {spec.cls.causal_reason}"
-        )
-    return spec.cls(**(spec.preset | options))
-
-
-def _load_builtin_variants() -> None:
-    # Imported for their registration side effect; deferred so that importing the registry
-    # module alone never imports every kernel.
-    import variants.attention  # noqa: F401
+    return attention_spec(name).build(**options)
 
 
 def registry_table() -> str:

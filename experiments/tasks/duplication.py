@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from experiments.tasks import Batch, generator, register_task
+from experiments.tasks import Batch, SeededTask, generator, register_task
 from variants.checks import require_positive_int
 
 OWNER = "task duplication"
@@ -27,7 +27,7 @@ SEPARATOR = 0
 
 
 @register_task
-class Duplication:
+class Duplication(SeededTask):
     """0 w 0 w with the loss and accuracy on the second copy of w; see the module docstring."""
 
     name = "duplication"
@@ -42,18 +42,15 @@ class Duplication:
         n_symbols: int = 127,
         masked: bool = False,
     ):
-        require_positive_int(OWNER, "seq_len", seq_len)
+        super().__init__(seq_len=seq_len, batch_size=batch_size, seed=seed)
         if seq_len < 4 or seq_len % 2:
             raise ValueError(
                 f"{OWNER}: option 'seq_len' must be even and at least 4 (0 w 0 w), got {seq_len}"
             )
-        self.seq_len = seq_len
-        self.batch_size = require_positive_int(OWNER, "batch_size", batch_size)
         self.n_symbols = require_positive_int(OWNER, "n_symbols", n_symbols)
         if not isinstance(masked, bool):
             raise ValueError(f"{OWNER}: option 'masked' must be true or false, got {masked!r}")
         self.masked = masked
-        self.seed = seed
         self.copy_len = seq_len // 2 - 1  # n, the length of w
         # ids: 0 separator, 1..n_symbols symbols, n_symbols + 1 the mask token (masked form only)
         self.vocab_size = n_symbols + 1 + int(masked)

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import torch
 
-from experiments.tasks import Batch, register_task
-from experiments.tasks.text import VOCAB_SIZE, ByteWindows
+from experiments.tasks import register_task
+from experiments.tasks.text import ByteTask
 from variants.checks import require_choice, require_positive_int
 
 OWNER = "task enwik8"
@@ -60,13 +60,10 @@ def split_enwik8(data: torch.Tensor, train_bytes: int, valid_bytes: int) -> dict
 
 
 @register_task
-class Enwik8:
+class Enwik8(ByteTask):
     """Next-byte prediction on enwik8 with the 90M/5M/5M split; bits per byte."""
 
     name = "enwik8"
-    has_accuracy = False
-    reports_bits_per_byte = True
-    vocab_size = VOCAB_SIZE
 
     def __init__(
         self,
@@ -79,20 +76,9 @@ class Enwik8:
         valid_bytes: int = 5_000_000,
         eval_split: str = "valid",
     ):
-        require_positive_int(OWNER, "seq_len", seq_len)
-        require_positive_int(OWNER, "batch_size", batch_size)
+        super().__init__(seq_len=seq_len, batch_size=batch_size, seed=seed)
         require_positive_int(OWNER, "train_bytes", train_bytes)
         require_positive_int(OWNER, "valid_bytes", valid_bytes)
         require_choice(OWNER, "eval_split", eval_split, ("valid", "test"))
         splits = split_enwik8(read_enwik8(str(path)), train_bytes, valid_bytes)
-        self.windows = ByteWindows(
-            OWNER,
-            splits["train"],
-            splits[eval_split],
-            seq_len=seq_len,
-            batch_size=batch_size,
-            seed=seed,
-        )
-
-    def batch(self, split: str, index: int) -> Batch:
-        return self.windows.batch(split, index)
+        self.use_splits(splits["train"], splits[eval_split])

@@ -23,7 +23,7 @@ import statistics
 
 import torch
 
-from experiments.tasks import Batch, generator, register_task
+from experiments.tasks import Batch, SeededTask, generator, register_task
 from variants.checks import require_positive_int
 
 OWNER = "task listops"
@@ -64,7 +64,7 @@ def draw_expression(rng: random.Random, depth: int, max_depth: int, max_args: in
 
 
 @register_task
-class ListOps:
+class ListOps(SeededTask):
     """LRA ListOps as a sequence task, accuracy on the answer; see the module docstring."""
 
     name = "listops"
@@ -81,8 +81,7 @@ class ListOps:
         max_args: int = 10,
         min_length: int | None = None,
     ):
-        self.seq_len = require_positive_int(OWNER, "seq_len", seq_len)
-        self.batch_size = require_positive_int(OWNER, "batch_size", batch_size)
+        super().__init__(seq_len=seq_len, batch_size=batch_size, seed=seed)
         self.max_depth = require_positive_int(OWNER, "max_depth", max_depth)
         self.max_args = require_positive_int(OWNER, "max_args", max_args)
         if max_args < 2:
@@ -94,7 +93,6 @@ class ListOps:
                 f"{OWNER}: option 'min_length'={self.min_length} must be at most "
                 f"'seq_len'={seq_len}"
             )
-        self.seed = seed
 
     def batch(self, split: str, index: int) -> Batch:
         seed = int(torch.randint(2**62, (1,), generator=generator(self.seed, split, index)))

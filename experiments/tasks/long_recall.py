@@ -25,15 +25,15 @@ from __future__ import annotations
 
 import torch
 
-from experiments.tasks import Batch, generator, register_task
-from variants.checks import require_positive_int
+from experiments.tasks import Batch, SeededTask, generator, register_task
+from experiments.tasks.recall import check_pairs
 
 OWNER = "task long_recall"
 PAD = 0
 
 
 @register_task
-class LongRecall:
+class LongRecall(SeededTask):
     """Key-value pairs in the first half, query keys in the second; accuracy on the values."""
 
     name = "long_recall"
@@ -49,22 +49,13 @@ class LongRecall:
         n_keys: int = 64,
         n_values: int = 64,
     ):
-        self.seq_len = require_positive_int(OWNER, "seq_len", seq_len)
-        self.batch_size = require_positive_int(OWNER, "batch_size", batch_size)
-        self.n_pairs = require_positive_int(OWNER, "n_pairs", n_pairs)
-        self.n_keys = require_positive_int(OWNER, "n_keys", n_keys)
-        self.n_values = require_positive_int(OWNER, "n_values", n_values)
-        if n_pairs > n_keys:
-            raise ValueError(
-                f"{OWNER}: option 'n_pairs'={n_pairs} must be at most 'n_keys'={n_keys} "
-                f"(the keys of a sequence are distinct)"
-            )
+        super().__init__(seq_len=seq_len, batch_size=batch_size, seed=seed)
+        self.n_pairs, self.n_keys, self.n_values = check_pairs(OWNER, n_pairs, n_keys, n_values)
         if n_pairs > self.pair_slots:
             raise ValueError(
                 f"{OWNER}: option 'seq_len'={seq_len} holds {self.pair_slots} pairs in its first "
                 f"half; it must be at least 4 * 'n_pairs' = {4 * n_pairs}"
             )
-        self.seed = seed
         self.vocab_size = 1 + n_keys + n_values
 
     @property

@@ -4,22 +4,19 @@ from __future__ import annotations
 
 import torch
 
-from experiments.tasks import Batch, generator, register_task
+from experiments.tasks import Batch, SeededTask, generator, register_task
 from variants.checks import require_positive_int
 
 
 @register_task
-class RandomLM:
+class RandomLM(SeededTask):
     """Next-token prediction on uniform random tokens; the best loss is ln(vocab_size)."""
 
     name = "random_lm"
-    has_accuracy = False
 
     def __init__(self, *, seq_len: int, batch_size: int, seed: int, vocab_size: int = 256):
-        self.seq_len = require_positive_int("task random_lm", "seq_len", seq_len)
-        self.batch_size = require_positive_int("task random_lm", "batch_size", batch_size)
-        self.vocab_size = require_positive_int("task random_lm", "vocab_size", vocab_size)
-        self.seed = seed
+        super().__init__(seq_len=seq_len, batch_size=batch_size, seed=seed)
+        self.vocab_size = require_positive_int(self.owner, "vocab_size", vocab_size)
 
     def batch(self, split: str, index: int) -> Batch:
         g = generator(self.seed, split, index)

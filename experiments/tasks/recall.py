@@ -17,15 +17,28 @@ from __future__ import annotations
 
 import torch
 
-from experiments.tasks import Batch, generator, register_task
+from experiments.tasks import Batch, SeededTask, generator, register_task
 from variants.checks import require_positive_int
 
 OWNER = "task recall"
 PAD = 0
 
 
+def check_pairs(owner: str, n_pairs: int, n_keys: int, n_values: int) -> tuple[int, int, int]:
+    """A recall task's (n_pairs, n_keys, n_values): positive, and no more pairs than keys (the
+    keys of a sequence are distinct); `ValueError` naming the option otherwise."""
+    for option, value in (("n_pairs", n_pairs), ("n_keys", n_keys), ("n_values", n_values)):
+        require_positive_int(owner, option, value)
+    if n_pairs > n_keys:
+        raise ValueError(
+            f"{owner}: option 'n_pairs'={n_pairs} must be at most 'n_keys'={n_keys} "
+            f"(the keys of a sequence are distinct)"
+        )
+    return n_pairs, n_keys, n_values
+
+
 @register_task
-class Recall:
+class Recall(SeededTask):
     """Multi-query associative recall, accuracy on the queried values; see the module docstring."""
 
     name = "recall"
@@ -41,22 +54,13 @@ class Recall:
         n_keys: int = 128,
         n_values: int = 128,
     ):
-        self.seq_len = require_positive_int(OWNER, "seq_len", seq_len)
-        self.batch_size = require_positive_int(OWNER, "batch_size", batch_size)
-        self.n_pairs = require_positive_int(OWNER, "n_pairs", n_pairs)
-        self.n_keys = require_positive_int(OWNER, "n_keys", n_keys)
-        self.n_values = require_positive_int(OWNER, "n_values", n_values)
-        if n_pairs > n_keys:
-            raise ValueError(
-                f"{OWNER}: option 'n_pairs'={n_pairs} must be at most 'n_keys'={n_keys} "
-                f"(keys are distinct)"
-            )
+        super().__init__(seq_len=seq_len, batch_size=batch_size, seed=seed)
+        self.n_pairs, self.n_keys, self.n_values = check_pairs(OWNER, n_pairs, n_keys, n_values)
         if 2 * n_pairs + 2 > seq_len:
             raise ValueError(
                 f"{OWNER}: option 'seq_len'={seq_len} must be at least 2 * 'n_pairs' + 2 = "
                 f"{2 * n_pairs + 2} (the pairs and one query)"
             )
-        self.seed = seed
         self.n_queries = (seq_len - 2 * n_pairs) // 2
         self.vocab_size = 1 + n_keys + n_values
 

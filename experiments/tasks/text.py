@@ -22,8 +22,7 @@ from pathlib import Path
 
 import torch
 
-from experiments.tasks import Batch, generator, register_task
-from variants.checks import require_positive_int
+from experiments.tasks import Batch, SeededTask, generator, register_task
 
 OWNER = "task text"
 VOCAB_SIZE = 256  # bytes
@@ -71,31 +70,25 @@ def _as_tensor(data: bytes) -> torch.Tensor:
     return torch.frombuffer(bytearray(data), dtype=torch.uint8)
 
 
-class ByteWindows:
-    """Batches of random byte windows from a train and an eval byte sequence.
+class ByteTask(SeededTask):
+    """Next-byte prediction on random windows of a train and an eval byte sequence; bits per byte.
 
-    train, eval: (n,) uint8 tensors, each longer than seq_len. batch(split, index) ->
-    inputs and targets (batch_size, seq_len) int64, shifted by one byte, every position counted.
+    A subclass checks its options, then hands its two splits to `use_splits`: (n,) uint8
+    tensors, each longer than seq_len. batch(split, index) -> inputs and targets
+    (batch_size, seq_len) int64, shifted by one byte, every position counted.
     """
 
-    def __init__(
-        self,
-        owner: str,
-        train: torch.Tensor,
-        eval: torch.Tensor,
-        *,
-        seq_len: int,
-        batch_size: int,
-        seed: int,
-    ):
+    reports_bits_per_byte = True
+    vocab_size = VOCAB_SIZE
+
+    def use_splits(self, train: torch.Tensor, eval: torch.Tensor) -> None:
         for split, data in (("train", train), ("eval", eval)):
-            if len(data) <= seq_len:
+            if len(data) <= self.seq_len:
                 raise ValueError(
-                    f"{owner}: the {split} split has {len(data)} bytes, fewer than "
-                    f"option 'seq_len' + 1 = {seq_len + 1}"
+                    f"{self.owner}: the {split} split has {len(data)} bytes, fewer than "
+                    f"option 'seq_len' + 1 = {self.seq_len + 1}"
                 )
         self.splits = {"train": train, "eval": eval}
-        self.seq_len, self.batch_size, self.seed = seq_len, batch_size, seed
 
     def batch(self, split: str, index: int) -> Batch:
         data = self.splits[split]
@@ -108,13 +101,10 @@ class ByteWindows:
 
 
 @register_task
-class Text:
+class Text(ByteTask):
     """Next-byte prediction over local text (default: the stdlib's .py files); bits per byte."""
 
     name = "text"
-    has_accuracy = False
-    reports_bits_per_byte = True
-    vocab_size = VOCAB_SIZE
 
     def __init__(
         self,
@@ -126,22 +116,11 @@ class Text:
         pattern: str = "*.py",
         eval_fraction: float = 0.05,
     ):
-        require_positive_int(OWNER, "seq_len", seq_len)
-        require_positive_int(OWNER, "batch_size", batch_size)
+        super().__init__(seq_len=seq_len, batch_size=batch_size, seed=seed)
         if isinstance(eval_fraction, bool) or not 0 < eval_fraction < 1:
             raise ValueError(
                 f"{OWNER}: option 'eval_fraction' must be in (0, 1), got {eval_fraction!r}"
             )
         corpus = read_corpus(path, pattern)  # (n,) uint8
         n_train = int(len(corpus) * (1 - eval_fraction))
-        self.windows = ByteWindows(
-            OWNER,
-            corpus[:n_train],
-            corpus[n_train:],
-            seq_len=seq_len,
-            batch_size=batch_size,
-            seed=seed,
-        )
-
-    def batch(self, split: str, index: int) -> Batch:
-        return self.windows.batch(split, index)
+        self.use_splits(corpus[:n_train], corpus[n_train:])

@@ -9,18 +9,6 @@ from pathlib import Path
 import pytest
 
 FIXTURE = Path(__file__).parent / "fixtures" / "results"
-WANDB_LOGGER = {
-    "name": "wandb",
-    "mode": "offline",
-    "project": "attnbench",
-    "entity": None,
-    "tags": [],
-    "dir": None,
-    "quiet": True,
-    "capture_console": False,
-    "init_timeout": 90,
-    "scaling_metrics": ["attn_fwd_ms", "peak_memory_bytes"],
-}
 
 
 def fixture_records() -> list[dict]:

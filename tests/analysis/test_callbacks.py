@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from omegaconf import OmegaConf
 
-from analysis import report
+from analysis import offline_runs, report
 from analysis.callbacks import SweepReport
-from experiments import tracking
-from tests.analysis.conftest import WANDB_LOGGER
+from tests.conftest import WANDB_LOGGER
 
 
 def multirun_config(sweep_dir, logger):
@@ -28,8 +27,8 @@ def test_report_and_wandb_summary_of_a_sweep(small_sweep, wandb_home, capsys, mo
     assert "time_vs_seq_len" in drawn and "depth" not in drawn  # depth is not swept here
     assert "tradeoff" not in drawn  # random tokens and Gaussian-era errors: no quality axis
     assert all((out / f"{name}.png").stat().st_size > 0 for name in drawn)
-    (summary_dir,) = tracking.find_offline_runs(small_sweep / "wandb")
-    run = tracking.read_offline_run(summary_dir)
+    (summary_dir,) = offline_runs.find_offline_runs(small_sweep / "wandb")
+    run = offline_runs.read_offline_run(summary_dir)
     assert (run["job_type"], run["group"], run["exit_code"]) == ("sweep-summary", "fixture", 0)
     logged = {key for row in run["history"] for key in row}
     assert {f"figures/{name}" for name in drawn} | {"records"} <= logged

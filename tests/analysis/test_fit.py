@@ -28,6 +28,14 @@ def test_power_law_under_multiplicative_noise():
     assert fit.fit_power_law(lengths, costs).exponent == pytest.approx(2.0, abs=0.05)
 
 
+def test_one_slow_end_point_moves_the_fit_less_than_a_two_point_ratio():
+    lengths = [4096, 8192, 16384, 32768]
+    noisy = [n * (1.2 if n == lengths[-1] else 1.0) for n in lengths]
+    fitted = fit.fit_power_law(lengths, noisy).exponent
+    two_point = math.log(noisy[-1] / noisy[0]) / math.log(lengths[-1] / lengths[0])
+    assert 1 < fitted < two_point
+
+
 def test_power_law_tail_fits_only_the_longest_lengths():
     # Constant overhead dominates short lengths; the tail sees the quadratic regime.
     costs = 50.0 + 1e-4 * LENGTHS**2

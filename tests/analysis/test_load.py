@@ -10,7 +10,8 @@ import pytest
 
 from analysis import load
 from experiments import record, store, tracking
-from tests.analysis.conftest import FIXTURE, WANDB_LOGGER, fixture_records
+from tests.analysis.conftest import FIXTURE, fixture_records
+from tests.conftest import WANDB_LOGGER
 
 # Where a row came from, not its values.
 BOOKKEEPING = {"source", "run_dir", "offline_run_dir", "wandb_path"}
@@ -181,3 +182,42 @@ def test_an_error_recorded_before_trained_activations_is_read_as_the_gaussian_on
     frame = load.tidy(pd.DataFrame([old, new]))
     assert frame["approx_rel_error_gaussian"].tolist() == [1.7, 1.6]
     assert pd.isna(frame.loc[0, "approx_rel_error"]) and frame.loc[1, "approx_rel_error"] == 0.2
+
+
+def _stringified_like_the_old_store(frame: pd.DataFrame) -> pd.DataFrame:
+    """results.parquet as the store wrote it before the record schema typed it: every object
+    column as text, missing values None."""
+    old = frame.copy()
+    for column in old.columns:
+        if old[column].dtype == object:
+            old[column] = old[column].map(lambda v: None if pd.isna(v) else str(v))
+    return old
+
+
+def test_records_of_the_old_format_load_with_the_schemas_types(tmp_path):
+    """The fixture records predate the schema: no resolved `shared_qk`, no
+    `approx_reference_digest` (their `approx_rel_error` was measured on N(0, 1) inputs), no
+    `precision` or `timing_warning`."""
+    old = fixture_records()
+    assert not {"shared_qk", "approx_reference_digest", "precision"} & set().union(*old)
+    frame = load.load_results([FIXTURE])
+    assert frame["seq_len"].dtype.kind == "i" and frame["threads"].dtype.kind in "if"
+    assert set(frame["causal"]) <= {True, False} and frame["job"].map(type).eq(str).all()
+    assert all(frame[c].dtype == float for c in load.MEASUREMENTS)
+    assert frame["shared_qk"].isna().all()  # model.shared_qk was null: not known then
+    errors = sorted(r["approx_rel_error"] for r in old if r.get("approx_rel_error") is not None)
+    assert errors and sorted(frame["approx_rel_error_gaussian"].dropna()) == errors
+    assert frame["approx_rel_error"].isna().all()
+
+    gathered = store.gather(FIXTURE)
+    _stringified_like_the_old_store(gathered).to_parquet(tmp_path / "results.parquet")
+    from_old_parquet = load.load_results([tmp_path / "results.parquet"])
+    assert_same_records(frame, from_old_parquet)
+    assert from_old_parquet["causal"].map(type).eq(bool).all()
+    assert from_old_parquet["model.depth"].dtype.kind == "i"  # a config key, read back
+
+
+def test_every_column_the_frame_has_for_every_source_comes_from_the_schema():
+    for name in (*load.IDENTITY, *load.CONFIG, *load.MEASUREMENTS, *load.PROVENANCE):
+        assert record.column(name) is not None, name
+    assert all(record.column(name).numeric for name in load.MEASUREMENTS)

@@ -14,9 +14,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-# The same shapes and kernel settings as the target table, over a wider range of lengths.
-from experiments.bench_targets import BATCH, HEAD_DIM, HEADS, KERNELS  # noqa: E402
-from variants.registry import build_attention
+# The same shapes and kernels as the target table, over a wider range of lengths.
+from benchmarks.targets import BATCH, HEAD_DIM, HEADS, KERNELS, kernel
 
 LENGTHS = [1024, 2048, 4096, 8192, 16384, 32768]
 
@@ -28,11 +27,7 @@ def sdpa(q, k, v):
 
 
 def attention(name: str, length: int):
-    if name == "sdpa":
-        return sdpa
-    if name == "linformer":
-        return build_attention(name, max_seq_len=length, **KERNELS[name])
-    return build_attention(name, causal=True, **KERNELS[name])
+    return sdpa if name == "sdpa" else kernel(name, length)
 
 
 def run(benchmark, fn, length: int) -> None:

@@ -12,7 +12,7 @@ from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf
 
-from experiments import resolvers
+from experiments import config as job_config_module
 
 ROOT = Path(__file__).resolve().parents[2]  # the repo: `python -m experiments.run` runs from here
 CONF = ROOT / "conf"
@@ -29,6 +29,13 @@ TINY = (
     "measure.reference.seq_len=32",
     "measure.reference.batch_size=2",
     "measure.matmul_size=64",
+)
+# Switches off every measurement but training: for tests of what a job trains and records.
+MEASURE_NOTHING = (
+    "measure.kernel=false",
+    "measure.step=false",
+    "measure.memory=false",
+    "measure.approx_error=false",
 )
 TIMEOUT_S = 300  # per CLI call: a hung sweep fails its test instead of the whole session
 
@@ -124,12 +131,22 @@ def module_cli(tmp_path_factory) -> Cli:
 def resolved_config():
     """compose(*overrides) -> the resolved job config, a plain dict as `experiments.run` sees it."""
 
-    resolvers.register()  # as experiments.run does when it loads
+    job_config_module.register()  # as experiments.run does when it loads
 
     def build(*overrides: str) -> dict:
         GlobalHydra.instance().clear()  # in case an earlier test left Hydra initialised
         with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
             cfg = compose(config_name="config", overrides=list(overrides))
         return OmegaConf.to_container(cfg, resolve=True)
+
+    return build
+
+
+@pytest.fixture
+def job_config(resolved_config):
+    """compose(*overrides) -> the typed `JobConfig` that `experiments.run` passes down."""
+
+    def build(*overrides: str) -> job_config_module.JobConfig:
+        return job_config_module.JobConfig.of(resolved_config(*overrides))
 
     return build

@@ -7,6 +7,8 @@ import json
 import pytest
 
 from experiments import curriculum, measure, run, store
+from experiments.config import JobConfig
+from tests.experiments import conftest
 
 TINY = (
     "seq_len=64",
@@ -15,30 +17,22 @@ TINY = (
     "task.n_pairs=2",
     "task.n_keys=4",
     "task.n_values=4",
-    "model.d_model=32",
-    "model.n_heads=2",
-    "train.steps=2",
-    "train.warmup=1",
+    *conftest.TINY,
     "train.eval_every=0",
     "train.eval_batches=1",
-    "measure.kernel=false",
-    "measure.step=false",
-    "measure.memory=false",
-    "measure.approx_error=false",
-    "measure.matmul_size=64",
+    *conftest.MEASURE_NOTHING,
     "logger=none",
 )
 SCHEDULE = "train.curriculum=[{seq_len:16,steps:3},{seq_len:32,steps:1}]"
 
 
-def test_without_a_curriculum_the_job_is_its_only_stage(resolved_config):
-    config = resolved_config(*TINY)
-    assert curriculum.stages_of(config) == [curriculum.Stage(64, 2, 2)]
+def test_without_a_curriculum_the_job_is_its_only_stage(job_config):
+    assert job_config(*TINY).stages == (curriculum.Stage(64, 2, 2),)
 
 
 def test_stages_keep_the_tokens_per_step_and_end_with_the_job(resolved_config):
     config = resolved_config(*TINY, SCHEDULE)
-    assert curriculum.stages_of(config) == [
+    assert curriculum.stages_of(JobConfig.of(config)) == [
         curriculum.Stage(16, 8, 3),
         curriculum.Stage(32, 4, 1),
         curriculum.Stage(64, 2, 2),
@@ -58,13 +52,13 @@ def test_stages_keep_the_tokens_per_step_and_end_with_the_job(resolved_config):
         ("[{seq_len:0,steps:1}]", r"\[0\].seq_len' must be a positive"),
     ],
 )
-def test_a_bad_schedule_is_refused_at_setup_naming_the_entry(resolved_config, schedule, message):
+def test_a_bad_schedule_is_refused_naming_the_entry(job_config, schedule, message):
     with pytest.raises(ValueError, match=message):
-        measure.setup(resolved_config(*TINY, f"train.curriculum={schedule}"))
+        job_config(*TINY, f"train.curriculum={schedule}")
 
 
-def test_the_model_trains_through_every_stage_and_reports_each(resolved_config):
-    config = resolved_config(*TINY, SCHEDULE)
+def test_the_model_trains_through_every_stage_and_reports_each(job_config):
+    config = job_config(*TINY, SCHEDULE)
     steps, stages = [], []
     columns = measure.measure(
         config,

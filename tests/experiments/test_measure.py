@@ -9,24 +9,16 @@ import pytest
 import torch
 
 import variants
-from experiments import measure, timing
+from experiments import measure, record, timing
+from tests.experiments import conftest
 from variants.attention.base import FWD_BWD_FLOP_FACTOR, Attention
 
 CPU = torch.device("cpu")
 TINY = (
     "seq_len=64",
-    "model.d_model=32",
-    "model.n_heads=2",
-    "train.steps=2",
-    "train.warmup=1",
+    *conftest.TINY,
     "train.eval_every=1",
     "train.eval_batches=1",
-    "measure.min_run_time_s=0.01",
-    "measure.approx_seeds=1",
-    "measure.reference.steps=2",
-    "measure.reference.seq_len=32",
-    "measure.reference.batch_size=2",
-    "measure.matmul_size=64",
     "logger=none",
 )
 ALWAYS = {
@@ -53,8 +45,8 @@ KERNEL = {
 SHAPE = (1, 2, 128, 16)  # (B, H, L, D)
 
 
-def test_measure_returns_every_column_with_consistent_units(resolved_config):
-    config = resolved_config(*TINY, "attention=blockwise", "attention.block_size=16")
+def test_measure_returns_every_column_with_consistent_units(job_config):
+    config = job_config(*TINY, "attention=blockwise", "attention.block_size=16")
     steps = []
     columns = measure.measure(config, measure.setup(config), on_step=lambda m, s: steps.append(s))
     assert set(columns) == ALWAYS | TRAINING | KERNEL | {
@@ -67,6 +59,7 @@ def test_measure_returns_every_column_with_consistent_units(resolved_config):
         "approx_reference_bits_per_byte",
     }
     assert steps == [0, 1]
+    assert all(record.column(name) is not None for name in columns)  # the schema's columns
     assert columns["device"] == "cpu" and columns["eval_accuracy"] is None
     for key in (
         "attn_fwd_ms",
@@ -93,8 +86,8 @@ def test_measure_returns_every_column_with_consistent_units(resolved_config):
     assert columns["approx_reference_bits_per_byte"] > 0
 
 
-def test_measure_skips_what_is_switched_off(resolved_config):
-    config = resolved_config(
+def test_measure_skips_what_is_switched_off(job_config):
+    config = job_config(
         *TINY,
         "train.steps=0",
         "measure.kernel=false",
@@ -105,15 +98,15 @@ def test_measure_skips_what_is_switched_off(resolved_config):
     assert set(measure.measure(config, measure.setup(config))) == ALWAYS
 
 
-def test_setup_builds_the_configured_model(resolved_config):
-    config = resolved_config(
+def test_setup_builds_the_configured_model(job_config):
+    config = job_config(
         *TINY, "attention=lsh", "attention.bucket_size=16", "model.depth=2", "model.causal=false"
     )
     built = measure.setup(config)
     kernels = [m for m in built.model.modules() if isinstance(m, Attention)]
-    assert len(kernels) == 2 and measure.first_kernel(built.model) is kernels[0]
+    assert len(kernels) == 2 and built.kernel is kernels[0]
     assert kernels[0].name == "lsh" and kernels[0].bucket_size == 16 and not kernels[0].causal
-    assert built.task.vocab_size == config["task"]["vocab_size"]
+    assert built.task.vocab_size == config.task["vocab_size"]
     assert (built.device, built.dtype) == (CPU, torch.float32)
 
 
@@ -130,15 +123,15 @@ def test_setup_builds_the_configured_model(resolved_config):
     ],
     ids=["seq_len", "batch_size", "n_heads", "causal_linformer", "device", "dtype", "vocab_size"],
 )
-def test_setup_rejects_bad_options_naming_them(resolved_config, overrides, words):
+def test_setup_rejects_bad_options_naming_them(job_config, overrides, words):
     with pytest.raises(ValueError) as caught:
-        measure.setup(resolved_config(*TINY, *overrides))
+        measure.setup(job_config(*TINY, *overrides))
     assert not [w for w in words if w not in str(caught.value)], str(caught.value)
 
 
-def test_setup_refuses_to_train_a_forward_only_kernel_naming_the_options(resolved_config):
+def test_setup_refuses_to_train_a_forward_only_kernel_naming_the_options(job_config):
     # FlexAttention has no CPU backward: training, the step time and its memory need one.
-    config = resolved_config(*TINY, "attention=bigbird", "attention.impl=flex", "device=cpu")
+    config = job_config(*TINY, "attention=bigbird", "attention.impl=flex", "device=cpu")
     with pytest.raises(ValueError) as caught:
         measure.setup(config)
     for words in ("impl='flex'", "forward only", "train.steps", "measure.step", "measure.memory"):
@@ -146,11 +139,11 @@ def test_setup_refuses_to_train_a_forward_only_kernel_naming_the_options(resolve
 
 
 @pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
-def test_a_forward_only_kernel_is_timed_forward(resolved_config, monkeypatch):
+def test_a_forward_only_kernel_is_timed_forward(job_config, monkeypatch):
     from variants.attention import flex
 
     monkeypatch.setattr(flex, "COMPILE", False)  # eager: the same function, no compile time
-    config = resolved_config(
+    config = job_config(
         *TINY,
         "attention=blockwise",
         "attention.impl=flex",
@@ -168,9 +161,9 @@ def test_a_forward_only_kernel_is_timed_forward(resolved_config, monkeypatch):
     "override",
     ["measure.approx_seeds=0", "train.eval_batches=0", "measure.matmul_size=0", "train.steps=-1"],
 )
-def test_setup_rejects_non_positive_measurement_sizes(resolved_config, override):
+def test_setup_rejects_non_positive_measurement_sizes(job_config, override):
     with pytest.raises(ValueError, match=override.split("=")[0].split(".")[-1]):
-        measure.setup(resolved_config(*TINY, override))
+        measure.setup(job_config(*TINY, override))
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU message")

@@ -9,37 +9,33 @@ import torch
 
 from experiments import measure
 from experiments.precision import Precision
+from tests.experiments import conftest
 
 SHORT_RUN = (
     "task=text",
     "seq_len=64",
     "batch_size=4",
-    "model.d_model=32",
-    "model.n_heads=2",
+    *conftest.TINY,
     "train.steps=8",
     "train.warmup=2",
     "train.eval_every=0",
     "train.eval_batches=1",
-    "measure.kernel=false",
-    "measure.step=false",
-    "measure.memory=false",
-    "measure.approx_error=false",
-    "measure.matmul_size=64",
+    *conftest.MEASURE_NOTHING,
     "logger=none",
 )
 
 
-def _train(resolved_config, dtype, attention="full"):
-    config = resolved_config(*SHORT_RUN, f"dtype={dtype}", f"attention={attention}")
+def _train(job_config, dtype, attention="full"):
+    config = job_config(*SHORT_RUN, f"dtype={dtype}", f"attention={attention}")
     built = measure.setup(config)
     columns = measure.measure(config, built)
     return built, columns
 
 
 @pytest.mark.parametrize("dtype, label", [("bfloat16", "bf16-mixed"), ("float16", "fp16-mixed")])
-def test_half_precision_trains_with_float32_weights_close_to_float32(resolved_config, dtype, label):
-    _, reference = _train(resolved_config, "float32")
-    built, columns = _train(resolved_config, dtype)
+def test_half_precision_trains_with_float32_weights_close_to_float32(job_config, dtype, label):
+    _, reference = _train(job_config, "float32")
+    built, columns = _train(job_config, dtype)
     assert columns["precision"] == label and reference["precision"] == "float32"
     assert all(p.dtype == torch.float32 for p in built.model.parameters())
     assert built.dtype == getattr(torch, dtype)
@@ -47,10 +43,8 @@ def test_half_precision_trains_with_float32_weights_close_to_float32(resolved_co
     assert columns["eval_loss"] == pytest.approx(reference["eval_loss"], rel=0.02)
 
 
-def test_the_kernels_run_in_the_half_type_under_autocast(resolved_config):
-    config = resolved_config(
-        *SHORT_RUN, "dtype=bfloat16", "attention=linformer", "model.causal=false"
-    )
+def test_the_kernels_run_in_the_half_type_under_autocast(job_config):
+    config = job_config(*SHORT_RUN, "dtype=bfloat16", "attention=linformer", "model.causal=false")
     built = measure.setup(config)
     seen = []
     kernel = next(iter(built.model.kernels()))

@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 import json
-import os
 import stat
-import subprocess
-import sys
 from datetime import datetime
 from pathlib import Path
 
@@ -14,8 +11,7 @@ import pytest
 import torch
 
 from experiments import record
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.conftest import output_of_another_process
 
 
 def reversed_order(tree):
@@ -44,18 +40,8 @@ def test_config_hash_is_the_same_in_another_process(resolved_config):
         "import json, sys; from experiments.record import config_hash; "
         "print(config_hash(json.load(sys.stdin)))"
     )
-    env = {**os.environ, "PYTHONHASHSEED": "12345"}  # str hashes differ; the digest must not
-    done = subprocess.run(
-        [sys.executable, "-c", script],
-        input=json.dumps(config),
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-    )
-    assert done.stdout.strip() == record.config_hash(config)
+    there = output_of_another_process(script, hash_seed="12345", stdin=json.dumps(config))
+    assert there == record.config_hash(config)
 
 
 @pytest.mark.parametrize(
@@ -168,3 +154,25 @@ def test_record_file_mode_follows_the_umask(tmp_path):
     assert stat.S_IMODE((tmp_path / "result.json").stat().st_mode) == stat.S_IMODE(
         plain.stat().st_mode
     )
+
+
+def test_the_schema_names_each_column_once_with_a_type_and_its_unit_in_the_name():
+    assert len(record.COLUMNS) == len(record.SCHEMA)
+    for column in record.SCHEMA:
+        assert column.type in (int, float, bool, str), column.name
+        assert column.part in (record.IDENTITY, record.CONFIG, record.MEASURED, record.PROVENANCE)
+        for unit, suffix in (("ms", "_ms"), ("bytes", "_bytes"), ("GFLOP/s", "_per_s")):
+            if column.unit == unit:
+                assert column.name.endswith(suffix), column.name
+    assert record.column("eval_accuracy@lsh-8") is record.COLUMNS["eval_accuracy"]
+    assert record.column("attention.n_hashes") is None  # a config key, typed by its values
+    assert set(record.SHOWN) | set(record.SCALING_METRICS) <= {
+        c.name for c in record.SCHEMA if c.numeric
+    }
+    assert record.ALIASES["attention"] == "attention.name" and "device" in record.RESOLVED
+
+
+def test_every_config_alias_stands_for_a_key_of_the_resolved_config(resolved_config):
+    flat = record.flatten(resolved_config())
+    for alias, key in {**record.ALIASES, **record.RESOLVED}.items():
+        assert key in flat, alias

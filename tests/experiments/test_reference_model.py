@@ -106,9 +106,8 @@ def test_error_on_trained_inputs_is_zero_for_exact_and_falls_as_the_window_grows
     assert error("blockwise", block_size=64) < 1e-6  # two blocks of 64 hold every key: exact
 
 
-def test_bad_reference_options_name_the_option():
+def test_bad_reference_options_name_the_option(job_config):
     with pytest.raises(ValueError, match="'steps' must be a positive integer"):
         ReferenceConfig(d_model=32, n_heads=2, steps=0)
-    config = {"model": {"d_model": 32, "n_heads": 2}, "measure": {"reference": {"step": 3}}}
     with pytest.raises(ValueError, match="measure.reference.*step"):
-        ReferenceConfig.of_job(config)
+        ReferenceConfig.of_job(job_config("+measure.reference.step=3"))

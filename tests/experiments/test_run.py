@@ -20,9 +20,10 @@ import pandas as pd
 import pytest
 from omegaconf import OmegaConf
 
-from experiments import run, tracking
+from analysis import offline_runs
+from experiments import run
 from experiments.record import flatten
-from tests.experiments.conftest import TINY
+from tests.experiments.conftest import MEASURE_NOTHING, TINY
 
 IDENTITY = ("sweep", "job", "config_hash", "status", "error")
 CONFIGURATION = (
@@ -71,14 +72,7 @@ PROVENANCE = (
 SKIP_MESSAGE = "already recorded with status ok"  # logged by a job that resume skips
 RAN_MESSAGE = "record: "  # printed by a job that measured and recorded
 # Resume is about which jobs run, not what they measure: time only the machine's matmul rate.
-QUICK = (
-    "logger=none",
-    "train.steps=0",
-    "measure.kernel=false",
-    "measure.step=false",
-    "measure.memory=false",
-    "measure.approx_error=false",
-)
+QUICK = ("logger=none", "train.steps=0", *MEASURE_NOTHING)
 
 
 def job_records(sweep_dir: Path) -> dict[str, dict]:
@@ -159,7 +153,7 @@ def test_unsupported_combination_is_skipped_and_the_rest_succeed(wandb_sweep):
     assert all(r["status"] == "ok" for r in records.values() if r is not linformer)
     # Nothing was measured, so nothing is tracked: no W&B run piles up at each re-run.
     assert linformer["offline_run_dir"] is None
-    assert not tracking.find_offline_runs(wandb_sweep / linformer["job"])
+    assert not offline_runs.find_offline_runs(wandb_sweep / linformer["job"])
 
 
 @pytest.mark.slow
@@ -178,7 +172,7 @@ def test_sweep_is_gathered_into_csv_and_parquet(wandb_sweep):
 @pytest.mark.slow
 def test_offline_wandb_runs_hold_the_same_config_and_summary(wandb_sweep):
     for job, rec in ok_records(wandb_sweep).items():
-        run = tracking.read_offline_run(Path(rec["offline_run_dir"]))
+        run = offline_runs.read_offline_run(Path(rec["offline_run_dir"]))
         hydra_config = OmegaConf.load(wandb_sweep / job / ".hydra" / "config.yaml")
         assert run["config"] == OmegaConf.to_container(hydra_config, resolve=True)
         assert run["config"]["attention"]["name"] == rec["attention"]
@@ -193,8 +187,8 @@ def test_offline_wandb_runs_hold_the_same_config_and_summary(wandb_sweep):
         assert run["run_id"] == f"runner-test-{rec['config_hash']}"  # the same at every re-run
         assert run["exit_code"] == 0
         assert [row["step"] for row in run["history"] if "train/loss" in row] == [0, 1]
-    summary_runs = tracking.find_offline_runs(wandb_sweep / "wandb")
-    assert [tracking.read_offline_run(r)["job_type"] for r in summary_runs] == ["sweep-summary"]
+    summary_runs = offline_runs.find_offline_runs(wandb_sweep / "wandb")
+    assert [offline_runs.read_offline_run(r)["job_type"] for r in summary_runs] == ["sweep-summary"]
 
 
 # --- Resume -----------------------------------------------------------------------------------
@@ -324,9 +318,8 @@ def test_sweep_with_an_invalid_option_lists_what_did_not_end_ok_and_exits_1(cli,
 def test_ctrl_c_keeps_what_finished_and_leaves_no_run_of_the_interrupted_job(cli, tmp_path):
     sweep_dir = tmp_path / "sweep"
     # The second job trains for as long as it takes Ctrl-C to arrive; W&B is on (offline).
-    measure_nothing = [o for o in QUICK if o.startswith("measure.")]
     process = cli.start(
-        *cli.sweep_args(sweep_dir, "train.steps=1,100000", *measure_nothing), new_session=True
+        *cli.sweep_args(sweep_dir, "train.steps=1,100000", *MEASURE_NOTHING), new_session=True
     )
     first, deadline = sweep_dir / "0" / "result.json", time.monotonic() + 240
     while not (first.exists() and json.loads(first.read_text() or "{}").get("offline_run_dir")):
@@ -343,9 +336,9 @@ def test_ctrl_c_keeps_what_finished_and_leaves_no_run_of_the_interrupted_job(cli
     assert "; 1 records (1 ok)" in (sweep_dir / "report" / "report.md").read_text()
     # The finished job's run and the summary run; the interrupted job's run was deleted, so a
     # re-run leaves no failed run beside the good one (re-runs replace runs: test_tracking.py).
-    runs = [tracking.read_offline_run(r) for r in tracking.find_offline_runs(sweep_dir)]
+    runs = [offline_runs.read_offline_run(r) for r in offline_runs.find_offline_runs(sweep_dir)]
     assert sorted(r["job_type"] for r in runs) == ["full-residual", "sweep-summary"]
-    assert not tracking.find_offline_runs(sweep_dir / "1")
+    assert not offline_runs.find_offline_runs(sweep_dir / "1")
 
 
 # --- Launchers --------------------------------------------------------------------------------
@@ -443,7 +436,7 @@ def test_good_single_run_exits_zero_and_says_where_its_results_are(single_runs):
     assert rec["status"] == "ok"
     assert f"record: {run_dir / 'result.json'}" in done.stdout
     assert f"W&B run: {rec['offline_run_dir']}" in done.stdout
-    assert tracking.read_offline_run(Path(rec["offline_run_dir"]))["summary"]["status"] == "ok"
+    assert offline_runs.read_offline_run(Path(rec["offline_run_dir"]))["summary"]["status"] == "ok"
 
 
 @pytest.mark.slow

@@ -91,6 +91,25 @@ def test_write_results_writes_csv_and_typed_parquet(tmp_path):
     assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".")]
 
 
+def test_parquet_columns_have_the_schemas_types_and_unmixed_config_keys_keep_theirs(tmp_path):
+    put(tmp_path, 0, rec("aaa", job="0", causal=True, peak_memory_bytes=7, **{"model.depth": 2}))
+    put(tmp_path, 1, rec("bbb", job="1", causal=None, **{"attention.seed": None, "model.depth": 4}))
+    put(tmp_path, 2, rec("ccc", job="2", causal=False, **{"attention.seed": 3, "model.depth": 2}))
+    store.write_results(tmp_path)
+    parquet = pd.read_parquet(tmp_path / "results.parquet").set_index("config_hash")
+    assert str(parquet["seq_len"].dtype) == "Int64" and parquet["seq_len"].tolist() == [64] * 3
+    assert str(parquet["peak_memory_bytes"].dtype) == "Int64"  # bytes stay whole, <NA> if none
+    assert parquet.loc["aaa", "peak_memory_bytes"] == 7
+    assert pd.isna(parquet.loc["bbb", "peak_memory_bytes"])
+    assert str(parquet["causal"].dtype) == "boolean" and pd.isna(parquet.loc["bbb", "causal"])
+    assert parquet["job"].tolist() == ["0", "1", "2"]  # text, as the record has it
+    assert parquet["model.depth"].tolist() == [2, 4, 2] and parquet["model.depth"].dtype.kind == "i"
+    assert parquet.loc["ccc", "attention.seed"] == 3 and pd.isna(
+        parquet.loc["bbb", "attention.seed"]
+    )
+    assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".")]
+
+
 def test_format_records_shows_headline_columns_with_memory_in_mib():
     table = store.format_records(
         [

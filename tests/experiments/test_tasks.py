@@ -2,17 +2,12 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
+from experiments import tasks
 from experiments.tasks import Batch, build_task, task_names
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.conftest import output_of_another_process
 
 
 def random_lm(seed=0, seq_len=32, batch_size=3, **options):
@@ -51,18 +46,8 @@ def test_random_lm_batches_are_the_same_in_another_process():
         "from experiments.tasks import build_task; t = build_task({'name': 'random_lm'}, "
         "seq_len=16, batch_size=2, seed=7); print(t.batch('eval', 3).inputs.tolist())"
     )
-    env = {**os.environ, "PYTHONHASHSEED": "999"}  # str hashes change; the batches must not
-    done = subprocess.run(
-        [sys.executable, "-c", script],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-    )
     here = random_lm(seed=7, seq_len=16, batch_size=2).batch("eval", 3).inputs.tolist()
-    assert done.stdout.strip() == str(here)
+    assert output_of_another_process(script, hash_seed="999") == str(here)
 
 
 def test_batch_to_moves_every_tensor():
@@ -96,3 +81,13 @@ def test_build_task_does_not_modify_its_options():
     options = {"name": "random_lm", "vocab_size": 11}
     build_task(options, seq_len=4, batch_size=1, seed=0)
     assert options == {"name": "random_lm", "vocab_size": 11}
+
+
+@pytest.mark.parametrize("name", task_names())
+def test_every_task_declares_what_the_task_protocol_asks(name):
+    """`Task`'s attributes, read without a getattr default: name, vocab_size, has_accuracy and
+    reports_bits_per_byte (only the byte-level tasks' loss is bits per byte)."""
+    task_cls = tasks._TASKS[name]
+    assert task_cls.name == name and issubclass(task_cls, tasks.SeededTask)
+    assert isinstance(task_cls.has_accuracy, bool)
+    assert task_cls.reports_bits_per_byte is (name in ("text", "enwik8"))

@@ -1,34 +1,22 @@
-"""W&B tracking against real offline W&B: what a job logs is what `read_offline_run` reads back."""
+"""W&B tracking against real offline W&B: what a job logs is what `analysis.offline_runs` reads
+back."""
 
 from __future__ import annotations
 
 import json
 import logging
 import math
-import shutil
 import socket
-import subprocess
-import sys
 import time
 
 import pandas as pd
 import pytest
 from omegaconf import OmegaConf
 
-from experiments import tracking
+from analysis import offline_runs
+from experiments import record, tracking
+from tests.conftest import WANDB_LOGGER
 
-WANDB = {
-    "name": "wandb",
-    "mode": "offline",
-    "project": "attnbench",
-    "entity": None,
-    "tags": [],
-    "dir": None,
-    "quiet": True,
-    "capture_console": False,
-    "init_timeout": 90,
-    "scaling_metrics": ["attn_fwd_ms", "step_ms", "peak_memory_bytes", "approx_rel_error"],
-}
 RUN_CONFIG = {
     "attention": {"name": "lsh", "bucket_size": 32, "n_hashes": 2, "seed": None},
     "seq_len": 256,
@@ -57,7 +45,7 @@ def _isolated_wandb(wandb_home):
     """Every test here talks to a real offline W&B, isolated by tests/conftest.py."""
 
 
-def start(out_dir, logger_cfg=WANDB, name="job-0", tags=("lsh", "seq_len=256"), **run_id):
+def start(out_dir, logger_cfg=WANDB_LOGGER, name="job-0", tags=("lsh", "seq_len=256"), **run_id):
     return tracking.start_tracker(
         logger_cfg,
         run_config=RUN_CONFIG,
@@ -87,8 +75,8 @@ def test_offline_run_reads_back_as_logged(tmp_path):
 
     assert tracker.run_dir.parent == tmp_path / "wandb"
     assert tracker.run_dir.name.startswith("offline-run-")
-    assert tracking.find_offline_runs(tmp_path) == [tracker.run_dir]
-    run = tracking.read_offline_run(tracker.run_dir)
+    assert offline_runs.find_offline_runs(tmp_path) == [tracker.run_dir]
+    run = offline_runs.read_offline_run(tracker.run_dir)
     assert run["config"] == RUN_CONFIG
     summary = expected_summary(RECORD)
     assert {k: run["summary"].get(k) for k in summary} == summary
@@ -110,7 +98,7 @@ def test_offline_run_reads_back_as_logged(tmp_path):
 
 
 def test_two_jobs_in_one_process_get_separate_runs(tmp_path):
-    hydra_cfg = OmegaConf.create(WANDB)  # as the runner passes it
+    hydra_cfg = OmegaConf.create(WANDB_LOGGER)  # as the runner passes it
     first = start(tmp_path / "job0", hydra_cfg, name="job-0")
     first.log_step({"loss": 1.0}, step=0)
     first.finish({**RECORD, "job": "0"}, exit_code=0)
@@ -118,8 +106,8 @@ def test_two_jobs_in_one_process_get_separate_runs(tmp_path):
     second.finish({**RECORD, "job": "1", "status": "error", "error": "boom"}, exit_code=1)
 
     assert first.run_dir != second.run_dir
-    assert tracking.find_offline_runs(tmp_path) == [first.run_dir, second.run_dir]
-    one, two = (tracking.read_offline_run(t.run_dir) for t in (first, second))
+    assert offline_runs.find_offline_runs(tmp_path) == [first.run_dir, second.run_dir]
+    one, two = (offline_runs.read_offline_run(t.run_dir) for t in (first, second))
     assert (one["name"], one["summary"]["job"], one["exit_code"]) == ("job-0", "0", 0)
     assert (two["name"], two["summary"]["job"], two["exit_code"]) == ("job-1", "1", 1)
     assert two["summary"]["error"] == "boom"
@@ -138,23 +126,23 @@ def test_a_remeasured_configuration_replaces_its_run_and_an_interrupted_one_leav
     # Re-measured in another job dir (a value inserted before it): the old run goes.
     second = start(sweep / "1", run_id=run_id, replace_in=sweep)
     second.finish(RECORD, exit_code=0)
-    assert tracking.find_offline_runs(sweep) == [second.run_dir]
-    run = tracking.read_offline_run(second.run_dir)
+    assert offline_runs.find_offline_runs(sweep) == [second.run_dir]
+    run = offline_runs.read_offline_run(second.run_dir)
     assert (run["run_id"], run["summary"]["status"], run["exit_code"]) == (run_id, "ok", 0)
 
     other = start(sweep / "2", run_id=tracking.run_id("s1", "ffffffffffff"), replace_in=sweep)
     other.log_step({"loss": 1.0}, step=0)
     other.discard()  # Ctrl-C: the job leaves no record, so no run
-    assert tracking.find_offline_runs(sweep) == [second.run_dir] and other.run_dir is None
+    assert offline_runs.find_offline_runs(sweep) == [second.run_dir] and other.run_dir is None
 
 
 def test_one_summary_run_per_sweep_however_often_it_ends(tmp_path):
     for _ in range(2):
         run_dir = tracking.log_sweep_summary(
-            WANDB, records=pd.DataFrame([RECORD]), figures={}, group="s1", out_dir=tmp_path
+            WANDB_LOGGER, records=pd.DataFrame([RECORD]), figures={}, group="s1", out_dir=tmp_path
         )
-    assert tracking.find_offline_runs(tmp_path) == [run_dir]
-    assert tracking.read_offline_run(run_dir)["run_id"] == "s1-summary"
+    assert offline_runs.find_offline_runs(tmp_path) == [run_dir]
+    assert offline_runs.read_offline_run(run_dir)["run_id"] == "s1-summary"
 
 
 def test_no_wandb_service_outlives_a_finished_run(tmp_path):
@@ -170,9 +158,12 @@ def test_no_wandb_service_outlives_a_finished_run(tmp_path):
 
 
 def test_logger_none_and_disabled_are_no_ops(tmp_path, monkeypatch):
-    trackers = [start(tmp_path, {"name": "none"}), start(tmp_path, {**WANDB, "mode": "disabled"})]
+    trackers = [
+        start(tmp_path, {"name": "none"}),
+        start(tmp_path, {**WANDB_LOGGER, "mode": "disabled"}),
+    ]
     monkeypatch.setenv("WANDB_MODE", "disabled")
-    trackers.append(start(tmp_path, WANDB))
+    trackers.append(start(tmp_path, WANDB_LOGGER))
     for tracker in trackers:
         assert type(tracker) is tracking.Tracker and tracker.run_dir is None
         tracker.log_step({"loss": 1.0}, step=0)
@@ -192,12 +183,34 @@ def test_logger_none_and_disabled_are_no_ops(tmp_path, monkeypatch):
 
 def test_wandb_mode_environment_variable_wins(tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "offline")
-    tracker = start(tmp_path, {**WANDB, "mode": "online"})  # online would fail: no server here
+    tracker = start(
+        tmp_path, {**WANDB_LOGGER, "mode": "online"}
+    )  # online would fail: no server here
     tracker.finish(RECORD, exit_code=0)
     assert tracker.run_dir.name.startswith("offline-run-")
     monkeypatch.setenv("WANDB_MODE", "ofline")
     with pytest.raises(ValueError, match="WANDB_MODE='ofline' must be one of"):
-        start(tmp_path, WANDB)
+        start(tmp_path, WANDB_LOGGER)
+
+
+def test_scaling_metrics_are_numeric_record_columns_and_default_to_the_schemas(tmp_path):
+    with pytest.raises(ValueError, match="'scaling_metrics' lists 'attn_fwd_sec'"):
+        start(tmp_path, {**WANDB_LOGGER, "scaling_metrics": ["attn_fwd_ms", "attn_fwd_sec"]})
+    with pytest.raises(ValueError, match="'scaling_metrics' lists 'timing_warning'"):
+        start(
+            tmp_path, {**WANDB_LOGGER, "scaling_metrics": ["timing_warning"]}
+        )  # text, not a number
+    default = {k: v for k, v in WANDB_LOGGER.items() if k != "scaling_metrics"}
+    tracker = start(tmp_path, default)
+    assert tracker._scaling_metrics == record.SCALING_METRICS
+    tracker.finish(RECORD, exit_code=0)
+
+
+def test_the_logger_config_is_checked_against_its_schema(resolved_config):
+    logger = resolved_config()["logger"]
+    assert logger["scaling_metrics"] == list(record.SCALING_METRICS)  # the schema's default
+    with pytest.raises(Exception, match="init_timeout"):
+        resolved_config("logger.init_timeout=soon")
 
 
 def test_failed_start_warns_once_and_returns_no_op(tmp_path, monkeypatch, caplog):
@@ -206,7 +219,7 @@ def test_failed_start_warns_once_and_returns_no_op(tmp_path, monkeypatch, caplog
         closed_port = probe.getsockname()[1]
     monkeypatch.setenv("WANDB_BASE_URL", f"http://127.0.0.1:{closed_port}")
     monkeypatch.setenv("WANDB_API_KEY", "x" * 40)
-    online = {**WANDB, "mode": "online", "init_timeout": 3}
+    online = {**WANDB_LOGGER, "mode": "online", "init_timeout": 3}
     begin = time.perf_counter()
     with caplog.at_level(logging.WARNING, logger="experiments.tracking"):
         trackers = [start(tmp_path / f"job{i}", online, name=f"job-{i}") for i in range(3)]
@@ -244,9 +257,13 @@ def test_sweep_summary_logs_table_and_figures(tmp_path):
     )
 
     run_dir = tracking.log_sweep_summary(
-        WANDB, records=records, figures={"scaling": png}, group="s1", out_dir=tmp_path / "summary"
+        WANDB_LOGGER,
+        records=records,
+        figures={"scaling": png},
+        group="s1",
+        out_dir=tmp_path / "summary",
     )
-    run = tracking.read_offline_run(run_dir)
+    run = offline_runs.read_offline_run(run_dir)
     assert (run["job_type"], run["group"], run["exit_code"]) == ("sweep-summary", "s1", 0)
     table_ref, image_ref = run["summary"]["records"], run["summary"]["figures/scaling"]
     assert (table_ref["_type"], image_ref["_type"]) == ("table-file", "image-file")
@@ -254,65 +271,3 @@ def test_sweep_summary_logs_table_and_figures(tmp_path):
     assert table["columns"] == list(records.columns)
     assert [row[table["columns"].index("status")] for row in table["data"]] == ["ok", "oom"]
     assert (run_dir / "files" / image_ref["path"]).is_file()
-
-
-def test_reader_agrees_with_wandb_leet_across_blocks(tmp_path):
-    """A 70 KB config record spans three 32 KiB blocks; W&B's own Go reader must agree."""
-    config = {**RUN_CONFIG, "blob": "x" * 70_000}
-    tracker = tracking.start_tracker(
-        WANDB,
-        run_config=config,
-        group="s1",
-        job_type="bench",
-        tags=[],
-        name="big",
-        out_dir=tmp_path,
-    )
-    for step in range(200):
-        tracker.log_step({f"metric_{i}": step + i / 10 for i in range(20)}, step=step)
-    tracker.finish(RECORD, exit_code=3)
-    run = tracking.read_offline_run(tracker.run_dir)
-    assert run["config"] == config and len(run["history"]) == 201
-
-    inspect = [sys.executable, "-m", "wandb", "leet", "inspect", "--json", str(tracker.run_dir)]
-    done = subprocess.run(
-        [*inspect[:5], "--summary", *inspect[5:]],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        stdin=subprocess.DEVNULL,
-    )
-    if "No such command" in done.stderr:
-        pytest.skip("this wandb has no `wandb leet inspect`")
-    assert done.returncode == 0, done.stderr
-    theirs = json.loads(done.stdout)
-    assert theirs["config"] == config and theirs["exit_code"] == 3
-    assert {k: v for k, v in theirs["summary"].items() if not k.startswith("_")} == run["summary"]
-    done = subprocess.run(
-        inspect, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL, check=True
-    )
-    kinds = [json.loads(line)["type"] for line in done.stdout.splitlines()]
-    assert kinds.count("history") == len(run["history"])
-
-
-def test_reader_stops_at_a_torn_write(tmp_path):
-    tracker = start(tmp_path)
-    for step in range(5):
-        tracker.log_step({"loss": float(step)}, step=step)
-    tracker.finish(RECORD, exit_code=0)
-    (log_file,) = tracker.run_dir.glob("run-*.wandb")
-    torn = tmp_path / "torn" / log_file.name
-    torn.parent.mkdir()
-    shutil.copyfile(log_file, torn)
-    whole = log_file.stat().st_size
-    with torn.open("r+b") as handle:  # a crash mid-write leaves part of the last record
-        handle.truncate(whole - 5)
-    run = tracking.read_offline_run(torn.parent)
-    assert run["config"] == RUN_CONFIG and run["exit_code"] is None  # the exit record is torn
-    assert [row["step"] for row in run["history"] if "step" in row] == [0, 1, 2, 3, 4]
-    with torn.open("r+b") as handle:
-        handle.truncate(whole // 2)
-    assert len(tracking.read_offline_run(torn.parent)["history"]) < 5
-    (tmp_path / "bad.wandb").write_bytes(b"hello world")
-    with pytest.raises(ValueError, match="not a W&B transaction log"):
-        tracking.read_offline_run(tmp_path / "bad.wandb")

@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from experiments.config import TrainConfig
 from experiments.tasks import Batch, generator
 from experiments.train import Diverged, evaluate, lr_at, masked_loss_and_hits, train
 
@@ -54,11 +55,12 @@ class NaNFrom(nn.Module):
         return logits
 
 
-def fit(model, task=None, **overrides):
+def fit(model, task=None, on_step=None, **overrides):
     options = dict(
         steps=40, lr=0.05, warmup=2, weight_decay=0.0, grad_clip=1.0, eval_every=10, eval_batches=2
     )
-    return train(model, task or CopyTask(), CPU, **{**options, **overrides})
+    settings = TrainConfig(**{**options, **overrides})
+    return train(model, task or CopyTask(), CPU, settings, on_step=on_step)
 
 
 def test_training_lowers_the_loss_on_a_learnable_task():

@@ -8,7 +8,18 @@ import torch.nn.functional as F
 
 from experiments.memory import peak_memory_bytes
 from tests.reference import causal_mask, dense_attention, shared_qk_reference
+from variants.config import ModelConfig
 from variants.layers import FeedForward, SelfAttention
+
+
+def attention_layer(d_model=None, n_heads=None, **fields):
+    """The attention sublayer of a model of these ModelConfig fields."""
+    sizes = {k: v for k, v in (("d_model", d_model), ("n_heads", n_heads)) if v is not None}
+    return SelfAttention(ModelConfig(**sizes, **fields))
+
+
+def feed_forward(d_model, **fields):
+    return FeedForward(ModelConfig(d_model=d_model, n_heads=1, **fields))
 
 
 def _reference_self_attention(layer, x, causal, normalise_keys=False, exclude_self=False):
@@ -19,7 +30,7 @@ def _reference_self_attention(layer, x, causal, normalise_keys=False, exclude_se
     batch, length, d_model = x.shape
     heads, head_dim = layer.n_heads, d_model // layer.n_heads
     projected = F.linear(x, layer.qkv.weight, layer.qkv.bias)
-    if layer.shared_qk:
+    if layer.config.shared_qk:
         q, v = projected.split(d_model, dim=-1)
         k = q
     else:
@@ -45,7 +56,7 @@ def _reference_self_attention(layer, x, causal, normalise_keys=False, exclude_se
 @pytest.mark.parametrize("causal", [True, False])
 def test_self_attention_matches_dense_reference(causal):
     torch.manual_seed(0)
-    layer = SelfAttention(24, 3, causal=causal).double()
+    layer = attention_layer(24, 3, causal=causal).double()
     x = torch.randn(2, 11, 24, dtype=torch.float64)
     torch.testing.assert_close(layer(x), _reference_self_attention(layer, x, causal))
 
@@ -53,7 +64,7 @@ def test_self_attention_matches_dense_reference(causal):
 @pytest.mark.parametrize("attention", ["full", "blockwise"])
 def test_shared_qk_kernels_get_unit_keys_and_skip_self(attention):
     torch.manual_seed(0)
-    layer = SelfAttention(24, 3, attention=attention, shared_qk=True).double()
+    layer = attention_layer(24, 3, attention=attention, shared_qk=True).double()
     assert layer.qkv.out_features == 2 * 24  # one projection for queries and keys
     assert layer.kernel.shared_qk
     x = torch.randn(2, 9, 24, dtype=torch.float64)
@@ -64,7 +75,7 @@ def test_shared_qk_kernels_get_unit_keys_and_skip_self(attention):
 def test_other_kernels_get_unit_keys_under_shared_qk_and_keep_self():
     torch.manual_seed(0)
     # stride 9 >= L: strided's local part covers every pair, so it is exact causal attention.
-    layer = SelfAttention(
+    layer = attention_layer(
         24, 3, attention="strided", attention_options={"stride": 9}, shared_qk=True
     ).double()
     x = torch.randn(2, 9, 24, dtype=torch.float64)
@@ -73,7 +84,7 @@ def test_other_kernels_get_unit_keys_under_shared_qk_and_keep_self():
 
 
 def test_kernel_receives_only_the_model_options_it_declares():
-    layer = SelfAttention(16, 4, causal=False, attention_options={"impl": "math"})
+    layer = attention_layer(16, 4, causal=False, attention_options={"impl": "math"})
     assert layer.kernel.causal is False and layer.kernel.impl == "math"
 
 
@@ -85,7 +96,7 @@ def _reference_ff(ff, x):
 @pytest.mark.parametrize("ff_chunks", [1, 3, 7, 12])
 def test_ff_chunking_is_exact_in_output_and_gradients(ff_chunks):
     torch.manual_seed(0)
-    ff = FeedForward(8, ff_mult=3, ff_chunks=ff_chunks).double()
+    ff = feed_forward(8, ff_mult=3, ff_chunks=ff_chunks).double()
     x = torch.randn(2, 10, 8, dtype=torch.float64, requires_grad=True)
     out = ff(x)
     expected = _reference_ff(ff, x)
@@ -102,7 +113,7 @@ def test_ff_chunking_is_exact_in_output_and_gradients(ff_chunks):
 
 def test_ff_chunk_recompute_replays_dropout():
     # Reference: the same pieces through plain autograd (no recompute), same seed.
-    ff = FeedForward(8, ff_chunks=3, dropout=0.5).double()
+    ff = feed_forward(8, ff_chunks=3, dropout=0.5).double()
     x = torch.randn(2, 10, 8, dtype=torch.float64, requires_grad=True)
     params = list(ff.parameters())
     torch.manual_seed(1)
@@ -121,7 +132,7 @@ def test_ff_chunking_lowers_peak_memory_of_forward_and_backward():
     x = torch.randn(2, 512, 64, requires_grad=True)
 
     def peak(ff_chunks):
-        ff = FeedForward(64, ff_chunks=ff_chunks)
+        ff = feed_forward(64, ff_chunks=ff_chunks)
         return peak_memory_bytes(lambda: ff(x).sum().backward())
 
     whole, chunked = peak(1), peak(8)
@@ -144,7 +155,7 @@ def test_ff_chunking_lowers_peak_memory_of_forward_and_backward():
 )
 def test_self_attention_errors_name_the_option(kwargs, words):
     with pytest.raises(ValueError) as err:
-        SelfAttention(**kwargs)
+        attention_layer(**kwargs)
     for word in words:
         assert word in str(err.value)
 
@@ -159,11 +170,11 @@ def test_self_attention_errors_name_the_option(kwargs, words):
 )
 def test_feed_forward_errors_name_the_option(kwargs, option):
     with pytest.raises(ValueError, match=option):
-        FeedForward(8, **kwargs)
+        feed_forward(8, **kwargs)
 
 
 def test_lsh_requires_shared_qk():
     with pytest.raises(ValueError, match="'lsh'.*'shared_qk'"):
-        SelfAttention(16, 2, attention="lsh", shared_qk=False)
-    layer = SelfAttention(16, 2, attention="lsh", shared_qk=True)
+        attention_layer(16, 2, attention="lsh", shared_qk=False)
+    layer = attention_layer(16, 2, attention="lsh", shared_qk=True)
     assert layer(torch.randn(1, 64, 16)).shape == (1, 64, 16)

@@ -21,7 +21,7 @@ def test_logits_shape_and_config():
     model = _tiny(block="reversible")
     tokens = torch.randint(0, 11, (3, 9))
     assert model(tokens).shape == (3, 9, 11)
-    assert model.config["block"] == "reversible" and model.config["depth"] == 2
+    assert model.config.block == "reversible" and model.config.depth == 2
     assert [k.name for k in model.kernels()] == ["full", "full"]
 
 
@@ -114,8 +114,8 @@ def test_option_errors_name_the_option(options, words):
 
 def test_shared_qk_by_default_is_what_the_variant_requires():
     lsh = _tiny(attention="lsh", attention_options={"bucket_size": 4})
-    assert lsh.config["shared_qk"] is True and next(lsh.kernels()).applies_shared_qk
-    assert _tiny().config["shared_qk"] is False
+    assert lsh.config.shared_qk is True and next(lsh.kernels()).applies_shared_qk
+    assert _tiny().config.shared_qk is False
     assert variants.TransformerLM(vocab_size=256, attention="lsh")(
         torch.randint(256, (1, 64))
     ).shape == (1, 64, 256)

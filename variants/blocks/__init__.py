@@ -19,57 +19,43 @@ from torch import nn
 from variants.blocks.checkpoint import CheckpointBlock
 from variants.blocks.residual import ResidualBlock, sequential_stack
 from variants.blocks.reversible import ReversibleBlock, ReversibleStack
+from variants.config import ModelConfig
+from variants.registry_base import Registry
 
 # name -> (block class, how a list of such blocks runs)
-_BLOCKS: dict[str, tuple[type[nn.Module], Callable[[list], nn.Module]]] = {
-    "residual": (ResidualBlock, sequential_stack),
-    "reversible": (ReversibleBlock, ReversibleStack),
-    "checkpoint": (CheckpointBlock, sequential_stack),
-}
+_BLOCKS: Registry[tuple[type[nn.Module], Callable[[list], nn.Module]]] = Registry("block")
+_BLOCKS.add(ResidualBlock.name, (ResidualBlock, sequential_stack))
+_BLOCKS.add(ReversibleBlock.name, (ReversibleBlock, ReversibleStack))
+_BLOCKS.add(CheckpointBlock.name, (CheckpointBlock, sequential_stack))
 
 
 def block_names() -> list[str]:
     """Names of the block types."""
-    return list(_BLOCKS)
+    return _BLOCKS.names()
 
 
 def build_block(
-    name: str,
-    d_model: int,
-    n_heads: int,
-    attention: str = "full",
-    attention_options: dict[str, Any] | None = None,
-    ff_mult: int = 4,
-    dropout: float = 0.0,
-    ff_chunks: int = 1,
-    causal: bool = True,
-    shared_qk: bool = False,
-    max_seq_len: int = 4096,
+    name: str, config: ModelConfig | int | None = None, n_heads: int | None = None, **fields: Any
 ) -> nn.Module:
-    """One block of type `name` with an attention kernel built by name through the registry.
+    """One block of type `name` whose layers `config` describes (its `block` field is not read).
 
-    Residual and checkpoint blocks map x (batch, seq_len, d_model) to the same shape; a
-    reversible block maps the pair (x1, x2) to (y1, y2). Bad options raise `ValueError` naming
-    the block part and the option.
+    `build_block(name, config)`, or with the `ModelConfig` fields themselves, as before:
+    `build_block(name, d_model, n_heads, attention="lsh", ...)`. Residual and checkpoint blocks
+    map x (batch, seq_len, d_model) to the same shape; a reversible block maps the pair
+    (x1, x2) to (y1, y2). Bad options raise `ValueError` naming the option.
     """
-    block_cls, _ = _lookup(name)
-    return block_cls(
-        d_model,
-        n_heads,
-        attention=attention,
-        attention_options=attention_options,
-        ff_mult=ff_mult,
-        dropout=dropout,
-        ff_chunks=ff_chunks,
-        causal=causal,
-        shared_qk=shared_qk,
-        max_seq_len=max_seq_len,
-    )
+    block_cls, _ = _BLOCKS[name]
+    if not isinstance(config, ModelConfig):
+        sizes = {"d_model": config, "n_heads": n_heads}
+        config = ModelConfig(**{k: v for k, v in sizes.items() if v is not None}, **fields)
+    elif n_heads is not None or fields:
+        raise TypeError("build_block: pass a ModelConfig or its fields, not both")
+    return block_cls(config)
 
 
 def build_stack(name: str, blocks: list[nn.Module]) -> nn.Module:
     """Run `blocks` (all of type `name`, at least one) as (B, L, d_model) -> (B, L, d_model)."""
-    block_cls, stack = _lookup(name)
+    block_cls, stack = _BLOCKS[name]
     if not blocks:
         raise ValueError(f"block {name!r}: a stack needs at least one block, got none")
     for block in blocks:
@@ -79,12 +65,6 @@ def build_stack(name: str, blocks: list[nn.Module]) -> nn.Module:
                 f"got {type(block).__name__}"
             )
     return stack(blocks)
-
-
-def _lookup(name: str):
-    if name not in _BLOCKS:
-        raise ValueError(f"unknown block {name!r}; available: {', '.join(_BLOCKS)}")
-    return _BLOCKS[name]
 
 
 __all__ = [

@@ -2,27 +2,25 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 from torch import nn
 
+from variants.config import ModelConfig
 from variants.layers import pre_norm_sublayers
 
 
 class ResidualBlock(nn.Module):
     """Pre-norm transformer block; autograd stores every sublayer's activations for backward.
 
-    x (batch, seq_len, d_model) -> (batch, seq_len, d_model). `options` are those of
-    `variants.layers.pre_norm_sublayers` (attention, attention_options, ff_mult, dropout,
-    ff_chunks, causal, shared_qk, max_seq_len).
+    x (batch, seq_len, d_model) -> (batch, seq_len, d_model); its sublayers are the
+    `ModelConfig`'s (`variants.layers.pre_norm_sublayers`).
     """
 
     name = "residual"
 
-    def __init__(self, d_model: int, n_heads: int, **options: Any):
+    def __init__(self, config: ModelConfig):
         super().__init__()
-        self.attn, self.ff = pre_norm_sublayers(d_model, n_heads, **options)
+        self.attn, self.ff = pre_norm_sublayers(config)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: (B, L, d_model) -> (B, L, d_model)."""

@@ -20,13 +20,13 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
 
 import torch
 from torch import nn
 from torch.autograd.function import once_differentiable
 
 from variants.attention.base import replaying
+from variants.config import ModelConfig
 from variants.layers import pre_norm_sublayers
 
 
@@ -34,15 +34,15 @@ class ReversibleBlock(nn.Module):
     """One reversible coupling: (x1, x2) -> (y1, y2), each (batch, seq_len, d_model).
 
     `forward` is the plain-autograd coupling (it stores activations like a residual block); run
-    blocks through `ReversibleStack` to get the memory saving. `options` are those of
-    `variants.layers.pre_norm_sublayers`.
+    blocks through `ReversibleStack` to get the memory saving. Its sublayers are the
+    `ModelConfig`'s (`variants.layers.pre_norm_sublayers`).
     """
 
     name = "reversible"
 
-    def __init__(self, d_model: int, n_heads: int, **options: Any):
+    def __init__(self, config: ModelConfig):
         super().__init__()
-        self.attn, self.ff = pre_norm_sublayers(d_model, n_heads, **options)
+        self.attn, self.ff = pre_norm_sublayers(config)
 
     def forward(self, x1: torch.Tensor, x2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x1, x2: (B, L, d_model) -> y1, y2: (B, L, d_model)."""

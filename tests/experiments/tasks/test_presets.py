@@ -6,7 +6,8 @@ import pytest
 from omegaconf import OmegaConf
 
 import variants
-from experiments import curriculum, measure
+from experiments import measure
+from experiments.config import JobConfig
 from tests.experiments.conftest import CONF
 
 # preset -> the sweep values of its one swept key
@@ -25,7 +26,7 @@ JOBS = [(preset, f"{key}={value}") for preset, (key, values) in PRESETS.items() 
 @pytest.mark.parametrize("preset, override", JOBS)
 def test_every_job_of_a_preset_builds(resolved_config, preset, override):
     config = resolved_config(f"+experiment={preset}", override)
-    built = measure.setup(config)
+    built = measure.setup(JobConfig.of(config))
     assert config["sweep"] == preset
     assert built.task.name == config["task"]["name"]
     kernel = next(iter(built.model.kernels()))
@@ -43,7 +44,7 @@ def test_table2_full_row_is_the_full_kernel_under_shared_qk(resolved_config):
     """Its keys and self-mask follow the LSH rows' conventions (tests/variants/attention/
     test_full.py checks that full and one-chunk LSH agree)."""
     config = resolved_config("+experiment=reformer_table2", "train_as=full")
-    kernel = next(iter(measure.setup(config).model.kernels()))
+    kernel = measure.setup(JobConfig.of(config)).kernel
     assert kernel.name == "full" and kernel.shared_qk and kernel.causal
 
 
@@ -59,13 +60,13 @@ def test_long_range_trains_every_registered_variant_with_two_seeds_or_more():
 
 
 @pytest.mark.parametrize("attention", variants.attention_names())
-def test_every_long_range_job_builds_causal_where_its_variant_can_be(resolved_config, attention):
-    config = resolved_config("+experiment=long_range", f"attention={attention}")
-    built = measure.setup(config)
+def test_every_long_range_job_builds_causal_where_its_variant_can_be(job_config, attention):
+    job = job_config("+experiment=long_range", f"attention={attention}")
+    built = measure.setup(job)
     kernel = next(iter(built.model.kernels()))
     assert kernel.name == variants.attention_spec(attention).cls.name
     assert built.task.name == "long_recall"
     assert kernel.causal == variants.attention_spec(attention).causal_supported
-    stages = curriculum.stages_of(config)
+    stages = job.stages
     assert [s.seq_len for s in stages] == [64, 128, 256, 512, 1024, 2048]
     assert {s.seq_len * s.batch_size for s in stages} == {2048}  # tokens per step

@@ -7,16 +7,20 @@ import math
 import pytest
 import torch
 
+import variants
 from experiments import measure
+from experiments.config import TrainConfig
+from experiments.precision import FLOAT32
 from experiments.tasks import build_task
 from experiments.train import evaluate, train
+from tests.experiments.conftest import MEASURE_NOTHING
 
 CPU = torch.device("cpu")
 
 
 def _model(attention="full", shared_qk=True, seq_len=16, **options):
     torch.manual_seed(0)
-    return measure.variants.TransformerLM(
+    return variants.TransformerLM(
         vocab_size=256,
         d_model=32,
         n_heads=2,
@@ -28,8 +32,11 @@ def _model(attention="full", shared_qk=True, seq_len=16, **options):
     )
 
 
-def _config(**eval_attention):
-    return {"seed": 0, "train": {"eval_batches": 2}, "eval": {"attention": eval_attention}}
+EVAL = {"seed": 0, "eval_batches": 2}  # evaluate_with_kernel's settings of a job
+
+
+def _built(model, task) -> measure.Setup:
+    return measure.Setup(CPU, FLOAT32, task, model)
 
 
 @pytest.fixture
@@ -47,13 +54,15 @@ def test_training_lowers_the_loss_on_a_learnable_task(periodic_text):
         model,
         periodic_text,
         CPU,
-        steps=60,
-        lr=3e-3,
-        warmup=4,
-        weight_decay=0.0,
-        grad_clip=1.0,
-        eval_every=20,
-        eval_batches=2,
+        TrainConfig(
+            steps=60,
+            lr=3e-3,
+            warmup=4,
+            weight_decay=0.0,
+            grad_clip=1.0,
+            eval_every=20,
+            eval_batches=2,
+        ),
     )
     assert before > math.log(100)  # about uniform over bytes at the start
     assert result.eval_loss < 0.3 * before  # 0.14 measured: a margin for other BLAS builds
@@ -63,7 +72,7 @@ def test_evaluating_with_the_training_kernel_changes_nothing(periodic_text):
     model = _model()
     loss, _ = evaluate(model, periodic_text, CPU, 2)
     columns = measure.evaluate_with_kernel(
-        model, periodic_text, CPU, {"name": "full"}, "full", _config()
+        _built(model, periodic_text), {"name": "full"}, "full", **EVAL
     )
     assert columns == {
         "eval_loss@full": pytest.approx(loss),
@@ -76,8 +85,8 @@ def test_full_model_evaluated_with_lsh_then_restored():
     model = _model(seq_len=16)
     kernels = list(model.kernels())
     lsh = {"name": "lsh", "n_hashes": 2, "bucket_size": 4}
-    first = measure.evaluate_with_kernel(model, task, CPU, lsh, "lsh-2", _config())
-    again = measure.evaluate_with_kernel(model, task, CPU, lsh, "lsh-2", _config())
+    first = measure.evaluate_with_kernel(_built(model, task), lsh, "lsh-2", **EVAL)
+    again = measure.evaluate_with_kernel(_built(model, task), lsh, "lsh-2", **EVAL)
     assert set(first) == {"eval_loss@lsh-2", "eval_accuracy@lsh-2"}
     assert first == again  # hashing is seeded by the config's seed
     full, _ = evaluate(model, task, CPU, 2)
@@ -90,12 +99,12 @@ def test_a_kernel_the_model_cannot_take_is_refused_and_the_model_kept():
     task = build_task({"name": "duplication"}, seq_len=16, batch_size=2, seed=0)
     model = _model(shared_qk=False)
     with pytest.raises(ValueError, match="'lsh'.*'shared_qk'"):
-        measure.evaluate_with_kernel(model, task, CPU, {"name": "lsh"}, "lsh", _config())
+        measure.evaluate_with_kernel(_built(model, task), {"name": "lsh"}, "lsh", **EVAL)
     assert [k.name for k in model.kernels()] == ["full"]
 
 
-def test_measure_records_a_column_per_evaluation_kernel(resolved_config):
-    config = resolved_config(
+def test_measure_records_a_column_per_evaluation_kernel(job_config):
+    config = job_config(
         "task=duplication",
         "seq_len=16",
         "model.d_model=16",
@@ -104,10 +113,7 @@ def test_measure_records_a_column_per_evaluation_kernel(resolved_config):
         "train.steps=2",
         "train.warmup=1",
         "train.eval_batches=1",
-        "measure.kernel=false",
-        "measure.step=false",
-        "measure.memory=false",
-        "measure.approx_error=false",
+        *MEASURE_NOTHING,
         "measure.matmul_size=32",
         "+eval.attention={full: {name: full}, lsh-8: {name: lsh, n_hashes: 8, bucket_size: 4}}",
     )

@@ -1,7 +1,7 @@
 """The performance targets of the efficient variants, measured and printed as one table.
 
-    python -m experiments.bench_targets                 # 4K..32K, memory at 64K, depth ratios
-    python -m experiments.bench_targets --max-len 8192  # a quick subset
+    python -m benchmarks.targets                 # 4K..32K, memory at 64K, depth ratios
+    python -m benchmarks.targets --max-len 8192  # a quick subset
 
 Kernel timings are forward+backward (gradients of q, k, v) at batch 1, 4 heads, head_dim 64,
 fp32, causal (Linformer cannot be causal and runs unmasked), all against a bare
@@ -24,6 +24,11 @@ The combined presets (`longformer`, `bigbird`) are also timed against `blockwise
 number of key blocks per query block, and every fixed pattern's forward (no grad) against
 compiled FlexAttention with the block mask of the same pattern (`impl=flex`, up to
 `--flex-max-len`; each length and pattern compiles once, ~30 s, in the untimed first call).
+
+The project's own parts measure: kernels and models are built from one `variants.ModelConfig`
+(d_model 256, 4 heads) as a model's layers build them, each call is timed by
+`experiments.timing.time_call`, the yardstick is `experiments.timing.matmul_call`, peak memory
+is `experiments.memory.peak_memory_bytes` and exponents are `analysis.fit.fit_power_law`.
 """
 
 from __future__ import annotations
@@ -39,13 +44,16 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from analysis.fit import fit_power_law
 from experiments.memory import peak_memory_bytes
-from experiments.timing import matmul_gflops_per_s
+from experiments.timing import matmul_call, matmul_gflops_per_s, time_call
+from variants import ModelConfig, TransformerLM, build_attention
 from variants.attention.base import FWD_BWD_FLOP_FACTOR
-from variants.model import TransformerLM
-from variants.registry import build_attention
+from variants.layers import build_kernel
 
 BATCH, HEADS, HEAD_DIM = 1, 4, 64
+CPU = torch.device("cpu")
+YARDSTICK = 1024  # the matmul timed around each call: YARDSTICK^3, fp32
 # The length the 32K targets (speed-ups, FLOP rate, reformer-pytorch) are judged at.
 TARGET_LENGTH = 32768
 LENGTHS = (4096, 8192, 16384, TARGET_LENGTH)
@@ -108,7 +116,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
     lengths = [n for n in LENGTHS if n <= args.max_len]
-    rate = matmul_gflops_per_s("cpu", torch.float32)
+    rate = matmul_gflops_per_s("cpu", torch.float32, YARDSTICK)
     print(
         f"threads {torch.get_num_threads()}, fp32 matmul {rate:.0f} GFLOP/s at start "
         "(FLOP fractions use the matmul timed around each call), "
@@ -175,15 +183,29 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 # --- kernels -----------------------------------------------------------------------------------
 
 
-def kernel(name: str, length: int, **extra) -> torch.nn.Module:
-    """The variant as the targets configure it; Linformer unmasked with its length as bound."""
+def model_config(
+    name: str, length: int, depth: int = 1, block: str = "residual", **extra
+) -> ModelConfig:
+    """The targets' model: d_model 256, 4 heads (head_dim 64), the kernel settings of KERNELS
+    (`extra` on top), at most `length` tokens; causal, but Linformer, which cannot be."""
     options = kernel_options(name, length) | extra
     variant = options.pop("variant", name)
-    if name == "linformer":
-        options["max_seq_len"] = length
-    else:
-        options["causal"] = True
-    return build_attention(variant, **options)
+    return ModelConfig(
+        vocab_size=256,
+        d_model=HEADS * HEAD_DIM,
+        n_heads=HEADS,
+        depth=depth,
+        max_seq_len=length,
+        attention=variant,
+        attention_options=options,
+        block=block,
+        causal=variant != "linformer",
+    )
+
+
+def kernel(name: str, length: int, **extra) -> torch.nn.Module:
+    """The kernel of `name` as a layer of the targets' model (`model_config`) builds it."""
+    return build_kernel(model_config(name, length, **extra))
 
 
 def kernel_options(name: str, length: int) -> dict:
@@ -285,27 +307,16 @@ def forward(attend: Callable, length: int) -> Callable[[], object]:
 
 
 def seconds_per_call(fn: Callable[[], object], min_time_s: float = 0.3) -> float:
-    """Mean seconds of one call over as many calls as fill `min_time_s` (at least one), after
-    one untimed call.
+    """Seconds of one call, timed for at least `min_time_s` (at least one call) after one
+    untimed call: `experiments.timing.time_call` with one block at the least, so a call of
+    seconds is timed once and a short one over blocks of calls (the median block).
 
     The untimed call matters for every contender alike: the first call after another kernel's
     measured up to 2x slower for allocation-heavy kernels (LSH at 16K: 2.2 s after an SDPA call,
     1.07 s after its own), as glibc hands freed memory back and fresh pages fault in again.
     """
-    fn()
-    calls, start = 0, time.perf_counter()
-    while True:
-        fn()
-        calls += 1
-        elapsed = time.perf_counter() - start
-        if elapsed >= min_time_s:
-            return elapsed / calls
-
-
-def matmul_call(size: int = 1024) -> Callable[[], object]:
-    """The machine's yardstick, a dense fp32 size x size matmul (as experiments.timing)."""
-    a, b = torch.randn(size, size), torch.randn(size, size)
-    return lambda: a @ b
+    timing = time_call(fn, CPU, min_run_time_s=min_time_s, warmup=1, min_blocks=1)
+    return timing.median_ms / 1e3
 
 
 @dataclass
@@ -335,7 +346,7 @@ def time_kernels(
         if ours in names and (reference := builder(length)) is not None:
             peers[peer] = ours
             calls[peer] = forward_backward(reference, length)
-    times, yardsticks = time_in_rounds(calls, rounds, matmul_call(), min_seconds)
+    times, yardsticks = time_in_rounds(calls, rounds, matmul_call(YARDSTICK), min_seconds)
     speedups, fractions = {}, {}
     for name in [*names, *peers]:
         speedups[name] = statistics.median(
@@ -346,7 +357,7 @@ def time_kernels(
         # Useful FLOPs of the pattern (the kernel's own count), forward+backward.
         flops = FWD_BWD_FLOP_FACTOR * kernel(name, length).flops(BATCH, HEADS, length, HEAD_DIM)
         pairs = zip(times[name], yardsticks[name], strict=True)
-        fractions[name] = statistics.median(flops / t / (2 * 1024**3 / mm) for t, mm in pairs)
+        fractions[name] = statistics.median(flops / t / (2 * YARDSTICK**3 / mm) for t, mm in pairs)
     seconds = {name: statistics.median(t) for name, t in times.items()}
     seconds["matmul"] = statistics.median(mm for ms in yardsticks.values() for mm in ms)
     # In units of the matmul timed next to each call, so that the machine's drift between rounds
@@ -400,17 +411,6 @@ def time_in_rounds(
             yardsticks[name].append(math.sqrt(before * after))
             before = after
     return times, yardsticks
-
-
-def scaling_exponent(lengths: list[int], times: list[float]) -> float:
-    """Least-squares slope of log(time) against log(length): every measured length counts,
-    so one noisy end point moves the exponent less than a two-point ratio would."""
-    x = [math.log(n) for n in lengths]
-    y = [math.log(t) for t in times]
-    x_mean, y_mean = statistics.fmean(x), statistics.fmean(y)
-    return sum((a - x_mean) * (b - y_mean) for a, b in zip(x, y, strict=True)) / sum(
-        (a - x_mean) ** 2 for a in x
-    )
 
 
 def at_least(name: str, value: float, bound: float) -> Target:
@@ -517,7 +517,9 @@ def kernel_targets(timings: dict[int, Timings], lengths: list[int]) -> list[Targ
             if len(lengths_measured) < 2:
                 continue
             times = [matmuls[n][name] for n in lengths_measured]
-            exponent = scaling_exponent(lengths_measured, times)
+            # Least squares over every measured length: one noisy end point moves the exponent
+            # less than a two-point ratio would.
+            exponent = fit_power_law(lengths_measured, times).exponent
             row = f"{name} scaling exponent {lengths_measured[0]}->{lengths_measured[-1]}"
             if name in EXPONENT_BOUNDS:
                 rows.append(at_most(row, exponent, EXPONENT_BOUNDS[name]))
@@ -539,7 +541,7 @@ def flex_targets(lengths: list[int], rounds: int, min_seconds: float = 0.0) -> l
             for name in FLEX_KERNELS
             for impl in ("native", "flex")
         }
-        times, _ = time_in_rounds(calls, rounds, matmul_call(), min_seconds)
+        times, _ = time_in_rounds(calls, rounds, matmul_call(YARDSTICK), min_seconds)
         for name in FLEX_KERNELS:
             pairs = zip(times[f"{name} flex"], times[f"{name} native"], strict=True)
             ratio = statistics.median(flex / ours for flex, ours in pairs)
@@ -556,20 +558,8 @@ def flex_targets(lengths: list[int], rounds: int, min_seconds: float = 0.0) -> l
 
 
 def model(attention: str, length: int, depth: int = 1, block: str = "residual") -> TransformerLM:
-    """The targets' model: d_model 256, 4 heads, the kernel settings of KERNELS."""
-    options = kernel_options(attention, length)
-    attention = options.pop("variant", attention)
-    return TransformerLM(
-        vocab_size=256,
-        d_model=256,
-        n_heads=HEADS,
-        depth=depth,
-        max_seq_len=length,
-        attention=attention,
-        attention_options=options,
-        block=block,
-        causal=attention != "linformer",
-    )
+    """The targets' model (`model_config`)."""
+    return TransformerLM(model_config(attention, length, depth, block))
 
 
 def training_step(net: TransformerLM, length: int) -> Callable[[], None]:

@@ -1,4 +1,4 @@
-"""The target table's arithmetic and a run of the script at toy lengths."""
+"""The target table's arithmetic, its kernels, and a run of the script at toy lengths."""
 
 from __future__ import annotations
 
@@ -7,27 +7,24 @@ import types
 
 import pytest
 
-from experiments import bench_targets
+from benchmarks import targets
 
 
-def test_scaling_exponent_is_the_least_squares_slope():
-    lengths = [4096, 8192, 16384, 32768]
-    assert bench_targets.scaling_exponent(lengths, [3 * n**1.5 for n in lengths]) == pytest.approx(
-        1.5
-    )
-    # One end point 20 % slow moves a fitted exponent less than the two-point ratio.
-    noisy = [n * (1.2 if n == lengths[-1] else 1.0) for n in lengths]
-    fitted = bench_targets.scaling_exponent(lengths, noisy)
-    two_point = math.log(noisy[-1] / noisy[0]) / math.log(lengths[-1] / lengths[0])
-    assert 1 < fitted < two_point
+def test_kernels_are_the_layers_of_the_targets_model():
+    for name in targets.KERNELS:
+        kernel = targets.kernel(name, 512)
+        layer_kernel = next(targets.model(name, 512).kernels())
+        assert type(kernel) is type(layer_kernel) and kernel.causal == (name != "linformer")
+        assert kernel.extra_repr() == layer_kernel.extra_repr(), name
+    assert targets.kernel("blockwise-6x64", 512).look_backward == 5
 
 
 def test_toy_run_prints_a_row_per_target(monkeypatch, capsys):
-    monkeypatch.setattr(bench_targets, "LENGTHS", (256, 512))
+    monkeypatch.setattr(targets, "LENGTHS", (256, 512))
     # One call per timing, not 0.3 s of them: the table's arithmetic is what is tested.
-    timed = bench_targets.seconds_per_call
-    monkeypatch.setattr(bench_targets, "seconds_per_call", lambda fn: timed(fn, min_time_s=0))
-    bench_targets.main(
+    timed = targets.seconds_per_call
+    monkeypatch.setattr(targets, "seconds_per_call", lambda fn: timed(fn, min_time_s=0))
+    targets.main(
         ["--rounds", "1", "--min-seconds", "0", "--threads", "1", "--skip-memory", "--skip-depth"]
     )
     table = capsys.readouterr().out.split("| target")[1]
@@ -51,9 +48,9 @@ def test_toy_run_prints_a_row_per_target(monkeypatch, capsys):
 def test_each_contender_is_measured_against_the_yardstick_timed_around_it(monkeypatch):
     # Scripted seconds per call: the yardstick slows down by 2x after every contender.
     clock = iter([1.0, 10.0, 2.0, 20.0, 4.0, 1.0, 11.0, 2.0, 21.0, 4.0])
-    monkeypatch.setattr(bench_targets, "seconds_per_call", lambda fn: next(clock))
+    monkeypatch.setattr(targets, "seconds_per_call", lambda fn: next(clock))
     calls = {"a": lambda: None, "b": lambda: None}
-    times, yardsticks = bench_targets.time_in_rounds(calls, 2, lambda: None)
+    times, yardsticks = targets.time_in_rounds(calls, 2, lambda: None)
     assert times == {"a": [10.0, 11.0], "b": [20.0, 21.0]}
     # Geometric means of the yardstick just before and just after each contender's call.
     assert yardsticks["a"] == pytest.approx([math.sqrt(2), math.sqrt(2)])
@@ -67,11 +64,11 @@ def test_rounds_continue_until_the_minimum_time_is_spent(monkeypatch):
         now[0] += 1.0
         return 1.0
 
-    monkeypatch.setattr(bench_targets, "seconds_per_call", one_second_call)
-    monkeypatch.setattr(bench_targets, "time", types.SimpleNamespace(perf_counter=lambda: now[0]))
+    monkeypatch.setattr(targets, "seconds_per_call", one_second_call)
+    monkeypatch.setattr(targets, "time", types.SimpleNamespace(perf_counter=lambda: now[0]))
     calls = {"a": lambda: None}
     # A round is the yardstick, the contender and the yardstick again: 3 s.
-    times, _ = bench_targets.time_in_rounds(calls, 2, lambda: None, min_seconds=10)
+    times, _ = targets.time_in_rounds(calls, 2, lambda: None, min_seconds=10)
     assert len(times["a"]) == 4  # 3, 6, 9 s: still under 10 after the third round
-    times, _ = bench_targets.time_in_rounds(calls, 2, lambda: None)
+    times, _ = targets.time_in_rounds(calls, 2, lambda: None)
     assert len(times["a"]) == 2

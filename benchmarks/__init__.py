@@ -1,0 +1,1 @@
+"""Performance target scripts, outside the Hydra app: `python -m benchmarks.targets`."""

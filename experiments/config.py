@@ -1,0 +1,229 @@
+"""The job's configuration as the app passes it down: one typed object, built once per job.
+
+Hydra composes `conf/` into a nested dict (the resolved config, which the record flattens and
+hashes: experiments/record.py). `JobConfig.of(config)` turns it into typed parts, each checked
+on construction with a `ValueError` naming the key, so that measure, training, the budgets and
+the model read fields instead of string keys:
+
+    JobConfig        seq_len, batch_size, seed, device, dtype, threads, and
+      .attention       {"name": variant, **its options}    (the registry checks them)
+      .block, .task    {"name": ..., **options}            (the block and task registries)
+      .model           the `variants.ModelConfig` fields of `model:` (d_model, n_heads, ...);
+                       `model_config(vocab_size)` is the model's one config object
+      .train           TrainConfig: what experiments/train.py trains with
+      .measure         MeasureConfig: what experiments/measure.py measures, and how long
+      .budget          BudgetConfig: experiments/budget.py's limits
+      .eval_attention  label -> attention config, the kernels a trained model is also evaluated with
+      .stages          the curriculum's stages, then the job's own (experiments/curriculum.py)
+
+The defaults stay in `conf/config.yaml`, the user's control panel; these classes hold types and
+constraints. They are not Hydra structured configs: a schema would coerce an int given for a
+float field (`train.grad_clip=1` -> 1.0) and so change the hash of every such configuration,
+and a bad value would abort a whole sweep at composition instead of becoming that job's
+`error` record. The bookkeeping keys (`sweep`, `resume`, `fail_on`, `logger`) are the app's
+own and stay in the resolved dict. The one structured config is the W&B logger's
+(`tracking.WandbLogger`, `register()`): its settings are neither hashed nor measured, one bad
+value is every job's, so Hydra checking their types at composition loses nothing, and its
+`scaling_metrics` default comes from the record schema.
+
+Also here: the OmegaConf resolvers the configs may use, registered when the app loads:
+
+    ${supports_causal:${attention.name}}   true if the variant can be causal, else false
+
+so a preset can train every variant causally where it can be and bidirectionally where it
+cannot (Linformer), instead of recording the latter as skipped.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import OmegaConf
+
+import variants
+from experiments import curriculum, tracking
+from variants.checks import require_non_negative_int, require_positive_int
+
+OWNER = "config"
+# The ModelConfig fields the app sets from other keys than `model.*`.
+_MODEL_FROM_ELSEWHERE = ("vocab_size", "max_seq_len", "attention", "attention_options", "block")
+MODEL_KEYS = tuple(
+    f.name for f in dataclasses.fields(variants.ModelConfig) if f.name not in _MODEL_FROM_ELSEWHERE
+)
+
+
+def _require_positive_or_null(key: str, value: Any) -> None:
+    if value is not None and (
+        isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0
+    ):
+        raise ValueError(
+            f"{OWNER}: option {key!r} must be a positive number or null, got {value!r}"
+        )
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """AdamW steps with warmup then cosine decay, gradient clipping, evaluation every
+    `eval_every` steps on `eval_batches` batches; `curriculum`: shorter stages first
+    (experiments/curriculum.py); `progress`: print every step."""
+
+    steps: int
+    lr: float
+    warmup: int
+    weight_decay: float
+    grad_clip: float
+    eval_every: int
+    eval_batches: int
+    curriculum: tuple[Any, ...] | list[Any] = ()
+    progress: bool = False
+
+    def __post_init__(self):
+        for key in ("steps", "warmup", "eval_every"):
+            require_non_negative_int(OWNER, f"train.{key}", getattr(self, key))
+        require_positive_int(OWNER, "train.eval_batches", self.eval_batches)
+
+
+@dataclass(frozen=True)
+class MeasureConfig:
+    """Which figures a job measures (`kernel`, `step`, `memory`, `approx_error`), the timing
+    budget per figure (`min_run_time_s`, `warmup` untimed calls), the batches the approximation
+    error is averaged over, the reference model it is measured on (`reference`: its
+    `experiments.reference_model.ReferenceConfig` options and `cache_dir`) and the size of the
+    matmul the machine's rate is measured with."""
+
+    kernel: bool
+    step: bool
+    memory: bool
+    min_run_time_s: float | None
+    warmup: int
+    approx_error: bool
+    approx_seeds: int
+    reference: Mapping[str, Any]
+    matmul_size: int
+
+    def __post_init__(self):
+        for key in ("approx_seeds", "matmul_size"):
+            require_positive_int(OWNER, f"measure.{key}", getattr(self, key))
+        require_non_negative_int(OWNER, "measure.warmup", self.warmup)
+        _require_positive_or_null("measure.min_run_time_s", self.min_run_time_s)
+
+
+@dataclass(frozen=True)
+class BudgetConfig:
+    """A job's limits (None: none): memory in GiB and wall-clock seconds (experiments/budget.py)."""
+
+    max_memory_gb: float | None
+    max_seconds: float | None
+
+    def __post_init__(self):
+        for key in ("max_memory_gb", "max_seconds"):
+            _require_positive_or_null(f"budget.{key}", getattr(self, key))
+
+
+@dataclass(frozen=True)
+class JobConfig:
+    """One job's configuration, typed and checked (see the module doc)."""
+
+    seq_len: int
+    batch_size: int
+    seed: int
+    device: str
+    dtype: str
+    threads: int | None
+    attention: Mapping[str, Any]
+    block: Mapping[str, Any]
+    task: Mapping[str, Any]
+    model: Mapping[str, Any]
+    train: TrainConfig
+    measure: MeasureConfig
+    budget: BudgetConfig
+    eval_attention: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    stages: tuple[curriculum.Stage, ...] = field(init=False, repr=False)
+
+    def __post_init__(self):
+        require_positive_int(OWNER, "seq_len", self.seq_len)
+        require_positive_int(OWNER, "batch_size", self.batch_size)
+        unknown = sorted(set(self.model) - set(MODEL_KEYS))
+        if unknown:
+            raise ValueError(
+                f"{OWNER}: option 'model.{unknown[0]}' is unknown; "
+                f"model options: {', '.join(MODEL_KEYS)}"
+            )
+        # A bad schedule is a config error, before anything is built.
+        object.__setattr__(self, "stages", tuple(curriculum.stages_of(self)))
+
+    @classmethod
+    def of(cls, config: Mapping[str, Any]) -> JobConfig:
+        """The typed view of a resolved job config (Hydra's, as a plain nested dict)."""
+        return cls(
+            seq_len=config["seq_len"],
+            batch_size=config["batch_size"],
+            seed=config["seed"],
+            device=config["device"],
+            dtype=config["dtype"],
+            threads=config["threads"],
+            attention=dict(config["attention"]),
+            block=dict(config["block"]),
+            task=dict(config["task"]),
+            model=dict(config["model"]),
+            train=_typed(TrainConfig, "train", config["train"]),
+            measure=_typed(MeasureConfig, "measure", config["measure"]),
+            budget=_typed(BudgetConfig, "budget", config["budget"]),
+            eval_attention=dict((config.get("eval") or {}).get("attention") or {}),
+        )
+
+    @property
+    def attention_name(self) -> str:
+        return self.attention["name"]
+
+    def model_config(self, vocab_size: int) -> variants.ModelConfig:
+        """The model this job measures, for a task of `vocab_size` tokens (ValueErrors from the
+        registry pass through). Its longest sequence is the job's seq_len."""
+        options = {k: v for k, v in self.attention.items() if k != "name"}
+        return variants.ModelConfig(
+            vocab_size=vocab_size,
+            max_seq_len=self.seq_len,
+            attention=self.attention_name,
+            attention_options=options,
+            block=self.block["name"],
+            **self.model,
+        )
+
+
+T = TypeVar("T")
+
+
+def _typed(cls: type[T], node: str, values: Mapping[str, Any]) -> T:
+    """`cls(**values)`, with a `ValueError` naming `node.key` for an unknown or missing key."""
+    names = [f.name for f in dataclasses.fields(cls)]
+    unknown = sorted(set(values) - set(names))
+    if unknown:
+        raise ValueError(
+            f"{OWNER}: option '{node}.{unknown[0]}' is unknown; {node} options: {', '.join(names)}"
+        )
+    required = [
+        f.name
+        for f in dataclasses.fields(cls)
+        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+    ]
+    missing = [name for name in required if name not in values]
+    if missing:
+        raise ValueError(f"{OWNER}: option '{node}.{missing[0]}' is missing")
+    return cls(**values)
+
+
+def supports_causal(name: str) -> bool:
+    """Whether attention variant `name` can be built with causal=True."""
+    return variants.attention_spec(name).causal_supported
+
+
+def register() -> None:
+    """Register the resolvers and the logger's schema with Hydra (idempotent); the app calls it
+    when it loads, before Hydra composes the config."""
+    if not OmegaConf.has_resolver("supports_causal"):
+        OmegaConf.register_new_resolver("supports_causal", supports_causal)
+    ConfigStore.instance().store(group="logger", name="wandb_schema", node=tracking.WandbLogger)

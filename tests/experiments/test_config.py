@@ -1,0 +1,69 @@
+"""JobConfig: the resolved Hydra config as one typed object, checked before anything is built."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+import variants
+from experiments.config import BudgetConfig, JobConfig, MeasureConfig, TrainConfig
+
+
+def test_every_key_of_the_default_config_has_a_typed_home(resolved_config):
+    config = resolved_config()
+    job = JobConfig.of(config)
+    for node, typed in (("train", job.train), ("measure", job.measure), ("budget", job.budget)):
+        assert set(config[node]) == {f.name for f in dataclasses.fields(typed)}, node
+    assert job.train == TrainConfig(**config["train"])
+    model = job.model_config(vocab_size=256)
+    assert isinstance(model, variants.ModelConfig)
+    assert (model.max_seq_len, model.attention, model.block) == (job.seq_len, "full", "residual")
+    assert model.depth == config["model"]["depth"] and model.shared_qk is False
+
+
+def test_the_model_config_carries_the_attention_options(job_config):
+    job = job_config("attention=lsh", "attention.n_hashes=2")
+    model = job.model_config(vocab_size=256)
+    assert model.attention == "lsh" and model.attention_options["n_hashes"] == 2
+    assert "name" not in model.attention_options and model.shared_qk is True
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("+model.dpth=3", "option 'model.dpth' is unknown; model options: d_model"),
+        ("+train.stepz=3", "option 'train.stepz' is unknown"),
+        ("train.steps=-1", "'train.steps' must be a non-negative integer"),
+        ("measure.min_run_time_s=0", "'measure.min_run_time_s' must be a positive number or null"),
+        ("budget.max_seconds=abc", "'budget.max_seconds' must be a positive number or null"),
+        ("seq_len=0", "'seq_len' must be a positive integer"),
+    ],
+)
+def test_bad_keys_are_refused_naming_them(resolved_config, override, message):
+    with pytest.raises(ValueError, match=message):
+        JobConfig.of(resolved_config(override))
+
+
+def test_a_missing_key_is_named(resolved_config):
+    config = resolved_config()
+    del config["measure"]["warmup"]
+    with pytest.raises(ValueError, match="'measure.warmup' is missing"):
+        JobConfig.of(config)
+
+
+def test_settings_stay_as_written():
+    """Not Hydra structured configs: an int given for a float is kept, so the hash stays."""
+    assert BudgetConfig(max_memory_gb=16, max_seconds=None).max_memory_gb == 16
+    measure = MeasureConfig(
+        kernel=True,
+        step=True,
+        memory=True,
+        min_run_time_s=1,
+        warmup=0,
+        approx_error=False,
+        approx_seeds=1,
+        reference={},
+        matmul_size=64,
+    )
+    assert type(measure.min_run_time_s) is int

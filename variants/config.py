@@ -1,0 +1,111 @@
+"""The model's settings as one typed object, built once and handed to every module.
+
+As nanoGPT's `GPTConfig`: `TransformerLM`, the blocks and the layers each take the same
+`ModelConfig` and read what they need from it; nothing copies its fields into a signature of its
+own. Building one validates every field (a `ValueError` naming the option) and looks the
+attention variant up once, so the layers build their kernels from `config.spec`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from variants.checks import (
+    require_bool,
+    require_divisible,
+    require_positive_int,
+    require_probability,
+)
+from variants.registry import MODEL_OPTIONS, AttentionSpec, attention_spec
+
+OWNER = "TransformerLM"
+
+
+def resolve_shared_qk(attention: str, shared_qk: bool | None) -> bool:
+    """`shared_qk`, None resolved: what variant `attention` requires (True for LSH and routing,
+    False otherwise). `ValueError` for an unknown variant."""
+    if shared_qk is None:
+        return attention_spec(attention).shared_qk_required
+    return shared_qk
+
+
+def kernel_options(options: Mapping[str, Any]) -> dict[str, Any]:
+    """A kernel's own options as a dict; `ValueError` unless a mapping free of model options."""
+    if not isinstance(options, Mapping):
+        raise ValueError(
+            f"{OWNER}: option 'attention_options' must be a mapping of the kernel's options, "
+            f"got {options!r}"
+        )
+    clashing = sorted(set(options) & set(MODEL_OPTIONS))
+    if clashing:
+        raise ValueError(
+            f"{OWNER}: attention_options may not set model option {clashing[0]!r}; "
+            f"it is set by the model"
+        )
+    return dict(options)
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """What a `TransformerLM` is: sizes, the attention variant and its options, the block type.
+
+    - `attention_options`: the kernel's own options (`conf/attention/<name>.yaml`); the model
+      options a variant declares (causal, n_heads, head_dim, max_seq_len, shared_qk) come from
+      this config, not from here.
+    - `shared_qk`: None resolves, on construction, to what the variant requires; an explicit
+      False for a variant that requires it is refused when the layers are built.
+    - `max_seq_len`: the longest sequence the model accepts (a hard limit only for variants with
+      per-position weights, Linformer).
+    - `token_shift`: add a learned map of the previous position's embedding (smeared keys).
+    """
+
+    vocab_size: int = 256
+    d_model: int = 256
+    n_heads: int = 4
+    depth: int = 2
+    ff_mult: int = 4
+    dropout: float = 0.0
+    ff_chunks: int = 1
+    max_seq_len: int = 4096
+    attention: str = "full"
+    attention_options: Mapping[str, Any] = field(default_factory=dict)
+    block: str = "residual"
+    shared_qk: bool | None = None
+    causal: bool = True
+    token_shift: bool = False
+
+    def __post_init__(self):
+        for name in ("vocab_size", "d_model", "n_heads", "depth", "ff_mult", "ff_chunks"):
+            require_positive_int(OWNER, name, getattr(self, name))
+        require_divisible(OWNER, "d_model", self.d_model, "n_heads", self.n_heads)
+        require_positive_int(OWNER, "max_seq_len", self.max_seq_len)
+        set_field = object.__setattr__  # frozen: normalised once, here
+        set_field(self, "dropout", require_probability(OWNER, "dropout", self.dropout))
+        for name in ("causal", "token_shift"):
+            require_bool(OWNER, name, getattr(self, name))
+        set_field(self, "attention_options", kernel_options(self.attention_options))
+        set_field(self, "_spec", attention_spec(self.attention))  # unknown -> lists the variants
+        shared_qk = self.spec.shared_qk_required if self.shared_qk is None else self.shared_qk
+        set_field(self, "shared_qk", require_bool(OWNER, "shared_qk", shared_qk))
+
+    @property
+    def spec(self) -> AttentionSpec:
+        """The attention variant's spec, looked up once when the config was built."""
+        return self._spec
+
+    @property
+    def head_dim(self) -> int:
+        """Width of one head: d_model / n_heads."""
+        return self.d_model // self.n_heads
+
+    def model_options(self) -> dict[str, Any]:
+        """The values of the model options (`registry.MODEL_OPTIONS`) a kernel may declare."""
+        return {
+            "causal": self.causal,
+            "n_heads": self.n_heads,
+            "head_dim": self.head_dim,
+            "max_seq_len": self.max_seq_len,
+            "shared_qk": self.shared_qk,
+        }
