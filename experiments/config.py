@@ -69,7 +69,8 @@ def _require_positive_or_null(key: str, value: Any) -> None:
 class TrainConfig:
     """AdamW steps with warmup then cosine decay, gradient clipping, evaluation every
     `eval_every` steps on `eval_batches` batches; `curriculum`: shorter stages first
-    (experiments/curriculum.py); `progress`: print every step."""
+    (experiments/curriculum.py); `progress`: a progress bar over the steps and a line per job of a
+    sweep (None: when stderr is a terminal; experiments/progress.py)."""
 
     steps: int
     lr: float
@@ -79,12 +80,17 @@ class TrainConfig:
     eval_every: int
     eval_batches: int
     curriculum: tuple[Any, ...] | list[Any] = ()
-    progress: bool = False
+    progress: bool | None = None
 
     def __post_init__(self):
         for key in ("steps", "warmup", "eval_every"):
             require_non_negative_int(OWNER, f"train.{key}", getattr(self, key))
         require_positive_int(OWNER, "train.eval_batches", self.eval_batches)
+        if self.progress is not None and not isinstance(self.progress, bool):
+            raise ValueError(
+                f"{OWNER}: option 'train.progress' must be true, false or null, "
+                f"got {self.progress!r}"
+            )
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 import variants
-from experiments import curriculum, reference_model
+from experiments import curriculum, progress, reference_model
 from experiments.config import JobConfig
 from experiments.memory import peak_memory_bytes, peak_rss_bytes
 from experiments.precision import FLOAT32, Precision
@@ -123,6 +123,11 @@ def measure(
     # a curriculum trains the same model at shorter lengths first (experiments/curriculum.py).
     stages = job.stages
     trained_steps = 0
+    bar = progress.TrainingBar(
+        sum(stage.steps for stage in stages),
+        f"{job.attention['name']} L={job.seq_len}",
+        on=progress.enabled(job.train.progress),
+    )
     for number, stage in enumerate(stages):
         if stage.steps == 0:
             continue
@@ -139,7 +144,7 @@ def measure(
             stage_task,
             device,
             dataclasses.replace(job.train, steps=stage.steps),
-            on_step=_after(on_step, trained_steps, stage.seq_len if len(stages) > 1 else None),
+            on_step=_after(on_step, bar, trained_steps, stage.seq_len if len(stages) > 1 else None),
             precision=precision,
         )
         trained_steps += stage.steps
@@ -150,6 +155,7 @@ def measure(
             columns.update(trained)
         elif on_stage is not None:
             on_stage(stage, {**columns, **trained})
+    bar.close()
     for label, attention in job.eval_attention.items():
         columns.update(
             evaluate_with_kernel(
@@ -221,15 +227,16 @@ def _training_columns(result, task: Task) -> dict[str, Any]:
     return columns
 
 
-def _after(on_step, offset: int, seq_len: int | None):
-    """on_step with steps counted from `offset` and, in a curriculum, the stage's length."""
-    if on_step is None:
-        return None
+def _after(on_step, bar: progress.TrainingBar, offset: int, seq_len: int | None):
+    """on_step with steps counted from `offset` and, in a curriculum, the stage's length; each
+    step also advances the progress bar."""
 
     def shifted(metrics: dict[str, Any], step: int) -> None:
         if seq_len is not None:
             metrics = {**metrics, "train/seq_len": seq_len}
-        on_step(metrics, offset + step)
+        bar.advance(metrics)
+        if on_step is not None:
+            on_step(metrics, offset + step)
 
     return shifted
 

@@ -29,7 +29,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 import variants
-from experiments import budget, curriculum, measure, record, store, sweep, tracking
+from experiments import budget, curriculum, measure, progress, record, store, sweep, tracking
 from experiments.config import JobConfig, register
 from experiments.train import Diverged
 from variants.checks import UnsupportedCombination
@@ -246,6 +246,10 @@ def app(cfg: DictConfig) -> None:
         config["threads"] = _threads_per_job(hydra_cfg)
     sweep_dir = Path(hydra_cfg.sweep.dir) if multirun else None
     job = str(hydra_cfg.job.num) if multirun else out_dir.name
+    if multirun and progress.enabled(config["train"].get("progress")):
+        line = progress.SweepClock(sweep_dir).line(job, list(hydra_cfg.overrides.task))
+        if line:
+            print(f"sweep: {line}", file=sys.stderr, flush=True)
     rec = run_job(config, out_dir, job=job, sweep_dir=sweep_dir)
     if rec is None:
         return

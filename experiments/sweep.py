@@ -24,7 +24,7 @@ from hydra.experimental.callback import Callback
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 
-from experiments import record, store
+from experiments import progress, record, store
 
 DEFAULT_FAIL_ON = (record.ERROR,)
 INTERRUPTED = 130  # the shell's exit code for a process ended by SIGINT
@@ -71,6 +71,10 @@ class SweepOutcome(Callback):
             sys.exit(2)
         # File times have a coarser clock on some file systems: a second of slack.
         _current = _Multirun(config, time.time() - 1.0, fail_on)
+        swept = [f"{k}={v}" for k, v in (config.hydra.sweeper.get("params") or {}).items()]
+        progress.SweepClock(Path(config.hydra.sweep.dir)).start(
+            [*swept, *config.hydra.overrides.task]
+        )
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         if _current is None:

@@ -137,8 +137,6 @@ def train(
             metrics.update({"eval/loss": eval_loss, "eval/accuracy": eval_accuracy})
         if on_step is not None:
             on_step(metrics, step)
-        if settings.progress:
-            print(f"step {step + 1}/{steps} loss {loss_value:.4f}", flush=True)
     return TrainResult(
         train_loss=sum(recent) / len(recent) if recent else float("nan"),
         eval_loss=eval_loss,
