@@ -21,7 +21,7 @@ from pathlib import Path
 import pandas as pd
 from matplotlib.figure import Figure
 
-from analysis import load, plots, series, tables
+from analysis import headline, load, plots, series, tables
 from experiments.store import Unreadable
 
 # name -> (figure function, caption). A figure is left out of the report when WHEN says these
@@ -35,7 +35,9 @@ FIGURES: dict[str, tuple[Callable[[pd.DataFrame], Figure], str]] = {
     ),
     "memory_vs_seq_len": (
         plots.memory_vs_seq_len,
-        "Peak memory of one training step against sequence length (log-log).",
+        "Peak memory against sequence length (log-log): the attention kernel alone "
+        "(forward+backward, with its saved activations and input gradients) and a whole "
+        "training step; legend: fitted exponent α.",
     ),
     "depth": (plots.depth, "Peak memory and step time against depth per block type."),
     "error_vs_seq_len": (
@@ -97,6 +99,11 @@ TABLES: list[Callable[[pd.DataFrame], tables.Table | None]] = [
     tables.error_by_knob,
 ]
 
+# With a separate quality frame (`quality=`; the main job trains a reduced long-range run beside
+# its scaling sweep), these figures and tables are drawn from it, the others from the cost frame.
+QUALITY_FIGURES = ("accuracy_vs_seq_len", "tradeoff")
+QUALITY_TABLES = (tables.quality, tables.quality_by_length)
+
 FORMATS = ("png", "svg")
 PNG_DPI = 120
 
@@ -105,23 +112,26 @@ def build_report(
     frame: pd.DataFrame,
     out_dir: str | Path,
     *,
+    quality: pd.DataFrame | None = None,
     sources: Iterable[str] = (),
     unreadable: Sequence[Unreadable] = (),
 ) -> dict[str, Path]:
     """Write the figures that have something to show (PNG and SVG) and report.md into
     `out_dir`; the PNG path per figure written. A figure left out has no files (an old one of
-    that name is removed) and is named with its reason in report.md."""
+    that name is removed) and is named with its reason in report.md. `quality`: records of
+    trained quality from another sweep, for QUALITY_FIGURES, QUALITY_TABLES and the headline."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     pngs, left_out = {}, {}
     for name, (draw, _) in FIGURES.items():
-        why_not = not_applicable(name, frame)
+        frame_of = _figure_frame(name, frame, quality)
+        why_not = not_applicable(name, frame_of)
         if why_not is not None:
             left_out[name] = why_not
             for fmt in FORMATS:
                 (out_dir / f"{name}.{fmt}").unlink(missing_ok=True)
             continue
-        figure = draw(frame)
+        figure = draw(frame_of)
         reason = plots.nothing_drawn(figure)
         for fmt in FORMATS:
             path = out_dir / f"{name}.{fmt}"
@@ -133,9 +143,15 @@ def build_report(
             pngs[name] = out_dir / f"{name}.png"
         else:
             left_out[name] = reason
-    text = markdown(frame, sources=sources, unreadable=unreadable, left_out=left_out)
+    text = markdown(
+        frame, quality=quality, sources=sources, unreadable=unreadable, left_out=left_out
+    )
     (out_dir / "report.md").write_text(text)
     return pngs
+
+
+def _figure_frame(name: str, frame: pd.DataFrame, quality: pd.DataFrame | None) -> pd.DataFrame:
+    return quality if quality is not None and name in QUALITY_FIGURES else frame
 
 
 def not_applicable(name: str, frame: pd.DataFrame) -> str | None:
@@ -152,22 +168,29 @@ def drawn_figures(frame: pd.DataFrame) -> dict[str, tuple[Callable[[pd.DataFrame
 def markdown(
     frame: pd.DataFrame,
     *,
+    quality: pd.DataFrame | None = None,
     sources: Iterable[str] = (),
     unreadable: Sequence[Unreadable] = (),
     left_out: dict[str, str] | None = None,
 ) -> str:
-    """report.md: provenance, unreadable records, every table that has data, then every figure
-    with its caption, and the figures left out (`left_out`: name -> why; by default those whose
-    WHEN condition fails) with their reasons."""
-    sources = list(sources) or sorted(set(frame["source"].dropna()))
+    """report.md: the headline, provenance, unreadable records, every table that has data, then
+    every figure with its caption, and the figures left out (`left_out`: name -> why; by default
+    those whose WHEN condition fails) with their reasons."""
+    both = frame if quality is None else pd.concat([frame, quality], ignore_index=True)
+    sources = list(sources) or sorted(set(both["source"].dropna()))
     if left_out is None:
-        left_out = {n: r for n in FIGURES if (r := not_applicable(n, frame)) is not None}
+        left_out = {
+            n: r
+            for n in FIGURES
+            if (r := not_applicable(n, _figure_frame(n, frame, quality))) is not None
+        }
     parts = [
         "# attnbench report",
         "",
+        *headline.headline(frame, quality),
         f"Results: {', '.join(f'`{s}`' for s in sources) or 'unknown'}",
         "",
-        *tables.provenance(frame),
+        *tables.provenance(both),
         "",
     ]
     if unreadable:
@@ -180,7 +203,7 @@ def markdown(
             *(f"- `{bad.path}`: {bad.reason}" for bad in unreadable),
             "",
         ]
-    parts += [markdown_tables(frame), "## Figures", ""]
+    parts += [markdown_tables(frame, quality=quality), "## Figures", ""]
     for name, (_, caption) in FIGURES.items():
         if name in left_out:
             continue
@@ -202,9 +225,15 @@ def markdown(
 def markdown_tables(
     frame: pd.DataFrame,
     builders: Iterable[Callable[[pd.DataFrame], tables.Table | None]] = TABLES,
+    *,
+    quality: pd.DataFrame | None = None,
 ) -> str:
-    """The Markdown of every table among `builders` that these results fill."""
-    built = (builder(frame) for builder in builders)
+    """The Markdown of every table among `builders` that these results fill (QUALITY_TABLES
+    from `quality` when given)."""
+    built = (
+        builder(quality if quality is not None and builder in QUALITY_TABLES else frame)
+        for builder in builders
+    )
     return "\n".join(table.markdown() + "\n" for table in built if table is not None)
 
 
@@ -234,6 +263,13 @@ def main(argv: list[str] | None = None) -> int:
         help="read the job runs of a W&B project online (needs a login)",
     )
     parser.add_argument("--group", help="with --wandb: the W&B group (the sweep's name)")
+    parser.add_argument(
+        "--quality",
+        nargs="+",
+        metavar="RESULTS",
+        help="records of trained quality from other sweeps (e.g. a long-range run) for the "
+        "accuracy figures and tables and the headline; RESULTS then give time and memory",
+    )
     args = parser.parse_args(argv)
     if not args.results and not args.wandb:
         parser.error("give RESULTS or --wandb ENTITY/PROJECT")
@@ -247,7 +283,16 @@ def main(argv: list[str] | None = None) -> int:
     if frame.empty:
         print(f"error: no readable records in {', '.join(sources)}", file=sys.stderr)
         return 1
-    pngs = build_report(frame, args.out, sources=sources, unreadable=unreadable)
+    quality = None
+    if args.quality:
+        try:
+            quality = load.tidy(load.load_results(args.quality))
+        except (FileNotFoundError, ValueError) as error:
+            print(f"error: --quality: {error}", file=sys.stderr)
+            return 1
+        sources += args.quality
+        unreadable += load.unreadable_records(args.quality)
+    pngs = build_report(frame, args.out, quality=quality, sources=sources, unreadable=unreadable)
     summary = tables.variant_summary(frame)
     if summary is not None:
         print(summary.markdown())

@@ -28,15 +28,21 @@ class SeriesFit:
 
 
 def scaling_fits(
-    labelled: pd.DataFrame, keys: list[str], metric: str, *, tail: int = TAIL
+    labelled: pd.DataFrame,
+    keys: list[str],
+    metric: str,
+    *,
+    tail: int = TAIL,
+    baseline: str = series.FUSED,
 ) -> dict[str, SeriesFit]:
     """Fits of `metric` against seq_len for every series of a frame from `series.with_series`.
 
-    `tail` is the number of longest lengths of the second (asymptotic) exponent.
+    `tail` is the number of longest lengths of the second (asymptotic) exponent; crossovers
+    are against exact attention with `impl=baseline` (`series.reference_of`).
     """
     stats = series.mean_spread(labelled, X, metric)
     failed = series.failures(labelled, X)
-    references = series.reference_of(labelled, keys)
+    references = series.reference_of(labelled, keys, baseline)
     fits = {}
     for name in series.series_order(labelled):
         points = stats[stats["series"] == name]

@@ -19,6 +19,8 @@ from experiments.record import config_keys
 from experiments.store import short_names
 
 REFERENCE = "full"  # exact attention: what crossovers are measured against
+FUSED = "sdpa"  # its fused kernel (O(L) memory on every device): the default baseline
+QUADRATIC = "math"  # its textbook form, an L×L score matrix per head: the O(L²) baseline
 # Each approximate variant's knobs: error is drawn against the first. The error should fall as
 # the first knob grows, except for the knobs in SMALLER_IS_FINER (a finer approximation when
 # the value shrinks).
@@ -150,16 +152,23 @@ def failures(frame: pd.DataFrame, x: str) -> pd.DataFrame:
     return failed.groupby(["series", x, "status"]).size().rename("n").reset_index()
 
 
-def reference_of(frame: pd.DataFrame, keys: Sequence[str]) -> dict[str, str]:
+def reference_of(frame: pd.DataFrame, keys: Sequence[str], impl: str = FUSED) -> dict[str, str]:
     """Each series' reference series: exact attention with the same context values.
 
-    When exact attention was measured with several `impl`s, the SDPA one is the reference (a
-    naive baseline would flatter every variant). Series without a reference are left out.
+    When exact attention was measured with several `impl`s, the fused SDPA one is the
+    reference by default (a naive baseline would flatter every variant); `impl=QUADRATIC`
+    asks for the O(L²) one instead, and gives no references when it was not measured.
+    Series without a reference are left out.
     """
     exact = frame[frame["attention"] == REFERENCE]
-    if "attention.impl" in exact and (exact["attention.impl"] == "sdpa").any():
-        exact = exact[exact["attention.impl"] == "sdpa"]
-    context = list(keys[1:])
+    impls = exact["attention.impl"] if "attention.impl" in exact else None
+    if impl != FUSED and (impls is None or not (impls == impl).any()):
+        return {}
+    if impls is not None and (impls == impl).any():
+        exact = exact[impls == impl]
+    # Shared QK is what a variant requires (LSH), not a setting it is compared under: exact
+    # attention runs without it, and the kernel alone is timed on the same q, k, v either way.
+    context = [k for k in keys[1:] if k != "shared_qk"]
     by_context = {_context_values(row, context): row["series"] for _, row in exact.iterrows()}
     references = {}
     for _, row in frame.drop_duplicates("series").iterrows():

@@ -58,6 +58,16 @@ class Table:
         return "\n".join([f"## {self.title}", "", header, rule, *body, note])
 
 
+# The per-variant table's columns at the longest common length: metric, title, scale, format.
+AT_LONGEST = (
+    ("attn_fwd_ms", "fwd (ms)", 1, ".3g"),
+    ("attn_fwd_bwd_ms", "fwd+bwd (ms)", 1, ".3g"),
+    ("attn_fwd_bwd_peak_bytes", "kernel memory (MiB)", MIB, ".1f"),
+    ("peak_memory_bytes", "step memory (MiB)", MIB, ".1f"),
+    ("approx_rel_error", "rel. error", 1, ".3g"),
+)
+
+
 def variant_summary(frame: pd.DataFrame) -> Table | None:
     """Per series: exponents, crossover against exact attention, reach, kernel time, memory and
     error at the longest length every series reached. Columns without a value are left out."""
@@ -68,12 +78,13 @@ def variant_summary(frame: pd.DataFrame) -> Table | None:
         name: scaling.scaling_fits(labelled, keys, metric)
         for name, metric in scaling.TIME_METRICS.items()
     }
+    quadratic = scaling.scaling_fits(labelled, keys, "attn_fwd_bwd_ms", baseline=series.QUADRATIC)
     at = {
         metric: (
             scaling.longest_common_length(labelled, metric),
             series.mean_spread(labelled, "seq_len", metric),
         )
-        for metric in ("attn_fwd_ms", "attn_fwd_bwd_ms", "peak_memory_bytes", "approx_rel_error")
+        for metric, *_ in AT_LONGEST
     }
     several_lengths = labelled["seq_len"].dropna().nunique() > 1
     rows = []
@@ -88,15 +99,13 @@ def variant_summary(frame: pd.DataFrame) -> Table | None:
             "L* fwd": _crossover(fwd, name),
             "L* fwd+bwd": _crossover(fwd_bwd, name),
         }
+        if any(f.crossover is not None for f in quadratic.values()):
+            crossover = quadratic[name].crossover
+            row["L* fwd+bwd vs O(L²)"] = "—" if crossover is None else str(crossover)
         if several_lengths:
             row["longest L ok"] = _longest_ok(mine)
         row["failed at"] = _first_failures(mine)
-        for metric, title, scale, spec in (
-            ("attn_fwd_ms", "fwd (ms)", 1, ".3g"),
-            ("attn_fwd_bwd_ms", "fwd+bwd (ms)", 1, ".3g"),
-            ("peak_memory_bytes", "peak memory (MiB)", MIB, ".1f"),
-            ("approx_rel_error", "rel. error", 1, ".3g"),
-        ):
+        for metric, title, scale, spec in AT_LONGEST:
             length, stats = at[metric]
             if length is not None:
                 row[f"{title} @ L={_length(length)}"] = _value_at(stats, name, length, scale, spec)
@@ -113,7 +122,14 @@ def variant_summary(frame: pd.DataFrame) -> Table | None:
             "L*: the length above which the variant's kernel is faster than exact attention "
             "(SDPA, same context), the log time ratio interpolated linearly in log L between "
             "measured lengths; ≤x: faster at every measured length; >x: still slower at the "
-            "longest; (exact oom): exact attention failed there."
+            "longest; (exact oom): exact attention failed there. vs O(L²): against exact "
+            "attention with explicit L×L scores (impl=math)."
+        )
+    if any("memory" in c for c in table):
+        notes.append(
+            "kernel memory: peak live tensors of the attention kernel alone in one "
+            "forward+backward (saved activations, output, input gradients); step memory: of a "
+            "whole training step."
         )
     if any(" @ L=" in c for c in table):
         notes.append(

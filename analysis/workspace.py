@@ -40,6 +40,13 @@ SECTIONS: dict[str, tuple[Panel, ...]] = {
         Panel("Attention forward+backward (ms)", "seq_len", ("attn_fwd_bwd_ms",), True, True),
         Panel("Training step (ms)", "seq_len", ("step_ms",), True, True),
         Panel("Peak memory of a step (bytes)", "seq_len", ("peak_memory_bytes",), True, True),
+        Panel(
+            "Peak memory of the kernel alone, fwd+bwd (bytes)",
+            "seq_len",
+            ("attn_fwd_bwd_peak_bytes",),
+            True,
+            True,
+        ),
         Panel("Tokens per second", "seq_len", ("tokens_per_s",), True, True),
         Panel("Achieved GFLOP/s (fwd+bwd)", "seq_len", ("attn_fwd_bwd_gflops_per_s",), True),
         Panel("Approximation error vs exact", "seq_len", ("approx_rel_error",), True),

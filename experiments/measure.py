@@ -167,9 +167,10 @@ def measure(
     config = model.config
     shape = (job.batch_size, config.n_heads, job.seq_len, config.head_dim)
     timings: dict[str, Timing] = {}
+    kernel_fwd, kernel_fwd_bwd = _kernel_calls(kernel, shape, device, dtype)
     if m_cfg.kernel:
         with precision.autocast():
-            timings.update(_kernel_timings(kernel, shape, device, dtype, timing))
+            timings.update(_kernel_timings(kernel_fwd, kernel_fwd_bwd, device, timing))
         columns.update(_timing_columns(timings))
         if "attn_fwd_bwd_ms" not in timings:  # a forward-only kernel (impl=flex on CPU)
             columns.update(attn_fwd_bwd_ms=math.nan, attn_fwd_bwd_iqr_ms=math.nan)
@@ -194,6 +195,12 @@ def measure(
     if m_cfg.memory:
         step()  # optimiser state exists before the measured step, as in steady-state training
         columns["peak_memory_bytes"] = peak_memory_bytes(step, device)
+        if kernel_fwd_bwd is not None:
+            # The kernel's own share, measured the same way: what it saves for the backward,
+            # its output and the inputs' gradients, without the rest of the model around it.
+            with precision.autocast():
+                kernel_fwd_bwd()  # first-call allocations (caches, buckets) are not the peak
+                columns["attn_fwd_bwd_peak_bytes"] = peak_memory_bytes(kernel_fwd_bwd, device)
     if m_cfg.approx_error:
         seeds = m_cfg.approx_seeds
         reference = reference_model.load_or_train(
@@ -271,13 +278,18 @@ def evaluate_with_kernel(
     return columns
 
 
-def _kernel_timings(kernel, shape, device, dtype, timing) -> dict[str, Timing]:
-    """Forward (no grad) and forward+backward times of the kernel alone on random q, k, v."""
+def _kernel_calls(kernel, shape, device, dtype) -> tuple[Callable, Callable | None]:
+    """The kernel alone on random q, k, v of `shape`: a forward (no grad) and, unless the kernel
+    runs forward only on `device` (impl=flex on CPU), a forward+backward that also allocates
+    the inputs' gradients, as a training step does."""
     q, k, v = (torch.randn(shape, device=device, dtype=dtype) for _ in range(3))
-    with torch.no_grad():
-        fwd = time_call(lambda: kernel(q, k, v), device, **timing)
-    if not kernel.supports_backward(device):  # forward only (impl=flex on CPU)
-        return {"attn_fwd_ms": fwd}
+
+    def fwd():
+        with torch.no_grad():
+            kernel(q, k, v)
+
+    if not kernel.supports_backward(device):
+        return fwd, None
     qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
     grad_out = torch.randn(shape, device=device, dtype=dtype)
 
@@ -287,7 +299,15 @@ def _kernel_timings(kernel, shape, device, dtype, timing) -> dict[str, Timing]:
         kernel.zero_grad(set_to_none=True)
         kernel(qg, kg, vg).backward(grad_out)
 
-    return {"attn_fwd_ms": fwd, "attn_fwd_bwd_ms": time_call(fwd_bwd, device, **timing)}
+    return fwd, fwd_bwd
+
+
+def _kernel_timings(fwd, fwd_bwd, device, timing) -> dict[str, Timing]:
+    """Forward and (when there is one) forward+backward times of the kernel alone."""
+    timings = {"attn_fwd_ms": time_call(fwd, device, **timing)}
+    if fwd_bwd is not None:
+        timings["attn_fwd_bwd_ms"] = time_call(fwd_bwd, device, **timing)
+    return timings
 
 
 def _timing_columns(timings: dict[str, Timing]) -> dict[str, float]:

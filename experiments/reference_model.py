@@ -53,7 +53,7 @@ class ReferenceConfig:
     depth: int = 2
     seq_len: int = 256
     batch_size: int = 8
-    steps: int = 600
+    steps: int = 300
     lr: float = 2e-3
     seed: int = 0
     text_path: str | None = None

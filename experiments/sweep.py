@@ -22,7 +22,7 @@ from typing import Any
 import pandas as pd
 from hydra.experimental.callback import Callback
 from hydra.utils import instantiate
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from experiments import progress, record, store
 
@@ -71,9 +71,10 @@ class SweepOutcome(Callback):
             sys.exit(2)
         # File times have a coarser clock on some file systems: a second of slack.
         _current = _Multirun(config, time.time() - 1.0, fail_on)
-        swept = [f"{k}={v}" for k, v in (config.hydra.sweeper.get("params") or {}).items()]
+        params = OmegaConf.select(config, "hydra.sweeper.params", default=None) or {}
+        overrides = OmegaConf.select(config, "hydra.overrides.task", default=None) or []
         progress.SweepClock(Path(config.hydra.sweep.dir)).start(
-            [*swept, *config.hydra.overrides.task]
+            [*(f"{k}={v}" for k, v in params.items()), *overrides]
         )
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:

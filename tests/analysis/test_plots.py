@@ -64,7 +64,7 @@ def test_summary_table_reports_exponent_crossover_reach_and_failures(frame):
     assert table.loc["full", "failed at"] == "oom at 8,192"
     assert table.loc["linformer", "failed at"] == "skipped at 1,024"
     # Memory and error at the longest length both measured series reached.
-    assert table.loc["lsh", "peak memory (MiB) @ L=4,096"] == "16.0"
+    assert table.loc["lsh", "step memory (MiB) @ L=4,096"] == "16.0"
     assert table.loc["lsh", "rel. error @ L=4,096"] == "0.1"
     assert table.loc["lsh", "fwd+bwd (ms) @ L=4,096"] == "123"  # 3 · 1e-2 · 4096, mean of seeds
     failures = tables.failures(frame).frame

@@ -53,6 +53,7 @@ def test_measure_returns_every_column_with_consistent_units(job_config):
         "step_ms",
         "step_iqr_ms",
         "peak_memory_bytes",
+        "attn_fwd_bwd_peak_bytes",
         "approx_rel_error",
         "approx_rel_error_gaussian",
         "approx_reference_digest",
@@ -96,6 +97,24 @@ def test_measure_skips_what_is_switched_off(job_config):
         "measure.approx_error=false",
     )
     assert set(measure.measure(config, measure.setup(config))) == ALWAYS
+
+
+def test_kernel_memory_shows_the_score_matrix_of_the_quadratic_kernel_only(job_config):
+    def kernel_memory(impl):
+        config = job_config(
+            *TINY,
+            "seq_len=256",
+            "attention=full",
+            f"attention.impl={impl}",
+            "train.steps=0",
+            "measure.kernel=false",
+            "measure.step=false",
+            "measure.approx_error=false",
+        )
+        return measure.measure(config, measure.setup(config))["attn_fwd_bwd_peak_bytes"]
+
+    scores = 1 * 2 * 256 * 256 * 4  # (B, H, L, L) float32: what impl=math holds, SDPA never
+    assert kernel_memory("math") > scores > kernel_memory("sdpa") > 0
 
 
 def test_setup_builds_the_configured_model(job_config):

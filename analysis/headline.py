@@ -1,0 +1,149 @@
+"""The first lines of a report: per variant, in words, what its measurements say.
+
+Three answers per efficient variant, from the same functions the tables use, so they agree:
+- speed: the length from which its kernel's forward+backward is faster than exact attention's
+  fused kernel (SDPA), and than its O(L²) form (`impl=math`) where that was measured;
+- memory: its kernel's own forward+backward peak at the longest length it reached, as a
+  factor against SDPA and the O(L²) form at that length (or where those stopped);
+- quality: trained accuracy at the longest length where exact attention reached the task's
+  ceiling, in points against exact attention's (from the quality records, which may come from
+  another sweep: the main job trains a reduced long-range run beside its scaling sweep).
+
+A variant says only what was measured: a clause is left out when its records are missing.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from analysis import scaling, series
+from analysis.fit import ALWAYS_FASTER, CROSSED, NEVER, REFERENCE_FAILED
+from analysis.load import format_value
+from analysis.tables import CEILING
+from experiments.record import MIB
+
+TIME = "attn_fwd_bwd_ms"
+MEMORY = "attn_fwd_bwd_peak_bytes"
+ACCURACY = "eval_accuracy"
+
+
+def headline(cost: pd.DataFrame, quality: pd.DataFrame | None = None) -> list[str]:
+    """Markdown lines: a "Headline" section with one bullet per efficient variant, or [] when
+    the records hold nothing to say. `cost`: the records of kernel time and memory over
+    seq_len; `quality`: those of trained accuracy (default: `cost` itself)."""
+    quality = cost if quality is None else quality
+    labelled, keys = series.with_series(cost, x="seq_len")
+    speed = {
+        baseline: scaling.scaling_fits(labelled, keys, TIME, baseline=baseline)
+        for baseline in (series.FUSED, series.QUADRATIC)
+    }
+    references = {
+        baseline: series.reference_of(labelled, keys, baseline)
+        for baseline in (series.FUSED, series.QUADRATIC)
+    }
+    memory = series.mean_spread(labelled, "seq_len", MEMORY) if MEMORY in labelled else None
+    accuracy = _accuracy_cost(quality)
+    bullets = []
+    for name in series.series_order(labelled):
+        rows = labelled[labelled["series"] == name]
+        if rows["attention"].iloc[0] == series.REFERENCE:
+            continue
+        clauses = [
+            _speed_clause(speed[series.FUSED].get(name), speed[series.QUADRATIC].get(name)),
+            _memory_clause(memory, name, references),
+            accuracy.get(str(rows["attention"].iloc[0])),
+        ]
+        clauses = [c for c in clauses if c]
+        if clauses:
+            bullets.append(f"- **{name}**: " + "; ".join(clauses) + ".")
+    if not bullets:
+        return []
+    return [
+        "## Headline",
+        "",
+        "Per efficient variant: where its attention kernel (forward+backward) overtakes exact "
+        "attention, what the kernel alone holds in memory at the longest length, and what it "
+        "costs in trained accuracy. The tables and figures below hold the details.",
+        "",
+        *bullets,
+        "",
+    ]
+
+
+def _speed_clause(fused, quadratic) -> str | None:
+    parts = []
+    for fitted, against in ((fused, "SDPA"), (quadratic, "O(L²) attention")):
+        if fitted is None or fitted.crossover is None:
+            continue
+        c = fitted.crossover
+        if c.kind == CROSSED:
+            parts.append(f"faster than {against} from L≈{c.length:,.0f}")
+        elif c.kind == ALWAYS_FASTER:
+            parts.append(f"faster than {against} at every length measured (from {c.length:,.0f})")
+        elif c.kind == NEVER:
+            parts.append(f"slower than {against} up to {c.length:,.0f}")
+        elif c.kind == REFERENCE_FAILED:
+            parts.append(f"runs where {against} ended {c.reference_status} (from {c.length:,.0f})")
+    return ", ".join(parts) or None
+
+
+def _memory_clause(memory: pd.DataFrame | None, name: str, references) -> str | None:
+    """ "kernel 12.0 MiB at L=8,192: 1.6× less than SDPA, 85× less than O(L²) (at 4,096)"."""
+    if memory is None or memory.empty:
+        return None
+    mine = memory[memory["series"] == name].set_index("seq_len")["mean"]
+    if mine.empty:
+        return None
+    longest = mine.index.max()
+    text = f"kernel memory {mine[longest] / MIB:,.1f} MiB at L={longest:,.0f}"
+    factors = []
+    for baseline, against in ((series.FUSED, "SDPA"), (series.QUADRATIC, "O(L²)")):
+        reference = references[baseline].get(name)
+        if reference is None:
+            continue
+        theirs = memory[memory["series"] == reference].set_index("seq_len")["mean"]
+        common = [length for length in theirs.index if length in mine.index]
+        if not common:
+            continue
+        at = max(common)
+        factor = _factor(mine[at], theirs[at])
+        factors.append(f"{factor} {against}" + (f" (at {at:,.0f})" if at != longest else ""))
+    if factors:
+        text += ": " + ", ".join(factors)
+    return text
+
+
+def _factor(mine: float, theirs: float) -> str:
+    ratio = theirs / mine
+    if ratio >= 1:
+        return f"{ratio:,.1f}× less than"
+    return f"{1 / ratio:,.1f}× more than"
+
+
+def _accuracy_cost(quality: pd.DataFrame) -> dict[str, str]:
+    """attention name -> "accuracy 61.0 % vs exact 100.0 % at L=1,024 (−39.0 points)", at the
+    longest length where exact attention reached the ceiling; {} without such a length."""
+    trained = series.trained_quality(quality, ACCURACY)
+    if trained.empty:
+        return {}
+    mean = trained.groupby(["attention", "seq_len"])[ACCURACY].mean()
+    exact = mean.get(series.REFERENCE)
+    if exact is None:
+        return {}
+    solved = exact[exact >= CEILING]
+    if solved.empty:
+        return {}
+    length = solved.index.max()
+    task = format_value(trained["task"].iloc[0])
+    clauses = {}
+    for attention, by_length in mean.groupby(level="attention"):
+        if attention == series.REFERENCE or (attention, length) not in mean.index:
+            continue
+        mine = by_length.loc[(attention, length)]
+        points = (mine - exact[length]) * 100
+        signed = f"{points:+.1f}".replace("-", "−")
+        clauses[str(attention)] = (
+            f"{task} accuracy {mine:.1%} vs exact {exact[length]:.1%} at L={length:,.0f} "
+            f"({signed} points)"
+        )
+    return clauses
