@@ -300,9 +300,10 @@ def tradeoff(frame: pd.DataFrame, seq_len: float | None = None) -> Figure:
     """Quality vs speed vs memory at one seq_len, after the Long Range Arena paper's Figure 3.
 
     x: the kernel's forward+backward time (else the training step's), y: trained accuracy (else
-    the error on trained activations, `tradeoff_quality`), marker area: peak memory of a
-    training step. Series without a point at that length are listed with their status.
-    Default length: the longest at which the most series have both quality and time.
+    the error on trained activations, `tradeoff_quality`), marker area: the kernel's own peak
+    memory (forward+backward), else a training step's. Series without a point at that length
+    are listed with their status. Default length: the longest at which the most series have
+    both quality and time.
     """
     chosen = tradeoff_quality(frame)
     quality, ylabel = chosen if chosen else ("eval_accuracy", "quality")
@@ -319,9 +320,19 @@ def tradeoff(frame: pd.DataFrame, seq_len: float | None = None) -> Figure:
     if quality == "eval_accuracy" and len(at_length):
         at_length = at_length[~at_length["task"].isin(series.NO_QUALITY_TASKS)]
         at_length = at_length.assign(eval_accuracy=at_length["eval_accuracy"] * 100)
-    labelled, _ = series.with_series(_with_mib(at_length), x="seq_len")
+    # The kernel's own memory where measured: a step's is mostly the rest of the model.
+    kernel_memory = (
+        "attn_fwd_bwd_peak_bytes" in at_length
+        and at_length["attn_fwd_bwd_peak_bytes"].notna().any()
+    )
+    source = "attn_fwd_bwd_peak_bytes" if kernel_memory else "peak_memory_bytes"
+    whose = "the kernel's" if kernel_memory else "a training step's"
+    at_length = at_length.assign(peak_memory_mib=at_length[source] / MIB)
+    labelled, _ = series.with_series(at_length, x="seq_len")
     length_note = f" at seq_len={load.format_value(seq_len)}" if seq_len is not None else ""
-    fig, (ax,) = _figure(1, f"Quality, speed and memory{length_note}\n(marker area ∝ peak memory)")
+    fig, (ax,) = _figure(
+        1, f"Quality, speed and memory{length_note}\n(marker area ∝ {whose} peak memory)"
+    )
     order = series.series_order(labelled) if len(labelled) else []
     colors = _colors(labelled)
     ok = labelled[labelled["status"] == "ok"]

@@ -64,7 +64,8 @@ FIGURES: dict[str, tuple[Callable[[pd.DataFrame], Figure], str]] = {
         plots.tradeoff,
         "Quality against the kernel's forward+backward time at the longest length with both "
         "(trained accuracy, else the error on trained activations; never random-token loss); "
-        "marker area is a training step's peak memory.",
+        "marker area is the kernel's own peak memory (forward+backward; a training step's for "
+        "records without it).",
     ),
     "flops_fraction": (
         plots.flops_fraction,
