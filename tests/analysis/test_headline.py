@@ -57,7 +57,13 @@ def _cost():
 
 def _quality(exact_at_1024=1.0):
     rows = [
-        {"attention": a, "task": "long_recall", "seq_len": L, "eval_accuracy": acc}
+        {
+            "attention": a,
+            "task": "long_recall",
+            "seq_len": L,
+            "eval_accuracy": acc,
+            "trained_steps": 400 + L // 4,
+        }
         for a, L, acc in (
             ("full", 256, 1.0),
             ("full", 1024, exact_at_1024),
@@ -78,7 +84,11 @@ def test_each_variant_gets_its_crossovers_memory_factors_and_accuracy_cost():
     assert f"kernel memory {kernel:,.1f} MiB at L=4,096: 2.0× more than SDPA" in bullet
     # O(L²) stopped at 1024 (oom at 4096): the factor is where both were measured, and says so.
     assert f"{16 * 1024 / 2048:,.1f}× less than O(L²) (at 1,024)" in bullet
-    assert "long_recall accuracy 25.0% vs exact 100.0% at L=1,024 (−75.0 points)" in bullet
+    # A reduced run says how long it trained (slow learners are not yet where they end up).
+    assert (
+        "long_recall accuracy after 656 steps 25.0% vs exact 100.0% at L=1,024 (−75.0 points)"
+        in bullet
+    )
 
 
 def test_accuracy_is_read_only_where_exact_attention_reached_the_ceiling():
