@@ -18,7 +18,8 @@ Schema of the frame (one row per record), from the record schema (experiments/re
                               measure.* switch off); always present as columns; the schema's
                               optional ones (eval_bits_per_byte, notes) when some record has them
                   provenance  git_commit, torch_version, device_name, hostname, timestamp,
-                              offline_run_dir (as recorded, maybe on another machine)
+                              thp_mem_alloc, offline_run_dir (as recorded, maybe on another
+                              machine)
   variant         attention name plus the attention.* options that differ between that
                   attention's rows, e.g. "lsh n_hashes=2 bucket_size=64"; just "full" when none do
   source          the path (or W&B URL) the row was read from

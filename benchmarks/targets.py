@@ -10,8 +10,9 @@ speed drifts, so every length is measured in rounds that time each contender onc
 variant's speed-up is the median over rounds of SDPA's time / its time in the same round, and
 its FLOP fraction the median of its useful FLOP/s over the rate of a 1024^3 matmul timed just
 before and just after it.
-Set THP_MEM_ALLOC_ENABLE=1 in the environment to give every contender (SDPA included) PyTorch's
-transparent-huge-page allocations; the table header says whether it was set.
+Every contender (SDPA included) runs with PyTorch's transparent-huge-page allocations
+(THP_MEM_ALLOC_ENABLE=1, set by the `benchmarks` package before torch starts unless the
+environment sets it; `THP_MEM_ALLOC_ENABLE=0` measures without); the first line says which.
 
 With the optional extra `compare` installed (`pip install -e '.[compare]'`), the public
 implementations are timed in the same rounds at the same settings, causal: reformer-pytorch's

@@ -25,6 +25,8 @@ from typing import Any
 
 import torch
 
+from experiments import allocator
+
 # --- The schema: every column a record has, with its type and unit -----------------------------
 #
 # Read by the store (the printed table, typed Parquet), the W&B logger (the default
@@ -162,6 +164,13 @@ SCHEMA: tuple[Column, ...] = (
     Column("device_name", PROVENANCE, str, doc="GPU or CPU model"),
     Column("hostname", PROVENANCE, str),
     Column("timestamp", PROVENANCE, str, doc="UTC, ISO 8601"),
+    Column(
+        "thp_mem_alloc",
+        PROVENANCE,
+        bool,
+        doc="THP_MEM_ALLOC_ENABLE=1 as the job ran: huge-page CPU allocation (on unless the "
+        "environment says 0)",
+    ),
     Column("offline_run_dir", PROVENANCE, str, doc="the job's W&B offline run, if any"),
 )
 COLUMNS = {c.name: c for c in SCHEMA}
@@ -283,6 +292,7 @@ def provenance(device: torch.device | None = None) -> dict[str, Any]:
         "device_name": device_name,
         "hostname": socket.gethostname(),
         "timestamp": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "thp_mem_alloc": allocator.thp_mem_alloc(),
     }
 
 

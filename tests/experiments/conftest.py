@@ -51,7 +51,8 @@ class Cli:
 
     W&B keeps its files (settings, cache, artifacts) under `home`, never in ~; WANDB_MODE is
     unset so the default `logger=wandb` runs in its configured offline mode. One thread per job
-    keeps the 2-core test machine from being oversubscribed.
+    keeps the 2-core test machine from being oversubscribed. THP_MEM_ALLOC_ENABLE is unset, as
+    in a fresh shell (the job sets it itself); `env` adds or overrides variables per launch.
     """
 
     def __init__(self, home: Path):
@@ -60,6 +61,7 @@ class Cli:
     def env(self) -> dict[str, str]:
         env = dict(os.environ)
         for var in (
+            "THP_MEM_ALLOC_ENABLE",
             "WANDB_MODE",
             "WANDB_API_KEY",
             "WANDB_BASE_URL",
@@ -73,7 +75,9 @@ class Cli:
         env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONUNBUFFERED="1")
         return env
 
-    def start(self, *args: str, new_session: bool = False) -> subprocess.Popen:
+    def start(
+        self, *args: str, new_session: bool = False, env: dict[str, str] | None = None
+    ) -> subprocess.Popen:
         """Launch without waiting (to run several at once); collect with `Popen.communicate`.
 
         `new_session`: in a process group of its own, which `os.killpg` can signal as a
@@ -82,7 +86,7 @@ class Cli:
         return subprocess.Popen(
             [sys.executable, "-m", "experiments.run", *args],
             cwd=ROOT,
-            env=self.env(),
+            env=self.env() | (env or {}),
             text=True,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -100,9 +104,11 @@ class Cli:
             raise
         return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
 
-    def start_single(self, run_dir: Path, *overrides: str) -> subprocess.Popen:
+    def start_single(
+        self, run_dir: Path, *overrides: str, env: dict[str, str] | None = None
+    ) -> subprocess.Popen:
         """A tiny single run (no -m) into `run_dir`, launched without waiting."""
-        return self.start(*tiny(overrides), f"hydra.run.dir={run_dir}")
+        return self.start(*tiny(overrides), f"hydra.run.dir={run_dir}", env=env)
 
     @staticmethod
     def sweep_args(sweep_dir: Path, *overrides: str) -> list[str]:

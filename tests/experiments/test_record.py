@@ -121,7 +121,14 @@ def test_config_columns_have_short_aliases_and_every_option(resolved_config):
 
 def test_provenance_says_where_and_with_what():
     prov = record.provenance(torch.device("cpu"))
-    assert set(prov) == {"git_commit", "torch_version", "device_name", "hostname", "timestamp"}
+    assert set(prov) == {
+        "git_commit",
+        "torch_version",
+        "device_name",
+        "hostname",
+        "timestamp",
+        "thp_mem_alloc",
+    }
     assert prov["torch_version"] == torch.__version__
     assert prov["device_name"] and prov["hostname"] and prov["git_commit"]
     assert datetime.fromisoformat(prov["timestamp"]).utcoffset() is not None  # zone-aware

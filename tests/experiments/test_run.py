@@ -67,6 +67,7 @@ PROVENANCE = (
     "device_name",
     "hostname",
     "timestamp",
+    "thp_mem_alloc",
     "offline_run_dir",
 )
 SKIP_MESSAGE = "already recorded with status ok"  # logged by a job that resume skips
@@ -378,7 +379,10 @@ OTHER_RUNS = {
     # single run, so the budget, not the machine's speed, decides the outcome.
     "over_time_budget": ["budget.max_seconds=0.5", "train.steps=100000", "logger=none"],
     "unknown_config_group_option": ["attention=nope", "logger=none"],
+    "huge_pages_off": ["logger=none"],
 }
+# Environment variables of a run beyond the CLI's (which unsets THP_MEM_ALLOC_ENABLE).
+RUN_ENV = {"huge_pages_off": {"THP_MEM_ALLOC_ENABLE": "0"}}
 PARALLEL = 5  # runs at once: each is mostly ~3 s of imports
 Finished = tuple[subprocess.CompletedProcess, Path]  # a run and its run dir
 
@@ -392,7 +396,9 @@ def single_runs(module_cli, tmp_path_factory) -> dict[str, Finished]:
     results, names = {}, list(launches)
     for first in range(0, len(names), PARALLEL):
         batch = names[first : first + PARALLEL]
-        processes = {n: module_cli.start_single(root / n, *launches[n]) for n in batch}
+        processes = {
+            n: module_cli.start_single(root / n, *launches[n], env=RUN_ENV.get(n)) for n in batch
+        }
         for name, process in processes.items():
             stdout, stderr = process.communicate(timeout=300)
             done = subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
@@ -437,6 +443,15 @@ def test_good_single_run_exits_zero_and_says_where_its_results_are(single_runs):
     assert f"record: {run_dir / 'result.json'}" in done.stdout
     assert f"W&B run: {rec['offline_run_dir']}" in done.stdout
     assert offline_runs.read_offline_run(Path(rec["offline_run_dir"]))["summary"]["status"] == "ok"
+    assert rec["thp_mem_alloc"] is True  # started without the variable: the job sets it
+
+
+@pytest.mark.slow
+def test_a_users_thp_mem_alloc_enable_0_is_respected_and_recorded(single_runs):
+    done, run_dir = single_runs["huge_pages_off"]
+    assert done.returncode == 0, done.stderr[-2000:]
+    rec = json.loads((run_dir / "result.json").read_text())
+    assert rec["status"] == "ok" and rec["thp_mem_alloc"] is False
 
 
 @pytest.mark.slow
