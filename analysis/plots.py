@@ -86,7 +86,7 @@ def memory_vs_seq_len(frame: pd.DataFrame) -> Figure:
     panels = panels or list(MEMORY_PANELS[-1:])  # nothing measured: one empty panel, not drawn
     fig, axes = _figure(len(panels), "Peak memory vs sequence length")
     for ax, (column, title) in zip(axes, panels, strict=True):
-        mib = frame.assign(**{"mib": frame[column] / MIB})
+        mib = frame.assign(mib=frame[column] / MIB)
         labelled, keys = series.with_series(mib, x="seq_len")
         fits = scaling.scaling_fits(labelled, keys, "mib")
         notes = {s: f"α={f.power_law}" for s, f in fits.items()}

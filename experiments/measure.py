@@ -167,7 +167,12 @@ def measure(
     config = model.config
     shape = (job.batch_size, config.n_heads, job.seq_len, config.head_dim)
     timings: dict[str, Timing] = {}
-    kernel_fwd, kernel_fwd_bwd = _kernel_calls(kernel, shape, device, dtype)
+    # The kernel's own inputs (and their gradients) only when something measures the kernel.
+    kernel_fwd, kernel_fwd_bwd = (
+        _kernel_calls(kernel, shape, device, dtype)
+        if m_cfg.kernel or m_cfg.memory
+        else (None, None)
+    )
     if m_cfg.kernel:
         with precision.autocast():
             timings.update(_kernel_timings(kernel_fwd, kernel_fwd_bwd, device, timing))
