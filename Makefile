@@ -41,7 +41,8 @@ data: $(STAMP)  ## download enwik8 to data/enwik8.zip (needs the internet; the o
 	$(PY) -m experiments.tasks.download_enwik8 data/enwik8.zip
 
 SWEEP ?= multirun/scaling
-report: $(STAMP)  ## regenerate the report of a sweep: make report SWEEP=multirun/scaling
+report: $(STAMP)  ## gather a sweep's records again and redraw its report: make report SWEEP=multirun/scaling
+	$(PY) -m experiments.store $(SWEEP)
 	$(PY) -m analysis.report $(SWEEP) --out $(SWEEP)/report
 
 sweep-%: $(STAMP)  ## run a preset sweep, e.g. make sweep-depth (smoke, scaling, depth, lsh, linformer)

@@ -26,6 +26,12 @@ own and stay in the resolved dict. The one structured config is the W&B logger's
 value is every job's, so Hydra checking their types at composition loses nothing, and its
 `scaling_metrics` default comes from the record schema.
 
+Keys come from the config files (conf/config.yaml, and the keys a preset declares, such as
+`train_as`); the command line sets them. A top-level key the command line *adds* with `+key=`
+(`+seqlen=128`) is a typo as far as the app can tell, so `added_keys` finds such keys in a job's
+overrides and `check_added_keys` refuses them, naming the nearest known key; `+group=option`
+(`+experiment=scaling`) adds a config group and is fine, and `++key=value` adds a key on purpose.
+
 Also here: the OmegaConf resolvers the configs may use, registered when the app loads:
 
     ${supports_causal:${attention.name}}   true if the variant can be causal, else false
@@ -37,7 +43,8 @@ cannot (Linformer), instead of recording the latter as skipped.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+import difflib
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -220,6 +227,36 @@ def _typed(cls: type[T], node: str, values: Mapping[str, Any]) -> T:
     if missing:
         raise ValueError(f"{OWNER}: option '{node}.{missing[0]}' is missing")
     return cls(**values)
+
+
+def added_keys(overrides: Sequence[str], groups: Iterable[str]) -> list[str]:
+    """The top-level keys that `overrides` (a job's command-line overrides, Hydra syntax) add
+    with `+key=value`, leaving out config groups (`groups`, e.g. `+experiment=scaling`)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    groups = set(groups)
+    keys = []
+    for override in OverridesParser.create().parse_overrides(list(overrides)):
+        key = override.key_or_group
+        if override.is_add() and "." not in key and "/" not in key and key not in groups:
+            keys.append(key)
+    return keys
+
+
+def check_added_keys(config: Mapping[str, Any], added: Iterable[str]) -> None:
+    """`ValueError` naming the first of `added` (keys the command line added, `added_keys`) and
+    the known top-level key nearest to it: no config file declares it, so nothing reads it."""
+    added = list(added)
+    if not added:
+        return
+    known = sorted(k for k in config if k not in added)
+    key = added[0]
+    near = difflib.get_close_matches(key, known, n=1, cutoff=0.5)
+    hint = f"did you mean {near[0]!r}?" if near else f"top-level options: {', '.join(known)}"
+    raise ValueError(
+        f"{OWNER}: option {key!r} (added with +{key}=) is unknown; {hint} "
+        f"(++{key}= adds a key on purpose)"
+    )
 
 
 def supports_causal(name: str) -> bool:

@@ -23,7 +23,13 @@ from experiments.config import JobConfig
 from experiments.memory import peak_memory_bytes, peak_rss_bytes
 from experiments.precision import FLOAT32, Precision
 from experiments.tasks import Task, build_task
-from experiments.timing import Timing, matmul_gflops_per_s, spread_warnings, time_call
+from experiments.timing import (
+    Timing,
+    matmul_gflops_per_s,
+    matmul_timing,
+    spread_warnings,
+    time_call,
+)
 from experiments.train import evaluate, masked_loss_and_hits, train
 from variants.attention.base import FWD_BWD_FLOP_FACTOR, Attention
 
@@ -178,7 +184,7 @@ def measure(
             timings.update(_kernel_timings(kernel_fwd, kernel_fwd_bwd, device, timing))
         columns.update(_timing_columns(timings))
         if "attn_fwd_bwd_ms" not in timings:  # a forward-only kernel (impl=flex on CPU)
-            columns.update(attn_fwd_bwd_ms=math.nan, attn_fwd_bwd_iqr_ms=math.nan)
+            columns.update(attn_fwd_bwd_ms=None, attn_fwd_bwd_iqr_ms=None)  # not measured
         fwd_flops = kernel.flops(*shape)
         columns["attn_fwd_flops"] = fwd_flops
         columns["attn_fwd_bwd_flops"] = int(fwd_flops * FWD_BWD_FLOP_FACTOR)
@@ -196,7 +202,9 @@ def measure(
         timings["step_ms"] = time_call(step, device, **timing)
         columns.update(_timing_columns({"step_ms": timings["step_ms"]}))
     # A figure whose blocks spread widely is flagged, not silently recorded as a fact.
-    columns["timing_warning"] = spread_warnings(timings)
+    # The matmul rate every achieved rate is divided by is a timing like the others.
+    matmul = matmul_timing(str(device), dtype, m_cfg.matmul_size)
+    columns["timing_warning"] = spread_warnings({**timings, "matmul_peak_gflops_per_s": matmul})
     if m_cfg.memory:
         step()  # optimiser state exists before the measured step, as in steady-state training
         columns["peak_memory_bytes"] = peak_memory_bytes(step, device)
@@ -234,6 +242,8 @@ def _training_columns(result, task: Task) -> dict[str, Any]:
         "eval_accuracy": result.eval_accuracy,
         "tokens_per_s": result.tokens_per_s,
     }
+    if result.grad_warning is not None:  # float16 gradients that underflowed or overflowed
+        columns["grad_warning"] = result.grad_warning
     if task.reports_bits_per_byte:
         columns["eval_bits_per_byte"] = result.eval_loss / math.log(2)
     return columns

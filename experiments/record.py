@@ -159,6 +159,14 @@ SCHEMA: tuple[Column, ...] = (
     _measured("trained_steps", int, "", "optimiser steps taken when evaluated"),
     _measured("precision", str, "", "float32 | bf16-mixed | fp16-mixed", optional=True),
     _measured("timing_warning", str, "", "figures whose timing spread widely", optional=True),
+    # issue 26 (nothing lost, nothing silent): float16 gradient checks (experiments/train.py)
+    _measured(
+        "grad_warning",
+        str,
+        "",
+        "float16: steps whose gradients were all zero or skipped by the loss scaler",
+        optional=True,
+    ),
     Column("git_commit", PROVENANCE, str, doc="HEAD of the checkout, +dirty if changed"),
     Column("torch_version", PROVENANCE, str),
     Column("device_name", PROVENANCE, str, doc="GPU or CPU model"),
@@ -202,6 +210,12 @@ def one_line(error: BaseException) -> str:
 def is_number(value: Any) -> bool:
     """A finite int or float, not a bool: a value a numeric column can hold."""
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def non_finite(columns: dict[str, Any]) -> list[str]:
+    """The names of the float values in `columns` that are NaN or infinite: a record would
+    show them as null, "not measured", so a job with any of them is `diverged` instead."""
+    return [k for k, v in columns.items() if isinstance(v, float) and not math.isfinite(v)]
 
 
 # The short names analysis groups by, and the resolved config key each one stands for.

@@ -105,12 +105,17 @@ def matmul_call(
 
 
 @functools.cache
+def matmul_timing(device: str, dtype: torch.dtype, size: int = 1024) -> Timing:
+    """The time of one `size` x `size` matmul for `dtype` on `device`, measured once per process
+    (its spread is flagged with the job's other timings)."""
+    dev = torch.device(device)
+    return time_call(matmul_call(size, dev, dtype), dev, min_run_time_s=0.3, warmup=2)
+
+
 def matmul_gflops_per_s(device: str, dtype: torch.dtype, size: int = 1024) -> float:
     """The machine's dense matmul rate (GFLOP/s) for `dtype` on `device`, measured once per process.
 
     The yardstick for achieved FLOP/s: attention is matmul-bound, so a variant's useful FLOP/s
     over this rate says how close it runs to what the hardware gives.
     """
-    dev = torch.device(device)
-    timing = time_call(matmul_call(size, dev, dtype), dev, min_run_time_s=0.3, warmup=2)
-    return 2 * size**3 / (timing.median_ms * 1e-3) / 1e9
+    return 2 * size**3 / (matmul_timing(device, dtype, size).median_ms * 1e-3) / 1e9

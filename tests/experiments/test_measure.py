@@ -172,7 +172,9 @@ def test_a_forward_only_kernel_is_timed_forward(job_config, monkeypatch):
         "measure.memory=false",
     )
     columns = measure.measure(config, measure.setup(config))
-    assert columns["attn_fwd_ms"] > 0 and math.isnan(columns["attn_fwd_bwd_ms"])
+    assert (
+        columns["attn_fwd_ms"] > 0 and columns["attn_fwd_bwd_ms"] is None
+    )  # not measured, not NaN
     assert columns["approx_rel_error"] > 0
 
 
@@ -277,3 +279,39 @@ def test_a_widely_spread_figure_is_flagged():
 def test_matmul_rate_is_positive_and_measured_once_per_process():
     first = timing.matmul_gflops_per_s("cpu", torch.float32, 64)
     assert first > 0 and timing.matmul_gflops_per_s("cpu", torch.float32, 64) == first
+
+
+def test_a_widely_spread_matmul_rate_is_flagged_like_every_timing(job_config, monkeypatch):
+    """Scenario 9: the matmul rate every achieved rate is divided by was timed once and its
+    spread never flagged."""
+    noisy = timing.Timing(median_ms=1.0, iqr_ms=0.9, blocks=5, calls_per_block=1)
+    monkeypatch.setattr(measure, "matmul_timing", lambda *args: noisy)
+    config = job_config(*TINY, "train.steps=0", *conftest.MEASURE_NOTHING)
+    columns = measure.measure(config, measure.setup(config))
+    assert (
+        columns["timing_warning"] == "matmul_peak_gflops_per_s IQR 90% of its median over 5 blocks"
+    )
+
+
+def test_a_float16_job_checks_its_gradients_every_step_and_records_a_warning(
+    job_config, monkeypatch
+):
+    from experiments import train
+
+    checked, real_check = [], train.GradientCheck.check
+
+    def check(self, parameters, step):
+        checked.append((step, self.scaler is not None))
+        real_check(self, parameters, step)
+        if step == 1:
+            self.zero_steps.append(step)  # as if this step's gradients had underflowed
+
+    monkeypatch.setattr(train.GradientCheck, "check", check)
+    config = job_config(*TINY, "dtype=float16", *conftest.MEASURE_NOTHING)
+    columns = measure.measure(config, measure.setup(config))
+    assert checked == [(0, True), (1, True)]  # every step, with a loss scaler (CPU too)
+    assert columns["precision"] == "fp16-mixed" and math.isfinite(columns["eval_loss"])
+    assert "all zero (underflow) at 1 of 2 steps, first at step 1" in columns["grad_warning"]
+    float32 = job_config(*TINY, *conftest.MEASURE_NOTHING)
+    checked.clear()
+    assert "grad_warning" not in measure.measure(float32, measure.setup(float32)) and not checked
