@@ -158,7 +158,8 @@ def _stage_recorder(config, rec, out_dir: Path, tracker, started: float):
 
     A stage's record is the job's config at the stage's seq_len and batch_size
     (`curriculum.stage_config`), in `<job dir>/stages/<seq_len>/result.json`, where the store,
-    resume and the report find it like any other record.
+    resume and the report find it like any other record. A stage record of another
+    configuration found there is displaced, never overwritten (`_displace_other_stage`).
     """
 
     def write(stage: curriculum.Stage, columns: dict[str, Any]) -> None:
