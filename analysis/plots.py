@@ -102,7 +102,7 @@ def _draw_speedups(ax: Axes, labelled: pd.DataFrame, fits: dict[str, scaling.Ser
             **styles[name],
             markersize=4,
             linewidth=1.4,
-            label=f"{name}  L*{'=' if c.kind == fit.CROSSED else ''}{c}",
+            label=f"{name}  {_crossover_note(c)}",
         )
         lower = np.maximum(points["mean"] - half, points["mean"] * 0.05)
         ax.fill_between(
@@ -888,8 +888,13 @@ def _knobs(frame: pd.DataFrame, attention: str) -> list[str]:
 def _fit_note(f: scaling.SeriesFit) -> str:
     note = f"α={f.power_law}"
     if f.crossover is not None:
-        note += f", L*{'=' if f.crossover.kind == fit.CROSSED else ''}{f.crossover}"
+        note += f", {_crossover_note(f.crossover)}"
     return note
+
+
+def _crossover_note(c: fit.Crossover) -> str:
+    """ "L*=1,469", "L*≈1,469 (uncertain)", "L*>4,096", "L*≤256"."""
+    return f"L*{'=' if c.kind == fit.CROSSED and not c.uncertain else ''}{c}"
 
 
 def _status_text(rows: pd.DataFrame) -> str:
