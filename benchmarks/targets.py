@@ -35,7 +35,6 @@ is `experiments.memory.peak_memory_bytes` and exponents are `analysis.fit.fit_po
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import statistics
 import time
@@ -46,6 +45,7 @@ import torch
 import torch.nn.functional as F
 
 from analysis.fit import fit_power_law
+from experiments import timing
 from experiments.memory import peak_memory_bytes
 from experiments.timing import matmul_call, matmul_gflops_per_s, time_call
 from variants import ModelConfig, TransformerLM, build_attention
@@ -350,9 +350,7 @@ def time_kernels(
     times, yardsticks = time_in_rounds(calls, rounds, matmul_call(YARDSTICK), min_seconds)
     speedups, fractions = {}, {}
     for name in [*names, *peers]:
-        speedups[name] = statistics.median(
-            s / t for s, t in zip(times["sdpa"], times[name], strict=True)
-        )
+        speedups[name] = timing.ratio(times["sdpa"], times[name]).median
         if name in peers:
             continue
         # Useful FLOPs of the pattern (the kernel's own count), forward+backward.
@@ -367,14 +365,9 @@ def time_kernels(
         name: statistics.median(t / mm for t, mm in zip(ts, yardsticks[name], strict=True))
         for name, ts in times.items()
     }
-    versus = {
-        peer: statistics.median(
-            reference / own for reference, own in zip(times[peer], times[ours], strict=True)
-        )
-        for peer, ours in peers.items()
-    }
+    versus = {peer: timing.ratio(times[peer], times[ours]).median for peer, ours in peers.items()}
     same_blocks = {
-        name: statistics.median(a / b for a, b in zip(times[name], times[other], strict=True))
+        name: timing.ratio(times[name], times[other]).median
         for name, other in SAME_BLOCKS.items()
         if name in times and other in times
     }
@@ -397,21 +390,17 @@ def time_in_rounds(
     minutes apart, the matmul 131-166 GFLOP/s): a contender measured against one matmul per
     round took that drift into its FLOP fraction: at 32K, LSH's call came after `full`'s
     (16-18 s) and later contenders' up to ~50 s after that matmul.
+    `experiments.timing.time_in_rounds`, each call timed by `seconds_per_call`.
     Returns (times, yardsticks), each {name: one value per round}.
     """
-    times = {name: [] for name in calls}
-    yardsticks = {name: [] for name in calls}
-    start = time.perf_counter()
-    done = 0
-    while done < rounds or time.perf_counter() - start < min_seconds:
-        done += 1
-        before = seconds_per_call(yardstick)
-        for name, fn in calls.items():
-            times[name].append(seconds_per_call(fn))
-            after = seconds_per_call(yardstick)
-            yardsticks[name].append(math.sqrt(before * after))
-            before = after
-    return times, yardsticks
+    return timing.time_in_rounds(
+        calls,
+        rounds,
+        lambda fn: seconds_per_call(fn),  # looked up per call: tests substitute it
+        yardstick=yardstick,
+        min_seconds=min_seconds,
+        clock=lambda: time.perf_counter(),
+    )
 
 
 def at_least(name: str, value: float, bound: float) -> Target:

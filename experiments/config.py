@@ -100,13 +100,19 @@ class TrainConfig:
             )
 
 
+# The forms of exact attention a kernel's speed-up can be measured against: `full`'s impls.
+SPEEDUP_REFERENCES = ("sdpa", "math")
+
+
 @dataclass(frozen=True)
 class MeasureConfig:
     """Which figures a job measures (`kernel`, `step`, `memory`, `approx_error`), the timing
     budget per figure (`min_run_time_s`, `warmup` untimed calls), the batches the approximation
     error is averaged over, the reference model it is measured on (`reference`: its
     `experiments.reference_model.ReferenceConfig` options and `cache_dir`) and the size of the
-    matmul the machine's rate is measured with."""
+    matmul the machine's rate is measured with. `speedup_vs`: the forms of exact attention
+    (`sdpa`, `math`: `full`'s impls) the kernel is timed against in `rounds` alternating
+    rounds (experiments/measure.py); empty: the kernel is timed alone."""
 
     kernel: bool
     step: bool
@@ -117,10 +123,20 @@ class MeasureConfig:
     approx_seeds: int
     reference: Mapping[str, Any]
     matmul_size: int
+    speedup_vs: tuple[str, ...] = ("sdpa",)
+    rounds: int = 5
 
     def __post_init__(self):
-        for key in ("approx_seeds", "matmul_size"):
+        for key in ("approx_seeds", "matmul_size", "rounds"):
             require_positive_int(OWNER, f"measure.{key}", getattr(self, key))
+        speedup_vs = tuple(self.speedup_vs or ())
+        bad = [impl for impl in speedup_vs if impl not in SPEEDUP_REFERENCES]
+        if bad or len(set(speedup_vs)) != len(speedup_vs):
+            raise ValueError(
+                f"{OWNER}: option 'measure.speedup_vs' must list distinct entries of "
+                f"{', '.join(SPEEDUP_REFERENCES)}, got {list(speedup_vs)!r}"
+            )
+        object.__setattr__(self, "speedup_vs", speedup_vs)
         require_non_negative_int(OWNER, "measure.warmup", self.warmup)
         _require_positive_or_null("measure.min_run_time_s", self.min_run_time_s)
 

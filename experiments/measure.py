@@ -19,7 +19,7 @@ import torch
 
 import variants
 from experiments import curriculum, progress, reference_model
-from experiments.config import JobConfig
+from experiments.config import JobConfig, MeasureConfig
 from experiments.memory import peak_memory_bytes, peak_rss_bytes
 from experiments.precision import FLOAT32, Precision
 from experiments.tasks import Task, build_task
@@ -27,8 +27,10 @@ from experiments.timing import (
     Timing,
     matmul_gflops_per_s,
     matmul_timing,
+    round_timer,
     spread_warnings,
     time_call,
+    timed_against,
 )
 from experiments.train import evaluate, masked_loss_and_hits, train
 from variants.attention.base import FWD_BWD_FLOP_FACTOR, Attention
@@ -181,7 +183,14 @@ def measure(
     )
     if m_cfg.kernel:
         with precision.autocast():
-            timings.update(_kernel_timings(kernel_fwd, kernel_fwd_bwd, device, timing))
+            if m_cfg.speedup_vs:  # interleaved with exact attention: times and speed-ups
+                kernel_times, speedups = speedup_timings(
+                    kernel, kernel_fwd, kernel_fwd_bwd, shape, device, dtype, m_cfg
+                )
+                timings.update(kernel_times)
+                columns.update(speedups)
+            else:
+                timings.update(_kernel_timings(kernel_fwd, kernel_fwd_bwd, device, timing))
         columns.update(_timing_columns(timings))
         if "attn_fwd_bwd_ms" not in timings:  # a forward-only kernel (impl=flex on CPU)
             columns.update(attn_fwd_bwd_ms=None, attn_fwd_bwd_iqr_ms=None)  # not measured
@@ -323,6 +332,51 @@ def _kernel_timings(fwd, fwd_bwd, device, timing) -> dict[str, Timing]:
     if fwd_bwd is not None:
         timings["attn_fwd_bwd_ms"] = time_call(fwd_bwd, device, **timing)
     return timings
+
+
+def speedup_timings(
+    kernel: Attention,
+    fwd: Callable[[], None],
+    fwd_bwd: Callable[[], None] | None,
+    shape: tuple[int, int, int, int],
+    device: torch.device,
+    dtype: torch.dtype,
+    m_cfg: MeasureConfig,
+) -> tuple[dict[str, Timing], dict[str, float]]:
+    """The kernel's forward and forward+backward, each timed in `m_cfg.rounds` rounds that
+    alternate with exact attention (`full`) at the same shape (batch, heads, seq_len,
+    head_dim), device, dtype and threads: its `sdpa` form in both passes and every other
+    `m_cfg.speedup_vs` form (`math`: explicit L×L scores) in forward+backward.
+
+    Exact attention is causal iff the kernel is, so a bidirectional job is compared with
+    bidirectional SDPA. A shared-QK kernel (lsh, routing) is compared with plain SDPA of the
+    same shape, not with shared-QK exact attention: the question is what the kernel costs
+    against the fused kernel a model would otherwise call. Each round gives every contender
+    `m_cfg.warmup` untimed calls, then `m_cfg.min_run_time_s / m_cfg.rounds` seconds (one
+    block at least). Returns the kernel's timings (`attn_fwd_ms`, `attn_fwd_bwd_ms`: median
+    and IQR over rounds) and the columns `[fwd_]speedup_vs_<impl>` (median over rounds of
+    exact's time / the kernel's in the same round), their `_iqr` and `speedup_rounds`.
+    """
+    time_one = round_timer(
+        device, min_run_time_s=(m_cfg.min_run_time_s or 0.0) / m_cfg.rounds, warmup=m_cfg.warmup
+    )
+    passes = [("attn_fwd_ms", "fwd_", fwd, [i for i in m_cfg.speedup_vs if i == "sdpa"])]
+    if fwd_bwd is not None:
+        passes.append(("attn_fwd_bwd_ms", "", fwd_bwd, list(m_cfg.speedup_vs)))
+    timings, columns = {}, {"speedup_rounds": m_cfg.rounds}
+    for name, prefix, mine, impls in passes:
+        references = {}
+        for impl in impls:
+            exact = variants.build_attention("full", causal=kernel.causal, impl=impl).to(device)
+            exact_fwd, exact_fwd_bwd = _kernel_calls(exact, shape, device, dtype)
+            references[impl] = exact_fwd if prefix else exact_fwd_bwd
+        timings[name], ratios = timed_against(
+            mine, references, rounds=m_cfg.rounds, time_one=time_one
+        )
+        for impl, r in ratios.items():
+            columns[f"{prefix}speedup_vs_{impl}"] = r.median
+            columns[f"{prefix}speedup_vs_{impl}_iqr"] = r.iqr
+    return timings, columns
 
 
 def _timing_columns(timings: dict[str, Timing]) -> dict[str, float]:

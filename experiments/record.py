@@ -167,6 +167,15 @@ SCHEMA: tuple[Column, ...] = (
         "float16: steps whose gradients were all zero or skipped by the loss scaler",
         optional=True,
     ),
+    # In-job speed-ups against exact attention (measure.speedup_vs, experiments/measure.py):
+    # exact attention's time / the kernel's in the same round, median over alternating rounds.
+    _measured("speedup_vs_sdpa", float, "×", "fwd+bwd speed-up over SDPA", shown=True),
+    _measured("speedup_vs_sdpa_iqr", float, "×", "its interquartile range over rounds"),
+    _measured("fwd_speedup_vs_sdpa", float, "×", "forward speed-up over SDPA", optional=True),
+    _measured("fwd_speedup_vs_sdpa_iqr", float, "×", "its IQR over rounds", optional=True),
+    _measured("speedup_vs_math", float, "×", "fwd+bwd speed-up over O(L²)", optional=True),
+    _measured("speedup_vs_math_iqr", float, "×", "its IQR over rounds", optional=True),
+    _measured("speedup_rounds", int, "", "alternating rounds behind the speed-ups", optional=True),
     Column("git_commit", PROVENANCE, str, doc="HEAD of the checkout, +dirty if changed"),
     Column("torch_version", PROVENANCE, str),
     Column("device_name", PROVENANCE, str, doc="GPU or CPU model"),
