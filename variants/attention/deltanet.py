@@ -99,11 +99,13 @@ def chunked_delta_rule(
     w, u = t @ k_beta, t @ v_beta  # (B, H, N, C, D)
     state = q.new_zeros(batch, heads, head_dim, head_dim)  # M = S^T: o = q M
     starts, corrected = [], []
-    for c in range(n_chunks):
-        u_c = u[:, :, c] - w[:, :, c] @ state  # (B, H, C, D)
+    # unbind, not indexing: the backward of one index of a tensor is a zero tensor of its whole
+    # size, which made the loop's backward quadratic in the number of chunks.
+    for u_c, w_c, k_c in zip(u.unbind(2), w.unbind(2), k.unbind(2), strict=True):
+        u_c = u_c - w_c @ state  # (B, H, C, D)
         starts.append(state)
         corrected.append(u_c)
-        state = state + k[:, :, c].transpose(-1, -2) @ u_c
+        state = state + k_c.transpose(-1, -2) @ u_c
     starts = torch.stack(starts, dim=2)  # (B, H, N, D, D)
     corrected = torch.stack(corrected, dim=2)  # (B, H, N, C, D)
     later = upper.triu(1)  # j > i

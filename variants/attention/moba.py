@@ -36,6 +36,9 @@ from variants.registry import register_attention
 SCORE_ROWS = 4096
 # Bytes of gathered keys and values per fused call over tiles (as combined.CHUNK_BYTES).
 CHUNK_BYTES = 8 * 2**20
+# Query rows per tile: one block's queries are cut into tiles of this many (the last one
+# padded); longer tiles mean fewer, larger attention calls for the fused kernel.
+TILE_ROWS = 256
 
 
 @register_attention
@@ -185,9 +188,10 @@ class _Plan:
         counts = torch.bincount(group, minlength=n_seq * self.n_blocks)  # (G,)
         starts = counts.cumsum(0) - counts
         rank = torch.arange(self.n_entries, device=q.device) - starts[group]
-        tiles_per_group = -(-counts // block)
+        rows = self.rows = TILE_ROWS
+        tiles_per_group = -(-counts // rows)
         tile_start = tiles_per_group.cumsum(0) - tiles_per_group
-        tile = tile_start[group] + rank // block  # (E,)
+        tile = tile_start[group] + rank // rows  # (E,)
         self.n_tiles = int(tiles_per_group.sum())
         self.tile_group = torch.repeat_interleave(
             torch.arange(counts.numel(), device=q.device), tiles_per_group
@@ -195,10 +199,10 @@ class _Plan:
         # Each tile row: its entry (a row of the merged parts) and its query row in (S'*L + 1):
         # unused rows point at an extra zero row.
         self.row_entry = entry
-        self.row_slot = tile * block + rank % block  # (E,) rows of the (T * b) tile layout
-        row_query = torch.full((self.n_tiles * block,), n_seq * self.length, device=q.device)
+        self.row_slot = tile * rows + rank % rows  # (E,) rows of the (T * rows) tile layout
+        row_query = torch.full((self.n_tiles * rows,), n_seq * self.length, device=q.device)
         row_query[self.row_slot] = seq * self.length + query
-        self.row_query = row_query  # (T*b,)
+        self.row_query = row_query  # (T*rows,)
         self.entry_query = seq * self.length + query  # (E,)
         self.bias = None
         if not causal and self.length % block:
@@ -208,7 +212,7 @@ class _Plan:
             self.hidden = (last[:, None] & pad[None, :]).to(torch.uint8)  # (T, b)
         else:
             self.hidden = None
-        per_tile = 2 * block * self.head_dim * q.element_size()
+        per_tile = (2 * block + 2 * rows) * self.head_dim * q.element_size()
         self.chunk = max(1, CHUNK_BYTES // per_tile)
 
     # --- own block ---------------------------------------------------------------------------
@@ -269,9 +273,9 @@ class _Plan:
             yield first, min(first + self.chunk, self.n_tiles)
 
     def _tile_rows(self, rows: torch.Tensor, first: int, end: int) -> torch.Tensor:
-        """Tiles [first, end) of `_flat_rows` as (m, 1, b, E)."""
-        index = self.row_query[first * self.block : end * self.block]
-        return rows.index_select(0, index).view(end - first, 1, self.block, -1)
+        """Tiles [first, end) of `_flat_rows` as (m, 1, TILE_ROWS, E)."""
+        index = self.row_query[first * self.rows : end * self.rows]
+        return rows.index_select(0, index).view(end - first, 1, self.rows, -1)
 
     def _tile_keys(self, blocks: torch.Tensor, first: int, end: int) -> torch.Tensor:
         return blocks.index_select(0, self.tile_group[first:end]).unsqueeze(1)  # (m, 1, b, D)
@@ -286,8 +290,8 @@ class _Plan:
         q_rows = self._flat_rows(q)
         k_blocks, v_blocks = self._flat_blocks(k), self._flat_blocks(v)
         lse_dtype = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
-        tile_out = q.new_empty(self.n_tiles * self.block, self.head_dim)
-        tile_lse = torch.empty(self.n_tiles * self.block, dtype=lse_dtype, device=q.device)
+        tile_out = q.new_empty(self.n_tiles * self.rows, self.head_dim)
+        tile_lse = torch.empty(self.n_tiles * self.rows, dtype=lse_dtype, device=q.device)
         for first, end in self._chunks():
             out, lse = flash.attend(
                 self._tile_rows(q_rows, first, end),
@@ -295,8 +299,8 @@ class _Plan:
                 self._tile_keys(v_blocks, first, end),
                 scale=self.scale,
                 bias=self._tile_bias(first, end, q.dtype),
-            )  # (m, 1, b, D), (m, 1, b)
-            rows = slice(first * self.block, end * self.block)
+            )  # (m, 1, rows, D), (m, 1, rows)
+            rows = slice(first * self.rows, end * self.rows)
             tile_out[rows] = out.reshape(-1, self.head_dim)
             tile_lse[rows] = lse.reshape(-1)
         return tile_out[self.row_slot], tile_lse[self.row_slot]
@@ -333,8 +337,8 @@ class _Plan:
                 self._tile_rows(l_rows, first, end).squeeze(-1),
                 scale=self.scale,
                 bias=self._tile_bias(first, end, q.dtype),
-            )  # (m, 1, b, D) each
-            index = self.row_query[first * self.block : end * self.block]
+            )  # (m, 1, rows, D), (m, 1, b, D) twice
+            index = self.row_query[first * self.rows : end * self.rows]
             grad_q.index_add_(0, index, dq.reshape(-1, self.head_dim))
             group = self.tile_group[first:end]
             grad_k.index_add_(0, group, dk.squeeze(1))
