@@ -198,7 +198,7 @@ def nsa_reference(q, k, v, gates, block, n_select, window, compress_keys, compre
                     s = torch.stack([qi @ ck[b, h, c] for c in visible]) * scale
                     p = torch.softmax(s, dim=0)
                     o_cmp = p @ cv[b, h, visible]
-                    probs = {c: float(p[j]) for j, c in enumerate(visible)}
+                    probs = {c: float(p[j].detach()) for j, c in enumerate(visible)}
                 own = i // block
                 others = [c for c in visible if c != own]
                 ranked = sorted(others, key=lambda c: probs[c], reverse=True)[: n_select - 1]
@@ -232,3 +232,29 @@ def delta_rule_recurrent(q, k, v, beta):
         state = state @ (eye - bt * outer) + bt * vt[..., :, None] * kt[..., None, :]
         outs.append((state @ q[:, :, t, :, None]).squeeze(-1))
     return torch.stack(outs, dim=2)
+
+
+class Gated(torch.nn.Module):
+    """A kernel called as kernel(q, k, v): a gated one (spec `n_gates`) gets fixed gates,
+    sigmoid(N(0, 1)) drawn from `seed` for the inputs' (B, H, L), the same on every call, so
+    causality and device tests compare like with like; others are called as they are.
+    Attributes other than `kernel` are the kernel's."""
+
+    def __init__(self, kernel, seed=0):
+        super().__init__()
+        self.kernel = kernel
+        self.seed = seed
+
+    def forward(self, q, k, v):
+        if not self.kernel.n_gates:
+            return self.kernel(q, k, v)
+        g = torch.Generator().manual_seed(self.seed)
+        noise = torch.randn(*q.shape[:3], self.kernel.n_gates, generator=g, dtype=torch.float64)
+        gates = torch.sigmoid(noise).to(device=q.device, dtype=q.dtype)
+        return self.kernel(q, k, v, gates=gates)
+
+    def __getattr__(self, name):
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            return getattr(self._modules["kernel"], name)
