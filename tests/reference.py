@@ -166,7 +166,7 @@ def moba_mask(q, k, block, top_k, causal):
         for b in range(batch):
             for h in range(heads):
                 scores = [float(q[b, h, i] @ means[b, h, c]) for c in candidates]
-                ranked = [c for _, c in sorted(zip(scores, candidates), reverse=True)]
+                ranked = [c for _, c in sorted(zip(scores, candidates, strict=True), reverse=True)]
                 for c in ranked[: top_k - 1]:
                     mask[b, h, i, c * block : (c + 1) * block] = True
                 end = i + 1 if causal else (own + 1) * block

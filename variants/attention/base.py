@@ -89,10 +89,11 @@ class Attention(nn.Module):
                 f"{self.name}: option 'gates' is required: (batch, heads, seq_len, "
                 f"{self.n_gates}) values in (0, 1) from the token"
             )
-        if gates.shape != (*q.shape[:3], self.n_gates):
+        wanted = (*q.shape[:3], self.n_gates)
+        if gates.shape != wanted:
             raise ValueError(
                 f"{self.name}: option 'gates' must have shape (batch, heads, seq_len, "
-                f"{self.n_gates}) = {tuple(q.shape[:3]) + (self.n_gates,)}, got {tuple(gates.shape)}"
+                f"{self.n_gates}) = {wanted}, got {tuple(gates.shape)}"
             )
         return self.attend(q, k, v, gates)
 

@@ -34,7 +34,8 @@ def test_moba_equals_the_dense_reference_forward_and_gradients(
     expected = dense_attention(q, k, v, mask)
     torch.testing.assert_close(out, expected)
     weights = torch.randn_like(out)
-    for got, want in zip(_grads(out, (q, k, v), weights), _grads(expected, (q, k, v), weights)):
+    grads, wanted = _grads(out, (q, k, v), weights), _grads(expected, (q, k, v), weights)
+    for got, want in zip(grads, wanted, strict=True):
         torch.testing.assert_close(got, want)
 
 

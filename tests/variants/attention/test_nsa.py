@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tests.reference import assert_causal, Gated, nsa_reference, qkv
+from tests.reference import Gated, assert_causal, nsa_reference, qkv
 from variants import UnsupportedCombination, build_attention
 
 HEAD_DIM = 8
