@@ -49,7 +49,7 @@ from experiments import timing
 from experiments.memory import peak_memory_bytes
 from experiments.timing import matmul_call, matmul_gflops_per_s, time_call
 from variants import ModelConfig, TransformerLM, build_attention
-from variants.attention.base import FWD_BWD_FLOP_FACTOR
+from variants.attention.base import FWD_BWD_FLOP_FACTOR, sample_gates
 from variants.layers import build_kernel
 
 BATCH, HEADS, HEAD_DIM = 1, 4, 64
@@ -79,6 +79,11 @@ KERNELS = {
     # block + 3 random blocks.
     "blockwise-4x128": {"variant": "blockwise", "block_size": 128, "look_backward": 3},
     "blockwise-6x64": {"variant": "blockwise", "block_size": 64, "look_backward": 5},
+    # Trainable block selection and the delta rule, at their registry defaults (gated kernels
+    # get sigmoid(N(0, 1)) gates, as `base.sample_gates`).
+    "moba": {},
+    "nsa": {},
+    "deltanet": {},
 }
 ROUTING_WINDOW = KERNELS["routing"]["window"]
 # Each combined preset and the blockwise kernel with its number of key blocks per query block.
@@ -97,6 +102,9 @@ MEMORY_KERNELS = (
     "linear",
     "longformer",
     "bigbird",
+    "moba",
+    "nsa",
+    "deltanet",
 )
 MEMORY_INFO_KERNELS = ("compressed",)  # measured alongside, without a bound
 MEMORY_LIMIT_BYTES = 4 * 10**9  # the target says 4 GB: 3.73 GiB
@@ -288,9 +296,10 @@ def forward_backward(attend: Callable, length: int) -> Callable[[], object]:
     """A call of attend(q, k, v) forward and backward to q, k, v, on fixed random inputs."""
     q, k, v = (torch.randn(BATCH, HEADS, length, HEAD_DIM, requires_grad=True) for _ in range(3))
     grad_out = torch.randn(BATCH, HEADS, length, HEAD_DIM)
+    gates = _gates(attend, q)
 
     def call():
-        out = attend(q, k, v)  # (B, H, L, D)
+        out = attend(q, k, v, **gates)  # (B, H, L, D)
         return torch.autograd.grad(out, (q, k, v), grad_out, allow_unused=True)
 
     return call
@@ -299,12 +308,20 @@ def forward_backward(attend: Callable, length: int) -> Callable[[], object]:
 def forward(attend: Callable, length: int) -> Callable[[], object]:
     """A call of attend(q, k, v) without autograd, on fixed random inputs."""
     q, k, v = (torch.randn(BATCH, HEADS, length, HEAD_DIM) for _ in range(3))
+    gates = _gates(attend, q)
 
     @torch.no_grad()
     def call():
-        return attend(q, k, v)
+        return attend(q, k, v, **gates)
 
     return call
+
+
+def _gates(attend: Callable, q: torch.Tensor) -> dict:
+    """{"gates": sigmoid(N(0, 1))} for a gated registry kernel (NSA, DeltaNet), else {}."""
+    if not getattr(attend, "n_gates", 0):
+        return {}
+    return {"gates": sample_gates(attend, q)}
 
 
 def seconds_per_call(fn: Callable[[], object], min_time_s: float = 0.3) -> float:
@@ -425,6 +442,9 @@ SPEEDUP_AT_TARGET = {
     "linear": 5,
     "longformer": 10,
     "bigbird": 10,
+    "moba": 5,
+    "nsa": 3,
+    "deltanet": 5,
 }
 EXPONENT_BOUNDS = {
     "blockwise": 1.15,
@@ -436,6 +456,9 @@ EXPONENT_BOUNDS = {
     "routing": 1.6,
     "longformer": 1.15,
     "bigbird": 1.15,
+    "moba": 1.15,
+    "nsa": 1.15,
+    "deltanet": 1.15,
 }
 # Public implementation -> (the length its target is judged at, at least this ratio).
 PEER_TARGETS = {

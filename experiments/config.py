@@ -35,6 +35,7 @@ overrides and `check_added_keys` refuses them, naming the nearest known key; `+g
 Also here: the OmegaConf resolvers the configs may use, registered when the app loads:
 
     ${supports_causal:${attention.name}}   true if the variant can be causal, else false
+    ${causal_only:${attention.name}}       true if the variant cannot be bidirectional
 
 so a preset can train every variant causally where it can be and bidirectionally where it
 cannot (Linformer), instead of recording the latter as skipped.
@@ -280,9 +281,16 @@ def supports_causal(name: str) -> bool:
     return variants.attention_spec(name).causal_supported
 
 
+def causal_only(name: str) -> bool:
+    """Whether attention variant `name` refuses causal=False (NSA, DeltaNet)."""
+    return not variants.attention_spec(name).bidirectional_supported
+
+
 def register() -> None:
     """Register the resolvers and the logger's schema with Hydra (idempotent); the app calls it
     when it loads, before Hydra composes the config."""
     if not OmegaConf.has_resolver("supports_causal"):
         OmegaConf.register_new_resolver("supports_causal", supports_causal)
+    if not OmegaConf.has_resolver("causal_only"):
+        OmegaConf.register_new_resolver("causal_only", causal_only)
     ConfigStore.instance().store(group="logger", name="wandb_schema", node=tracking.WandbLogger)

@@ -33,7 +33,7 @@ from experiments.timing import (
     timed_against,
 )
 from experiments.train import evaluate, masked_loss_and_hits, train
-from variants.attention.base import FWD_BWD_FLOP_FACTOR, Attention
+from variants.attention.base import FWD_BWD_FLOP_FACTOR, Attention, sample_gates
 
 
 def resolve_device(name: str) -> torch.device:
@@ -307,10 +307,11 @@ def _kernel_calls(kernel, shape, device, dtype) -> tuple[Callable, Callable | No
     runs forward only on `device` (impl=flex on CPU), a forward+backward that also allocates
     the inputs' gradients, as a training step does."""
     q, k, v = (torch.randn(shape, device=device, dtype=dtype) for _ in range(3))
+    gates = sample_gates(kernel, q)  # None unless the kernel is gated (NSA, DeltaNet)
 
     def fwd():
         with torch.no_grad():
-            kernel(q, k, v)
+            kernel(q, k, v, gates=gates)
 
     if not kernel.supports_backward(device):
         return fwd, None
@@ -321,7 +322,7 @@ def _kernel_calls(kernel, shape, device, dtype) -> tuple[Callable, Callable | No
         for t in (qg, kg, vg):
             t.grad = None
         kernel.zero_grad(set_to_none=True)
-        kernel(qg, kg, vg).backward(grad_out)
+        kernel(qg, kg, vg, gates=gates).backward(grad_out)
 
     return fwd, fwd_bwd
 
@@ -422,7 +423,8 @@ def approx_rel_error(
     under the Reformer's shared-QK rule (LSH, or one built with `shared_qk=True`) gets k = q and
     is compared with exact shared-QK attention (unit keys, self masked unless alone), so the
     error is what hashing, chunking or the pattern cost, not the convention. Measured in eval
-    mode (no centroid or feature updates), in float32 or wider.
+    mode (no centroid or feature updates), in float32 or wider. A gated kernel (NSA, DeltaNet)
+    gets sigmoid(N(0, 1)) gates, seeded per input.
     """
     shared_qk = kernel.applies_shared_qk
     exact_kernel = variants.build_attention("full", causal=kernel.causal, shared_qk=shared_qk)
@@ -430,11 +432,12 @@ def approx_rel_error(
     kernel.eval()
     errors = []
     try:
-        for q, k, v in inputs:
+        for index, (q, k, v) in enumerate(inputs):
             q, k, v = (t.to(device=device, dtype=dtype) for t in (q, k, v))
             if shared_qk:
                 k = q
-            out = kernel(q, k, v).float()
+            generator = torch.Generator().manual_seed(20_000 + index)
+            out = kernel(q, k, v, gates=sample_gates(kernel, q, generator)).float()
             exact = exact_kernel(q, k, v).float()
             errors.append(
                 float(torch.linalg.vector_norm(out - exact) / torch.linalg.vector_norm(exact))

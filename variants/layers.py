@@ -60,6 +60,10 @@ class SelfAttention(nn.Module):
     (strided, compressed, linformer) receive the normalised keys and keep their own masks, self
     included.
 
+    Gates (a variant whose spec declares `n_gates`: NSA's branch gates, DeltaNet's beta): a
+    projection of the token to (B, H, L, n_gates) and a sigmoid, passed as
+    `kernel(q, k, v, gates=g)`, as the papers compute them from the layer's input.
+
     Dropout is applied to the output projection (residual dropout); kernels have no attention-
     probability dropout.
     """
@@ -74,6 +78,8 @@ class SelfAttention(nn.Module):
         self.qkv = nn.Linear(config.d_model, n_projections * config.d_model)
         self.out = nn.Linear(config.d_model, config.d_model)
         self.dropout = nn.Dropout(config.dropout)
+        n_gates = config.spec.n_gates
+        self.gates = nn.Linear(config.d_model, config.n_heads * n_gates) if n_gates else None
 
     def replacement_kernel(self, spec: AttentionSpec, options: Mapping[str, Any]) -> Attention:
         """A kernel of variant `spec` with its `options`, built as this layer built its own, on
@@ -81,6 +87,11 @@ class SelfAttention(nn.Module):
         can then be evaluated with another kernel (`TransformerLM.kernels_replaced`). Raises as
         the constructor does."""
         kernel = build_kernel(self.config, spec, options)
+        if kernel.n_gates != self.config.spec.n_gates:
+            raise ValueError(
+                f"{OWNER}: attention {spec.name!r} takes {kernel.n_gates} gates per token, this "
+                f"layer was built with {self.config.spec.n_gates} (option 'n_gates')"
+            )
         reference = self.out.weight
         return kernel.to(device=reference.device, dtype=reference.dtype).train(self.training)
 
@@ -89,7 +100,10 @@ class SelfAttention(nn.Module):
         batch, length, d_model = x.shape
         q, k, v = self._queries_keys_values(self.qkv(x))  # each (B, L, d_model)
         q, k, v = self._heads(q), self._heads(k), self._heads(v)  # each (B, H, L, head_dim)
-        y = self.kernel(q, k, v)  # (B, H, L, head_dim)
+        gates = None
+        if self.gates is not None:
+            gates = torch.sigmoid(self._heads(self.gates(x)))  # (B, H, L, n_gates)
+        y = self.kernel(q, k, v, gates=gates)  # (B, H, L, head_dim)
         y = y.transpose(1, 2).reshape(batch, length, d_model)  # (B, L, d_model)
         return self.dropout(self.out(y))
 
@@ -106,8 +120,8 @@ class SelfAttention(nn.Module):
         return q, shared_qk_keys(q_heads).flatten(-2), v
 
     def _heads(self, x: torch.Tensor) -> torch.Tensor:
-        # (B, L, d_model) -> (B, H, L, head_dim)
-        return x.unflatten(-1, (self.n_heads, self.head_dim)).transpose(1, 2)
+        # (B, L, H * E) -> (B, H, L, E)
+        return x.unflatten(-1, (self.n_heads, -1)).transpose(1, 2)
 
 
 class FeedForward(nn.Module):
