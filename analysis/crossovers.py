@@ -26,7 +26,10 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     table = tables.speedups(frame) if not frame.empty else None
     if table is None:
-        print(f"error: no speedup_vs_sdpa in {', '.join(args.results)}", file=sys.stderr)
+        print(
+            f"error: no efficient variant with speedup_vs_sdpa in {', '.join(args.results)}",
+            file=sys.stderr,
+        )
         return 1
     print(table.markdown())
     return 0

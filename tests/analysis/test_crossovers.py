@@ -52,4 +52,4 @@ def test_prints_each_variants_crossover_and_speedups(tmp_path, capsys):
 def test_results_without_speedups_are_an_error(tmp_path, capsys):
     _write(tmp_path / "sweep", 0, attention="full", seq_len=256, attn_fwd_bwd_ms=1.0)
     assert crossovers.main([str(tmp_path / "sweep")]) == 1
-    assert "no speedup_vs_sdpa" in capsys.readouterr().err
+    assert "no efficient variant with speedup_vs_sdpa" in capsys.readouterr().err
