@@ -21,7 +21,8 @@ the attention can reach, not what it must store.
 
 Values are distinct within a sequence unless `distinct_values=false`; chance is 1 / n_values
 and the key-blind floor (experiments/tasks/recall.py, `RecallScoring`) 1 / n_pairs. Token ids:
-0 padding, keys 1 .. n_keys, values n_keys + 1 .. n_keys + n_values. Batches are a pure function of (seed, split, index).
+0 padding, keys 1 .. n_keys, values n_keys + 1 .. n_keys + n_values. Batches are a pure
+function of (seed, split, index).
 """
 
 from __future__ import annotations
