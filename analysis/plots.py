@@ -400,6 +400,18 @@ def tradeoff(frame: pd.DataFrame, seq_len: float | None = None) -> Figure:
         )
     if points.empty:
         _message(ax, "no quality with a time at one length in these results")
+    elif quality == "eval_accuracy":
+        # Accuracy is read against chance and the key-blind floor, and a variant that never
+        # learned the task is labelled so (its point is not a cost).
+        chance, floor = accuracy.chance_and_floor(labelled)
+        for value, style in ((chance, "--"), (floor.mean() if len(floor) else None, "-.")):
+            if value is not None:
+                ax.axhline(value * 100, color="grey", linestyle=style, linewidth=1)
+        marked = accuracy.with_learned(series.trained_quality(frame))
+        never = {str(a) for a, jobs in marked.groupby("attention") if not jobs["job_learned"].any()}
+        for handle in handles:
+            if handle.get_label().split()[0] in never:
+                handle.set_label(handle.get_label() + " — not learned")
     if handles:
         ax.legend(
             handles=handles,

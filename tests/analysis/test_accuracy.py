@@ -148,3 +148,12 @@ def test_accuracy_by_pairs_has_chance_and_floor_rows_and_a_figure_per_head_dim()
     labels = [t.get_text() for t in figure.axes[0].get_legend().get_texts()]
     assert any(label.startswith("performer (not learned") for label in labels)
     assert "key-blind floor" in labels
+
+
+def test_the_tradeoff_chart_draws_chance_and_floor_and_labels_not_learned():
+    (ax,) = plots.tradeoff(_long_range()).axes
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert any(label.startswith("lsh") and label.endswith("not learned") for label in labels)
+    assert not any(label.startswith("full") and "not learned" in label for label in labels)
+    flat = [line.get_ydata()[0] for line in ax.get_lines() if len(set(line.get_ydata())) == 1]
+    assert 100 / 16 in flat and 6.1 in [round(v, 1) for v in flat]
