@@ -9,7 +9,8 @@ Three answers per efficient variant, from the same functions the tables use, so 
   factor against SDPA and the O(L²) form at that length (or where those stopped);
 - quality: trained accuracy at the longest length where exact attention reached the task's
   ceiling, in points against exact attention's (from the quality records, which may come from
-  another sweep: the main job trains a reduced long-range run beside its scaling sweep).
+  another sweep: the main job trains a reduced long-range run beside its scaling sweep); a
+  variant that never reached 90 % is "not learned in N steps (control x %)", not a cost.
 
 A variant says only what was measured: a clause is left out when its records are missing.
 """
@@ -18,7 +19,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from analysis import scaling, series
+from analysis import accuracy, scaling, series
 from analysis.fit import ALWAYS_FASTER, CROSSED, NEVER, REFERENCE_FAILED
 from analysis.load import format_value
 from analysis.tables import CEILING
@@ -45,7 +46,7 @@ def headline(cost: pd.DataFrame, quality: pd.DataFrame | None = None) -> list[st
         for baseline in (series.FUSED, series.QUADRATIC)
     }
     memory = series.mean_spread(labelled, "seq_len", MEMORY) if MEMORY in labelled else None
-    accuracy = _accuracy_cost(quality)
+    costs = _accuracy_cost(quality)
     bullets = []
     for name in series.series_order(labelled):
         rows = labelled[labelled["series"] == name]
@@ -54,7 +55,7 @@ def headline(cost: pd.DataFrame, quality: pd.DataFrame | None = None) -> list[st
         clauses = [
             _speed_clause(speed[series.FUSED].get(name), speed[series.QUADRATIC].get(name)),
             _memory_clause(memory, name, references),
-            accuracy.get(str(rows["attention"].iloc[0])),
+            costs.get(str(rows["attention"].iloc[0])),
         ]
         clauses = [c for c in clauses if c]
         if clauses:
@@ -131,10 +132,13 @@ def _factor(mine: float, theirs: float) -> str:
 
 def _accuracy_cost(quality: pd.DataFrame) -> dict[str, str]:
     """attention name -> "accuracy 61.0 % vs exact 100.0 % at L=1,024 (−39.0 points)", at the
-    longest length where exact attention reached the ceiling; {} without such a length."""
+    longest length where exact attention reached the ceiling; {} without such a length. A
+    variant whose job never reached 90 % at any stage gets "not learned in N steps (control
+    x %)" instead: not learning is a result, never an accuracy difference."""
     trained = series.trained_quality(quality, ACCURACY)
     if trained.empty:
         return {}
+    trained = accuracy.with_learned(trained)
     mean = trained.groupby(["attention", "seq_len"])[ACCURACY].mean()
     exact = mean.get(series.REFERENCE)
     if exact is None:
@@ -146,23 +150,27 @@ def _accuracy_cost(quality: pd.DataFrame) -> dict[str, str]:
     task = format_value(trained["task"].iloc[0])
     # A reduced run says how long it trained: slow learners are not yet where they end up.
     at_length = trained[trained["seq_len"] == length]
-    steps = at_length["trained_steps"] if "trained_steps" in at_length else None
-    if steps is None or steps.isna().all():
-        steps = at_length["train.steps"] if "train.steps" in at_length else None
-    after = (
-        f" after {format_value(steps.max())} steps"
-        if steps is not None and steps.notna().any()
-        else ""
-    )
+    steps = accuracy.steps_behind(at_length)
+    after = f" after {format_value(steps.max())} steps" if steps.notna().any() else ""
     clauses = {}
     for attention, by_length in mean.groupby(level="attention"):
         if attention == series.REFERENCE or (attention, length) not in mean.index:
             continue
+        records = trained[trained["attention"] == attention]
+        if not records["job_learned"].any():
+            clauses[str(attention)] = f"{task}: {accuracy.not_learned_text(records)}"
+            continue
         mine = by_length.loc[(attention, length)]
         points = (mine - exact[length]) * 100
         signed = f"{points:+.1f}".replace("-", "−")
+        partly = (
+            ""
+            if records["job_learned"].all()
+            else f"; only {records.loc[records['job_learned'], 'job_key'].nunique()} of "
+            f"{records['job_key'].nunique()} seeds learned"
+        )
         clauses[str(attention)] = (
             f"{task} accuracy{after} {mine:.1%} vs exact {exact[length]:.1%} at L={length:,.0f} "
-            f"({signed} points)"
+            f"({signed} points{partly})"
         )
     return clauses

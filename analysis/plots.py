@@ -29,7 +29,7 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.ticker import FuncFormatter, MaxNLocator, NullFormatter
 
-from analysis import fit, load, scaling, series
+from analysis import accuracy, fit, load, scaling, series
 from experiments.record import MIB
 
 _WALL_STEP = 0.045  # axes-fraction stagger between failure markers of different series
@@ -343,20 +343,46 @@ def accuracy_vs_seq_len(frame: pd.DataFrame) -> Figure:
     """Trained accuracy against seq_len per series: mean over seeds with a min..max band.
 
     Only records of tasks with a quality signal (never random tokens). Dotted: the 90 % that
-    exact attention must reach for the setup to measure anything; dashed: chance.
+    exact attention must reach for the setup to measure anything; dashed: chance; dash-dotted:
+    the key-blind floor measured on the same batches. A series whose job never reached 90 % is
+    labelled "not learned in N steps (control x %)" in the legend (`analysis.accuracy`).
     """
     trained = series.trained_quality(frame).assign(accuracy_pct=lambda f: f["eval_accuracy"] * 100)
+    trained = accuracy.with_learned(trained)
     labelled, _ = series.with_series(trained, x="seq_len")
     fig, (ax,) = _figure(1, "Trained accuracy vs sequence length (mean, min–max over seeds)")
-    xs = _draw(ax, labelled, "seq_len", "accuracy_pct")
+    xs = _draw(ax, labelled, "seq_len", "accuracy_pct", notes=_learned_notes(labelled))
     ax.axhline(90, color="grey", linestyle=":", linewidth=1)
-    if "task.n_values" in trained and trained["task.n_values"].notna().any():
-        chance = 100 / float(trained["task.n_values"].dropna().iloc[0])
-        ax.axhline(chance, color="grey", linestyle="--", linewidth=1)
-        ax.annotate("chance", (0.01, chance), xycoords=("axes fraction", "data"), fontsize=7)
+    _chance_and_floor(ax, labelled, "seq_len")
     _axes(ax, "", "seq_len", "accuracy (%)", log=(True, False), xs=xs)
     ax.set_ylim(-2, 102)
     return fig
+
+
+def _learned_notes(labelled: pd.DataFrame) -> dict[str, str]:
+    """series -> "(not learned in N steps (control x %))" for series none of whose jobs learned."""
+    notes = {}
+    for name, rows in labelled.groupby("series"):
+        if not rows["job_learned"].any():
+            notes[str(name)] = f"({accuracy.not_learned_text(rows)})"
+    return notes
+
+
+def _chance_and_floor(ax: Axes, labelled: pd.DataFrame, x: str) -> None:
+    """Chance (dashed) and the measured key-blind floor per `x` (dash-dotted), in percent."""
+    chance, floor = accuracy.chance_and_floor(labelled, by=x)
+    if chance is not None:
+        ax.axhline(chance * 100, color="grey", linestyle="--", linewidth=1)
+        ax.annotate("chance", (0.01, chance * 100), xycoords=("axes fraction", "data"), fontsize=7)
+    if len(floor):
+        ax.plot(floor.index, floor.values * 100, color="grey", linestyle="-.", linewidth=1)
+        ax.annotate(
+            "key-blind floor",
+            (floor.index[-1], floor.values[-1] * 100),
+            fontsize=7,
+            xytext=(2, 3),
+            textcoords="offset points",
+        )
 
 
 def tradeoff_quality(frame: pd.DataFrame) -> tuple[str, str] | None:
@@ -450,6 +476,18 @@ def tradeoff(frame: pd.DataFrame, seq_len: float | None = None) -> Figure:
         )
     if points.empty:
         _message(ax, "no quality with a time at one length in these results")
+    elif quality == "eval_accuracy":
+        # Accuracy is read against chance and the key-blind floor, and a variant that never
+        # learned the task is labelled so (its point is not a cost).
+        chance, floor = accuracy.chance_and_floor(labelled)
+        for value, style in ((chance, "--"), (floor.mean() if len(floor) else None, "-.")):
+            if value is not None:
+                ax.axhline(value * 100, color="grey", linestyle=style, linewidth=1)
+        marked = accuracy.with_learned(series.trained_quality(frame))
+        never = {str(a) for a, jobs in marked.groupby("attention") if not jobs["job_learned"].any()}
+        for handle in handles:
+            if handle.get_label().split()[0] in never:
+                handle.set_label(handle.get_label() + " — not learned")
     if handles:
         ax.legend(
             handles=handles,

@@ -21,7 +21,7 @@ from pathlib import Path
 import pandas as pd
 from matplotlib.figure import Figure
 
-from analysis import headline, load, plots, series, tables
+from analysis import capacity, headline, load, plots, series, tables
 from experiments.store import Unreadable
 
 # name -> (figure function, caption). A figure is left out of the report when WHEN says these
@@ -59,7 +59,14 @@ FIGURES: dict[str, tuple[Callable[[pd.DataFrame], Figure], str]] = {
     "accuracy_vs_seq_len": (
         plots.accuracy_vs_seq_len,
         "Trained accuracy against sequence length per variant: mean over seeds, band min–max; "
-        "dotted: the 90 % exact attention must reach for the setup to measure anything.",
+        "dotted: the 90 % exact attention must reach for the setup to measure anything; "
+        "dashed: chance; dash-dotted: the key-blind floor measured on the same batches; a "
+        "variant that never reached 90 % is labelled not learned in the legend.",
+    ),
+    "accuracy_vs_pairs": (
+        capacity.accuracy_vs_pairs,
+        "Recall capacity: trained accuracy against the number of key-value pairs per head dim "
+        "(mean, band min–max over seeds); dashed: chance, dash-dotted: the key-blind floor.",
     ),
     "tradeoff": (
         plots.tradeoff,
@@ -81,6 +88,11 @@ WHEN: dict[str, Callable[[pd.DataFrame], str | None]] = {
         if series.trained_quality(frame)["seq_len"].nunique() > 1
         else "no trained accuracy at two lengths or more (random-token loss is not quality)"
     ),
+    "accuracy_vs_pairs": lambda frame: (
+        None
+        if not capacity.capacity_records(frame).empty
+        else "no trained accuracy over several n_pairs at one length (the capacity preset)"
+    ),
     "tradeoff": lambda frame: (
         None
         if plots.tradeoff_quality(frame) is not None
@@ -99,6 +111,8 @@ TABLES: list[Callable[[pd.DataFrame], tables.Table | None]] = [
     tables.cross_evaluation,
     tables.quality,
     tables.quality_by_length,
+    capacity.capacity,
+    capacity.accuracy_by_pairs,
     tables.error_by_knob,
 ]
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from analysis import scaling, series
+from analysis import accuracy, scaling, series
 from analysis.load import format_value
 from experiments import record
 from experiments.record import MIB
@@ -356,9 +356,12 @@ def quality_by_length(frame: pd.DataFrame) -> Table | None:
     """Trained quality per series (rows) and sequence length (columns), mean over seeds.
 
     For sweeps that train at several lengths (the long-range recall preset and its curriculum
-    stages). Each cell: the mean over seeds, with the min..max when there are several. The note
-    says whether exact attention reached the task's ceiling (90 % accuracy) at every length:
-    where it did not, the setup measures nothing there and must be retuned, not read.
+    stages). Each cell: the mean over seeds, with the min..max when there are several, or one
+    seed's Wilson 95 % interval. Accuracy tables also say, per column, the steps the model had
+    trained when it was measured; per row, whether the job learned the task
+    (`analysis.accuracy`); and, as rows, chance and the key-blind floor measured on the same
+    batches. The note says whether exact attention reached the task's ceiling (90 % accuracy) at
+    every length: where it did not, the setup measures nothing there and must be retuned.
     """
     metric = next((m for m in BY_LENGTH if not series.trained_quality(frame, m).empty), None)
     if metric is None:
@@ -366,24 +369,55 @@ def quality_by_length(frame: pd.DataFrame) -> Table | None:
     trained = series.trained_quality(frame, metric)
     if trained["seq_len"].nunique() < 2:
         return None
+    is_accuracy = metric == "eval_accuracy"
+    if is_accuracy:
+        trained = accuracy.with_learned(trained)
     labelled, _ = series.with_series(trained, x="seq_len")
     stats = series.mean_spread(labelled, "seq_len", metric)
     lengths = sorted(stats["seq_len"].unique())
-    scale = 100 if metric == "eval_accuracy" else 1
+    scale = 100 if is_accuracy else 1
+    titles = {length: f"L={_length(length)}" for length in lengths}
+    if is_accuracy:
+        steps = accuracy.steps_behind(labelled).groupby(labelled["seq_len"]).max()
+        titles = {
+            length: title
+            + (f" ({steps[length]:,.0f} steps)" if pd.notna(steps.get(length)) else "")
+            for length, title in titles.items()
+        }
     rows = []
     for name in series.series_order(labelled):
         mine = stats[stats["series"] == name].set_index("seq_len")
+        records = labelled[labelled["series"] == name]
         row = {"variant": name, "seeds": int(mine["n"].max()) if len(mine) else 0}
         for length in lengths:
-            row[f"L={_length(length)}"] = _mean_range(mine, length, scale)
+            cell = _mean_range(mine, length, scale)
+            interval = accuracy.interval_text(records[records["seq_len"] == length], scale)
+            row[titles[length]] = f"{cell} {interval}" if interval else cell
+        if is_accuracy:
+            row["learned"] = accuracy.learned_cell(records)
         rows.append(row)
     note = f"{BY_LENGTH[metric]} on the evaluation batches after training, mean over seeds "
-    note += "(min–max when several)."
-    if metric == "eval_accuracy":
-        note += " " + _ceiling_note(labelled, stats, lengths)
-        if "task.n_values" in trained and trained["task.n_values"].notna().any():
-            chance = 100 / float(trained["task.n_values"].dropna().iloc[0])
-            note += f" Chance: {chance:.1f} %."
+    note += "(min–max when several; [Wilson 95 % interval over the distinct pairs] for one)."
+    if is_accuracy:
+        chance, floor = accuracy.chance_and_floor(labelled)
+        for label, values in (
+            ("chance", {length: chance for length in lengths} if chance is not None else {}),
+            ("key-blind floor", floor),
+        ):
+            if len(values):
+                line = {"variant": label, "seeds": ""}
+                for length in lengths:
+                    value = values.get(length)
+                    line[titles[length]] = "—" if value is None else f"{value * 100:.1f}"
+                line["learned"] = ""
+                rows.append(line)
+        note += (
+            " Column: the optimiser steps trained when measured (one training run through the "
+            f"curriculum). learned: an evaluation of any stage reached {accuracy.LEARNED:.0%}; "
+            "a variant that did not is not learned, not a cost. Key-blind floor: the most "
+            "frequent value in the context, on the same batches. "
+            + _ceiling_note(labelled, stats, lengths)
+        )
     return Table(
         f"Trained quality vs sequence length: {BY_LENGTH[metric]}", pd.DataFrame(rows), note
     )

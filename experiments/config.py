@@ -76,7 +76,8 @@ def _require_positive_or_null(key: str, value: Any) -> None:
 @dataclass(frozen=True)
 class TrainConfig:
     """AdamW steps with warmup then cosine decay, gradient clipping, evaluation every
-    `eval_every` steps on `eval_batches` batches; `curriculum`: shorter stages first
+    `eval_every` steps on `eval_batches` batches (a stage's last evaluation on more, until
+    `eval_pairs` distinct pairs of a recall task were answered); `curriculum`: shorter stages first
     (experiments/curriculum.py); `progress`: a progress bar over the steps and a line per job of a
     sweep (None: when stderr is a terminal; experiments/progress.py)."""
 
@@ -89,9 +90,10 @@ class TrainConfig:
     eval_batches: int
     curriculum: tuple[Any, ...] | list[Any] = ()
     progress: bool | None = None
+    eval_pairs: int = 0
 
     def __post_init__(self):
-        for key in ("steps", "warmup", "eval_every"):
+        for key in ("steps", "warmup", "eval_every", "eval_pairs"):
             require_non_negative_int(OWNER, f"train.{key}", getattr(self, key))
         require_positive_int(OWNER, "train.eval_batches", self.eval_batches)
         if self.progress is not None and not isinstance(self.progress, bool):

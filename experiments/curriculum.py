@@ -9,6 +9,13 @@ short lengths and carry over to longer ones within a few hundred steps; a curric
 same schedule for every variant is a fair way to reach long lengths in budget (and what a job
 reports at each stage is how far a model trained that way gets at that length).
 
+The stages are one training run: one optimizer state and one learning-rate schedule over all
+of them (experiments/train.py, `TrainingRun`), so a later length continues, not restarts, and
+every stage's record says how many steps the model had trained (`trained_steps`).
+
+A job shorter than some of the curriculum's stages (a preset run at a shorter `seq_len`) takes
+the stages below its length and leaves the others out; `skipped_note` says so in one line.
+
 Each stage before the last is recorded as a configuration of its own: the job's config with
 that stage's `seq_len` and `batch_size` (`stage_config`), so the results hold one row per
 (variant, length) whatever the schedule.
@@ -50,7 +57,7 @@ def stages_of(job: JobConfig) -> list[Stage]:
             f"got {entries!r}"
         )
     stages, previous = [], 0
-    for i, entry in enumerate(entries):
+    for i, entry in enumerate(_below(entries, seq_len)):
         key = f"train.curriculum[{i}]"
         if not isinstance(entry, dict) or set(entry) != {"seq_len", "steps"}:
             raise ValueError(
@@ -67,6 +74,31 @@ def stages_of(job: JobConfig) -> list[Stage]:
         previous = length
     stages.append(Stage(seq_len, batch_size, job.train.steps))
     return stages
+
+
+def _below(entries, seq_len: int) -> list[Any]:
+    """The entries up to the first one not shorter than the job (those after it are longer)."""
+    kept = []
+    for entry in entries:
+        length = entry.get("seq_len") if isinstance(entry, dict) else None
+        if isinstance(length, int) and length >= seq_len:
+            break
+        kept.append(entry)
+    return kept
+
+
+def skipped_note(job: JobConfig) -> str | None:
+    """One line naming the curriculum stages a shorter job leaves out, None if it keeps all."""
+    entries = list(job.train.curriculum or [])
+    kept = _below(entries, job.seq_len)
+    if len(kept) == len(entries):
+        return None
+    left_out = ", ".join(str(entry.get("seq_len")) for entry in entries[len(kept) :])
+    trained = " -> ".join(str(stage.seq_len) for stage in job.stages)
+    return (
+        f"train.curriculum: stages at seq_len {left_out} are not shorter than seq_len="
+        f"{job.seq_len} and are left out; training {trained}"
+    )
 
 
 def stage_config(config: dict[str, Any], stage: Stage) -> dict[str, Any]:

@@ -32,7 +32,7 @@ from experiments.timing import (
     time_call,
     timed_against,
 )
-from experiments.train import evaluate, masked_loss_and_hits, train
+from experiments.train import TrainingRun, evaluate, masked_loss_and_hits, start_run, train
 from variants.attention.base import FWD_BWD_FLOP_FACTOR, Attention, sample_gates
 
 
@@ -129,7 +129,10 @@ def measure(
 
     # Training first, on the freshly seeded model, so every variant starts from the same state;
     # a curriculum trains the same model at shorter lengths first (experiments/curriculum.py).
+    # One optimizer state and one learning-rate schedule over every stage: a later length
+    # continues the run, it does not restart it (experiments/train.py, `TrainingRun`).
     stages = job.stages
+    run = start_run(model, job.train, sum(stage.steps for stage in stages), precision)
     trained_steps = 0
     bar = progress.TrainingBar(
         sum(stage.steps for stage in stages),
@@ -154,9 +157,10 @@ def measure(
             dataclasses.replace(job.train, steps=stage.steps),
             on_step=_after(on_step, bar, trained_steps, stage.seq_len if len(stages) > 1 else None),
             precision=precision,
+            run=run,
         )
         trained_steps += stage.steps
-        trained = _training_columns(result, stage_task)
+        trained = _training_columns(result, stage_task, run)
         if len(stages) > 1:
             trained.update(curriculum_stage=number, trained_steps=trained_steps)
         if last:
@@ -244,7 +248,7 @@ def measure(
     return columns
 
 
-def _training_columns(result, task: Task) -> dict[str, Any]:
+def _training_columns(result, task: Task, run: TrainingRun) -> dict[str, Any]:
     columns = {
         "train_loss": result.train_loss,
         "eval_loss": result.eval_loss,
@@ -253,6 +257,19 @@ def _training_columns(result, task: Task) -> dict[str, Any]:
     }
     if result.grad_warning is not None:  # float16 gradients that underflowed or overflowed
         columns["grad_warning"] = result.grad_warning
+    if task.has_accuracy:
+        # Learned so far: the job's own (last) record says it for the whole run.
+        columns.update(learned=run.steps_to_learn is not None, steps_to_learn=run.steps_to_learn)
+    final = result.final_eval
+    if final is not None and final.floor_accuracy is not None:
+        low, high = final.accuracy_ci
+        columns.update(
+            chance_accuracy=task.chance_accuracy,
+            floor_accuracy=final.floor_accuracy,
+            eval_accuracy_ci_low=low,
+            eval_accuracy_ci_high=high,
+            eval_distinct_pairs=final.distinct_pairs,
+        )
     if task.reports_bits_per_byte:
         columns["eval_bits_per_byte"] = result.eval_loss / math.log(2)
     return columns

@@ -158,6 +158,40 @@ SCHEMA: tuple[Column, ...] = (
     _measured("curriculum_stage", int, "", "which curriculum stage (0 = the first)"),
     _measured("trained_steps", int, "", "optimiser steps taken when evaluated"),
     _measured("precision", str, "", "float32 | bf16-mixed | fp16-mixed", optional=True),
+    # Quality you can trust (recall tasks): chance, the key-blind floor, an interval, learned.
+    _measured("chance_accuracy", float, "fraction", "a uniform guess: 1 / n_values", optional=True),
+    _measured(
+        "floor_accuracy",
+        float,
+        "fraction",
+        "the key-blind predictor (most frequent value in the context) on the eval batches",
+        optional=True,
+    ),
+    _measured(
+        "eval_accuracy_ci_low",
+        float,
+        "fraction",
+        "Wilson 95 % interval of eval_accuracy over the distinct pairs answered: low",
+        optional=True,
+    ),
+    _measured("eval_accuracy_ci_high", float, "fraction", "and high", optional=True),
+    _measured(
+        "eval_distinct_pairs", int, "", "distinct (sequence, key) pairs evaluated", optional=True
+    ),
+    _measured(
+        "learned",
+        bool,
+        "",
+        "an evaluation of any stage so far reached 90 % accuracy (the job's record: of the run)",
+        optional=True,
+    ),
+    _measured(
+        "steps_to_learn",
+        int,
+        "",
+        "optimiser steps from the start to the first evaluation at 90 %",
+        optional=True,
+    ),
     _measured("timing_warning", str, "", "figures whose timing spread widely", optional=True),
     # issue 26 (nothing lost, nothing silent): float16 gradient checks (experiments/train.py)
     _measured(

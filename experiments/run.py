@@ -82,6 +82,8 @@ def run_job(
     try:
         check_added_keys(config, added)  # `+seqlen=128`: a typo, not a setting
         job_config = JobConfig.of(config)  # the job as one typed object, checked
+        if note := curriculum.skipped_note(job_config):
+            log.warning(note)
         built = measure.setup(job_config)
     except UnsupportedCombination as error:
         rec.update(status=record.SKIPPED, error=" ".join(str(error).split()))

@@ -1,4 +1,11 @@
-"""The training loop every variant is trained with: AdamW, warmup then cosine, clipping, eval."""
+"""The training loop every variant is trained with: AdamW, warmup then cosine, clipping, eval.
+
+A curriculum is one training run: `TrainingRun` holds the one AdamW state and the one schedule
+(warm-up once, cosine over the steps of every stage) that each stage's `train` call continues,
+so a later length is never a restart. Recall tasks are also scored against their chance and
+key-blind floor, with a 95 % interval, and the run remembers the first evaluation that reached
+`LEARNED` accuracy (`steps_to_learn`).
+"""
 
 from __future__ import annotations
 
@@ -16,9 +23,66 @@ from experiments.config import TrainConfig
 from experiments.precision import FLOAT32, Precision
 from experiments.tasks import Batch, Task
 
+# An evaluation at or above this accuracy, at any stage, means the job learned the task.
+LEARNED = 0.9
+Z_95 = 1.959964  # the normal quantile of a two-sided 95 % interval
+
 
 class Diverged(Exception):
     """The training or evaluation loss, or a float16 job's gradients, became NaN or infinite."""
+
+
+@dataclass
+class EvalResult:
+    """Mean loss and accuracy over the scored positions; for recall tasks also the key-blind
+    floor's accuracy on the same positions and the distinct (sequence, key) pairs answered."""
+
+    loss: float
+    accuracy: float
+    floor_accuracy: float | None = None
+    distinct_pairs: int | None = None
+
+    def __iter__(self):
+        """`loss, accuracy = evaluate(...)`."""
+        return iter((self.loss, self.accuracy))
+
+    @property
+    def accuracy_ci(self) -> tuple[float, float] | None:
+        """Wilson's 95 % score interval of the accuracy over the distinct pairs answered (a
+        pair queried twice is not a second independent answer); None without pairs."""
+        if not self.distinct_pairs:
+            return None
+        return wilson_interval(self.accuracy, self.distinct_pairs)
+
+
+def wilson_interval(p: float, n: int, z: float = Z_95) -> tuple[float, float]:
+    """Wilson score interval (low, high) of a proportion `p` observed over `n` trials."""
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z / (1 + z * z / n) * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+@dataclass
+class TrainingRun:
+    """One optimizer state and one learning-rate schedule over `total_steps`, shared by the
+    `train` calls of a curriculum's stages; `step` counts the steps taken so far and
+    `steps_to_learn` the step of the first evaluation at `LEARNED` accuracy (None: not yet)."""
+
+    optimizer: torch.optim.Optimizer
+    total_steps: int
+    scaler: Any = None
+    step: int = 0
+    steps_to_learn: int | None = None
+
+
+def start_run(
+    model: nn.Module, settings: TrainConfig, total_steps: int, precision: Precision = FLOAT32
+) -> TrainingRun:
+    """A fresh AdamW on `model`'s parameters and a schedule over `total_steps`."""
+    optimizer = torch.optim.AdamW(
+        model.parameters(), lr=settings.lr, weight_decay=settings.weight_decay
+    )
+    return TrainingRun(optimizer, total_steps, precision.grad_scaler())
 
 
 @dataclass
@@ -29,6 +93,7 @@ class TrainResult:
     tokens_per_s: float | None  # training tokens per second of wall time, evaluation excluded
     steps: int
     grad_warning: str | None = None  # float16: steps whose gradients were all zero or overflowed
+    final_eval: EvalResult | None = None  # the stage's last evaluation (at least eval_pairs)
 
 
 class GradientCheck:
@@ -102,21 +167,37 @@ def evaluate(
     device: torch.device,
     n_batches: int,
     precision: Precision = FLOAT32,
-) -> tuple[float, float]:
-    """Mean eval loss and accuracy (over masked target positions) on `n_batches` eval batches."""
+    *,
+    min_pairs: int = 0,
+) -> EvalResult:
+    """Mean eval loss and accuracy (over masked target positions) on `n_batches` eval batches,
+    and on more until `min_pairs` distinct pairs were answered (recall tasks: those with
+    `floor_hits` and `distinct_queries`, whose floor and pairs are then counted too)."""
     was_training = model.training
     model.eval()
-    total_loss, total_hits, total_count = 0.0, 0, 0
-    for index in range(n_batches):
-        batch = task.batch("eval", index).to(device)
+    scored = hasattr(task, "floor_hits") and hasattr(task, "distinct_queries")
+    total_loss, total_hits, total_count, floor_hits, pairs = 0.0, 0, 0, 0, 0
+    index = 0
+    while index < n_batches or (scored and pairs < min_pairs):
+        batch = task.batch("eval", index)
+        if scored:
+            floor_hits += task.floor_hits(batch)
+            pairs += task.distinct_queries(batch)
+        batch = batch.to(device)
         with precision.autocast():
             loss, hits = masked_loss_and_hits(model(batch.inputs), batch)
         count = int(batch.loss_mask.sum())
         total_loss += float(loss) * count
         total_hits += int(hits)
         total_count += count
+        index += 1
     model.train(was_training)
-    return total_loss / total_count, total_hits / total_count
+    return EvalResult(
+        total_loss / total_count,
+        total_hits / total_count,
+        floor_hits / total_count if scored else None,
+        pairs if scored else None,
+    )
 
 
 def train(
@@ -127,8 +208,13 @@ def train(
     *,
     on_step: Callable[[dict[str, Any], int], None] | None = None,
     precision: Precision = FLOAT32,
+    run: TrainingRun | None = None,
 ) -> TrainResult:
     """Train `model` for `settings.steps` optimiser steps on `task`; deterministic given the seeds.
+
+    `run`: the training run to continue (a curriculum's optimizer and schedule, which this call
+    advances by `settings.steps`); None starts one of exactly these steps. The last evaluation
+    covers at least `settings.eval_pairs` distinct pairs of a recall task.
 
     `on_step(metrics, step)` receives `train/loss`, `train/lr` every step and `eval/loss`,
     `eval/accuracy` every `settings.eval_every` steps and at the end. Raises `Diverged` on a
@@ -140,8 +226,9 @@ def train(
     """
     steps, lr, warmup = settings.steps, settings.lr, settings.warmup
     eval_every, eval_batches = settings.eval_every, settings.eval_batches
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=settings.weight_decay)
-    scaler = precision.grad_scaler()
+    run = run if run is not None else start_run(model, settings, steps, precision)
+    optimizer, scaler, first = run.optimizer, run.scaler, run.step
+    final_eval = None
     gradients = GradientCheck(scaler) if precision.name == "float16" else None
     model.train()
     recent: list[float] = []
@@ -149,7 +236,7 @@ def train(
     eval_loss = eval_accuracy = None
     for step in range(steps):
         for group in optimizer.param_groups:
-            group["lr"] = lr_at(step, lr=lr, warmup=warmup, steps=steps)
+            group["lr"] = lr_at(first + step, lr=lr, warmup=warmup, steps=run.total_steps)
         batch = task.batch("train", step).to(device)
         started = time.perf_counter()
         with precision.autocast():
@@ -180,11 +267,22 @@ def train(
             "train/lr": optimizer.param_groups[0]["lr"],
         }
         last = step == steps - 1
+        run.step += 1
         if last or (eval_every and (step + 1) % eval_every == 0):
-            eval_loss, eval_accuracy = evaluate(model, task, device, eval_batches, precision)
+            result = evaluate(
+                model,
+                task,
+                device,
+                eval_batches,
+                precision,
+                min_pairs=settings.eval_pairs if last else 0,
+            )
+            eval_loss, eval_accuracy, final_eval = result.loss, result.accuracy, result
             if not math.isfinite(eval_loss):  # recorded as null, it would read "not measured"
                 raise Diverged(f"eval_loss is {eval_loss} after {step + 1} training steps")
             metrics.update({"eval/loss": eval_loss, "eval/accuracy": eval_accuracy})
+            if task.has_accuracy and run.steps_to_learn is None and eval_accuracy >= LEARNED:
+                run.steps_to_learn = run.step
         if on_step is not None:
             on_step(metrics, step)
     return TrainResult(
@@ -194,4 +292,5 @@ def train(
         tokens_per_s=tokens / train_seconds if train_seconds else None,
         steps=steps,
         grad_warning=None if gradients is None else gradients.warning(steps),
+        final_eval=final_eval,
     )

@@ -13,12 +13,16 @@ models (a bidirectional model sees the other query keys too, which hold nothing)
 is hidden and predicted in place, and no query can copy an earlier query's answer. A query's
 distance to its value is the difference of two uniform positions, one in each half: triangular
 on (0, seq_len) with mean seq_len / 2, so it grows in proportion to the length, and a pattern
-that reaches w tokens back sees the value of about (w / seq_len)^2 / 2 of the queries
-(w <= seq_len / 2). Keeping `n_pairs` fixed across lengths keeps the lookup itself equally hard,
-so a change of accuracy with length is what the attention can reach, not what it must store.
+that reaches w tokens back sees the value of about 2 (w / seq_len)^2 of the queries
+(w <= seq_len / 2: the sum of two uniforms on (0, seq_len / 2) has density
+d / (seq_len / 2)^2 below seq_len / 2; w = seq_len / 4 gives 1/8). Keeping `n_pairs` fixed
+across lengths keeps the lookup itself equally hard, so a change of accuracy with length is what
+the attention can reach, not what it must store.
 
-Chance accuracy is 1 / n_values. Token ids: 0 padding, keys 1 .. n_keys, values
-n_keys + 1 .. n_keys + n_values. Batches are a pure function of (seed, split, index).
+Values are distinct within a sequence unless `distinct_values=false`; chance is 1 / n_values
+and the key-blind floor (experiments/tasks/recall.py, `RecallScoring`) 1 / n_pairs. Token ids:
+0 padding, keys 1 .. n_keys, values n_keys + 1 .. n_keys + n_values. Batches are a pure
+function of (seed, split, index).
 """
 
 from __future__ import annotations
@@ -26,14 +30,14 @@ from __future__ import annotations
 import torch
 
 from experiments.tasks import Batch, SeededTask, generator, register_task
-from experiments.tasks.recall import check_pairs
+from experiments.tasks.recall import RecallScoring, check_distinct, check_pairs, draw_pairs
 
 OWNER = "task long_recall"
 PAD = 0
 
 
 @register_task
-class LongRecall(SeededTask):
+class LongRecall(RecallScoring, SeededTask):
     """Key-value pairs in the first half, query keys in the second; accuracy on the values."""
 
     name = "long_recall"
@@ -48,9 +52,11 @@ class LongRecall(SeededTask):
         n_pairs: int = 16,
         n_keys: int = 64,
         n_values: int = 64,
+        distinct_values: bool = True,
     ):
         super().__init__(seq_len=seq_len, batch_size=batch_size, seed=seed)
         self.n_pairs, self.n_keys, self.n_values = check_pairs(OWNER, n_pairs, n_keys, n_values)
+        self.distinct_values = check_distinct(OWNER, distinct_values, n_pairs, n_values)
         if n_pairs > self.pair_slots:
             raise ValueError(
                 f"{OWNER}: option 'seq_len'={seq_len} holds {self.pair_slots} pairs in its first "
@@ -72,9 +78,9 @@ class LongRecall(SeededTask):
         g = generator(self.seed, split, index)
         batch, pairs, start = self.batch_size, self.n_pairs, self.first_query
         n_queries = self.seq_len - start
-        # Distinct keys per row: the first P of a random permutation of 1..n_keys.
-        keys = torch.rand(batch, self.n_keys, generator=g).argsort(dim=-1)[:, :pairs] + 1  # (B, P)
-        values = torch.randint(self.n_values, (batch, pairs), generator=g) + 1 + self.n_keys
+        keys, values = draw_pairs(
+            g, batch, pairs, self.n_keys, self.n_values, self.distinct_values
+        )  # (B, P) each
         slots = torch.rand(batch, self.pair_slots, generator=g).argsort(dim=-1)[:, :pairs]
         asked = torch.randint(pairs, (batch, n_queries), generator=g)  # (B, Q) pair indices
 

@@ -10,6 +10,12 @@ metric is recall accuracy: chance is 1 / n_values, a perfect model looks each ke
 can be anywhere up to seq_len positions back, so this is long-range retrieval by content,
 unlike the duplication task's fixed offset.
 
+Values are distinct within a sequence (`distinct_values`, default true, as in Zoology's MQAR):
+drawn with replacement, a few values repeat, and a predictor blind to the key that answers the
+most frequent value in the context beats chance (16 pairs over 16 values: 19 %). Every recall
+task also reports that key-blind predictor's accuracy on the same eval batches (`floor_hits`):
+with distinct values it is 1 / n_pairs, the floor a model must clear to have used the key.
+
 Token ids: 0 padding, keys 1 .. n_keys, values n_keys + 1 .. n_keys + n_values.
 """
 
@@ -37,8 +43,70 @@ def check_pairs(owner: str, n_pairs: int, n_keys: int, n_values: int) -> tuple[i
     return n_pairs, n_keys, n_values
 
 
+def check_distinct(owner: str, distinct_values: bool, n_pairs: int, n_values: int) -> bool:
+    """`distinct_values`, checked: with it, a sequence's n_pairs values need n_values >= n_pairs."""
+    if not isinstance(distinct_values, bool):
+        raise ValueError(f"{owner}: option 'distinct_values' must be true or false")
+    if distinct_values and n_values < n_pairs:
+        raise ValueError(
+            f"{owner}: option 'n_values'={n_values} must be at least 'n_pairs'={n_pairs} "
+            f"with distinct_values=true (a sequence's values are distinct)"
+        )
+    return distinct_values
+
+
+def draw_pairs(
+    g: torch.Generator, batch: int, n_pairs: int, n_keys: int, n_values: int, distinct: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A batch of key-value pairs, (B, P) token ids each: distinct keys 1 .. n_keys per row,
+    values n_keys + 1 .. n_keys + n_values, distinct per row when `distinct`."""
+    # Distinct: the first P of a random permutation per row.
+    keys = torch.rand(batch, n_keys, generator=g).argsort(dim=-1)[:, :n_pairs] + 1  # (B, P)
+    if distinct:
+        values = torch.rand(batch, n_values, generator=g).argsort(dim=-1)[:, :n_pairs]
+    else:
+        values = torch.randint(n_values, (batch, n_pairs), generator=g)
+    return keys, values + 1 + n_keys  # (B, P) each
+
+
+class RecallScoring:
+    """What recall tasks share: chance and the key-blind floor on the task's own batches.
+
+    Needs `n_keys`, `n_values` and `n_pairs`; a scored position's input is its query key and its
+    target the key's value.
+    """
+
+    n_keys: int
+    n_values: int
+    n_pairs: int
+
+    @property
+    def chance_accuracy(self) -> float:
+        """A uniform guess among the values: 1 / n_values."""
+        return 1 / self.n_values
+
+    def floor_hits(self, batch: Batch) -> int:
+        """Hits of the best predictor blind to the query key on `batch`'s scored positions: the
+        most frequent value among the inputs up to and including the position (ties: the
+        lowest id)."""
+        first = 1 + self.n_keys
+        is_value = (batch.inputs >= first) & (batch.inputs < first + self.n_values)  # (B, L)
+        index = (batch.inputs - first).clamp(0, self.n_values - 1)
+        seen = torch.nn.functional.one_hot(index, self.n_values) * is_value[..., None]
+        counts = seen.cumsum(dim=1)  # (B, L, n_values): each value's count so far
+        guess = counts.argmax(dim=-1) + first  # (B, L); argmax takes the first of ties
+        return int(((guess == batch.targets) & batch.loss_mask).sum())
+
+    def distinct_queries(self, batch: Batch) -> int:
+        """Distinct (sequence, queried key) pairs among `batch`'s scored positions: the answers
+        that are not repeats, what an interval on the accuracy rests on."""
+        rows = torch.arange(batch.inputs.shape[0])[:, None].expand_as(batch.inputs)  # (B, L)
+        asked = rows[batch.loss_mask] * (self.n_keys + 1) + batch.inputs[batch.loss_mask]
+        return int(asked.unique().numel())
+
+
 @register_task
-class Recall(SeededTask):
+class Recall(RecallScoring, SeededTask):
     """Multi-query associative recall, accuracy on the queried values; see the module docstring."""
 
     name = "recall"
@@ -53,9 +121,11 @@ class Recall(SeededTask):
         n_pairs: int = 16,
         n_keys: int = 128,
         n_values: int = 128,
+        distinct_values: bool = True,
     ):
         super().__init__(seq_len=seq_len, batch_size=batch_size, seed=seed)
         self.n_pairs, self.n_keys, self.n_values = check_pairs(OWNER, n_pairs, n_keys, n_values)
+        self.distinct_values = check_distinct(OWNER, distinct_values, n_pairs, n_values)
         if 2 * n_pairs + 2 > seq_len:
             raise ValueError(
                 f"{OWNER}: option 'seq_len'={seq_len} must be at least 2 * 'n_pairs' + 2 = "
@@ -67,9 +137,9 @@ class Recall(SeededTask):
     def batch(self, split: str, index: int) -> Batch:
         g = generator(self.seed, split, index)
         batch, pairs, queries = self.batch_size, self.n_pairs, self.n_queries
-        # Distinct keys per row: the first P of a random permutation of 1..n_keys.
-        keys = torch.rand(batch, self.n_keys, generator=g).argsort(dim=-1)[:, :pairs] + 1  # (B, P)
-        values = torch.randint(self.n_values, (batch, pairs), generator=g) + 1 + self.n_keys
+        keys, values = draw_pairs(
+            g, batch, pairs, self.n_keys, self.n_values, self.distinct_values
+        )  # (B, P) each
         asked = torch.randint(pairs, (batch, queries), generator=g)  # (B, Q) pair indices
         query_keys, answers = keys.gather(1, asked), values.gather(1, asked)  # (B, Q) each
 

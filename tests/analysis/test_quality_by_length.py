@@ -52,12 +52,14 @@ def long_range_records(exact=ACCURACY["full"]) -> pd.DataFrame:
 def test_the_table_has_a_row_per_variant_and_a_column_per_length():
     table = tables.quality_by_length(long_range_records())
     rows = {r["variant"]: r for r in table.frame.to_dict("records")}
-    assert list(rows) == ["full", "blockwise", "linformer (bidirectional)"]
-    assert list(table.frame.columns) == ["variant", "seeds", "L=256", "L=512", "L=1,024", "L=2,048"]
+    assert list(rows) == ["full", "blockwise", "linformer (bidirectional)", "chance"]
+    lengths = ["L=256", "L=512", "L=1,024", "L=2,048"]
+    assert list(table.frame.columns) == ["variant", "seeds", *lengths, "learned"]
     assert rows["full"]["L=2,048"] == "97.0 (96.0–98.0)"
     assert rows["blockwise"]["L=512"] == "49.0 (48.0–50.0)"
     assert rows["full"]["seeds"] == 2
-    assert "reached ≥ 90% at every length" in table.note and "Chance: 6.2 %" in table.note
+    assert rows["chance"]["L=256"] == "6.2"  # 1 / task.n_values: these records have no floor
+    assert "reached ≥ 90% at every length" in table.note
 
 
 def test_the_note_warns_where_exact_attention_missed_the_ceiling():

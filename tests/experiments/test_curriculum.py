@@ -45,7 +45,6 @@ def test_stages_keep_the_tokens_per_step_and_end_with_the_job(resolved_config):
 @pytest.mark.parametrize(
     ("schedule", "message"),
     [
-        ("[{seq_len:64,steps:1}]", r"train.curriculum\[0\].seq_len'=64 must be .* shorter"),
         ("[{seq_len:32,steps:1},{seq_len:16,steps:1}]", r"\[1\].seq_len'=16 must be longer"),
         ("[{seq_len:16}]", r"train.curriculum\[0\]' must be \{seq_len"),
         ("[{seq_len:16,steps:-1}]", r"\[0\].steps' must be a non-negative"),
@@ -134,3 +133,40 @@ def test_a_stage_record_of_another_configuration_is_displaced_not_overwritten(
     moved = stage_path.parent / "displaced" / stage0["config_hash"] / "result.json"
     assert json.loads(moved.read_text()) == stage0
     assert json.loads(stage_path.read_text())["config_hash"] != stage0["config_hash"]
+
+
+def test_a_job_shorter_than_the_schedule_takes_the_stages_below_it_and_says_so(job_config):
+    config = job_config(
+        *TINY, "train.curriculum=[{seq_len:16,steps:3},{seq_len:64,steps:1},{seq_len:128,steps:1}]"
+    )
+    assert config.stages == (curriculum.Stage(16, 8, 3), curriculum.Stage(64, 2, 2))
+    assert curriculum.skipped_note(config) == (
+        "train.curriculum: stages at seq_len 64, 128 are not shorter than seq_len=64 and are "
+        "left out; training 16 -> 64"
+    )
+    assert curriculum.skipped_note(job_config(*TINY, SCHEDULE)) is None
+
+
+def test_the_long_range_preset_runs_at_a_shorter_length(job_config):
+    config = job_config("+experiment=long_range", "seq_len=1024", "attention=full")
+    assert [stage.seq_len for stage in config.stages] == [64, 128, 256, 512, 1024]
+    assert "stages at seq_len 1024 are not shorter" in curriculum.skipped_note(config)
+
+
+def test_the_stages_share_one_optimizer_whose_step_count_carries_over(job_config, monkeypatch):
+    from experiments import train as train_module
+
+    runs = []
+    real = train_module.train
+
+    def spy(*args, run=None, **kwargs):
+        runs.append((run, None if run is None else run.step))
+        return real(*args, run=run, **kwargs)
+
+    monkeypatch.setattr(measure, "train", spy)
+    config = job_config(*TINY, SCHEDULE)
+    measure.measure(config, measure.setup(config))
+    assert len({id(r) for r, _ in runs}) == 1 and runs[0][0] is not None
+    assert [step for _, step in runs] == [0, 3, 4]  # each stage continues the count
+    optimizer = runs[0][0].optimizer
+    assert int(optimizer.state[optimizer.param_groups[0]["params"][0]]["step"]) == 6

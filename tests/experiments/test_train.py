@@ -187,3 +187,62 @@ def test_learning_rate_warms_up_then_decays_to_a_tenth():
     assert lr_at(20, lr=1.0, warmup=4, steps=20) == pytest.approx(0.1)
     assert lr_at(0, lr=2.0, warmup=0, steps=10) == 2.0
     assert all(math.isfinite(lr_at(s, lr=1.0, warmup=0, steps=1)) for s in range(3))
+
+
+def test_one_run_carries_the_optimizer_and_the_schedule_across_calls():
+    from experiments.train import start_run
+
+    model = lookup_model()
+    settings = TrainConfig(
+        steps=5, lr=0.05, warmup=3, weight_decay=0.0, grad_clip=1.0, eval_every=0, eval_batches=1
+    )
+    run = start_run(model, settings, total_steps=10)
+    lrs = []
+    for _ in range(2):  # two stages of 5 steps: one AdamW, one warm-up, one cosine over 10
+        train(
+            model,
+            CopyTask(),
+            CPU,
+            settings,
+            run=run,
+            on_step=lambda m, s: lrs.append(m["train/lr"]),
+        )
+    state = run.optimizer.state[next(model.parameters())]
+    assert int(state["step"]) == 10 and run.step == 10  # AdamW's step count carried over
+    assert lrs == pytest.approx([lr_at(s, lr=0.05, warmup=3, steps=10) for s in range(10)])
+    assert lrs[5] < lrs[4]  # no second warm-up at the second call
+
+
+def test_the_run_remembers_the_first_evaluation_at_ninety_percent():
+    from experiments.train import start_run
+
+    model = lookup_model()
+    settings = TrainConfig(
+        steps=40, lr=0.05, warmup=2, weight_decay=0.0, grad_clip=1.0, eval_every=10, eval_batches=2
+    )
+    run = start_run(model, settings, total_steps=40)
+    accuracies = {}
+    train(
+        model,
+        CopyTask(),
+        CPU,
+        settings,
+        run=run,
+        on_step=lambda m, s: accuracies.update(
+            {s + 1: m["eval/accuracy"]} if "eval/accuracy" in m else {}
+        ),
+    )
+    first = min(step for step, value in accuracies.items() if value >= 0.9)
+    assert run.steps_to_learn == first
+
+
+def test_wilson_interval_matches_a_hand_computed_value():
+    from experiments.train import wilson_interval
+
+    low, high = wilson_interval(
+        0.5, 512
+    )  # centre 0.5, half-width 1.96 * sqrt(.25 / 512) / (1 + z²/n)
+    assert (low, high) == pytest.approx((0.4568, 0.5432), abs=2e-4)
+    assert wilson_interval(1.0, 100)[1] == 1.0 and wilson_interval(1.0, 100)[0] == pytest.approx(
+        0.963, abs=1e-3
+    )

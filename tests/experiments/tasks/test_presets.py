@@ -70,3 +70,42 @@ def test_every_long_range_job_builds_causal_where_its_variant_can_be(job_config,
     stages = job.stages
     assert [s.seq_len for s in stages] == [64, 128, 256, 512, 1024, 2048]
     assert {s.seq_len * s.batch_size for s in stages} == {2048}  # tokens per step
+
+
+def _capacity_sweep() -> dict[str, list[str]]:
+    params = OmegaConf.load(CONF / "experiment" / "capacity.yaml").hydra.sweeper.params
+    return {key: str(values).split(",") for key, values in params.items()}
+
+
+def test_every_job_of_the_capacity_preset_builds(resolved_config):
+    import copy
+
+    sweep = _capacity_sweep()
+    points = sweep["+capacity_point"]
+    assert set(sweep["attention"]) >= {
+        "full",
+        "lsh",
+        "routing",
+        "compressed",
+        "linear",
+        "performer",
+    }
+    kernels = {
+        name: resolved_config(f"attention={name}")["attention"] for name in sweep["attention"]
+    }
+    seen = set()
+    for point in points:
+        base = resolved_config("+experiment=capacity", f"+capacity_point={point}")
+        assert base["sweep"] == "capacity" and base["task"]["distinct_values"]
+        seen.add((base["task"]["n_pairs"], base["seed"]))
+        for attention in sweep["attention"]:
+            for heads in sweep["model.n_heads"]:
+                config = copy.deepcopy(base)
+                config["attention"] = dict(kernels[attention])
+                config["model"]["n_heads"] = int(heads)
+                built = measure.setup(JobConfig.of(config))
+                assert next(iter(built.model.kernels())).name == attention
+                assert built.model.config.head_dim in (16, 32)
+    pairs = sorted({p for p, _ in seen})
+    assert pairs == [4, 8, 16, 32, 64]
+    assert sorted(p for p, seed in seen if seed == 1) == [16, 64]

@@ -1,0 +1,223 @@
+"""Recall capacity (Zoology's MQAR axis): accuracy against the number of key-value pairs.
+
+From the records of a sweep that trains at one length over several `task.n_pairs` (the
+`capacity` preset): per variant and head dim (d_model / n_heads), the trained accuracy at each
+number of pairs, and the variant's *capacity*: the largest n_pairs up to which it stays within
+`WITHIN` of exact attention's accuracy at the same head dim (every smaller point too).
+Fixed-state kernels (linear, Performer) are expected to fall as the pairs outgrow their state,
+and to hold more pairs at a larger head dim; attention and LSH are not.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
+
+from analysis import accuracy, plots, series
+from analysis.load import format_value
+from analysis.tables import Table
+
+PAIRS = "task.n_pairs"
+WITHIN = 0.10  # capacity: within 10 points of exact attention
+
+
+def capacity_records(frame: pd.DataFrame) -> pd.DataFrame:
+    """Trained-accuracy records of a capacity sweep (several n_pairs at one length), with
+    `head_dim` and the learned columns of `analysis.accuracy`; empty if `frame` is not one."""
+    trained = series.trained_quality(frame)
+    if trained.empty or PAIRS not in trained or trained[PAIRS].nunique() < 2:
+        return trained.iloc[0:0]
+    if trained["seq_len"].nunique() != 1:
+        return trained.iloc[0:0]
+    trained = accuracy.with_learned(trained)
+    return trained.assign(head_dim=(trained["d_model"] // trained["n_heads"]).astype(int))
+
+
+def _means(records: pd.DataFrame) -> pd.DataFrame:
+    """Mean, min, max and count of accuracy per (attention, head_dim, n_pairs)."""
+    grouped = records.groupby(["attention", "head_dim", PAIRS])["eval_accuracy"]
+    return grouped.agg(["mean", "min", "max", "count"]).reset_index()
+
+
+def _order(records: pd.DataFrame) -> list[str]:
+    names = list(dict.fromkeys(records["attention"].map(str)))
+    return sorted(names, key=lambda n: (n != series.REFERENCE, names.index(n)))
+
+
+def accuracy_by_pairs(frame: pd.DataFrame) -> Table | None:
+    """Accuracy (%) per variant and head dim (rows) and n_pairs (columns): one seed's Wilson
+    95 % interval, or the mean (min–max) over seeds; rows for chance and the key-blind floor."""
+    records = capacity_records(frame)
+    if records.empty:
+        return None
+    means = _means(records)
+    pairs = sorted(records[PAIRS].unique())
+    rows = []
+    for head_dim in sorted(records["head_dim"].unique()):
+        for name in _order(records):
+            mine = records[(records["attention"] == name) & (records["head_dim"] == head_dim)]
+            if mine.empty:
+                continue
+            row = {"variant": name, "head dim": int(head_dim)}
+            for p in pairs:
+                at = mine[mine[PAIRS] == p]
+                row[f"{p} pairs"] = _cell(at)
+            if not mine["job_learned"].any():
+                row[next(iter(row))] = f"{name} (not learned)"
+            rows.append(row)
+    chance, floor = accuracy.chance_and_floor(records, by=PAIRS)
+    for label, values in (
+        ("chance", {p: chance for p in pairs} if chance is not None else {}),
+        ("key-blind floor", floor),
+    ):
+        if len(values):
+            rows.append(
+                {
+                    "variant": label,
+                    "head dim": "",
+                    **{f"{p} pairs": _pct(values.get(p)) for p in pairs},
+                }
+            )
+    steps = accuracy.steps_behind(records).max()
+    note = (
+        f"Trained accuracy (%) at seq_len {format_value(records['seq_len'].iloc[0])} after "
+        f"{format_value(steps)} steps; one seed: [Wilson 95 % interval over the distinct pairs "
+        "answered]; several: mean (min–max). A variant none of whose points reached "
+        f"{accuracy.LEARNED:.0%} is marked not learned. Key-blind floor: the most frequent value "
+        "in the context, on the same batches (1 / n_pairs with distinct values). "
+        + _exact_note(means)
+    )
+    return Table("Recall capacity: accuracy vs number of pairs", pd.DataFrame(rows), note)
+
+
+def capacity(frame: pd.DataFrame) -> Table | None:
+    """Per variant (rows) and head dim (columns): the largest n_pairs up to which its accuracy
+    stays within 10 points of exact attention's at the same head dim and n_pairs."""
+    records = capacity_records(frame)
+    if records.empty:
+        return None
+    means = _means(records)
+    head_dims = sorted(records["head_dim"].unique())
+    rows = []
+    for name in _order(records):
+        if name == series.REFERENCE:
+            continue
+        row = {"variant": name}
+        for head_dim in head_dims:
+            row[f"head dim {int(head_dim)}"] = _capacity_cell(means, records, name, head_dim)
+        rows.append(row)
+    if not rows:
+        return None
+    note = (
+        "Capacity: the largest number of pairs up to which the variant's accuracy (mean over "
+        f"seeds) stays within {WITHIN * 100:.0f} points of exact attention's at the same head dim "
+        "(every smaller number too); '< n' when it is already further at the smallest, '≥ n' "
+        "when it never is. " + _exact_note(means)
+    )
+    return Table("Recall capacity per head dim", pd.DataFrame(rows), note)
+
+
+def _capacity_cell(means, records, name, head_dim) -> str:
+    mine = means[(means["attention"] == name) & (means["head_dim"] == head_dim)]
+    exact = means[(means["attention"] == series.REFERENCE) & (means["head_dim"] == head_dim)]
+    if mine.empty or exact.empty:
+        return "—"
+    jobs = records[(records["attention"] == name) & (records["head_dim"] == head_dim)]
+    if not jobs["job_learned"].any():
+        return accuracy.not_learned_text(jobs)
+    exact_at = exact.set_index(PAIRS)["mean"]
+    best = None
+    for _, row in mine.sort_values(PAIRS).iterrows():
+        p = row[PAIRS]
+        if p not in exact_at.index or row["mean"] < exact_at[p] - WITHIN:
+            break
+        best = p
+    pairs = sorted(mine[PAIRS])
+    if best is None:
+        return f"< {format_value(pairs[0])}"
+    if best == pairs[-1]:
+        return f"≥ {format_value(best)}"
+    return format_value(best)
+
+
+def _exact_note(means: pd.DataFrame) -> str:
+    exact = means[means["attention"] == series.REFERENCE]
+    if exact.empty:
+        return "WARNING: exact attention was not trained here: no capacity can be read."
+    low = exact[exact["mean"] < 0.95]
+    if low.empty:
+        return "Exact attention reached ≥ 95 % at every point: the setup measures."
+    points = ", ".join(
+        f"{format_value(r[PAIRS])} pairs at head dim {format_value(r['head_dim'])} "
+        f"({r['mean']:.1%})"
+        for _, r in low.iterrows()
+    )
+    return f"WARNING: exact attention stayed below 95 % at {points}; retune before reading."
+
+
+def _cell(rows: pd.DataFrame) -> str:
+    if rows.empty:
+        return "—"
+    values = rows["eval_accuracy"]
+    interval = accuracy.interval_text(rows)
+    if interval:
+        return f"{values.iloc[0] * 100:.1f} {interval}"
+    if len(values) > 1:
+        return f"{values.mean() * 100:.1f} ({values.min() * 100:.1f}–{values.max() * 100:.1f})"
+    return f"{values.iloc[0] * 100:.1f}"
+
+
+def _pct(value) -> str:
+    return "—" if value is None or pd.isna(value) else f"{value * 100:.1f}"
+
+
+def accuracy_vs_pairs(frame: pd.DataFrame) -> Figure:
+    """Trained accuracy against n_pairs (log 2), one panel per head dim, a line per variant
+    (mean over seeds, band min–max); dashed: chance, dash-dotted: the key-blind floor."""
+    records = capacity_records(frame)
+    head_dims = sorted(records["head_dim"].unique())
+    fig, axes = plots._figure(max(1, len(head_dims)), "Recall capacity: accuracy vs pairs")
+    means = _means(records)
+    for ax, head_dim in zip(axes, head_dims, strict=False):
+        for name in _order(records):
+            mine = means[(means["attention"] == name) & (means["head_dim"] == head_dim)]
+            if mine.empty:
+                continue
+            jobs = records[(records["attention"] == name) & (records["head_dim"] == head_dim)]
+            label = name
+            if not jobs["job_learned"].any():
+                label += f" ({accuracy.not_learned_text(jobs)})"
+            color = plots.variant_color(name)
+            ax.plot(
+                mine[PAIRS], mine["mean"] * 100, marker="o", markersize=4, color=color, label=label
+            )
+            if (mine["count"] > 1).any():
+                ax.fill_between(
+                    mine[PAIRS], mine["min"] * 100, mine["max"] * 100, color=color, alpha=0.2
+                )
+        _lines(ax, records[records["head_dim"] == head_dim])
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(sorted(records[PAIRS].unique()))
+        ax.get_xaxis().set_major_formatter(plots._plain_number)
+        ax.set_xlabel("key-value pairs")
+        ax.set_ylabel("accuracy (%)")
+        ax.set_ylim(-2, 102)
+        ax.set_title(f"head dim {int(head_dim)}", fontsize=9)
+        ax.legend(fontsize=7, loc="lower left", frameon=False)
+    return fig
+
+
+def _lines(ax: Axes, records: pd.DataFrame) -> None:
+    chance, floor = accuracy.chance_and_floor(records, by=PAIRS)
+    if chance is not None:
+        ax.axhline(chance * 100, color="grey", linestyle="--", linewidth=1)
+    if len(floor):
+        ax.plot(
+            floor.index,
+            floor.values * 100,
+            color="grey",
+            linestyle="-.",
+            linewidth=1,
+            label="key-blind floor",
+        )
