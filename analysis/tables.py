@@ -80,12 +80,13 @@ def variant_summary(frame: pd.DataFrame) -> Table | None:
         for name, metric in scaling.TIME_METRICS.items()
     }
     quadratic = scaling.scaling_fits(labelled, keys, "attn_fwd_bwd_ms", baseline=series.QUADRATIC)
+    at_longest = [spec for spec in AT_LONGEST if spec[0] in labelled]  # older records lack some
     at = {
         metric: (
             scaling.longest_common_length(labelled, metric),
             series.mean_spread(labelled, "seq_len", metric),
         )
-        for metric, *_ in AT_LONGEST
+        for metric, *_ in at_longest
     }
     several_lengths = labelled["seq_len"].dropna().nunique() > 1
     rows = []
@@ -106,7 +107,7 @@ def variant_summary(frame: pd.DataFrame) -> Table | None:
         if several_lengths:
             row["longest L ok"] = _longest_ok(mine)
         row["failed at"] = _first_failures(mine)
-        for metric, title, scale, spec in AT_LONGEST:
+        for metric, title, scale, spec in at_longest:
             length, stats = at[metric]
             if length is not None:
                 row[f"{title} @ L={_length(length)}"] = _value_at(stats, name, length, scale, spec)

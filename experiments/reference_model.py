@@ -85,7 +85,7 @@ class ReferenceConfig:
     batch_size: int = 8
     steps: int = 300
     long_seq_len: int = 4096
-    long_steps: int = 40
+    long_steps: int = 20
     lr: float = 2e-3
     seed: int = 0
     positions: str = "rotary"
