@@ -198,11 +198,32 @@ def depth(frame: pd.DataFrame) -> Figure:
 
 
 def error_vs_seq_len(frame: pd.DataFrame) -> Figure:
-    """Relative approximation error ‖out − exact‖/‖exact‖ against seq_len (0 = exact)."""
+    """Relative approximation error ‖out − exact‖/‖exact‖ against seq_len (0 = exact), and
+    beside it the kernel swap: the reference's held-out bits/byte change when the kernel
+    replaces exact attention in it (0 = no loss), where the records have it."""
     labelled, _ = series.with_series(frame, x="seq_len")
-    fig, (ax,) = _figure(1, "Approximation error vs sequence length")
-    xs = _draw(ax, labelled, "seq_len", "approx_rel_error", min_points=2)
-    _axes(ax, "", "seq_len", "relative error (Frobenius)", log=(True, False), xs=xs)
+    swap = "swap_delta_bits_per_byte"
+    has_swap = swap in labelled and labelled[swap].notna().any()
+    fig, axes = _figure(2 if has_swap else 1, "Approximation error vs sequence length")
+    xs = _draw(axes[0], labelled, "seq_len", "approx_rel_error", min_points=2)
+    _axes(
+        axes[0],
+        "on the reference's q, k, v",
+        "seq_len",
+        "relative error (Frobenius)",
+        log=(True, False),
+        xs=xs,
+    )
+    if has_swap:
+        xs = _draw(axes[1], labelled, "seq_len", swap, min_points=2)
+        _axes(
+            axes[1],
+            "kernel swap into the reference",
+            "seq_len",
+            "Δ bits/byte (held-out text)",
+            log=(True, False),
+            xs=xs,
+        )
     return fig
 
 

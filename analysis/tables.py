@@ -65,6 +65,7 @@ AT_LONGEST = (
     ("attn_fwd_bwd_peak_bytes", "kernel memory (MiB)", MIB, ".1f"),
     ("peak_memory_bytes", "step memory (MiB)", MIB, ".1f"),
     ("approx_rel_error", "rel. error", 1, ".3g"),
+    ("swap_delta_bits_per_byte", "swap Δ bits/byte", 1, ".3g"),
 )
 
 
@@ -79,12 +80,13 @@ def variant_summary(frame: pd.DataFrame) -> Table | None:
         for name, metric in scaling.TIME_METRICS.items()
     }
     quadratic = scaling.scaling_fits(labelled, keys, "attn_fwd_bwd_ms", baseline=series.QUADRATIC)
+    at_longest = [spec for spec in AT_LONGEST if spec[0] in labelled]  # older records lack some
     at = {
         metric: (
             scaling.longest_common_length(labelled, metric),
             series.mean_spread(labelled, "seq_len", metric),
         )
-        for metric, *_ in AT_LONGEST
+        for metric, *_ in at_longest
     }
     several_lengths = labelled["seq_len"].dropna().nunique() > 1
     rows = []
@@ -105,7 +107,7 @@ def variant_summary(frame: pd.DataFrame) -> Table | None:
         if several_lengths:
             row["longest L ok"] = _longest_ok(mine)
         row["failed at"] = _first_failures(mine)
-        for metric, title, scale, spec in AT_LONGEST:
+        for metric, title, scale, spec in at_longest:
             length, stats = at[metric]
             if length is not None:
                 row[f"{title} @ L={_length(length)}"] = _value_at(stats, name, length, scale, spec)
@@ -454,6 +456,15 @@ def _ceiling_note(labelled: pd.DataFrame, stats: pd.DataFrame, lengths) -> str:
     )
 
 
+def _swap_by_knob(group: pd.DataFrame, knob: str, order) -> dict[str, str]:
+    """The kernel swap's Δ bits/byte at each knob value in `order`, when measured."""
+    swap = "swap_delta_bits_per_byte"
+    if swap not in group or group[swap].isna().all():
+        return {}
+    deltas = group.groupby(knob)[swap].mean().reindex(order)
+    return {"swap Δ bits/byte": " → ".join(f"{d:.3g}" for d in deltas)}
+
+
 def error_by_knob(frame: pd.DataFrame) -> Table | None:
     """Whether each variant's error on trained activations falls as its knob gets finer.
 
@@ -497,13 +508,16 @@ def error_by_knob(frame: pd.DataFrame) -> Table | None:
                         for k, e in finer.items()
                     ),
                     "falls": "yes" if falls else "NO",
+                    **_swap_by_knob(group, knob, finer.index),
                 }
             )
     if not rows:
         return None
     note = (
         "Relative error on trained activations (approx_rel_error) at each knob value, ordered "
-        "from the coarsest approximation to the finest; mean over seeds. 'NO': the error does "
+        "from the coarsest approximation to the finest; mean over seeds; 'swap': the held-out "
+        "bits/byte change when the kernel replaces exact attention in the reference. 'NO': the "
+        "error does "
         "not fall as the approximation gets finer on these inputs (README, 'Approximation "
         "error', says why where we measured it)."
     )

@@ -228,23 +228,80 @@ def measure(
                 kernel_fwd_bwd()  # first-call allocations (caches, buckets) are not the peak
                 columns["attn_fwd_bwd_peak_bytes"] = peak_memory_bytes(kernel_fwd_bwd, device)
     if m_cfg.approx_error:
-        seeds = m_cfg.approx_seeds
-        reference = reference_model.load_or_train(
-            reference_model.ReferenceConfig.of_job(job),
-            device,
-            reference_model.cache_dir(m_cfg.reference.get("cache_dir")),
-        )
-        with precision.autocast():
-            columns["approx_rel_error"] = approx_rel_error(
-                kernel, trained_inputs(reference, shape, device, seeds), device, dtype
-            )
-        columns["approx_reference_digest"] = reference.digest
-        columns["approx_reference_bits_per_byte"] = reference.eval_bits_per_byte
-        with precision.autocast():
-            columns["approx_rel_error_gaussian"] = approx_rel_error(
-                kernel, gaussian_inputs(shape, seeds), device, dtype
-            )
+        columns.update(approx_columns(job, built, shape))
     columns["peak_rss_bytes"] = peak_rss_bytes()
+    return columns
+
+
+def approx_columns(job: JobConfig, built: Setup, shape) -> dict[str, Any]:
+    """The approximation-error columns: the kernel's error against exact attention on the
+    trained reference's q, k, v, and the kernel swap's bits/byte change, both within the
+    reference's trained length only (NaN beyond, `approx_error_note` says why); the Gaussian
+    figure at any length.
+
+    The kernel measured is a fresh one of the job's config, fitted to the frozen reference first
+    if it has learned state (`reference_model.fitted_kernel`); the reference is trained with
+    the job's shared QK. shape: the kernel's (batch, heads, seq_len, head_dim).
+    """
+    device, dtype, precision, m_cfg = built.device, built.dtype, built.precision, job.measure
+    seeds = m_cfg.approx_seeds
+    config = reference_model.ReferenceConfig.of_job(job)
+    directory = reference_model.cache_dir(m_cfg.reference.get("cache_dir"))
+    reference = reference_model.load_or_train(config, device, directory)
+    columns: dict[str, Any] = {
+        "approx_reference_digest": reference.digest,
+        "approx_reference_bits_per_byte": reference.eval_bits_per_byte,
+        "approx_reference_seq_len": config.trained_length,
+    }
+    with precision.autocast():
+        columns["approx_rel_error_gaussian"] = approx_rel_error(
+            built.kernel, gaussian_inputs(shape, seeds), device, dtype
+        )
+    if job.seq_len > config.trained_length:
+        columns.update(
+            approx_rel_error=math.nan,
+            swap_delta_bits_per_byte=math.nan,
+            approx_error_note=f"seq_len {job.seq_len} is past the reference's trained length "
+            f"{config.trained_length} (measure.reference.long_seq_len): not measured out of "
+            "distribution",
+        )
+        return columns
+    exact = variants.build_attention(
+        "full", causal=built.kernel.causal, shared_qk=built.kernel.applies_shared_qk
+    )
+    kernel, fit_steps = reference_model.fitted_kernel(
+        reference,
+        built.model.config,
+        seq_len=job.seq_len,
+        device=device,
+        directory=directory,
+        exact=exact,
+    )
+    columns["approx_kernel_fit_steps"] = fit_steps
+    inputs = (
+        reference_model.for_kernel(triple, kernel, shared_qk=config.shared_qk)
+        for triple in trained_inputs(reference, shape, device, seeds)
+    )
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        torch.manual_seed(job.seed)
+        with precision.autocast():
+            columns["approx_rel_error"] = approx_rel_error(kernel, inputs, device, dtype)
+        if kernel.causal:
+            exact_bpb, swapped_bpb = reference_model.swap_bits_per_byte(
+                reference,
+                kernel,
+                seq_len=job.seq_len,
+                batch_size=job.batch_size,
+                n_batches=seeds,
+                device=device,
+            )
+            columns["swap_delta_bits_per_byte"] = swapped_bpb - exact_bpb
+        else:
+            columns["swap_delta_bits_per_byte"] = math.nan
+            columns["approx_error_note"] = (
+                "no kernel swap: a bidirectional kernel in the causal reference would see the "
+                "bytes it predicts"
+            )
     return columns
 
 

@@ -141,6 +141,28 @@ SCHEMA: tuple[Column, ...] = (
     _measured("approx_rel_error_gaussian", float, "relative", "the same on N(0, 1) q, k, v"),
     _measured("approx_reference_bits_per_byte", float, "bits/byte", "the reference model's eval"),
     _measured("approx_reference_digest", str, "", "the reference model measured on", optional=True),
+    # Errors in distribution (issue 22): the reference's trained length, the kernel's fitting,
+    # the kernel swap, and why an error is missing.
+    _measured(
+        "approx_reference_seq_len", int, "tokens", "the reference's trained length", optional=True
+    ),
+    _measured(
+        "approx_kernel_fit_steps",
+        int,
+        "",
+        "steps the kernel's learned state was fitted to the reference (0: it has none)",
+        optional=True,
+    ),
+    _measured(
+        "swap_delta_bits_per_byte",
+        float,
+        "bits/byte",
+        "held-out bits/byte change when the kernel replaces exact attention in the reference",
+        optional=True,
+    ),
+    _measured(
+        "approx_error_note", str, "", "why approx_rel_error or the swap is NaN", optional=True
+    ),
     _measured("train_loss", float, "nats/token", "mean of the last training steps", shown=True),
     _measured("eval_loss", float, "nats/token", "after training", shown=True),
     _measured("eval_accuracy", float, "fraction", "after training", task_metric=True),

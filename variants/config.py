@@ -14,6 +14,7 @@ from typing import Any
 
 from variants.checks import (
     require_bool,
+    require_choice,
     require_divisible,
     require_positive_int,
     require_probability,
@@ -21,6 +22,7 @@ from variants.checks import (
 from variants.registry import MODEL_OPTIONS, AttentionSpec, attention_spec
 
 OWNER = "TransformerLM"
+POSITIONS = ("sinusoidal", "rotary")
 
 
 def resolve_shared_qk(attention: str, shared_qk: bool | None) -> bool:
@@ -59,6 +61,9 @@ class ModelConfig:
     - `max_seq_len`: the longest sequence the model accepts (a hard limit only for variants with
       per-position weights, Linformer).
     - `token_shift`: add a learned map of the previous position's embedding (smeared keys).
+    - `positions`: `sinusoidal` (absolute, added to the embedding) or `rotary` (RoPE: q and k
+      rotated by their position in every layer, so scores depend on offsets only and carry to
+      lengths never trained on); rotary needs an even head_dim.
     """
 
     vocab_size: int = 256
@@ -75,6 +80,7 @@ class ModelConfig:
     shared_qk: bool | None = None
     causal: bool = True
     token_shift: bool = False
+    positions: str = "sinusoidal"
 
     def __post_init__(self):
         for name in ("vocab_size", "d_model", "n_heads", "depth", "ff_mult", "ff_chunks"):
@@ -85,6 +91,12 @@ class ModelConfig:
         set_field(self, "dropout", require_probability(OWNER, "dropout", self.dropout))
         for name in ("causal", "token_shift"):
             require_bool(OWNER, name, getattr(self, name))
+        require_choice(OWNER, "positions", self.positions, POSITIONS)
+        if self.positions == "rotary" and self.head_dim % 2:
+            raise ValueError(
+                f"{OWNER}: option 'positions'='rotary' needs an even head_dim "
+                f"(d_model / n_heads), got {self.head_dim}"
+            )
         set_field(self, "attention_options", kernel_options(self.attention_options))
         set_field(self, "_spec", attention_spec(self.attention))  # unknown -> lists the variants
         shared_qk = self.spec.shared_qk_required if self.shared_qk is None else self.shared_qk

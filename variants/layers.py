@@ -6,6 +6,7 @@ Blocks (`variants.blocks`) wire these together; every sublayer takes the model's
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -43,6 +44,29 @@ def build_kernel(
     )
 
 
+ROTARY_BASE = 10000.0
+
+
+def rotary(x: torch.Tensor) -> torch.Tensor:
+    """Rotary position embedding (RoFormer, Su et al. 2021), halves form as in GPT-NeoX.
+
+    x: (B, H, L, D), D even -> (B, H, L, D). Feature pair (i, i + D/2) at position p is rotated
+    by the angle p * ROTARY_BASE^(-2i/D), so a dot product of a rotated query at m and a
+    rotated key at n depends on the two positions only through m - n. Computed in float32
+    or wider.
+    """
+    length, dim = x.shape[-2], x.shape[-1]
+    half = dim // 2
+    wide = torch.promote_types(x.dtype, torch.float32)  # half types rotate in float32
+    freqs = torch.exp(
+        torch.arange(half, device=x.device, dtype=wide) * (-2 * math.log(ROTARY_BASE) / dim)
+    )  # (D/2,)
+    angles = torch.arange(length, device=x.device, dtype=wide)[:, None] * freqs  # (L, D/2)
+    cos, sin = angles.cos(), angles.sin()  # (L, D/2) each
+    x1, x2 = x.to(wide)[..., :half], x.to(wide)[..., half:]  # (B, H, L, D/2) each
+    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).to(x.dtype)
+
+
 class SelfAttention(nn.Module):
     """Multi-head self-attention around a registered attention kernel.
 
@@ -63,6 +87,9 @@ class SelfAttention(nn.Module):
     Gates (a variant whose spec declares `n_gates`: NSA's branch gates, DeltaNet's beta): a
     projection of the token to (B, H, L, n_gates) and a sigmoid, passed as
     `kernel(q, k, v, gates=g)`, as the papers compute them from the layer's input.
+
+    With `positions="rotary"` the queries and keys are rotated by their positions (`rotary`)
+    before the kernel, so every kernel scores position-relative queries and keys.
 
     Dropout is applied to the output projection (residual dropout); kernels have no attention-
     probability dropout.
@@ -100,6 +127,10 @@ class SelfAttention(nn.Module):
         batch, length, d_model = x.shape
         q, k, v = self._queries_keys_values(self.qkv(x))  # each (B, L, d_model)
         q, k, v = self._heads(q), self._heads(k), self._heads(v)  # each (B, H, L, head_dim)
+        if self.config.positions == "rotary":
+            # Rotated after the shared-QK keys are derived: a rotation keeps norms, so the keys
+            # stay the unit keys of the rotated queries, and k = q stays k = q.
+            q, k = rotary(q), rotary(k)
         gates = None
         if self.gates is not None:
             gates = torch.sigmoid(self._heads(self.gates(x)))  # (B, H, L, n_gates)

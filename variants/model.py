@@ -25,7 +25,9 @@ class TransformerLM(nn.Module):
     forward(tokens (batch, seq_len) int64) -> logits (batch, seq_len, vocab_size).
 
     - Positions: fixed sinusoids computed on the fly for the actual length (no table, no
-      parameters); sequences longer than `max_seq_len` are refused with a `ValueError`.
+      parameters), or with `positions="rotary"` none here and rotary ones applied to q and k
+      in every layer (`variants.layers.rotary`); sequences longer than `max_seq_len` are
+      refused with a `ValueError`.
     - Head: untied from the embedding (as in the Reformer's LM), so the embedding keeps the unit
       scale of the sinusoids it is added to while the logits start small.
     - Layers: each layer's kernel is tied to the first layer's (`Attention.tie_to`), which is a
@@ -108,9 +110,8 @@ class TransformerLM(nn.Module):
         if length > limit:
             raise ValueError(f"{OWNER}: seq_len {length} exceeds option 'max_seq_len'={limit}")
         x = self.embed(tokens)  # (B, L, d_model)
-        x = x + sinusoidal_positions(
-            length, self.config.d_model, x.device, x.dtype
-        )  # (B, L, d_model)
+        if self.config.positions == "sinusoidal":  # rotary positions live in the layers
+            x = x + sinusoidal_positions(length, self.config.d_model, x.device, x.dtype)
         if self.shift is not None:
             previous = F.pad(x[:, :-1], (0, 0, 1, 0))  # (B, L, d_model): x_{i-1}, zeros at 0
             x = x + self.shift(previous)

@@ -28,6 +28,9 @@ TINY = (
     "measure.reference.steps=2",
     "measure.reference.seq_len=32",
     "measure.reference.batch_size=2",
+    "measure.reference.long_seq_len=256",
+    "measure.reference.long_steps=1",
+    "measure.reference.fit_steps=2",
     "measure.matmul_size=64",
 )
 # Switches off every measurement but training: for tests of what a job trains and records.

@@ -66,6 +66,9 @@ def test_measure_returns_every_column_with_consistent_units(job_config):
         "approx_rel_error_gaussian",
         "approx_reference_digest",
         "approx_reference_bits_per_byte",
+        "approx_reference_seq_len",
+        "approx_kernel_fit_steps",
+        "swap_delta_bits_per_byte",
     }
     assert steps == [0, 1]
     assert all(record.column(name) is not None for name in columns)  # the schema's columns
@@ -93,6 +96,8 @@ def test_measure_returns_every_column_with_consistent_units(job_config):
     assert 0 < columns["approx_rel_error"] < 1  # a query sees 2 blocks of 16 of up to 64 keys
     assert columns["approx_rel_error_gaussian"] > 0
     assert columns["approx_reference_bits_per_byte"] > 0
+    assert columns["approx_kernel_fit_steps"] == 0  # blockwise has nothing to fit
+    assert math.isfinite(columns["swap_delta_bits_per_byte"])
 
 
 def test_measure_skips_what_is_switched_off(job_config):

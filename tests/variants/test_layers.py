@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from experiments.memory import peak_memory_bytes
 from tests.reference import causal_mask, dense_attention, shared_qk_reference
 from variants.config import ModelConfig
-from variants.layers import FeedForward, SelfAttention
+from variants.layers import FeedForward, SelfAttention, rotary
 
 
 def attention_layer(d_model=None, n_heads=None, **fields):
@@ -178,3 +178,57 @@ def test_lsh_requires_shared_qk():
         attention_layer(16, 2, attention="lsh", shared_qk=False)
     layer = attention_layer(16, 2, attention="lsh", shared_qk=True)
     assert layer(torch.randn(1, 64, 16)).shape == (1, 64, 16)
+
+
+def _rotary_by_complex_numbers(x: torch.Tensor) -> torch.Tensor:
+    """Rotary positions written independently: feature pairs (i, i + D/2) as complex numbers,
+    multiplied by exp(i p theta_i), theta_i = 10000^(-2i/D). x: (B, H, L, D)."""
+    half = x.shape[-1] // 2
+    z = torch.complex(x[..., :half], x[..., half:])  # (B, H, L, D/2)
+    theta = 10000.0 ** (-2 * torch.arange(half, dtype=torch.float64) / x.shape[-1])  # (D/2,)
+    p = torch.arange(x.shape[-2], dtype=torch.float64)[:, None]  # (L, 1)
+    z = z * torch.polar(torch.ones_like(p * theta), p * theta)
+    return torch.cat([z.real, z.imag], dim=-1)
+
+
+def test_rotary_matches_complex_rotation_and_scores_depend_on_offsets_only():
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 40, 8, dtype=torch.float64)
+    torch.testing.assert_close(rotary(x), _rotary_by_complex_numbers(x))
+    # One query vector a and one key vector b placed at every position: the rotated score of
+    # (query at m, key at n) is a function of m - n alone, and a . b when m = n.
+    a, b = torch.randn(2, 8, dtype=torch.float64)
+    qa = rotary(a.expand(1, 1, 40, 8))[0, 0]  # (L, D): a at every position
+    kb = rotary(b.expand(1, 1, 40, 8))[0, 0]
+    scores = qa @ kb.T  # (L, L)
+    for offset in (-7, 0, 1, 13):
+        diagonal = torch.diagonal(scores, offset=-offset)  # pairs with m - n = offset
+        torch.testing.assert_close(diagonal, diagonal[:1].expand_as(diagonal))
+    torch.testing.assert_close(torch.diagonal(scores), (a @ b).expand(40))
+    assert not torch.allclose(scores[5, 1], scores[5, 2])  # and it does depend on the offset
+
+
+@pytest.mark.parametrize("attention, shared_qk", [("full", False), ("full", True), ("lsh", None)])
+def test_rotary_layer_hands_the_kernel_rotated_queries_and_keys(attention, shared_qk):
+    torch.manual_seed(0)
+    layer = attention_layer(16, 2, positions="rotary", attention=attention, shared_qk=shared_qk)
+    plain = attention_layer(16, 2, attention=attention, shared_qk=shared_qk)
+    plain.load_state_dict(layer.state_dict())
+    seen = {}
+    layer.kernel.register_forward_pre_hook(lambda _m, args: seen.update(rotated=args))
+    plain.kernel.register_forward_pre_hook(lambda _m, args: seen.update(plain=args))
+    x = torch.randn(2, 12, 16)
+    layer(x), plain(x)
+    (q, k, v), (q0, k0, v0) = seen["rotated"], seen["plain"]
+    torch.testing.assert_close(q, rotary(q0))
+    torch.testing.assert_close(k, rotary(k0))  # shared QK: k = q stays k = q, unit keys stay unit
+    torch.testing.assert_close(v, v0)
+    if layer.config.shared_qk:
+        assert torch.equal(k, q) or torch.allclose(k.norm(dim=-1), k0.norm(dim=-1))
+
+
+def test_positions_option_is_checked():
+    with pytest.raises(ValueError, match="'positions'"):
+        ModelConfig(positions="alibi")
+    with pytest.raises(ValueError, match="'positions'='rotary' needs an even head_dim"):
+        ModelConfig(d_model=9, n_heads=3, positions="rotary")
