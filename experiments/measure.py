@@ -259,8 +259,8 @@ def approx_columns(job: JobConfig, built: Setup, shape) -> dict[str, Any]:
         )
     if job.seq_len > config.trained_length:
         columns.update(
-            approx_rel_error=math.nan,
-            swap_delta_bits_per_byte=math.nan,
+            approx_rel_error=None,
+            swap_delta_bits_per_byte=None,
             approx_error_note=f"seq_len {job.seq_len} is past the reference's trained length "
             f"{config.trained_length} (measure.reference.long_seq_len): not measured out of "
             "distribution",
@@ -286,7 +286,7 @@ def approx_columns(job: JobConfig, built: Setup, shape) -> dict[str, Any]:
         torch.manual_seed(job.seed)
         with precision.autocast():
             columns["approx_rel_error"] = approx_rel_error(kernel, inputs, device, dtype)
-        if kernel.causal:
+        if kernel.causal and not kernel.n_gates:
             exact_bpb, swapped_bpb = reference_model.swap_bits_per_byte(
                 reference,
                 kernel,
@@ -297,10 +297,12 @@ def approx_columns(job: JobConfig, built: Setup, shape) -> dict[str, Any]:
             )
             columns["swap_delta_bits_per_byte"] = swapped_bpb - exact_bpb
         else:
-            columns["swap_delta_bits_per_byte"] = math.nan
+            columns["swap_delta_bits_per_byte"] = None
             columns["approx_error_note"] = (
-                "no kernel swap: a bidirectional kernel in the causal reference would see the "
-                "bytes it predicts"
+                "no kernel swap: the reference's layers have no gate projection for a gated kernel"
+                if kernel.n_gates
+                else "no kernel swap: a bidirectional kernel in the causal reference would see "
+                "the bytes it predicts"
             )
     return columns
 

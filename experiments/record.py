@@ -161,7 +161,7 @@ SCHEMA: tuple[Column, ...] = (
         optional=True,
     ),
     _measured(
-        "approx_error_note", str, "", "why approx_rel_error or the swap is NaN", optional=True
+        "approx_error_note", str, "", "why approx_rel_error or the swap was not measured", optional=True
     ),
     _measured("train_loss", float, "nats/token", "mean of the last training steps", shown=True),
     _measured("eval_loss", float, "nats/token", "after training", shown=True),

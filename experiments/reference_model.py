@@ -50,7 +50,7 @@ from experiments.config import JobConfig, TrainConfig
 from experiments.tasks import build_task
 from experiments.tasks.text import read_corpus
 from experiments.train import evaluate, train
-from variants.attention.base import Attention, shared_qk_keys
+from variants.attention.base import Attention, sample_gates, shared_qk_keys
 from variants.checks import require_choice, require_non_negative_int, require_positive_int
 from variants.config import POSITIONS
 from variants.layers import SelfAttention, build_kernel
@@ -380,22 +380,28 @@ def fit_kernel(
     """`kernel` (in place) after `steps` steps minimising its mean relative squared output
     error ||kernel(q,k,v) - exact(q,k,v)||² / ||exact(q,k,v)||² over `inputs` (cycled, one
     triple per step), in training mode, so buffers a training forward updates (routing's
-    centroids) follow the inputs too. Adam on its trainable parameters, if any. Returns it in
-    eval mode."""
+    centroids) follow the inputs too. Adam on its trainable parameters, if any. A gated kernel
+    (NSA, DeltaNet) gets sigmoid(N(0, 1)) gates, the same ones for each triple every time it
+    comes round. Returns it in eval mode."""
     targets = []
     with torch.no_grad():
         for q, k, v in inputs:
             targets.append(exact(q, k, v))
+    gates = [
+        sample_gates(kernel, q, torch.Generator().manual_seed(i))
+        for i, (q, _, _) in enumerate(inputs)
+    ]
     parameters = [p for p in kernel.parameters() if p.requires_grad]
     optimizer = torch.optim.Adam(parameters, lr=lr) if parameters else None
     kernel.train()
     for step in range(steps):
-        (q, k, v), target = inputs[step % len(inputs)], targets[step % len(inputs)]
+        index = step % len(inputs)
+        (q, k, v), target = inputs[index], targets[index]
         if optimizer is None:
             with torch.no_grad():
-                kernel(q, k, v)
+                kernel(q, k, v, gates=gates[index])
             continue
-        out = kernel(q, k, v)
+        out = kernel(q, k, v, gates=gates[index])
         loss = (out - target).pow(2).sum() / target.pow(2).sum()
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -485,12 +491,12 @@ def swap_bits_per_byte(
     first `n_batches` eval batches of `batch_size` sequences. Returns (exact, swapped)."""
     task = _text_task(reference.config, seq_len=seq_len, batch_size=batch_size)
     layers = [m for m in reference.model.modules() if isinstance(m, SelfAttention)]
-    exact_loss = evaluate(reference.model, task, device, n_batches)[0]
+    exact_loss = evaluate(reference.model, task, device, n_batches).loss
     originals = [layer.kernel for layer in layers]
     for layer in layers:
         layer.kernel = kernel
     try:
-        swapped_loss = evaluate(reference.model, task, device, n_batches)[0]
+        swapped_loss = evaluate(reference.model, task, device, n_batches).loss
     finally:
         for layer, original in zip(layers, originals, strict=True):
             layer.kernel = original
