@@ -38,6 +38,8 @@ class AttentionSpec:
     bounded_length: bool  # True if `max_seq_len` is a hard limit (learned per-position weights)
     time_complexity: str
     memory_complexity: str
+    supports_decode: bool  # has init_cache / prefill / decode (causal only)
+    decode_matches_forward: bool  # decoding gives the causal forward's outputs
     preset: dict[str, Any] = field(default_factory=dict)  # a preset's own defaults
 
     @property
@@ -104,6 +106,8 @@ def _spec(name: str, cls: type, preset: dict[str, Any], summary: str | None) -> 
         bounded_length=cls.bounded_length,
         time_complexity=cls.time_complexity,
         memory_complexity=cls.memory_complexity,
+        supports_decode=cls.supports_decode,
+        decode_matches_forward=cls.decode_matches_forward,
         preset=preset,
     )
 
