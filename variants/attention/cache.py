@@ -254,10 +254,10 @@ class ClusterCache(Cache):
         super().__init__(owner, max_len)
         self.slots = slots
         shape = (batch, heads, clusters, slots, head_dim)
-        self.keys_buffer, self.values_buffer = (
-            _empty(shape, device, dtype),
-            _empty(shape, device, dtype),
-        )
+        # Zeros, not empty: a query reads its cluster's every slot (unfilled ones masked), and
+        # masked garbage (NaN) would still reach the output through 0 * NaN.
+        self.keys_buffer = torch.zeros(shape, device=device, dtype=dtype)
+        self.values_buffer = torch.zeros(shape, device=device, dtype=dtype)
         self.counts = torch.zeros(batch, heads, clusters, dtype=torch.long, device=device)
 
     @property
