@@ -98,8 +98,9 @@ class MeasureConfig:
     """Which figures a job measures (`kernel`, `step`, `memory`, `approx_error`), the timing
     budget per figure (`min_run_time_s`, `warmup` untimed calls), the batches the approximation
     error is averaged over, the reference model it is measured on (`reference`: its
-    `experiments.reference_model.ReferenceConfig` options and `cache_dir`) and the size of the
-    matmul the machine's rate is measured with."""
+    `experiments.reference_model.ReferenceConfig` options and `cache_dir`), the size of the
+    matmul the machine's rate is measured with, and whether to measure decoding (`decode`:
+    prefill the seq_len context, then `decode_steps` timed tokens; experiments/decode.py)."""
 
     kernel: bool
     step: bool
@@ -110,10 +111,18 @@ class MeasureConfig:
     approx_seeds: int
     reference: Mapping[str, Any]
     matmul_size: int
+    decode: bool = False
+    decode_steps: int = 32
 
     def __post_init__(self):
         for key in ("approx_seeds", "matmul_size"):
             require_positive_int(OWNER, f"measure.{key}", getattr(self, key))
+        if not isinstance(self.decode, bool):
+            raise ValueError(f"{OWNER}: option 'measure.decode' must be true or false")
+        if isinstance(self.decode_steps, bool) or not isinstance(self.decode_steps, int):
+            raise ValueError(f"{OWNER}: option 'measure.decode_steps' must be an int >= 2")
+        if self.decode_steps < 2:
+            raise ValueError(f"{OWNER}: option 'measure.decode_steps' must be an int >= 2")
         require_non_negative_int(OWNER, "measure.warmup", self.warmup)
         _require_positive_or_null("measure.min_run_time_s", self.min_run_time_s)
 

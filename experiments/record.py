@@ -158,6 +158,17 @@ SCHEMA: tuple[Column, ...] = (
     _measured("curriculum_stage", int, "", "which curriculum stage (0 = the first)"),
     _measured("trained_steps", int, "", "optimiser steps taken when evaluated"),
     _measured("precision", str, "", "float32 | bf16-mixed | fp16-mixed", optional=True),
+    # Decoding (measure.decode, experiments/decode.py): the kernel alone at the job's shape.
+    _measured("decode_prefill_ms", float, "ms", "prefill of seq_len tokens into a cache"),
+    _measured("decode_prefill_peak_bytes", int, "bytes", "peak live tensors of the prefill"),
+    _measured("cache_bytes", int, "bytes", "the decoding cache after the prefill", scaling=True),
+    _measured(
+        "decode_ms_per_token", float, "ms", "one decoded token at seq_len context", scaling=True
+    ),
+    _measured("decode_iqr_ms_per_token", float, "ms", "its interquartile range over the steps"),
+    _measured("decode_copy_gb_per_s", float, "GB/s", "copy of a cache-sized tensor, read+write"),
+    _measured("decode_read_gb_per_s", float, "GB/s", "cache_bytes / decode_ms_per_token"),
+    _measured("decode_bandwidth_fraction", float, "fraction", "decode read rate / copy rate"),
     _measured("timing_warning", str, "", "figures whose timing spread widely", optional=True),
     Column("git_commit", PROVENANCE, str, doc="HEAD of the checkout, +dirty if changed"),
     Column("torch_version", PROVENANCE, str),
