@@ -146,7 +146,7 @@ def _at_longest(stats: pd.DataFrame, name: str, spec: str) -> str:
 
 def _mib(value: float) -> str:
     mib = value / MIB
-    return f"{mib:.3g} MiB" if mib >= 0.01 else f"{value / 2**10:.3g} KiB"
+    return f"{mib:.3g} MiB" if mib >= 1 else f"{value / 2**10:.3g} KiB"
 
 
 def _short(length: float) -> str:
