@@ -163,9 +163,9 @@ SCHEMA: tuple[Column, ...] = (
     _measured("decode_prefill_peak_bytes", int, "bytes", "peak live tensors of the prefill"),
     _measured("cache_bytes", int, "bytes", "the decoding cache after the prefill", scaling=True),
     _measured(
-        "decode_ms_per_token", float, "ms", "one decoded token at seq_len context", scaling=True
+        "decode_ms_per_token", float, "ms/token", "one token at seq_len context", scaling=True
     ),
-    _measured("decode_iqr_ms_per_token", float, "ms", "its interquartile range over the steps"),
+    _measured("decode_iqr_ms_per_token", float, "ms/token", "its interquartile range"),
     _measured("decode_copy_gb_per_s", float, "GB/s", "copy of a cache-sized tensor, read+write"),
     _measured("decode_read_gb_per_s", float, "GB/s", "cache_bytes / decode_ms_per_token"),
     _measured("decode_bandwidth_fraction", float, "fraction", "decode read rate / copy rate"),
