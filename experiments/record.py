@@ -161,10 +161,8 @@ SCHEMA: tuple[Column, ...] = (
     # Decoding (measure.decode, experiments/decode.py): the kernel alone at the job's shape.
     _measured("decode_prefill_ms", float, "ms", "prefill of seq_len tokens into a cache"),
     _measured("decode_prefill_peak_bytes", int, "bytes", "peak live tensors of the prefill"),
-    _measured("cache_bytes", int, "bytes", "the decoding cache after the prefill", scaling=True),
-    _measured(
-        "decode_ms_per_token", float, "ms/token", "one token at seq_len context", scaling=True
-    ),
+    _measured("cache_bytes", int, "bytes", "the decoding cache after the prefill"),
+    _measured("decode_ms_per_token", float, "ms/token", "one token at seq_len context"),
     _measured("decode_iqr_ms_per_token", float, "ms/token", "its interquartile range"),
     _measured("decode_copy_gb_per_s", float, "GB/s", "copy of a cache-sized tensor, read+write"),
     _measured("decode_read_gb_per_s", float, "GB/s", "cache_bytes / decode_ms_per_token"),
