@@ -26,19 +26,23 @@ setup: $(STAMP)  ## create .venv and install torch, the project and its dev extr
 # RUN_SEQ_LENS, each job timing its kernel in rounds alternating with SDPA and the O(L²) form
 # (the crossovers), a bidirectional series (Linformer) beside it in one sweep dir (its report is
 # built once, after the last), the O(L²) form's memory (its time is in every job's rounds), the
-# quick long-range run, and one report of the two (multirun/report). The scaling preset itself
-# goes to 16384; re-running it adds what is missing.
+# quick long-range run, a reduced decode series, and one report of the three (multirun/report).
+# The scaling preset itself goes to 16384; re-running it adds what is missing.
 RUN_SEQ_LENS ?= 256,512,1024,2048,4096
 SCALING := $(PY) -m experiments.run -m +experiment=scaling seq_len=$(RUN_SEQ_LENS) \
 	'measure.speedup_vs=[sdpa,math]'
 NO_REPORT := '~hydra.callbacks.sweep_report'
+# The decode preset reduced for the main job: every causal variant decoding onto 1K and 4K
+# contexts at batch 1 (README "Decoding").
+DECODE_QUICK := sweep=decode_quick seq_len=1024,4096 batch_size=1
 
-run: $(STAMP)  ## the main job: scaling (+ O(L²) memory and bidirectional series), quick long-range, one report
+run: $(STAMP)  ## the main job: scaling (+ O(L²) memory and bidirectional series), quick long-range, decode, one report
 	$(SCALING) $(NO_REPORT)
 	$(SCALING) $(NO_REPORT) attention=full attention.impl=math measure.kernel=false measure.approx_error=false
 	$(SCALING) attention=full,linformer model.causal=false
 	$(PY) -m experiments.run -m +experiment=long_range_quick hydra/launcher=joblib $(NO_REPORT)
-	$(PY) -m analysis.report multirun/scaling --quality multirun/long_range_quick --out multirun/report
+	$(PY) -m experiments.run -m +experiment=decode $(DECODE_QUICK) $(NO_REPORT)
+	$(PY) -m analysis.report multirun/scaling --quality multirun/long_range_quick --decode multirun/decode_quick --out multirun/report
 
 data: $(STAMP)  ## download enwik8 to data/enwik8.zip (needs the internet; the other tasks need no data)
 	$(PY) -m experiments.tasks.download_enwik8 data/enwik8.zip

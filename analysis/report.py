@@ -21,7 +21,7 @@ from pathlib import Path
 import pandas as pd
 from matplotlib.figure import Figure
 
-from analysis import capacity, headline, load, plots, series, tables
+from analysis import capacity, decode, headline, load, plots, series, tables
 from experiments.store import Unreadable
 
 # name -> (figure function, caption). A figure is left out of the report when WHEN says these
@@ -82,6 +82,11 @@ FIGURES: dict[str, tuple[Callable[[pd.DataFrame], Figure], str]] = {
         plots.flops_fraction,
         "Achieved useful GFLOP/s of the kernel as a fraction of the measured matmul rate.",
     ),
+    "decode_vs_context": (
+        decode.decode_vs_context,
+        "Decoding: the kernel's time per token appended to a cache of L tokens, and the cache's "
+        "size after the prefill, against the context L (log-log; measure.decode).",
+    ),
 }
 
 # Figures drawn only when the results hold what they show: name -> (frame -> why not, or None).
@@ -95,6 +100,9 @@ WHEN: dict[str, Callable[[pd.DataFrame], str | None]] = {
         None
         if not capacity.capacity_records(frame).empty
         else "no trained accuracy over several n_pairs at one length (the capacity preset)"
+    ),
+    "decode_vs_context": lambda frame: (
+        None if decode.has_decode(frame) else "no decode measurements (measure.decode=true)"
     ),
     "tradeoff": lambda frame: (
         None
@@ -117,12 +125,17 @@ TABLES: list[Callable[[pd.DataFrame], tables.Table | None]] = [
     capacity.capacity,
     capacity.accuracy_by_pairs,
     tables.error_by_knob,
+    decode.decode_table,
 ]
 
 # With a separate quality frame (`quality=`; the main job trains a reduced long-range run beside
 # its scaling sweep), these figures and tables are drawn from it, the others from the cost frame.
 QUALITY_FIGURES = ("accuracy_vs_seq_len", "tradeoff")
 QUALITY_TABLES = (tables.quality, tables.quality_by_length)
+# With a separate decode frame (`decode=`; the main job's reduced decode series), these come
+# from it.
+DECODE_FIGURES = ("decode_vs_context",)
+DECODE_TABLES = (decode.decode_table,)
 
 FORMATS = ("png", "svg")
 PNG_DPI = 120
@@ -133,18 +146,20 @@ def build_report(
     out_dir: str | Path,
     *,
     quality: pd.DataFrame | None = None,
+    decode: pd.DataFrame | None = None,
     sources: Iterable[str] = (),
     unreadable: Sequence[Unreadable] = (),
 ) -> dict[str, Path]:
     """Write the figures that have something to show (PNG and SVG) and report.md into
     `out_dir`; the PNG path per figure written. A figure left out has no files (an old one of
     that name is removed) and is named with its reason in report.md. `quality`: records of
-    trained quality from another sweep, for QUALITY_FIGURES, QUALITY_TABLES and the headline."""
+    trained quality from another sweep, for QUALITY_FIGURES, QUALITY_TABLES and the headline;
+    `decode`: records of decoding from another sweep, for DECODE_FIGURES and DECODE_TABLES."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     pngs, left_out = {}, {}
     for name, (draw, _) in FIGURES.items():
-        frame_of = _figure_frame(name, frame, quality)
+        frame_of = _figure_frame(name, frame, quality, decode)
         why_not = not_applicable(name, frame_of)
         if why_not is not None:
             left_out[name] = why_not
@@ -164,13 +179,25 @@ def build_report(
         else:
             left_out[name] = reason
     text = markdown(
-        frame, quality=quality, sources=sources, unreadable=unreadable, left_out=left_out
+        frame,
+        quality=quality,
+        decode=decode,
+        sources=sources,
+        unreadable=unreadable,
+        left_out=left_out,
     )
     (out_dir / "report.md").write_text(text)
     return pngs
 
 
-def _figure_frame(name: str, frame: pd.DataFrame, quality: pd.DataFrame | None) -> pd.DataFrame:
+def _figure_frame(
+    name: str,
+    frame: pd.DataFrame,
+    quality: pd.DataFrame | None,
+    decode: pd.DataFrame | None = None,
+) -> pd.DataFrame:
+    if decode is not None and name in DECODE_FIGURES:
+        return decode
     return quality if quality is not None and name in QUALITY_FIGURES else frame
 
 
@@ -189,6 +216,7 @@ def markdown(
     frame: pd.DataFrame,
     *,
     quality: pd.DataFrame | None = None,
+    decode: pd.DataFrame | None = None,
     sources: Iterable[str] = (),
     unreadable: Sequence[Unreadable] = (),
     left_out: dict[str, str] | None = None,
@@ -196,18 +224,19 @@ def markdown(
     """report.md: the headline, provenance, unreadable records, every table that has data, then
     every figure with its caption, and the figures left out (`left_out`: name -> why; by default
     those whose WHEN condition fails) with their reasons."""
-    both = frame if quality is None else pd.concat([frame, quality], ignore_index=True)
+    both = pd.concat([f for f in (frame, quality, decode) if f is not None], ignore_index=True)
     sources = list(sources) or sorted(set(both["source"].dropna()))
     if left_out is None:
         left_out = {
             n: r
             for n in FIGURES
-            if (r := not_applicable(n, _figure_frame(n, frame, quality))) is not None
+            if (r := not_applicable(n, _figure_frame(n, frame, quality, decode))) is not None
         }
     parts = [
         "# attnbench report",
         "",
         *headline.headline(frame, quality),
+        *decode_headline(frame if decode is None else decode),
         f"Results: {', '.join(f'`{s}`' for s in sources) or 'unknown'}",
         "",
         *tables.provenance(both),
@@ -223,7 +252,7 @@ def markdown(
             *(f"- `{bad.path}`: {bad.reason}" for bad in unreadable),
             "",
         ]
-    parts += [markdown_tables(frame, quality=quality), "## Figures", ""]
+    parts += [markdown_tables(frame, quality=quality, decode=decode), "## Figures", ""]
     for name, (_, caption) in FIGURES.items():
         if name in left_out:
             continue
@@ -247,13 +276,17 @@ def markdown_tables(
     builders: Iterable[Callable[[pd.DataFrame], tables.Table | None]] = TABLES,
     *,
     quality: pd.DataFrame | None = None,
+    decode: pd.DataFrame | None = None,
 ) -> str:
     """The Markdown of every table among `builders` that these results fill (QUALITY_TABLES
-    from `quality` when given)."""
-    built = (
-        builder(quality if quality is not None and builder in QUALITY_TABLES else frame)
-        for builder in builders
-    )
+    from `quality`, DECODE_TABLES from `decode` when given)."""
+
+    def frame_for(builder):
+        if decode is not None and builder in DECODE_TABLES:
+            return decode
+        return quality if quality is not None and builder in QUALITY_TABLES else frame
+
+    built = (builder(frame_for(builder)) for builder in builders)
     return "\n".join(table.markdown() + "\n" for table in built if table is not None)
 
 
@@ -290,6 +323,13 @@ def main(argv: list[str] | None = None) -> int:
         help="records of trained quality from other sweeps (e.g. a long-range run) for the "
         "accuracy figures and tables and the headline; RESULTS then give time and memory",
     )
+    parser.add_argument(
+        "--decode",
+        nargs="+",
+        metavar="RESULTS",
+        help="records of decoding (measure.decode) from other sweeps for the decode figure, "
+        "table and headline",
+    )
     args = parser.parse_args(argv)
     if not args.results and not args.wandb:
         parser.error("give RESULTS or --wandb ENTITY/PROJECT")
@@ -312,7 +352,23 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         sources += args.quality
         unreadable += load.unreadable_records(args.quality)
-    pngs = build_report(frame, args.out, quality=quality, sources=sources, unreadable=unreadable)
+    decode_frame = None
+    if args.decode:
+        try:
+            decode_frame = load.tidy(load.load_results(args.decode))
+        except (FileNotFoundError, ValueError) as error:
+            print(f"error: --decode: {error}", file=sys.stderr)
+            return 1
+        sources += args.decode
+        unreadable += load.unreadable_records(args.decode)
+    pngs = build_report(
+        frame,
+        args.out,
+        quality=quality,
+        decode=decode_frame,
+        sources=sources,
+        unreadable=unreadable,
+    )
     summary = tables.variant_summary(frame)
     if summary is not None:
         print(summary.markdown())
@@ -321,6 +377,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"warning: {len(warned.frame)} timing warning(s): see report.md", file=sys.stderr)
     print(f"report: {args.out / 'report.md'} ({len(frame)} records, {len(pngs)} figures)")
     return 0
+
+
+decode_headline = decode.headline
 
 
 def _load(args: argparse.Namespace) -> tuple[pd.DataFrame, list[str], list[Unreadable]]:

@@ -26,6 +26,11 @@ number of key blocks per query block, and every fixed pattern's forward (no grad
 compiled FlexAttention with the block mask of the same pattern (`impl=flex`, up to
 `--flex-max-len`; each length and pattern compiles once, ~30 s, in the untimed first call).
 
+Decoding (`--skip-decode` to leave out; `experiments.decode.measure_decode`, the same
+measurement as `measure.decode`): exact attention's per-token read of its cache at 64K as a
+fraction of the copy bandwidth (>= 0.5), linear and Performer's ms/token flat from 1K to 64K
+(within 1.5x), and the window caches (blockwise, longformer) no larger at 64K than at 4K.
+
 The project's own parts measure: kernels and models are built from one `variants.ModelConfig`
 (d_model 256, 4 heads) as a model's layers build them, each call is timed by
 `experiments.timing.time_call`, the yardstick is `experiments.timing.matmul_call`, peak memory
@@ -46,6 +51,7 @@ import torch.nn.functional as F
 
 from analysis.fit import fit_power_law
 from experiments import timing
+from experiments.decode import measure_decode
 from experiments.memory import peak_memory_bytes
 from experiments.timing import matmul_call, matmul_gflops_per_s, time_call
 from variants import ModelConfig, TransformerLM, build_attention
@@ -153,6 +159,8 @@ def main(argv: list[str] | None = None) -> None:
         targets += memory_targets(args.memory_len, names)
     if not args.skip_depth:
         targets += depth_targets(args.depth_len, args.depth_attention, args.rounds)
+    if not args.skip_decode:
+        targets += decode_targets(args.decode_len, args.rounds)
     print_table(targets)
 
 
@@ -186,6 +194,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--skip-flex", action="store_true", help="no FlexAttention rows")
     parser.add_argument("--skip-memory", action="store_true")
     parser.add_argument("--skip-depth", action="store_true")
+    parser.add_argument("--skip-decode", action="store_true", help="no decoding rows")
+    parser.add_argument(
+        "--decode-len", type=int, default=DECODE_LENGTH, help="longest decoding context"
+    )
     return parser.parse_args(argv)
 
 
@@ -633,6 +645,43 @@ def depth_targets(length: int, attention: str, rounds: int) -> list[Target]:
             f"reversible / residual step time, depth 12 ({where})", statistics.median(ratios), 1.6
         ),
     ]
+
+
+DECODE_LENGTH = 65536
+DECODE_SHORT = 1024  # the flat-time targets compare against this context
+DECODE_WINDOWED = 4096  # past every window cache's window: its cache must not grow beyond
+DECODE_STEPS = 64
+
+
+def decode_columns(name: str, length: int) -> dict:
+    """`measure_decode` of the targets' kernel `name` at batch 1 and context `length`."""
+    shape = (BATCH, HEADS, length, HEAD_DIM)
+    attend = kernel(name, length + DECODE_STEPS + 2)
+    return measure_decode(attend, shape, CPU, torch.float32, steps=DECODE_STEPS, warmup=2)
+
+
+def decode_targets(length: int, rounds: int) -> list[Target]:
+    """Exact decode's bandwidth fraction at `length`; linear and Performer's ms/token at
+    `length` over DECODE_SHORT (median over `rounds`, each measured at both contexts in turn);
+    the window caches' bytes at `length` over DECODE_WINDOWED."""
+    full = [decode_columns("full", length)["decode_bandwidth_fraction"] for _ in range(rounds)]
+    rows = [at_least(f"full decode bandwidth fraction, L={length}", statistics.median(full), 0.5)]
+    print(f"full decode bandwidth fraction at {length}: {', '.join(f'{f:.2f}' for f in full)}")
+    for name in ("linear", "performer"):
+        ratios = []
+        for _ in range(rounds):
+            short = decode_columns(name, DECODE_SHORT)["decode_ms_per_token"]
+            ratios.append(decode_columns(name, length)["decode_ms_per_token"] / short)
+        label = f"{name} decode ms/token L={length} / L={DECODE_SHORT}"
+        rows.append(at_most(label, statistics.median(ratios), 1.5))
+        print(f"{label}: {', '.join(f'{r:.2f}' for r in ratios)}")
+    for name in ("blockwise", "longformer"):
+        ratio = (
+            decode_columns(name, length)["cache_bytes"]
+            / decode_columns(name, DECODE_WINDOWED)["cache_bytes"]
+        )
+        rows.append(at_most(f"{name} cache bytes L={length} / L={DECODE_WINDOWED}", ratio, 1.0))
+    return rows
 
 
 def print_table(rows: list[Target]) -> None:

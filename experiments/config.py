@@ -115,7 +115,9 @@ class MeasureConfig:
     `experiments.reference_model.ReferenceConfig` options and `cache_dir`) and the size of the
     matmul the machine's rate is measured with. `speedup_vs`: the forms of exact attention
     (`sdpa`, `math`: `full`'s impls) the kernel is timed against in `rounds` alternating
-    rounds (experiments/measure.py); empty: the kernel is timed alone."""
+    rounds (experiments/measure.py); empty: the kernel is timed alone. `decode`: measure
+    decoding (prefill the seq_len context, then `decode_steps` timed tokens;
+    experiments/decode.py)."""
 
     kernel: bool
     step: bool
@@ -128,6 +130,8 @@ class MeasureConfig:
     matmul_size: int
     speedup_vs: tuple[str, ...] = ("sdpa",)
     rounds: int = 5
+    decode: bool = False
+    decode_steps: int = 32
 
     def __post_init__(self):
         for key in ("approx_seeds", "matmul_size", "rounds"):
@@ -140,6 +144,12 @@ class MeasureConfig:
                 f"{', '.join(SPEEDUP_REFERENCES)}, got {list(speedup_vs)!r}"
             )
         object.__setattr__(self, "speedup_vs", speedup_vs)
+        if not isinstance(self.decode, bool):
+            raise ValueError(f"{OWNER}: option 'measure.decode' must be true or false")
+        if isinstance(self.decode_steps, bool) or not isinstance(self.decode_steps, int):
+            raise ValueError(f"{OWNER}: option 'measure.decode_steps' must be an int >= 2")
+        if self.decode_steps < 2:
+            raise ValueError(f"{OWNER}: option 'measure.decode_steps' must be an int >= 2")
         require_non_negative_int(OWNER, "measure.warmup", self.warmup)
         _require_positive_or_null("measure.min_run_time_s", self.min_run_time_s)
 

@@ -2,8 +2,9 @@
 
 `setup(job)` builds the task and the model a job's `experiments.config.JobConfig` describes;
 `measure(job, built)` trains the model on the task, then times the attention kernel alone and
-the whole training step, takes the step's peak memory, the kernel's analytic FLOPs and its
-approximation error against exact attention. It returns the measurement
+the whole training step, takes the step's peak memory, the kernel's analytic FLOPs, its
+approximation error against exact attention and, with `measure.decode`, what decoding costs
+(experiments/decode.py). It returns the measurement
 columns of the record; `experiments.run` adds identity, status and provenance.
 """
 
@@ -20,6 +21,7 @@ import torch
 import variants
 from experiments import curriculum, progress, reference_model
 from experiments.config import JobConfig, MeasureConfig
+from experiments.decode import measure_decode
 from experiments.memory import peak_memory_bytes, peak_rss_bytes
 from experiments.precision import FLOAT32, Precision
 from experiments.tasks import Task, build_task
@@ -229,6 +231,13 @@ def measure(
                 columns["attn_fwd_bwd_peak_bytes"] = peak_memory_bytes(kernel_fwd_bwd, device)
     if m_cfg.approx_error:
         columns.update(approx_columns(job, built, shape))
+    if m_cfg.decode:
+        with precision.autocast():
+            columns.update(
+                measure_decode(
+                    kernel, shape, device, dtype, steps=m_cfg.decode_steps, warmup=m_cfg.warmup
+                )
+            )
     columns["peak_rss_bytes"] = peak_rss_bytes()
     return columns
 

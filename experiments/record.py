@@ -161,7 +161,11 @@ SCHEMA: tuple[Column, ...] = (
         optional=True,
     ),
     _measured(
-        "approx_error_note", str, "", "why approx_rel_error or the swap was not measured", optional=True
+        "approx_error_note",
+        str,
+        "",
+        "why approx_rel_error or the swap was not measured",
+        optional=True,
     ),
     _measured("train_loss", float, "nats/token", "mean of the last training steps", shown=True),
     _measured("eval_loss", float, "nats/token", "after training", shown=True),
@@ -214,6 +218,15 @@ SCHEMA: tuple[Column, ...] = (
         "optimiser steps from the start to the first evaluation at 90 %",
         optional=True,
     ),
+    # Decoding (measure.decode, experiments/decode.py): the kernel alone at the job's shape.
+    _measured("decode_prefill_ms", float, "ms", "prefill of seq_len tokens into a cache"),
+    _measured("decode_prefill_peak_bytes", int, "bytes", "peak live tensors of the prefill"),
+    _measured("cache_bytes", int, "bytes", "the decoding cache after the prefill"),
+    _measured("decode_ms_per_token", float, "ms/token", "one token at seq_len context"),
+    _measured("decode_iqr_ms_per_token", float, "ms/token", "its interquartile range"),
+    _measured("decode_copy_gb_per_s", float, "GB/s", "copy of a cache-sized tensor, read+write"),
+    _measured("decode_read_gb_per_s", float, "GB/s", "cache_bytes / decode_ms_per_token"),
+    _measured("decode_bandwidth_fraction", float, "fraction", "decode read rate / copy rate"),
     _measured("timing_warning", str, "", "figures whose timing spread widely", optional=True),
     # issue 26 (nothing lost, nothing silent): float16 gradient checks (experiments/train.py)
     _measured(

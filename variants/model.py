@@ -120,6 +120,21 @@ class TransformerLM(nn.Module):
         x = self.norm(x)
         return self.head(x)  # (B, L, vocab_size)
 
+    def generate(
+        self,
+        prompt: torch.Tensor,
+        max_new_tokens: int,
+        *,
+        temperature: float = 0.0,
+        seed: int | None = None,
+    ) -> torch.Tensor:
+        """prompt (B, T) int64 -> (B, T + max_new_tokens) tokens, through every layer's decoding
+        cache: greedy at temperature 0, else sampled (seeded with `seed`). See
+        `variants.generation.generate`."""
+        from variants.generation import generate
+
+        return generate(self, prompt, max_new_tokens, temperature=temperature, seed=seed)
+
 
 def _tie(kernels: Iterable[Attention]) -> None:
     """Tie every kernel after the first to the first (`Attention.tie_to`): a no-op except for

@@ -40,6 +40,8 @@ class AttentionSpec:
     n_gates: int  # per-token gates the layer projects and passes as attn(q, k, v, gates=g)
     time_complexity: str
     memory_complexity: str
+    supports_decode: bool  # has init_cache / prefill / decode (causal only)
+    decode_matches_forward: bool  # decoding gives the causal forward's outputs
     preset: dict[str, Any] = field(default_factory=dict)  # a preset's own defaults
 
     @property
@@ -114,6 +116,8 @@ def _spec(name: str, cls: type, preset: dict[str, Any], summary: str | None) -> 
         n_gates=cls.n_gates,
         time_complexity=cls.time_complexity,
         memory_complexity=cls.memory_complexity,
+        supports_decode=cls.supports_decode,
+        decode_matches_forward=cls.decode_matches_forward,
         preset=preset,
     )
 

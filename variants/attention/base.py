@@ -3,6 +3,22 @@
 A variant subclasses `Attention`, declares its capabilities as class attributes, takes its
 options as keyword-only constructor arguments (their defaults are the registry's defaults) and
 implements `attend(q, k, v)` and `flops(...)`.
+
+Decoding (one new position at a time, with a cache; `variants.attention.cache`). A causal
+variant that decodes sets `supports_decode = True` and implements three hooks:
+
+  new_cache(batch, heads, head_dim, max_len=, device=, dtype=) -> a `cache.Cache`
+  cache_prompt(q, k, v, cache)   fill an empty cache with a prompt's (B, H, T, D) positions
+  decode_step(q, k, v, cache)    (B, H, 1, D) -> (B, H, 1, D); append the position, attend
+
+and, where the forward's pattern depends on the length (auto stride, random blocks), also
+`prefill_attend(q, k, v, cache)`: the causal forward over the prompt with the pattern taken at
+`cache.max_len`. The public `init_cache`, `prefill` and `decode` check the inputs and run the
+hooks without autograd and in eval mode (learned state is used, never updated). A variant
+whose decode cannot equal its forward (LSH: later tokens move chunk boundaries) sets
+`decode_matches_forward = False` and documents its decode rule; one that cannot decode at
+all (Linformer: its projection mixes positions) leaves `supports_decode = False` and says why
+in `decode_reason`.
 """
 
 from __future__ import annotations
@@ -45,6 +61,9 @@ class Attention(nn.Module):
     # Per-token gates the kernel needs (NSA's branch gates, DeltaNet's beta): the layer projects
     # the token to (B, H, L, n_gates), applies a sigmoid and calls attn(q, k, v, gates=g).
     n_gates: ClassVar[int] = 0
+    supports_decode: ClassVar[bool] = False
+    decode_reason: ClassVar[str] = "it has no decode path"
+    decode_matches_forward: ClassVar[bool] = True
 
     def __init__(self, *, causal: bool = False):
         super().__init__()
@@ -98,6 +117,62 @@ class Attention(nn.Module):
         return self.attend(q, k, v, gates)
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    # --- decoding ----------------------------------------------------------------------------
+    def init_cache(
+        self,
+        batch_size: int,
+        n_heads: int,
+        head_dim: int,
+        *,
+        max_len: int,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ):
+        """An empty decoding cache for up to `max_len` positions (`variants.attention.cache`).
+
+        `ValueError` if this variant cannot decode (`decode_reason`) or is not causal. Patterns
+        that depend on the length (auto stride, random blocks) are taken at `max_len`: decoding
+        then equals the causal forward over `max_len` positions.
+        """
+        if not self.supports_decode:
+            raise ValueError(f"{self.name}: cannot decode: {self.decode_reason}")
+        if not self.causal:
+            raise ValueError(f"{self.name}: decode needs option causal=True")
+        return self.new_cache(
+            batch_size, n_heads, head_dim, max_len=max_len, device=device, dtype=dtype
+        )
+
+    def prefill(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache) -> torch.Tensor:
+        """The causal forward over a prompt, q, k, v (B, H, T, D) -> (B, H, T, D); leaves the
+        (empty) cache as if the prompt had been decoded token by token."""
+        check_qkv(self.name, q, k, v)
+        if cache.length:
+            raise ValueError(f"{self.name}: prefill needs an empty cache, it holds {cache.length}")
+        with torch.no_grad(), evaluating(self):
+            out = self.prefill_attend(q, k, v, cache)  # (B, H, T, D)
+            self.cache_prompt(q, k, v, cache)
+        return out
+
+    def decode(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache) -> torch.Tensor:
+        """One new position: q, k, v (B, H, 1, D) -> (B, H, 1, D); appends it to the cache."""
+        check_qkv(self.name, q, k, v)
+        if q.shape[2] != 1:
+            raise ValueError(f"{self.name}: decode takes one position, got seq_len {q.shape[2]}")
+        with torch.no_grad(), evaluating(self):
+            return self.decode_step(q, k, v, cache)
+
+    def new_cache(self, batch_size, n_heads, head_dim, *, max_len, device, dtype):
+        raise NotImplementedError
+
+    def prefill_attend(self, q, k, v, cache) -> torch.Tensor:
+        return self.attend(q, k, v)
+
+    def cache_prompt(self, q, k, v, cache) -> None:
+        raise NotImplementedError
+
+    def decode_step(self, q, k, v, cache) -> torch.Tensor:
         raise NotImplementedError
 
     def pattern(self, seq_len: int) -> Pattern | None:
@@ -165,6 +240,18 @@ def replaying() -> Iterator[None]:
         yield
     finally:
         _replay_depth -= 1
+
+
+@contextmanager
+def evaluating(module: nn.Module) -> Iterator[None]:
+    """`module` in eval mode within the block (restored after): decoding uses learned state
+    (routing's centroids, Performer's features) and never updates it."""
+    was_training = module.training
+    module.train(False)
+    try:
+        yield
+    finally:
+        module.train(was_training)
 
 
 def is_replaying() -> bool:

@@ -8,6 +8,7 @@ import torch.nn.functional as F
 from variants import patterns
 from variants.attention import flex
 from variants.attention.base import Attention, shared_qk_keys
+from variants.attention.cache import WindowCache, attend_allowed
 from variants.attention.local import from_blocks, key_windows, to_blocks, window_mask
 from variants.checks import require_bool, require_non_negative_int, require_positive_int
 from variants.registry import register_attention
@@ -33,6 +34,7 @@ class BlockwiseAttention(Attention):
     exact = False
     time_complexity = "O(L b d)"
     memory_complexity = "O(L b)"
+    supports_decode = True
 
     def __init__(
         self,
@@ -100,6 +102,22 @@ class BlockwiseAttention(Attention):
             q_blocks, k_windows, v_windows, attn_mask=mask[None]
         )  # (B*H, n, b, D)
         return from_blocks(out.unflatten(0, (batch, heads)), seq_len)  # (B, H, L, D)
+
+    # --- decoding: a ring of the look_backward + 1 blocks a query can see -------------------
+    def new_cache(self, batch_size, n_heads, head_dim, *, max_len, device, dtype):
+        window = (self.look_backward + 1) * self.block_size
+        return WindowCache(
+            self.name, batch_size, n_heads, head_dim, window=window, keep=None, kept=0,
+            max_len=max_len, device=device, dtype=dtype,
+        )  # fmt: skip
+
+    def cache_prompt(self, q, k, v, cache: WindowCache) -> None:
+        cache.append(shared_qk_keys(k) if self.shared_qk else k, v)
+
+    def decode_step(self, q, k, v, cache: WindowCache) -> torch.Tensor:
+        self.cache_prompt(q, k, v, cache)
+        pattern = self.pattern(cache.max_len)
+        return attend_allowed(q, cache, pattern.allows, exclude_self=self.shared_qk)
 
     def flops(self, batch: int, heads: int, seq_len: int, head_dim: int) -> int:
         pairs = self.pattern(seq_len).pairs(seq_len, min(self.block_size, seq_len))

@@ -35,6 +35,7 @@ from torch.autograd.function import once_differentiable
 from variants import patterns
 from variants.attention import flash, flex
 from variants.attention.base import Attention
+from variants.attention.cache import WindowCache, attend_allowed
 from variants.attention.local import to_blocks
 from variants.attention.strided import from_columns, stride_at, to_columns
 from variants.checks import (
@@ -72,6 +73,7 @@ class CombinedAttention(Attention):
     exact = False
     time_complexity = "O(L k d), k keys per query"
     memory_complexity = "O(L b)"
+    supports_decode = True
 
     def __init__(
         self,
@@ -117,16 +119,19 @@ class CombinedAttention(Attention):
         the same pattern (only j == i within the sequence)."""
         return min(stride_at(self.stride, seq_len), seq_len)
 
-    def part_patterns(self, seq_len: int) -> dict[str, patterns.Pattern]:
-        """Each named part's pattern at `seq_len`, before the causal cut."""
+    def part_patterns(self, seq_len: int, at: int | None = None) -> dict[str, patterns.Pattern]:
+        """Each named part's pattern at `seq_len`, before the causal cut. With `at`, the parts
+        that depend on the length (auto stride, random blocks) are those of length `at`
+        (decoding: the cache's max_len), restricted to the first `seq_len` positions."""
         b, causal = self.block_size, self.causal
+        at = seq_len if at is None else at
         forward = 0 if causal else self.look_forward
         table = {
             "local": lambda: patterns.Local(b, self.look_backward, forward),
-            "strided": lambda: patterns.Strided(self.stride_for(seq_len)),
+            "strided": lambda: patterns.Strided(self.stride_for(at)),
             "global": lambda: patterns.Global(self.n_global, causal),
             "random": lambda: patterns.Random.draw(
-                seq_len,
+                at,
                 b,
                 self.n_random,
                 self.random_seed,
@@ -147,9 +152,11 @@ class CombinedAttention(Attention):
         union = patterns.union(self.part_patterns(seq_len).values())
         return union & patterns.Causal() if self.causal else union
 
-    def plan(self, seq_len: int, device: torch.device | None = None) -> Plan:
-        """How the pattern runs at `seq_len` on `device`: its disjoint pieces (`Plan`)."""
-        return self._cached("plan", seq_len, device, lambda: Plan.build(self, seq_len, device))
+    def plan(self, seq_len: int, device: torch.device | None = None, at: int | None = None) -> Plan:
+        """How the pattern runs at `seq_len` on `device`: its disjoint pieces (`Plan`); with
+        `at`, length-dependent parts taken at length `at` (`part_patterns`)."""
+        kind = "plan" if at is None else f"plan@{at}"
+        return self._cached(kind, seq_len, device, lambda: Plan.build(self, seq_len, device, at))
 
     def supports_backward(self, device: torch.device) -> bool:
         return flex.supports_backward(self.impl, device)
@@ -169,6 +176,52 @@ class CombinedAttention(Attention):
 
     def flops(self, batch: int, heads: int, seq_len: int, head_dim: int) -> int:
         return 4 * batch * heads * self.plan(seq_len).pairs() * head_dim
+
+    # --- decoding: the local window in a ring, plus the older keys other parts still need ----
+    def decode_window(self) -> int:
+        """Positions the ring holds: the local part's window, else one block."""
+        back = self.look_backward if "local" in self.parts else 0
+        return (back + 1) * self.block_size
+
+    def kept_positions(self, positions: torch.Tensor, max_len: int) -> torch.Tensor:
+        """Which positions (bool per entry) a query beyond the ring may still see: all of them
+        with `strided`, the global tokens, the summary columns and every key block that some
+        query block draws at random (at `max_len`). The local part never reaches past the
+        ring."""
+        keep = torch.zeros_like(positions, dtype=torch.bool)
+        parts = self.part_patterns(max_len, at=max_len)
+        if "strided" in parts:
+            keep |= True
+        if "global" in parts:
+            keep |= positions < self.n_global
+        if "summary" in parts:
+            keep |= positions % self.block_size >= self.block_size - self.n_summary
+        if "random" in parts:
+            drawn = parts["random"].blocks.any(dim=0).to(positions.device)  # (n,) key blocks
+            keep |= drawn[positions // self.block_size]
+        return keep
+
+    def new_cache(self, batch_size, n_heads, head_dim, *, max_len, device, dtype):
+        kept = self.kept_positions(torch.arange(max_len, device=device), max_len)  # (max_len,)
+        return WindowCache(
+            self.name, batch_size, n_heads, head_dim, window=self.decode_window(),
+            keep=lambda positions: kept[positions], kept=int(kept.sum()),
+            max_len=max_len, device=device, dtype=dtype,
+        )  # fmt: skip
+
+    def prefill_attend(self, q, k, v, cache: WindowCache) -> torch.Tensor:
+        plan = self.plan(q.shape[2], q.device, at=cache.max_len)
+        return CombinedPieces.apply(q, k, v, plan)  # (B, H, T, D)
+
+    def cache_prompt(self, q, k, v, cache: WindowCache) -> None:
+        cache.append(k, v)
+
+    def decode_step(self, q, k, v, cache: WindowCache) -> torch.Tensor:
+        cache.append(k, v)
+        pattern = self._cached(
+            "pattern@", cache.max_len, "cpu", lambda: self._pattern(cache.max_len)
+        )
+        return attend_allowed(q, cache, pattern.allows)  # (B, H, 1, D)
 
     def _cached(self, kind: str, seq_len: int, device, build):
         key = (kind, seq_len, torch.device("cpu" if device is None else device))
@@ -234,8 +287,8 @@ class Plan:
     pieces: dict[str, patterns.Pattern]
 
     @classmethod
-    def build(cls, attention: CombinedAttention, seq_len: int, device) -> Plan:
-        parts = attention.part_patterns(seq_len)
+    def build(cls, attention: CombinedAttention, seq_len: int, device, at=None) -> Plan:
+        parts = attention.part_patterns(seq_len, at)
         causal, block_size = attention.causal, attention.block_size
         cut = (lambda p: p & patterns.Causal()) if causal else (lambda p: p)
         own_block = patterns.Local(block_size, 0, 0)
@@ -271,7 +324,9 @@ class Plan:
             tiles=tiles,
             kinds=kinds,
             hidden=hidden,
-            stride=attention.stride_for(seq_len) if "strided" in parts else None,
+            stride=(
+                min(attention.stride_for(at or seq_len), seq_len) if "strided" in parts else None
+            ),
             summary=summary,
             summary_keys=summary_keys,
             global_rows=global_rows,

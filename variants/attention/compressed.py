@@ -41,6 +41,7 @@ from torch.autograd.function import once_differentiable
 
 from variants.attention import flash
 from variants.attention.base import Attention, pad_to_multiple
+from variants.attention.cache import PrefixCache, attend_prefix
 from variants.checks import require_choice, require_positive_int
 from variants.registry import register_attention
 
@@ -84,6 +85,7 @@ class CompressedAttention(Attention):
     exact = False
     time_complexity = "O(L^2 d / f)"
     memory_complexity = "O(L) fused, O(L^2 / f) explicit"
+    supports_decode = True
 
     def __init__(
         self, *, causal: bool = False, factor: int = 4, method: str = "conv", head_dim: int = 64
@@ -117,6 +119,46 @@ class CompressedAttention(Attention):
         if not self.causal:
             return F.scaled_dot_product_attention(q, keys, values)  # (B, H, L, D)
         return PastBlocksAndOwnBlock.apply(q, k, v, keys, values, self.factor)  # (B, H, L, D)
+
+    # --- decoding: the summaries of finished blocks, then the open block's raw keys ---------
+    def new_cache(self, batch_size, n_heads, head_dim, *, max_len, device, dtype):
+        return PrefixCache(
+            self.name, batch_size, n_heads, head_dim, block=self.factor, max_len=max_len,
+            device=device, dtype=dtype,
+        )  # fmt: skip
+
+    def cache_prompt(self, q, k, v, cache: PrefixCache) -> None:
+        cache.reserve(k.shape[2])
+        full = k.shape[2] // self.factor * self.factor
+        if full:
+            keys = self.compress(k[:, :, :full], self.key_conv)  # (B, H, c, D)
+            values = self.compress(v[:, :, :full], self.value_conv)
+            cache.keys_buffer[:, :, : keys.shape[2]] = keys
+            cache.values_buffer[:, :, : keys.shape[2]] = values
+            cache.summaries = keys.shape[2]
+        cache.open = k.shape[2] - full
+        open_rows = slice(cache.summaries, cache.summaries + cache.open)
+        cache.keys_buffer[:, :, open_rows] = k[:, :, full:]
+        cache.values_buffer[:, :, open_rows] = v[:, :, full:]
+
+    def decode_step(self, q, k, v, cache: PrefixCache) -> torch.Tensor:
+        """The query sees the summaries of the blocks before its own and its own block up to
+        itself: the contiguous prefix of the cache. A finished block is then compressed into
+        one summary, which replaces its raw keys."""
+        cache.reserve(1)
+        row = cache.summaries + cache.open
+        cache.keys_buffer[:, :, row : row + 1] = k
+        cache.values_buffer[:, :, row : row + 1] = v
+        cache.open += 1
+        out = attend_prefix(q, *cache.visible())  # (B, H, 1, D)
+        if cache.open == self.factor:
+            keys, values = cache.open_block()  # (B, H, f, D) each
+            keys = self.compress(keys, self.key_conv)  # (B, H, 1, D)
+            values = self.compress(values, self.value_conv)
+            cache.keys_buffer[:, :, cache.summaries : cache.summaries + 1] = keys
+            cache.values_buffer[:, :, cache.summaries : cache.summaries + 1] = values
+            cache.summaries, cache.open = cache.summaries + 1, 0
+        return out
 
     def flops(self, batch: int, heads: int, seq_len: int, head_dim: int) -> int:
         """Scored pairs x 4 B H d, plus the two compression convs' 2 B H C f d^2 each (conv only).

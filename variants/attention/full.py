@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from variants.attention.base import Attention, masked_attend, shared_qk_keys, without_self
+from variants.attention.cache import KVCache, attend_prefix
 from variants.checks import require_bool, require_choice
 from variants.registry import register_attention
 
@@ -24,6 +25,7 @@ class FullAttention(Attention):
     exact = True
     time_complexity = "O(L^2 d)"
     memory_complexity = "O(L) sdpa, O(L^2) math"
+    supports_decode = True
 
     def __init__(self, *, causal: bool = False, impl: str = "sdpa", shared_qk: bool = False):
         super().__init__(causal=causal)
@@ -43,6 +45,25 @@ class FullAttention(Attention):
             mask = torch.ones(q.shape[2], q.shape[2], dtype=torch.bool, device=q.device).tril()
         out, _ = masked_attend(q, k, v, mask)  # (B, H, L, D)
         return out
+
+    # --- decoding: every key and value, read once per token by the fused kernel -------------
+    def new_cache(self, batch_size, n_heads, head_dim, *, max_len, device, dtype):
+        return KVCache(
+            self.name, batch_size, n_heads, head_dim, max_len=max_len, device=device, dtype=dtype
+        )
+
+    def cache_prompt(self, q, k, v, cache: KVCache) -> None:
+        cache.append(shared_qk_keys(k) if self.shared_qk else k, v)
+
+    def decode_step(self, q, k, v, cache: KVCache) -> torch.Tensor:
+        """Appends the position to the reserved buffers and attends over the (B, H, n, D) view
+        of every key so far: one read of the cache, no copy. Under shared QK the query's own
+        key is left out unless it is the only one."""
+        self.cache_prompt(q, k, v, cache)
+        keys, values = cache.keys(), cache.values()  # (B, H, n, D) views
+        if self.shared_qk and cache.length > 1:
+            keys, values = keys[:, :, :-1], values[:, :, :-1]
+        return attend_prefix(q, keys, values)  # (B, H, 1, D)
 
     def _mask(self, length: int, device: torch.device) -> torch.Tensor | None:
         """The shared-QK (L, L) mask, True where a query may attend; None without shared QK."""

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 
 from variants.attention import kernelized
 from variants.attention.base import Attention
+from variants.attention.cache import StateCache
 from variants.registry import register_attention
 
 
@@ -28,6 +29,7 @@ class LinearAttention(Attention):
     exact = False
     time_complexity = "O(L d^2)"
     memory_complexity = "O(L d + d^2)"
+    supports_decode = True
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         phi_q, phi_k = F.elu(q) + 1, F.elu(k) + 1  # (B, H, L, D) each, positive
@@ -35,3 +37,17 @@ class LinearAttention(Attention):
 
     def flops(self, batch: int, heads: int, seq_len: int, head_dim: int) -> int:
         return kernelized.feature_flops(batch, heads, seq_len, head_dim, head_dim)
+
+    # --- decoding: the running sums, D x (D + 1) per head ----------------------------------
+    def new_cache(self, batch_size, n_heads, head_dim, *, max_len, device, dtype):
+        return StateCache(
+            self.name, batch_size, n_heads, head_dim, head_dim, max_len=max_len, device=device,
+            dtype=dtype,
+        )  # fmt: skip
+
+    def cache_prompt(self, q, k, v, cache: StateCache) -> None:
+        cache.add(F.elu(k) + 1, v)
+
+    def decode_step(self, q, k, v, cache: StateCache) -> torch.Tensor:
+        cache.add(F.elu(k) + 1, v)
+        return cache.read(F.elu(q) + 1).to(q.dtype)  # (B, H, 1, D)

@@ -56,6 +56,10 @@ class LinformerAttention(Attention):
         "its projection along the sequence mixes future positions into every projected key, "
         "so no query can be kept from seeing the future"
     )
+    decode_reason = (
+        "it is not causal: each projected key mixes every position of the sequence, so a "
+        "new token changes every key and no cache of earlier ones exists"
+    )
     bounded_length = True
 
     def __init__(

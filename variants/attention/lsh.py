@@ -72,8 +72,10 @@ from variants.attention.base import (
     SHARED_QK_NORM_EPS,
     Attention,
     is_replaying,
+    masked_attend,
     pad_to_multiple,
 )
+from variants.attention.cache import KVCache
 from variants.checks import require_bool, require_non_negative_int, require_positive_int
 from variants.registry import register_attention
 
@@ -113,6 +115,8 @@ class LSHAttention(Attention):
     time_complexity = "O(n_hashes L m d)"
     memory_complexity = "O(n_hashes L m)"
     shared_qk_required = True
+    supports_decode = True
+    decode_matches_forward = False
 
     def __init__(
         self,
@@ -254,6 +258,40 @@ class LSHAttention(Attention):
                     mask |= torch.eq(window_keys((chunk + 1) % n_chunks), query_chunk, out=same)
         return hidden
 
+    # --- decoding -----------------------------------------------------------------------------
+    # The forward's chunks of a global sort move with later tokens, so decoding has its own
+    # rule (`decode_step`) and `decode_matches_forward` is False.
+    def new_cache(self, batch_size, n_heads, head_dim, *, max_len, device, dtype):
+        return LSHCache(self, batch_size, n_heads, head_dim, max_len, device, dtype)
+
+    def cache_prompt(self, q, k, v, cache: LSHCache) -> None:
+        cache.append(q, v)
+
+    def decode_step(self, q, k, v, cache: LSHCache) -> torch.Tensor:
+        """The decode rule: the new query attends to every earlier cached key that shares its
+        bucket in at least one round (hashed with the cache's rotations, n_buckets taken at
+        max_len), scores q . k_hat. With `dedup` (default) that is one softmax over the union
+        of the rounds' keys (each pair once, as the forward's dedup); without, one softmax per
+        round, combined by the rounds' logsumexps as the forward combines them (a key shared
+        by r rounds counts r times). A query with no such key attends to itself, the forward's
+        rule for a token with no other target. O(n L) per token: every cached bucket is
+        compared and the scores are computed for every cached key."""
+        cache.append(q, v)
+        last = cache.length - 1
+        keys, values = cache.keys()[:, :, :last], cache.values()[:, :, :last]  # (B, H, i, D)
+        same = cache.buckets[..., :last] == cache.buckets[..., last : last + 1]  # (B,H,R,i)
+        if self.dedup or self.n_hashes == 1:
+            out, lse = masked_attend(q, keys, values, same.any(dim=2)[:, :, None], scale=1.0)
+        else:
+            out_r, lse_r = masked_attend(
+                q[:, :, None], keys[:, :, None], values[:, :, None], same[:, :, :, None], scale=1.0
+            )  # (B, H, R, 1, D), (B, H, R, 1)
+            lse = lse_r.logsumexp(dim=2)  # (B, H, 1)
+            weights = (lse_r - torch.where(lse.isfinite(), lse, 0)[:, :, None]).exp()
+            out = (weights.unsqueeze(-1) * out_r).sum(dim=2)  # (B, H, 1, D)
+        alone = ~lse.isfinite()[..., None]  # (B, H, 1, 1): no key shares a bucket
+        return torch.where(alone, v, out)
+
     def flops(self, batch: int, heads: int, seq_len: int, head_dim: int) -> int:
         # Scores and values over each query's window (2m keys, m with a single chunk) in every
         # round. Causal masking hides a data-dependent part of the window, so the whole window
@@ -267,6 +305,39 @@ class LSHAttention(Attention):
             f"causal={self.causal}, n_hashes={self.n_hashes}, bucket_size={self.bucket_size}, "
             f"n_buckets={self.n_buckets}, seed={self.seed}, dedup={self.dedup}"
         )
+
+
+class LSHCache(KVCache):
+    """LSH's decoding cache: unit keys (q / |q|) and values of every position, each position's
+    bucket in every round (B, H, R, max_len), and the rotations they were hashed with, drawn
+    once per cache (from the global RNG, or from `seed`); n_buckets as the forward's at
+    max_len."""
+
+    def __init__(self, lsh: LSHAttention, batch, heads, head_dim, max_len, device, dtype):
+        super().__init__(
+            lsh.name, batch, heads, head_dim, max_len=max_len, device=device, dtype=dtype
+        )
+        padded = -(-max_len // lsh.bucket_size) * lsh.bucket_size
+        self.n_buckets = lsh.n_buckets or 2 * padded // lsh.bucket_size
+        self.factors = hash_factors(self.n_buckets)
+        like = self.keys_buffer
+        self.rotations = lsh._rotations(head_dim, sum(n // 2 for n in self.factors), like)
+        rounds = lsh.n_hashes
+        self.buckets = torch.empty(batch, heads, rounds, max_len, dtype=torch.long, device=device)
+
+    def append(self, q: torch.Tensor, v: torch.Tensor) -> None:
+        """q, v: (B, H, T, D): their unit keys, values and buckets."""
+        first = self.length
+        unit = q / q.norm(dim=-1, keepdim=True).clamp_min(SHARED_QK_NORM_EPS)
+        super().append(unit, v)
+        buckets = angular_hash(q, self.rotations, self.factors)  # (B, H, R, T)
+        buckets = buckets * self.n_buckets // math.prod(self.factors)
+        self.buckets[..., first : self.length] = buckets
+
+    @property
+    def nbytes(self) -> int:
+        per_position = self.buckets.shape[0] * self.buckets.shape[1] * self.buckets.shape[2]
+        return super().nbytes + per_position * self.length * self.buckets.element_size()
 
 
 def hash_factors(n_buckets: int) -> tuple[int, ...]:

@@ -39,6 +39,7 @@ import torch
 
 from variants.attention import kernelized
 from variants.attention.base import Attention, is_replaying
+from variants.attention.cache import StateCache
 from variants.checks import require_non_negative_int, require_positive_int
 from variants.registry import register_attention
 
@@ -73,6 +74,7 @@ class PerformerAttention(Attention):
     exact = False
     time_complexity = "O(L m d)"
     memory_complexity = "O(L m + m d)"
+    supports_decode = True
 
     def __init__(
         self,
@@ -144,6 +146,24 @@ class PerformerAttention(Attention):
         else:
             bound = exponent.detach().amax(dim=(-2, -1), keepdim=True)  # (B, H, 1, 1)
         return phi_q, (exponent - bound).exp_()
+
+    # --- decoding: the running sums, m x (D + 1) per head; features fixed (eval) ----------
+    def new_cache(self, batch_size, n_heads, head_dim, *, max_len, device, dtype):
+        return StateCache(
+            self.name, batch_size, n_heads, self.n_features, head_dim, max_len=max_len,
+            device=device, dtype=dtype,
+        )  # fmt: skip
+
+    def cache_prompt(self, q, k, v, cache: StateCache) -> None:
+        work = torch.promote_types(q.dtype, torch.float32)
+        _, phi_k = self.feature_maps(q.to(work), k.to(work))  # causal: a fixed key bound
+        cache.add(phi_k, v)
+
+    def decode_step(self, q, k, v, cache: StateCache) -> torch.Tensor:
+        work = torch.promote_types(q.dtype, torch.float32)
+        phi_q, phi_k = self.feature_maps(q.to(work), k.to(work))  # (B, H, 1, m) each
+        cache.add(phi_k, v)
+        return cache.read(phi_q).to(q.dtype)  # (B, H, 1, D)
 
     def flops(self, batch: int, heads: int, seq_len: int, head_dim: int) -> int:
         """Projecting q and k onto the m features, 2 x 2 B H L d m, and the linear attention

@@ -54,7 +54,8 @@ import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
 from variants.attention import flash
-from variants.attention.base import SHARED_QK_NORM_EPS, Attention, is_replaying
+from variants.attention.base import SHARED_QK_NORM_EPS, Attention, is_replaying, masked_attend
+from variants.attention.cache import ClusterCache
 from variants.attention.lsh import PIECE_BYTES, SELF_MARGIN, index_dtype
 from variants.checks import require_non_negative_int, require_positive_int, require_probability
 from variants.registry import register_attention
@@ -78,6 +79,7 @@ class RoutingAttention(Attention):
     time_complexity = "O(L w d + L K d)"
     memory_complexity = "O(L w)"
     shared_qk_required = True
+    supports_decode = True
 
     def __init__(
         self,
@@ -152,6 +154,66 @@ class RoutingAttention(Attention):
                 self._update_centroids(x, clusters)
         self.last_clusters = clusters.to(index_dtype(self.n_clusters))
         return clusters
+
+    # --- decoding: each cluster's window - 1 most recent members; centroids fixed (eval) ----
+    def new_cache(self, batch_size, n_heads, head_dim, *, max_len, device, dtype):
+        return ClusterCache(
+            self.name, batch_size, n_heads, head_dim, clusters=self.n_clusters,
+            slots=self.window - 1, max_len=max_len, device=device, dtype=dtype,
+        )  # fmt: skip
+
+    def cache_prompt(self, q, k, v, cache: ClusterCache) -> None:
+        """Each cluster's last window - 1 members of the prompt, at slot rank % (window - 1)
+        (rank: its place among the cluster's members), as decoding them one by one leaves."""
+        batch, heads, length, head_dim = q.shape
+        cache.reserve(length)
+        clusters = self._clusters(q)  # (B, H, T); eval: no centroid update
+        members = torch.zeros_like(cache.counts).scatter_add_(
+            -1, clusters, torch.ones_like(clusters)
+        )  # (B, H, K)
+        cache.counts += members
+        if cache.slots == 0:
+            return
+        positions = torch.arange(length, device=q.device)
+        order = (clusters * length + positions).argsort(dim=-1)  # (B, H, T) by cluster, position
+        sorted_clusters = clusters.gather(-1, order)  # (B, H, T)
+        starts = (members.cumsum(-1) - members).gather(-1, sorted_clusters)  # (B, H, T)
+        rank = positions - starts  # place of each sorted member within its cluster
+        kept = rank >= members.gather(-1, sorted_clusters) - cache.slots  # (B, H, T)
+        sequence = torch.arange(batch * heads, device=q.device).view(batch, heads, 1)
+        target = (sequence * self.n_clusters + sorted_clusters) * cache.slots + rank % cache.slots
+        source = sequence * length + order  # rows of the flattened (B*H*T, D) inputs
+        target, source = target[kept], source[kept]
+        unit = q / q.norm(dim=-1, keepdim=True).clamp_min(SHARED_QK_NORM_EPS)
+        cache.keys_buffer.view(-1, head_dim)[target] = unit.reshape(-1, head_dim)[source]
+        cache.values_buffer.view(-1, head_dim)[target] = v.reshape(-1, head_dim)[source]
+
+    def decode_step(self, q, k, v, cache: ClusterCache) -> torch.Tensor:
+        """Routes the query to its cluster, attends to that cluster's cached members (the
+        window - 1 most recent before it; itself if there is none), then joins them."""
+        batch, heads, _, head_dim = q.shape
+        cache.reserve(1)
+        cluster = self._clusters(q)[:, :, 0]  # (B, H)
+        count = cache.counts.gather(-1, cluster[..., None])  # (B, H, 1)
+        unit = q / q.norm(dim=-1, keepdim=True).clamp_min(SHARED_QK_NORM_EPS)  # (B, H, 1, D)
+        out = v
+        if cache.slots:
+            index = cluster.view(batch, heads, 1, 1, 1).expand(-1, -1, 1, cache.slots, head_dim)
+            keys = cache.keys_buffer.gather(2, index)[:, :, 0]  # (B, H, S, D)
+            values = cache.values_buffer.gather(2, index)[:, :, 0]
+            held = torch.arange(cache.slots, device=q.device) < count  # (B, H, S)
+            attended, lse = masked_attend(q, keys, values, held[:, :, None], scale=1.0)
+            out = torch.where(lse.isfinite()[..., None], attended, v)  # (B, H, 1, D)
+            b, h = torch.meshgrid(
+                torch.arange(batch, device=q.device),
+                torch.arange(heads, device=q.device),
+                indexing="ij",
+            )
+            slot = count[..., 0] % cache.slots  # (B, H)
+            cache.keys_buffer[b, h, cluster, slot] = unit[:, :, 0]
+            cache.values_buffer[b, h, cluster, slot] = v[:, :, 0]
+        cache.counts.scatter_add_(-1, cluster[..., None], torch.ones_like(count))
+        return out
 
     def _update_centroids(self, x: torch.Tensor, clusters: torch.Tensor) -> None:
         """One EMA step: counts and sums decay by `decay` and gain (1 - decay) times this

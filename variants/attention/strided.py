@@ -11,6 +11,7 @@ from torch.autograd.function import once_differentiable
 from variants import patterns
 from variants.attention import flash, flex
 from variants.attention.base import Attention, pad_to_multiple
+from variants.attention.cache import KVCache, attend_prefix
 from variants.attention.local import sum_windows, to_blocks, window_mask, windows_of
 from variants.checks import require_positive_int_or_auto
 from variants.registry import register_attention
@@ -40,6 +41,7 @@ class StridedAttention(Attention):
     exact = False
     time_complexity = "O(L sqrt(L) d)"
     memory_complexity = "O(L sqrt(L))"
+    supports_decode = True
 
     def __init__(self, *, causal: bool = False, stride: int | str = "auto", impl: str = "native"):
         super().__init__(causal=causal)
@@ -71,6 +73,31 @@ class StridedAttention(Attention):
                 self._flex_mask = (seq_len, q.device, mask)
             return flex.attend(self.name, q, k, v, self._flex_mask[2])
         return LocalAndColumns.apply(q, k, v, stride, self.causal)  # (B, H, L, D)
+
+    # --- decoding: every key (each is a column key of some later query), read sparsely ------
+    def new_cache(self, batch_size, n_heads, head_dim, *, max_len, device, dtype):
+        return KVCache(
+            self.name, batch_size, n_heads, head_dim, max_len=max_len, device=device, dtype=dtype
+        )
+
+    def prefill_attend(self, q, k, v, cache: KVCache) -> torch.Tensor:
+        # The stride of the whole cache (auto: round(sqrt(max_len))), as decoding uses.
+        stride = min(self.stride_for(cache.max_len), cache.max_len, q.shape[2])
+        return LocalAndColumns.apply(q, k, v, stride, True)  # (B, H, T, D)
+
+    def cache_prompt(self, q, k, v, cache: KVCache) -> None:
+        cache.append(k, v)
+
+    def decode_step(self, q, k, v, cache: KVCache) -> torch.Tensor:
+        """Reads s + i / s keys of the cache: the s nearest (itself included) and its column,
+        positions i - s, i - 2s, ... >= 0, as a strided view."""
+        cache.append(k, v)
+        position, stride = cache.length - 1, min(self.stride_for(cache.max_len), cache.max_len)
+        near = slice(max(0, position - stride + 1), position + 1)
+        column = slice(position % stride, max(0, position - stride + 1), stride)
+        keys = torch.cat([cache.keys_buffer[:, :, column], cache.keys_buffer[:, :, near]], 2)
+        values = torch.cat([cache.values_buffer[:, :, column], cache.values_buffer[:, :, near]], 2)
+        return attend_prefix(q, keys, values)  # (B, H, 1, D)
 
     def flops(self, batch: int, heads: int, seq_len: int, head_dim: int) -> int:
         # Counted in closed form: the pattern has no sparse block form (stride-th keys fall in

@@ -1,0 +1,153 @@
+"""What the report says about decoding (records of `measure.decode`, experiments/decode.py):
+a figure of per-token time and cache memory against the context, a table of both per variant
+and context, and one headline clause per variant at the longest context.
+
+A series is a variant plus the context columns that differ (batch size, ...), as in every
+other figure (`series.with_series`); the x axis is the job's seq_len, the context the tokens
+are decoded onto.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+from matplotlib.figure import Figure
+
+from analysis import plots, series
+from analysis.tables import Table
+from experiments.record import MIB
+
+TIME = "decode_ms_per_token"
+CACHE = "cache_bytes"
+FRACTION = "decode_bandwidth_fraction"
+
+
+def records(frame: pd.DataFrame) -> pd.DataFrame:
+    """The records of decoding jobs (`measure.decode` true, or a decode measurement)."""
+    if "measure.decode" in frame:
+        return frame[frame["measure.decode"].astype("boolean").fillna(False).astype(bool)]
+    if TIME in frame:
+        return frame[frame[TIME].notna()]
+    return frame.iloc[0:0]
+
+
+def has_decode(frame: pd.DataFrame) -> bool:
+    """Whether any record measured decoding."""
+    rows = records(frame)
+    return TIME in rows and bool(rows[TIME].notna().any())
+
+
+def decode_vs_context(frame: pd.DataFrame) -> Figure:
+    """Two panels, log-log against the context: ms per decoded token, and the cache (MiB)."""
+    rows = records(frame)
+    rows = rows.assign(cache_mib=rows[CACHE] / MIB if CACHE in rows else float("nan"))
+    labelled, _ = series.with_series(rows, x="seq_len")
+    fig, axes = plots._figure(2, "Decoding: time per token and cache memory vs context")
+    panels = (
+        (TIME, "time per decoded token", "ms per token"),
+        ("cache_mib", "cache after the prefill", "cache (MiB)"),
+    )
+    for ax, (column, title, unit) in zip(axes, panels, strict=True):
+        if column not in labelled:
+            labelled = labelled.assign(**{column: float("nan")})
+        xs = plots._draw(ax, labelled, "seq_len", column, min_points=2)
+        plots._axes(ax, title, "context (tokens)", unit, log=(True, True), xs=xs)
+    return fig
+
+
+def decode_table(frame: pd.DataFrame) -> Table | None:
+    """Per series and context: ms per token and cache MiB; the exact cache's read rate as a
+    fraction of the copy bandwidth at the longest context."""
+    rows = records(frame)
+    if rows.empty or TIME not in rows:
+        return None
+    labelled, keys = series.with_series(rows, x="seq_len")
+    times = series.mean_spread(labelled, "seq_len", TIME)
+    if times.empty:
+        return None
+    caches = series.mean_spread(labelled, "seq_len", CACHE) if CACHE in labelled else None
+    fractions = series.mean_spread(labelled, "seq_len", FRACTION) if FRACTION in labelled else None
+    lengths = sorted(times["seq_len"].unique())
+    table_rows = []
+    for name in series.series_order(labelled):
+        row = {"series": name}
+        for length in lengths:
+            row[f"L={length:,.0f}"] = _cell(times, caches, name, length)
+        if fractions is not None:
+            row["bandwidth fraction @ longest"] = _at_longest(fractions, name, ".2f")
+        table_rows.append(row)
+    table = pd.DataFrame(table_rows)
+    described = series.key_values(labelled, keys).loc[table["series"]].reset_index(drop=True)
+    table = pd.concat([described, table.drop(columns="series")], axis=1)
+    note = (
+        "Each cell: ms per decoded token (median of the timed steps, the kernel alone) · the "
+        "cache's MiB after prefilling L tokens. Bandwidth fraction: cache bytes read per token "
+        "over the time, against a copy of a cache-sized tensor timed beside each step (bytes "
+        "read + written); meaningful only where the cache exceeds the CPU's caches (exact "
+        "attention at long contexts)."
+    )
+    return Table("Decoding", table, note)
+
+
+def headline(frame: pd.DataFrame) -> list[str]:
+    """Markdown lines: one clause per variant at the longest context it decoded (smallest
+    batch), against exact attention's cache there; [] without decode records."""
+    rows = records(frame)
+    if rows.empty or TIME not in rows or not rows[TIME].notna().any():
+        return []
+    ok = rows[(rows["status"] == "ok") & rows[TIME].notna()]
+    batch = ok["batch_size"].min() if "batch_size" in ok else None
+    if batch is not None:
+        ok = ok[ok["batch_size"] == batch]
+    means = ok.groupby(["attention", "seq_len"])[[TIME, CACHE]].mean().reset_index()
+    exact = means[means["attention"] == series.REFERENCE].set_index("seq_len")[CACHE]
+    clauses = []
+    order = list(dict.fromkeys(ok["attention"]))
+    order.sort(key=lambda n: n != series.REFERENCE)
+    for name in order:
+        mine = means[means["attention"] == name]
+        longest = mine.loc[mine["seq_len"].idxmax()]
+        length = longest["seq_len"]
+        text = (
+            f"**{name}** at {_short(length)}: {longest[TIME]:.3g} ms/token, cache "
+            f"{_mib(longest[CACHE])}"
+        )
+        if name != series.REFERENCE and length in exact.index:
+            text += f" vs exact {_mib(exact[length])}"
+        clauses.append(text)
+    batch_text = f" (batch {batch:.0f}, the kernel alone)" if batch is not None else ""
+    return [
+        "## Decoding",
+        "",
+        f"Per token at the longest context each variant decoded{batch_text}: "
+        + "; ".join(clauses)
+        + ".",
+        "",
+    ]
+
+
+def _cell(times: pd.DataFrame, caches: pd.DataFrame | None, name: str, length) -> str:
+    time = times[(times["series"] == name) & (times["seq_len"] == length)]
+    if time.empty:
+        return "—"
+    text = f"{time['mean'].iloc[0]:.3g} ms"
+    if caches is not None:
+        cache = caches[(caches["series"] == name) & (caches["seq_len"] == length)]
+        if len(cache):
+            text += f" · {_mib(cache['mean'].iloc[0])}"
+    return text
+
+
+def _at_longest(stats: pd.DataFrame, name: str, spec: str) -> str:
+    mine = stats[stats["series"] == name]
+    if mine.empty:
+        return "—"
+    return format(mine.loc[mine["seq_len"].idxmax(), "mean"], spec)
+
+
+def _mib(value: float) -> str:
+    mib = value / MIB
+    return f"{mib:.3g} MiB" if mib >= 1 else f"{value / 2**10:.3g} KiB"
+
+
+def _short(length: float) -> str:
+    return f"{length / 1024:.0f}K" if length >= 1024 and length % 1024 == 0 else f"{length:,.0f}"

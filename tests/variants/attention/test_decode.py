@@ -1,0 +1,182 @@
+"""Decoding with a cache against the causal forward (fp64), for every variant that decodes.
+
+The forward of each variant is itself checked against dense references in its own test file;
+here token-by-token decoding from an empty cache, and a prefill followed by decoding, must give
+its outputs at every position. LSH's decode rule differs from its forward by design and is
+checked against a dense reference of that rule built here.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.reference import qkv, shared_qk_reference
+from variants import attention_names, attention_spec, build_attention
+
+D = 8
+LENGTH = 29  # odd, and not a multiple of any block, stride or factor below
+
+# (variant, options): several option sets per variant, small blocks so that windows, strides,
+# compressed blocks and random blocks all matter within LENGTH positions.
+CASES = [
+    ("full", {}),
+    ("full", {"shared_qk": True}),
+    ("blockwise", {"block_size": 4}),
+    ("blockwise", {"block_size": 5, "look_backward": 2, "shared_qk": True}),
+    ("strided", {}),  # stride auto: taken at max_len
+    ("strided", {"stride": 3}),
+    ("compressed", {"factor": 3, "head_dim": D}),
+    ("compressed", {"factor": 4, "method": "mean"}),
+    ("compressed", {"factor": 2, "method": "max"}),
+    ("combined", {"block_size": 4}),
+    ("combined", {"parts": ["local", "strided"], "block_size": 4}),
+    ("combined", {"parts": ["random"], "block_size": 4, "n_random": 1}),  # empty rows
+    ("longformer", {"block_size": 4}),
+    ("bigbird", {"block_size": 4, "n_global": 3, "n_random": 2}),  # random blocks at max_len
+    ("sparse_fixed", {"block_size": 8, "n_summary": 3}),
+    ("routing", {"n_heads": 3, "head_dim": D, "window": 4, "n_clusters": 3}),
+    ("routing", {"n_heads": 3, "head_dim": D, "window": 1, "n_clusters": 2}),
+    ("linear", {}),
+    ("performer", {"head_dim": D}),
+]
+
+
+def _inputs(name, options, length=LENGTH, seed=0):
+    q, k, v = qkv(2, 3, length, D, seed=seed)
+    if attention_spec(name).shared_qk_required or options.get("shared_qk"):
+        k = q  # as the model hands shared-QK kernels their keys
+    return q, k, v
+
+
+def _decode_all(kernel, q, k, v, cache, start=0):
+    steps = range(start, q.shape[2])
+    outs = [
+        kernel.decode(q[:, :, t : t + 1], k[:, :, t : t + 1], v[:, :, t : t + 1], cache)
+        for t in steps
+    ]
+    return torch.cat(outs, dim=2)
+
+
+def _kernel(name, options):
+    return build_attention(name, causal=True, **options).double().eval()
+
+
+@pytest.mark.parametrize(("name", "options"), CASES, ids=lambda x: str(x))
+def test_decode_from_empty_cache_equals_the_causal_forward(name, options):
+    kernel = _kernel(name, options)
+    q, k, v = _inputs(name, options)
+    want = kernel(q, k, v)
+    cache = kernel.init_cache(2, 3, D, max_len=LENGTH, dtype=torch.float64)
+    got = _decode_all(kernel, q, k, v, cache)
+    assert (got - want).abs().max() <= 1e-10
+    assert cache.length == LENGTH
+
+
+@pytest.mark.parametrize(("name", "options"), CASES, ids=lambda x: str(x))
+@pytest.mark.parametrize("prompt", [1, 12, LENGTH - 1])
+def test_prefill_then_decode_equals_the_causal_forward(name, options, prompt):
+    kernel = _kernel(name, options)
+    q, k, v = _inputs(name, options, seed=1)
+    want = kernel(q, k, v)
+    cache = kernel.init_cache(2, 3, D, max_len=LENGTH, dtype=torch.float64)
+    first = kernel.prefill(q[:, :, :prompt], k[:, :, :prompt], v[:, :, :prompt], cache)
+    rest = _decode_all(kernel, q, k, v, cache, start=prompt)
+    assert (torch.cat([first, rest], dim=2) - want).abs().max() <= 1e-10
+
+
+def test_every_causal_variant_decodes_and_says_whether_it_matches_its_forward():
+    for name in attention_names():
+        spec = attention_spec(name)
+        if spec.causal_supported:
+            assert spec.supports_decode, name
+        assert spec.decode_matches_forward == (spec.variant != "lsh"), name
+    assert not attention_spec("linformer").supports_decode
+    with pytest.raises(ValueError, match="linformer: cannot decode: it is not causal"):
+        build_attention("linformer", max_seq_len=16).init_cache(1, 1, D, max_len=16)
+
+
+def test_decode_refuses_a_non_causal_kernel_and_an_overfull_cache():
+    with pytest.raises(ValueError, match="full: decode needs option causal=True"):
+        build_attention("full").init_cache(1, 1, D, max_len=4)
+    kernel = _kernel("full", {})
+    q, k, v = qkv(1, 1, 3, D)
+    cache = kernel.init_cache(1, 1, D, max_len=2, dtype=torch.float64)
+    with pytest.raises(ValueError, match="full: cache of option 'max_len'=2 cannot take 3"):
+        kernel.prefill(q, k, v, cache)
+
+
+def _cache_bytes_after(name, options, length, max_len=64):
+    kernel = _kernel(name, options)
+    q, k, v = _inputs(name, options, length=length)
+    cache = kernel.init_cache(2, 3, D, max_len=max_len, dtype=torch.float64)
+    kernel.prefill(q, k, v, cache)
+    return cache.nbytes
+
+
+@pytest.mark.parametrize(
+    ("name", "options", "flat_after"),
+    [
+        ("blockwise", {"block_size": 4, "look_backward": 1}, 8),
+        ("longformer", {"block_size": 4, "n_global": 2}, 3 * 4 + 2),  # look_backward 2
+        ("routing", {"n_heads": 3, "head_dim": D, "window": 3, "n_clusters": 2}, None),
+        ("linear", {}, 0),
+        ("performer", {"head_dim": D}, 0),
+    ],
+)
+def test_window_and_state_caches_stop_growing(name, options, flat_after):
+    """Window caches hold at most their window (plus global tokens); states never grow."""
+    sizes = [_cache_bytes_after(name, options, length) for length in (20, 33, 64)]
+    assert sizes[0] == sizes[1] == sizes[2]
+    if flat_after:
+        assert sizes[0] == 2 * 2 * 3 * flat_after * D * 8  # keys and values, fp64
+
+
+def test_exact_and_compressed_caches_hold_what_they_say():
+    full = _cache_bytes_after("full", {}, 33)
+    assert full == 2 * 2 * 3 * 33 * D * 8
+    # 33 positions in blocks of 4: 8 summaries and one open position.
+    assert _cache_bytes_after("compressed", {"factor": 4, "method": "mean"}, 33) == full * 9 // 33
+
+
+# --- LSH: its own decode rule, against a dense reference of that rule -----------------------
+
+
+def lsh_rule_reference(q, v, rotations, dedup):
+    """Every earlier key sharing the query's bucket in some round (argmax([xR; -xR]) with the
+    given rotations, one hash per round); with dedup each such key once, without once per round
+    it shares; the query itself only when no key qualifies. q, v: (B, H, L, D)."""
+    projected = torch.einsum("bhld,drc->bhrlc", q, rotations)  # (B, H, R, L, n/2)
+    buckets = torch.cat([projected, -projected], dim=-1).argmax(dim=-1)  # (B, H, R, L)
+    shares = buckets[..., :, None] == buckets[..., None, :]  # (B, H, R, L, L)
+    length = q.shape[2]
+    earlier = torch.ones(length, length, dtype=torch.bool).tril(-1)
+    counts = (shares & earlier).sum(dim=2)  # (B, H, L, L) rounds that share
+    allowed = (counts > 0) | torch.eye(length, dtype=torch.bool)
+    return shared_qk_reference(q, v, allowed, None if dedup else counts.to(q.dtype))
+
+
+@pytest.mark.parametrize(("n_hashes", "dedup"), [(1, True), (3, True), (3, False)])
+def test_lsh_decode_follows_its_rule(n_hashes, dedup):
+    kernel = _kernel("lsh", {"n_hashes": n_hashes, "bucket_size": 4, "dedup": dedup, "seed": 3})
+    q, _, v = qkv(2, 3, LENGTH, D, seed=2)
+    cache = kernel.init_cache(2, 3, D, max_len=LENGTH, dtype=torch.float64)
+    prompt = 10
+    first = kernel.prefill(q[:, :, :prompt], q[:, :, :prompt], v[:, :, :prompt], cache)
+    torch.testing.assert_close(first, kernel(q[:, :, :prompt], q[:, :, :prompt], v[:, :, :prompt]))
+    got = _decode_all(kernel, q, q, v, cache, start=prompt)
+    want = lsh_rule_reference(q, v, cache.rotations, dedup)[:, :, prompt:]
+    assert (got - want).abs().max() <= 1e-10
+    assert cache.n_buckets == 2 * 32 // 4  # the forward's default at max_len (padded to 32)
+
+
+def test_routing_decode_leaves_the_centroids_alone():
+    kernel = build_attention("routing", causal=True, n_heads=3, head_dim=D, window=4).double()
+    kernel.train()
+    before = kernel.centroid_sums.clone()
+    q, _, v = qkv(2, 3, 9, D)
+    cache = kernel.init_cache(2, 3, D, max_len=9, dtype=torch.float64)
+    kernel.prefill(q[:, :, :5], q[:, :, :5], v[:, :, :5], cache)
+    _decode_all(kernel, q, q, v, cache, start=5)
+    assert torch.equal(kernel.centroid_sums, before)
+    assert kernel.training  # its mode is restored

@@ -1,0 +1,85 @@
+"""TransformerLM.generate through the layers' caches against re-running the whole forward."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from variants import TransformerLM, attention_names, attention_spec, block_names
+
+# Small blocks, strides and windows so that the patterns matter within 17 tokens. The stride is
+# fixed and BigBird's random blocks have one candidate per query block at these lengths: decode
+# takes length-dependent patterns at the cache's max_len, a forward over a shorter sequence at
+# its own length.
+OPTIONS = {
+    "blockwise": {"block_size": 4},
+    "strided": {"stride": 3},
+    "compressed": {"factor": 3},
+    "combined": {"block_size": 4},
+    "longformer": {"block_size": 4},
+    "bigbird": {"block_size": 4, "n_global": 4, "n_random": 1},
+    "sparse_fixed": {"block_size": 8, "n_summary": 2},
+    "routing": {"window": 4, "n_clusters": 3},
+}
+EXACT_DECODERS = [
+    name
+    for name in attention_names()
+    if attention_spec(name).supports_decode and attention_spec(name).decode_matches_forward
+]
+
+
+def _model(attention, **options):
+    torch.manual_seed(0)
+    config = {"vocab_size": 11, "d_model": 16, "n_heads": 2, "depth": 2, "max_seq_len": 32}
+    model = TransformerLM(
+        **config, attention=attention, attention_options=OPTIONS.get(attention, {}), **options
+    )
+    return model.double().eval()
+
+
+def _recomputed(model, prompt, steps):
+    """Greedy generation by re-running the whole forward on the growing sequence."""
+    tokens = prompt
+    for _ in range(steps):
+        following = model(tokens)[:, -1].argmax(dim=-1, keepdim=True)  # (B, 1)
+        tokens = torch.cat([tokens, following], dim=1)
+    return tokens
+
+
+@pytest.mark.parametrize("attention", EXACT_DECODERS)
+def test_greedy_generation_equals_recomputing_the_forward(attention):
+    model = _model(attention)
+    prompt = torch.randint(0, 11, (2, 5), generator=torch.Generator().manual_seed(1))
+    got = model.generate(prompt, 12)
+    assert got.shape == (2, 17)
+    assert torch.equal(got, _recomputed(model, prompt, 12))
+
+
+@pytest.mark.parametrize("block", block_names())
+def test_generation_through_every_block_type_and_the_token_shift(block):
+    model = _model("full", block=block, token_shift=True)
+    prompt = torch.randint(0, 11, (1, 3), generator=torch.Generator().manual_seed(2))
+    assert torch.equal(model.generate(prompt, 8), _recomputed(model, prompt, 8))
+
+
+def test_sampling_is_seeded_and_uses_the_temperature():
+    model = _model("linear")
+    prompt = torch.zeros(4, 2, dtype=torch.long)
+    first = model.generate(prompt, 10, temperature=1.0, seed=5)
+    assert torch.equal(first, model.generate(prompt, 10, temperature=1.0, seed=5))
+    assert not torch.equal(first, model.generate(prompt, 10, temperature=1.0, seed=6))
+    # A vanishing temperature is greedy.
+    greedy = model.generate(prompt, 10)
+    assert torch.equal(model.generate(prompt, 10, temperature=1e-6, seed=0), greedy)
+
+
+def test_generation_refuses_what_it_cannot_do():
+    model = _model("full")
+    with pytest.raises(ValueError, match="exceeds option 'max_seq_len'=32"):
+        model.generate(torch.zeros(1, 30, dtype=torch.long), 3)
+    with pytest.raises(ValueError, match="'temperature' must be >= 0"):
+        model.generate(torch.zeros(1, 3, dtype=torch.long), 3, temperature=-1.0)
+    bidirectional = _model("linformer", causal=False)
+    with pytest.raises(ValueError, match="linformer: cannot decode"):
+        bidirectional.generate(torch.zeros(1, 3, dtype=torch.long), 3)
+    assert [k.name for k in model.kernels()] == ["full", "full"]  # kernels restored

@@ -1,0 +1,294 @@
+"""Decoding caches: what each variant keeps between tokens, and the decode steps they share.
+
+A variant that decodes (`Attention.supports_decode`) builds one of these in `init_cache` and
+updates it in place in `prefill` (a prompt) and `decode` (one new position). Every cache knows
+how many positions it has seen (`length`), the longest sequence it was built for (`max_len`)
+and its live size in bytes (`nbytes`: the entries it holds now, not the buffers it reserved).
+
+  KVCache       every key and value, in position order, in buffers reserved for max_len
+                positions: one token appends in place (no concatenation), and the keys so far
+                are a view that the fused kernel reads once (full, strided, LSH)
+  WindowCache   the last `window` positions in a ring, plus the older positions a pattern still
+                needs (global tokens, random blocks, summary columns) in a second buffer, each
+                position in one of the two (blockwise, combined and its presets)
+  PrefixCache   a growing prefix of summaries followed by one open block of raw keys
+                (compressed: the summaries of finished blocks, then the current block)
+  StateCache    the running sums of a feature attention: S' = sum_j phi(k_j) [v_j, 1]^T
+                (linear, performer): O(E D) whatever the length
+  ClusterCache  each cluster's most recent members in a ring per cluster (routing)
+
+All caches are tensors of one batch size, heads and head_dim, on one device and dtype.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+
+class Cache:
+    """What every cache has: `length` positions seen of at most `max_len`, and `nbytes`."""
+
+    def __init__(self, owner: str, max_len: int):
+        if not isinstance(max_len, int) or isinstance(max_len, bool) or max_len < 1:
+            raise ValueError(f"{owner}: option 'max_len' must be a positive int, got {max_len!r}")
+        self.owner = owner
+        self.max_len = max_len
+        self.length = 0
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the entries the cache holds now."""
+        raise NotImplementedError
+
+    def reserve(self, count: int) -> int:
+        """Account for `count` new positions; returns the first one. `ValueError` past max_len."""
+        first = self.length
+        if first + count > self.max_len:
+            raise ValueError(
+                f"{self.owner}: cache of option 'max_len'={self.max_len} cannot take "
+                f"{first + count} positions"
+            )
+        self.length += count
+        return first
+
+
+def _empty(shape, device, dtype) -> torch.Tensor:
+    return torch.empty(shape, device=device, dtype=dtype)
+
+
+class KVCache(Cache):
+    """Keys and values of every position: (B, H, max_len, D) each, filled up to `length`."""
+
+    def __init__(self, owner, batch, heads, head_dim, *, max_len, device=None, dtype=None):
+        super().__init__(owner, max_len)
+        self.keys_buffer = _empty((batch, heads, max_len, head_dim), device, dtype)
+        self.values_buffer = torch.empty_like(self.keys_buffer)
+
+    def append(self, k: torch.Tensor, v: torch.Tensor) -> None:
+        """k, v: (B, H, T, D) for the next T positions, copied into the reserved buffers."""
+        first = self.reserve(k.shape[2])
+        self.keys_buffer[:, :, first : self.length] = k
+        self.values_buffer[:, :, first : self.length] = v
+
+    def keys(self) -> torch.Tensor:
+        """(B, H, length, D) view."""
+        return self.keys_buffer[:, :, : self.length]
+
+    def values(self) -> torch.Tensor:
+        """(B, H, length, D) view."""
+        return self.values_buffer[:, :, : self.length]
+
+    @property
+    def nbytes(self) -> int:
+        k = self.keys_buffer
+        return 2 * k.shape[0] * k.shape[1] * self.length * k.shape[3] * k.element_size()
+
+
+class WindowCache(Cache):
+    """The last `window` positions in a ring, older positions that `keep` selects in a store.
+
+    Ring slot p % window holds position p (`ring_positions`, -1 while empty). When a position
+    leaves the ring and `keep(positions)` (bool per position) says a later query may still see
+    it, it moves to the store, which is in position order and reserved for the `kept` positions
+    below max_len. So every position seen is in the ring, the store or neither, never both.
+    """
+
+    def __init__(
+        self,
+        owner,
+        batch,
+        heads,
+        head_dim,
+        *,
+        window: int,
+        keep: Callable[[torch.Tensor], torch.Tensor] | None,
+        kept: int,
+        max_len,
+        device=None,
+        dtype=None,
+    ):
+        super().__init__(owner, max_len)
+        self.window = max(1, min(window, max_len))
+        self.keep = keep
+        shape = (batch, heads, self.window, head_dim)
+        self.ring_keys, self.ring_values = (
+            _empty(shape, device, dtype),
+            _empty(shape, device, dtype),
+        )
+        self.ring_positions = torch.full((self.window,), -1, dtype=torch.long, device=device)
+        store = (batch, heads, kept, head_dim)
+        self.store_keys, self.store_values = (
+            _empty(store, device, dtype),
+            _empty(store, device, dtype),
+        )
+        self.store_positions = torch.empty(kept, dtype=torch.long, device=device)
+        self.stored = 0
+
+    def append(self, k: torch.Tensor, v: torch.Tensor) -> None:
+        """k, v: (B, H, T, D) for the next T positions."""
+        count = k.shape[2]
+        first = self.reserve(count)
+        positions = torch.arange(first, first + count, device=self.ring_positions.device)
+        # Positions that leave the ring: the ones it held that the new ones overwrite, and new
+        # ones that never fit (a prompt longer than the window).
+        leaving_old = self.ring_positions[self.ring_positions >= 0]
+        leaving_old = leaving_old[leaving_old < self.length - self.window].sort().values
+        if len(leaving_old):
+            slots = leaving_old % self.window
+            self._store(leaving_old, self.ring_keys[:, :, slots], self.ring_values[:, :, slots])
+        overflow = max(0, count - self.window)
+        if overflow:
+            self._store(positions[:overflow], k[:, :, :overflow], v[:, :, :overflow])
+        slots = positions[overflow:] % self.window
+        self.ring_keys[:, :, slots] = k[:, :, overflow:]
+        self.ring_values[:, :, slots] = v[:, :, overflow:]
+        self.ring_positions[slots] = positions[overflow:]
+
+    def _store(self, positions, keys, values) -> None:
+        if self.keep is None:
+            return
+        chosen = self.keep(positions)  # (n,) bool
+        positions, keys, values = positions[chosen], keys[:, :, chosen], values[:, :, chosen]
+        end = self.stored + len(positions)
+        self.store_keys[:, :, self.stored : end] = keys
+        self.store_values[:, :, self.stored : end] = values
+        self.store_positions[self.stored : end] = positions
+        self.stored = end
+
+    def gather(
+        self, allows: Callable[[torch.Tensor], torch.Tensor]
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The held keys and values a query may see, by `allows(positions) -> bool`:
+        (B, H, n, D) twice and their positions (n,), store first then ring (any order is
+        fine: softmax attention does not care)."""
+        ring = (self.ring_positions >= 0) & allows(self.ring_positions.clamp_min(0))
+        ring = ring.nonzero().squeeze(-1)  # (r,)
+        stored_positions = self.store_positions[: self.stored]
+        store = allows(stored_positions).nonzero().squeeze(-1)  # (s,)
+        keys = torch.cat([self.store_keys.index_select(2, store), self.ring_keys[:, :, ring]], 2)
+        values = torch.cat(
+            [self.store_values.index_select(2, store), self.ring_values[:, :, ring]], 2
+        )
+        positions = torch.cat([stored_positions[store], self.ring_positions[ring]])
+        return keys, values, positions
+
+    @property
+    def nbytes(self) -> int:
+        k = self.ring_keys
+        held = int((self.ring_positions >= 0).sum()) + self.stored
+        return 2 * k.shape[0] * k.shape[1] * held * k.shape[3] * k.element_size()
+
+
+class PrefixCache(Cache):
+    """A prefix of `summaries` entries, then the raw keys of the open block of `block` positions,
+    in one buffer (B, H, max_summaries + block, D) each for keys and values: what a query sees
+    is always the contiguous prefix [0, summaries + open)."""
+
+    def __init__(self, owner, batch, heads, head_dim, *, block, max_len, device=None, dtype=None):
+        super().__init__(owner, max_len)
+        self.block = block
+        shape = (batch, heads, -(-max_len // block) + block, head_dim)
+        self.keys_buffer, self.values_buffer = (
+            _empty(shape, device, dtype),
+            _empty(shape, device, dtype),
+        )
+        self.summaries = 0  # finished blocks
+        self.open = 0  # raw positions of the open block
+
+    def visible(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(B, H, summaries + open, D) views of keys and values."""
+        end = self.summaries + self.open
+        return self.keys_buffer[:, :, :end], self.values_buffer[:, :, :end]
+
+    def open_block(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The open block's raw keys and values, (B, H, open, D) views."""
+        rows = slice(self.summaries, self.summaries + self.open)
+        return self.keys_buffer[:, :, rows], self.values_buffer[:, :, rows]
+
+    @property
+    def nbytes(self) -> int:
+        k = self.keys_buffer
+        held = self.summaries + self.open
+        return 2 * k.shape[0] * k.shape[1] * held * k.shape[3] * k.element_size()
+
+
+class StateCache(Cache):
+    """Running sums of a feature attention: `state` (B, H, E, D + 1) = sum_j phi(k_j) [v_j, 1]^T
+    over the positions seen, in float32 or wider (as `kernelized.causal_product` sums)."""
+
+    def __init__(
+        self, owner, batch, heads, features, head_dim, *, max_len, device=None, dtype=None
+    ):
+        super().__init__(owner, max_len)
+        work = torch.promote_types(dtype or torch.get_default_dtype(), torch.float32)
+        self.state = torch.zeros(batch, heads, features, head_dim + 1, device=device, dtype=work)
+
+    def add(self, phi_k: torch.Tensor, v: torch.Tensor) -> None:
+        """phi_k: (B, H, T, E), v: (B, H, T, D): add the T positions to the sums."""
+        self.reserve(phi_k.shape[2])
+        values = F.pad(v.to(self.state.dtype), (0, 1), value=1.0)  # (B, H, T, D+1)
+        self.state += phi_k.to(self.state.dtype).transpose(-1, -2) @ values
+
+    def read(self, phi_q: torch.Tensor) -> torch.Tensor:
+        """phi_q: (B, H, T, E) -> out (B, H, T, D): numerator over denominator (the
+        denominator clamped at the smallest normal number, as `kernelized`)."""
+        numerator = phi_q.to(self.state.dtype) @ self.state  # (B, H, T, D+1)
+        out, denominator = numerator[..., :-1], numerator[..., -1:]
+        return out / denominator.clamp_min(torch.finfo(denominator.dtype).tiny)
+
+    @property
+    def nbytes(self) -> int:
+        return self.state.numel() * self.state.element_size()
+
+
+class ClusterCache(Cache):
+    """Each cluster's `slots` most recent members: unit keys and values (B, H, K, slots, D), the
+    member count of every cluster (B, H, K) (slot = count % slots for the next member)."""
+
+    def __init__(
+        self, owner, batch, heads, head_dim, *, clusters, slots, max_len, device=None, dtype=None
+    ):
+        super().__init__(owner, max_len)
+        self.slots = slots
+        shape = (batch, heads, clusters, slots, head_dim)
+        # Zeros, not empty: a query reads its cluster's every slot (unfilled ones masked), and
+        # masked garbage (NaN) would still reach the output through 0 * NaN.
+        self.keys_buffer = torch.zeros(shape, device=device, dtype=dtype)
+        self.values_buffer = torch.zeros(shape, device=device, dtype=dtype)
+        self.counts = torch.zeros(batch, heads, clusters, dtype=torch.long, device=device)
+
+    @property
+    def nbytes(self) -> int:
+        k = self.keys_buffer
+        held = self.counts.clamp(max=self.slots).sum()
+        return int(2 * held * k.shape[-1] * k.element_size())
+
+
+def attend_prefix(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale=None):
+    """Softmax attention of new queries over held keys: q (B, H, T, D), keys and values
+    (B, H, n, D) (views are fine: the fused CPU kernel reads them in place) -> (B, H, T, D).
+    n = 0 gives zeros (a softmax over nothing, as `combined` takes it)."""
+    if keys.shape[2] == 0:
+        return torch.zeros_like(q)
+    return F.scaled_dot_product_attention(q, keys, values, scale=scale)
+
+
+def attend_allowed(
+    q: torch.Tensor,
+    cache: WindowCache,
+    allows: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    *,
+    exclude_self: bool = False,
+) -> torch.Tensor:
+    """The newest position's query over the held keys its pattern allows: q (B, H, 1, D) ->
+    (B, H, 1, D). `allows(query, keys)` is a pattern predicate on positions; `exclude_self`
+    applies the shared-QK rule (its own key only when it is the only one)."""
+    query = torch.tensor(cache.length - 1, device=cache.ring_positions.device)
+    keys, values, positions = cache.gather(lambda held: allows(query, held))
+    if exclude_self and len(positions) > 1:
+        other = (positions != query).nonzero().squeeze(-1)
+        keys, values = keys[:, :, other], values[:, :, other]
+    return attend_prefix(q, keys, values)
