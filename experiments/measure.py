@@ -24,7 +24,7 @@ from experiments.memory import peak_memory_bytes, peak_rss_bytes
 from experiments.precision import FLOAT32, Precision
 from experiments.tasks import Task, build_task
 from experiments.timing import Timing, matmul_gflops_per_s, spread_warnings, time_call
-from experiments.train import evaluate, masked_loss_and_hits, train
+from experiments.train import evaluate, train, training_loss
 from variants.attention.base import FWD_BWD_FLOP_FACTOR, Attention
 
 
@@ -332,7 +332,7 @@ def _training_step(model, task, device, precision: Precision = FLOAT32) -> Calla
     def step():
         optimizer.zero_grad(set_to_none=True)
         with precision.autocast():
-            loss, _ = masked_loss_and_hits(model(batch.inputs), batch)
+            loss = training_loss(model, batch)
         if scaler is None:
             loss.backward()
             optimizer.step()

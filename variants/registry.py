@@ -39,6 +39,9 @@ class AttentionSpec:
     time_complexity: str
     memory_complexity: str
     preset: dict[str, Any] = field(default_factory=dict)  # a preset's own defaults
+    # Heads computed independently (`Attention.independent_heads`): `model.attention_chunks`
+    # may run groups of heads as separate calls.
+    independent_heads: bool = False
 
     @property
     def variant(self) -> str:
@@ -105,6 +108,7 @@ def _spec(name: str, cls: type, preset: dict[str, Any], summary: str | None) -> 
         time_complexity=cls.time_complexity,
         memory_complexity=cls.memory_complexity,
         preset=preset,
+        independent_heads=cls.independent_heads,
     )
 
 

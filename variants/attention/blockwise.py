@@ -33,6 +33,8 @@ class BlockwiseAttention(Attention):
     exact = False
     time_complexity = "O(L b d)"
     memory_complexity = "O(L b)"
+    softmax_kernels = "sdpa"
+    independent_heads = True
 
     def __init__(
         self,

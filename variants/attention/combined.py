@@ -72,6 +72,8 @@ class CombinedAttention(Attention):
     exact = False
     time_complexity = "O(L k d), k keys per query"
     memory_complexity = "O(L b)"
+    softmax_kernels = "flash"
+    independent_heads = True
 
     def __init__(
         self,

@@ -24,6 +24,8 @@ class FullAttention(Attention):
     exact = True
     time_complexity = "O(L^2 d)"
     memory_complexity = "O(L) sdpa, O(L^2) math"
+    softmax_kernels = "sdpa"
+    independent_heads = True
 
     def __init__(self, *, causal: bool = False, impl: str = "sdpa", shared_qk: bool = False):
         super().__init__(causal=causal)

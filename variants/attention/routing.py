@@ -77,6 +77,7 @@ class RoutingAttention(Attention):
     exact = False
     time_complexity = "O(L w d + L K d)"
     memory_complexity = "O(L w)"
+    softmax_kernels = "flash"
     shared_qk_required = True
 
     def __init__(

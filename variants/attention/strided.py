@@ -40,6 +40,8 @@ class StridedAttention(Attention):
     exact = False
     time_complexity = "O(L sqrt(L) d)"
     memory_complexity = "O(L sqrt(L))"
+    softmax_kernels = "flash"
+    independent_heads = True
 
     def __init__(self, *, causal: bool = False, stride: int | str = "auto", impl: str = "native"):
         super().__init__(causal=causal)
