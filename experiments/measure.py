@@ -116,6 +116,7 @@ def measure(
         "precision": precision.label,
         "threads": torch.get_num_threads(),
         "n_parameters": sum(p.numel() for p in model.parameters()),
+        "kernel_path": kernel.kernel_path(device, dtype),
         "matmul_peak_gflops_per_s": matmul_gflops_per_s(str(device), dtype, m_cfg.matmul_size),
     }
 

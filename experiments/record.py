@@ -159,6 +159,15 @@ SCHEMA: tuple[Column, ...] = (
     _measured("trained_steps", int, "", "optimiser steps taken when evaluated"),
     _measured("precision", str, "", "float32 | bf16-mixed | fp16-mixed", optional=True),
     _measured("timing_warning", str, "", "figures whose timing spread widely", optional=True),
+    # --- the fused CUDA path (issue 25): which path the job's kernel ran ---
+    _measured(
+        "kernel_path",
+        str,
+        "",
+        "fused | explicit: the kernel's attention on PyTorch's fused kernels, or explicit "
+        "matmuls (`Attention.kernel_path`)",
+        optional=True,
+    ),
     Column("git_commit", PROVENANCE, str, doc="HEAD of the checkout, +dirty if changed"),
     Column("torch_version", PROVENANCE, str),
     Column("device_name", PROVENANCE, str, doc="GPU or CPU model"),

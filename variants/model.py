@@ -163,8 +163,8 @@ class TransformerLM(nn.Module):
     def _summed_loss(
         self, x: torch.Tensor, targets: torch.Tensor, loss_mask: torch.Tensor
     ) -> torch.Tensor:
-        """Summed cross-entropy of a piece (at least float32): x (B, l, d_model), targets and loss_mask
-        (B, l) -> scalar."""
+        """Summed cross-entropy of a piece (at least float32): x (B, l, d_model), targets and
+        loss_mask (B, l) -> scalar."""
         logits = _at_least_float32(self.head(self.norm(x))[loss_mask])  # (n, vocab_size)
         return F.cross_entropy(logits, targets[loss_mask], reduction="sum")
 

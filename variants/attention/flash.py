@@ -54,6 +54,21 @@ def fused(x: torch.Tensor) -> bool:
     return fused_on(x.device.type, x.dtype)
 
 
+def fused_kind(x: torch.Tensor) -> str | None:
+    """Which fused kernels take `x`: "cpu" (flash), "cuda" (memory-efficient), or None."""
+    return x.device.type if fused(x) else None
+
+
+def efficient_ops():
+    """CUDA's memory-efficient attention forward and backward ops (a function: the CPU tests
+    stand in for them)."""
+    aten = torch.ops.aten
+    return (
+        aten._scaled_dot_product_efficient_attention,
+        aten._scaled_dot_product_efficient_attention_backward,
+    )
+
+
 def path(device: torch.device | str, dtype: torch.dtype) -> str:
     """`fused` or `explicit`: which path `attend` and `attend_backward` take there."""
     return FUSED if fused_on(torch.device(device).type, dtype) else EXPLICIT
@@ -94,16 +109,21 @@ def attend(
     part that has keys. Returns out (B, N, Lq, D) and lse (B, N, Lq), the latter in float32 for
     half types (as the fused kernels).
     """
-    if fused(q) and q.device.type == "cuda":
-        out, lse, _, _ = torch.ops.aten._scaled_dot_product_efficient_attention(
-            q, k, v, _cuda_bias(bias, q, k), True, 0.0, causal, scale=scale
-        )
+    kind = fused_kind(q)
+    if kind == "cuda":
+        forward, _ = efficient_ops()
+        out, lse, _, _ = forward(q, k, v, _cuda_bias(bias, q, k), True, 0.0, causal, scale=scale)
         return out, lse[..., : q.shape[-2]]  # (B, N, Lq, D), (B, N, Lq)
-    if fused(q):
+    if kind == "cpu":
         out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
             q, k, v, is_causal=causal, attn_mask=bias, scale=scale
         )
         return out, lse
+    return _explicit_attend(q, k, v, scale=scale, bias=bias, causal=causal)
+
+
+def _explicit_attend(q, k, v, *, scale, bias, causal):
+    """`attend` in explicit matmuls (devices and dtypes without fused kernels)."""
     scores = _scores(q, k, scale, bias, causal)  # (B, N, Lq, Lk), at least float32
     lse = scores.logsumexp(dim=-1)  # (B, N, Lq)
     probs = scores.sub_(_finite(lse).unsqueeze(-1)).exp_()
@@ -145,12 +165,18 @@ def attend_backward(
 
     Shapes as in `attend`. Returns grad_q (B, N, Lq, D), grad_k and grad_v (B, N, Lk, D).
     """
-    if fused(q) and q.device.type == "cuda":
+    kind = fused_kind(q)
+    if kind == "cuda":
         return _cuda_backward(grad_out, q, k, v, out, lse, scale=scale, bias=bias, causal=causal)
-    if fused(q):
+    if kind == "cpu":
         return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
             grad_out, q, k, v, out, lse, 0.0, causal, attn_mask=bias, scale=scale
         )
+    return _explicit_backward(grad_out, q, k, v, out, lse, scale=scale, bias=bias, causal=causal)
+
+
+def _explicit_backward(grad_out, q, k, v, out, lse, *, scale, bias, causal):
+    """`attend_backward` in explicit matmuls."""
     dtypes = (q.dtype, k.dtype, v.dtype)
     probs = _scores(q, k, scale, bias, causal)  # (B, N, Lq, Lk), at least float32
     probs.sub_(_finite(lse).unsqueeze(-1).to(probs.dtype)).exp_()
@@ -189,7 +215,8 @@ def _cuda_backward(grad_out, q, k, v, out, lse, *, scale, bias, causal):
     )
     padded[..., :length] = lse
     seed = offset = torch.empty((), dtype=torch.int64)  # no dropout: never read
-    grad_q, grad_k, grad_v, _ = torch.ops.aten._scaled_dot_product_efficient_attention_backward(
+    _, backward = efficient_ops()
+    grad_q, grad_k, grad_v, _ = backward(
         grad_out,
         q,
         k,

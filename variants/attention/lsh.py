@@ -348,8 +348,9 @@ class RoundsWindowAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, v, hidden, order, slot, m):
         """q, v: (S, Lp, D) in position order, S = B*H; hidden: uint8 (S, R, C, m or 1, W*m) keys
-        a query must not see, a `RoundMasks` that builds them per slice and round, or None; order: (S, R, Lp) position at each sorted slot; slot:
-        (S, R, Lp) sorted slot of each position; m: chunk length. Returns o (S, Lp, D)."""
+        a query must not see, a `RoundMasks` that builds them per slice and round, or None;
+        order: (S, R, Lp) position at each sorted slot; slot: (S, R, Lp) sorted slot of each
+        position; m: chunk length. Returns o (S, Lp, D)."""
         n_seq, rounds, padded = order.shape
         # Row gathers and the `out=` writes below want dense rows; one copy here, if any.
         q, v = q.contiguous(), v.contiguous()
