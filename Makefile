@@ -23,16 +23,19 @@ help:  ## list targets
 setup: $(STAMP)  ## create .venv and install torch, the project and its dev extra
 
 # The main job (about 15 minutes on 2 CPU cores, README "Start here"): every causal variant over
-# RUN_SEQ_LENS, exact attention's O(L²) form and a bidirectional series (Linformer) beside it in
-# one sweep dir (its report is built once, after the last), the quick long-range run, and one
-# report of the two (multirun/report). The scaling preset itself goes to 16384; re-running it adds what is missing.
+# RUN_SEQ_LENS, each job timing its kernel in rounds alternating with SDPA and the O(L²) form
+# (the crossovers), a bidirectional series (Linformer) beside it in one sweep dir (its report is
+# built once, after the last), the O(L²) form's memory (its time is in every job's rounds), the
+# quick long-range run, and one report of the two (multirun/report). The scaling preset itself
+# goes to 16384; re-running it adds what is missing.
 RUN_SEQ_LENS ?= 256,512,1024,2048,4096
-SCALING := $(PY) -m experiments.run -m +experiment=scaling seq_len=$(RUN_SEQ_LENS)
+SCALING := $(PY) -m experiments.run -m +experiment=scaling seq_len=$(RUN_SEQ_LENS) \
+	'measure.speedup_vs=[sdpa,math]'
 NO_REPORT := '~hydra.callbacks.sweep_report'
 
-run: $(STAMP)  ## the main job: scaling (+ O(L²) and bidirectional series), quick long-range, one report
+run: $(STAMP)  ## the main job: scaling (+ O(L²) memory and bidirectional series), quick long-range, one report
 	$(SCALING) $(NO_REPORT)
-	$(SCALING) $(NO_REPORT) attention=full attention.impl=math
+	$(SCALING) $(NO_REPORT) attention=full attention.impl=math measure.kernel=false measure.approx_error=false
 	$(SCALING) attention=full,linformer model.causal=false
 	$(PY) -m experiments.run -m +experiment=long_range_quick hydra/launcher=joblib $(NO_REPORT)
 	$(PY) -m analysis.report multirun/scaling --quality multirun/long_range_quick --out multirun/report
@@ -41,7 +44,8 @@ data: $(STAMP)  ## download enwik8 to data/enwik8.zip (needs the internet; the o
 	$(PY) -m experiments.tasks.download_enwik8 data/enwik8.zip
 
 SWEEP ?= multirun/scaling
-report: $(STAMP)  ## regenerate the report of a sweep: make report SWEEP=multirun/scaling
+report: $(STAMP)  ## gather a sweep's records again and redraw its report: make report SWEEP=multirun/scaling
+	$(PY) -m experiments.store $(SWEEP)
 	$(PY) -m analysis.report $(SWEEP) --out $(SWEEP)/report
 
 sweep-%: $(STAMP)  ## run a preset sweep, e.g. make sweep-depth (smoke, scaling, depth, lsh, linformer)

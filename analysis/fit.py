@@ -7,11 +7,14 @@ Pure functions of arrays (no DataFrames): `analysis.scaling` applies them per va
   optional `tail` (fit only the longest lengths).
 - Crossover: the length where a variant's cost falls below the reference's (exact attention).
   Between two measured lengths the log of the cost ratio is interpolated linearly in log L,
-  which is exact when both costs are power laws over that interval.
+  which is exact when both costs are power laws over that interval. The ratio is either taken
+  from two series' costs (`crossover_length`) or measured in each job as a speed-up with its
+  spread (`crossover_from_speedups`), which also says when the spread makes it uncertain.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -68,18 +71,24 @@ class Crossover:
     kind: str
     length: float
     reference_status: str = ""  # the reference's status at `length` for REFERENCE_FAILED
+    # The timing spread at the measured lengths that decide it is wider than the speed-up's
+    # distance from 1 (`crossover_from_speedups`): another run may well move it.
+    uncertain: bool = False
 
     def __str__(self) -> str:
-        """ "1,469" (crossed), "≤256" (always faster), ">2,048" (never), "≤4,096 (exact oom)"."""
+        """ "1,469" (crossed), "≤256" (always faster), ">2,048" (never), "≤4,096 (exact oom)";
+        an uncertain one "≈1,469 (uncertain)"."""
         if self.kind == CROSSED:
-            return f"{self.length:,.0f}"
-        if self.kind == ALWAYS_FASTER:
-            return f"≤{self.length:,.0f}"
-        if self.kind == NEVER:
-            return f">{self.length:,.0f}"
-        if self.kind == REFERENCE_FAILED:
+            text = f"{'≈' if self.uncertain else ''}{self.length:,.0f}"
+        elif self.kind == ALWAYS_FASTER:
+            text = f"≤{self.length:,.0f}"
+        elif self.kind == NEVER:
+            text = f">{self.length:,.0f}"
+        elif self.kind == REFERENCE_FAILED:
             return f"≤{self.length:,.0f} (exact {self.reference_status})"
-        return "n/a"
+        else:
+            return "n/a"
+        return text + (" (uncertain)" if self.uncertain else "")
 
 
 def crossover_length(lengths, costs, ref_lengths, ref_costs, *, ref_failed=None) -> Crossover:
@@ -100,13 +109,46 @@ def crossover_length(lengths, costs, ref_lengths, ref_costs, *, ref_failed=None)
     log_ratio = np.log(y[mine]) - np.log(ry[theirs])
     if log_ratio[-1] > 0:
         return _reference_failed(x, ref_failed, above=common[-1]) or Crossover(NEVER, common[-1])
+    crossover, _ = _from_log_ratio(common, log_ratio)
+    return crossover
+
+
+def crossover_from_speedups(lengths, speedups, spreads=None) -> Crossover:
+    """The length above which a variant is faster than the reference, from speed-ups measured
+    in the variant's own jobs (reference time / variant time, e.g. `speedup_vs_sdpa`), with
+    the same rules and interpolation as `crossover_length` (log cost ratio = −log speed-up).
+
+    `spreads` (e.g. `speedup_vs_sdpa_iqr`, same length as `speedups`; repeated lengths are
+    averaged) mark the result `uncertain` when, at a measured length that decides it (the two
+    around a crossover, the longest for NEVER, the shortest for ALWAYS_FASTER), the spread is
+    wider than the speed-up's distance from 1. No points give NO_OVERLAP.
+    """
+    x, y = _positive_points(lengths, speedups)
+    if len(x) == 0:
+        return Crossover(NO_OVERLAP, math.nan)
+    crossover, deciding = _from_log_ratio(x, -np.log(y))
+    if spreads is None:
+        return crossover
+    # Spreads averaged per length like the speed-ups (a missing spread counts as none).
+    spread = dict(
+        zip(*_mean_per_length(lengths, np.nan_to_num(np.asarray(spreads, float))), strict=True)
+    )
+    uncertain = any(spread.get(x[i], 0.0) > abs(y[i] - 1.0) for i in deciding)
+    return dataclasses.replace(crossover, uncertain=uncertain)
+
+
+def _from_log_ratio(lengths: np.ndarray, log_ratio: np.ndarray) -> tuple[Crossover, list[int]]:
+    """The crossover of a log cost ratio (variant / reference) over sorted distinct `lengths`,
+    and the indices of the lengths that decide it. Equal cost counts as faster."""
+    if log_ratio[-1] > 0:
+        return Crossover(NEVER, float(lengths[-1])), [len(lengths) - 1]
     slower = np.flatnonzero(log_ratio > 0)
     if len(slower) == 0:
-        return Crossover(ALWAYS_FASTER, float(common[0]))
+        return Crossover(ALWAYS_FASTER, float(lengths[0])), [0]
     j = slower[-1]  # log_ratio[j] > 0 >= log_ratio[j + 1]
     t = log_ratio[j] / (log_ratio[j] - log_ratio[j + 1])
-    log_length = np.log(common[j]) + t * (np.log(common[j + 1]) - np.log(common[j]))
-    return Crossover(CROSSED, float(np.exp(log_length)))
+    log_length = np.log(lengths[j]) + t * (np.log(lengths[j + 1]) - np.log(lengths[j]))
+    return Crossover(CROSSED, float(np.exp(log_length))), [j, j + 1]
 
 
 def _reference_failed(x: np.ndarray, ref_failed, *, above: float) -> Crossover | None:
@@ -123,7 +165,13 @@ def _positive_points(lengths, costs) -> tuple[np.ndarray, np.ndarray]:
     x = np.asarray(lengths, dtype=float)
     y = np.asarray(costs, dtype=float)
     keep = np.isfinite(x) & np.isfinite(y) & (x > 0) & (y > 0)
-    x, y = x[keep], y[keep]
+    return _mean_per_length(x[keep], y[keep])
+
+
+def _mean_per_length(lengths, values) -> tuple[np.ndarray, np.ndarray]:
+    """Sorted distinct lengths with the mean of `values` at each."""
+    x = np.asarray(lengths, dtype=float)
+    y = np.asarray(values, dtype=float)
     distinct, inverse = np.unique(x, return_inverse=True)
     means = np.bincount(inverse, weights=y, minlength=len(distinct)) / np.bincount(inverse)
     return distinct, means

@@ -2,7 +2,9 @@
 
 Three answers per efficient variant, from the same functions the tables use, so they agree:
 - speed: the length from which its kernel's forward+backward is faster than exact attention's
-  fused kernel (SDPA), and than its O(L²) form (`impl=math`) where that was measured;
+  fused kernel (SDPA), and than its O(L²) form (`impl=math`) where that was measured, from
+  the speed-ups each job measured against them in alternating rounds (`analysis.scaling`);
+  "≈ L* (uncertain: timing spread)" where the rounds' spread around L* straddles 1;
 - memory: its kernel's own forward+backward peak at the longest length it reached, as a
   factor against SDPA and the O(L²) form at that length (or where those stopped);
 - quality: trained accuracy at the longest length where exact attention reached the task's
@@ -25,6 +27,7 @@ from experiments.record import MIB
 TIME = "attn_fwd_bwd_ms"
 MEMORY = "attn_fwd_bwd_peak_bytes"
 ACCURACY = "eval_accuracy"
+UNCERTAIN = "uncertain: timing spread"
 
 
 def headline(cost: pd.DataFrame, quality: pd.DataFrame | None = None) -> list[str]:
@@ -86,6 +89,10 @@ def _speed_clause(fused, quadratic) -> str | None:
             parts.append(f"slower than {against} up to {c.length:,.0f}")
         elif c.kind == REFERENCE_FAILED:
             parts.append(f"runs where {against} ended {c.reference_status} (from {c.length:,.0f})")
+        else:
+            continue
+        if c.uncertain:
+            parts[-1] += f" ({UNCERTAIN})"
     return ", ".join(parts) or None
 
 

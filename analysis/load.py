@@ -31,7 +31,6 @@ Per-step training curves live only in W&B history: `load_curves(frame)` reads th
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -244,7 +243,10 @@ def _load_file(path: Path) -> pd.DataFrame:
     if path.suffix == ".csv":
         return _read_csv(path)
     if path.suffix == ".json":
-        return pd.DataFrame([json.loads(path.read_text())])
+        try:
+            return pd.DataFrame([store.read_record(path)])
+        except ValueError as error:  # not JSON, or not a record (an object)
+            raise ValueError(f"{path}: unreadable record: {error}") from error
     raise ValueError(f"{path}: results files are .csv, .parquet or result.json")
 
 

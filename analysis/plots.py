@@ -49,14 +49,16 @@ _PALETTE = tuple(
 
 
 def time_vs_seq_len(frame: pd.DataFrame) -> Figure:
-    """Kernel time against seq_len, log-log, forward and forward+backward.
+    """Kernel time against seq_len, log-log, forward and forward+backward, and (when the jobs
+    measured it) the kernel's speed-up over SDPA against seq_len.
 
     The legend gives each series' fitted exponent α (all lengths) and its crossover length L*
     against exact attention; a crossover inside the measured range is a star on the curve.
     """
     labelled, keys = series.with_series(frame, x="seq_len")
-    fig, axes = _figure(2, "Attention kernel time vs sequence length")
-    for ax, (name, metric) in zip(axes, scaling.TIME_METRICS.items(), strict=True):
+    speedups = SPEEDUP in labelled and labelled[SPEEDUP].notna().any()
+    fig, axes = _figure(3 if speedups else 2, "Attention kernel time vs sequence length")
+    for ax, (name, metric) in zip(axes[:2], scaling.TIME_METRICS.items(), strict=True):
         fits = scaling.scaling_fits(labelled, keys, metric)
         notes = {s: _fit_note(f) for s, f in fits.items()}
         xs = _draw(ax, labelled, "seq_len", metric, notes=notes, min_points=2)
@@ -68,7 +70,81 @@ def time_vs_seq_len(frame: pd.DataFrame) -> Figure:
         if xs:
             _mark_crossovers(ax, labelled, metric, crossed)
         _axes(ax, _PASS_TITLES[name], "seq_len", "time (ms)", log=(True, True), xs=xs)
+    if speedups:
+        _draw_speedups(axes[2], labelled, scaling.scaling_fits(labelled, keys, "attn_fwd_bwd_ms"))
     return fig
+
+
+SPEEDUP = "speedup_vs_sdpa"  # the speed-up panel's column; its spread is SPEEDUP + "_iqr"
+
+
+def _draw_speedups(ax: Axes, labelled: pd.DataFrame, fits: dict[str, scaling.SeriesFit]) -> None:
+    """Each series' in-job speed-up over SDPA (forward+backward) against seq_len, log-log: the
+    median over rounds (mean over records) with a band of ± half its interquartile range,
+    a line at 1 (above: faster than SDPA), and a star at each crossover on it."""
+    spread = SPEEDUP + "_iqr"
+    with_band = labelled.assign(
+        _iqr=labelled[spread] if spread in labelled else 0.0,
+    )
+    stats = series.mean_spread(with_band, "seq_len", SPEEDUP)
+    iqr = series.mean_spread(with_band, "seq_len", "_iqr").set_index(["series", "seq_len"])["mean"]
+    styles = series_styles(labelled)
+    xs = []
+    for name in series.series_order(labelled):
+        points = stats[stats["series"] == name]
+        if points.empty or name not in fits or fits[name].crossover is None:
+            continue  # exact attention (SDPA itself) or a series without speed-ups
+        half = np.array([iqr.get((name, x), 0.0) / 2 for x in points["seq_len"]])
+        c = fits[name].crossover
+        ax.plot(
+            points["seq_len"],
+            points["mean"],
+            **styles[name],
+            markersize=4,
+            linewidth=1.4,
+            label=f"{name}  {_crossover_note(c)}",
+        )
+        lower = np.maximum(points["mean"] - half, points["mean"] * 0.05)
+        ax.fill_between(
+            points["seq_len"],
+            lower,
+            points["mean"] + half,
+            color=styles[name]["color"],
+            alpha=0.2,
+            linewidth=0,
+        )
+        if c.kind == fit.CROSSED:
+            ax.plot(
+                c.length,
+                1.0,
+                "*",
+                color=styles[name]["color"],
+                markersize=12,
+                zorder=5,
+                markeredgecolor="black",
+            )
+        xs += [float(v) for v in points["seq_len"]]
+    if not xs:
+        _message(ax, f"no {SPEEDUP} in these results")
+        _axes(ax, "", "seq_len", "speed-up", log=(False, False))
+        return
+    ax.axhline(1.0, color="black", linestyle=":", linewidth=1)
+    ax.legend(
+        fontsize=7,
+        loc="upper center",
+        bbox_to_anchor=(0.5, -0.14),
+        frameon=False,
+        ncol=2,
+        handlelength=3,
+    )
+    _axes(
+        ax,
+        "speed-up over SDPA, forward + backward (in-job rounds; band ± IQR/2)",
+        "seq_len",
+        "SDPA time / kernel time",
+        log=(True, True),
+        xs=xs,
+    )
 
 
 # The two memories a reader compares: what the kernel alone holds, and the whole step.
@@ -812,8 +888,13 @@ def _knobs(frame: pd.DataFrame, attention: str) -> list[str]:
 def _fit_note(f: scaling.SeriesFit) -> str:
     note = f"α={f.power_law}"
     if f.crossover is not None:
-        note += f", L*{'=' if f.crossover.kind == fit.CROSSED else ''}{f.crossover}"
+        note += f", {_crossover_note(f.crossover)}"
     return note
+
+
+def _crossover_note(c: fit.Crossover) -> str:
+    """ "L*=1,469", "L*≈1,469 (uncertain)", "L*>4,096", "L*≤256"."""
+    return f"L*{'=' if c.kind == fit.CROSSED and not c.uncertain else ''}{c}"
 
 
 def _status_text(rows: pd.DataFrame) -> str:

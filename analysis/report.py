@@ -31,7 +31,8 @@ FIGURES: dict[str, tuple[Callable[[pd.DataFrame], Figure], str]] = {
         plots.time_vs_seq_len,
         "Kernel time against sequence length (log-log), forward and "
         "forward+backward; legend: fitted exponent α and crossover L* against "
-        "exact attention (star).",
+        "exact attention (star), from the speed-ups each job measured in rounds alternating "
+        "the kernel with SDPA; third panel: those speed-ups (band: ± half their IQR).",
     ),
     "memory_vs_seq_len": (
         plots.memory_vs_seq_len,
@@ -91,6 +92,7 @@ WHEN: dict[str, Callable[[pd.DataFrame], str | None]] = {
 # Each builder: frame -> Table, or None when these results hold nothing for it.
 TABLES: list[Callable[[pd.DataFrame], tables.Table | None]] = [
     tables.variant_summary,
+    tables.speedups,
     tables.depth_table,
     tables.failures,
     tables.timing_warnings,

@@ -1,8 +1,11 @@
 """Per series: scaling exponent and crossover length against exact attention, from the frame.
 
 The figures' legends and report.md's tables both come from `scaling_fits`, so they agree.
-Fits use each length's mean over seeds (`series.mean_spread`); the crossover is measured
-against the exact-attention series with the same context (`series.reference_of`).
+Fits use each length's mean over seeds (`series.mean_spread`). The crossover comes from the
+speed-ups each job measured against exact attention in alternating rounds (`SPEEDUPS`:
+`speedup_vs_sdpa`, ...) where the records have them; older records without them are compared
+with the exact-attention series of the same context (`series.reference_of`), timed in other
+jobs.
 """
 
 from __future__ import annotations
@@ -16,6 +19,12 @@ from analysis import fit, series
 TIME_METRICS = {"fwd": "attn_fwd_ms", "fwd+bwd": "attn_fwd_bwd_ms"}
 X = "seq_len"
 TAIL = 3  # the longest lengths the asymptotic exponent is fitted on
+# (time metric, exact attention's impl) -> the in-job speed-up column (its spread: + "_iqr").
+SPEEDUPS = {
+    ("attn_fwd_bwd_ms", series.FUSED): "speedup_vs_sdpa",
+    ("attn_fwd_ms", series.FUSED): "fwd_speedup_vs_sdpa",
+    ("attn_fwd_bwd_ms", series.QUADRATIC): "speedup_vs_math",
+}
 
 
 @dataclass(frozen=True)
@@ -38,16 +47,29 @@ def scaling_fits(
     """Fits of `metric` against seq_len for every series of a frame from `series.with_series`.
 
     `tail` is the number of longest lengths of the second (asymptotic) exponent; crossovers
-    are against exact attention with `impl=baseline` (`series.reference_of`).
+    are against exact attention with `impl=baseline`: from the series' in-job speed-ups
+    (`SPEEDUPS`, with their spread) where it has them, else against the exact-attention series
+    of the same context (`series.reference_of`). Exact attention has none against itself.
     """
     stats = series.mean_spread(labelled, X, metric)
     failed = series.failures(labelled, X)
     references = series.reference_of(labelled, keys, baseline)
+    speedup = SPEEDUPS.get((metric, baseline))
+    ratios = series.mean_spread(labelled, X, speedup) if speedup in labelled else None
+    spread = f"{speedup}_iqr"
+    spreads = series.mean_spread(labelled, X, spread) if spread in labelled else None
     fits = {}
     for name in series.series_order(labelled):
         points = stats[stats["series"] == name]
         crossover = None
-        if name in references:
+        measured = None if ratios is None else ratios[ratios["series"] == name]
+        if measured is not None and len(measured) and not _is_baseline(labelled, name, baseline):
+            iqr = None
+            if spreads is not None:
+                by_length = spreads[spreads["series"] == name].set_index(X)["mean"]
+                iqr = [by_length.get(length, 0.0) for length in measured[X]]
+            crossover = fit.crossover_from_speedups(measured[X], measured["mean"], iqr)
+        elif name in references:
             ref = stats[stats["series"] == references[name]]
             crossover = fit.crossover_length(
                 points[X],
@@ -62,6 +84,15 @@ def scaling_fits(
             crossover,
         )
     return fits
+
+
+def _is_baseline(labelled: pd.DataFrame, name: str, baseline: str) -> bool:
+    """Whether series `name` is exact attention in the `baseline` form itself."""
+    rows = labelled[labelled["series"] == name]
+    if rows["attention"].iloc[0] != series.REFERENCE:
+        return False
+    impl = rows["attention.impl"].iloc[0] if "attention.impl" in rows else None
+    return (impl if isinstance(impl, str) else series.FUSED) == baseline
 
 
 def _failed_lengths(failed: pd.DataFrame, name: str, measured: set) -> dict[float, str]:

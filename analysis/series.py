@@ -32,6 +32,9 @@ KNOBS = {
     "blockwise": ("attention.block_size",),
     "compressed": ("attention.factor",),
     "strided": ("attention.stride",),
+    "moba": ("attention.top_k", "attention.block_size"),
+    "nsa": ("attention.n_select", "attention.window"),
+    "deltanet": ("attention.chunk_size",),  # the same function at every value: a flat line
 }
 SMALLER_IS_FINER = ("attention.factor",)
 # Tasks whose loss carries no quality signal (uniform tokens: every model sits at ln V).

@@ -120,10 +120,14 @@ def variant_summary(frame: pd.DataFrame) -> Table | None:
     if any(c.startswith("L*") for c in table):
         notes.append(
             "L*: the length above which the variant's kernel is faster than exact attention "
-            "(SDPA, same context), the log time ratio interpolated linearly in log L between "
-            "measured lengths; ≤x: faster at every measured length; >x: still slower at the "
-            "longest; (exact oom): exact attention failed there. vs O(L²): against exact "
-            "attention with explicit L×L scores (impl=math)."
+            "(SDPA, same shape and causality), from the speed-up each job measured in rounds "
+            "alternating the kernel with exact attention (`speedup_vs_sdpa`, median of the "
+            "per-round ratios; records without it: against exact attention's own jobs), "
+            "log-interpolated between measured lengths; ≤x: faster at every measured length; "
+            ">x: still slower at the longest; (exact oom): exact attention failed there; "
+            "(uncertain): the rounds' spread at the deciding lengths is wider than the "
+            "speed-up's distance from 1. vs O(L²): against exact attention with explicit L×L "
+            "scores (impl=math, `speedup_vs_math`)."
         )
     if any("memory" in c for c in table):
         notes.append(
@@ -137,6 +141,58 @@ def variant_summary(frame: pd.DataFrame) -> Table | None:
             "times are medians of the kernel alone."
         )
     return Table("Per variant", table, " ".join(notes))
+
+
+def speedups(frame: pd.DataFrame) -> Table | None:
+    """Per series: the in-job speed-up over SDPA (forward+backward) at each length as "median
+    (IQR)", and the crossovers it gives (against SDPA forward+backward and forward, and
+    against the O(L²) form where measured). None when no record has `speedup_vs_sdpa`."""
+    column = "speedup_vs_sdpa"
+    if column not in frame or frame[column].isna().all():
+        return None
+    labelled, keys = series.with_series(frame, x="seq_len")
+    median = series.mean_spread(labelled, "seq_len", column)
+    spread = column + "_iqr"
+    iqr = series.mean_spread(labelled, "seq_len", spread) if spread in labelled else median
+    against = {
+        "L* vs SDPA": ("attn_fwd_bwd_ms", series.FUSED),
+        "L* fwd vs SDPA": ("attn_fwd_ms", series.FUSED),
+        "L* vs O(L²)": ("attn_fwd_bwd_ms", series.QUADRATIC),
+    }
+    fits = {
+        title: scaling.scaling_fits(labelled, keys, metric, baseline=baseline)
+        for title, (metric, baseline) in against.items()
+    }
+    lengths = sorted(median["seq_len"].unique())
+    rows = []
+    for name in series.series_order(labelled):
+        mine = median[median["series"] == name].set_index("seq_len")["mean"]
+        if mine.empty or fits["L* vs SDPA"][name].crossover is None:
+            continue  # SDPA itself, or no speed-ups measured
+        spreads = iqr[iqr["series"] == name].set_index("seq_len")["mean"]
+        row = {"series": name}
+        for title, fitted in fits.items():
+            crossover = fitted[name].crossover
+            row[title] = "—" if crossover is None else str(crossover)
+        for length in lengths:
+            cell = "—"
+            if length in mine.index:
+                cell = f"{mine[length]:.2f}"
+                if spread in labelled and length in spreads.index:
+                    cell += f" ({spreads[length]:.2f})"
+            row[f"L={_length(length)}"] = cell
+        rows.append(row)
+    if not rows:
+        return None
+    note = (
+        "Speed-up: exact attention's time / the kernel's (forward+backward) in the same round, "
+        "the median over rounds that alternate the kernel with SDPA (and the O(L²) form) in "
+        "each job, with the ratios' interquartile range in brackets; above 1 the kernel is "
+        "faster. L* is where it crosses 1, interpolated in log L; (uncertain): the spread at "
+        "the deciding lengths is wider than the distance from 1."
+    )
+    table = _informative(_with_keys(rows, labelled, keys))
+    return Table("Speed-up over exact attention, measured in each job", table, note)
 
 
 def depth_table(frame: pd.DataFrame) -> Table | None:

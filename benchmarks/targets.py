@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import statistics
 import subprocess
@@ -58,10 +57,11 @@ import torch
 import torch.nn.functional as F
 
 from analysis.fit import fit_power_law
+from experiments import timing
 from experiments.memory import peak_memory_bytes, peak_rss_bytes
 from experiments.timing import matmul_call, matmul_gflops_per_s, time_call
 from variants import ModelConfig, TransformerLM, build_attention
-from variants.attention.base import FWD_BWD_FLOP_FACTOR
+from variants.attention.base import FWD_BWD_FLOP_FACTOR, sample_gates
 from variants.layers import build_kernel
 
 BATCH, HEADS, HEAD_DIM = 1, 4, 64
@@ -91,6 +91,11 @@ KERNELS = {
     # block + 3 random blocks.
     "blockwise-4x128": {"variant": "blockwise", "block_size": 128, "look_backward": 3},
     "blockwise-6x64": {"variant": "blockwise", "block_size": 64, "look_backward": 5},
+    # Trainable block selection and the delta rule, at their registry defaults (gated kernels
+    # get sigmoid(N(0, 1)) gates, as `base.sample_gates`).
+    "moba": {},
+    "nsa": {},
+    "deltanet": {},
 }
 ROUTING_WINDOW = KERNELS["routing"]["window"]
 # Each combined preset and the blockwise kernel with its number of key blocks per query block.
@@ -109,13 +114,27 @@ MEMORY_KERNELS = (
     "linear",
     "longformer",
     "bigbird",
+    "moba",
+    "nsa",
+    "deltanet",
 )
 MEMORY_INFO_KERNELS = ("compressed",)  # measured alongside, without a bound
 MEMORY_LIMIT_BYTES = 4 * 10**9  # the target says 4 GB: 3.73 GiB
 GiB = 2**30
 # One training step at 2^20 tokens per O(L) variant, each in its own process (`--million`).
 MILLION_LENGTH = 2**20
-MILLION_KERNELS = ("blockwise", "lsh", "linear", "performer", "longformer", "bigbird", "routing")
+MILLION_KERNELS = (
+    "blockwise",
+    "lsh",
+    "linear",
+    "performer",
+    "longformer",
+    "bigbird",
+    "routing",
+    "moba",
+    "nsa",
+    "deltanet",
+)
 # Rows printed without a run, and why.
 MILLION_NOT_RUN = {
     "sparse_fixed": "quadratic at 2^20: its summary columns give each query ~L/8 keys "
@@ -339,9 +358,10 @@ def forward_backward(attend: Callable, length: int) -> Callable[[], object]:
     """A call of attend(q, k, v) forward and backward to q, k, v, on fixed random inputs."""
     q, k, v = (torch.randn(BATCH, HEADS, length, HEAD_DIM, requires_grad=True) for _ in range(3))
     grad_out = torch.randn(BATCH, HEADS, length, HEAD_DIM)
+    gates = _gates(attend, q)
 
     def call():
-        out = attend(q, k, v)  # (B, H, L, D)
+        out = attend(q, k, v, **gates)  # (B, H, L, D)
         return torch.autograd.grad(out, (q, k, v), grad_out, allow_unused=True)
 
     return call
@@ -350,12 +370,20 @@ def forward_backward(attend: Callable, length: int) -> Callable[[], object]:
 def forward(attend: Callable, length: int) -> Callable[[], object]:
     """A call of attend(q, k, v) without autograd, on fixed random inputs."""
     q, k, v = (torch.randn(BATCH, HEADS, length, HEAD_DIM) for _ in range(3))
+    gates = _gates(attend, q)
 
     @torch.no_grad()
     def call():
-        return attend(q, k, v)
+        return attend(q, k, v, **gates)
 
     return call
+
+
+def _gates(attend: Callable, q: torch.Tensor) -> dict:
+    """{"gates": sigmoid(N(0, 1))} for a gated registry kernel (NSA, DeltaNet), else {}."""
+    if not getattr(attend, "n_gates", 0):
+        return {}
+    return {"gates": sample_gates(attend, q)}
 
 
 def seconds_per_call(fn: Callable[[], object], min_time_s: float = 0.3) -> float:
@@ -401,9 +429,7 @@ def time_kernels(
     times, yardsticks = time_in_rounds(calls, rounds, matmul_call(YARDSTICK), min_seconds)
     speedups, fractions = {}, {}
     for name in [*names, *peers]:
-        speedups[name] = statistics.median(
-            s / t for s, t in zip(times["sdpa"], times[name], strict=True)
-        )
+        speedups[name] = timing.ratio(times["sdpa"], times[name]).median
         if name in peers:
             continue
         # Useful FLOPs of the pattern (the kernel's own count), forward+backward.
@@ -418,14 +444,9 @@ def time_kernels(
         name: statistics.median(t / mm for t, mm in zip(ts, yardsticks[name], strict=True))
         for name, ts in times.items()
     }
-    versus = {
-        peer: statistics.median(
-            reference / own for reference, own in zip(times[peer], times[ours], strict=True)
-        )
-        for peer, ours in peers.items()
-    }
+    versus = {peer: timing.ratio(times[peer], times[ours]).median for peer, ours in peers.items()}
     same_blocks = {
-        name: statistics.median(a / b for a, b in zip(times[name], times[other], strict=True))
+        name: timing.ratio(times[name], times[other]).median
         for name, other in SAME_BLOCKS.items()
         if name in times and other in times
     }
@@ -448,21 +469,17 @@ def time_in_rounds(
     minutes apart, the matmul 131-166 GFLOP/s): a contender measured against one matmul per
     round took that drift into its FLOP fraction: at 32K, LSH's call came after `full`'s
     (16-18 s) and later contenders' up to ~50 s after that matmul.
+    `experiments.timing.time_in_rounds`, each call timed by `seconds_per_call`.
     Returns (times, yardsticks), each {name: one value per round}.
     """
-    times = {name: [] for name in calls}
-    yardsticks = {name: [] for name in calls}
-    start = time.perf_counter()
-    done = 0
-    while done < rounds or time.perf_counter() - start < min_seconds:
-        done += 1
-        before = seconds_per_call(yardstick)
-        for name, fn in calls.items():
-            times[name].append(seconds_per_call(fn))
-            after = seconds_per_call(yardstick)
-            yardsticks[name].append(math.sqrt(before * after))
-            before = after
-    return times, yardsticks
+    return timing.time_in_rounds(
+        calls,
+        rounds,
+        lambda fn: seconds_per_call(fn),  # looked up per call: tests substitute it
+        yardstick=yardstick,
+        min_seconds=min_seconds,
+        clock=lambda: time.perf_counter(),
+    )
 
 
 def at_least(name: str, value: float, bound: float) -> Target:
@@ -487,6 +504,9 @@ SPEEDUP_AT_TARGET = {
     "linear": 5,
     "longformer": 10,
     "bigbird": 10,
+    "moba": 5,
+    "nsa": 3,
+    "deltanet": 5,
 }
 EXPONENT_BOUNDS = {
     "blockwise": 1.15,
@@ -498,6 +518,9 @@ EXPONENT_BOUNDS = {
     "routing": 1.6,
     "longformer": 1.15,
     "bigbird": 1.15,
+    "moba": 1.15,
+    "nsa": 1.15,
+    "deltanet": 1.15,
 }
 # Public implementation -> (the length its target is judged at, at least this ratio).
 PEER_TARGETS = {

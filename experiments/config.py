@@ -26,9 +26,16 @@ own and stay in the resolved dict. The one structured config is the W&B logger's
 value is every job's, so Hydra checking their types at composition loses nothing, and its
 `scaling_metrics` default comes from the record schema.
 
+Keys come from the config files (conf/config.yaml, and the keys a preset declares, such as
+`train_as`); the command line sets them. A top-level key the command line *adds* with `+key=`
+(`+seqlen=128`) is a typo as far as the app can tell, so `added_keys` finds such keys in a job's
+overrides and `check_added_keys` refuses them, naming the nearest known key; `+group=option`
+(`+experiment=scaling`) adds a config group and is fine, and `++key=value` adds a key on purpose.
+
 Also here: the OmegaConf resolvers the configs may use, registered when the app loads:
 
     ${supports_causal:${attention.name}}   true if the variant can be causal, else false
+    ${causal_only:${attention.name}}       true if the variant cannot be bidirectional
 
 so a preset can train every variant causally where it can be and bidirectionally where it
 cannot (Linformer), instead of recording the latter as skipped.
@@ -37,7 +44,8 @@ cannot (Linformer), instead of recording the latter as skipped.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+import difflib
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -93,13 +101,19 @@ class TrainConfig:
             )
 
 
+# The forms of exact attention a kernel's speed-up can be measured against: `full`'s impls.
+SPEEDUP_REFERENCES = ("sdpa", "math")
+
+
 @dataclass(frozen=True)
 class MeasureConfig:
     """Which figures a job measures (`kernel`, `step`, `memory`, `approx_error`), the timing
     budget per figure (`min_run_time_s`, `warmup` untimed calls), the batches the approximation
     error is averaged over, the reference model it is measured on (`reference`: its
     `experiments.reference_model.ReferenceConfig` options and `cache_dir`) and the size of the
-    matmul the machine's rate is measured with."""
+    matmul the machine's rate is measured with. `speedup_vs`: the forms of exact attention
+    (`sdpa`, `math`: `full`'s impls) the kernel is timed against in `rounds` alternating
+    rounds (experiments/measure.py); empty: the kernel is timed alone."""
 
     kernel: bool
     step: bool
@@ -110,10 +124,20 @@ class MeasureConfig:
     approx_seeds: int
     reference: Mapping[str, Any]
     matmul_size: int
+    speedup_vs: tuple[str, ...] = ("sdpa",)
+    rounds: int = 5
 
     def __post_init__(self):
-        for key in ("approx_seeds", "matmul_size"):
+        for key in ("approx_seeds", "matmul_size", "rounds"):
             require_positive_int(OWNER, f"measure.{key}", getattr(self, key))
+        speedup_vs = tuple(self.speedup_vs or ())
+        bad = [impl for impl in speedup_vs if impl not in SPEEDUP_REFERENCES]
+        if bad or len(set(speedup_vs)) != len(speedup_vs):
+            raise ValueError(
+                f"{OWNER}: option 'measure.speedup_vs' must list distinct entries of "
+                f"{', '.join(SPEEDUP_REFERENCES)}, got {list(speedup_vs)!r}"
+            )
+        object.__setattr__(self, "speedup_vs", speedup_vs)
         require_non_negative_int(OWNER, "measure.warmup", self.warmup)
         _require_positive_or_null("measure.min_run_time_s", self.min_run_time_s)
 
@@ -222,9 +246,44 @@ def _typed(cls: type[T], node: str, values: Mapping[str, Any]) -> T:
     return cls(**values)
 
 
+def added_keys(overrides: Sequence[str], groups: Iterable[str]) -> list[str]:
+    """The top-level keys that `overrides` (a job's command-line overrides, Hydra syntax) add
+    with `+key=value`, leaving out config groups (`groups`, e.g. `+experiment=scaling`)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    groups = set(groups)
+    keys = []
+    for override in OverridesParser.create().parse_overrides(list(overrides)):
+        key = override.key_or_group
+        if override.is_add() and "." not in key and "/" not in key and key not in groups:
+            keys.append(key)
+    return keys
+
+
+def check_added_keys(config: Mapping[str, Any], added: Iterable[str]) -> None:
+    """`ValueError` naming the first of `added` (keys the command line added, `added_keys`) and
+    the known top-level key nearest to it: no config file declares it, so nothing reads it."""
+    added = list(added)
+    if not added:
+        return
+    known = sorted(k for k in config if k not in added)
+    key = added[0]
+    near = difflib.get_close_matches(key, known, n=1, cutoff=0.5)
+    hint = f"did you mean {near[0]!r}?" if near else f"top-level options: {', '.join(known)}"
+    raise ValueError(
+        f"{OWNER}: option {key!r} (added with +{key}=) is unknown; {hint} "
+        f"(++{key}= adds a key on purpose)"
+    )
+
+
 def supports_causal(name: str) -> bool:
     """Whether attention variant `name` can be built with causal=True."""
     return variants.attention_spec(name).causal_supported
+
+
+def causal_only(name: str) -> bool:
+    """Whether attention variant `name` refuses causal=False (NSA, DeltaNet)."""
+    return not variants.attention_spec(name).bidirectional_supported
 
 
 def register() -> None:
@@ -232,4 +291,6 @@ def register() -> None:
     when it loads, before Hydra composes the config."""
     if not OmegaConf.has_resolver("supports_causal"):
         OmegaConf.register_new_resolver("supports_causal", supports_causal)
+    if not OmegaConf.has_resolver("causal_only"):
+        OmegaConf.register_new_resolver("causal_only", causal_only)
     ConfigStore.instance().store(group="logger", name="wandb_schema", node=tracking.WandbLogger)

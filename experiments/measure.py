@@ -19,13 +19,21 @@ import torch
 
 import variants
 from experiments import curriculum, progress, reference_model
-from experiments.config import JobConfig
+from experiments.config import JobConfig, MeasureConfig
 from experiments.memory import peak_memory_bytes, peak_rss_bytes
 from experiments.precision import FLOAT32, Precision
 from experiments.tasks import Task, build_task
-from experiments.timing import Timing, matmul_gflops_per_s, spread_warnings, time_call
+from experiments.timing import (
+    Timing,
+    matmul_gflops_per_s,
+    matmul_timing,
+    round_timer,
+    spread_warnings,
+    time_call,
+    timed_against,
+)
 from experiments.train import evaluate, train, training_loss
-from variants.attention.base import FWD_BWD_FLOP_FACTOR, Attention
+from variants.attention.base import FWD_BWD_FLOP_FACTOR, Attention, sample_gates
 
 
 def resolve_device(name: str) -> torch.device:
@@ -176,10 +184,17 @@ def measure(
     )
     if m_cfg.kernel:
         with precision.autocast():
-            timings.update(_kernel_timings(kernel_fwd, kernel_fwd_bwd, device, timing))
+            if m_cfg.speedup_vs:  # interleaved with exact attention: times and speed-ups
+                kernel_times, speedups = speedup_timings(
+                    kernel, kernel_fwd, kernel_fwd_bwd, shape, device, dtype, m_cfg
+                )
+                timings.update(kernel_times)
+                columns.update(speedups)
+            else:
+                timings.update(_kernel_timings(kernel_fwd, kernel_fwd_bwd, device, timing))
         columns.update(_timing_columns(timings))
         if "attn_fwd_bwd_ms" not in timings:  # a forward-only kernel (impl=flex on CPU)
-            columns.update(attn_fwd_bwd_ms=math.nan, attn_fwd_bwd_iqr_ms=math.nan)
+            columns.update(attn_fwd_bwd_ms=None, attn_fwd_bwd_iqr_ms=None)  # not measured
         fwd_flops = kernel.flops(*shape)
         columns["attn_fwd_flops"] = fwd_flops
         columns["attn_fwd_bwd_flops"] = int(fwd_flops * FWD_BWD_FLOP_FACTOR)
@@ -197,7 +212,9 @@ def measure(
         timings["step_ms"] = time_call(step, device, **timing)
         columns.update(_timing_columns({"step_ms": timings["step_ms"]}))
     # A figure whose blocks spread widely is flagged, not silently recorded as a fact.
-    columns["timing_warning"] = spread_warnings(timings)
+    # The matmul rate every achieved rate is divided by is a timing like the others.
+    matmul = matmul_timing(str(device), dtype, m_cfg.matmul_size)
+    columns["timing_warning"] = spread_warnings({**timings, "matmul_peak_gflops_per_s": matmul})
     if m_cfg.memory:
         step()  # optimiser state exists before the measured step, as in steady-state training
         columns["peak_memory_bytes"] = peak_memory_bytes(step, device)
@@ -235,6 +252,8 @@ def _training_columns(result, task: Task) -> dict[str, Any]:
         "eval_accuracy": result.eval_accuracy,
         "tokens_per_s": result.tokens_per_s,
     }
+    if result.grad_warning is not None:  # float16 gradients that underflowed or overflowed
+        columns["grad_warning"] = result.grad_warning
     if task.reports_bits_per_byte:
         columns["eval_bits_per_byte"] = result.eval_loss / math.log(2)
     return columns
@@ -289,10 +308,11 @@ def _kernel_calls(kernel, shape, device, dtype) -> tuple[Callable, Callable | No
     runs forward only on `device` (impl=flex on CPU), a forward+backward that also allocates
     the inputs' gradients, as a training step does."""
     q, k, v = (torch.randn(shape, device=device, dtype=dtype) for _ in range(3))
+    gates = sample_gates(kernel, q)  # None unless the kernel is gated (NSA, DeltaNet)
 
     def fwd():
         with torch.no_grad():
-            kernel(q, k, v)
+            kernel(q, k, v, gates=gates)
 
     if not kernel.supports_backward(device):
         return fwd, None
@@ -303,7 +323,7 @@ def _kernel_calls(kernel, shape, device, dtype) -> tuple[Callable, Callable | No
         for t in (qg, kg, vg):
             t.grad = None
         kernel.zero_grad(set_to_none=True)
-        kernel(qg, kg, vg).backward(grad_out)
+        kernel(qg, kg, vg, gates=gates).backward(grad_out)
 
     return fwd, fwd_bwd
 
@@ -314,6 +334,51 @@ def _kernel_timings(fwd, fwd_bwd, device, timing) -> dict[str, Timing]:
     if fwd_bwd is not None:
         timings["attn_fwd_bwd_ms"] = time_call(fwd_bwd, device, **timing)
     return timings
+
+
+def speedup_timings(
+    kernel: Attention,
+    fwd: Callable[[], None],
+    fwd_bwd: Callable[[], None] | None,
+    shape: tuple[int, int, int, int],
+    device: torch.device,
+    dtype: torch.dtype,
+    m_cfg: MeasureConfig,
+) -> tuple[dict[str, Timing], dict[str, float]]:
+    """The kernel's forward and forward+backward, each timed in `m_cfg.rounds` rounds that
+    alternate with exact attention (`full`) at the same shape (batch, heads, seq_len,
+    head_dim), device, dtype and threads: its `sdpa` form in both passes and every other
+    `m_cfg.speedup_vs` form (`math`: explicit L×L scores) in forward+backward.
+
+    Exact attention is causal iff the kernel is, so a bidirectional job is compared with
+    bidirectional SDPA. A shared-QK kernel (lsh, routing) is compared with plain SDPA of the
+    same shape, not with shared-QK exact attention: the question is what the kernel costs
+    against the fused kernel a model would otherwise call. Each round gives every contender
+    `m_cfg.warmup` untimed calls, then `m_cfg.min_run_time_s / m_cfg.rounds` seconds (one
+    block at least). Returns the kernel's timings (`attn_fwd_ms`, `attn_fwd_bwd_ms`: median
+    and IQR over rounds) and the columns `[fwd_]speedup_vs_<impl>` (median over rounds of
+    exact's time / the kernel's in the same round), their `_iqr` and `speedup_rounds`.
+    """
+    time_one = round_timer(
+        device, min_run_time_s=(m_cfg.min_run_time_s or 0.0) / m_cfg.rounds, warmup=m_cfg.warmup
+    )
+    passes = [("attn_fwd_ms", "fwd_", fwd, [i for i in m_cfg.speedup_vs if i == "sdpa"])]
+    if fwd_bwd is not None:
+        passes.append(("attn_fwd_bwd_ms", "", fwd_bwd, list(m_cfg.speedup_vs)))
+    timings, columns = {}, {"speedup_rounds": m_cfg.rounds}
+    for name, prefix, mine, impls in passes:
+        references = {}
+        for impl in impls:
+            exact = variants.build_attention("full", causal=kernel.causal, impl=impl).to(device)
+            exact_fwd, exact_fwd_bwd = _kernel_calls(exact, shape, device, dtype)
+            references[impl] = exact_fwd if prefix else exact_fwd_bwd
+        timings[name], ratios = timed_against(
+            mine, references, rounds=m_cfg.rounds, time_one=time_one
+        )
+        for impl, r in ratios.items():
+            columns[f"{prefix}speedup_vs_{impl}"] = r.median
+            columns[f"{prefix}speedup_vs_{impl}_iqr"] = r.iqr
+    return timings, columns
 
 
 def _timing_columns(timings: dict[str, Timing]) -> dict[str, float]:
@@ -359,7 +424,8 @@ def approx_rel_error(
     under the Reformer's shared-QK rule (LSH, or one built with `shared_qk=True`) gets k = q and
     is compared with exact shared-QK attention (unit keys, self masked unless alone), so the
     error is what hashing, chunking or the pattern cost, not the convention. Measured in eval
-    mode (no centroid or feature updates), in float32 or wider.
+    mode (no centroid or feature updates), in float32 or wider. A gated kernel (NSA, DeltaNet)
+    gets sigmoid(N(0, 1)) gates, seeded per input.
     """
     shared_qk = kernel.applies_shared_qk
     exact_kernel = variants.build_attention("full", causal=kernel.causal, shared_qk=shared_qk)
@@ -367,11 +433,12 @@ def approx_rel_error(
     kernel.eval()
     errors = []
     try:
-        for q, k, v in inputs:
+        for index, (q, k, v) in enumerate(inputs):
             q, k, v = (t.to(device=device, dtype=dtype) for t in (q, k, v))
             if shared_qk:
                 k = q
-            out = kernel(q, k, v).float()
+            generator = torch.Generator().manual_seed(20_000 + index)
+            out = kernel(q, k, v, gates=sample_gates(kernel, q, generator)).float()
             exact = exact_kernel(q, k, v).float()
             errors.append(
                 float(torch.linalg.vector_norm(out - exact) / torch.linalg.vector_norm(exact))

@@ -4,9 +4,10 @@
 the forward passes (the model's and the kernels') under `torch.autocast` in that type: the
 convention of Lightning's `bf16-mixed` and of every training library. Casting the whole model
 to half instead makes AdamW's epsilon (1e-8) underflow to zero in float16 and the first step
-divide by zero (such jobs ended `diverged` at step 1). float16 on CUDA also scales the loss
-(`torch.amp.GradScaler`), so small gradients do not flush to zero; bfloat16 has float32's range
-and needs no scaling. Records say which in `precision`: float32, bf16-mixed or fp16-mixed.
+divide by zero (such jobs ended `diverged` at step 1). float16 also scales the loss
+(`torch.amp.GradScaler`, on CPU as on CUDA), so small gradients do not flush to zero, and its
+gradients are checked every step (experiments/train.py); bfloat16 has float32's range and
+needs no scaling. Records say which in `precision`: float32, bf16-mixed or fp16-mixed.
 """
 
 from __future__ import annotations
@@ -50,9 +51,9 @@ class Precision:
         return torch.autocast(self.device.type, dtype=self.compute_dtype)
 
     def grad_scaler(self) -> torch.amp.GradScaler | None:
-        """A loss scaler for float16 on CUDA; None where none is needed."""
-        if self.name == "float16" and self.device.type == "cuda":
-            return torch.amp.GradScaler("cuda")
+        """A loss scaler for float16 (any device); None where none is needed."""
+        if self.name == "float16":
+            return torch.amp.GradScaler(self.device.type)
         return None
 
 

@@ -80,9 +80,9 @@ class SweepClock:
         started in this sweep dir."""
         try:
             state = json.loads(self.path.read_text())
-        except (OSError, ValueError):
+            started, total = float(state["started"]), state.get("total")
+        except (OSError, ValueError, TypeError, KeyError, AttributeError):  # damaged: no line
             return None
-        started, total = state["started"], state.get("total")
         swept = set(state.get("swept") or ())
         description = " ".join(o for o in overrides if o.split("=", 1)[0] in swept) or "-"
         elapsed = time.time() - started

@@ -159,6 +159,23 @@ SCHEMA: tuple[Column, ...] = (
     _measured("trained_steps", int, "", "optimiser steps taken when evaluated"),
     _measured("precision", str, "", "float32 | bf16-mixed | fp16-mixed", optional=True),
     _measured("timing_warning", str, "", "figures whose timing spread widely", optional=True),
+    # issue 26 (nothing lost, nothing silent): float16 gradient checks (experiments/train.py)
+    _measured(
+        "grad_warning",
+        str,
+        "",
+        "float16: steps whose gradients were all zero or skipped by the loss scaler",
+        optional=True,
+    ),
+    # In-job speed-ups against exact attention (measure.speedup_vs, experiments/measure.py):
+    # exact attention's time / the kernel's in the same round, median over alternating rounds.
+    _measured("speedup_vs_sdpa", float, "×", "fwd+bwd speed-up over SDPA", shown=True),
+    _measured("speedup_vs_sdpa_iqr", float, "×", "its interquartile range over rounds"),
+    _measured("fwd_speedup_vs_sdpa", float, "×", "forward speed-up over SDPA", optional=True),
+    _measured("fwd_speedup_vs_sdpa_iqr", float, "×", "its IQR over rounds", optional=True),
+    _measured("speedup_vs_math", float, "×", "fwd+bwd speed-up over O(L²)", optional=True),
+    _measured("speedup_vs_math_iqr", float, "×", "its IQR over rounds", optional=True),
+    _measured("speedup_rounds", int, "", "alternating rounds behind the speed-ups", optional=True),
     # --- the fused CUDA path (issue 25): which path the job's kernel ran ---
     _measured(
         "kernel_path",
@@ -211,6 +228,12 @@ def one_line(error: BaseException) -> str:
 def is_number(value: Any) -> bool:
     """A finite int or float, not a bool: a value a numeric column can hold."""
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def non_finite(columns: dict[str, Any]) -> list[str]:
+    """The names of the float values in `columns` that are NaN or infinite: a record would
+    show them as null, "not measured", so a job with any of them is `diverged` instead."""
+    return [k for k, v in columns.items() if isinstance(v, float) and not math.isfinite(v)]
 
 
 # The short names analysis groups by, and the resolved config key each one stands for.

@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import json
 import logging
 import os
 import sys
 import time
 import traceback
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +30,7 @@ from omegaconf import DictConfig, OmegaConf
 
 import variants
 from experiments import budget, curriculum, measure, progress, record, store, sweep, tracking
-from experiments.config import JobConfig, register
+from experiments.config import JobConfig, added_keys, check_added_keys, register
 from experiments.train import Diverged
 from variants.checks import UnsupportedCombination
 
@@ -46,12 +46,18 @@ def config_dir() -> Path:
 
 
 def run_job(
-    config: dict[str, Any], out_dir: Path, *, job: str, sweep_dir: Path | None
+    config: dict[str, Any],
+    out_dir: Path,
+    *,
+    job: str,
+    sweep_dir: Path | None,
+    added: Sequence[str] = (),
 ) -> dict[str, Any] | None:
     """Measure and record one configuration; returns the record, or None if resumed (skipped).
 
     `sweep_dir` is set in a multirun: a configuration already recorded there with status ok is
-    not measured again (resume), and nothing is written for it.
+    not measured again (resume), and nothing is written for it. `added`: the top-level keys the
+    command line added with `+key=` (`experiments.config.added_keys`), an error record.
     """
     digest = record.config_hash(config)
     if sweep_dir is not None and config["resume"]:
@@ -74,6 +80,7 @@ def run_job(
     device = None
     started = time.perf_counter()
     try:
+        check_added_keys(config, added)  # `+seqlen=128`: a typo, not a setting
         job_config = JobConfig.of(config)  # the job as one typed object, checked
         built = measure.setup(job_config)
     except UnsupportedCombination as error:
@@ -92,7 +99,9 @@ def run_job(
             name=f"{job}-{digest}",
             tags=[rec["attention"], rec["block"], rec["task"]],
             out_dir=out_dir,
-            run_id=tracking.run_id(config["sweep"], digest) if sweep_dir is not None else None,
+            run_id=None
+            if sweep_dir is None
+            else tracking.run_id(config["sweep"], digest, sweep_dir),
             replace_in=sweep_dir,
         )
         try:
@@ -100,14 +109,17 @@ def run_job(
                 budget.time_limit(job_config.budget.max_seconds),
                 budget.memory_cap(job_config.budget.max_memory_gb, device),
             ):
-                rec.update(
-                    measure.measure(
-                        job_config,
-                        built,
-                        on_step=tracker.log_step,
-                        on_stage=_stage_recorder(config, rec, out_dir, tracker, started),
-                    )
+                measured = measure.measure(
+                    job_config,
+                    built,
+                    on_step=tracker.log_step,
+                    on_stage=_stage_recorder(config, rec, out_dir, tracker, started),
                 )
+            rec.update(measured)
+            non_finite = record.non_finite(measured)
+            if non_finite:  # a NaN would be recorded as null, which reads "not measured"
+                values = ", ".join(f"{k}={measured[k]}" for k in non_finite)
+                rec.update(status=record.DIVERGED, error=f"Diverged: non-finite {values}")
         except KeyboardInterrupt:
             tracker.discard()  # no record, so no run: a re-run measures it afresh
             raise
@@ -146,7 +158,8 @@ def _stage_recorder(config, rec, out_dir: Path, tracker, started: float):
 
     A stage's record is the job's config at the stage's seq_len and batch_size
     (`curriculum.stage_config`), in `<job dir>/stages/<seq_len>/result.json`, where the store,
-    resume and the report find it like any other record.
+    resume and the report find it like any other record. A stage record of another
+    configuration found there is displaced, never overwritten (`_displace_other_stage`).
     """
 
     def write(stage: curriculum.Stage, columns: dict[str, Any]) -> None:
@@ -163,6 +176,7 @@ def _stage_recorder(config, rec, out_dir: Path, tracker, started: float):
             "offline_run_dir": None if tracker.run_dir is None else str(tracker.run_dir),
         }
         path = out_dir / "stages" / str(stage.seq_len) / "result.json"
+        _displace_other_stage(path, stage_rec["config_hash"])
         record.write_json_atomic(path, stage_rec)
 
     return write
@@ -176,7 +190,7 @@ def _resolved_shared_qk(config: dict[str, Any]) -> bool:
 def _say_if_unreadable(path: Path) -> None:
     """A job dir's record that cannot be read is measured again: say so, it is not silent."""
     try:
-        json.loads(path.read_text())
+        store.read_record(path)
     except FileNotFoundError:
         return
     except (OSError, ValueError) as error:
@@ -196,17 +210,49 @@ def _displace_other_record(out_dir: Path, digest: str) -> None:
 
     Job dirs are numbered by position in the sweep, so a value inserted into or reordered in a
     re-run sweep gives a recorded configuration's dir to a new one. The old record moves to
-    `displaced/<its hash>/result.json` below it, where the store and resume still find it.
+    `displaced/<its hash>/result.json` below it, its curriculum stages' records
+    (`stages/<seq_len>/result.json`) with it, where the store and resume still find them.
     """
-    path = out_dir / "result.json"
-    try:
-        other = json.loads(path.read_text()).get("config_hash")
-    except (OSError, ValueError):
+    other = _hash_of_record(out_dir / "result.json")
+    if other is None or other == digest:
         return
-    if other and other != digest:
-        target = out_dir / "displaced" / other / "result.json"
+    target = out_dir / "displaced" / other
+    target.mkdir(parents=True, exist_ok=True)
+    os.replace(out_dir / "result.json", target / "result.json")
+    if (out_dir / "stages").is_dir():
+        _move_stages(out_dir / "stages", target / "stages")
+    log.warning(
+        "%s held another configuration (%s); moved to %s", out_dir, other, target / "result.json"
+    )
+
+
+def _move_stages(source: Path, target: Path) -> None:
+    """Move every stage record below `source` to the same place below `target`; a record
+    already there (the same stage of the same configuration, an older copy) is replaced."""
+    for path in sorted(source.glob("*/result.json")):
+        destination = target / path.parent.name / "result.json"
+        destination.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(path, destination)
+
+
+def _displace_other_stage(path: Path, digest: str) -> None:
+    """A stage record of another configuration at `path` (a job dir whose own record was lost
+    or unreadable, so it did not move with it) moves to `displaced/<its hash>/` beside it."""
+    other = _hash_of_record(path)
+    if other is not None and other != digest:
+        target = path.parent / "displaced" / other / "result.json"
         target.parent.mkdir(parents=True, exist_ok=True)
         os.replace(path, target)
+        log.warning("%s held another configuration (%s); moved to %s", path, other, target)
+
+
+def _hash_of_record(path: Path) -> str | None:
+    """The `config_hash` of the record in `path`; None if there is none or it is unreadable."""
+    try:
+        other = store.read_record(path).get("config_hash")
+    except (OSError, ValueError):
+        return None
+    return other if isinstance(other, str) and other else None
 
 
 def _threads_per_job(hydra_cfg) -> int | None:
@@ -250,7 +296,8 @@ def app(cfg: DictConfig) -> None:
         line = progress.SweepClock(sweep_dir).line(job, list(hydra_cfg.overrides.task))
         if line:
             print(f"sweep: {line}", file=sys.stderr, flush=True)
-    rec = run_job(config, out_dir, job=job, sweep_dir=sweep_dir)
+    added = added_keys(list(hydra_cfg.overrides.task), hydra_cfg.runtime.choices.keys())
+    rec = run_job(config, out_dir, job=job, sweep_dir=sweep_dir, added=added)
     if rec is None:
         return
     print(store.format_records([rec]))

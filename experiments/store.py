@@ -6,15 +6,24 @@ Layout of a sweep dir (Hydra's `hydra.sweep.dir`):
     <sweep>/results.parquet         the same, typed
 A configuration is identified by `config_hash`; if it was measured more than once (a re-run of a
 failed job), the newest record wins, so no configuration appears twice. The store is rewritten as
-each job ends and at the end of the multirun, so a killed sweep keeps what finished.
+each job ends and at the end of the multirun, so a killed sweep keeps what finished; gathering
+holds a lock on `<sweep>/.results.lock`, so parallel jobs (joblib) or two sweeps ending at once
+never write a table that misses a record another one had just written. The records are the
+truth: `python -m experiments.store <sweep dir>` (and `make report`) gathers them again.
+A `result.json` that cannot be read, or that holds anything but a JSON object, is reported by
+path and left out; it never stops a sweep.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import logging
 import math
+import os
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,6 +41,7 @@ log = logging.getLogger("attnbench")
 # The printed table: these keys always (a single run's too), then every other key that varies,
 # then the schema's shown measurements when any record has them, and the task's metrics.
 HEADLINE_KEYS = ("attention", "block", "seq_len", "depth")
+LOCK = ".results.lock"  # in the sweep dir: held while its records are gathered and written
 
 
 @dataclass(frozen=True)
@@ -40,6 +50,15 @@ class Unreadable:
 
     path: Path
     reason: str
+
+
+def read_record(path: Path) -> dict[str, Any]:
+    """The record in `path`: a JSON object. `OSError` if it cannot be read, `ValueError` if it
+    is not JSON or not an object (`[]`, a number, ...), so callers treat both as unreadable."""
+    value = json.loads(Path(path).read_text())
+    if not isinstance(value, dict):
+        raise ValueError(f"not a JSON object but a JSON {type(value).__name__}")
+    return value
 
 
 def read_records(
@@ -54,8 +73,8 @@ def read_records(
         try:
             if since is not None and path.stat().st_mtime < since:
                 continue
-            records.append(json.loads(path.read_text()))
-        except (OSError, json.JSONDecodeError) as error:
+            records.append(read_record(path))
+        except (OSError, ValueError) as error:
             unreadable.append(Unreadable(path, " ".join(str(error).split())))
     return records, unreadable
 
@@ -72,8 +91,8 @@ def find_ok_record(sweep_dir: Path, config_hash: str) -> Path | None:
     """The path of a status-ok record of `config_hash` in `sweep_dir`, if there is one."""
     for path in Path(sweep_dir).glob("**/result.json"):
         try:
-            rec = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError):
+            rec = read_record(path)
+        except (OSError, ValueError):
             continue
         if rec.get("config_hash") == config_hash and rec.get("status") == record.OK:
             return path
@@ -92,19 +111,41 @@ def gather(sweep_dir: Path) -> pd.DataFrame:
 def write_results(sweep_dir: Path, *, quiet: bool = False) -> pd.DataFrame:
     """Gather a sweep into `results.csv` and `results.parquet` in `sweep_dir`; returns the frame.
 
-    Each file is replaced whole (written aside, then renamed), so a reader, or a parallel job
-    gathering at the same moment, never sees half a file.
+    Each file is replaced whole (written aside, then renamed), so a reader never sees half a
+    file; the records are read and the files written under the sweep's lock (`results_lock`),
+    so a parallel job gathering at the same moment cannot replace them with an older table.
     """
     sweep_dir = Path(sweep_dir)
-    frame = gather(sweep_dir)
-    if frame.empty:
+    if not sweep_dir.is_dir():
         if not quiet:
             log.warning("no records found in %s", sweep_dir)
-        return frame
-    write_atomic(sweep_dir / "results.csv", lambda path: frame.to_csv(path, index=False))
-    typed = parquet_frame(frame)
-    write_atomic(sweep_dir / "results.parquet", lambda path: typed.to_parquet(path, index=False))
+        return pd.DataFrame()
+    with results_lock(sweep_dir):
+        frame = gather(sweep_dir)
+        if frame.empty:
+            if not quiet:
+                log.warning("no records found in %s", sweep_dir)
+            return frame
+        write_atomic(sweep_dir / "results.csv", lambda path: frame.to_csv(path, index=False))
+        typed = parquet_frame(frame)
+        write_atomic(
+            sweep_dir / "results.parquet", lambda path: typed.to_parquet(path, index=False)
+        )
     return frame
+
+
+@contextlib.contextmanager
+def results_lock(sweep_dir: Path) -> Iterator[None]:
+    """Hold the sweep's exclusive lock (`<sweep_dir>/LOCK`, an flock, released when the holder
+    ends, even killed). The lock file is opened without following a symlink, never truncated,
+    created with the umask's permissions like any other file of the sweep."""
+    flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(Path(sweep_dir) / LOCK, flags, 0o666)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock
 
 
 def parquet_frame(frame: pd.DataFrame) -> pd.DataFrame:
@@ -229,3 +270,30 @@ class GatherResults(Callback):
         print(format_records(frame))
         counts = frame["status"].value_counts().to_dict()
         print(f"{len(frame)} configurations {counts}; results: {sweep_dir / 'results.csv'}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m experiments.store SWEEP_DIR...`: gather each sweep's records into its
+    results.csv/.parquet again (e.g. after a killed sweep); unreadable records are named."""
+    dirs = [Path(a) for a in (sys.argv[1:] if argv is None else argv)]
+    if not dirs:
+        print("usage: python -m experiments.store SWEEP_DIR...", file=sys.stderr)
+        return 2
+    code = 0
+    for sweep_dir in dirs:
+        if not sweep_dir.is_dir():
+            print(f"error: {sweep_dir}: no such sweep dir", file=sys.stderr)
+            code = 1
+            continue
+        frame = write_results(sweep_dir, quiet=True)
+        for bad in read_records(sweep_dir)[1]:
+            print(f"warning: unreadable record {bad.path}: {bad.reason}", file=sys.stderr)
+        if frame.empty:
+            print(f"warning: no readable records in {sweep_dir}", file=sys.stderr)
+        else:
+            print(f"{len(frame)} configurations: {sweep_dir / 'results.csv'}")
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -4,15 +4,21 @@ A block repeats the call until it lasts `BLOCK_MIN_S` (as `torch.utils.benchmark
 `blocked_autorange`, so the clock's resolution and the loop's overhead do not count), and there
 are at least `MIN_BLOCKS` blocks whatever `min_run_time_s` is: one stalled call on a busy machine
 then moves one block, not the median. A figure whose blocks spread widely is flagged.
+
+A ratio of two calls' times (a kernel against exact attention) is taken in rounds that time each
+contender once in turn (`time_in_rounds`), as the median of the per-round ratios (`ratio`): a
+change in the machine's load between rounds moves both times of a round alike, so it cancels
+in the ratio instead of landing on whichever contender ran while the machine was busy.
 """
 
 from __future__ import annotations
 
 import functools
 import gc
+import math
 import statistics
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -25,7 +31,10 @@ SPREAD_WARNING = 0.5  # flag a figure whose IQR is more than this fraction of it
 
 @dataclass(frozen=True)
 class Timing:
-    """One call's time: the median and interquartile range over `blocks` timed blocks (ms)."""
+    """One call's time: the median and interquartile range over `blocks` timed blocks (ms).
+
+    A figure taken in rounds (`timed_against`) has one block per round, each that round's own
+    median, and `calls_per_block` 0."""
 
     median_ms: float
     iqr_ms: float
@@ -78,11 +87,108 @@ def time_call(
         seconds = block(calls)
         per_call.append(seconds / calls)
         spent += seconds
-    if len(per_call) > 1:
-        q1, median, q3 = statistics.quantiles(per_call, n=4, method="inclusive")
-    else:
-        q1 = median = q3 = per_call[0]
+    q1, median, q3 = quartiles(per_call)
     return Timing(median * 1e3, (q3 - q1) * 1e3, len(per_call), calls)
+
+
+def quartiles(values: Sequence[float]) -> tuple[float, float, float]:
+    """(first quartile, median, third quartile) of `values` (inclusive method; one value is all
+    three)."""
+    if len(values) > 1:
+        q1, median, q3 = statistics.quantiles(values, n=4, method="inclusive")
+        return q1, median, q3
+    return values[0], values[0], values[0]
+
+
+def time_in_rounds(
+    calls: Mapping[str, Callable[[], object]],
+    rounds: int,
+    time_one: Callable[[Callable[[], object]], float],
+    *,
+    yardstick: Callable[[], object] | None = None,
+    min_seconds: float = 0.0,
+    clock: Callable[[], float] = time.perf_counter,
+) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+    """Seconds per call of every contender, once per round in the order of `calls` (a, b, c,
+    a, b, c, ...), each measured by `time_one(fn)` -> seconds per call. At least `rounds`
+    rounds, and more until `min_seconds` of `clock` have passed.
+
+    With a `yardstick` (the benchmark script's matmul), it is timed before the first contender
+    and after each, and each contender gets the geometric mean of the yardstick just before and
+    just after it, so its time can be read in units of the machine's speed at that moment.
+    Returns (times, yardsticks), each {name: one value per round}; yardsticks is empty lists
+    without a yardstick.
+    """
+    times: dict[str, list[float]] = {name: [] for name in calls}
+    yardsticks: dict[str, list[float]] = {name: [] for name in calls}
+    start = clock()
+    done = 0
+    while done < rounds or clock() - start < min_seconds:
+        done += 1
+        before = time_one(yardstick) if yardstick is not None else None
+        for name, fn in calls.items():
+            times[name].append(time_one(fn))
+            if yardstick is not None:
+                after = time_one(yardstick)
+                yardsticks[name].append(math.sqrt(before * after))
+                before = after
+    return times, yardsticks
+
+
+@dataclass(frozen=True)
+class Ratio:
+    """A speed-up: the median over rounds of reference time / contender time in the same round
+    (above 1: the contender is faster), and the interquartile range of those ratios."""
+
+    median: float
+    iqr: float
+    rounds: int
+
+
+def ratio(reference: Sequence[float], contender: Sequence[float]) -> Ratio:
+    """The per-round ratios reference[i] / contender[i] summarised as a `Ratio`; the two lists
+    are one time per round of the same rounds (`time_in_rounds`)."""
+    per_round = [r / c for r, c in zip(reference, contender, strict=True)]
+    q1, median, q3 = quartiles(per_round)
+    return Ratio(median, q3 - q1, len(per_round))
+
+
+def round_timer(
+    device: torch.device,
+    *,
+    min_run_time_s: float,
+    warmup: int,
+    clock: Callable[[], float] = time.perf_counter,
+) -> Callable[[Callable[[], object]], float]:
+    """How one contender is timed in one round: `time_call` with `warmup` untimed calls first
+    (the first call after another kernel's pays for its allocations again) and blocks until
+    `min_run_time_s` is spent, one block at least; seconds per call, the blocks' median."""
+
+    def time_one(fn: Callable[[], object]) -> float:
+        timing = time_call(
+            fn, device, min_run_time_s=min_run_time_s, warmup=warmup, min_blocks=1, clock=clock
+        )
+        return timing.median_ms / 1e3
+
+    return time_one
+
+
+def timed_against(
+    mine: Callable[[], object],
+    references: Mapping[str, Callable[[], object]],
+    *,
+    rounds: int,
+    time_one: Callable[[Callable[[], object]], float],
+    clock: Callable[[], float] = time.perf_counter,
+) -> tuple[Timing, dict[str, Ratio]]:
+    """`mine` and each of `references` timed in `rounds` alternating rounds (mine, ref 1,
+    ref 2, mine, ref 1, ...; `time_one` per call, e.g. `round_timer`). Returns mine's time
+    (median and IQR over the rounds) and, per reference, the speed-up reference / mine."""
+    calls = {"": mine, **references}
+    times, _ = time_in_rounds(calls, rounds, time_one, clock=clock)
+    q1, median, q3 = quartiles(times[""])
+    own = Timing(median * 1e3, (q3 - q1) * 1e3, len(times[""]), 0)
+    return own, {name: ratio(times[name], times[""]) for name in references}
 
 
 def spread_warnings(timings: Mapping[str, Timing], limit: float = SPREAD_WARNING) -> str | None:
@@ -105,12 +211,17 @@ def matmul_call(
 
 
 @functools.cache
+def matmul_timing(device: str, dtype: torch.dtype, size: int = 1024) -> Timing:
+    """The time of one `size` x `size` matmul for `dtype` on `device`, measured once per process
+    (its spread is flagged with the job's other timings)."""
+    dev = torch.device(device)
+    return time_call(matmul_call(size, dev, dtype), dev, min_run_time_s=0.3, warmup=2)
+
+
 def matmul_gflops_per_s(device: str, dtype: torch.dtype, size: int = 1024) -> float:
     """The machine's dense matmul rate (GFLOP/s) for `dtype` on `device`, measured once per process.
 
     The yardstick for achieved FLOP/s: attention is matmul-bound, so a variant's useful FLOP/s
     over this rate says how close it runs to what the hardware gives.
     """
-    dev = torch.device(device)
-    timing = time_call(matmul_call(size, dev, dtype), dev, min_run_time_s=0.3, warmup=2)
-    return 2 * size**3 / (timing.median_ms * 1e-3) / 1e9
+    return 2 * size**3 / (matmul_timing(device, dtype, size).median_ms * 1e-3) / 1e9

@@ -13,11 +13,13 @@ W&B's transaction log: every config, history, summary and exit record of the run
 uploads it later; `analysis.offline_runs` reads it back without any service or account.
 
 One run per configuration of a sweep, and one summary run per sweep, however often the sweep
-is re-run: their ids are derived from the sweep's name (and the configuration's hash), so a
-re-measured configuration *replaces* its offline run (the superseded folder is deleted before
-the new run starts) and *resumes* its online run (`resume="allow"`: the summary is the newest
-measurement's, the history holds every attempt's steps). A job interrupted by Ctrl-C discards
-its run.
+is re-run: their ids are derived from the sweep's name, the sweep dir's identity (a random token
+the first job stores in `<sweep dir>/.sweep_id`; it moves with the dir) and the configuration's
+hash, so a re-measured configuration *replaces* its offline run (the superseded folder is deleted
+before the new run starts) and *resumes* its online run (`resume="allow"`: the summary is the
+newest measurement's, the history holds every attempt's steps), while two sweep dirs of the same
+name sharing one `logger.dir` never touch each other's runs. A job interrupted by Ctrl-C
+discards its run.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import logging
 import os
 import pathlib
 import re
+import secrets
 import shutil
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -44,6 +47,8 @@ MODES = ("online", "offline", "disabled", "dryrun")  # dryrun is W&B's old name 
 STEP_AXIS = "step"  # x-axis of per-step training curves
 SCALING_AXIS = "seq_len"  # x-axis of per-job cost measurements
 MAX_TAG_CHARS = 64  # W&B rejects the whole run for a longer tag
+SWEEP_ID_FILE = ".sweep_id"  # in a sweep dir: the token its W&B run ids carry
+_SWEEP_ID = re.compile(r"[a-z0-9]{8}")
 
 # Why W&B is off for the rest of this process after a failed start (None while it is not): a
 # failure such as no network would otherwise cost every later job of a sweep its init timeout.
@@ -157,9 +162,9 @@ def start_tracker(
     `run_config` is the resolved job config (nested plain mapping); `group` is usually the sweep;
     the run is written under `logger.dir`, or `out_dir` when that is null. Several calls in one
     process (Hydra's basic launcher) each get their own run: a run still open is finished first.
-    With `run_id` (a sweep's job: `run_id(sweep, config_hash)`), offline runs of that id under
-    `logger.dir`, else `replace_in` (the sweep dir), are deleted first, and an online run of
-    that id is resumed.
+    With `run_id` (a sweep's job: `run_id(sweep, config_hash, sweep_dir)`), offline runs of
+    that id under `logger.dir`, else `replace_in` (the sweep dir), are deleted first, and an
+    online run of that id is resumed.
     If W&B fails to start, one warning is logged and W&B stays off for the rest of the process.
     Raises ValueError for a mode W&B does not know.
     """
@@ -190,11 +195,39 @@ def start_tracker(
     return _WandbTracker(run, scaling_metrics, offline=mode != "online")
 
 
-def run_id(sweep: str, key: str) -> str:
-    """The W&B run id of `key` (a config hash, or "summary") in sweep `sweep`: the same at every
-    re-run of the sweep. W&B ids allow letters, digits, `-` and `_`."""
-    slug = re.sub(r"[^A-Za-z0-9_-]+", "-", str(sweep)).strip("-")[:48] or "sweep"
-    return f"{slug}-{key}"
+def run_id(sweep: str, key: str, sweep_dir: pathlib.Path) -> str:
+    """The W&B run id of `key` (a config hash, or "summary") in sweep `sweep` recorded in
+    `sweep_dir`: the same at every re-run of that sweep dir, different in any other (`sweep_id`).
+    W&B ids allow letters, digits, `-` and `_`; this one has at most 62 characters."""
+    slug = re.sub(r"[^A-Za-z0-9_-]+", "-", str(sweep)).strip("-")[:40] or "sweep"
+    return f"{slug}-{sweep_id(sweep_dir)}-{key}"
+
+
+def sweep_id(sweep_dir: pathlib.Path) -> str:
+    """The identity of a sweep dir: 8 random characters in `<sweep_dir>/.sweep_id`, made by the
+    first job that asks (atomically, so parallel jobs agree) and kept for good. A damaged file
+    is replaced, with a warning: the dir's earlier runs are then left as they are."""
+    path = pathlib.Path(sweep_dir) / SWEEP_ID_FILE
+    for _ in range(2):
+        try:
+            token = path.read_text().strip()
+        except FileNotFoundError:
+            token = None
+        if token is not None:
+            if _SWEEP_ID.fullmatch(token):
+                return token
+            log.warning("%s is damaged (%r); the sweep dir gets a new identity", path, token[:20])
+            path.unlink(missing_ok=True)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f"{SWEEP_ID_FILE}.{os.getpid()}.{secrets.token_hex(4)}")
+        tmp.write_text(secrets.token_hex(4) + "\n")
+        try:
+            os.link(tmp, path)  # creates `path` whole, or fails if another job was first
+        except FileExistsError:
+            pass
+        finally:
+            tmp.unlink(missing_ok=True)
+    return path.read_text().strip()
 
 
 def remove_offline_runs(root: pathlib.Path, run_id: str) -> list[pathlib.Path]:
@@ -220,15 +253,15 @@ def log_sweep_summary(
 
     The run has job_type `sweep-summary` and the sweep's `group`; the table is under the key
     `records` (a file `files/<path>` of the run, `path` given in its summary), each figure under
-    `figures/<name>`. One summary run per sweep: a re-run replaces (offline) or resumes (online)
-    the last one. None if W&B is off.
+    `figures/<name>`. One summary run per sweep dir (`out_dir`): a re-run replaces (offline) or
+    resumes (online) the last one. None if W&B is off.
     """
     import wandb
 
     mode = _mode(logger_cfg)
     if mode is None:
         return None
-    summary_id = run_id(group, "summary")
+    summary_id = run_id(group, "summary", out_dir)
     if mode != "online":
         remove_offline_runs(pathlib.Path(logger_cfg.get("dir") or out_dir), summary_id)
     run = _init_run(

@@ -18,16 +18,60 @@ from experiments.tasks import Batch, Task
 
 
 class Diverged(Exception):
-    """The training loss became NaN or infinite."""
+    """The training or evaluation loss, or a float16 job's gradients, became NaN or infinite."""
 
 
 @dataclass
 class TrainResult:
-    train_loss: float  # mean loss over the last eval window of training steps (nats/token)
+    train_loss: float | None  # mean loss over the last eval window of training steps (nats/token)
     eval_loss: float | None
     eval_accuracy: float | None
-    tokens_per_s: float  # training tokens per second of wall time, evaluation excluded
+    tokens_per_s: float | None  # training tokens per second of wall time, evaluation excluded
     steps: int
+    grad_warning: str | None = None  # float16: steps whose gradients were all zero or overflowed
+
+
+class GradientCheck:
+    """float16 gradients, checked every step: all zero (underflow: the step learns nothing) or
+    non-finite. Non-finite gradients are a divergence unless a loss scaler whose scale is still
+    above 1 produced them: it skips that step and lowers its scale, which is its job."""
+
+    def __init__(self, scaler: torch.amp.GradScaler | None):
+        self.scaler = scaler
+        self.zero_steps: list[int] = []
+        self.skipped_steps: list[int] = []
+
+    def check(self, parameters, step: int) -> None:
+        """After backward (and unscaling): note or raise `Diverged` on this step's gradients."""
+        grads = [p.grad for p in parameters if p.grad is not None]
+        largest = torch.stack([g.detach().abs().max().float() for g in grads]).max() if grads else 0
+        largest = float(largest)
+        if math.isfinite(largest):
+            if largest == 0.0:
+                self.zero_steps.append(step)
+            return
+        scale = None if self.scaler is None else float(self.scaler.get_scale())
+        if scale is None or scale <= 1.0:
+            raise Diverged(
+                f"float16 gradients are {largest} at step {step}"
+                + ("" if scale is None else f" (loss scale {scale:g})")
+            )
+        self.skipped_steps.append(step)
+
+    def warning(self, steps: int) -> str | None:
+        """One line naming what was seen over `steps` steps, or None if nothing was."""
+        parts = []
+        if self.zero_steps:
+            parts.append(
+                f"float16 gradients all zero (underflow) at {len(self.zero_steps)} of {steps} "
+                f"steps, first at step {self.zero_steps[0]}"
+            )
+        if self.skipped_steps:
+            parts.append(
+                f"float16 gradients non-finite at {len(self.skipped_steps)} of {steps} steps "
+                f"(skipped by the loss scaler), first at step {self.skipped_steps[0]}"
+            )
+        return "; ".join(parts) or None
 
 
 def lr_at(step: int, *, lr: float, warmup: int, steps: int) -> float:
@@ -98,15 +142,17 @@ def train(
 
     `on_step(metrics, step)` receives `train/loss`, `train/lr` every step and `eval/loss`,
     `eval/accuracy` every `settings.eval_every` steps and at the end. Raises `Diverged` on a
-    NaN/inf loss. Forward passes run under `precision.autocast()`; the parameters and AdamW's
-    state stay in their own (float32) type, and float16 on CUDA scales the loss
-    (`experiments/precision.py`). `settings.curriculum` is the caller's (experiments/measure.py
-    trains each stage with its own `steps`).
+    NaN/inf training or evaluation loss, and in float16 on non-finite gradients (`GradientCheck`;
+    all-zero ones are the result's `grad_warning`). Forward passes run under
+    `precision.autocast()`; the parameters and AdamW's state stay in their own (float32) type,
+    and float16 scales the loss (`experiments/precision.py`). `settings.curriculum` is the
+    caller's (experiments/measure.py trains each stage with its own `steps`).
     """
     steps, lr, warmup = settings.steps, settings.lr, settings.warmup
     eval_every, eval_batches = settings.eval_every, settings.eval_batches
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=settings.weight_decay)
     scaler = precision.grad_scaler()
+    gradients = GradientCheck(scaler) if precision.name == "float16" else None
     model.train()
     recent: list[float] = []
     tokens, train_seconds = 0, 0.0
@@ -126,6 +172,8 @@ def train(
         else:
             scaler.scale(loss).backward()
             scaler.unscale_(optimizer)  # clip the true gradients, not the scaled ones
+        if gradients is not None:
+            gradients.check(model.parameters(), step)
         if settings.grad_clip:
             nn.utils.clip_grad_norm_(model.parameters(), settings.grad_clip)
         if scaler is None:
@@ -144,13 +192,16 @@ def train(
         last = step == steps - 1
         if last or (eval_every and (step + 1) % eval_every == 0):
             eval_loss, eval_accuracy = evaluate(model, task, device, eval_batches, precision)
+            if not math.isfinite(eval_loss):  # recorded as null, it would read "not measured"
+                raise Diverged(f"eval_loss is {eval_loss} after {step + 1} training steps")
             metrics.update({"eval/loss": eval_loss, "eval/accuracy": eval_accuracy})
         if on_step is not None:
             on_step(metrics, step)
     return TrainResult(
-        train_loss=sum(recent) / len(recent) if recent else float("nan"),
+        train_loss=sum(recent) / len(recent) if recent else None,
         eval_loss=eval_loss,
         eval_accuracy=eval_accuracy if task.has_accuracy else None,
-        tokens_per_s=tokens / train_seconds if train_seconds else float("nan"),
+        tokens_per_s=tokens / train_seconds if train_seconds else None,
         steps=steps,
+        grad_warning=None if gradients is None else gradients.warning(steps),
     )

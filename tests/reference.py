@@ -145,3 +145,116 @@ def block_table_rule(table, block):
 
 def union_rule(*rules):
     return lambda i, j: any(rule(i, j) for rule in rules)
+
+
+# --- MoBA, NSA, DeltaNet: per-query rules written from the issue's definitions, on explicit
+# scores (fp64, short lengths), nothing from variants.
+
+
+def moba_mask(q, k, block, top_k, causal):
+    """(B, H, L, L) bool: MoBA's keys per query. Causally query i scores every block ending
+    before its own block by q_i . (mean of the block's keys), keeps the top_k - 1 best (all if
+    fewer) and its own block up to i; bidirectionally every other block is a candidate (a short
+    block scored by the mean of its real keys) and its own block is whole."""
+    batch, heads, length, _ = q.shape
+    starts = list(range(0, length, block))
+    means = torch.stack([k[:, :, s : s + block].mean(dim=2) for s in starts], dim=2)
+    mask = torch.zeros(batch, heads, length, length, dtype=torch.bool)
+    for i in range(length):
+        own = i // block
+        candidates = [c for c in range(len(starts)) if (c < own if causal else c != own)]
+        for b in range(batch):
+            for h in range(heads):
+                scores = [float(q[b, h, i] @ means[b, h, c]) for c in candidates]
+                ranked = [c for _, c in sorted(zip(scores, candidates, strict=True), reverse=True)]
+                for c in ranked[: top_k - 1]:
+                    mask[b, h, i, c * block : (c + 1) * block] = True
+                end = i + 1 if causal else (own + 1) * block
+                mask[b, h, i, own * block : end] = True
+    return mask
+
+
+def nsa_reference(q, k, v, gates, block, n_select, window, compress_keys, compress_values):
+    """NSA's three branches on explicit scores (scale 1/sqrt(d)), gated and summed.
+
+    compress_keys/values: (B, H, L, D) -> (B, H, n, D) block summaries (the test gives the
+    mean, or the module's MLP written out); gates: (B, H, L, 3). Compressed: blocks with
+    (c + 1) b - 1 <= i (none: 0). Selected: own block (causal) plus the n_select - 1 blocks
+    before it with the largest compressed-branch probability. Window: i - window < j <= i.
+    """
+    batch, heads, length, dim = q.shape
+    scale = dim**-0.5
+    ck, cv = compress_keys(k), compress_values(v)  # (B, H, n, D)
+    n = ck.shape[2]
+    out = torch.zeros_like(q)
+    for b in range(batch):
+        for h in range(heads):
+            for i in range(length):
+                qi = q[b, h, i]
+                visible = [c for c in range(n) if (c + 1) * block - 1 <= i]
+                o_cmp = torch.zeros_like(qi)
+                probs = {}
+                if visible:
+                    s = torch.stack([qi @ ck[b, h, c] for c in visible]) * scale
+                    p = torch.softmax(s, dim=0)
+                    o_cmp = p @ cv[b, h, visible]
+                    probs = {c: float(p[j].detach()) for j, c in enumerate(visible)}
+                own = i // block
+                others = [c for c in visible if c != own]
+                ranked = sorted(others, key=lambda c: probs[c], reverse=True)[: n_select - 1]
+                keys = [j for c in ranked for j in range(c * block, (c + 1) * block)]
+                keys += list(range(own * block, i + 1))
+                o_sel = dense_softmax_row(qi, k[b, h, keys], v[b, h, keys], scale)
+                keys = list(range(max(0, i - window + 1), i + 1))
+                o_win = dense_softmax_row(qi, k[b, h, keys], v[b, h, keys], scale)
+                g = gates[b, h, i]
+                out[b, h, i] = g[0] * o_cmp + g[1] * o_sel + g[2] * o_win
+    return out
+
+
+def dense_softmax_row(qi, keys, values, scale):
+    """softmax(scale keys qi) values for one query: (D,), (n, D), (n, D) -> (D,)."""
+    return torch.softmax((keys @ qi) * scale, dim=0) @ values
+
+
+def delta_rule_recurrent(q, k, v, beta):
+    """DeltaNet position by position: unit q, k; S_t = S_{t-1}(I - b k k^T) + b v k^T,
+    o_t = S_t q_t. q, k, v: (B, H, L, D); beta: (B, H, L)."""
+    q = q / q.norm(dim=-1, keepdim=True).clamp_min(1e-12)
+    k = k / k.norm(dim=-1, keepdim=True).clamp_min(1e-12)
+    batch, heads, length, dim = q.shape
+    state = q.new_zeros(batch, heads, dim, dim)
+    eye = torch.eye(dim, dtype=q.dtype)
+    outs = []
+    for t in range(length):
+        kt, vt, bt = k[:, :, t], v[:, :, t], beta[:, :, t, None, None]
+        outer = kt[..., :, None] * kt[..., None, :]  # (B, H, D, D)
+        state = state @ (eye - bt * outer) + bt * vt[..., :, None] * kt[..., None, :]
+        outs.append((state @ q[:, :, t, :, None]).squeeze(-1))
+    return torch.stack(outs, dim=2)
+
+
+class Gated(torch.nn.Module):
+    """A kernel called as kernel(q, k, v): a gated one (spec `n_gates`) gets fixed gates,
+    sigmoid(N(0, 1)) drawn from `seed` for the inputs' (B, H, L), the same on every call, so
+    causality and device tests compare like with like; others are called as they are.
+    Attributes other than `kernel` are the kernel's."""
+
+    def __init__(self, kernel, seed=0):
+        super().__init__()
+        self.kernel = kernel
+        self.seed = seed
+
+    def forward(self, q, k, v):
+        if not self.kernel.n_gates:
+            return self.kernel(q, k, v)
+        g = torch.Generator().manual_seed(self.seed)
+        noise = torch.randn(*q.shape[:3], self.kernel.n_gates, generator=g, dtype=torch.float64)
+        gates = torch.sigmoid(noise).to(device=q.device, dtype=q.dtype)
+        return self.kernel(q, k, v, gates=gates)
+
+    def __getattr__(self, name):
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            return getattr(self._modules["kernel"], name)

@@ -62,6 +62,10 @@ class SelfAttention(nn.Module):
     (strided, compressed, linformer) receive the normalised keys and keep their own masks, self
     included.
 
+    Gates (a variant whose spec declares `n_gates`: NSA's branch gates, DeltaNet's beta): a
+    projection of the token to (B, H, L, n_gates) and a sigmoid, passed as
+    `kernel(q, k, v, gates=g)`, as the papers compute them from the layer's input.
+
     Dropout is applied to the output projection (residual dropout); kernels have no attention-
     probability dropout.
 
@@ -86,6 +90,8 @@ class SelfAttention(nn.Module):
         self.qkv = nn.Linear(config.d_model, n_projections * config.d_model)
         self.out = nn.Linear(config.d_model, config.d_model)
         self.dropout = nn.Dropout(config.dropout)
+        n_gates = config.spec.n_gates
+        self.gates = nn.Linear(config.d_model, config.n_heads * n_gates) if n_gates else None
         self.head_groups = min(config.attention_chunks, config.n_heads)
 
     def replacement_kernel(self, spec: AttentionSpec, options: Mapping[str, Any]) -> Attention:
@@ -94,17 +100,25 @@ class SelfAttention(nn.Module):
         can then be evaluated with another kernel (`TransformerLM.kernels_replaced`). Raises as
         the constructor does."""
         kernel = build_kernel(self.config, spec, options)
+        if kernel.n_gates != self.config.spec.n_gates:
+            raise ValueError(
+                f"{OWNER}: attention {spec.name!r} takes {kernel.n_gates} gates per token, this "
+                f"layer was built with {self.config.spec.n_gates} (option 'n_gates')"
+            )
         reference = self.out.weight
         return kernel.to(device=reference.device, dtype=reference.dtype).train(self.training)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: (B, L, d_model) -> (B, L, d_model)."""
-        if self.head_groups > 1 and self.kernel.independent_heads:
+        if self.head_groups > 1 and self.kernel.independent_heads and self.gates is None:
             return self.dropout(self._by_head_groups(x))
         batch, length, d_model = x.shape
         q, k, v = self._queries_keys_values(self.qkv(x))  # each (B, L, d_model)
         q, k, v = self._heads(q), self._heads(k), self._heads(v)  # each (B, H, L, head_dim)
-        y = self.kernel(q, k, v)  # (B, H, L, head_dim)
+        gates = None
+        if self.gates is not None:
+            gates = torch.sigmoid(self._heads(self.gates(x)))  # (B, H, L, n_gates)
+        y = self.kernel(q, k, v, gates=gates)  # (B, H, L, head_dim)
         y = y.transpose(1, 2).reshape(batch, length, d_model)  # (B, L, d_model)
         return self.dropout(self.out(y))
 
@@ -137,7 +151,7 @@ class SelfAttention(nn.Module):
         rows = torch.cat([columns + p * d_model for p in range(n_projections)])
         projected = F.linear(x, self.qkv.weight[rows], self.qkv.bias[rows])  # (B, L, P*G*hd)
         q, k, v = self._queries_keys_values(projected, len(group))  # each (B, L, G*head_dim)
-        q, k, v = self._heads(q), self._heads(k), self._heads(v)  # each (B, G, L, head_dim)
+        q, k, v = (self._heads(x, len(group)) for x in (q, k, v))  # each (B, G, L, head_dim)
         y = self.kernel(q, k, v)  # (B, G, L, head_dim)
         y = y.transpose(1, 2).reshape(batch, length, -1)  # (B, L, G*head_dim)
         return F.linear(y, self.out.weight[:, columns])  # (B, L, d_model)
@@ -156,9 +170,9 @@ class SelfAttention(nn.Module):
         q_heads = q.unflatten(-1, (n_heads, self.head_dim))  # (B, L, H, head_dim)
         return q, shared_qk_keys(q_heads).flatten(-2), v
 
-    def _heads(self, x: torch.Tensor) -> torch.Tensor:
-        # (B, L, H head_dim) -> (B, H, L, head_dim), H all heads or a group's
-        return x.unflatten(-1, (-1, self.head_dim)).transpose(1, 2)
+    def _heads(self, x: torch.Tensor, n_heads: int | None = None) -> torch.Tensor:
+        # (B, L, H * E) -> (B, H, L, E), H all heads or `n_heads` (a group's)
+        return x.unflatten(-1, (n_heads or self.n_heads, -1)).transpose(1, 2)
 
 
 def _replay_on_recompute():

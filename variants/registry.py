@@ -36,6 +36,8 @@ class AttentionSpec:
     causal_supported: bool
     shared_qk_required: bool
     bounded_length: bool  # True if `max_seq_len` is a hard limit (learned per-position weights)
+    bidirectional_supported: bool  # False: causal only (causal=False is refused)
+    n_gates: int  # per-token gates the layer projects and passes as attn(q, k, v, gates=g)
     time_complexity: str
     memory_complexity: str
     preset: dict[str, Any] = field(default_factory=dict)  # a preset's own defaults
@@ -81,6 +83,12 @@ class AttentionSpec:
                 f"attention {self.name!r} does not support option causal=True: "
                 f"{self.cls.causal_reason}"
             )
+        causal = (self.preset | options).get("causal", self.defaults.get("causal", False))
+        if not causal and not self.bidirectional_supported:
+            raise UnsupportedCombination(
+                f"attention {self.name!r} does not support option causal=False: "
+                f"{self.cls.bidirectional_reason}"
+            )
         return self.cls(**(self.preset | options))
 
 
@@ -105,6 +113,8 @@ def _spec(name: str, cls: type, preset: dict[str, Any], summary: str | None) -> 
         causal_supported=cls.causal_supported,
         shared_qk_required=cls.shared_qk_required,
         bounded_length=cls.bounded_length,
+        bidirectional_supported=cls.bidirectional_supported,
+        n_gates=cls.n_gates,
         time_complexity=cls.time_complexity,
         memory_complexity=cls.memory_complexity,
         preset=preset,
@@ -148,7 +158,11 @@ def registry_table() -> str:
         needs = ", ".join(f"`{k}`" for k in spec.model_options if k != "causal")
         if needs:
             options += f"; model: {needs}"
+        if spec.n_gates:
+            options += f"; gates: {spec.n_gates} per head and token"
         causal = "yes" if spec.causal_supported else "no"
+        if not spec.bidirectional_supported:
+            causal = "only"
         exact = "exact" if spec.exact else "approximate"
         if spec.shared_qk_required:
             exact += " (shared QK)"

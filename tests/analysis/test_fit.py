@@ -96,3 +96,18 @@ def test_reference_failure_beyond_the_common_lengths():
 def test_no_overlap():
     crossover = fit.crossover_length([256.0], [1.0], [512.0], [1.0])
     assert crossover.kind == fit.NO_OVERLAP and str(crossover) == "n/a"
+
+
+def test_a_crossover_from_in_job_speedups_is_log_interpolated():
+    # Speed-ups 0.8 at 512 and 1.25 at 1024: log speed-up -0.22 and +0.22, so 1 halfway in log L.
+    lengths, speedups = [256, 512, 1024, 2048], [0.5, 0.8, 1.25, 2.0]
+    crossed = fit.crossover_from_speedups(lengths, speedups, [0.1] * 4)
+    assert crossed.kind == fit.CROSSED and crossed.length == pytest.approx((512 * 1024) ** 0.5)
+    assert not crossed.uncertain and str(crossed) == "724"
+    # The spread at a length around the crossing is wider than its distance to 1 (0.2).
+    shaky = fit.crossover_from_speedups(lengths, speedups, [0.0, 0.3, 0.0, 0.0])
+    assert shaky.uncertain and str(shaky) == "≈724 (uncertain)"
+    assert fit.crossover_from_speedups([256, 512], [1.5, 2.0]).kind == fit.ALWAYS_FASTER
+    never = fit.crossover_from_speedups([256, 512], [0.5, 0.9], [0.0, 0.2])
+    assert (never.kind, never.length, str(never)) == (fit.NEVER, 512, ">512 (uncertain)")
+    assert fit.crossover_from_speedups([], []).kind == fit.NO_OVERLAP

@@ -109,3 +109,34 @@ def test_the_report_opens_with_the_headline_and_takes_quality_from_the_other_fra
     assert "### accuracy_vs_seq_len" in text  # and its figures
     alone = report.markdown(_cost())
     assert "Trained quality" not in alone and "### accuracy_vs_seq_len" not in alone
+
+
+def _with_speedups(speedups, spreads):
+    """_cost(), blockwise's records carrying in-job speed-ups over SDPA that disagree with the
+    times of exact attention's own jobs (those would cross at 1000)."""
+    frame = _cost()
+    rows = (frame["attention"] == "blockwise").to_numpy()
+    for column, values in (("speedup_vs_sdpa", speedups), ("speedup_vs_sdpa_iqr", spreads)):
+        frame[column] = float("nan")
+        frame.loc[rows, column] = [values[L] for L in frame.loc[rows, "seq_len"]]
+    return frame
+
+
+def test_the_crossover_comes_from_the_in_job_speedups():
+    # Slower at 256 and 1024 (0.5, 0.8), faster at 4096 (1.25): log-interpolated, the speed-up
+    # crosses 1 halfway between 1024 and 4096 in log L, at 2048.
+    frame = _with_speedups({256: 0.5, 1024: 0.8, 4096: 1.25}, {256: 0.1, 1024: 0.1, 4096: 0.1})
+    (bullet,) = [line for line in headline.headline(frame) if line.startswith("- ")]
+    assert bullet.startswith("- **blockwise**: faster than SDPA from L≈2,048,")
+    assert "uncertain" not in bullet
+    assert "| 2,048 |" in report.markdown(frame)  # the per-variant table agrees
+
+
+def test_a_spread_wider_than_the_distance_to_one_makes_the_crossover_uncertain():
+    frame = _with_speedups({256: 0.5, 1024: 0.8, 4096: 1.25}, {256: 0.1, 1024: 0.3, 4096: 0.1})
+    (bullet,) = [line for line in headline.headline(frame) if line.startswith("- ")]
+    assert "faster than SDPA from L≈2,048 (uncertain: timing spread)" in bullet
+    # A spread far from the crossing does not matter.
+    frame = _with_speedups({256: 0.5, 1024: 0.8, 4096: 1.25}, {256: 0.9, 1024: 0.1, 4096: 0.1})
+    (bullet,) = [line for line in headline.headline(frame) if line.startswith("- ")]
+    assert "uncertain" not in bullet

@@ -7,7 +7,14 @@ import dataclasses
 import pytest
 
 import variants
-from experiments.config import BudgetConfig, JobConfig, MeasureConfig, TrainConfig
+from experiments.config import (
+    BudgetConfig,
+    JobConfig,
+    MeasureConfig,
+    TrainConfig,
+    added_keys,
+    check_added_keys,
+)
 
 
 def test_every_key_of_the_default_config_has_a_typed_home(resolved_config):
@@ -67,3 +74,21 @@ def test_settings_stay_as_written():
         matmul_size=64,
     )
     assert type(measure.min_run_time_s) is int
+
+
+def test_only_top_level_keys_the_command_line_adds_are_unknown():
+    groups = ["attention", "block", "task", "logger", "experiment", "hydra/launcher"]
+    overrides = ["+experiment=quality_speed", "train_as=lsh-2", "+seqlen=128", "+model.x=1"]
+    assert added_keys(overrides, groups) == ["seqlen"]  # groups, set and nested keys are not
+    assert added_keys(["++seqlen=128", "seq_len=64"], groups) == []  # ++ adds on purpose
+    check_added_keys({"seq_len": 1, "seed": 0}, [])
+    with pytest.raises(ValueError, match=r"'seqlen' \(added with \+seqlen=\) .* 'seq_len'\?"):
+        check_added_keys({"seq_len": 1, "seed": 0, "seqlen": 128}, ["seqlen"])
+    with pytest.raises(ValueError, match="top-level options: seed, seq_len"):
+        check_added_keys({"seq_len": 1, "seed": 0, "zzz": 1}, ["zzz"])
+
+
+def test_keys_a_preset_declares_are_not_added_keys(resolved_config):
+    config = resolved_config("+experiment=quality_speed", "train_as=lsh-2")
+    assert config["train_as"] == "lsh-2" and config["attention"]["name"] == "lsh"
+    JobConfig.of(config)  # and the job's config is valid

@@ -90,3 +90,47 @@ def test_each_stage_is_recorded_as_its_own_configuration(resolved_config, tmp_pa
     assert all(r["attention"] == rec["attention"] and r["git_commit"] for r in stage_records)
     gathered = store.gather(tmp_path)
     assert sorted(gathered["seq_len"]) == [16, 32, 64]
+
+
+def test_a_displaced_job_takes_its_stage_records_with_it(resolved_config, tmp_path):
+    """Scenario 1: sweep seed=0,1 with a curriculum, re-run as seed=2,0 into the same dir. Job
+    0's record moved to `displaced/` but its stage record was overwritten: 6 configurations
+    measured, 5 in results.csv. Now the stages move with their job's record."""
+    sweep_dir, schedule = tmp_path / "sweep", "train.curriculum=[{seq_len:32,steps:1}]"
+    first = resolved_config(*TINY, schedule, "train.steps=1", "seed=0")
+    rec0 = run.run_job(first, sweep_dir / "0", job="0", sweep_dir=sweep_dir)
+    stage0 = json.loads((sweep_dir / "0" / "stages" / "32" / "result.json").read_text())
+    second = resolved_config(*TINY, schedule, "train.steps=1", "seed=2")
+    rec2 = run.run_job(second, sweep_dir / "0", job="0", sweep_dir=sweep_dir)
+    moved = sweep_dir / "0" / "displaced" / rec0["config_hash"]
+    assert json.loads((moved / "result.json").read_text()) == rec0
+    assert json.loads((moved / "stages" / "32" / "result.json").read_text()) == stage0
+    gathered = store.gather(sweep_dir)
+    assert len(gathered) == 4 and set(gathered["status"]) == {"ok"}
+    assert {rec0["config_hash"], rec2["config_hash"], stage0["config_hash"]} <= set(
+        gathered["config_hash"]
+    )
+    # Resume still finds the displaced configuration: it is not measured again.
+    assert run.run_job(first, sweep_dir / "1", job="1", sweep_dir=sweep_dir) is None
+
+
+def test_a_stage_record_of_another_configuration_is_displaced_not_overwritten(
+    resolved_config, tmp_path
+):
+    """A job dir whose own record was lost keeps its stage records: a stage of another
+    configuration at the same length moves to `displaced/` beside it."""
+    schedule = "train.curriculum=[{seq_len:32,steps:1}]"
+    first = resolved_config(*TINY, schedule, "train.steps=1", "seed=0")
+    run.run_job(first, tmp_path / "0", job="0", sweep_dir=None)
+    stage_path = tmp_path / "0" / "stages" / "32" / "result.json"
+    stage0 = json.loads(stage_path.read_text())
+    (tmp_path / "0" / "result.json").unlink()  # e.g. killed before its last stage ended
+    run.run_job(
+        resolved_config(*TINY, schedule, "train.steps=1", "seed=1"),
+        tmp_path / "0",
+        job="0",
+        sweep_dir=None,
+    )
+    moved = stage_path.parent / "displaced" / stage0["config_hash"] / "result.json"
+    assert json.loads(moved.read_text()) == stage0
+    assert json.loads(stage_path.read_text())["config_hash"] != stage0["config_hash"]

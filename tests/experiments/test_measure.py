@@ -43,6 +43,14 @@ KERNEL = {
     "attn_fwd_bwd_gflops_per_s",
     "attn_fwd_bwd_matmul_fraction",
 }
+# measure.speedup_vs=[sdpa] (the default): the kernel against SDPA in alternating rounds.
+SPEEDUPS = {
+    "speedup_vs_sdpa",
+    "speedup_vs_sdpa_iqr",
+    "fwd_speedup_vs_sdpa",
+    "fwd_speedup_vs_sdpa_iqr",
+    "speedup_rounds",
+}
 SHAPE = (1, 2, 128, 16)  # (B, H, L, D)
 
 
@@ -50,7 +58,7 @@ def test_measure_returns_every_column_with_consistent_units(job_config):
     config = job_config(*TINY, "attention=blockwise", "attention.block_size=16")
     steps = []
     columns = measure.measure(config, measure.setup(config), on_step=lambda m, s: steps.append(s))
-    assert set(columns) == ALWAYS | TRAINING | KERNEL | {
+    assert set(columns) == ALWAYS | TRAINING | KERNEL | SPEEDUPS | {
         "step_ms",
         "step_iqr_ms",
         "peak_memory_bytes",
@@ -191,13 +199,63 @@ def test_a_forward_only_kernel_is_timed_forward(job_config, monkeypatch):
         "measure.memory=false",
     )
     columns = measure.measure(config, measure.setup(config))
-    assert columns["attn_fwd_ms"] > 0 and math.isnan(columns["attn_fwd_bwd_ms"])
+    assert (
+        columns["attn_fwd_ms"] > 0 and columns["attn_fwd_bwd_ms"] is None
+    )  # not measured, not NaN
     assert columns["approx_rel_error"] > 0
+
+
+def test_the_kernel_is_timed_in_rounds_against_exact_attention_of_its_own_kind(
+    job_config, monkeypatch
+):
+    config = job_config(
+        *TINY,
+        "attention=linformer",
+        "model.causal=false",
+        "train.steps=0",
+        "measure.step=false",
+        "measure.memory=false",
+        "measure.approx_error=false",
+        "measure.speedup_vs=[sdpa,math]",
+    )
+    built = measure.setup(config)
+    references = []
+    build = variants.build_attention
+
+    def recorded(name, **options):
+        references.append((name, options))
+        return build(name, **options)
+
+    monkeypatch.setattr(variants, "build_attention", recorded)
+    columns = measure.measure(config, built)
+    # A bidirectional kernel against bidirectional exact attention: SDPA forward, then SDPA
+    # and the O(L²) form forward+backward.
+    assert references == [
+        ("full", {"causal": False, "impl": "sdpa"}),
+        ("full", {"causal": False, "impl": "sdpa"}),
+        ("full", {"causal": False, "impl": "math"}),
+    ]
+    assert columns["speedup_rounds"] == config.measure.rounds == 5
+    for name in ("speedup_vs_sdpa", "fwd_speedup_vs_sdpa", "speedup_vs_math"):
+        assert math.isfinite(columns[name]) and columns[name] > 0, name
+        assert columns[f"{name}_iqr"] >= 0 and record.column(name) is not None
+    assert columns["attn_fwd_ms"] > 0 and columns["attn_fwd_bwd_ms"] > 0
+
+
+def test_setup_rejects_an_unknown_speedup_reference(job_config):
+    with pytest.raises(ValueError, match=r"'measure.speedup_vs' must list .* sdpa, math"):
+        measure.setup(job_config(*TINY, "measure.speedup_vs=[flash]"))
 
 
 @pytest.mark.parametrize(
     "override",
-    ["measure.approx_seeds=0", "train.eval_batches=0", "measure.matmul_size=0", "train.steps=-1"],
+    [
+        "measure.rounds=0",
+        "measure.approx_seeds=0",
+        "train.eval_batches=0",
+        "measure.matmul_size=0",
+        "train.steps=-1",
+    ],
 )
 def test_setup_rejects_non_positive_measurement_sizes(job_config, override):
     with pytest.raises(ValueError, match=override.split("=")[0].split(".")[-1]):
@@ -296,3 +354,39 @@ def test_a_widely_spread_figure_is_flagged():
 def test_matmul_rate_is_positive_and_measured_once_per_process():
     first = timing.matmul_gflops_per_s("cpu", torch.float32, 64)
     assert first > 0 and timing.matmul_gflops_per_s("cpu", torch.float32, 64) == first
+
+
+def test_a_widely_spread_matmul_rate_is_flagged_like_every_timing(job_config, monkeypatch):
+    """Scenario 9: the matmul rate every achieved rate is divided by was timed once and its
+    spread never flagged."""
+    noisy = timing.Timing(median_ms=1.0, iqr_ms=0.9, blocks=5, calls_per_block=1)
+    monkeypatch.setattr(measure, "matmul_timing", lambda *args: noisy)
+    config = job_config(*TINY, "train.steps=0", *conftest.MEASURE_NOTHING)
+    columns = measure.measure(config, measure.setup(config))
+    assert (
+        columns["timing_warning"] == "matmul_peak_gflops_per_s IQR 90% of its median over 5 blocks"
+    )
+
+
+def test_a_float16_job_checks_its_gradients_every_step_and_records_a_warning(
+    job_config, monkeypatch
+):
+    from experiments import train
+
+    checked, real_check = [], train.GradientCheck.check
+
+    def check(self, parameters, step):
+        checked.append((step, self.scaler is not None))
+        real_check(self, parameters, step)
+        if step == 1:
+            self.zero_steps.append(step)  # as if this step's gradients had underflowed
+
+    monkeypatch.setattr(train.GradientCheck, "check", check)
+    config = job_config(*TINY, "dtype=float16", *conftest.MEASURE_NOTHING)
+    columns = measure.measure(config, measure.setup(config))
+    assert checked == [(0, True), (1, True)]  # every step, with a loss scaler (CPU too)
+    assert columns["precision"] == "fp16-mixed" and math.isfinite(columns["eval_loss"])
+    assert "all zero (underflow) at 1 of 2 steps, first at step 1" in columns["grad_warning"]
+    float32 = job_config(*TINY, *conftest.MEASURE_NOTHING)
+    checked.clear()
+    assert "grad_warning" not in measure.measure(float32, measure.setup(float32)) and not checked

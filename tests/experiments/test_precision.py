@@ -54,10 +54,11 @@ def test_the_kernels_run_in_the_half_type_under_autocast(job_config):
     assert seen == [(torch.bfloat16, torch.bfloat16)]
 
 
-def test_only_float16_on_cuda_scales_the_loss_and_bad_names_are_refused():
+def test_only_float16_scales_the_loss_on_any_device_and_bad_names_are_refused():
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
-    assert Precision.of("float16", cpu).grad_scaler() is None
+    assert Precision.of("float16", cpu).grad_scaler().is_enabled()  # methods: fp16 needs a scaler
     assert Precision.of("bfloat16", cuda).grad_scaler() is None
+    assert Precision.of("float32", cpu).grad_scaler() is None
     with warnings.catch_warnings():  # "CUDA is not available. Disabling." on a CPU machine
         warnings.simplefilter("ignore", UserWarning)
         assert Precision.of("float16", cuda).grad_scaler() is not None

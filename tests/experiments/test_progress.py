@@ -55,6 +55,13 @@ def test_each_job_says_how_far_the_sweep_is_and_what_is_left(tmp_path, monkeypat
     assert json.loads(clock.path.read_text())["total"] == 4
 
 
+@pytest.mark.parametrize("text", ["[]", "{}", '{"started": "soon"}', "nul"])
+def test_a_damaged_sweep_clock_gives_no_line_and_no_failure(tmp_path, text):
+    clock = progress.SweepClock(tmp_path)
+    clock.path.write_text(text)
+    assert clock.line("0", ["seed=0"]) is None
+
+
 @pytest.mark.parametrize("setting", ["true", "false"])
 def test_training_shows_a_bar_only_when_on(resolved_config, capfd, setting):
     config = resolved_config(

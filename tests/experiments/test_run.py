@@ -185,7 +185,8 @@ def test_offline_wandb_runs_hold_the_same_config_and_summary(wandb_sweep):
         expected = {k: v for k, v in rec.items() if v is not None and k != "offline_run_dir"}
         assert {k: run["summary"].get(k) for k in expected} == expected
         assert (run["group"], run["name"]) == ("runner-test", f"{job}-{rec['config_hash']}")
-        assert run["run_id"] == f"runner-test-{rec['config_hash']}"  # the same at every re-run
+        token = (wandb_sweep / ".sweep_id").read_text().strip()  # the sweep dir's identity
+        assert run["run_id"] == f"runner-test-{token}-{rec['config_hash']}"  # same at re-runs
         assert run["exit_code"] == 0
         assert [row["step"] for row in run["history"] if "train/loss" in row] == [0, 1]
     summary_runs = offline_runs.find_offline_runs(wandb_sweep / "wandb")
@@ -229,11 +230,16 @@ def test_killed_sweep_resumes_with_only_the_missing_jobs(cli, tmp_path):
     assert sorted(frame["seq_len"]) == [64, 96, 128, 160] and set(frame["status"]) == {"ok"}
 
 
-def test_an_unreadable_record_is_measured_again_and_says_so(resolved_config, tmp_path, caplog):
+@pytest.mark.parametrize("text", ['{"status": "ok", "config_ha', "[]"])  # cut short; no object
+def test_an_unreadable_record_is_measured_again_and_says_so(
+    resolved_config, tmp_path, caplog, text
+):
     sweep_dir = tmp_path / "sweep"
     path = sweep_dir / "0" / "result.json"
     path.parent.mkdir(parents=True)
-    path.write_text('{"status": "ok", "config_ha')  # cut short
+    path.write_text(text)
+    (sweep_dir / "1").mkdir()
+    (sweep_dir / "1" / "result.json").write_text(text)  # another job's: resume reads it too
     config = resolved_config(*TINY, *QUICK)
     with caplog.at_level(logging.WARNING, logger="attnbench"):
         rec = run.run_job(config, path.parent, job="0", sweep_dir=sweep_dir)
@@ -252,6 +258,44 @@ def test_sweep_with_a_value_inserted_first_runs_only_it(cli, tmp_path):
 
 
 # --- Failures are data ------------------------------------------------------------------------
+
+
+def test_a_run_whose_eval_loss_is_not_finite_is_diverged(resolved_config, tmp_path):
+    """Scenario 4: `train.steps=1 train.lr=1e30` was recorded ok with eval_loss null."""
+    config = resolved_config(*TINY, *QUICK, "train.steps=1", "train.lr=1e30")
+    rec = run.run_job(config, tmp_path / "0", job="0", sweep_dir=None)
+    assert rec["status"] == "diverged", rec["error"]
+    assert rec["error"].startswith("Diverged: eval_loss is nan after 1 training steps")
+
+
+def test_any_non_finite_measured_float_is_diverged_naming_it(
+    resolved_config, tmp_path, monkeypatch
+):
+    real = run.measure.measure
+    monkeypatch.setattr(
+        run.measure, "measure", lambda *a, **k: {**real(*a, **k), "approx_rel_error": math.inf}
+    )
+    config = resolved_config(*TINY, *QUICK, "train.steps=1")
+    rec = run.run_job(config, tmp_path / "0", job="0", sweep_dir=None)
+    assert (rec["status"], rec["error"]) == (
+        "diverged",
+        "Diverged: non-finite approx_rel_error=inf",
+    )
+    assert rec["train_loss"] > 0  # the finite figures are kept
+    assert json.loads((tmp_path / "0" / "result.json").read_text())["approx_rel_error"] is None
+
+
+def test_a_top_level_key_added_on_the_command_line_is_an_error_naming_the_nearest(
+    resolved_config, tmp_path
+):
+    """Scenario 7: `+seqlen=128` was hashed, recorded and measured at the default length."""
+    config = resolved_config(*TINY, *QUICK, "+seqlen=128")
+    rec = run.run_job(config, tmp_path / "0", job="0", sweep_dir=None, added=["seqlen"])
+    assert rec["status"] == "error"
+    assert (
+        "option 'seqlen' (added with +seqlen=) is unknown; did you mean 'seq_len'?"
+        in (rec["error"])
+    )
 
 
 @pytest.mark.slow
@@ -368,6 +412,7 @@ BAD_RUNS = {
         ["unknown attention variant 'nope'", "available:", "full", "lsh"],
     ),
     "causal_linformer": (["attention=linformer", "model.causal=true"], ["linformer", "causal"]),
+    "unknown_top_level_key": (["+seqlen=128"], ["'seqlen'", "did you mean 'seq_len'?"]),
     "negative_block_size": (
         ["attention=blockwise", "attention.block_size=-1"],
         ["blockwise", "block_size", "positive"],

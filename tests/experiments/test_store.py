@@ -88,7 +88,8 @@ def test_write_results_writes_csv_and_typed_parquet(tmp_path):
     assert list(csv["config_hash"]) == list(parquet["config_hash"]) == list(frame["config_hash"])
     assert sorted(parquet["attention.stride"].astype(str)) == ["64", "8", "auto"]
     assert parquet["attn_fwd_ms"].dtype.kind == "f"
-    assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".")]
+    # No temporary file is left beside the results; the lock file stays.
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == [store.LOCK]
 
 
 def test_parquet_columns_have_the_schemas_types_and_unmixed_config_keys_keep_theirs(tmp_path):
@@ -107,7 +108,8 @@ def test_parquet_columns_have_the_schemas_types_and_unmixed_config_keys_keep_the
     assert parquet.loc["ccc", "attention.seed"] == 3 and pd.isna(
         parquet.loc["bbb", "attention.seed"]
     )
-    assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".")]
+    # No temporary file is left beside the results; the lock file stays.
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == [store.LOCK]
 
 
 def test_format_records_shows_headline_columns_with_memory_in_mib():
@@ -173,3 +175,78 @@ def test_gather_callback_runs_when_every_job_failed(tmp_path, statuses):
     )
     store.GatherResults().on_multirun_end(config=config)
     assert sorted(pd.read_csv(tmp_path / "results.csv")["status"]) == sorted(statuses)
+
+
+# --- Issue 26: damaged records and parallel gathering -------------------------------------------
+
+
+@pytest.mark.parametrize("text", ["[]", "3", '"ok"', "null"])
+def test_a_record_that_is_not_a_json_object_is_unreadable_not_fatal(tmp_path, text):
+    """Scenario 2: `[]` in one result.json used to fail every job of the next sweep."""
+    put(tmp_path, 0, rec("aaa"))
+    (tmp_path / "1").mkdir()
+    (tmp_path / "1" / "result.json").write_text(text)
+    records, unreadable = store.read_records(tmp_path)
+    assert [r["config_hash"] for r in records] == ["aaa"]
+    assert [(bad.path.parent.name, "not a JSON object" in bad.reason) for bad in unreadable] == [
+        ("1", True)
+    ]
+    assert store.find_ok_record(tmp_path, "aaa") == tmp_path / "0" / "result.json"
+    assert store.find_ok_record(tmp_path, "bbb") is None
+    assert list(store.write_results(tmp_path)["config_hash"]) == ["aaa"]
+
+
+def test_parallel_gathers_never_leave_a_table_missing_a_record(tmp_path, monkeypatch):
+    """Scenario 6: job A gathers (1 record), job B writes its record and gathers (2), B writes
+    results.csv, then A writes its older table over it. Under the lock B waits for A."""
+    import threading
+
+    put(tmp_path, 0, rec("aaa"))
+    gathered, release = threading.Event(), threading.Event()
+    real_gather = store.gather
+
+    def slow_gather(sweep_dir):
+        frame = real_gather(sweep_dir)
+        if threading.current_thread().name == "A":
+            gathered.set()
+            release.wait(timeout=1.0)  # without the lock, B finishes meanwhile
+        return frame
+
+    monkeypatch.setattr(store, "gather", slow_gather)
+    a = threading.Thread(target=store.write_results, args=(tmp_path,), name="A")
+    a.start()
+    assert gathered.wait(timeout=10)
+    put(tmp_path, 1, rec("bbb", seq_len=32))
+    b = threading.Thread(target=store.write_results, args=(tmp_path,), name="B")
+    b.start()
+    b.join(timeout=0.3)
+    release.set()
+    a.join(timeout=10)
+    b.join(timeout=10)
+    assert sorted(pd.read_csv(tmp_path / "results.csv")["config_hash"]) == ["aaa", "bbb"]
+    assert sorted(pd.read_parquet(tmp_path / "results.parquet")["config_hash"]) == ["aaa", "bbb"]
+
+
+def test_the_lock_file_is_not_followed_through_a_symlink(tmp_path):
+    elsewhere = tmp_path / "precious.txt"
+    elsewhere.write_text("keep me")
+    sweep_dir = tmp_path / "sweep"
+    put(sweep_dir, 0, rec("aaa"))
+    (sweep_dir / store.LOCK).symlink_to(elsewhere)
+    with pytest.raises(OSError):
+        store.write_results(sweep_dir)
+    assert elsewhere.read_text() == "keep me"
+
+
+def test_python_m_experiments_store_gathers_a_killed_sweeps_records_again(tmp_path, capsys):
+    put(tmp_path, 0, rec("aaa"))
+    store.write_results(tmp_path)
+    put(tmp_path, 1, rec("bbb", seq_len=32))  # recorded after the last gather: the sweep died
+    (tmp_path / "2").mkdir()
+    (tmp_path / "2" / "result.json").write_text("[]")
+    assert store.main([str(tmp_path)]) == 0
+    out, err = capsys.readouterr()
+    assert f"2 configurations: {tmp_path / 'results.csv'}" in out
+    assert f"unreadable record {tmp_path / '2' / 'result.json'}: not a JSON object" in err
+    assert sorted(pd.read_csv(tmp_path / "results.csv")["config_hash"]) == ["aaa", "bbb"]
+    assert store.main([str(tmp_path / "missing")]) == 1

@@ -119,8 +119,9 @@ def test_a_remeasured_configuration_replaces_its_run_and_an_interrupted_one_leav
     tmp_path,
 ):
     sweep = tmp_path / "sweep"
-    run_id = tracking.run_id("s1 (scaling)/x", "0123456789ab")
-    assert run_id == "s1-scaling-x-0123456789ab"  # the characters W&B allows
+    run_id = tracking.run_id("s1 (scaling)/x", "0123456789ab", sweep)
+    token = (sweep / ".sweep_id").read_text().strip()
+    assert run_id == f"s1-scaling-x-{token}-0123456789ab"  # the characters W&B allows
     first = start(sweep / "0", run_id=run_id, replace_in=sweep)
     first.finish({**RECORD, "status": "oom"}, exit_code=1)
     # Re-measured in another job dir (a value inserted before it): the old run goes.
@@ -130,7 +131,9 @@ def test_a_remeasured_configuration_replaces_its_run_and_an_interrupted_one_leav
     run = offline_runs.read_offline_run(second.run_dir)
     assert (run["run_id"], run["summary"]["status"], run["exit_code"]) == (run_id, "ok", 0)
 
-    other = start(sweep / "2", run_id=tracking.run_id("s1", "ffffffffffff"), replace_in=sweep)
+    other = start(
+        sweep / "2", run_id=tracking.run_id("s1", "ffffffffffff", sweep), replace_in=sweep
+    )
     other.log_step({"loss": 1.0}, step=0)
     other.discard()  # Ctrl-C: the job leaves no record, so no run
     assert offline_runs.find_offline_runs(sweep) == [second.run_dir] and other.run_dir is None
@@ -142,7 +145,48 @@ def test_one_summary_run_per_sweep_however_often_it_ends(tmp_path):
             WANDB_LOGGER, records=pd.DataFrame([RECORD]), figures={}, group="s1", out_dir=tmp_path
         )
     assert offline_runs.find_offline_runs(tmp_path) == [run_dir]
-    assert offline_runs.read_offline_run(run_dir)["run_id"] == "s1-summary"
+    token = tracking.sweep_id(tmp_path)
+    assert offline_runs.read_offline_run(run_dir)["run_id"] == f"s1-{token}-summary"
+
+
+def test_two_sweep_dirs_of_one_name_sharing_a_logger_dir_keep_each_others_runs(tmp_path):
+    """Issue 26, scenario 5: the second sweep (default name, same `logger.dir`) used to delete
+    the first's offline run of the same configuration, leaving its record pointing at nothing."""
+    shared = {**WANDB_LOGGER, "dir": str(tmp_path / "wandb")}
+    first_dir, second_dir = tmp_path / "a" / "default", tmp_path / "b" / "default"
+    runs = []
+    for sweep_dir in (first_dir, second_dir):
+        tracker = start(
+            sweep_dir / "0",
+            shared,
+            run_id=tracking.run_id("default", "0123456789ab", sweep_dir),
+            replace_in=sweep_dir,
+        )
+        tracker.finish(RECORD, exit_code=0)
+        runs.append(tracker.run_dir)
+    assert all(run.is_dir() for run in runs)
+    assert sorted(offline_runs.find_offline_runs(tmp_path / "wandb")) == sorted(runs)
+    # Re-running the first sweep dir still replaces its own run, and only that one.
+    again = start(
+        first_dir / "0",
+        shared,
+        run_id=tracking.run_id("default", "0123456789ab", first_dir),
+        replace_in=first_dir,
+    )
+    again.finish(RECORD, exit_code=0)
+    assert not runs[0].exists() and runs[1].is_dir() and again.run_dir.is_dir()
+
+
+def test_a_sweep_dir_has_one_identity_whoever_asks_first(tmp_path):
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(8) as pool:
+        tokens = set(pool.map(lambda _: tracking.sweep_id(tmp_path / "sweep"), range(16)))
+    assert len(tokens) == 1 and tracking.sweep_id(tmp_path / "sweep") in tokens
+    assert [p.name for p in (tmp_path / "sweep").iterdir()] == [".sweep_id"]  # no temp files
+    assert tracking.sweep_id(tmp_path / "other") not in tokens
+    (tmp_path / "sweep" / ".sweep_id").write_text("[]")  # damaged: a new identity, said
+    assert tracking.sweep_id(tmp_path / "sweep") not in tokens | {"[]"}
 
 
 def test_no_wandb_service_outlives_a_finished_run(tmp_path):

@@ -11,7 +11,14 @@ from torch import nn
 
 from experiments.config import TrainConfig
 from experiments.tasks import Batch, generator
-from experiments.train import Diverged, evaluate, lr_at, masked_loss_and_hits, train
+from experiments.train import (
+    Diverged,
+    GradientCheck,
+    evaluate,
+    lr_at,
+    masked_loss_and_hits,
+    train,
+)
 
 CPU = torch.device("cpu")
 VOCAB = 8
@@ -102,6 +109,59 @@ def test_nan_loss_raises_diverged_at_its_step(bad_call):
 def test_absurd_learning_rate_diverges():
     with pytest.raises(Diverged):
         fit(lookup_model(), lr=1e9, warmup=0, weight_decay=0.01, steps=30)
+
+
+class NaNInEval(nn.Module):
+    """A lookup model that trains normally but whose evaluation logits are NaN."""
+
+    def __init__(self):
+        super().__init__()
+        self.inner = lookup_model()
+
+    def forward(self, tokens):
+        logits = self.inner(tokens)
+        return logits if self.training else logits * float("nan")
+
+
+def test_a_non_finite_eval_loss_is_a_divergence_naming_it():
+    """Scenario 4: `train.steps=1 train.lr=1e30` ended ok with eval_loss null (NaN recorded
+    as "not measured"); only the training loss was checked."""
+    with pytest.raises(Diverged, match=r"eval_loss is nan after 1 training steps"):
+        fit(NaNInEval(), steps=1)
+
+
+def _with_grads(*grads: torch.Tensor) -> list[nn.Parameter]:
+    params = [nn.Parameter(torch.zeros_like(g)) for g in grads]
+    for p, g in zip(params, grads, strict=True):
+        p.grad = g
+    return params
+
+
+def test_float16_gradients_all_zero_are_warned_and_non_finite_ones_diverge():
+    check = GradientCheck(scaler=None)
+    check.check(_with_grads(torch.ones(3), torch.zeros(2)), step=0)
+    check.check(_with_grads(torch.zeros(3), torch.zeros(2)), step=1)  # underflowed
+    check.check(_with_grads(torch.zeros(3), torch.zeros(2)), step=2)
+    assert check.warning(3) == (
+        "float16 gradients all zero (underflow) at 2 of 3 steps, first at step 1"
+    )
+    with pytest.raises(Diverged, match="float16 gradients are inf at step 3"):
+        check.check(_with_grads(torch.tensor([1.0, float("inf")])), step=3)
+    with pytest.raises(Diverged, match="float16 gradients are nan at step 4"):
+        check.check(_with_grads(torch.tensor([float("nan"), 1.0])), step=4)
+    assert GradientCheck(scaler=None).warning(5) is None
+
+
+def test_a_loss_scaler_above_1_skips_overflowed_steps_and_at_1_they_diverge():
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+    check = GradientCheck(scaler)
+    check.check(_with_grads(torch.tensor([float("inf")])), step=0)  # the scaler skips it
+    assert check.warning(4) == (
+        "float16 gradients non-finite at 1 of 4 steps (skipped by the loss scaler), first at step 0"
+    )
+    low = GradientCheck(torch.amp.GradScaler("cpu", init_scale=1.0))
+    with pytest.raises(Diverged, match=r"gradients are inf at step 2 \(loss scale 1\)"):
+        low.check(_with_grads(torch.tensor([float("inf")])), step=2)
 
 
 def test_loss_and_hits_count_only_masked_positions():

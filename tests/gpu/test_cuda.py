@@ -14,6 +14,7 @@ import torch
 
 import variants
 from tests.experiments.conftest import Cli
+from tests.reference import Gated
 
 pytestmark = [
     pytest.mark.gpu,
@@ -41,7 +42,7 @@ def _kernel(name: str) -> torch.nn.Module:
     if "seed" in spec.options:
         options["seed"] = 0
     torch.manual_seed(0)
-    return variants.build_attention(name, **options).eval()
+    return Gated(variants.build_attention(name, **options)).eval()  # fixed gates if gated
 
 
 def _forward_backward(kernel, q, k, v, grad_out):

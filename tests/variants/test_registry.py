@@ -9,7 +9,7 @@ import torch
 import yaml
 
 import variants
-from tests.reference import assert_causal, qkv
+from tests.reference import Gated, assert_causal, qkv
 
 CONF = Path(__file__).resolve().parents[2] / "conf" / "attention"
 README = Path(__file__).resolve().parents[2] / "README.md"
@@ -22,7 +22,7 @@ MODEL_OPTIONS = {"n_heads": 3, "head_dim": 8, "max_seq_len": 64}
 def build(name, **options):
     spec = variants.attention_spec(name)
     extra = {k: v for k, v in MODEL_OPTIONS.items() if k in spec.model_options}
-    return variants.build_attention(name, **{**extra, **options})
+    return Gated(variants.build_attention(name, **{**extra, **options}))  # gates if it takes any
 
 
 def test_every_variant_and_preset_is_registered():
@@ -40,6 +40,9 @@ def test_every_variant_and_preset_is_registered():
         "linformer",
         "performer",
         "linear",
+        "moba",
+        "nsa",
+        "deltanet",
     ]
     presets = {"longformer", "bigbird", "sparse_fixed"}
     assert {n for n in NAMES if variants.attention_spec(n).preset} == presets

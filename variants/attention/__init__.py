@@ -12,3 +12,4 @@ from variants.attention import combined
 from variants.attention import lsh, routing
 from variants.attention import linformer
 from variants.attention import performer, linear
+from variants.attention import moba, nsa, deltanet

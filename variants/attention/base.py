@@ -39,6 +39,13 @@ class Attention(nn.Module):
     causal_reason: ClassVar[str] = ""  # why causal is unsupported, shown in the error
     shared_qk_required: ClassVar[bool] = False
     bounded_length: ClassVar[bool] = False
+    # Causal-only variants (a recurrence over positions, branches defined on the past) refuse
+    # causal=False with `bidirectional_reason`.
+    bidirectional_supported: ClassVar[bool] = True
+    bidirectional_reason: ClassVar[str] = ""
+    # Per-token gates the kernel needs (NSA's branch gates, DeltaNet's beta): the layer projects
+    # the token to (B, H, L, n_gates), applies a sigmoid and calls attn(q, k, v, gates=g).
+    n_gates: ClassVar[int] = 0
     # True if each head's output depends on that head's q, k, v alone, with no per-head
     # parameters, state or per-call draws: the layer may then run groups of heads as separate
     # calls (`model.attention_chunks`) and get exactly the output of one call.
@@ -64,15 +71,40 @@ class Attention(nn.Module):
         when built with `shared_qk=True`."""
         return self.shared_qk_required or getattr(self, "shared_qk", False)
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """q, k, v: (batch, heads, seq_len, head_dim) -> (batch, heads, seq_len, head_dim)."""
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        gates: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """q, k, v: (batch, heads, seq_len, head_dim) -> (batch, heads, seq_len, head_dim).
+
+        gates: (batch, heads, seq_len, n_gates) in (0, 1), required by (and only by) a variant
+        with `n_gates` > 0, which then receives them as `attend(q, k, v, gates)`.
+        """
         check_qkv(self.name, q, k, v)
         limit = self.max_seq_len
         if limit is not None and q.shape[2] > limit:
             raise ValueError(
                 f"{self.name}: seq_len {q.shape[2]} exceeds option 'max_seq_len'={limit}"
             )
-        return self.attend(q, k, v)
+        if not self.n_gates:
+            if gates is not None:
+                raise ValueError(f"{self.name}: option 'gates' is not taken (n_gates=0)")
+            return self.attend(q, k, v)
+        if gates is None:
+            raise ValueError(
+                f"{self.name}: option 'gates' is required: (batch, heads, seq_len, "
+                f"{self.n_gates}) values in (0, 1) from the token"
+            )
+        wanted = (*q.shape[:3], self.n_gates)
+        if gates.shape != wanted:
+            raise ValueError(
+                f"{self.name}: option 'gates' must have shape (batch, heads, seq_len, "
+                f"{self.n_gates}) = {wanted}, got {tuple(gates.shape)}"
+            )
+        return self.attend(q, k, v, gates)
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
@@ -122,6 +154,21 @@ class Attention(nn.Module):
 
     def extra_repr(self) -> str:
         return f"causal={self.causal}"
+
+
+def sample_gates(
+    kernel: Attention,
+    q: torch.Tensor,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor | None:
+    """Gates drawn as a model would give them, sigmoid(N(0, 1)), for `kernel` on inputs shaped
+    as q (B, H, L, D): (B, H, L, n_gates) in q's dtype and device, or None for an ungated
+    kernel. What kernel-alone timing, memory and error measurements pass."""
+    if not kernel.n_gates:
+        return None
+    shape = (*q.shape[:3], kernel.n_gates)
+    noise = torch.randn(shape, generator=generator, dtype=torch.float32)
+    return torch.sigmoid(noise).to(device=q.device, dtype=q.dtype)
 
 
 # A process-wide depth counter, not a thread-local: on CUDA the autograd engine runs backward,

@@ -1,0 +1,67 @@
+"""MoBA against a dense mask built query by query from the issue's rule (tests/reference.py)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.reference import assert_causal, dense_attention, moba_mask, qkv
+from variants import UnsupportedCombination, build_attention
+
+
+def _grads(out, inputs, weights):
+    return torch.autograd.grad((out * weights).sum(), inputs)
+
+
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
+@pytest.mark.parametrize(
+    "length, block, top_k",
+    [
+        (37, 8, 3),  # odd length: a short last block
+        (40, 8, 2),  # a multiple of the block
+        (5, 8, 4),  # one block only: the first block, top_k above the number of blocks
+        (45, 7, 10),  # top_k larger than the blocks there are
+        (23, 4, 1),  # own block only
+    ],
+)
+def test_moba_equals_the_dense_reference_forward_and_gradients(
+    flash_kernels, causal, length, block, top_k
+):
+    q, k, v = qkv(2, 3, length, 8, seed=length, requires_grad=True)
+    kernel = build_attention("moba", causal=causal, block_size=block, top_k=top_k)
+    out = kernel(q, k, v)
+    mask = moba_mask(q.detach(), k.detach(), block, top_k, causal)
+    expected = dense_attention(q, k, v, mask)
+    torch.testing.assert_close(out, expected)
+    weights = torch.randn_like(out)
+    grads, wanted = _grads(out, (q, k, v), weights), _grads(expected, (q, k, v), weights)
+    for got, want in zip(grads, wanted, strict=True):
+        torch.testing.assert_close(got, want)
+
+
+def test_moba_selection_is_data_dependent_and_top_k_covering_every_block_is_full_attention():
+    q, k, v = qkv(1, 2, 33, 8, seed=3)
+    every = build_attention("moba", causal=True, block_size=4, top_k=9)(q, k, v)
+    idx = torch.arange(33)
+    full = dense_attention(q, k, v, idx[None, :] <= idx[:, None])
+    torch.testing.assert_close(every, full)
+    fewer = build_attention("moba", causal=True, block_size=4, top_k=2)(q, k, v)
+    assert not torch.allclose(fewer, full)
+
+
+def test_moba_is_causal():
+    assert_causal(build_attention("moba", causal=True, block_size=4, top_k=3), length=30, t=13)
+
+
+def test_moba_flops_count_the_selected_pairs():
+    kernel = build_attention("moba", causal=True, block_size=4, top_k=2)
+    # 10 positions, blocks [0,4), [4,8), [8,10): own-block pairs 10 + 10 + 3, one earlier
+    # block of 4 keys for the 6 queries after the first block; routing scores 4 * 1 + 2 * 2.
+    pairs, candidates = 23 + 6 * 4, 4 * 1 + 2 * 2
+    assert kernel.flops(1, 1, 10, 8) == 4 * pairs * 8 + 2 * candidates * 8
+
+
+def test_moba_options_are_checked():
+    with pytest.raises(ValueError, match="moba: option 'top_k' must be a positive integer"):
+        build_attention("moba", top_k=0)
+    assert not isinstance(ValueError(), UnsupportedCombination)

@@ -1,0 +1,92 @@
+"""NSA's three gated branches against per-query references written from the issue's rules."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tests.reference import Gated, assert_causal, nsa_reference, qkv
+from variants import UnsupportedCombination, build_attention
+
+HEAD_DIM = 8
+
+
+def mean_blocks(block):
+    def compress(x):
+        return torch.stack(
+            [x[:, :, s : s + block].mean(dim=2) for s in range(0, x.shape[2], block)], dim=2
+        )
+
+    return compress
+
+
+def mlp_blocks(mlp, block):
+    """The module's MLP written out: zero-pad, add the position vectors, two linear maps."""
+
+    def compress(x):
+        n = -(-x.shape[2] // block)
+        blocks = F.pad(x, (0, 0, 0, n * block - x.shape[2])).unflatten(2, (n, block))
+        hidden = (blocks + mlp.position).flatten(3) @ mlp.hidden.weight.T + mlp.hidden.bias
+        return F.gelu(hidden) @ mlp.out.weight.T + mlp.out.bias
+
+    return compress
+
+
+@pytest.mark.parametrize("compress", ["mean", "mlp"])
+@pytest.mark.parametrize(
+    "length, block, n_select, window",
+    [
+        (37, 4, 3, 6),  # odd length, short last block
+        (40, 8, 2, 16),  # a multiple of the block
+        (5, 8, 4, 3),  # no compressed block yet: that branch gives 0
+        (30, 7, 10, 100),  # n_select and window above what there is
+        (21, 4, 1, 1),  # own block only, a window of the query itself
+    ],
+)
+def test_nsa_equals_the_reference_forward_and_gradients(
+    flash_kernels, compress, length, block, n_select, window
+):
+    torch.manual_seed(length)
+    kernel = build_attention(
+        "nsa",
+        block_size=block,
+        n_select=n_select,
+        window=window,
+        compress=compress,
+        head_dim=HEAD_DIM,
+    ).double()
+    q, k, v = qkv(1, 2, length, HEAD_DIM, seed=length, requires_grad=True)
+    gates = torch.rand(1, 2, length, 3, dtype=torch.float64).requires_grad_()
+    out = kernel(q, k, v, gates=gates)
+    if compress == "mean":
+        summaries = mean_blocks(block), mean_blocks(block)
+    else:
+        summaries = mlp_blocks(kernel.key_mlp, block), mlp_blocks(kernel.value_mlp, block)
+    expected = nsa_reference(q, k, v, gates, block, n_select, window, *summaries)
+    torch.testing.assert_close(out, expected)
+    inputs = (q, k, v, gates, *kernel.parameters())
+    weights = torch.randn_like(out)
+    got = torch.autograd.grad((out * weights).sum(), inputs, materialize_grads=True)
+    want = torch.autograd.grad(
+        (expected * weights).sum(), inputs, allow_unused=True, materialize_grads=True
+    )
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b)
+
+
+def test_nsa_is_causal():
+    torch.manual_seed(0)
+    kernel = build_attention("nsa", block_size=4, n_select=2, window=5, head_dim=HEAD_DIM)
+    assert_causal(Gated(kernel.double()), length=30, t=13, head_dim=HEAD_DIM)
+
+
+def test_nsa_is_causal_only_and_needs_three_gates():
+    with pytest.raises(UnsupportedCombination, match="'nsa' does not support option causal=False"):
+        build_attention("nsa", causal=False)
+    q, k, v = qkv(1, 2, 9, HEAD_DIM)
+    kernel = build_attention("nsa", compress="mean")
+    with pytest.raises(ValueError, match="nsa: option 'gates' is required"):
+        kernel(q, k, v)
+    with pytest.raises(ValueError, match="nsa: option 'compress' must be one of mean, mlp"):
+        build_attention("nsa", compress="conv")

@@ -1,0 +1,114 @@
+"""DeltaNet (Schlag et al. 2021; Yang et al. 2024): linear attention whose state is edited.
+
+q and k are L2-normalised per head (q / max(|q|, 1e-12)); with the state S_0 = 0 (d x d per
+head),
+
+    S_t = S_{t-1} (I - beta_t k_t k_t^T) + beta_t v_t k_t^T,     o_t = S_t q_t
+
+(no further scale), beta_t = `gates[..., 0]` in (0, 1) per head and position, computed by the
+layer from the token. The recurrent form is the definition (and the tests' reference); this
+kernel runs it chunk-parallel in the WY / UT-transform form of Yang et al. 2024. With
+M = S^T (so o_t^T = q_t^T M_t) and M_0 the state at a chunk's start, within a chunk of C
+positions (rows of K, V, Q; diag(beta) = B):
+
+    T = (I + strict_lower(B K K^T))^{-1}         one triangular solve per chunk
+    W = T B K,   U = T B V                       the UT transform
+    U' = U - W M_0                               the chunk's corrected values
+    O = Q M_0 + lower(Q K^T) U'                  (diagonal included)
+    M_next = M_0 + K^T U'
+
+Everything but the last three lines runs batched over all chunks; those run as a loop over the
+L / C chunks (three small matmuls each; never a loop over positions), and the outputs are then
+two batched matmuls. Time O(L C d + L d^2 + L C^2), memory O(L C + (L / C) d^2) per head.
+Gradients are PyTorch's autograd through these operations (its triangular solve included).
+`chunk_size` changes only the rounding, not the function. Computed in float32 at least, with
+autocast off (a running state over thousands of positions in a half type loses its digits).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from variants.attention.base import Attention
+from variants.checks import require_positive_int
+from variants.registry import register_attention
+
+NORM_EPS = 1e-12
+
+
+@register_attention
+class DeltaNetAttention(Attention):
+    """DeltaNet: the delta rule S_t = S_{t-1}(I - beta k k^T) + beta v k^T, chunk-parallel."""
+
+    name = "deltanet"
+    exact = False
+    time_complexity = "O(L C d + L d^2)"
+    memory_complexity = "O(L C + L d^2 / C)"
+    bidirectional_supported = False
+    bidirectional_reason = (
+        "the delta rule is a recurrence over positions (a state edited token by token)"
+    )
+    n_gates = 1
+
+    def __init__(self, *, causal: bool = True, chunk_size: int = 64):
+        super().__init__(causal=causal)
+        self.chunk_size = require_positive_int(self.name, "chunk_size", chunk_size)
+
+    def attend(self, q, k, v, gates) -> torch.Tensor:
+        work = torch.promote_types(q.dtype, torch.float32)
+        with torch.autocast(q.device.type, enabled=False):
+            q, k = (F.normalize(x.to(work), dim=-1, eps=NORM_EPS) for x in (q, k))
+            out = chunked_delta_rule(q, k, v.to(work), gates[..., 0].to(work), self.chunk_size)
+        return out.to(v.dtype)
+
+    def flops(self, batch: int, heads: int, seq_len: int, head_dim: int) -> int:
+        """2 x multiply-adds of the chunked form: per position 3 d^2 (W M_0, K^T U', Q M_0)
+        and, with C = min(chunk_size, L), 2.5 C d for the triangular products (B K K^T, T B K,
+        T B V, lower(Q K^T), its product with U', half each) and C^2 / 6 for the solve."""
+        c, d = min(self.chunk_size, seq_len), head_dim
+        per_position = 3 * d * d + 2.5 * c * d + c * c / 6
+        return int(2 * batch * heads * seq_len * per_position)
+
+    def extra_repr(self) -> str:
+        return f"causal={self.causal}, chunk_size={self.chunk_size}"
+
+
+def chunked_delta_rule(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, chunk: int
+) -> torch.Tensor:
+    """The delta rule's outputs in the chunked WY / UT form (module docstring).
+
+    q, k: (B, H, L, D) unit rows; v: (B, H, L, D); beta: (B, H, L). Returns (B, H, L, D).
+    Padding to a multiple of the chunk uses beta = 0 and zero keys: the state is unchanged.
+    """
+    batch, heads, length, head_dim = q.shape
+    chunk = min(chunk, length)
+    pad = -length % chunk
+    if pad:
+        q, k, v = (F.pad(x, (0, 0, 0, pad)) for x in (q, k, v))
+        beta = F.pad(beta, (0, pad))
+    n_chunks = (length + pad) // chunk
+    q, k, v = (x.reshape(batch, heads, n_chunks, chunk, head_dim) for x in (q, k, v))
+    beta = beta.reshape(batch, heads, n_chunks, chunk, 1)
+    k_beta, v_beta = k * beta, v * beta  # (B, H, N, C, D)
+    upper = torch.ones(chunk, chunk, dtype=torch.bool, device=q.device).triu_()  # j >= i
+    strict = (k_beta @ k.transpose(-1, -2)).masked_fill(upper, 0)  # (B, H, N, C, C)
+    eye = torch.eye(chunk, dtype=q.dtype, device=q.device)
+    t = torch.linalg.solve_triangular(strict + eye, eye.expand_as(strict), upper=False)
+    w, u = t @ k_beta, t @ v_beta  # (B, H, N, C, D)
+    state = q.new_zeros(batch, heads, head_dim, head_dim)  # M = S^T: o = q M
+    starts, corrected = [], []
+    # unbind, not indexing: the backward of one index of a tensor is a zero tensor of its whole
+    # size, which made the loop's backward quadratic in the number of chunks.
+    for u_c, w_c, k_c in zip(u.unbind(2), w.unbind(2), k.unbind(2), strict=True):
+        u_c = u_c - w_c @ state  # (B, H, C, D)
+        starts.append(state)
+        corrected.append(u_c)
+        state = state + k_c.transpose(-1, -2) @ u_c
+    starts = torch.stack(starts, dim=2)  # (B, H, N, D, D)
+    corrected = torch.stack(corrected, dim=2)  # (B, H, N, C, D)
+    later = upper.triu(1)  # j > i
+    scores = (q @ k.transpose(-1, -2)).masked_fill(later, 0)  # (B, H, N, C, C)
+    out = q @ starts + scores @ corrected  # (B, H, N, C, D)
+    return out.reshape(batch, heads, -1, head_dim)[:, :, :length]

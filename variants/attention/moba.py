@@ -1,0 +1,350 @@
+"""MoBA, Mixture of Block Attention (Lu et al. 2025): each query attends to its top-k key blocks.
+
+Keys are cut into blocks of `block_size` (the last one may be shorter). Causally, a query at
+position i scores every block that ends before its own block (floor(i / b)) begins by
+<q_i, mean of that block's keys>, takes the `top_k - 1` highest (all of them if there are
+fewer) and always takes its own block, causal inside it; it attends with one softmax (scale
+1/sqrt(d)) over the union of the selected blocks' keys. The selection is per query and per head
+and discrete: no gradient flows through it (the block means get none). Bidirectionally every
+other block is a candidate (a short last block scored by the mean of its real keys) and the own
+block is seen whole.
+
+How it runs (`SelectedBlocks`), without any per-query gather of keys: the own block is one
+blockwise attention (blocks as heads, the fused kernel's causal flag). For the selected blocks
+MoBA's own implementation is turned around: every (query, selected block) pair is sorted by
+block, each block's queries are cut into tiles of `block_size` rows, and one fused attention
+runs each tile's queries against its block's keys (a batch of tiles, chunked to bound memory).
+The pieces (own block and up to top_k - 1 others) are merged by their logsumexps, and the
+backward runs each piece's attention backward given the merged output and logsumexp
+(`variants.attention.flash`). Memory O(L top_k d); time O(L top_k b d + L (L / b) d), the
+second term the routing scores.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.autograd.function import once_differentiable
+
+from variants.attention import flash
+from variants.attention.base import Attention
+from variants.attention.compressed import block_mean
+from variants.attention.local import to_blocks
+from variants.checks import require_positive_int
+from variants.registry import register_attention
+
+# Queries scored against every block mean at a time (the routing scores are (B, H, rows, n)).
+SCORE_ROWS = 4096
+# Bytes of gathered keys and values per fused call over tiles (as combined.CHUNK_BYTES).
+CHUNK_BYTES = 8 * 2**20
+# Query rows per tile: one block's queries are cut into tiles of this many (the last one
+# padded); longer tiles mean fewer, larger attention calls for the fused kernel.
+TILE_ROWS = 256
+
+
+@register_attention
+class MoBAAttention(Attention):
+    """MoBA: per query, its own block plus the top_k - 1 past blocks by <q, mean key>."""
+
+    name = "moba"
+    exact = False
+    time_complexity = "O(L k b d + L^2 d / b)"
+    memory_complexity = "O(L k d)"
+    softmax_kernels = "flash"
+
+    def __init__(self, *, causal: bool = False, block_size: int = 128, top_k: int = 4):
+        super().__init__(causal=causal)
+        self.block_size = require_positive_int(self.name, "block_size", block_size)
+        self.top_k = require_positive_int(self.name, "top_k", top_k)
+
+    def selection(self, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+        """Each query's selected other blocks: (B, H, L, S) int64 block indices, -1 where there
+        are fewer candidates than S = top_k - 1 slots."""
+        with torch.no_grad():
+            means = block_mean(k, self.block_size)  # (B, H, n, D)
+            return top_blocks(q, means, self.block_size, self.top_k - 1, self.causal)
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        selected = self.selection(q, k)  # (B, H, L, S)
+        return SelectedBlocks.apply(q, k, v, selected, self.block_size, self.causal)
+
+    def flops(self, batch: int, heads: int, seq_len: int, head_dim: int) -> int:
+        """4 B H d x the pairs scored (own block causal or whole, plus up to top_k - 1 whole
+        other blocks per query, the short last block by its real keys) plus the routing
+        scores, 2 B H d x (query, candidate block) pairs."""
+        pairs, candidates = block_select_pairs(seq_len, self.block_size, self.top_k, self.causal)
+        return 4 * batch * heads * pairs * head_dim + 2 * batch * heads * candidates * head_dim
+
+    def extra_repr(self) -> str:
+        return f"causal={self.causal}, block_size={self.block_size}, top_k={self.top_k}"
+
+
+def block_select_pairs(seq_len: int, block: int, top_k: int, causal: bool) -> tuple[int, int]:
+    """(query, key) pairs a query-selects-blocks kernel scores, own block included, and the
+    (query, candidate block) pairs of its routing, for full blocks of `block` (the short last
+    block counts its real keys); an analytic count for `flops()`."""
+    n_blocks = -(-seq_len // block)
+    sizes = [min(block, seq_len - c * block) for c in range(n_blocks)]
+    pairs = candidates = 0
+    for c, size in enumerate(sizes):
+        own = size * (size + 1) // 2 if causal else size * size
+        if causal:
+            n_other = min(top_k - 1, c)
+            other_keys = n_other * block  # earlier blocks are full
+            n_candidates = c
+        else:
+            n_other = min(top_k - 1, n_blocks - 1)
+            # The top blocks depend on the data; count full blocks (the short one at most once).
+            other_keys = n_other * block
+            n_candidates = n_blocks - 1
+        pairs += own + size * other_keys
+        candidates += size * n_candidates
+    return pairs, candidates
+
+
+def top_blocks(
+    q: torch.Tensor, summaries: torch.Tensor, block: int, slots: int, causal: bool
+) -> torch.Tensor:
+    """The `slots` highest-scoring other blocks per query, no autograd.
+
+    q: (B, H, L, D); summaries: (B, H, n, D), one vector per key block (mean key, compressed
+    key). Candidates: causally the blocks before the query's own block (c < floor(i / b)),
+    else every block but its own. Score q_i . summary_c (a softmax over the same scores ranks
+    the same). Returns (B, H, L, slots) int64 block indices, best first, -1 in slots beyond the
+    query's number of candidates.
+    """
+    batch, heads, length, _ = q.shape
+    n_blocks = summaries.shape[2]
+    slots = min(slots, n_blocks - 1)
+    selected = torch.full((batch, heads, length, max(slots, 0)), -1, dtype=torch.long)
+    selected = selected.to(q.device)
+    if slots <= 0:
+        return selected
+    block_ids = torch.arange(n_blocks, device=q.device)
+    for first in range(0, length, SCORE_ROWS):
+        rows = slice(first, min(first + SCORE_ROWS, length))
+        scores = q[:, :, rows] @ summaries.transpose(-1, -2)  # (B, H, r, n)
+        own = (torch.arange(rows.start, rows.stop, device=q.device) // block)[:, None]  # (r, 1)
+        hidden = block_ids >= own if causal else block_ids == own  # (r, n)
+        scores.masked_fill_(hidden, float("-inf"))
+        best, index = scores.topk(slots, dim=-1)  # (B, H, r, S) each
+        selected[:, :, rows] = index.masked_fill_(best == float("-inf"), -1)
+    return selected
+
+
+class SelectedBlocks(torch.autograd.Function):
+    """Softmax attention of each query over its own block (causal inside it when causal) and
+    the key blocks `selected` names, merged by logsumexp (module docstring: how it runs).
+
+    q, k, v: (B, H, L, D); selected: (B, H, L, S) int64 block indices (-1: none), each other
+    than the query's own block and, when causal, before it. Returns (B, H, L, D). Saves q, k,
+    v, the selection, the merged output and its logsumexp: O(L (S + d)).
+    """
+
+    @staticmethod
+    def forward(ctx, q, k, v, selected, block, causal):
+        plan = _Plan(q, selected, block, causal)
+        out, lse = plan.own_forward(q, k, v)  # (B, H, L, D), (B, H, L)
+        if plan.n_entries:
+            parts_out, parts_lse = plan.tiles_forward(q, k, v)  # (E, D), (E,)
+            out, lse = plan.merge(out, lse, parts_out, parts_lse)
+        ctx.plan = plan
+        ctx.save_for_backward(q, k, v, out, lse)
+        return out
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_out):
+        q, k, v, out, lse = ctx.saved_tensors
+        plan = ctx.plan
+        grad_out = grad_out.contiguous()
+        grads = plan.own_backward(grad_out, q, k, v, out, lse)
+        if plan.n_entries:
+            plan.tiles_backward(grad_out, q, k, v, out, lse, grads)
+        return *grads, None, None, None
+
+
+class _Plan:
+    """The tiles of one call: every valid (query, selected block) pair, sorted by (sequence,
+    block), each block's queries cut into tiles of `block` rows."""
+
+    def __init__(self, q: torch.Tensor, selected: torch.Tensor, block: int, causal: bool):
+        self.batch, self.heads, self.length, self.head_dim = q.shape
+        self.block, self.causal = block, causal
+        self.n_blocks = -(-self.length // block)
+        self.scale = self.head_dim**-0.5
+        n_seq = self.batch * self.heads
+        slots = selected.shape[-1]
+        flat = selected.reshape(n_seq, self.length * slots)  # (S', L*S)
+        valid = (flat >= 0).flatten()
+        entry = valid.nonzero().squeeze(1)  # (E,) index into (S', L, S)
+        self.n_entries = entry.numel()
+        self.slots = slots
+        if not self.n_entries:
+            return
+        seq = entry // (self.length * slots)
+        query = (entry // slots) % self.length
+        group = seq * self.n_blocks + flat.flatten()[entry]  # (E,) key block of sequence
+        order = torch.sort(group, stable=True).indices
+        entry, seq, query, group = entry[order], seq[order], query[order], group[order]
+        counts = torch.bincount(group, minlength=n_seq * self.n_blocks)  # (G,)
+        starts = counts.cumsum(0) - counts
+        rank = torch.arange(self.n_entries, device=q.device) - starts[group]
+        rows = self.rows = TILE_ROWS
+        tiles_per_group = -(-counts // rows)
+        tile_start = tiles_per_group.cumsum(0) - tiles_per_group
+        tile = tile_start[group] + rank // rows  # (E,)
+        self.n_tiles = int(tiles_per_group.sum())
+        self.tile_group = torch.repeat_interleave(
+            torch.arange(counts.numel(), device=q.device), tiles_per_group
+        )  # (T,)
+        # Each tile row: its entry (a row of the merged parts) and its query row in (S'*L + 1):
+        # unused rows point at an extra zero row.
+        self.row_entry = entry
+        self.row_slot = tile * rows + rank % rows  # (E,) rows of the (T * rows) tile layout
+        row_query = torch.full((self.n_tiles * rows,), n_seq * self.length, device=q.device)
+        row_query[self.row_slot] = seq * self.length + query
+        self.row_query = row_query  # (T*rows,)
+        self.entry_query = seq * self.length + query  # (E,)
+        self.bias = None
+        if not causal and self.length % block:
+            # Bidirectionally the short last block's padded keys must be hidden.
+            last = (self.tile_group % self.n_blocks) == self.n_blocks - 1  # (T,)
+            pad = torch.arange(block, device=q.device) >= self.length - (self.n_blocks - 1) * block
+            self.hidden = (last[:, None] & pad[None, :]).to(torch.uint8)  # (T, b)
+        else:
+            self.hidden = None
+        per_tile = (2 * block + 2 * rows) * self.head_dim * q.element_size()
+        self.chunk = max(1, CHUNK_BYTES // per_tile)
+
+    # --- own block ---------------------------------------------------------------------------
+    def _own(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, H, L, E) -> (B, H*n, b, E), zero-padded."""
+        blocks = to_blocks(x, self.block)  # (B, H, n, b, E)
+        return blocks.reshape(self.batch, self.heads * self.n_blocks, self.block, x.shape[-1])
+
+    def _own_bias(self, dtype, device):
+        if self.causal or self.length % self.block == 0:
+            return None  # causally a padded key comes after every real query
+        pad = torch.arange(self.n_blocks * self.block, device=device) >= self.length
+        hidden = pad.view(self.n_blocks, 1, self.block).expand(-1, self.block, -1)
+        hidden = hidden.repeat(self.heads, 1, 1)[None]  # (1, H*n, b, b)
+        return flash.hidden_bias(hidden, dtype)
+
+    def own_forward(self, q, k, v):
+        out, lse = flash.attend(
+            self._own(q),
+            self._own(k),
+            self._own(v),
+            scale=self.scale,
+            bias=self._own_bias(q.dtype, q.device),
+            causal=self.causal,
+        )  # (B, H*n, b, D), (B, H*n, b)
+        shape = (self.batch, self.heads, self.n_blocks * self.block)
+        out = out.reshape(*shape, self.head_dim)[:, :, : self.length]
+        lse = lse.reshape(shape)[:, :, : self.length]
+        return out.contiguous(), lse.contiguous()
+
+    def own_backward(self, grad_out, q, k, v, out, lse):
+        grads = flash.attend_backward(
+            self._own(grad_out),
+            self._own(q),
+            self._own(k),
+            self._own(v),
+            self._own(out),
+            self._own(lse.unsqueeze(-1)).squeeze(-1),
+            scale=self.scale,
+            bias=self._own_bias(q.dtype, q.device),
+            causal=self.causal,
+        )  # (B, H*n, b, D) each
+        shape = (self.batch, self.heads, self.n_blocks * self.block, self.head_dim)
+        return [g.reshape(shape)[:, :, : self.length].contiguous() for g in grads]
+
+    # --- selected blocks ---------------------------------------------------------------------
+    def _flat_rows(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, H, L, E) -> (B*H*L + 1, E): every query row, plus a zero row for unused slots."""
+        rows = x.reshape(-1, x.shape[-1])
+        return torch.cat([rows, rows.new_zeros(1, x.shape[-1])])
+
+    def _flat_blocks(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, H, L, D) -> (B*H*n, b, D), zero-padded: key blocks by group index."""
+        return to_blocks(x, self.block).reshape(-1, self.block, self.head_dim)
+
+    def _chunks(self):
+        for first in range(0, self.n_tiles, self.chunk):
+            yield first, min(first + self.chunk, self.n_tiles)
+
+    def _tile_rows(self, rows: torch.Tensor, first: int, end: int) -> torch.Tensor:
+        """Tiles [first, end) of `_flat_rows` as (m, 1, TILE_ROWS, E)."""
+        index = self.row_query[first * self.rows : end * self.rows]
+        return rows.index_select(0, index).view(end - first, 1, self.rows, -1)
+
+    def _tile_keys(self, blocks: torch.Tensor, first: int, end: int) -> torch.Tensor:
+        return blocks.index_select(0, self.tile_group[first:end]).unsqueeze(1)  # (m, 1, b, D)
+
+    def _tile_bias(self, first: int, end: int, dtype):
+        if self.hidden is None:
+            return None
+        return flash.hidden_bias(self.hidden[first:end, None, None, :], dtype)  # (m, 1, 1, b)
+
+    def tiles_forward(self, q, k, v):
+        """Every (query, selected block) part: out (E, D) and lse (E,), in entry order."""
+        q_rows = self._flat_rows(q)
+        k_blocks, v_blocks = self._flat_blocks(k), self._flat_blocks(v)
+        lse_dtype = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
+        tile_out = q.new_empty(self.n_tiles * self.rows, self.head_dim)
+        tile_lse = torch.empty(self.n_tiles * self.rows, dtype=lse_dtype, device=q.device)
+        for first, end in self._chunks():
+            out, lse = flash.attend(
+                self._tile_rows(q_rows, first, end),
+                self._tile_keys(k_blocks, first, end),
+                self._tile_keys(v_blocks, first, end),
+                scale=self.scale,
+                bias=self._tile_bias(first, end, q.dtype),
+            )  # (m, 1, rows, D), (m, 1, rows)
+            rows = slice(first * self.rows, end * self.rows)
+            tile_out[rows] = out.reshape(-1, self.head_dim)
+            tile_lse[rows] = lse.reshape(-1)
+        return tile_out[self.row_slot], tile_lse[self.row_slot]
+
+    def merge(self, out, lse, parts_out, parts_lse):
+        """The own-block result merged with every part: (B, H, L, D), (B, H, L)."""
+        flat_lse = lse.reshape(-1).clone()  # (S'*L,)
+        total = flat_lse.clone()
+        # logsumexp over each query's parts: the running max, then sums of exponentials.
+        top = total.scatter_reduce(0, self.entry_query, parts_lse, reduce="amax")  # (S'*L,)
+        weights = (flat_lse - top).exp()  # own part
+        part_weights = (parts_lse - top[self.entry_query]).exp()  # (E,)
+        norm = weights.index_add(0, self.entry_query, part_weights)  # (S'*L,)
+        merged = out.reshape(-1, self.head_dim) * (weights / norm)[:, None].to(out.dtype)
+        shares = (part_weights / norm[self.entry_query])[:, None].to(out.dtype)
+        merged = merged.index_add(0, self.entry_query, parts_out * shares)
+        merged_lse = top + norm.log()
+        shape = (self.batch, self.heads, self.length)
+        return merged.view(*shape, self.head_dim), merged_lse.view(shape)
+
+    def tiles_backward(self, grad_out, q, k, v, out, lse, grads):
+        q_rows, g_rows, o_rows = (self._flat_rows(x) for x in (q, grad_out, out))
+        l_rows = self._flat_rows(lse.unsqueeze(-1))  # (S'*L + 1, 1)
+        k_blocks, v_blocks = self._flat_blocks(k), self._flat_blocks(v)
+        grad_q = torch.zeros_like(q_rows)  # (S'*L + 1, D)
+        grad_k, grad_v = torch.zeros_like(k_blocks), torch.zeros_like(v_blocks)  # (G, b, D)
+        for first, end in self._chunks():
+            dq, dk, dv = flash.attend_backward(
+                self._tile_rows(g_rows, first, end),
+                self._tile_rows(q_rows, first, end),
+                self._tile_keys(k_blocks, first, end),
+                self._tile_keys(v_blocks, first, end),
+                self._tile_rows(o_rows, first, end),
+                self._tile_rows(l_rows, first, end).squeeze(-1),
+                scale=self.scale,
+                bias=self._tile_bias(first, end, q.dtype),
+            )  # (m, 1, rows, D), (m, 1, b, D) twice
+            index = self.row_query[first * self.rows : end * self.rows]
+            grad_q.index_add_(0, index, dq.reshape(-1, self.head_dim))
+            group = self.tile_group[first:end]
+            grad_k.index_add_(0, group, dk.squeeze(1))
+            grad_v.index_add_(0, group, dv.squeeze(1))
+        shape = (self.batch, self.heads, -1, self.head_dim)
+        grads[0] += grad_q[:-1].view(q.shape)
+        grads[1] += grad_k.view(shape)[:, :, : self.length]
+        grads[2] += grad_v.view(shape)[:, :, : self.length]

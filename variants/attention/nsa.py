@@ -1,0 +1,243 @@
+"""NSA, Native Sparse Attention (Yuan et al. 2025): compressed, selected and window branches.
+
+Keys and values are cut into blocks of `block_size` (compression and selection blocks equal,
+stride = size; the paper uses blocks of 32 with stride 16 for compression and 64 for
+selection). Three branches per query at position i, all softmax attention with scale 1/sqrt(d):
+
+  compressed  over the compressed key and value of every block that ends at or before i
+              ((c + 1) b - 1 <= i); before the first block ends there is none and the branch
+              gives 0. `compress`: `mean` (the block's average) or `mlp` (the paper's learned
+              map with intra-block positions: a learned position vector added to each of the
+              block's b keys, the b x d block flattened, Linear(b d, d), GELU, Linear(d, d);
+              one MLP for keys and one for values, shared by the heads).
+  selected    the `n_select` blocks with the largest compressed-branch probability for this
+              query among the blocks it may see, always including its own block: its own block
+              (causal inside it) plus the `n_select - 1` other blocks with the largest
+              probability (all of them if fewer). The other candidates are the blocks before
+              its own (the compressed branch scores exactly those, and the own block when it
+              has just ended); a softmax over one query's scores ranks as the scores do, so
+              the ranking uses q . compressed key. Per query and per head (no GQA groups
+              here); no gradient flows through the selection.
+  window      over the last `window` tokens up to i, i included (i - window < j <= i).
+
+Output g_cmp o_cmp + g_sel o_sel + g_win o_win with the gates `gates[..., 0]`, `[..., 1]`,
+`[..., 2]` in (0, 1) per head and position (the layer computes them from the token).
+
+Causal only: every branch is defined on the past. The selected branch is MoBA's kernel
+(`moba.SelectedBlocks`), the window one `combined`'s block-sparse tiles over the pattern
+Band(window) & Causal, and the compressed one a fused attention over row ranges, each range
+against the compressed keys its last row may see, with a bias for the rest.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.autograd.function import once_differentiable
+
+from variants import patterns
+from variants.attention import flash
+from variants.attention.base import Attention, pad_to_multiple
+from variants.attention.combined import CombinedPieces, Plan, _tile_lists
+from variants.attention.compressed import block_mean
+from variants.attention.moba import SelectedBlocks, block_select_pairs, top_blocks
+from variants.checks import require_choice, require_positive_int
+from variants.registry import register_attention
+
+COMPRESS = ("mean", "mlp")
+# Query rows per fused call of the compressed branch (its bias is rows x blocks).
+ROWS = 2048
+
+
+@register_attention
+class NSAAttention(Attention):
+    """NSA: gated compressed, selected (top-n blocks) and sliding-window branches."""
+
+    name = "nsa"
+    exact = False
+    time_complexity = "O(L (n b + w + L / b) d)"
+    memory_complexity = "O(L n d)"
+    softmax_kernels = "flash"
+    bidirectional_supported = False
+    bidirectional_reason = (
+        "NSA's branches are defined on the past (blocks that ended, a window back to i)"
+    )
+    n_gates = 3
+
+    def __init__(
+        self,
+        *,
+        causal: bool = True,
+        block_size: int = 64,
+        n_select: int = 16,
+        window: int = 512,
+        compress: str = "mlp",
+        head_dim: int = 64,
+    ):
+        super().__init__(causal=causal)
+        self.block_size = require_positive_int(self.name, "block_size", block_size)
+        self.n_select = require_positive_int(self.name, "n_select", n_select)
+        self.window = require_positive_int(self.name, "window", window)
+        self.compress = require_choice(self.name, "compress", compress, COMPRESS)
+        self.head_dim = require_positive_int(self.name, "head_dim", head_dim)
+        self.key_mlp = self.value_mlp = None
+        if self.compress == "mlp":
+            self.key_mlp = BlockMLP(block_size, head_dim)
+            self.value_mlp = BlockMLP(block_size, head_dim)
+        self._plans: dict = {}
+
+    def compressed(self, x: torch.Tensor, mlp: BlockMLP | None) -> torch.Tensor:
+        """One vector per block of `block_size`: (B, H, L, D) -> (B, H, ceil(L / b), D). A short
+        last block is summarised too (mean of its real positions; the MLP sees zero padding),
+        though no query ever sees it: it ends after the last position."""
+        if mlp is None:
+            return block_mean(x, self.block_size)
+        return mlp(x)
+
+    def window_plan(self, seq_len: int, device) -> Plan:
+        """`combined`'s tiles for the pattern Band(window) & Causal at `seq_len` (cached)."""
+        key = (seq_len, torch.device(device))
+        if key not in self._plans:
+            self._plans.clear()  # one length at a time is what a model runs
+            pattern = patterns.Band(self.window) & patterns.Causal()
+            block = min(self.block_size, seq_len)
+            tiles, kinds, hidden = _tile_lists(pattern, seq_len, block)
+            plan = Plan(
+                seq_len=seq_len,
+                block=block,
+                tile_pattern=pattern,
+                tiles=tiles,
+                kinds=kinds,
+                hidden=hidden,
+                stride=None,
+                summary=None,
+                summary_keys=None,
+                global_rows=0,
+                causal=True,
+                pieces={"tiles": pattern},
+            )
+            self._plans[key] = plan.to(device)
+        return self._plans[key]
+
+    def attend(self, q, k, v, gates) -> torch.Tensor:
+        if self.compress == "mlp" and q.shape[-1] != self.head_dim:
+            raise ValueError(
+                f"{self.name}: option 'head_dim'={self.head_dim} must equal the inputs' head_dim "
+                f"{q.shape[-1]} (the mlp compression maps blocks of head_dim channels)"
+            )
+        keys = self.compressed(k, self.key_mlp)  # (B, H, n, D)
+        values = self.compressed(v, self.value_mlp)  # (B, H, n, D)
+        out_cmp = CompressedBranch.apply(q, keys, values, self.block_size)  # (B, H, L, D)
+        with torch.no_grad():
+            selected = top_blocks(q, keys, self.block_size, self.n_select - 1, causal=True)
+        out_sel = SelectedBlocks.apply(q, k, v, selected, self.block_size, True)
+        out_win = CombinedPieces.apply(q, k, v, self.window_plan(q.shape[2], q.device))
+        g = gates.to(q.dtype)
+        return g[..., 0:1] * out_cmp + g[..., 1:2] * out_sel + g[..., 2:3] * out_win
+
+    def flops(self, batch: int, heads: int, seq_len: int, head_dim: int) -> int:
+        """4 B H d x the pairs the three branches score (compressed: floor((i + 1) / b) per
+        query; selected: own block causal plus up to n_select - 1 full blocks; window:
+        min(i + 1, window)), plus the selection scores (2 B H d per query and earlier block)
+        and, for `mlp`, the compression's 2 x 2 B H n (b d d + d d)."""
+        b = self.block_size
+        position = torch.arange(seq_len, dtype=torch.int64)
+        compressed = int(((position + 1) // b).sum())
+        window = int((position + 1).clamp(max=self.window).sum())
+        selected, candidates = block_select_pairs(seq_len, b, self.n_select, True)
+        total = 4 * batch * heads * head_dim * (compressed + selected + window)
+        total += 2 * batch * heads * head_dim * candidates
+        if self.compress == "mlp":
+            n_blocks = -(-seq_len // b)
+            total += 2 * 2 * batch * heads * n_blocks * (b * head_dim + head_dim) * head_dim
+        return total
+
+    def extra_repr(self) -> str:
+        return (
+            f"causal={self.causal}, block_size={self.block_size}, n_select={self.n_select}, "
+            f"window={self.window}, compress={self.compress}"
+        )
+
+
+class BlockMLP(nn.Module):
+    """NSA's learned compression of a block: x_t + p_t for the block's b positions (learned
+    intra-block position vectors p), flattened, Linear(b d, d), GELU, Linear(d, d).
+    (B, H, L, d) -> (B, H, ceil(L / b), d); the short last block is zero-padded first."""
+
+    def __init__(self, block_size: int, head_dim: int):
+        super().__init__()
+        self.block_size = block_size
+        self.position = nn.Parameter(torch.zeros(block_size, head_dim))
+        self.hidden = nn.Linear(block_size * head_dim, head_dim)
+        self.out = nn.Linear(head_dim, head_dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        blocks = pad_to_multiple(x, self.block_size).unflatten(2, (-1, self.block_size))
+        blocks = blocks + self.position  # (B, H, n, b, d)
+        return self.out(F.gelu(self.hidden(blocks.flatten(3))))  # (B, H, n, d)
+
+
+class CompressedBranch(torch.autograd.Function):
+    """Each query at i over the compressed keys and values of the blocks that ended at or
+    before i: blocks c < m_i = floor((i + 1) / b); 0 where m_i = 0.
+
+    q: (B, H, L, D); keys, values: (B, H, n, D). Returns (B, H, L, D). Rows run in ranges of
+    ROWS, each against the first m of its last row (fused attention with a bias hiding the
+    blocks a row may not see yet); the backward is the same calls' attention backward.
+    """
+
+    @staticmethod
+    def forward(ctx, q, keys, values, block):
+        out = torch.zeros_like(q, memory_format=torch.contiguous_format)
+        lse_dtype = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
+        lse = torch.zeros(q.shape[:3], dtype=lse_dtype, device=q.device)
+        for rows, count, bias in _row_ranges(q, block):
+            part_out, part_lse = flash.attend(
+                q[:, :, rows], keys[:, :, :count], values[:, :, :count], scale=_scale(q), bias=bias
+            )
+            out[:, :, rows], lse[:, :, rows] = part_out, part_lse
+        ctx.block = block
+        ctx.save_for_backward(q, keys, values, out, lse)
+        return out
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_out):
+        q, keys, values, out, lse = ctx.saved_tensors
+        grad_q = torch.zeros_like(q, memory_format=torch.contiguous_format)
+        grad_keys, grad_values = torch.zeros_like(keys), torch.zeros_like(values)
+        for rows, count, bias in _row_ranges(q, ctx.block):
+            dq, dk, dv = flash.attend_backward(
+                grad_out[:, :, rows].contiguous(),
+                q[:, :, rows],
+                keys[:, :, :count],
+                values[:, :, :count],
+                out[:, :, rows].contiguous(),
+                lse[:, :, rows].contiguous(),
+                scale=_scale(q),
+                bias=bias,
+            )
+            grad_q[:, :, rows] = dq
+            grad_keys[:, :, :count] += dk
+            grad_values[:, :, :count] += dv
+        return grad_q, grad_keys, grad_values, None
+
+
+def _scale(q: torch.Tensor) -> float:
+    return q.shape[-1] ** -0.5
+
+
+def _row_ranges(q: torch.Tensor, block: int):
+    """(rows, m, bias): ranges of at most ROWS query rows that see at least one block, the
+    blocks the range's last row sees, and the bias hiding block c from row i where
+    c >= floor((i + 1) / b) (None when every row sees all m)."""
+    length = q.shape[2]
+    for first in range(block - 1, length, ROWS):  # rows before b - 1 see nothing: output 0
+        rows = slice(first, min(first + ROWS, length))
+        count = rows.stop // block  # floor((last + 1) / b)
+        position = torch.arange(rows.start, rows.stop, device=q.device)
+        blocks = torch.arange(count, device=q.device)
+        hidden = blocks[None, :] >= ((position + 1) // block)[:, None]  # (r, m)
+        bias = flash.hidden_bias(hidden, q.dtype)[None, None] if bool(hidden.any()) else None
+        yield rows, count, bias
