@@ -119,6 +119,7 @@ TABLES: list[Callable[[pd.DataFrame], tables.Table | None]] = [
     tables.depth_table,
     tables.failures,
     tables.timing_warnings,
+    tables.explicit_path,
     tables.cross_evaluation,
     tables.quality,
     tables.quality_by_length,

@@ -600,6 +600,31 @@ def timing_warnings(frame: pd.DataFrame) -> Table | None:
     return Table("Timing warnings", _with_keys(rows, labelled, keys), note)
 
 
+def explicit_path(frame: pd.DataFrame) -> Table | None:
+    """The series whose kernel ran in explicit matmuls (`kernel_path` explicit): no fused
+    attention kernel on that device and dtype, or none at all (linear, performer), while exact
+    attention's SDPA runs fused; their times are marked here."""
+    if "kernel_path" not in frame:
+        return None
+    labelled, keys = series.with_series(frame)
+    explicit = labelled[(labelled["status"] == "ok") & (labelled["kernel_path"] == "explicit")]
+    if explicit.empty:
+        return None
+    rows = [
+        {
+            "series": label,
+            "jobs": ", ".join(map(str, group["job"])),
+            "device": _distinct(group["device"]),
+        }
+        for label, group in explicit.groupby("series", sort=False)
+    ]
+    note = (
+        "These kernels ran on the explicit path (`kernel_path`): their times are not those of a "
+        "fused kernel, where exact attention's are."
+    )
+    return Table("Measured on the explicit path", _with_keys(rows, labelled, keys), note)
+
+
 def _with_keys(rows: list[dict], labelled: pd.DataFrame, keys: Sequence[str]) -> pd.DataFrame:
     """`rows` (each with its `series` label) with the label replaced by the series' key
     columns (`series.key_values`): variant, then each key that varies."""

@@ -2,6 +2,8 @@
 
     python -m benchmarks.targets                 # 4K..32K, memory at 64K, depth ratios
     python -m benchmarks.targets --max-len 8192  # a quick subset
+    python -m benchmarks.targets --million       # one 2^20-token training step per O(L) variant
+    python -m benchmarks.targets --reformer      # 12 LSH layers at 64K, reversible vs residual
 
 Kernel timings are forward+backward (gradients of q, k, v) at batch 1, 4 heads, head_dim 64,
 fp32, causal (Linformer cannot be causal and runs unmasked), all against a bare
@@ -31,6 +33,13 @@ measurement as `measure.decode`): exact attention's per-token read of its cache 
 fraction of the copy bandwidth (>= 0.5), linear and Performer's ms/token flat from 1K to 64K
 (within 1.5x), and the window caches (blockwise, longformer) no larger at 64K than at 4K.
 
+`--million` and `--reformer` print only their own tables, each row one training step (forward
+and backward of the LM loss, no optimiser step) run in a fresh process, so that its peak RSS
+is the row's own: one layer at 2^20 tokens per O(L) variant (bound 16 GB), and a 12-layer LSH
+model at 64K tokens with reversible and residual blocks. Both use the memory switches
+`model.ff_chunks`, `model.loss_chunks` and `model.attention_chunks` (MILLION_SWITCHES); LSH's
+window masks at 2^20 exceed `lsh.MASK_BYTES` and are rebuilt per slice and round.
+
 The project's own parts measure: kernels and models are built from one `variants.ModelConfig`
 (d_model 256, 4 heads) as a model's layers build them, each call is timed by
 `experiments.timing.time_call`, the yardstick is `experiments.timing.matmul_call`, peak memory
@@ -40,8 +49,11 @@ is `experiments.memory.peak_memory_bytes` and exponents are `analysis.fit.fit_po
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -52,7 +64,7 @@ import torch.nn.functional as F
 from analysis.fit import fit_power_law
 from experiments import timing
 from experiments.decode import measure_decode
-from experiments.memory import peak_memory_bytes
+from experiments.memory import peak_memory_bytes, peak_rss_bytes
 from experiments.timing import matmul_call, matmul_gflops_per_s, time_call
 from variants import ModelConfig, TransformerLM, build_attention
 from variants.attention.base import FWD_BWD_FLOP_FACTOR, sample_gates
@@ -115,6 +127,30 @@ MEMORY_KERNELS = (
 MEMORY_INFO_KERNELS = ("compressed",)  # measured alongside, without a bound
 MEMORY_LIMIT_BYTES = 4 * 10**9  # the target says 4 GB: 3.73 GiB
 GiB = 2**30
+# One training step at 2^20 tokens per O(L) variant, each in its own process (`--million`).
+MILLION_LENGTH = 2**20
+MILLION_KERNELS = (
+    "blockwise",
+    "lsh",
+    "linear",
+    "performer",
+    "longformer",
+    "bigbird",
+    "routing",
+    "moba",
+    "nsa",
+    "deltanet",
+)
+# Rows printed without a run, and why.
+MILLION_NOT_RUN = {
+    "sparse_fixed": "quadratic at 2^20: its summary columns give each query ~L/8 keys "
+    "(~5e14 FLOP per step); not run",
+}
+MILLION_SWITCHES = {"ff_chunks": 16, "loss_chunks": 16, "attention_chunks": 4}
+MILLION_LIMIT_BYTES = 16 * 10**9  # the target says 16 GB
+# The Reformer's rows (`--reformer`): 12 LSH layers at 64K, reversible against residual.
+REFORMER_LENGTH = 65536
+REFORMER_DEPTH = 12
 
 
 @dataclass
@@ -130,6 +166,14 @@ class Target:
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
+    if args.step_row:
+        print(ROW_PREFIX + json.dumps(step_row(*args.step_row.split(":"))), flush=True)
+        return
+    if args.million or args.reformer:
+        rows = million_rows(args.million_len, args.kernels) if args.million else []
+        rows += reformer_rows(args.reformer_len, args.reformer_d_model) if args.reformer else []
+        print_step_table(rows)
+        return
     lengths = [n for n in LENGTHS if n <= args.max_len]
     rate = matmul_gflops_per_s("cpu", torch.float32, YARDSTICK)
     print(
@@ -198,6 +242,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--decode-len", type=int, default=DECODE_LENGTH, help="longest decoding context"
     )
+    parser.add_argument(
+        "--million", action="store_true", help="only the 2^20-token training step per variant"
+    )
+    parser.add_argument("--million-len", type=int, default=MILLION_LENGTH)
+    parser.add_argument(
+        "--reformer", action="store_true", help="only 12 reversible vs residual LSH layers"
+    )
+    parser.add_argument("--reformer-len", type=int, default=REFORMER_LENGTH)
+    parser.add_argument("--reformer-d-model", type=int, default=HEADS * HEAD_DIM)
+    parser.add_argument("--step-row", help=argparse.SUPPRESS)  # one row, in its own process
     return parser.parse_args(argv)
 
 
@@ -205,15 +259,23 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def model_config(
-    name: str, length: int, depth: int = 1, block: str = "residual", **extra
+    name: str,
+    length: int,
+    depth: int = 1,
+    block: str = "residual",
+    switches: dict | None = None,
+    d_model: int = HEADS * HEAD_DIM,
+    **extra,
 ) -> ModelConfig:
     """The targets' model: d_model 256, 4 heads (head_dim 64), the kernel settings of KERNELS
-    (`extra` on top), at most `length` tokens; causal, but Linformer, which cannot be."""
+    (`extra` on top), at most `length` tokens; causal, but Linformer, which cannot be.
+    `switches`: further ModelConfig fields (the memory switches)."""
     options = kernel_options(name, length) | extra
     variant = options.pop("variant", name)
     return ModelConfig(
+        **(switches or {}),
         vocab_size=256,
-        d_model=HEADS * HEAD_DIM,
+        d_model=d_model,
         n_heads=HEADS,
         depth=depth,
         max_seq_len=length,
@@ -682,6 +744,101 @@ def decode_targets(length: int, rounds: int) -> list[Target]:
         )
         rows.append(at_most(f"{name} cache bytes L={length} / L={DECODE_WINDOWED}", ratio, 1.0))
     return rows
+
+
+# --- one training step per process: 2^20 tokens, the Reformer's 12 layers ---------------------
+
+ROW_PREFIX = "STEP-ROW "
+
+
+@dataclass
+class StepRow:
+    """One training step: its wall time and the process's peak RSS, or why it has none."""
+
+    name: str
+    seconds: float | None = None
+    peak_rss_bytes: int | None = None
+    bound_bytes: int | None = None
+    note: str = ""
+
+
+def step_row(attention: str, length: str, depth: str, block: str, d_model: str) -> dict:
+    """Build the model, run one training step (forward and backward of the chunked LM loss,
+    no optimiser step) and return its seconds and this process's peak RSS."""
+    config = model_config(attention, int(length), int(depth), block, MILLION_SWITCHES, int(d_model))
+    net = TransformerLM(config)
+    tokens = torch.randint(0, 256, (BATCH, int(length) + 1))
+    inputs, targets = tokens[:, :-1], tokens[:, 1:]
+    everywhere = torch.ones_like(inputs, dtype=torch.bool)
+    start = time.perf_counter()
+    net.loss(inputs, targets, everywhere).backward()
+    seconds = time.perf_counter() - start
+    return {"seconds": seconds, "peak_rss_bytes": peak_rss_bytes()}
+
+
+def run_step_row(
+    name: str, attention: str, length: int, depth: int, block: str, d_model: int
+) -> StepRow:
+    """`step_row` in a fresh process (this script with --step-row), so the peak RSS is its own;
+    a failed process (e.g. killed for memory) gives a row with its exit status."""
+    spec = f"{attention}:{length}:{depth}:{block}:{d_model}"
+    command = [sys.executable, "-m", "benchmarks.targets", "--step-row", spec]
+    command += ["--threads", str(torch.get_num_threads())]
+    done = subprocess.run(command, capture_output=True, text=True)
+    for line in done.stdout.splitlines():
+        if line.startswith(ROW_PREFIX):
+            row = json.loads(line.removeprefix(ROW_PREFIX))
+            return StepRow(name, row["seconds"], row["peak_rss_bytes"])
+    error = (done.stderr.strip().splitlines() or ["no output"])[-1]
+    return StepRow(name, note=f"failed (exit {done.returncode}): {error}")
+
+
+def million_rows(length: int = MILLION_LENGTH, names: str | None = None) -> list[StepRow]:
+    """One layer, one training step at `length` tokens per O(L) variant (all, or `names`,
+    comma-separated), with MILLION_SWITCHES; each printed as it ends."""
+    chosen = names.split(",") if names else [*MILLION_KERNELS, *MILLION_NOT_RUN]
+    rows = []
+    for name in chosen:
+        label = f"{name}, 1 layer, L={length}"
+        if name in MILLION_NOT_RUN:
+            row = StepRow(label, note=MILLION_NOT_RUN[name])
+        else:
+            row = run_step_row(label, name, length, 1, "residual", HEADS * HEAD_DIM)
+            row.bound_bytes = MILLION_LIMIT_BYTES
+        print(f"{row.name}: {describe(row)}", flush=True)
+        rows.append(row)
+    return rows
+
+
+def reformer_rows(length: int = REFORMER_LENGTH, d_model: int = HEADS * HEAD_DIM) -> list[StepRow]:
+    """One training step of REFORMER_DEPTH LSH layers at `length`, reversible then residual."""
+    rows = []
+    for block in ("reversible", "residual"):
+        label = f"lsh, {REFORMER_DEPTH} {block} layers, d_model {d_model}, L={length}"
+        row = run_step_row(label, "lsh", length, REFORMER_DEPTH, block, d_model)
+        print(f"{row.name}: {describe(row)}", flush=True)
+        rows.append(row)
+    return rows
+
+
+def describe(row: StepRow) -> str:
+    if row.seconds is None:
+        return row.note
+    return f"{row.seconds:.0f} s, peak RSS {row.peak_rss_bytes / 1e9:.2f} GB"
+
+
+def print_step_table(rows: list[StepRow]) -> None:
+    print("\n| step | seconds | peak RSS GB | bound | met |\n|---|---:|---:|---|---|")
+    for row in rows:
+        if row.seconds is None:
+            print(f"| {row.name} | | | | {row.note} |")
+            continue
+        bound = met = ""
+        if row.bound_bytes is not None:
+            bound = f"< {row.bound_bytes / 1e9:.0f} GB"
+            met = "yes" if row.peak_rss_bytes < row.bound_bytes else "NO"
+        gb = row.peak_rss_bytes / 1e9
+        print(f"| {row.name} | {row.seconds:.0f} | {gb:.2f} | {bound} | {met} |")
 
 
 def print_table(rows: list[Target]) -> None:

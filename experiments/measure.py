@@ -34,7 +34,13 @@ from experiments.timing import (
     time_call,
     timed_against,
 )
-from experiments.train import TrainingRun, evaluate, masked_loss_and_hits, start_run, train
+from experiments.train import (
+    TrainingRun,
+    evaluate,
+    start_run,
+    train,
+    training_loss,
+)
 from variants.attention.base import FWD_BWD_FLOP_FACTOR, Attention, sample_gates
 
 
@@ -126,6 +132,7 @@ def measure(
         "precision": precision.label,
         "threads": torch.get_num_threads(),
         "n_parameters": sum(p.numel() for p in model.parameters()),
+        "kernel_path": kernel.kernel_path(device, dtype),
         "matmul_peak_gflops_per_s": matmul_gflops_per_s(str(device), dtype, m_cfg.matmul_size),
     }
 
@@ -482,7 +489,7 @@ def _training_step(model, task, device, precision: Precision = FLOAT32) -> Calla
     def step():
         optimizer.zero_grad(set_to_none=True)
         with precision.autocast():
-            loss, _ = masked_loss_and_hits(model(batch.inputs), batch)
+            loss = training_loss(model, batch)
         if scaler is None:
             loss.backward()
             optimizer.step()

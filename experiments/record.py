@@ -245,6 +245,15 @@ SCHEMA: tuple[Column, ...] = (
     _measured("speedup_vs_math", float, "×", "fwd+bwd speed-up over O(L²)", optional=True),
     _measured("speedup_vs_math_iqr", float, "×", "its IQR over rounds", optional=True),
     _measured("speedup_rounds", int, "", "alternating rounds behind the speed-ups", optional=True),
+    # --- the fused CUDA path (issue 25): which path the job's kernel ran ---
+    _measured(
+        "kernel_path",
+        str,
+        "",
+        "fused | explicit: the kernel's attention on PyTorch's fused kernels, or explicit "
+        "matmuls (`Attention.kernel_path`)",
+        optional=True,
+    ),
     Column("git_commit", PROVENANCE, str, doc="HEAD of the checkout, +dirty if changed"),
     Column("torch_version", PROVENANCE, str),
     Column("device_name", PROVENANCE, str, doc="GPU or CPU model"),

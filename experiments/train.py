@@ -160,6 +160,16 @@ def masked_loss_and_hits(logits: torch.Tensor, batch: Batch) -> tuple[torch.Tens
     return loss, hits
 
 
+def training_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
+    """The loss a training step backpropagates: `masked_loss_and_hits`'s, or with
+    `model.loss_chunks` > 1 the same loss from `TransformerLM.loss`, which never holds the
+    (B, L, V) logits."""
+    config = getattr(model, "config", None)
+    if getattr(config, "loss_chunks", 1) > 1:
+        return model.loss(batch.inputs, batch.targets, batch.loss_mask)
+    return masked_loss_and_hits(model(batch.inputs), batch)[0]
+
+
 @torch.no_grad()
 def evaluate(
     model: nn.Module,
@@ -240,7 +250,7 @@ def train(
         batch = task.batch("train", step).to(device)
         started = time.perf_counter()
         with precision.autocast():
-            loss, _ = masked_loss_and_hits(model(batch.inputs), batch)
+            loss = training_loss(model, batch)
         if not torch.isfinite(loss):
             raise Diverged(f"training loss is {loss.item()} at step {step}")
         optimizer.zero_grad(set_to_none=True)

@@ -64,6 +64,11 @@ class ModelConfig:
     - `positions`: `sinusoidal` (absolute, added to the embedding) or `rotary` (RoPE: q and k
       rotated by their position in every layer, so scores depend on offsets only and carry to
       lengths never trained on); rotary needs an even head_dim.
+    - `loss_chunks`, `attention_chunks`: memory switches for very long sequences, 1 (off) by
+      default so that no default step changes: the LM loss computed over `loss_chunks` pieces of
+      the sequence under checkpointing (`TransformerLM.loss`), and the attention sublayer run
+      over `attention_chunks` groups of heads under checkpointing, for kernels whose spec
+      declares `independent_heads` (`layers.SelfAttention`; other kernels run whole).
     """
 
     vocab_size: int = 256
@@ -81,9 +86,20 @@ class ModelConfig:
     causal: bool = True
     token_shift: bool = False
     positions: str = "sinusoidal"
+    loss_chunks: int = 1
+    attention_chunks: int = 1
 
     def __post_init__(self):
-        for name in ("vocab_size", "d_model", "n_heads", "depth", "ff_mult", "ff_chunks"):
+        for name in (
+            "vocab_size",
+            "d_model",
+            "n_heads",
+            "depth",
+            "ff_mult",
+            "ff_chunks",
+            "loss_chunks",
+            "attention_chunks",
+        ):
             require_positive_int(OWNER, name, getattr(self, name))
         require_divisible(OWNER, "d_model", self.d_model, "n_heads", self.n_heads)
         require_positive_int(OWNER, "max_seq_len", self.max_seq_len)

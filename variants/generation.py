@@ -92,7 +92,7 @@ def generate(
     temperature 0 is greedy (argmax); above 0 tokens are sampled from softmax(logits / t)
     with a generator seeded with `seed` (the global RNG if None). Runs without autograd and in
     eval mode. `ValueError` if a layer's kernel cannot decode (e.g. Linformer), the model is
-    not causal, or T + max_new_tokens exceeds the model's `max_seq_len`.
+    not causal or uses rotary positions, or T + max_new_tokens exceeds the model's `max_seq_len`.
     """
     from variants.model import sinusoidal_positions  # model imports this module's caller
 
@@ -106,6 +106,12 @@ def generate(
         )
     if temperature < 0:
         raise ValueError(f"{OWNER}: option 'temperature' must be >= 0, got {temperature!r}")
+    if model.config.positions != "sinusoidal":
+        # A step sees only its new positions: rotary would need the cache's offset.
+        raise ValueError(
+            f"{OWNER}: option 'positions'={model.config.positions!r} is not supported; "
+            "generation runs with positions='sinusoidal'"
+        )
     batch, length = prompt.shape
     total = length + max_new_tokens
     if total > model.config.max_seq_len:

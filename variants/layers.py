@@ -6,15 +6,17 @@ Blocks (`variants.blocks`) wire these together; every sublayer takes the model's
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Mapping
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from variants.attention.base import Attention, shared_qk_keys
+from variants.attention.base import Attention, replaying, shared_qk_keys
 from variants.checks import UnsupportedCombination
 from variants.config import OWNER, ModelConfig, kernel_options
 from variants.registry import AttentionSpec
@@ -93,6 +95,16 @@ class SelfAttention(nn.Module):
 
     Dropout is applied to the output projection (residual dropout); kernels have no attention-
     probability dropout.
+
+    `config.attention_chunks` > 1 (off by default), for kernels whose spec declares
+    `independent_heads`: the heads are cut into that many groups (sizes differ by at most one),
+    and each group's q, k, v projection, kernel and share of the output projection run under
+    activation checkpointing, one group after another. Only the normalised input and each
+    group's (B, L, d_model) contribution are kept for backward; no q, k, v of all heads and no
+    kernel temporaries of more than one group are ever live. The output equals the unchunked
+    layer's up to rounding (the output projection is summed over groups). The recompute runs
+    inside `base.replaying()`; a performer with `redraw_interval` counts one call per group.
+    Kernels without independent heads run whole.
     """
 
     def __init__(self, config: ModelConfig):
@@ -107,6 +119,7 @@ class SelfAttention(nn.Module):
         self.dropout = nn.Dropout(config.dropout)
         n_gates = config.spec.n_gates
         self.gates = nn.Linear(config.d_model, config.n_heads * n_gates) if n_gates else None
+        self.head_groups = min(config.attention_chunks, config.n_heads)
 
     def replacement_kernel(self, spec: AttentionSpec, options: Mapping[str, Any]) -> Attention:
         """A kernel of variant `spec` with its `options`, built as this layer built its own, on
@@ -124,6 +137,8 @@ class SelfAttention(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: (B, L, d_model) -> (B, L, d_model)."""
+        if self.head_groups > 1 and self.kernel.independent_heads and self.gates is None:
+            return self.dropout(self._by_head_groups(x))
         batch, length, d_model = x.shape
         q, k, v = self._queries_keys_values(self.qkv(x))  # each (B, L, d_model)
         q, k, v = self._heads(q), self._heads(k), self._heads(v)  # each (B, H, L, head_dim)
@@ -138,21 +153,65 @@ class SelfAttention(nn.Module):
         y = y.transpose(1, 2).reshape(batch, length, d_model)  # (B, L, d_model)
         return self.dropout(self.out(y))
 
-    def _queries_keys_values(self, projected: torch.Tensor):
-        # projected: (B, L, 3 d_model), or (B, L, 2 d_model) with shared QK
-        d_model = self.out.in_features
+    def _by_head_groups(self, x: torch.Tensor) -> torch.Tensor:
+        """The attention before dropout, one group of heads at a time under checkpointing:
+        x (B, L, d_model) -> (B, L, d_model)."""
+        heads = torch.arange(self.n_heads, device=x.device)
+        out = None
+        for group in torch.tensor_split(heads, self.head_groups):
+            if torch.is_grad_enabled():
+                part = checkpoint(
+                    self._head_group,
+                    x,
+                    group,
+                    use_reentrant=False,
+                    context_fn=_replay_on_recompute,
+                )
+            else:
+                part = self._head_group(x, group)
+            out = part if out is None else out + part  # (B, L, d_model)
+        return out + self.out.bias
+
+    def _head_group(self, x: torch.Tensor, group: torch.Tensor) -> torch.Tensor:
+        """Heads `group` (indices): their projection, kernel and share of the output
+        projection (without its bias), x (B, L, d_model) -> (B, L, d_model)."""
+        batch, length, d_model = x.shape
+        n_projections = self.qkv.out_features // d_model
+        columns = group[:, None] * self.head_dim + torch.arange(self.head_dim, device=x.device)
+        columns = columns.flatten()  # (G*head_dim,) the group's features within d_model
+        rows = torch.cat([columns + p * d_model for p in range(n_projections)])
+        projected = F.linear(x, self.qkv.weight[rows], self.qkv.bias[rows])  # (B, L, P*G*hd)
+        q, k, v = self._queries_keys_values(projected, len(group))  # each (B, L, G*head_dim)
+        q, k, v = (self._heads(x, len(group)) for x in (q, k, v))  # each (B, G, L, head_dim)
+        if self.config.positions == "rotary":
+            q, k = rotary(q), rotary(k)  # as in `forward`: after the shared-QK keys
+        y = self.kernel(q, k, v)  # (B, G, L, head_dim)
+        y = y.transpose(1, 2).reshape(batch, length, -1)  # (B, L, G*head_dim)
+        return F.linear(y, self.out.weight[:, columns])  # (B, L, d_model)
+
+    def _queries_keys_values(self, projected: torch.Tensor, n_heads: int | None = None):
+        # projected: (B, L, 3 width), or (B, L, 2 width) with shared QK; width = n_heads
+        # head_dim (all heads unless a group's)
+        n_heads = self.n_heads if n_heads is None else n_heads
+        d_model = n_heads * self.head_dim
         if not self.config.shared_qk:
             return projected.split(d_model, dim=-1)
         q, v = projected.split(d_model, dim=-1)  # (B, L, d_model) each
         if self.kernel.applies_shared_qk:
             return q, q, v
         # Normalise per head: the kernel scores head_dim-sized slices, not the whole d_model.
-        q_heads = q.unflatten(-1, (self.n_heads, self.head_dim))  # (B, L, H, head_dim)
+        q_heads = q.unflatten(-1, (n_heads, self.head_dim))  # (B, L, H, head_dim)
         return q, shared_qk_keys(q_heads).flatten(-2), v
 
-    def _heads(self, x: torch.Tensor) -> torch.Tensor:
-        # (B, L, H * E) -> (B, H, L, E)
-        return x.unflatten(-1, (self.n_heads, -1)).transpose(1, 2)
+    def _heads(self, x: torch.Tensor, n_heads: int | None = None) -> torch.Tensor:
+        # (B, L, H * E) -> (B, H, L, E), H all heads or `n_heads` (a group's)
+        return x.unflatten(-1, (n_heads or self.n_heads, -1)).transpose(1, 2)
+
+
+def _replay_on_recompute():
+    """Checkpoint contexts: none around the forward, `base.replaying()` around its recompute
+    (stochastic kernels reuse their forward's choices)."""
+    return contextlib.nullcontext(), replaying()
 
 
 class FeedForward(nn.Module):

@@ -10,6 +10,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from variants.attention.base import Attention
 from variants.blocks import block_names, build_block, build_stack
@@ -100,8 +101,9 @@ class TransformerLM(nn.Module):
     def _attention_layers(self) -> Iterator[SelfAttention]:
         return (m for m in self.blocks.modules() if isinstance(m, SelfAttention))
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        """tokens: (B, L) int64 -> logits (B, L, vocab_size)."""
+    def hidden(self, tokens: torch.Tensor) -> torch.Tensor:
+        """tokens: (B, L) int64 -> the last block's output (B, L, d_model), before the final
+        norm and the head."""
         if tokens.dim() != 2:
             raise ValueError(
                 f"TransformerLM: tokens must have shape (batch, seq_len), got {tuple(tokens.shape)}"
@@ -116,9 +118,61 @@ class TransformerLM(nn.Module):
             previous = F.pad(x[:, :-1], (0, 0, 1, 0))  # (B, L, d_model): x_{i-1}, zeros at 0
             x = x + self.shift(previous)
         x = self.dropout(x)
-        x = self.blocks(x)  # (B, L, d_model)
-        x = self.norm(x)
-        return self.head(x)  # (B, L, vocab_size)
+        return self.blocks(x)  # (B, L, d_model)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        """tokens: (B, L) int64 -> logits (B, L, vocab_size)."""
+        return self.head(self.norm(self.hidden(tokens)))  # (B, L, vocab_size)
+
+    def loss(
+        self, tokens: torch.Tensor, targets: torch.Tensor, loss_mask: torch.Tensor
+    ) -> torch.Tensor:
+        """Mean cross-entropy of `targets` over the `loss_mask` positions, in float32 (float64
+        for a float64 model).
+
+        tokens, targets: (B, L) int64; loss_mask: (B, L) bool. Equal to
+        `F.cross_entropy(self(tokens)[loss_mask].float(), targets[loss_mask])`. With
+        `config.loss_chunks` > 1 the final norm, the head and the cross-entropy run over that
+        many pieces of the sequence (sizes differ by at most one) under activation
+        checkpointing: no (B, L, vocab_size) logits are ever live, only one piece's, in forward
+        and in backward; the price is one more norm and head per step. A mask with no position
+        gives NaN, as the plain form.
+        """
+        x = self.hidden(tokens)  # (B, L, d_model)
+        count = loss_mask.sum()
+        n_pieces = min(self.config.loss_chunks, x.shape[1])
+        if n_pieces == 1:
+            logits = self.head(self.norm(x))  # (B, L, vocab_size)
+            return F.cross_entropy(_at_least_float32(logits[loss_mask]), targets[loss_mask])
+        total = 0.0
+        pieces = zip(
+            torch.tensor_split(x, n_pieces, dim=1),
+            torch.tensor_split(targets, n_pieces, dim=1),
+            torch.tensor_split(loss_mask, n_pieces, dim=1),
+            strict=True,
+        )  # each piece (B, ~L/n_pieces, ...)
+        for piece, piece_targets, piece_mask in pieces:
+            if torch.is_grad_enabled():
+                summed = checkpoint(
+                    self._summed_loss, piece, piece_targets, piece_mask, use_reentrant=False
+                )
+            else:
+                summed = self._summed_loss(piece, piece_targets, piece_mask)
+            total = total + summed
+        return total / count
+
+    def _summed_loss(
+        self, x: torch.Tensor, targets: torch.Tensor, loss_mask: torch.Tensor
+    ) -> torch.Tensor:
+        """Summed cross-entropy of a piece (at least float32): x (B, l, d_model), targets and
+        loss_mask (B, l) -> scalar."""
+        logits = _at_least_float32(self.head(self.norm(x))[loss_mask])  # (n, vocab_size)
+        return F.cross_entropy(logits, targets[loss_mask], reduction="sum")
+
+
+def _at_least_float32(logits: torch.Tensor) -> torch.Tensor:
+    """Half-precision logits in float32 (the softmax of half logits loses most of its digits)."""
+    return logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits
 
     def generate(
         self,

@@ -43,6 +43,9 @@ class AttentionSpec:
     supports_decode: bool  # has init_cache / prefill / decode (causal only)
     decode_matches_forward: bool  # decoding gives the causal forward's outputs
     preset: dict[str, Any] = field(default_factory=dict)  # a preset's own defaults
+    # Heads computed independently (`Attention.independent_heads`): `model.attention_chunks`
+    # may run groups of heads as separate calls.
+    independent_heads: bool = False
 
     @property
     def variant(self) -> str:
@@ -119,6 +122,7 @@ def _spec(name: str, cls: type, preset: dict[str, Any], summary: str | None) -> 
         supports_decode=cls.supports_decode,
         decode_matches_forward=cls.decode_matches_forward,
         preset=preset,
+        independent_heads=cls.independent_heads,
     )
 
 

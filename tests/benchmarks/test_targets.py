@@ -72,3 +72,35 @@ def test_rounds_continue_until_the_minimum_time_is_spent(monkeypatch):
     assert len(times["a"]) == 4  # 3, 6, 9 s: still under 10 after the third round
     times, _ = targets.time_in_rounds(calls, 2, lambda: None)
     assert len(times["a"]) == 2
+
+
+def test_million_rows_run_each_step_in_its_own_process(capsys):
+    rows = targets.million_rows(256, "blockwise,sparse_fixed")
+    ran, left_out = rows
+    assert ran.seconds > 0 and ran.peak_rss_bytes > 2**20
+    assert ran.bound_bytes == targets.MILLION_LIMIT_BYTES
+    assert left_out.seconds is None and "quadratic" in left_out.note
+    failed = targets.run_step_row("broken", "no-such-variant", 256, 1, "residual", 256)
+    assert failed.seconds is None and "no-such-variant" in failed.note
+    targets.print_step_table([*rows, failed])
+    table = capsys.readouterr().out
+    assert "| blockwise, 1 layer, L=256 |" in table and "| < 16 GB | yes |" in table
+    assert "| broken | | | | failed (exit 1)" in table
+
+
+def test_a_step_row_trains_the_switched_model_once(monkeypatch):
+    built = []
+    real = targets.TransformerLM
+    monkeypatch.setattr(
+        targets, "TransformerLM", lambda config: built.append(config) or real(config)
+    )
+    row = targets.step_row("lsh", "128", "2", "reversible", "64")
+    assert row["seconds"] > 0 and row["peak_rss_bytes"] > 0
+    (config,) = built
+    assert (config.depth, config.block, config.d_model, config.max_seq_len) == (
+        2,
+        "reversible",
+        64,
+        128,
+    )
+    assert {k: getattr(config, k) for k in targets.MILLION_SWITCHES} == targets.MILLION_SWITCHES

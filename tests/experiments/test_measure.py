@@ -29,6 +29,7 @@ ALWAYS = {
     "matmul_peak_gflops_per_s",
     "peak_rss_bytes",
     "timing_warning",
+    "kernel_path",
 }
 TRAINING = {"train_loss", "eval_loss", "eval_accuracy", "tokens_per_s"}
 KERNEL = {
@@ -128,6 +129,24 @@ def test_kernel_memory_shows_the_score_matrix_of_the_quadratic_kernel_only(job_c
 
     scores = 1 * 2 * 256 * 256 * 4  # (B, H, L, L) float32: what impl=math holds, SDPA never
     assert kernel_memory("math") > scores > kernel_memory("sdpa") > 0
+
+
+@pytest.mark.parametrize("cpu_fused", [True, False])
+def test_the_record_says_which_path_the_kernel_ran(job_config, monkeypatch, cpu_fused):
+    from variants.attention import flash
+
+    monkeypatch.setattr(flash, "FUSED_CPU_KERNELS", cpu_fused)
+    quiet = ("train.steps=0", "measure.kernel=false", "measure.step=false")
+    off = (*quiet, "measure.memory=false", "measure.approx_error=false")
+    paths = {}
+    for attention in ("lsh", "linear", "full"):
+        config = job_config(*TINY, *off, f"attention={attention}")
+        paths[attention] = measure.measure(config, measure.setup(config))["kernel_path"]
+    assert paths == {
+        "lsh": "fused" if cpu_fused else "explicit",
+        "linear": "explicit",
+        "full": "fused",  # SDPA
+    }
 
 
 def test_setup_builds_the_configured_model(job_config):

@@ -122,3 +122,36 @@ def test_a_two_job_sweep_runs_on_cuda(tmp_path):
         assert rec["status"] == "ok" and rec["device"] == "cuda", rec.get("error")
         assert rec["device_name"] == torch.cuda.get_device_name(0)
         assert rec["peak_memory_bytes"] > 0 and rec["attn_fwd_bwd_ms"] > 0
+
+
+# --- the fused path of flash.attend on CUDA (issue 25) ------------------------------------------
+
+FLASH_KERNELS = ("lsh", "strided", "compressed", "longformer", "bigbird", "sparse_fixed", "routing")
+
+
+@pytest.mark.parametrize("name", FLASH_KERNELS)
+def test_flash_kernels_run_fused_on_cuda_and_match_the_cpu(name, monkeypatch):
+    """The kernels that merge parts by logsumexp run CUDA's memory-efficient kernels (forward
+    and backward, returning and taking the logsumexp) and agree with the CPU."""
+    from variants.attention import flash
+
+    on_cpu = _kernel(name)
+    assert on_cpu.kernel_path(CUDA, torch.float32) == "fused"
+    calls = []
+    forward, backward = flash.efficient_ops()
+    monkeypatch.setattr(
+        flash,
+        "efficient_ops",
+        lambda: (
+            lambda *a, **o: calls.append("forward") or forward(*a, **o),
+            lambda *a, **o: calls.append("backward") or backward(*a, **o),
+        ),
+    )
+    generator = torch.Generator().manual_seed(2)
+    q, k, v, grad_out = (torch.randn(SHAPE, generator=generator) for _ in range(4))
+    on_gpu = copy.deepcopy(on_cpu).to(CUDA)
+    expected = _forward_backward(on_cpu, q, k, v, grad_out)
+    got = _forward_backward(on_gpu, *(t.to(CUDA) for t in (q, k, v, grad_out)))
+    assert "forward" in calls and "backward" in calls
+    for a, b in zip(got, expected, strict=True):
+        assert _relative(a, b) < 1e-4, name

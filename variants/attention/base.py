@@ -32,6 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from variants.attention import flash, flex
 from variants.checks import check_qkv, require_bool
 from variants.patterns import Pattern
 
@@ -64,6 +65,14 @@ class Attention(nn.Module):
     supports_decode: ClassVar[bool] = False
     decode_reason: ClassVar[str] = "it has no decode path"
     decode_matches_forward: ClassVar[bool] = True
+    # True if each head's output depends on that head's q, k, v alone, with no per-head
+    # parameters, state or per-call draws: the layer may then run groups of heads as separate
+    # calls (`model.attention_chunks`) and get exactly the output of one call.
+    independent_heads: ClassVar[bool] = False
+    # How its softmax attention runs: "flash" (parts merged by logsumexp through
+    # `flash.attend`: fused where `flash.path` says so), "sdpa" (PyTorch's fused SDPA), or None
+    # (no fused attention kernel: explicit matmuls of its own). Read by `kernel_path`.
+    softmax_kernels: ClassVar[str | None] = None
 
     def __init__(self, *, causal: bool = False):
         super().__init__()
@@ -185,6 +194,22 @@ class Attention(nn.Module):
         """Whether this kernel can be trained on `device`; False where it runs forward only
         (`impl="flex"` on CPU: PyTorch's FlexAttention has no CPU backward)."""
         return True
+
+    def kernel_path(self, device: torch.device | str, dtype: torch.dtype) -> str:
+        """`fused` if this kernel's attention runs on PyTorch's fused kernels on `device` in
+        `dtype` (SDPA, the fused flash/efficient ops of `flash.attend`, compiled FlexAttention),
+        else `explicit` (explicit matmuls: `impl=math`, `flash.attend`'s fallback, and kernels
+        without a softmax attention such as linear and performer). Records say it per job."""
+        impl = getattr(self, "impl", None)
+        if impl == "flex":
+            return flash.FUSED if flex.COMPILE else flash.EXPLICIT  # tests run it eagerly
+        if impl == "math" or self.softmax_kernels is None:
+            return flash.EXPLICIT
+        if self.softmax_kernels == "sdpa":  # PyTorch's SDPA: fused on CPU, on CUDA but float64
+            device_type = torch.device(device).type
+            cuda_fused = device_type == "cuda" and dtype != torch.float64
+            return flash.FUSED if device_type == "cpu" or cuda_fused else flash.EXPLICIT
+        return flash.path(device, dtype)
 
     def flops(self, batch: int, heads: int, seq_len: int, head_dim: int) -> int:
         """Useful forward FLOPs (2 per multiply-add) of the score and value matmuls.

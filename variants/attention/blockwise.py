@@ -35,6 +35,8 @@ class BlockwiseAttention(Attention):
     time_complexity = "O(L b d)"
     memory_complexity = "O(L b)"
     supports_decode = True
+    softmax_kernels = "sdpa"
+    independent_heads = True
 
     def __init__(
         self,

@@ -74,6 +74,8 @@ class CombinedAttention(Attention):
     time_complexity = "O(L k d), k keys per query"
     memory_complexity = "O(L b)"
     supports_decode = True
+    softmax_kernels = "flash"
+    independent_heads = True
 
     def __init__(
         self,

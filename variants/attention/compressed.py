@@ -86,6 +86,8 @@ class CompressedAttention(Attention):
     time_complexity = "O(L^2 d / f)"
     memory_complexity = "O(L) fused, O(L^2 / f) explicit"
     supports_decode = True
+    softmax_kernels = "flash"
+    independent_heads = True
 
     def __init__(
         self, *, causal: bool = False, factor: int = 4, method: str = "conv", head_dim: int = 64

@@ -10,8 +10,12 @@ given the *combined* o and LSE (the flash-attention form, dS = P (dO V^T - rowsu
 P = exp(S - LSE)), so no gradient flows through the logsumexps themselves.
 
 On CPU both directions run on PyTorch's fused flash-attention kernels: private ATen ops (what
-`F.scaled_dot_product_attention` calls on CPU, plus the logsumexp it does not return). Other
-devices, other dtypes, or a PyTorch without them take explicit matmuls.
+`F.scaled_dot_product_attention` calls on CPU, plus the logsumexp it does not return). On CUDA
+they run on the memory-efficient SDPA kernels (`_scaled_dot_product_efficient_attention` and
+its backward: the kernel SDPA picks with an additive mask, which returns its logsumexp) for
+float32 and half types, so a kernel that merges parts runs fused wherever exact attention does.
+Other devices, other dtypes (float64 on CUDA), or a PyTorch without the ops take explicit
+matmuls. `path(device, dtype)` says which (`fused` | `explicit`): every record's `kernel_path`.
 """
 
 from __future__ import annotations
@@ -27,11 +31,47 @@ MASKED_SCORE = -1e30
 # False forces the explicit path that other devices take (tests run both).
 FUSED_CPU_KERNELS = hasattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu_backward")
 FUSED_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
+# The same on CUDA: the memory-efficient kernels (no float64).
+FUSED_CUDA_KERNELS = hasattr(torch.ops.aten, "_scaled_dot_product_efficient_attention_backward")
+FUSED_CUDA_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+# The memory-efficient kernel pads its logsumexp to a multiple of this many queries, and wants
+# the rows of an additive bias aligned to this many elements.
+CUDA_LSE_ALIGN, CUDA_BIAS_ALIGN = 32, 16
+FUSED, EXPLICIT = "fused", "explicit"
+
+
+def fused_on(device_type: str, dtype: torch.dtype) -> bool:
+    """Whether the fused kernels take tensors of `dtype` on a device of `device_type`."""
+    if device_type == "cpu":
+        return FUSED_CPU_KERNELS and dtype in FUSED_DTYPES
+    if device_type == "cuda":
+        return FUSED_CUDA_KERNELS and dtype in FUSED_CUDA_DTYPES
+    return False
 
 
 def fused(x: torch.Tensor) -> bool:
-    """Whether the fused CPU kernels take `x`: CPU floating tensors, unless disabled."""
-    return FUSED_CPU_KERNELS and x.device.type == "cpu" and x.dtype in FUSED_DTYPES
+    """Whether the fused kernels take `x` (its device and dtype), unless disabled."""
+    return fused_on(x.device.type, x.dtype)
+
+
+def fused_kind(x: torch.Tensor) -> str | None:
+    """Which fused kernels take `x`: "cpu" (flash), "cuda" (memory-efficient), or None."""
+    return x.device.type if fused(x) else None
+
+
+def efficient_ops():
+    """CUDA's memory-efficient attention forward and backward ops (a function: the CPU tests
+    stand in for them)."""
+    aten = torch.ops.aten
+    return (
+        aten._scaled_dot_product_efficient_attention,
+        aten._scaled_dot_product_efficient_attention_backward,
+    )
+
+
+def path(device: torch.device | str, dtype: torch.dtype) -> str:
+    """`fused` or `explicit`: which path `attend` and `attend_backward` take there."""
+    return FUSED if fused_on(torch.device(device).type, dtype) else EXPLICIT
 
 
 def masked_score(dtype: torch.dtype) -> float:
@@ -69,11 +109,21 @@ def attend(
     part that has keys. Returns out (B, N, Lq, D) and lse (B, N, Lq), the latter in float32 for
     half types (as the fused kernels).
     """
-    if fused(q):
+    kind = fused_kind(q)
+    if kind == "cuda":
+        forward, _ = efficient_ops()
+        out, lse, _, _ = forward(q, k, v, _cuda_bias(bias, q, k), True, 0.0, causal, scale=scale)
+        return out, lse[..., : q.shape[-2]]  # (B, N, Lq, D), (B, N, Lq)
+    if kind == "cpu":
         out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
             q, k, v, is_causal=causal, attn_mask=bias, scale=scale
         )
         return out, lse
+    return _explicit_attend(q, k, v, scale=scale, bias=bias, causal=causal)
+
+
+def _explicit_attend(q, k, v, *, scale, bias, causal):
+    """`attend` in explicit matmuls (devices and dtypes without fused kernels)."""
     scores = _scores(q, k, scale, bias, causal)  # (B, N, Lq, Lk), at least float32
     lse = scores.logsumexp(dim=-1)  # (B, N, Lq)
     probs = scores.sub_(_finite(lse).unsqueeze(-1)).exp_()
@@ -115,10 +165,18 @@ def attend_backward(
 
     Shapes as in `attend`. Returns grad_q (B, N, Lq, D), grad_k and grad_v (B, N, Lk, D).
     """
-    if fused(q):
+    kind = fused_kind(q)
+    if kind == "cuda":
+        return _cuda_backward(grad_out, q, k, v, out, lse, scale=scale, bias=bias, causal=causal)
+    if kind == "cpu":
         return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
             grad_out, q, k, v, out, lse, 0.0, causal, attn_mask=bias, scale=scale
         )
+    return _explicit_backward(grad_out, q, k, v, out, lse, scale=scale, bias=bias, causal=causal)
+
+
+def _explicit_backward(grad_out, q, k, v, out, lse, *, scale, bias, causal):
+    """`attend_backward` in explicit matmuls."""
     dtypes = (q.dtype, k.dtype, v.dtype)
     probs = _scores(q, k, scale, bias, causal)  # (B, N, Lq, Lk), at least float32
     probs.sub_(_finite(lse).unsqueeze(-1).to(probs.dtype)).exp_()
@@ -129,6 +187,51 @@ def attend_backward(
     grad_q = (grad_scores @ k).mul_(scale)  # (B, N, Lq, D)
     grad_k = (grad_scores.transpose(-1, -2) @ q).mul_(scale)  # (B, N, Lk, D)
     return tuple(g.to(dtype) for g, dtype in zip((grad_q, grad_k, grad_v), dtypes, strict=True))
+
+
+def _cuda_bias(bias, q, k) -> torch.Tensor | None:
+    """An additive bias as the memory-efficient kernel takes it: (B, N, Lq, Lk) in q's dtype,
+    broadcast dims as stride 0, each row starting at a multiple of CUDA_BIAS_ALIGN elements
+    (a padded copy if not)."""
+    if bias is None:
+        return None
+    shape = (*q.shape[:-1], k.shape[-2])  # (B, N, Lq, Lk)
+    bias = bias.to(q.dtype).expand(shape)
+    if bias.stride(-1) == 1 and bias.stride(-2) % CUDA_BIAS_ALIGN == 0:
+        return bias
+    width = -(-shape[-1] // CUDA_BIAS_ALIGN) * CUDA_BIAS_ALIGN
+    aligned = bias.new_empty(*shape[:-1], width)[..., : shape[-1]]  # rows at aligned offsets
+    return aligned.copy_(bias)
+
+
+def _cuda_backward(grad_out, q, k, v, out, lse, *, scale, bias, causal):
+    """`attend_backward` on CUDA's memory-efficient kernel; lse (B, N, Lq) is padded back to
+    the kernel's CUDA_LSE_ALIGN multiple (the padding rows are never read)."""
+    length = lse.shape[-1]
+    padded = torch.zeros(
+        (*lse.shape[:-1], -(-length // CUDA_LSE_ALIGN) * CUDA_LSE_ALIGN),
+        dtype=torch.float32,
+        device=lse.device,
+    )
+    padded[..., :length] = lse
+    seed = offset = torch.empty((), dtype=torch.int64)  # no dropout: never read
+    _, backward = efficient_ops()
+    grad_q, grad_k, grad_v, _ = backward(
+        grad_out,
+        q,
+        k,
+        v,
+        _cuda_bias(bias, q, k),
+        out,
+        padded,
+        seed,
+        offset,
+        0.0,
+        [True, True, True, False],
+        causal,
+        scale=scale,
+    )
+    return grad_q, grad_k, grad_v
 
 
 def _finite(lse: torch.Tensor) -> torch.Tensor:

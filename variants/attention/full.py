@@ -26,6 +26,8 @@ class FullAttention(Attention):
     time_complexity = "O(L^2 d)"
     memory_complexity = "O(L) sdpa, O(L^2) math"
     supports_decode = True
+    softmax_kernels = "sdpa"
+    independent_heads = True
 
     def __init__(self, *, causal: bool = False, impl: str = "sdpa", shared_qk: bool = False):
         super().__init__(causal=causal)

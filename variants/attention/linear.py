@@ -30,6 +30,7 @@ class LinearAttention(Attention):
     time_complexity = "O(L d^2)"
     memory_complexity = "O(L d + d^2)"
     supports_decode = True
+    independent_heads = True
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         phi_q, phi_k = F.elu(q) + 1, F.elu(k) + 1  # (B, H, L, D) each, positive

@@ -51,6 +51,7 @@ class LinformerAttention(Attention):
     exact = False
     time_complexity = "O(L k d)"
     memory_complexity = "O(L k)"
+    softmax_kernels = "sdpa"
     causal_supported = False
     causal_reason = (
         "its projection along the sequence mixes future positions into every projected key, "

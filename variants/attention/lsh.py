@@ -97,6 +97,12 @@ SINGLE_HASH_MAX_BUCKETS = 128
 # One 32K sequence in one call took 50-80 ms, in four calls of 4 MiB 35 ms. The same budget
 # bounds the hash's projection blocks and the groups of sequences the masks are built for.
 PIECE_BYTES = 4 * 2**20
+# Bytes of the whole uint8 window mask (B*H*n_hashes*L*2m) above which it is not held: each
+# slice and round's part is rebuilt when forward and backward need it (`RoundMasks`). Up to
+# this, the whole mask is built once and saved, as below 2^17 tokens at 4 heads with the
+# defaults (64 MiB at 32K): rebuilding per slice measured 1.2-2x slower at 32K. At 2^20 tokens
+# the whole mask would be 2 GiB.
+MASK_BYTES = 256 * 2**20
 
 
 @register_attention
@@ -114,6 +120,7 @@ class LSHAttention(Attention):
     exact = False
     time_complexity = "O(n_hashes L m d)"
     memory_complexity = "O(n_hashes L m)"
+    softmax_kernels = "flash"
     shared_qk_required = True
     supports_decode = True
     decode_matches_forward = False
@@ -202,15 +209,17 @@ class LSHAttention(Attention):
 
     def _hidden_keys(
         self, order: torch.Tensor, slot: torch.Tensor, length: int
-    ) -> torch.Tensor | None:
+    ) -> torch.Tensor | RoundMasks | None:
         """Mask of the window keys each sorted query must not see (uint8, 1 = hidden), or None.
 
         order, slot: (S, R, Lp), S = B*H, as in `attend`. Hides later keys (causal) or padded
         keys, and with `dedup` pairs an earlier round already offers. Shape (S, R, C, m, W*m),
         or (S, R, C, 1, W*m) when only padding is hidden, laid out as `window_view`'s keys
-        (previous chunk, then own). uint8 rather than bool, and int16 positions where they fit:
-        on CPU, broadcast comparisons wrote uint8 4-6x as fast as bool (and int16 operands
-        2-3x as fast as int32), and `window_bias` turns uint8 into floats 4x as fast.
+        (previous chunk, then own). A whole (S, R, C, m, W*m) mask of more than MASK_BYTES is
+        not built: a `RoundMasks` then builds each slice and round's part when it is needed.
+        uint8 rather than bool, and int16 positions where they fit: on CPU, broadcast
+        comparisons wrote uint8 4-6x as fast as bool (and int16 operands 2-3x as fast as
+        int32), and `window_bias` turns uint8 into floats 4x as fast.
         """
         n_seq, rounds, padded = order.shape
         m = self.bucket_size
@@ -224,38 +233,21 @@ class LSHAttention(Attention):
             pos = order.view(n_seq, rounds, n_chunks, m).to(index_dtype(padded))  # (S,R,C,m)
             return window_keys(pos).ge(length).to(torch.uint8)  # (S, R, C, 1, W*m)
         window = 1 if n_chunks == 1 else 2
+        masks = RoundMasks(order, slot, length, m, causal=self.causal, dedup=dedup)
+        if n_seq * rounds * padded * window * m > MASK_BYTES:
+            return masks  # rebuilt per slice and round, in forward and again in backward
         hidden = torch.empty(
             n_seq, rounds, n_chunks, m, window * m, dtype=torch.uint8, device=order.device
         )
         # A few sequences and one round at a time, into the mask itself: temporaries the size
         # of the whole mask came back as fresh pages on every call (comparisons into uint8 go
         # through a bool temporary), and faulting them in cost as much as the comparisons.
-        # Positions compare against `length` and chunk indices against n_chunks: the dtypes
-        # must hold those too (int16 wraps 32768 around to -32768 without an error).
-        positions = order.to(index_dtype(padded + 1))  # (S, R, Lp)
-        chunk_of = (slot // m).to(index_dtype(n_chunks + 1))  # (S, R, Lp) chunk of each position
         per_group = max(1, PIECE_BYTES // hidden[0, 0].numel())
         for start in range(0, n_seq, per_group):
             group = slice(start, start + per_group)
             same = torch.empty_like(hidden[group, 0])  # (g, C, m, W*m)
             for r in range(rounds):
-                mask = hidden[group, r]  # (g, C, m, W*m) view
-                pos = positions[group, r].unflatten(-1, (n_chunks, m))  # (g, C, m)
-                if self.causal:
-                    # Padded keys sit after every real query, so this also hides them.
-                    torch.gt(window_keys(pos), pos.unsqueeze(-1), out=mask)
-                elif length < padded:
-                    torch.ge(window_keys(pos).expand_as(mask), length, out=mask)
-                else:
-                    mask.zero_()
-                for earlier in range(r if dedup else 0):
-                    # Key j is in query i's window in round e iff chunk_e(i) is chunk_e(j) or
-                    # the one after it.
-                    chunk = chunk_of[group, earlier].gather(1, order[group, r])  # (g, Lp)
-                    chunk = chunk.unflatten(-1, (n_chunks, m))  # (g, C, m)
-                    query_chunk = chunk.unsqueeze(-1)  # (g, C, m, 1)
-                    mask |= torch.eq(window_keys(chunk), query_chunk, out=same)
-                    mask |= torch.eq(window_keys((chunk + 1) % n_chunks), query_chunk, out=same)
+                masks.fill(hidden[group, r], group, r, same)
         return hidden
 
     # --- decoding -----------------------------------------------------------------------------
@@ -427,8 +419,9 @@ class RoundsWindowAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, v, hidden, order, slot, m):
         """q, v: (S, Lp, D) in position order, S = B*H; hidden: uint8 (S, R, C, m or 1, W*m) keys
-        a query must not see, or None; order: (S, R, Lp) position at each sorted slot; slot:
-        (S, R, Lp) sorted slot of each position; m: chunk length. Returns o (S, Lp, D)."""
+        a query must not see, a `RoundMasks` that builds them per slice and round, or None;
+        order: (S, R, Lp) position at each sorted slot; slot: (S, R, Lp) sorted slot of each
+        position; m: chunk length. Returns o (S, Lp, D)."""
         n_seq, rounds, padded = order.shape
         # Row gathers and the `out=` writes below want dense rows; one copy here, if any.
         q, v = q.contiguous(), v.contiguous()
@@ -463,6 +456,10 @@ class RoundsWindowAttention(torch.autograd.Function):
                 total_lse = lse.new_empty(*q.shape[:-1], 1)
             total_lse[part] = lse
         ctx.m = m
+        # A RoundMasks (above MASK_BYTES) is kept as it is: it rebuilds the masks in backward.
+        ctx.masks = hidden if isinstance(hidden, RoundMasks) else None
+        if ctx.masks is not None:
+            hidden = None
         ctx.save_for_backward(q, v, norm, hidden, order, slot, combined, total_lse)
         return combined  # (S, Lp, D)
 
@@ -470,6 +467,8 @@ class RoundsWindowAttention(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, grad_combined):
         q, v, norm, hidden, order, slot, combined, total_lse = ctx.saved_tensors
+        if ctx.masks is not None:
+            hidden = ctx.masks
         m, rounds = ctx.m, order.shape[1]
         grad_combined = grad_combined.contiguous()
         grad_q, grad_v = torch.empty_like(q), torch.empty_like(v)  # (S, Lp, D) each
@@ -591,8 +590,64 @@ def sequence_slices(x: torch.Tensor, m: int, n_chunks: int) -> list[slice]:
     return [slice(start, min(start + per_slice, n_seq)) for start in range(0, n_seq, per_slice)]
 
 
-def _round(mask: torch.Tensor | None, part: slice, r: int) -> torch.Tensor | None:
-    return None if mask is None else mask[part, r]
+def _round(mask, part: slice, r: int) -> torch.Tensor | None:
+    """Round r of the sequences `part` of a whole mask, or built by a `RoundMasks`."""
+    if mask is None:
+        return None
+    if isinstance(mask, RoundMasks):
+        return mask.round(part, r)
+    return mask[part, r]
+
+
+class RoundMasks:
+    """The window keys a sorted query must not see, per slice of sequences and round.
+
+    order, slot: (S, R, Lp) as in `LSHAttention.attend`. `fill` writes one round of a group of
+    sequences into a (g, C, m, W*m) uint8 mask; `round` builds one. `LSHAttention._hidden_keys`
+    fills its whole mask with `fill`; above MASK_BYTES the attention takes this object instead
+    and builds each slice and round's part when it attends to it (twice per step: forward and
+    backward), so only one slice-round of mask is live.
+    """
+
+    def __init__(self, order, slot, length: int, m: int, *, causal: bool, dedup: bool):
+        n_seq, self.rounds, padded = order.shape
+        self.order, self.length, self.m, self.padded = order, length, m, padded
+        self.n_chunks = padded // m
+        self.window = 1 if self.n_chunks == 1 else 2
+        self.causal, self.dedup = causal, dedup
+        # Positions compare against `length` and chunk indices against n_chunks: the dtypes
+        # must hold those too (int16 wraps 32768 around to -32768 without an error).
+        self.positions = order.to(index_dtype(padded + 1))  # (S, R, Lp)
+        self.chunk_of = (slot // m).to(index_dtype(self.n_chunks + 1))  # (S, R, Lp) chunk
+
+    def round(self, part: slice, r: int) -> torch.Tensor:
+        """(s, C, m, W*m) uint8 mask of round r of sequences `part`."""
+        n_seq = len(range(*part.indices(self.order.shape[0])))
+        shape = (n_seq, self.n_chunks, self.m, self.window * self.m)
+        mask = torch.empty(shape, dtype=torch.uint8, device=self.order.device)
+        self.fill(mask, part, r, torch.empty_like(mask))
+        return mask
+
+    def fill(self, mask: torch.Tensor, group: slice, r: int, same: torch.Tensor) -> None:
+        """Write round r of sequences `group` into `mask` (g, C, m, W*m); `same` is scratch of
+        its shape."""
+        n_chunks, m, order = self.n_chunks, self.m, self.order
+        pos = self.positions[group, r].unflatten(-1, (n_chunks, m))  # (g, C, m)
+        if self.causal:
+            # Padded keys sit after every real query, so this also hides them.
+            torch.gt(window_keys(pos), pos.unsqueeze(-1), out=mask)
+        elif self.length < self.padded:
+            torch.ge(window_keys(pos).expand_as(mask), self.length, out=mask)
+        else:
+            mask.zero_()
+        for earlier in range(r if self.dedup else 0):
+            # Key j is in query i's window in round e iff chunk_e(i) is chunk_e(j) or the one
+            # after it.
+            chunk = self.chunk_of[group, earlier].gather(1, order[group, r])  # (g, Lp)
+            chunk = chunk.unflatten(-1, (n_chunks, m))  # (g, C, m)
+            query_chunk = chunk.unsqueeze(-1)  # (g, C, m, 1)
+            mask |= torch.eq(window_keys(chunk), query_chunk, out=same)
+            mask |= torch.eq(window_keys((chunk + 1) % n_chunks), query_chunk, out=same)
 
 
 def window_view(x: torch.Tensor) -> torch.Tensor:

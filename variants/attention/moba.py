@@ -49,6 +49,7 @@ class MoBAAttention(Attention):
     exact = False
     time_complexity = "O(L k b d + L^2 d / b)"
     memory_complexity = "O(L k d)"
+    softmax_kernels = "flash"
 
     def __init__(self, *, causal: bool = False, block_size: int = 128, top_k: int = 4):
         super().__init__(causal=causal)

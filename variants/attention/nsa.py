@@ -58,6 +58,7 @@ class NSAAttention(Attention):
     exact = False
     time_complexity = "O(L (n b + w + L / b) d)"
     memory_complexity = "O(L n d)"
+    softmax_kernels = "flash"
     bidirectional_supported = False
     bidirectional_reason = (
         "NSA's branches are defined on the past (blocks that ended, a window back to i)"

@@ -36,6 +36,7 @@ from __future__ import annotations
 import math
 
 import torch
+from torch.utils.checkpoint import checkpoint
 
 from variants.attention import kernelized
 from variants.attention.base import Attention, is_replaying
@@ -44,6 +45,10 @@ from variants.checks import require_non_negative_int, require_positive_int
 from variants.registry import register_attention
 
 HALF_TYPES = (torch.float16, torch.bfloat16)
+# Above this many bytes of one feature map (B, H, L, m) in float32, the heads are computed one
+# at a time, each under activation checkpointing when training: at 2^20 tokens, 4 heads and the
+# default 266 features, a map is 4.4 GB and the attention keeps several.
+HEAD_BY_HEAD_BYTES = 2**30
 
 
 def default_features(head_dim: int) -> int:
@@ -75,6 +80,7 @@ class PerformerAttention(Attention):
     time_complexity = "O(L m d)"
     memory_complexity = "O(L m + m d)"
     supports_decode = True
+    independent_heads = True
 
     def __init__(
         self,
@@ -127,9 +133,24 @@ class PerformerAttention(Attention):
         dtype = q.dtype
         if dtype in HALF_TYPES:
             q, k, v = q.float(), k.float(), v.float()
+        batch, heads, length, _ = q.shape
+        if heads == 1 or batch * heads * length * self.n_features * 4 <= HEAD_BY_HEAD_BYTES:
+            return self._features_attention(q, k, v).to(dtype)  # (B, H, L, D)
+        # One head at a time (under checkpointing when training): the features of all heads
+        # would not fit; each head's output is the same either way.
+        outs = []
+        for h in range(heads):
+            one = (q[:, h : h + 1], k[:, h : h + 1], v[:, h : h + 1])  # (B, 1, L, D) each
+            if torch.is_grad_enabled():
+                outs.append(checkpoint(self._features_attention, *one, use_reentrant=False))
+            else:
+                outs.append(self._features_attention(*one))
+        return torch.cat(outs, dim=1).to(dtype)  # (B, H, L, D)
+
+    def _features_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
+        """The attention over the features, (B, H, L, D) each -> (B, H, L, D)."""
         phi_q, phi_k = self.feature_maps(q, k)  # (B, H, L, m) each
-        out = kernelized.feature_attention(phi_q, phi_k, v, causal=self.causal)
-        return out.to(dtype)  # (B, H, L, D)
+        return kernelized.feature_attention(phi_q, phi_k, v, causal=self.causal)
 
     def feature_maps(self, q: torch.Tensor, k: torch.Tensor):
         """Positive random features of q and k, (B, H, L, D) -> (B, H, L, m) each, up to the

@@ -78,6 +78,7 @@ class RoutingAttention(Attention):
     exact = False
     time_complexity = "O(L w d + L K d)"
     memory_complexity = "O(L w)"
+    softmax_kernels = "flash"
     shared_qk_required = True
     supports_decode = True
 

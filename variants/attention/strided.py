@@ -42,6 +42,8 @@ class StridedAttention(Attention):
     time_complexity = "O(L sqrt(L) d)"
     memory_complexity = "O(L sqrt(L))"
     supports_decode = True
+    softmax_kernels = "flash"
+    independent_heads = True
 
     def __init__(self, *, causal: bool = False, stride: int | str = "auto", impl: str = "native"):
         super().__init__(causal=causal)

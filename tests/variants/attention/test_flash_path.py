@@ -1,0 +1,99 @@
+"""Which path `flash.attend` takes (fused | explicit) on each device, the CUDA dispatch checked
+on the CPU with stand-ins for the memory-efficient ops, and every kernel's `kernel_path`."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.reference import qkv
+from variants import attention_names, build_attention
+from variants.attention import flash
+
+
+def test_paths_by_device_and_dtype(monkeypatch):
+    assert flash.path("cpu", torch.float32) == flash.path("cpu", torch.float64) == "fused"
+    assert flash.path("cuda", torch.float64) == "explicit"  # no float64 efficient kernel
+    assert flash.path("mps", torch.float32) == "explicit"
+    assert flash.path("cuda", torch.bfloat16) == (
+        "fused" if flash.FUSED_CUDA_KERNELS else "explicit"
+    )
+    monkeypatch.setattr(flash, "FUSED_CPU_KERNELS", False)
+    assert flash.path("cpu", torch.float32) == "explicit"
+
+
+def _stand_ins(calls):
+    """CPU stand-ins for the CUDA memory-efficient ops with their contract: the bias comes as
+    (B, N, Lq, Lk) with aligned rows, the logsumexp is padded to a multiple of 32 queries (the
+    padding garbage), and the backward reads it back padded."""
+
+    def forward(q, k, v, bias, compute_lse, dropout_p, causal, *, scale):
+        assert compute_lse and dropout_p == 0.0
+        if bias is not None:
+            assert bias.shape == (*q.shape[:-1], k.shape[-2]) and bias.stride(-1) == 1
+            assert bias.stride(-2) % flash.CUDA_BIAS_ALIGN == 0
+        calls.append("forward")
+        out, lse = flash._explicit_attend(q, k, v, scale=scale, bias=bias, causal=causal)
+        padded = torch.full((*lse.shape[:-1], -(-lse.shape[-1] // 32) * 32), 7.0)
+        padded[..., : lse.shape[-1]] = lse
+        return out, padded, torch.empty(()), torch.empty(())
+
+    def backward(
+        grad_out, q, k, v, bias, out, lse, seed, offset, dropout_p, mask, causal, *, scale
+    ):
+        assert lse.shape[-1] % 32 == 0 and list(mask) == [True, True, True, False]
+        calls.append("backward")
+        lse = lse[..., : q.shape[-2]]
+        grads = flash._explicit_backward(
+            grad_out, q, k, v, out, lse, scale=scale, bias=bias, causal=causal
+        )
+        return (*grads, None)
+
+    return forward, backward
+
+
+@pytest.fixture
+def as_if_cuda(monkeypatch):
+    """flash's fused path as on CUDA, through the stand-ins; returns the calls made."""
+    calls = []
+    monkeypatch.setattr(flash, "fused_kind", lambda x: "cuda")
+    monkeypatch.setattr(flash, "efficient_ops", lambda: _stand_ins(calls))
+    return calls
+
+
+@pytest.mark.parametrize(
+    "name, options",
+    [
+        ("lsh", {"n_hashes": 2, "bucket_size": 4, "seed": 0}),
+        ("strided", {"stride": 5}),
+        ("compressed", {"head_dim": 8}),
+        ("bigbird", {"block_size": 4, "seed": 0}),
+    ],
+)
+def test_the_cuda_dispatch_gives_the_cpu_results(name, options, request):
+    q, k, v = qkv(1, 2, 37, 8, seed=4, dtype=torch.float32, requires_grad=True)
+    module = build_attention(name, causal=True, **options)
+    if name == "lsh":
+        k = q
+    out = module(q, k, v)
+    grads = torch.autograd.grad(out.square().sum(), (q, v))
+    calls = request.getfixturevalue("as_if_cuda")
+    cuda_out = module(q, k, v)
+    cuda_grads = torch.autograd.grad(cuda_out.square().sum(), (q, v))
+    assert "forward" in calls and "backward" in calls
+    torch.testing.assert_close(cuda_out, out, rtol=1e-4, atol=1e-5)
+    for got, want in zip(cuda_grads, grads, strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_every_kernel_says_its_path():
+    # No softmax attention: a feature map or a recurrence in explicit matmuls.
+    expected_cpu = {"performer": "explicit", "linear": "explicit", "deltanet": "explicit"}
+    for name in attention_names():
+        kernel = build_attention(name)
+        assert kernel.kernel_path("cpu", torch.float32) == expected_cpu.get(name, "fused"), name
+        on_cuda64 = kernel.kernel_path("cuda", torch.float64)
+        assert on_cuda64 == "explicit", name  # SDPA's and flash's float64 CUDA paths are explicit
+    assert build_attention("full", impl="math").kernel_path("cpu", torch.float32) == "explicit"
+    flash_user = build_attention("strided")
+    assert flash_user.kernel_path("cuda", torch.float32) == flash.path("cuda", torch.float32)
