@@ -26,10 +26,13 @@ def capacity_records(frame: pd.DataFrame) -> pd.DataFrame:
     """Trained-accuracy records of a capacity sweep (several n_pairs at one length), with
     `head_dim` and the learned columns of `analysis.accuracy`; empty if `frame` is not one."""
     trained = series.trained_quality(frame)
-    if trained.empty or PAIRS not in trained or trained[PAIRS].nunique() < 2:
-        return trained.iloc[0:0]
-    if trained["seq_len"].nunique() != 1:
-        return trained.iloc[0:0]
+    if (
+        trained.empty
+        or PAIRS not in trained
+        or trained[PAIRS].nunique() < 2
+        or trained["seq_len"].nunique() != 1
+    ):
+        return trained.iloc[0:0].assign(head_dim=pd.Series(dtype=int))  # columns stay readable
     trained = accuracy.with_learned(trained)
     return trained.assign(head_dim=(trained["d_model"] // trained["n_heads"]).astype(int))
 
@@ -178,6 +181,9 @@ def accuracy_vs_pairs(frame: pd.DataFrame) -> Figure:
     records = capacity_records(frame)
     head_dims = sorted(records["head_dim"].unique())
     fig, axes = plots._figure(max(1, len(head_dims)), "Recall capacity: accuracy vs pairs")
+    if records.empty:
+        plots._message(axes[0], "no trained accuracy over several n_pairs at one length")
+        return fig
     means = _means(records)
     for ax, head_dim in zip(axes, head_dims, strict=False):
         for name in _order(records):
