@@ -36,7 +36,11 @@ class CachedKernel(nn.Module):
     def applies_shared_qk(self) -> bool:  # the layer asks its kernel (layers.SelfAttention)
         return self.inner.applies_shared_qk
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gates: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        if gates is not None:  # no gated kernel decodes yet (NSA, DeltaNet: supports_decode off)
+            raise ValueError(f"{OWNER}: a gated kernel cannot decode yet (option 'gates')")
         if self.cache.length == 0:
             return self.inner.prefill(q, k, v, self.cache)
         steps = range(q.shape[2])

@@ -169,11 +169,6 @@ class TransformerLM(nn.Module):
         logits = _at_least_float32(self.head(self.norm(x))[loss_mask])  # (n, vocab_size)
         return F.cross_entropy(logits, targets[loss_mask], reduction="sum")
 
-
-def _at_least_float32(logits: torch.Tensor) -> torch.Tensor:
-    """Half-precision logits in float32 (the softmax of half logits loses most of its digits)."""
-    return logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits
-
     def generate(
         self,
         prompt: torch.Tensor,
@@ -188,6 +183,11 @@ def _at_least_float32(logits: torch.Tensor) -> torch.Tensor:
         from variants.generation import generate
 
         return generate(self, prompt, max_new_tokens, temperature=temperature, seed=seed)
+
+
+def _at_least_float32(logits: torch.Tensor) -> torch.Tensor:
+    """Half-precision logits in float32 (the softmax of half logits loses most of its digits)."""
+    return logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits
 
 
 def _tie(kernels: Iterable[Attention]) -> None:

@@ -21,11 +21,15 @@ def test_kernels_are_the_layers_of_the_targets_model():
 
 def test_toy_run_prints_a_row_per_target(monkeypatch, capsys):
     monkeypatch.setattr(targets, "LENGTHS", (256, 512))
+    # Decoding at toy contexts too (64K by default): the rows, not the machine, are tested.
+    monkeypatch.setattr(targets, "DECODE_SHORT", 256)
+    monkeypatch.setattr(targets, "DECODE_WINDOWED", 256)
     # One call per timing, not 0.3 s of them: the table's arithmetic is what is tested.
     timed = targets.seconds_per_call
     monkeypatch.setattr(targets, "seconds_per_call", lambda fn: timed(fn, min_time_s=0))
     targets.main(
         ["--rounds", "1", "--min-seconds", "0", "--threads", "1", "--skip-memory", "--skip-depth"]
+        + ["--decode-len", "512"]
     )
     table = capsys.readouterr().out.split("| target")[1]
     cells = [line.split("|") for line in table.splitlines()[2:]]
@@ -34,6 +38,7 @@ def test_toy_run_prints_a_row_per_target(monkeypatch, capsys):
     assert "blockwise scaling exponent 256->512" in rows
     assert "bigbird time / blockwise-6x64 time, L=512" in rows
     assert "longformer scaling exponent 256->512" in rows
+    assert "full decode bandwidth fraction, L=512" in rows
     assert all(math.isfinite(float(value)) for value in rows.values())
     # The 32K targets are not judged at toy lengths: those rows carry no bound.
     bounds = {cell[1].strip(): cell[3].strip() for cell in cells}

@@ -85,11 +85,16 @@ def test_prefill_then_decode_equals_the_causal_forward(name, options, prompt):
     assert (torch.cat([first, rest], dim=2) - want).abs().max() <= 1e-10
 
 
+# Causal variants whose decode path is still to be written (issue 23 landed before them); each
+# must say so in its spec, and leaves this set when its decode lands.
+DECODE_PENDING = {"moba", "nsa", "deltanet"}
+
+
 def test_every_causal_variant_decodes_and_says_whether_it_matches_its_forward():
     for name in attention_names():
         spec = attention_spec(name)
         if spec.causal_supported:
-            assert spec.supports_decode, name
+            assert spec.supports_decode == (name not in DECODE_PENDING), name
         assert spec.decode_matches_forward == (spec.variant != "lsh"), name
     assert not attention_spec("linformer").supports_decode
     with pytest.raises(ValueError, match="linformer: cannot decode: it is not causal"):
