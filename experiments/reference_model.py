@@ -53,7 +53,7 @@ from experiments.train import evaluate, train
 from variants.attention.base import Attention, sample_gates, shared_qk_keys
 from variants.checks import require_choice, require_non_negative_int, require_positive_int
 from variants.config import POSITIONS
-from variants.layers import SelfAttention, build_kernel
+from variants.layers import SelfAttention, build_kernel, kernels_swapped
 
 log = logging.getLogger("attnbench")
 
@@ -492,14 +492,8 @@ def swap_bits_per_byte(
     task = _text_task(reference.config, seq_len=seq_len, batch_size=batch_size)
     layers = [m for m in reference.model.modules() if isinstance(m, SelfAttention)]
     exact_loss = evaluate(reference.model, task, device, n_batches).loss
-    originals = [layer.kernel for layer in layers]
-    for layer in layers:
-        layer.kernel = kernel
-    try:
+    with kernels_swapped(layers, [kernel] * len(layers)):
         swapped_loss = evaluate(reference.model, task, device, n_batches).loss
-    finally:
-        for layer, original in zip(layers, originals, strict=True):
-            layer.kernel = original
     return exact_loss / math.log(2), swapped_loss / math.log(2)
 
 

@@ -20,6 +20,7 @@ from torch import nn
 
 from variants.attention.base import Attention, evaluating
 from variants.config import OWNER
+from variants.layers import kernels_swapped
 
 
 class CachedKernel(nn.Module):
@@ -73,14 +74,8 @@ def cached_kernels(model, batch_size: int, max_len: int) -> Iterator[None]:
         )
         for layer in layers
     ]
-    originals = [layer.kernel for layer in layers]
-    for layer, kernel in zip(layers, wrapped, strict=True):
-        layer.kernel = kernel
-    try:
+    with kernels_swapped(layers, wrapped):
         yield
-    finally:
-        for layer, kernel in zip(layers, originals, strict=True):
-            layer.kernel = kernel
 
 
 def generate(

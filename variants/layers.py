@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -206,6 +206,22 @@ class SelfAttention(nn.Module):
     def _heads(self, x: torch.Tensor, n_heads: int | None = None) -> torch.Tensor:
         # (B, L, H * E) -> (B, H, L, E), H all heads or `n_heads` (a group's)
         return x.unflatten(-1, (n_heads or self.n_heads, -1)).transpose(1, 2)
+
+
+@contextlib.contextmanager
+def kernels_swapped(
+    layers: Sequence[SelfAttention], kernels: Sequence[nn.Module]
+) -> Iterator[None]:
+    """Within the block, `layers[i]` runs `kernels[i]`; each layer's own kernel comes back on
+    leaving it, also on an error (kernel swaps, cached decoding)."""
+    originals = [layer.kernel for layer in layers]
+    for layer, kernel in zip(layers, kernels, strict=True):
+        layer.kernel = kernel
+    try:
+        yield
+    finally:
+        for layer, kernel in zip(layers, originals, strict=True):
+            layer.kernel = kernel
 
 
 def _replay_on_recompute():

@@ -16,7 +16,7 @@ from variants.attention.base import Attention
 from variants.blocks import block_names, build_block, build_stack
 from variants.checks import require_choice
 from variants.config import OWNER, ModelConfig
-from variants.layers import SelfAttention
+from variants.layers import SelfAttention, kernels_swapped
 from variants.registry import attention_spec
 
 
@@ -89,14 +89,8 @@ class TransformerLM(nn.Module):
         layers = list(self._attention_layers())
         replacements = [layer.replacement_kernel(spec, attention_options or {}) for layer in layers]
         _tie(replacements)
-        originals = [layer.kernel for layer in layers]
-        for layer, kernel in zip(layers, replacements, strict=True):
-            layer.kernel = kernel
-        try:
+        with kernels_swapped(layers, replacements):
             yield
-        finally:
-            for layer, kernel in zip(layers, originals, strict=True):
-                layer.kernel = kernel
 
     def _attention_layers(self) -> Iterator[SelfAttention]:
         return (m for m in self.blocks.modules() if isinstance(m, SelfAttention))
