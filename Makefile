@@ -22,8 +22,8 @@ help:  ## list targets
 
 setup: $(STAMP)  ## create .venv and install torch, the project and its dev extra
 
-# The main job (its budget is 15 minutes on 2 CPU cores; it takes longer now: README "Start here"): every causal variant over
-# RUN_SEQ_LENS, each job timing its kernel in rounds alternating with SDPA and the O(L²) form
+# The main job (its budget is 15 minutes on 2 CPU cores; it takes longer now: README "Start
+# here"): every causal variant over RUN_SEQ_LENS, each job timing its kernel in rounds alternating with SDPA and the O(L²) form
 # (the crossovers), a bidirectional series (Linformer) beside it in one sweep dir (its report is
 # built once, after the last), the O(L²) form's memory (its time is in every job's rounds), the
 # quick long-range run, a reduced decode series, and one report of the three (multirun/report).
