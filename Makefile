@@ -23,11 +23,12 @@ help:  ## list targets
 setup: $(STAMP)  ## create .venv and install torch, the project and its dev extra
 
 # The main job (its budget is 15 minutes on 2 CPU cores; it takes longer now: README "Start
-# here"): every causal variant over RUN_SEQ_LENS, each job timing its kernel in rounds alternating with SDPA and the O(L²) form
-# (the crossovers), a bidirectional series (Linformer) beside it in one sweep dir (its report is
-# built once, after the last), the O(L²) form's memory (its time is in every job's rounds), the
-# quick long-range run, a reduced decode series, and one report of the three (multirun/report).
-# The scaling preset itself goes to 16384; re-running it adds what is missing.
+# here"): every causal variant over RUN_SEQ_LENS, each job timing its kernel in rounds
+# alternating with SDPA and the O(L²) form (the crossovers), a bidirectional series (Linformer)
+# beside it in one sweep dir (its report is built once, after the last), the O(L²) form's memory
+# (its time is in every job's rounds), the quick long-range run, a reduced decode series, and one
+# report of the three (multirun/report). The scaling preset itself goes to 16384; re-running it
+# adds what is missing.
 RUN_SEQ_LENS ?= 256,512,1024,2048,4096
 SCALING := $(PY) -m experiments.run -m +experiment=scaling seq_len=$(RUN_SEQ_LENS) \
 	'measure.speedup_vs=[sdpa,math]'
