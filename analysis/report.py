@@ -344,24 +344,20 @@ def main(argv: list[str] | None = None) -> int:
     if frame.empty:
         print(f"error: no readable records in {', '.join(sources)}", file=sys.stderr)
         return 1
-    quality = None
-    if args.quality:
+    extra = {}  # the other sweeps a report draws parts from: --quality, --decode
+    for option in ("quality", "decode"):
+        paths = getattr(args, option)
+        if not paths:
+            extra[option] = None
+            continue
         try:
-            quality = load.tidy(load.load_results(args.quality))
+            extra[option] = load.tidy(load.load_results(paths))
         except (FileNotFoundError, ValueError) as error:
-            print(f"error: --quality: {error}", file=sys.stderr)
+            print(f"error: --{option}: {error}", file=sys.stderr)
             return 1
-        sources += args.quality
-        unreadable += load.unreadable_records(args.quality)
-    decode_frame = None
-    if args.decode:
-        try:
-            decode_frame = load.tidy(load.load_results(args.decode))
-        except (FileNotFoundError, ValueError) as error:
-            print(f"error: --decode: {error}", file=sys.stderr)
-            return 1
-        sources += args.decode
-        unreadable += load.unreadable_records(args.decode)
+        sources += paths
+        unreadable += load.unreadable_records(paths)
+    quality, decode_frame = extra["quality"], extra["decode"]
     pngs = build_report(
         frame,
         args.out,
