@@ -27,6 +27,53 @@ SPEEDUPS = {
 }
 
 
+# A job that timed its kernel against SDPA only gets its speed-up over the O(L²) form through
+# the O(L²) job's own in-job ratio against SDPA at the same length and context: t_math / t_X =
+# (t_sdpa / t_X) / (t_sdpa / t_math). Both factors are ratios of calls timed side by side, so a
+# load change between jobs cancels as it does for the measured column; the main job times the
+# O(L²) form in one job per length instead of in every job (those rounds were most of its time).
+CHAINED = {"speedup_vs_math": ("speedup_vs_sdpa", series.QUADRATIC)}
+
+
+def with_chained_speedups(labelled: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
+    """`labelled` (from `series.with_series`) with each `CHAINED` column filled where a record
+    lacks it but has the column it is chained through and its context has an exact-attention
+    series of that impl with the same column at the same seq_len (mean over seeds). The IQR
+    of a chained value adds the two factors' relative IQRs (first order, on the safe side).
+    Measured values are never replaced; the O(L²) series itself gets none."""
+    out = labelled
+    for column, (through, impl) in CHAINED.items():
+        references = series.reference_of(labelled, keys, impl)
+        if through not in labelled or not references:
+            continue
+        if out is labelled:
+            out = labelled.copy()
+        if column not in out:
+            out[column] = float("nan")
+        spread, through_spread = f"{column}_iqr", f"{through}_iqr"
+        if spread not in out:
+            out[spread] = float("nan")
+        rows = out[through].notna() & out[column].isna() & out["series"].isin(references)
+        for index, row in out[rows].iterrows():
+            reference = out[(out["series"] == references[row["series"]]) & (out[X] == row[X])]
+            factor = reference[through].dropna()
+            if factor.empty:
+                continue
+            value = row[through] / factor.mean()
+            relative = _relative(row.get(through_spread), row[through]) + _relative(
+                reference[through_spread].mean() if through_spread in reference else None,
+                factor.mean(),
+            )
+            out.loc[index, column] = value
+            out.loc[index, spread] = value * relative
+    return out
+
+
+def _relative(iqr, value: float) -> float:
+    """iqr / value, 0 when the IQR was not recorded."""
+    return 0.0 if iqr is None or pd.isna(iqr) else float(iqr) / float(value)
+
+
 @dataclass(frozen=True)
 class SeriesFit:
     """One series' scaling of one metric: exponent over all lengths and over the longest ones."""
@@ -55,6 +102,8 @@ def scaling_fits(
     failed = series.failures(labelled, X)
     references = series.reference_of(labelled, keys, baseline)
     speedup = SPEEDUPS.get((metric, baseline))
+    if speedup in CHAINED:
+        labelled = with_chained_speedups(labelled, keys)
     ratios = series.mean_spread(labelled, X, speedup) if speedup in labelled else None
     spread = f"{speedup}_iqr"
     spreads = series.mean_spread(labelled, X, spread) if spread in labelled else None

@@ -129,7 +129,8 @@ def variant_summary(frame: pd.DataFrame) -> Table | None:
             ">x: still slower at the longest; (exact oom): exact attention failed there; "
             "(uncertain): the rounds' spread at the deciding lengths is wider than the "
             "speed-up's distance from 1. vs O(L²): against exact attention with explicit L×L "
-            "scores (impl=math, `speedup_vs_math`)."
+            "scores (impl=math, `speedup_vs_math`: measured in the job, or chained through the "
+            "O(L²) form's own job at that length as speedup_vs_sdpa / its speedup_vs_sdpa)."
         )
     if any("memory" in c for c in table):
         notes.append(

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from analysis import crossovers
 
 
@@ -53,3 +55,51 @@ def test_results_without_speedups_are_an_error(tmp_path, capsys):
     _write(tmp_path / "sweep", 0, attention="full", seq_len=256, attn_fwd_bwd_ms=1.0)
     assert crossovers.main([str(tmp_path / "sweep")]) == 1
     assert "no efficient variant with speedup_vs_sdpa" in capsys.readouterr().err
+
+
+def test_speedups_over_the_quadratic_form_chain_through_its_own_job(tmp_path, capsys):
+    """The main job times the O(L²) form in one job per length (impl=math, against SDPA): a
+    variant timed against SDPA only gets t_math / t_X =
+    speedup_vs_sdpa(X) / speedup_vs_sdpa(math)."""
+    sweep = tmp_path / "sweep"
+    rows = [  # (attention, impl, length, speedup_vs_sdpa, its IQR)
+        ("full", "sdpa", 256, 1.0, 0.0),
+        ("full", "sdpa", 1024, 1.0, 0.0),
+        ("full", "math", 256, 0.5, 0.0),  # the O(L²) form: 2× slower than SDPA at 256
+        ("full", "math", 1024, 0.2, 0.02),  # 5× at 1024
+        ("blockwise", "sdpa", 256, 0.25, 0.0),  # vs O(L²): 0.5 at 256
+        ("blockwise", "sdpa", 1024, 0.4, 0.04),  # vs O(L²): 2.0 at 1024, IQR 2 × (0.1 + 0.1)
+    ]
+    for job, (attention, impl, length, value, spread) in enumerate(rows):
+        _write(
+            sweep,
+            job,
+            attention=attention,
+            seq_len=length,
+            **{"attention.impl": impl} if attention == "full" else {},
+            attn_fwd_bwd_ms=1.0,
+            speedup_vs_sdpa=value,
+            speedup_vs_sdpa_iqr=spread,
+        )
+    assert crossovers.main([str(sweep)]) == 0
+    out = capsys.readouterr().out
+    header = next(line for line in out.splitlines() if line.startswith("| variant"))
+    (row,) = [line for line in out.splitlines() if line.startswith("| blockwise")]
+    cells = dict(zip(header.split("|"), row.split("|"), strict=True))
+    # 0.5 at 256 and 2.0 at 1024 cross 1 halfway in log L: 512; the spread at 1024 (0.4) is
+    # narrower than its distance from 1, so the crossing is certain.
+    assert cells[" L* vs O(L²) "].strip() == "512"
+    assert cells[" L* vs SDPA "].strip() == ">1,024"
+    from analysis import load, scaling, series
+
+    labelled, keys = series.with_series(load.tidy(load.load_results([sweep])), x="seq_len")
+    chained = scaling.with_chained_speedups(labelled, keys)
+    mine = chained[chained["attention"] == "blockwise"].set_index("seq_len")
+    assert mine["speedup_vs_math"].tolist() == pytest.approx([0.5, 2.0])
+    assert mine["speedup_vs_math_iqr"].tolist() == pytest.approx([0.0, 2.0 * (0.1 + 0.1)])
+    # A value the job measured itself is kept, and the O(L²) series gets none.
+    labelled.loc[labelled["attention"] == "blockwise", "speedup_vs_math"] = 3.0
+    kept = scaling.with_chained_speedups(labelled, keys)
+    assert (kept.loc[kept["attention"] == "blockwise", "speedup_vs_math"] == 3.0).all()
+    math_rows = chained[chained.get("attention.impl") == "math"]
+    assert math_rows["speedup_vs_math"].isna().all()

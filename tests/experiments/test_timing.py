@@ -43,8 +43,10 @@ def test_rounds_alternate_the_kernel_with_each_reference():
         kernel, references, rounds=5, time_one=time_one, clock=machine.clock
     )
     assert runs(machine.log) == ["kernel", "sdpa", "math"] * 5
-    # Per round and contender: one warm-up call, a sizing call, then a block of 10 (>= 10 ms).
-    assert machine.log[:12] == ["kernel"] * 12
+    # The first round: one warm-up call, a sizing call, then a block of 10 (>= 10 ms); later
+    # rounds: no warm-up, so a sizing call and a block of 10.
+    assert machine.log[:12] == ["kernel"] * 12 and machine.log[12] == "sdpa"
+    assert machine.log.count("kernel") == 12 + 4 * 11
     assert own.median_ms == pytest.approx(2.0) and own.iqr_ms == pytest.approx(0.0)
     assert own.blocks == 5
     assert ratios["sdpa"].median == pytest.approx(0.5) and ratios["math"].median == pytest.approx(2)
