@@ -285,7 +285,7 @@ def approx_columns(job: JobConfig, built: Setup, shape) -> dict[str, Any]:
     exact = variants.build_attention(
         "full", causal=built.kernel.causal, shared_qk=built.kernel.applies_shared_qk
     )
-    kernel, fit_steps = reference_model.fitted_kernel(
+    kernel, fit_steps, fit_length = reference_model.fitted_kernel(
         reference,
         built.model.config,
         seq_len=job.seq_len,
@@ -294,6 +294,7 @@ def approx_columns(job: JobConfig, built: Setup, shape) -> dict[str, Any]:
         exact=exact,
     )
     columns["approx_kernel_fit_steps"] = fit_steps
+    columns["approx_kernel_fit_seq_len"] = fit_length
     inputs = (
         reference_model.for_kernel(triple, kernel, shared_qk=config.shared_qk)
         for triple in trained_inputs(reference, shape, device, seeds)

@@ -154,6 +154,13 @@ SCHEMA: tuple[Column, ...] = (
         optional=True,
     ),
     _measured(
+        "approx_kernel_fit_seq_len",
+        int,
+        "tokens",
+        "the length the kernel was fitted at (measure.reference.fit_max_len); empty: no fit",
+        optional=True,
+    ),
+    _measured(
         "swap_delta_bits_per_byte",
         float,
         "bits/byte",

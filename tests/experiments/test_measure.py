@@ -69,6 +69,7 @@ def test_measure_returns_every_column_with_consistent_units(job_config):
         "approx_reference_bits_per_byte",
         "approx_reference_seq_len",
         "approx_kernel_fit_steps",
+        "approx_kernel_fit_seq_len",
         "swap_delta_bits_per_byte",
     }
     assert steps == [0, 1]
@@ -98,6 +99,7 @@ def test_measure_returns_every_column_with_consistent_units(job_config):
     assert columns["approx_rel_error_gaussian"] > 0
     assert columns["approx_reference_bits_per_byte"] > 0
     assert columns["approx_kernel_fit_steps"] == 0  # blockwise has nothing to fit
+    assert columns["approx_kernel_fit_seq_len"] is None
     assert math.isfinite(columns["swap_delta_bits_per_byte"])
 
 

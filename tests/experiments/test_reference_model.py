@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -208,12 +209,12 @@ def test_a_fitted_kernel_errs_no_more_than_as_initialised(corpus, tmp_path, atte
         causal=causal,
     )
     exact = variants.build_attention("full", causal=causal)
-    fitted, steps = reference_model.fitted_kernel(
+    fitted, steps, length = reference_model.fitted_kernel(
         reference, kernel_config, seq_len=64, device=CPU, directory=tmp_path, exact=exact
     )
     torch.manual_seed(config.seed)
     initial = variants.layers.build_kernel(kernel_config)
-    assert steps == 60
+    assert steps == 60 and length == 64
 
     def error(kernel):
         inputs = measure.trained_inputs(reference, (2, 2, 64, 16), CPU, seeds=2)
@@ -222,11 +223,37 @@ def test_a_fitted_kernel_errs_no_more_than_as_initialised(corpus, tmp_path, atte
     assert error(fitted) < 0.9 * error(initial)
     cached = list((tmp_path / "reference" / reference.digest).glob("kernel-*.pt"))
     assert len(cached) == 1  # cached beside the reference; a second call reads it
-    again, _ = reference_model.fitted_kernel(
+    again, _, _ = reference_model.fitted_kernel(
         reference, kernel_config, seq_len=64, device=CPU, directory=tmp_path, exact=exact
     )
     for a, b in zip(fitted.parameters(), again.parameters(), strict=True):
         assert torch.equal(a, b)
+
+
+def test_a_length_free_kernel_is_fitted_once_at_fit_max_len_and_linformer_at_its_own(
+    corpus, tmp_path
+):
+    config = _config(corpus, fit_steps=2, fit_max_len=32)
+    assert reference_model.fit_length("compressed", 64, config) == 32
+    assert reference_model.fit_length("compressed", 16, config) == 16  # shorter: its own
+    assert reference_model.fit_length("linformer", 64, config) == 64  # per-position weights
+    unbounded = dataclasses.replace(config, fit_max_len=0)
+    assert reference_model.fit_length("compressed", 64, unbounded) == 64
+    reference = reference_model.load_or_train(config, CPU, tmp_path)
+    kernel_config = variants.ModelConfig(
+        d_model=32, n_heads=2, max_seq_len=64, attention="compressed", causal=True
+    )
+    exact = variants.build_attention("full", causal=True)
+    lengths = [
+        reference_model.fitted_kernel(
+            reference, kernel_config, seq_len=n, device=CPU, directory=tmp_path, exact=exact
+        )[2]
+        for n in (48, 64)
+    ]
+    assert lengths == [32, 32]
+    assert len(list((tmp_path / "reference" / reference.digest).glob("kernel-*.pt"))) == 1
+    with pytest.raises(ValueError, match="fit_max_len"):
+        dataclasses.replace(config, fit_max_len=-1)
 
 
 def test_kernels_without_learned_state_are_not_fitted(corpus, tmp_path):
