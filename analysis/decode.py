@@ -88,31 +88,48 @@ def decode_table(frame: pd.DataFrame) -> Table | None:
     return Table("Decoding", table, note)
 
 
-def headline(frame: pd.DataFrame) -> list[str]:
-    """Markdown lines: one clause per variant at the longest context it decoded (smallest
-    batch), against exact attention's cache there; [] without decode records."""
+def per_context(frame: pd.DataFrame) -> tuple[pd.DataFrame, float | None]:
+    """Ms per token (`TIME`) and cache bytes (`CACHE`) per `attention` and `seq_len` (the
+    context), mean over the ok records at the smallest batch decoded, exact attention first;
+    and that batch (None when no record says). Empty without decode records."""
     rows = records(frame)
     if rows.empty or TIME not in rows or not rows[TIME].notna().any():
-        return []
+        return pd.DataFrame(columns=["attention", "seq_len", TIME, CACHE]), None
     ok = rows[(rows["status"] == "ok") & rows[TIME].notna()]
+    if CACHE not in ok:
+        ok = ok.assign(**{CACHE: float("nan")})
     batch = ok["batch_size"].min() if "batch_size" in ok else None
     if batch is not None:
         ok = ok[ok["batch_size"] == batch]
-    means = ok.groupby(["attention", "seq_len"])[[TIME, CACHE]].mean().reset_index()
-    exact = means[means["attention"] == series.REFERENCE].set_index("seq_len")[CACHE]
-    clauses = []
+    means = ok.groupby(["attention", "seq_len"], sort=False)[[TIME, CACHE]].mean().reset_index()
     order = list(dict.fromkeys(ok["attention"]))
     order.sort(key=lambda n: n != series.REFERENCE)
-    for name in order:
-        mine = means[means["attention"] == name]
-        longest = mine.loc[mine["seq_len"].idxmax()]
-        length = longest["seq_len"]
+    means["_order"] = means["attention"].map(order.index)
+    means = means.sort_values(["_order", "seq_len"]).drop(columns="_order")
+    return means.reset_index(drop=True), batch
+
+
+def at_longest(means: pd.DataFrame) -> pd.DataFrame:
+    """The rows of `per_context(...)[0]` at each variant's longest context."""
+    return means.groupby("attention", sort=False).tail(1).reset_index(drop=True)
+
+
+def headline(frame: pd.DataFrame) -> list[str]:
+    """Markdown lines: one clause per variant at the longest context it decoded (smallest
+    batch), against exact attention's cache there; [] without decode records."""
+    means, batch = per_context(frame)
+    if means.empty:
+        return []
+    exact = means[means["attention"] == series.REFERENCE].set_index("seq_len")[CACHE]
+    clauses = []
+    for _, mine in at_longest(means).iterrows():
+        name, length = mine["attention"], mine["seq_len"]
         text = (
-            f"**{name}** at {_short(length)}: {longest[TIME]:.3g} ms/token, cache "
-            f"{_mib(longest[CACHE])}"
+            f"**{name}** at {context_text(length)}: {mine[TIME]:.3g} ms/token, cache "
+            f"{cache_text(mine[CACHE])}"
         )
         if name != series.REFERENCE and length in exact.index:
-            text += f" vs exact {_mib(exact[length])}"
+            text += f" vs exact {cache_text(exact[length])}"
         clauses.append(text)
     batch_text = f" (batch {batch:.0f}, the kernel alone)" if batch is not None else ""
     return [
@@ -133,7 +150,7 @@ def _cell(times: pd.DataFrame, caches: pd.DataFrame | None, name: str, length) -
     if caches is not None:
         cache = caches[(caches["series"] == name) & (caches["seq_len"] == length)]
         if len(cache):
-            text += f" · {_mib(cache['mean'].iloc[0])}"
+            text += f" · {cache_text(cache['mean'].iloc[0])}"
     return text
 
 
@@ -144,10 +161,12 @@ def _at_longest(stats: pd.DataFrame, name: str, spec: str) -> str:
     return format(mine.loc[mine["seq_len"].idxmax(), "mean"], spec)
 
 
-def _mib(value: float) -> str:
+def cache_text(value: float) -> str:
+    """ "128 MiB", "65 KiB": a size in bytes, as the tables and headlines print it."""
     mib = value / MIB
     return f"{mib:.3g} MiB" if mib >= 1 else f"{value / 2**10:.3g} KiB"
 
 
-def _short(length: float) -> str:
+def context_text(length: float) -> str:
+    """ "4K" for a multiple of 1,024 tokens, else "1,000"."""
     return f"{length / 1024:.0f}K" if length >= 1024 and length % 1024 == 0 else f"{length:,.0f}"

@@ -109,25 +109,35 @@ def _memory_clause(memory: pd.DataFrame | None, name: str, references) -> str | 
     factors = []
     for baseline, against in ((series.FUSED, "SDPA"), (series.QUADRATIC, "O(L²)")):
         reference = references[baseline].get(name)
-        if reference is None:
+        factor = None if reference is None else memory_factor(memory, name, reference)
+        if factor is None:
             continue
-        theirs = memory[memory["series"] == reference].set_index("seq_len")["mean"]
-        common = [length for length in theirs.index if length in mine.index]
-        if not common:
-            continue
-        at = max(common)
-        factor = _factor(mine[at], theirs[at])
-        factors.append(f"{factor} {against}" + (f" (at {at:,.0f})" if at != longest else ""))
+        at, ratio = factor
+        factors.append(
+            f"{factor_text(ratio)} than {against}" + (f" (at {at:,.0f})" if at != longest else "")
+        )
     if factors:
         text += ": " + ", ".join(factors)
     return text
 
 
-def _factor(mine: float, theirs: float) -> str:
-    ratio = theirs / mine
+def memory_factor(memory: pd.DataFrame, name: str, reference: str) -> tuple[float, float] | None:
+    """(L, the `reference` series' mean / series `name`'s) at the longest seq_len where both
+    have a value in `memory` (`series.mean_spread` of a memory column); None where none."""
+    mine = memory[memory["series"] == name].set_index("seq_len")["mean"]
+    theirs = memory[memory["series"] == reference].set_index("seq_len")["mean"]
+    common = [length for length in theirs.index if length in mine.index]
+    if not common:
+        return None
+    at = max(common)
+    return at, theirs[at] / mine[at]
+
+
+def factor_text(ratio: float) -> str:
+    """ "2.5× less" for a reference that holds 2.5 times as much, "1.6× more" for 1 / 1.6."""
     if ratio >= 1:
-        return f"{ratio:,.1f}× less than"
-    return f"{1 / ratio:,.1f}× more than"
+        return f"{ratio:,.1f}× less"
+    return f"{1 / ratio:,.1f}× more"
 
 
 def _accuracy_cost(quality: pd.DataFrame) -> dict[str, str]:

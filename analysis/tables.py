@@ -519,8 +519,8 @@ def error_by_knob(frame: pd.DataFrame) -> Table | None:
         "from the coarsest approximation to the finest; mean over seeds; 'swap': the held-out "
         "bits/byte change when the kernel replaces exact attention in the reference. 'NO': the "
         "error does "
-        "not fall as the approximation gets finer on these inputs (README, 'Approximation "
-        "error', says why where we measured it)."
+        "not fall as the approximation gets finer on these inputs (docs/quality.md, 'Knobs', "
+        "says why where we measured it)."
     )
     return Table("Approximation error against each variant's knob", pd.DataFrame(rows), note)
 

@@ -662,7 +662,7 @@ class Pieces:
         grads[2] += grad_v
 
 
-# The systems people know, with their published shapes (README: "Combined patterns").
+# The systems people know, with their published shapes (docs/variants.md: "combined").
 register_preset(
     "longformer",
     CombinedAttention,
