@@ -71,7 +71,7 @@ def run_job(
             return None
         _say_if_unreadable(out_dir / "result.json")
 
-    measure = _import_for_measuring()
+    measure = import_for_measuring()
     _displace_other_record(out_dir, digest)
     rec: dict[str, Any] = {
         "sweep": config["sweep"],
@@ -162,7 +162,7 @@ def run_job(
     return rec
 
 
-def _import_for_measuring():
+def import_for_measuring():
     """The measuring modules, imported once a job is to be measured, before its budget starts.
 
     torch._dynamo (1.7 s of imports) is imported here on purpose: AdamW imports it lazily at its
