@@ -273,9 +273,10 @@ def test_a_run_whose_eval_loss_is_not_finite_is_diverged(resolved_config, tmp_pa
 def test_any_non_finite_measured_float_is_diverged_naming_it(
     resolved_config, tmp_path, monkeypatch
 ):
-    real = run.measure.measure
+    measure = run.import_for_measuring()  # the module the job measures with
+    real = measure.measure
     monkeypatch.setattr(
-        run.measure, "measure", lambda *a, **k: {**real(*a, **k), "approx_rel_error": math.inf}
+        measure, "measure", lambda *a, **k: {**real(*a, **k), "approx_rel_error": math.inf}
     )
     config = resolved_config(*TINY, *QUICK, "train.steps=1")
     rec = run.run_job(config, tmp_path / "0", job="0", sweep_dir=None)
