@@ -1,5 +1,9 @@
 """Hydra callback: at the end of a multirun, build the sweep's report and log its W&B summary.
 
+Both are redone only when the sweep's records changed: a digest of every record and history
+file of the sweep (`records_digest`) is kept beside the report, so re-running a fully recorded
+sweep does not redraw an unchanged report (which takes longer than the resume itself).
+
 Registered in conf/config.yaml. Hydra calls `on_multirun_end` in reverse order of registration,
 so listing it before `gather_results` makes it run after the results table is printed and
 results.csv/.parquet are written (it reads the job records itself, so either order works):
@@ -12,37 +16,66 @@ results.csv/.parquet are written (it reads the job records itself, so either ord
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from analysis import load, report, tables
-from experiments import tracking
+from experiments import history, tracking
 
 log = logging.getLogger("attnbench")
 
 REPORT_DIR = "report"  # inside the sweep dir
+DIGEST_FILE = ".records_digest"  # inside the report dir: `records_digest` of what it was drawn from
+
+
+def records_digest(sweep_dir: Path, logger_cfg: Mapping[str, Any]) -> str:
+    """A sha256 of every `result.json` and history file below `sweep_dir` (relative path and
+    bytes) and of the logger settings: it changes when a record is added, changed, moved or
+    removed, or when the summary would go to another W&B place."""
+    digest = hashlib.sha256(json.dumps(logger_cfg, sort_keys=True, default=str).encode())
+    files = [*sweep_dir.glob("**/result.json"), *sweep_dir.glob(f"**/{history.FILE}")]
+    for path in sorted(files):
+        digest.update(str(path.relative_to(sweep_dir)).encode() + b"\0")
+        try:
+            digest.update(path.read_bytes())
+        except OSError as error:  # unreadable: listed in the report, as its own state
+            digest.update(str(error).encode())
+    return digest.hexdigest()
 
 
 class SweepReport(Callback):
     """Writes `<sweep dir>/report/` (figures + report.md), then the sweep's W&B summary run.
 
     A failure to draw the report is logged with the command that redraws it and does not fail
-    the finished sweep; the summary run is still logged, without figures.
+    the finished sweep; the summary run is still logged, without figures. When the records and
+    the logger settings are those the report was last drawn from (`DIGEST_FILE`), nothing is
+    redone.
     """
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         sweep_dir = Path(config.hydra.sweep.dir)
+        out_dir = sweep_dir / REPORT_DIR
+        logger_cfg = OmegaConf.to_container(config.logger, resolve=True)
+        digest = records_digest(sweep_dir, logger_cfg)
+        if _drawn_from(out_dir) == digest:
+            print(f"report: {out_dir / 'report.md'} (records unchanged since it was drawn)")
+            return
+        from analysis import load, report, tables  # matplotlib and co.: only when drawing
+
         try:
             frame = load.load_results([sweep_dir])
         except FileNotFoundError as error:
             log.warning("no report: %s", error)
             return
-        out_dir = sweep_dir / REPORT_DIR
+        (out_dir / DIGEST_FILE).unlink(missing_ok=True)  # until this report is whole
         figures: dict[str, Path] = {}
+        drawn = False
         try:
             figures = report.build_report(
                 frame,
@@ -51,6 +84,7 @@ class SweepReport(Callback):
                 unreadable=load.unreadable_records([sweep_dir]),
             )
             print(f"report: {out_dir / 'report.md'}")
+            drawn = True
             warned = tables.timing_warnings(frame)
             if warned is not None:
                 print(
@@ -62,13 +96,28 @@ class SweepReport(Callback):
                 sweep_dir,
                 out_dir,
             )
-        logger_cfg = OmegaConf.to_container(config.logger, resolve=True)
+        results = sweep_dir / "results.parquet"  # written by experiments.store.GatherResults
         run_dir = tracking.log_sweep_summary(
             logger_cfg,
             records=frame,
             figures=figures,
             group=str(config.sweep),
             out_dir=sweep_dir,
+            results=results if results.is_file() else None,
         )
         if run_dir is not None:
             print(f"W&B sweep summary run: {run_dir}")
+        if drawn:
+            out_dir.mkdir(parents=True, exist_ok=True)
+            (out_dir / DIGEST_FILE).write_text(digest + "\n")
+
+
+def _drawn_from(out_dir: Path) -> str | None:
+    """The digest of the records the report in `out_dir` was drawn from; None if there is no
+    whole report there."""
+    try:
+        if (out_dir / "report.md").is_file():
+            return (out_dir / DIGEST_FILE).read_text().strip()
+    except OSError:
+        pass
+    return None

@@ -4,9 +4,8 @@ Sources, which all give the same columns:
   - a sweep dir: its `<job>/result.json` records (newest per `config_hash`, as the runner's
     `experiments.store.gather` does), or when it has none, its `results.parquet` / `results.csv`;
   - a results file: `results.csv`, `results.parquet` or one `result.json`;
-  - W&B offline runs (`load_offline_runs`, or a dir holding only `offline-run-*` folders): the
-    summary of each job's run is its record;
   - a W&B project online (`load_wandb`), through `wandb.Api()`.
+W&B's offline run folders are never read: the records and histories beside them are the data.
 
 Schema of the frame (one row per record), from the record schema (experiments/record.py):
   record columns  every column the runner writes, each in the schema's type (`record.SCHEMA`):
@@ -23,10 +22,11 @@ Schema of the frame (one row per record), from the record schema (experiments/re
   variant         attention name plus the attention.* options that differ between that
                   attention's rows, e.g. "lsh n_hashes=2 bucket_size=64"; just "full" when none do
   source          the path (or W&B URL) the row was read from
-  run_dir         the row's W&B offline run folder when it exists here (a moved sweep is searched
-                  by the run folder's name), else None
+  history_path    the row's per-step history (`history.parquet` beside its result.json,
+                  experiments/history.py) when there is one below the source, else None
   wandb_path      "entity/project/run_id" for rows read online, else None
-Per-step training curves live only in W&B history: `load_curves(frame)` reads them.
+Per-step training curves: `load_curves(frame)` reads each row's history file, or for rows read
+online, the run's history through the W&B API.
 """
 
 from __future__ import annotations
@@ -38,52 +38,31 @@ from typing import Any
 
 import pandas as pd
 
-from analysis import offline_runs
-from experiments import record, store, tracking
+from experiments import history, record, store, tracking
 
 # The columns every frame has, from the record schema (experiments/record.py).
 IDENTITY = record.names(record.IDENTITY)
 CONFIG = record.names(record.CONFIG)
 MEASUREMENTS = record.names(record.MEASURED, optional=False)  # float, NaN when not measured
 PROVENANCE = record.names(record.PROVENANCE)
-ADDED = ("variant", "source", "run_dir", "wandb_path")
+ADDED = ("variant", "source", "history_path", "wandb_path")
 CURVE_METRICS = ("train/loss", "eval/loss", "eval/accuracy")
 SUMMARY_JOB_TYPE = "sweep-summary"  # the sweep's summary run (tracking.log_sweep_summary)
 _SORT = ("sweep", "attention", "variant", "block", "depth", "seq_len", "seed")
 
 
-def load_results(paths: Iterable[str | Path], *, offline_runs: bool = False) -> pd.DataFrame:
+def load_results(paths: Iterable[str | Path]) -> pd.DataFrame:
     """Records from sweep dirs or results files (see the module doc), as one tidy frame.
 
-    `offline_runs=True` reads the W&B offline runs under each path instead of result.json files.
     Raises FileNotFoundError for a path holding no results.
     """
-    frames = [load_offline_runs(p) if offline_runs else _load_path(Path(p)) for p in paths]
+    frames = [_load_path(Path(p)) for p in paths]
     return tidy(pd.concat(frames, ignore_index=True) if frames else pd.DataFrame())
 
 
 def unreadable_records(paths: Iterable[str | Path]) -> list[store.Unreadable]:
     """The `result.json` files below the sweep dirs among `paths` that could not be read."""
     return [bad for p in paths if Path(p).is_dir() for bad in store.read_records(Path(p))[1]]
-
-
-def load_offline_runs(root: str | Path) -> pd.DataFrame:
-    """One row per job run under `root` (every `offline-run-*`), from each run's summary.
-
-    The sweep's own summary run is left out. As in the results store, a configuration recorded
-    more than once in `root` (a resumed sweep) keeps its newest record.
-    """
-    rows = []
-    for run_dir in offline_runs.find_offline_runs(Path(root)):
-        run = offline_runs.read_offline_run(run_dir)
-        if run["job_type"] == SUMMARY_JOB_TYPE or "status" not in run["summary"]:
-            continue
-        rows.append(
-            {**summary_record(run["summary"]), "source": str(run_dir), "run_dir": str(run_dir)}
-        )
-    if not rows:
-        raise FileNotFoundError(f"{root}: no W&B offline job runs")
-    return _newest_per_config(pd.DataFrame(rows))
 
 
 def load_wandb(project: str, group: str | None = None, *, api: Any = None) -> pd.DataFrame:
@@ -128,21 +107,24 @@ def summary_record(summary: Mapping[str, Any]) -> dict[str, Any]:
 def load_curves(frame: pd.DataFrame, metrics: Iterable[str] = CURVE_METRICS) -> pd.DataFrame:
     """Per-step training metrics of the frame's rows, long format: row, step, metric, value.
 
-    `row` is the frame's index label. Rows without a reachable W&B run (logger=none, or runs not
-    copied with the results) have no curve; the result is empty when none has.
+    `row` is the frame's index label. A row's curve comes from its history file
+    (`history_path`, whatever the logger was), else from its online W&B run (`wandb_path`);
+    rows with neither (no training, or a results file copied without its job dirs) have none.
+    The result is empty when no row has one.
     """
     metrics = tuple(metrics)
     points = []
-    for row, run_dir, wandb_path in zip(
-        frame.index, frame["run_dir"], frame["wandb_path"], strict=True
+    for row, path, wandb_path in zip(
+        frame.index, frame["history_path"], frame["wandb_path"], strict=True
     ):
-        if isinstance(run_dir, str):
-            history = offline_runs.read_offline_run(Path(run_dir))["history"]
-        elif isinstance(wandb_path, str):
-            history = _online_history(wandb_path, metrics)
-        else:
+        if isinstance(path, str):
+            steps = history.read(Path(path))
+            steps = steps[steps["metric"].isin(metrics)]
+            points += [(row, int(s), m, float(v)) for s, m, v in steps.itertuples(index=False)]
             continue
-        for entry in history:
+        if not isinstance(wandb_path, str):
+            continue
+        for entry in _online_history(wandb_path, metrics):
             step = entry.get(tracking.STEP_AXIS)
             for metric in metrics:
                 value = entry.get(metric)
@@ -215,7 +197,7 @@ def format_value(value: Any) -> str:
 
 
 def _load_path(path: Path) -> pd.DataFrame:
-    """One source (see the module doc) with `source` and `run_dir` set."""
+    """One source (see the module doc) with `source` and `history_path` set."""
     if path.is_file():
         frame, root = _load_file(path), path.parent
     elif not path.is_dir():
@@ -226,14 +208,10 @@ def _load_path(path: Path) -> pd.DataFrame:
         frame, root = pd.read_parquet(path / "results.parquet"), path
     elif (path / "results.csv").exists():
         frame, root = _read_csv(path / "results.csv"), path
-    elif offline_runs.find_offline_runs(path):
-        return load_offline_runs(path)
     else:
-        raise FileNotFoundError(
-            f"{path}: no result.json, results.csv, results.parquet or W&B offline run below it"
-        )
+        raise FileNotFoundError(f"{path}: no result.json, results.csv or results.parquet below it")
     frame["source"] = str(path)
-    frame["run_dir"] = _locate_runs(frame.get("offline_run_dir"), root)
+    frame["history_path"] = _history_paths(frame, root)
     return frame
 
 
@@ -256,29 +234,23 @@ def _read_csv(path: Path) -> pd.DataFrame:
     return pd.read_csv(path, low_memory=False, dtype=text)
 
 
-def _locate_runs(recorded: pd.Series | None, root: Path) -> list[str | None]:
-    """Each recorded offline run dir if it exists, else the run folder of that name under root."""
-    if recorded is None:
-        return []
-    moved = None
-    located = []
-    for value in recorded:
-        if not isinstance(value, str) or not value:
-            located.append(None)
-        elif Path(value).is_dir():
-            located.append(value)
-        else:
-            if moved is None:  # search once, only when a sweep was moved
-                moved = {p.name: str(p) for p in offline_runs.find_offline_runs(root)}
-            located.append(moved.get(Path(value).name))
-    return located
-
-
-def _newest_per_config(frame: pd.DataFrame) -> pd.DataFrame:
-    """As `experiments.store.gather`: a configuration recorded twice keeps its newest record."""
-    if "timestamp" in frame and "config_hash" in frame:
-        frame = frame.sort_values("timestamp").drop_duplicates("config_hash", keep="last")
-    return frame.reset_index(drop=True)
+def _history_paths(frame: pd.DataFrame, root: Path) -> list[str | None]:
+    """Each row's history file below `root`: the `history.parquet` beside the result.json of
+    the same configuration and timestamp (so a configuration recorded twice gets the history of
+    the record that was kept, and a moved sweep finds its files where they now are)."""
+    if frame.empty or "config_hash" not in frame or "timestamp" not in frame:
+        return [None] * len(frame)
+    found = {}
+    for path in root.glob(f"**/{history.FILE}"):
+        try:
+            rec = store.read_record(path.with_name("result.json"))
+        except (OSError, ValueError):  # a history without its record is no row's
+            continue
+        found[rec.get("config_hash"), rec.get("timestamp")] = str(path)
+    return [
+        found.get((digest, stamp))
+        for digest, stamp in zip(frame["config_hash"], frame["timestamp"], strict=True)
+    ]
 
 
 def _online_history(wandb_path: str, metrics: tuple[str, ...]) -> list[dict[str, Any]]:

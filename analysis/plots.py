@@ -346,7 +346,7 @@ def training_curves(
 ) -> Figure:
     """Training (solid) and eval (dashed) loss per step, and the final losses per series.
 
-    Curves come from the W&B runs of the records (`load.load_curves`), at one seq_len (default:
+    Curves come from the records' histories (`load.load_curves`), at one seq_len (default:
     the most common among records with a training loss, the longest on a tie).
     """
     seq_len = _pick_length(frame, "train_loss") if seq_len is None else seq_len

@@ -1,7 +1,6 @@
 """The report command: results -> every figure (PNG and SVG) and report.md in one directory.
 
     python -m analysis.report multirun/scaling [multirun/depth ...] --out report/
-    python -m analysis.report multirun/scaling --offline-runs --out report/   # from W&B files
     python -m analysis.report --wandb ENTITY/PROJECT --group scaling --out report/
 
 RESULTS are sweep dirs or results files (analysis.load). The same figures come from the
@@ -307,11 +306,6 @@ def main(argv: list[str] | None = None) -> int:
         "--out", required=True, type=Path, help="directory for figures and report.md"
     )
     parser.add_argument(
-        "--offline-runs",
-        action="store_true",
-        help="read the W&B offline runs under RESULTS instead of result.json files",
-    )
-    parser.add_argument(
         "--wandb",
         metavar="ENTITY/PROJECT",
         help="read the job runs of a W&B project online (needs a login)",
@@ -387,11 +381,11 @@ def _load(args: argparse.Namespace) -> tuple[pd.DataFrame, list[str], list[Unrea
     """
     frames, sources = [], [*args.results]
     if args.results:
-        frames.append(load.load_results(args.results, offline_runs=args.offline_runs))
+        frames.append(load.load_results(args.results))
     if args.wandb:
         frames.append(_load_wandb(args.wandb, args.group))
         sources.append(f"wandb:{args.wandb}" + (f" group {args.group}" if args.group else ""))
-    unreadable = [] if args.offline_runs else load.unreadable_records(args.results)
+    unreadable = load.unreadable_records(args.results)
     return load.tidy(pd.concat(frames, ignore_index=True)), sources, unreadable
 
 

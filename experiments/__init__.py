@@ -1,5 +1,5 @@
-"""The Hydra app: one job measures one configuration and records it."""
+"""The Hydra app: one job measures one configuration and records it.
 
-from experiments import allocator
-
-allocator.enable_by_default()  # before any module of the package imports torch
+Importing the package changes nothing in the process: the allocator setting
+(experiments/allocator.py) is applied by the entry points, `experiments.run` and `benchmarks`.
+"""

@@ -4,9 +4,10 @@ With `THP_MEM_ALLOC_ENABLE=1`, c10 allocates blocks of 2 MiB and more 2 MiB-alig
 the kernel to back them with huge pages (`madvise`), so large tensors fault in a few huge pages
 instead of thousands of small ones. Measured here: blockwise's FLOP fraction at 32K 0.26 without
 it, 0.32 with it. c10 reads the variable once, at torch's first allocation, so it must be in the
-environment before torch starts: the `experiments` and `benchmarks` packages set it when they
-are imported, which is before any of their modules imports torch. Child processes (joblib and
-submitit workers) inherit it.
+environment before torch starts: the entry points set it before they import torch (the app,
+`experiments/run.py`, at the top of its imports; the `benchmarks` package when it is imported);
+`import experiments` changes no environment variable. Child processes (joblib and submitit
+workers) inherit it.
 """
 
 from __future__ import annotations

@@ -305,4 +305,5 @@ def register() -> None:
         OmegaConf.register_new_resolver("supports_causal", supports_causal)
     if not OmegaConf.has_resolver("causal_only"):
         OmegaConf.register_new_resolver("causal_only", causal_only)
-    ConfigStore.instance().store(group="logger", name="wandb_schema", node=tracking.WandbLogger)
+    # Stored outside the `logger` group, so that `--help` does not offer it as a logger.
+    ConfigStore.instance().store(name="wandb_logger_schema", node=tracking.WandbLogger)

@@ -21,17 +21,21 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from experiments import allocator
+
+# An entry point: the allocator's variable is set here, before the imports below start torch
+# (c10 reads it once); `import experiments` itself changes no environment variable.
+allocator.enable_by_default()
+
 import hydra
 import torch
-import torch._dynamo  # noqa: F401  (AdamW imports it lazily; a timeout mid-import breaks later jobs)
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 import variants
-from experiments import budget, curriculum, measure, progress, record, store, sweep, tracking
+from experiments import budget, curriculum, history, progress, record, store, sweep, tracking
 from experiments.config import JobConfig, added_keys, check_added_keys, register
-from experiments.train import Diverged
 from variants.checks import UnsupportedCombination
 
 log = logging.getLogger("attnbench")
@@ -67,6 +71,7 @@ def run_job(
             return None
         _say_if_unreadable(out_dir / "result.json")
 
+    measure = import_for_measuring()
     _displace_other_record(out_dir, digest)
     rec: dict[str, Any] = {
         "sweep": config["sweep"],
@@ -77,6 +82,7 @@ def run_job(
         **record.config_columns(config),
     }
     tracker = tracking.Tracker()
+    steps = history.History()
     device = None
     started = time.perf_counter()
     try:
@@ -114,8 +120,8 @@ def run_job(
                 measured = measure.measure(
                     job_config,
                     built,
-                    on_step=tracker.log_step,
-                    on_stage=_stage_recorder(config, rec, out_dir, tracker, started),
+                    on_step=_logged(steps, tracker),
+                    on_stage=_stage_recorder(config, rec, out_dir, tracker, steps, started),
                 )
             rec.update(measured)
             non_finite = record.non_finite(measured)
@@ -143,6 +149,7 @@ def run_job(
         rec["shared_qk"] = _resolved_shared_qk(config)
     rec.update(record.provenance(device))
     rec["offline_run_dir"] = None
+    steps.write(out_dir / history.FILE)  # before the record, which makes the job's outcome final
     record.write_json_atomic(out_dir / "result.json", rec)
     try:
         tracker.finish(rec, exit_code=0 if rec["status"] == record.OK else 1)
@@ -155,13 +162,40 @@ def run_job(
     return rec
 
 
-def _stage_recorder(config, rec, out_dir: Path, tracker, started: float):
+def import_for_measuring():
+    """The measuring modules, imported once a job is to be measured, before its budget starts.
+
+    torch._dynamo (1.7 s of imports) is imported here on purpose: AdamW imports it lazily at its
+    first step, and a job timeout that struck in the middle of that import once left it half
+    done and broke every later job of the process. It is not needed for `--help` or for a
+    configuration already recorded, so the app's own import leaves it (and measure's kernels,
+    tasks and training) out. Returns `experiments.measure`.
+    """
+    import torch._dynamo  # noqa: F401
+
+    from experiments import measure
+
+    return measure
+
+
+def _logged(steps: history.History, tracker: tracking.Tracker):
+    """The `on_step` of a job: each step's metrics kept in its history and logged to W&B."""
+
+    def on_step(metrics: dict[str, Any], step: int) -> None:
+        steps.log_step(metrics, step)
+        tracker.log_step(metrics, step)
+
+    return on_step
+
+
+def _stage_recorder(config, rec, out_dir: Path, tracker, steps: history.History, started: float):
     """Record each finished curriculum stage as its own configuration, as soon as it ends.
 
     A stage's record is the job's config at the stage's seq_len and batch_size
     (`curriculum.stage_config`), in `<job dir>/stages/<seq_len>/result.json`, where the store,
-    resume and the report find it like any other record. A stage record of another
-    configuration found there is displaced, never overwritten (`_displace_other_stage`).
+    resume and the report find it like any other record, with the job's history up to the end
+    of the stage beside it. A stage record of another configuration found there is displaced,
+    never overwritten (`_displace_other_stage`).
     """
 
     def write(stage: curriculum.Stage, columns: dict[str, Any]) -> None:
@@ -179,6 +213,7 @@ def _stage_recorder(config, rec, out_dir: Path, tracker, started: float):
         }
         path = out_dir / "stages" / str(stage.seq_len) / "result.json"
         _displace_other_stage(path, stage_rec["config_hash"])
+        steps.write(history.beside(path))
         record.write_json_atomic(path, stage_rec)
 
     return write
@@ -201,6 +236,8 @@ def _say_if_unreadable(path: Path) -> None:
 
 def _device_or_as_configured(config: dict[str, Any]) -> str:
     """The device the job would have used (auto resolved), or the configured name if invalid."""
+    from experiments import measure
+
     try:
         return measure.resolve_device(config["device"]).type
     except ValueError:
@@ -213,14 +250,14 @@ def _displace_other_record(out_dir: Path, digest: str) -> None:
     Job dirs are numbered by position in the sweep, so a value inserted into or reordered in a
     re-run sweep gives a recorded configuration's dir to a new one. The old record moves to
     `displaced/<its hash>/result.json` below it, its curriculum stages' records
-    (`stages/<seq_len>/result.json`) with it, where the store and resume still find them.
+    (`stages/<seq_len>/result.json`) with it, where the store and resume still find them;
+    each record's history moves with it.
     """
     other = _hash_of_record(out_dir / "result.json")
     if other is None or other == digest:
         return
     target = out_dir / "displaced" / other
-    target.mkdir(parents=True, exist_ok=True)
-    os.replace(out_dir / "result.json", target / "result.json")
+    _move_record(out_dir / "result.json", target / "result.json")
     if (out_dir / "stages").is_dir():
         _move_stages(out_dir / "stages", target / "stages")
     log.warning(
@@ -232,9 +269,18 @@ def _move_stages(source: Path, target: Path) -> None:
     """Move every stage record below `source` to the same place below `target`; a record
     already there (the same stage of the same configuration, an older copy) is replaced."""
     for path in sorted(source.glob("*/result.json")):
-        destination = target / path.parent.name / "result.json"
-        destination.parent.mkdir(parents=True, exist_ok=True)
-        os.replace(path, destination)
+        _move_record(path, target / path.parent.name / "result.json")
+
+
+def _move_record(path: Path, destination: Path) -> None:
+    """Move the record at `path` and its history (if any) to `destination` and beside it; a
+    history at the destination that the moved record does not have is removed."""
+    destination.parent.mkdir(parents=True, exist_ok=True)
+    if history.beside(path).is_file():
+        os.replace(history.beside(path), history.beside(destination))
+    else:
+        history.beside(destination).unlink(missing_ok=True)
+    os.replace(path, destination)
 
 
 def _displace_other_stage(path: Path, digest: str) -> None:
@@ -243,8 +289,7 @@ def _displace_other_stage(path: Path, digest: str) -> None:
     other = _hash_of_record(path)
     if other is not None and other != digest:
         target = path.parent / "displaced" / other / "result.json"
-        target.parent.mkdir(parents=True, exist_ok=True)
-        os.replace(path, target)
+        _move_record(path, target)
         log.warning("%s held another configuration (%s); moved to %s", path, other, target)
 
 
@@ -274,6 +319,8 @@ def _threads_per_job(hydra_cfg) -> int | None:
 
 def _status_of(error: BaseException) -> str:
     """The record status (`record.STATUSES`) of a measurement that raised `error`."""
+    from experiments.train import Diverged
+
     if isinstance(error, budget.JobTimeout):
         return record.TIMEOUT
     if budget.is_out_of_memory(error):

@@ -8,9 +8,10 @@ Mode precedence: the environment variable WANDB_MODE, when set, wins over `logge
 shell or CI can force `offline`/`disabled` whatever the config says); `logger=none` turns W&B
 off altogether.
 
-An offline run is a folder `<dir>/wandb/offline-run-<time>-<id>/` whose `run-<id>.wandb` file is
-W&B's transaction log: every config, history, summary and exit record of the run. `wandb sync`
-uploads it later; `analysis.offline_runs` reads it back without any service or account.
+An offline run is a folder `<dir>/wandb/offline-run-<time>-<id>/` holding W&B's own log of the
+run, which `wandb sync` uploads later. Nothing here reads that log: the record (result.json) and
+the per-step history (history.parquet, experiments/history.py) are kept locally whatever the
+logger, and offline run folders are found by W&B's folder name alone (`offline_run_dirs`).
 
 One run per configuration of a sweep, and one summary run per sweep, however often the sweep
 is re-run: their ids are derived from the sweep's name, the sweep dir's identity (a random token
@@ -36,7 +37,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from omegaconf import MISSING
 
-from experiments import record
+from experiments import history, record
 
 if TYPE_CHECKING:
     import pandas
@@ -104,7 +105,7 @@ class _WandbTracker(Tracker):
         """Log `metrics` on the step axis; bare names go under `train/` (`loss` -> `train/loss`)."""
         if self._run is None:
             return
-        row = {(k if "/" in k else f"train/{k}"): v for k, v in metrics.items()}
+        row = {history.metric_name(k): v for k, v in metrics.items()}
         self._guard(self._run.log, {**row, STEP_AXIS: step})
 
     def finish(self, rec: dict, exit_code: int) -> None:
@@ -230,14 +231,22 @@ def sweep_id(sweep_dir: pathlib.Path) -> str:
     return path.read_text().strip()
 
 
+def offline_run_dirs(root: pathlib.Path, run_id: str | None = None) -> list[pathlib.Path]:
+    """The offline run folders below `root` (of `run_id` only, if given), sorted, found by the
+    name W&B gives them, `offline-run-<yyyymmdd_hhmmss>-<run id>` (a `-<n>` suffix when a run
+    of that id started twice in one second); their contents are W&B's and are never read."""
+    run = re.escape(run_id) if run_id is not None else r"[A-Za-z0-9_-]+"
+    name = re.compile(rf"offline-run-\d{{8}}_\d{{6}}-{run}(-\d+)?")
+    root = pathlib.Path(root)
+    found = root.rglob("offline-run-*") if root.is_dir() else ()
+    return sorted(path for path in found if path.is_dir() and name.fullmatch(path.name))
+
+
 def remove_offline_runs(root: pathlib.Path, run_id: str) -> list[pathlib.Path]:
     """Delete every offline run folder of `run_id` below `root` (a superseded measurement)."""
-    name = re.compile(rf"offline-run-\d{{8}}_\d{{6}}-{re.escape(run_id)}(-\d+)?")
-    removed = []
-    for path in pathlib.Path(root).rglob("offline-run-*") if pathlib.Path(root).is_dir() else ():
-        if path.is_dir() and name.fullmatch(path.name):
-            shutil.rmtree(path, ignore_errors=True)
-            removed.append(path)
+    removed = offline_run_dirs(root, run_id)
+    for path in removed:
+        shutil.rmtree(path, ignore_errors=True)
     return removed
 
 
@@ -248,13 +257,16 @@ def log_sweep_summary(
     figures: Mapping[str, pathlib.Path],
     group: str,
     out_dir: pathlib.Path,
+    results: pathlib.Path | None = None,
 ) -> pathlib.Path | None:
     """Log a sweep's records as a W&B Table plus its figures (PNG paths) in one run; its run dir.
 
     The run has job_type `sweep-summary` and the sweep's `group`; the table is under the key
     `records` (a file `files/<path>` of the run, `path` given in its summary), each figure under
-    `figures/<name>`. One summary run per sweep dir (`out_dir`): a re-run replaces (offline) or
-    resumes (online) the last one. None if W&B is off.
+    `figures/<name>`, and `results` (the sweep's results.parquet, if given) as an artifact of
+    type `results` named `run_id(group, "results", out_dir)`, so the typed table travels with
+    the run. One summary run per sweep dir (`out_dir`): a re-run replaces (offline) or resumes
+    (online) the last one. None if W&B is off.
     """
     import wandb
 
@@ -282,6 +294,10 @@ def log_sweep_summary(
         table = wandb.Table(dataframe=records.reset_index(drop=True), allow_mixed_types=True)
         images = {f"figures/{key}": wandb.Image(str(path)) for key, path in figures.items()}
         run.log({"records": table, **images})
+        if results is not None:
+            artifact = wandb.Artifact(run_id(group, "results", out_dir), type="results")
+            artifact.add_file(str(results))
+            run.log_artifact(artifact)
     except Exception as error:  # the sweep's local results are already written
         log.warning("W&B sweep summary failed: %s", record.one_line(error))
         exit_code = 1

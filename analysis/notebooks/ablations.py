@@ -24,11 +24,10 @@ from analysis import load, plots
 
 # %% tags=["parameters"]
 RESULTS = ["../../multirun/lsh", "../../multirun/linformer"]  # relative to this folder
-OFFLINE_RUNS = False
 SEQ_LEN = None  # length of the training-curve and trade-off figures; None = most measured
 
 # %%
-frame = load.load_results(RESULTS, offline_runs=OFFLINE_RUNS)
+frame = load.load_results(RESULTS)
 
 # %%
 plots.error_vs_seq_len(frame)

@@ -25,10 +25,9 @@ from analysis import load, plots, report, tables
 
 # %% tags=["parameters"]
 RESULTS = ["../../multirun/depth"]  # paths relative to this notebook's folder
-OFFLINE_RUNS = False
 
 # %%
-frame = load.load_results(RESULTS, offline_runs=OFFLINE_RUNS)
+frame = load.load_results(RESULTS)
 Markdown(report.markdown_tables(frame, [tables.depth_table, tables.failures]))
 
 # %%

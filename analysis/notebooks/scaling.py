@@ -15,7 +15,7 @@
 # # Scaling: time, memory and FLOP/s against sequence length
 #
 # The same figures and table as `python -m analysis.report`, drawn from `RESULTS`: sweep dirs,
-# `results.csv`/`.parquet` files, or (with `OFFLINE_RUNS`) the W&B offline runs under them.
+# `results.csv`/`.parquet` files; training curves come from each job's history.parquet.
 # `python -m experiments.run -m +experiment=scaling` writes `multirun/scaling`.
 
 # %%
@@ -26,10 +26,9 @@ from analysis import load, plots, report, tables
 
 # %% tags=["parameters"]
 RESULTS = ["../../multirun/scaling"]  # paths relative to this notebook's folder
-OFFLINE_RUNS = False
 
 # %%
-frame = load.load_results(RESULTS, offline_runs=OFFLINE_RUNS)
+frame = load.load_results(RESULTS)
 Markdown(report.markdown_tables(frame, [tables.variant_summary, tables.failures]))
 
 # %%

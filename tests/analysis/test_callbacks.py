@@ -1,11 +1,16 @@
-"""The Hydra callback: report into <sweep dir>/report/, then the W&B sweep summary run."""
+"""The Hydra callback: report into <sweep dir>/report/, then the W&B sweep summary run, both
+only when the sweep's records changed."""
 
 from __future__ import annotations
 
+import json
+
 from omegaconf import OmegaConf
 
-from analysis import offline_runs, report
+from analysis import report
 from analysis.callbacks import SweepReport
+from experiments import history, record, store, tracking
+from tests import wandb_runs
 from tests.conftest import WANDB_LOGGER
 
 
@@ -18,6 +23,7 @@ def multirun_config(sweep_dir, logger):
 
 def test_report_and_wandb_summary_of_a_sweep(small_sweep, wandb_home, capsys, monkeypatch):
     monkeypatch.setattr(report, "FORMATS", ("png",))  # SVGs: see test_report.py
+    store.write_results(small_sweep)  # results.parquet, as the store's callback writes it first
     SweepReport().on_multirun_end(multirun_config(small_sweep, WANDB_LOGGER))
 
     out = small_sweep / "report"
@@ -27,11 +33,12 @@ def test_report_and_wandb_summary_of_a_sweep(small_sweep, wandb_home, capsys, mo
     assert "time_vs_seq_len" in drawn and "depth" not in drawn  # depth is not swept here
     assert "tradeoff" not in drawn  # random tokens and Gaussian-era errors: no quality axis
     assert all((out / f"{name}.png").stat().st_size > 0 for name in drawn)
-    (summary_dir,) = offline_runs.find_offline_runs(small_sweep / "wandb")
-    run = offline_runs.read_offline_run(summary_dir)
+    (summary_dir,) = wandb_runs.find(small_sweep / "wandb")
+    run = wandb_runs.read(summary_dir)
     assert (run["job_type"], run["group"], run["exit_code"]) == ("sweep-summary", "fixture", 0)
-    logged = {key for row in run["history"] for key in row}
+    logged = {key.split(".")[0] for row in run["history"] for key in row}  # nested: dotted
     assert {f"figures/{name}" for name in drawn} | {"records"} <= logged
+    assert tracking.run_id("fixture", "results", small_sweep) in run["artifacts"]
     assert f"W&B sweep summary run: {summary_dir}" in capsys.readouterr().out
 
 
@@ -55,3 +62,37 @@ def test_a_failing_report_does_not_fail_the_sweep(sweep_copy, monkeypatch, caplo
 def test_empty_sweep_dir_is_not_an_error(tmp_path):
     SweepReport().on_multirun_end(multirun_config(tmp_path, {"name": "none"}))
     assert not (tmp_path / "report").exists()
+
+
+def test_a_report_is_redrawn_only_when_its_records_changed(sweep_copy, monkeypatch, capsys):
+    drawn = []
+
+    def draw(frame, out, **_):
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "report.md").write_text("# attnbench report\n")
+        drawn.append(len(frame))
+        return {}
+
+    monkeypatch.setattr(report, "build_report", draw)
+
+    def end(logger=None):
+        SweepReport().on_multirun_end(multirun_config(sweep_copy, logger or {"name": "none"}))
+        return len(drawn)
+
+    assert end() == 1
+    assert end() == 1 and "records unchanged" in capsys.readouterr().out  # a no-op resume
+    path = sorted(sweep_copy.glob("*/result.json"))[0]
+    rec = json.loads(path.read_text())
+    record.write_json_atomic(path, {**rec, "step_ms": 1.0})  # a re-measured configuration
+    assert end() == 2
+    steps = history.History()
+    steps.log_step({"loss": 1.0}, step=0)
+    steps.write(history.beside(path))  # a history added
+    assert end() == 3
+    new = sweep_copy / "new" / "result.json"
+    record.write_json_atomic(new, {**rec, "config_hash": "new", "job": "new"})
+    assert end() == 4
+    (sweep_copy / "report" / "report.md").unlink()  # a report deleted is drawn again
+    assert end() == 5
+    assert end({"name": "none", "extra": 1}) == 6  # other logger settings: another summary
+    assert end() == 7 and end() == 7

@@ -1,4 +1,4 @@
-"""Loading: result.json, CSV, Parquet and W&B offline runs give the same tidy frame."""
+"""Loading: result.json, CSV and Parquet give the same tidy frame; curves come from histories."""
 
 from __future__ import annotations
 
@@ -9,12 +9,11 @@ import pandas as pd
 import pytest
 
 from analysis import load
-from experiments import record, store, tracking
+from experiments import history, record, store
 from tests.analysis.conftest import FIXTURE, fixture_records
-from tests.conftest import WANDB_LOGGER
 
 # Where a row came from, not its values.
-BOOKKEEPING = {"source", "run_dir", "offline_run_dir", "wandb_path"}
+BOOKKEEPING = {"source", "history_path", "offline_run_dir", "wandb_path"}
 
 
 def assert_same_records(a: pd.DataFrame, b: pd.DataFrame) -> None:
@@ -64,9 +63,10 @@ def test_missing_results_are_an_error(tmp_path):
 
 
 @pytest.fixture
-def wandb_sweep(tmp_path, wandb_home) -> Path:
-    """Three fixture records re-recorded as a runner job does: result.json plus a real offline
-    W&B run written by experiments.tracking, with per-step losses."""
+def trained_sweep(tmp_path) -> Path:
+    """Three fixture records re-recorded as a runner job does: result.json plus the job's
+    history.parquet (experiments/history.py), per-step losses for the two that trained; the
+    lsh configuration was recorded twice, and the older record's history must not be used."""
     picked = [
         r
         for r in fixture_records()
@@ -75,62 +75,50 @@ def wandb_sweep(tmp_path, wandb_home) -> Path:
         and r["seed"] == 0
         and r["attention"] in ("full", "lsh", "linformer")
     ]
-    sweep = tmp_path / "wandb_sweep"
+    sweep = tmp_path / "trained_sweep"
     for job, rec in enumerate(picked):
-        out_dir = sweep / str(job)
-        tracker = tracking.start_tracker(
-            WANDB_LOGGER,
-            run_config={"attention": {"name": rec["attention"]}},
-            group=rec["sweep"],
-            job_type=f"{rec['attention']}-{rec['block']}",
-            tags=[rec["attention"]],
-            name=f"{job}-{rec['config_hash']}",
-            out_dir=out_dir,
-        )
+        steps = history.History()
         if rec["status"] == "ok":
             for step in range(3):
-                metrics = {"train/loss": 6.0 - 0.5 * step - job, "train/lr": 1e-3}
+                metrics = {"loss": 6.0 - 0.5 * step - job, "train/lr": 1e-3, "note": "text"}
                 if step == 2:
                     metrics.update({"eval/loss": 5.5 - job, "eval/accuracy": 0.25})
-                tracker.log_step(metrics, step)
-        rec = {**rec, "offline_run_dir": None}
-        record.write_json_atomic(out_dir / "result.json", rec)
-        tracker.finish(rec, exit_code=0 if rec["status"] == "ok" else 1)
-        rec["offline_run_dir"] = str(tracker.run_dir)
-        record.write_json_atomic(out_dir / "result.json", rec)
+                steps.log_step(metrics, step)
+        steps.write(sweep / str(job) / history.FILE)
+        record.write_json_atomic(sweep / str(job) / "result.json", rec)
+        if rec["attention"] == "lsh":  # an older attempt, elsewhere, with another curve
+            older = {**rec, "timestamp": "2000-01-01T00:00:00", "job": "old"}
+            steps.log_step({"loss": 99.0}, step=7)
+            steps.write(sweep / "old" / history.FILE)
+            record.write_json_atomic(sweep / "old" / "result.json", older)
     return sweep
 
 
-def test_wandb_offline_runs_load_like_the_records(wandb_sweep, tmp_path):
-    from_records = load.load_results([wandb_sweep])
-    from_runs = load.load_results([wandb_sweep], offline_runs=True)
-    assert sorted(from_runs["status"]) == ["ok", "ok", "skipped"]
-    assert_same_records(from_records, from_runs)
-    # Every record column that has a value survives the round trip through W&B.
-    present = {c for c in from_records.columns if from_records[c].notna().any()}
-    assert present - BOOKKEEPING <= set(from_runs.columns)
-    assert (
-        from_records["run_dir"].tolist()
-        == from_runs.set_index("config_hash").loc[from_records["config_hash"], "run_dir"].tolist()
-    )
+def test_training_curves_come_from_each_records_history(trained_sweep, tmp_path):
+    frame = load.load_results([trained_sweep])
+    assert sorted(frame["status"]) == ["ok", "ok", "skipped"]
+    trained = frame["status"] == "ok"
+    assert frame.loc[trained, "history_path"].map(lambda p: Path(p).is_file()).all()
+    assert frame.loc[~trained, "history_path"].isna().all()  # no steps, no file
 
-    curves = load.load_curves(from_records)
-    assert curves.equals(
-        load.load_curves(
-            from_runs.set_index("config_hash").loc[from_records["config_hash"]].reset_index()
-        )
-    )
-    lsh_row = from_records.index[from_records["attention"] == "lsh"][0]
+    curves = load.load_curves(frame)
+    lsh_row = frame.index[frame["attention"] == "lsh"][0]
     lsh = curves[(curves["row"] == lsh_row) & (curves["metric"] == "train/loss")]
-    assert lsh["step"].tolist() == [0, 1, 2]
+    assert lsh["step"].tolist() == [0, 1, 2]  # the kept record's history, not the older one's
     assert set(curves["metric"]) == {"train/loss", "eval/loss", "eval/accuracy"}
+    full_row = frame.index[frame["attention"] == "full"][0]
+    full = curves[(curves["row"] == full_row) & (curves["metric"] == "eval/loss")]
+    assert full["value"].tolist() == [5.5 - int(frame.loc[full_row, "job"])]
 
-    # A moved sweep finds its runs again by folder name.
-    moved = Path(shutil.copytree(wandb_sweep, tmp_path / "moved"))
-    shutil.rmtree(wandb_sweep)
+    # A moved sweep, or its results table beside the job dirs, finds the histories again.
+    moved = Path(shutil.copytree(trained_sweep, tmp_path / "moved"))
+    shutil.rmtree(trained_sweep)
     relocated = load.load_results([moved])
-    assert relocated["run_dir"].map(lambda p: p.startswith(str(moved))).all()
-    assert len(load.load_curves(relocated)) == len(curves)
+    assert relocated["history_path"].dropna().map(lambda p: p.startswith(str(moved))).all()
+    assert load.load_curves(relocated).equals(curves)
+    store.write_results(moved)
+    from_table = load.load_results([moved / "results.parquet"])
+    assert load.load_curves(from_table).equals(curves)
 
 
 class FakeRun:

@@ -1,4 +1,5 @@
-"""The huge-page allocation is on before torch starts, unless the user's environment says no."""
+"""The huge-page allocation is on before torch starts in the entry points, unless the user's
+environment says no; importing the package sets nothing."""
 
 from __future__ import annotations
 
@@ -67,3 +68,18 @@ def test_once_torch_is_imported_the_variable_is_left_alone(monkeypatch):
 def test_on_only_for_the_value_c10_takes_as_on(monkeypatch, value, on):
     monkeypatch.setenv("THP_MEM_ALLOC_ENABLE", value)
     assert allocator.thp_mem_alloc() is on
+
+
+def test_importing_the_package_changes_no_environment_variable():
+    """Only the entry points set the variable; the package, and the record schema that analysis
+    imports, leave the environment as they found it."""
+    script = (
+        "import os; before = dict(os.environ)\n"
+        "import experiments, experiments.record\n"
+        "print(dict(os.environ) == before)"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "THP_MEM_ALLOC_ENABLE"}
+    done = subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True
+    )
+    assert done.stdout.strip() == "True", done.stderr[-1500:]

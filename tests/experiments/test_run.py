@@ -20,9 +20,9 @@ import pandas as pd
 import pytest
 from omegaconf import OmegaConf
 
-from analysis import offline_runs
-from experiments import run
+from experiments import history, run
 from experiments.record import flatten
+from tests import wandb_runs
 from tests.experiments.conftest import MEASURE_NOTHING, TINY
 
 IDENTITY = ("sweep", "job", "config_hash", "status", "error")
@@ -154,7 +154,7 @@ def test_unsupported_combination_is_skipped_and_the_rest_succeed(wandb_sweep):
     assert all(r["status"] == "ok" for r in records.values() if r is not linformer)
     # Nothing was measured, so nothing is tracked: no W&B run piles up at each re-run.
     assert linformer["offline_run_dir"] is None
-    assert not offline_runs.find_offline_runs(wandb_sweep / linformer["job"])
+    assert not wandb_runs.find(wandb_sweep / linformer["job"])
 
 
 @pytest.mark.slow
@@ -173,7 +173,7 @@ def test_sweep_is_gathered_into_csv_and_parquet(wandb_sweep):
 @pytest.mark.slow
 def test_offline_wandb_runs_hold_the_same_config_and_summary(wandb_sweep):
     for job, rec in ok_records(wandb_sweep).items():
-        run = offline_runs.read_offline_run(Path(rec["offline_run_dir"]))
+        run = wandb_runs.read(Path(rec["offline_run_dir"]))
         hydra_config = OmegaConf.load(wandb_sweep / job / ".hydra" / "config.yaml")
         assert run["config"] == OmegaConf.to_container(hydra_config, resolve=True)
         assert run["config"]["attention"]["name"] == rec["attention"]
@@ -189,8 +189,10 @@ def test_offline_wandb_runs_hold_the_same_config_and_summary(wandb_sweep):
         assert run["run_id"] == f"runner-test-{token}-{rec['config_hash']}"  # same at re-runs
         assert run["exit_code"] == 0
         assert [row["step"] for row in run["history"] if "train/loss" in row] == [0, 1]
-    summary_runs = offline_runs.find_offline_runs(wandb_sweep / "wandb")
-    assert [offline_runs.read_offline_run(r)["job_type"] for r in summary_runs] == ["sweep-summary"]
+        steps = history.read(wandb_sweep / job / history.FILE)  # the same curve, kept locally
+        assert steps[steps["metric"] == "train/loss"]["step"].tolist() == [0, 1]
+    summary_runs = wandb_runs.find(wandb_sweep / "wandb")
+    assert [wandb_runs.read(r)["job_type"] for r in summary_runs] == ["sweep-summary"]
 
 
 # --- Resume -----------------------------------------------------------------------------------
@@ -271,9 +273,10 @@ def test_a_run_whose_eval_loss_is_not_finite_is_diverged(resolved_config, tmp_pa
 def test_any_non_finite_measured_float_is_diverged_naming_it(
     resolved_config, tmp_path, monkeypatch
 ):
-    real = run.measure.measure
+    measure = run.import_for_measuring()  # the module the job measures with
+    real = measure.measure
     monkeypatch.setattr(
-        run.measure, "measure", lambda *a, **k: {**real(*a, **k), "approx_rel_error": math.inf}
+        measure, "measure", lambda *a, **k: {**real(*a, **k), "approx_rel_error": math.inf}
     )
     config = resolved_config(*TINY, *QUICK, "train.steps=1")
     rec = run.run_job(config, tmp_path / "0", job="0", sweep_dir=None)
@@ -381,9 +384,9 @@ def test_ctrl_c_keeps_what_finished_and_leaves_no_run_of_the_interrupted_job(cli
     assert "; 1 records (1 ok)" in (sweep_dir / "report" / "report.md").read_text()
     # The finished job's run and the summary run; the interrupted job's run was deleted, so a
     # re-run leaves no failed run beside the good one (re-runs replace runs: test_tracking.py).
-    runs = [offline_runs.read_offline_run(r) for r in offline_runs.find_offline_runs(sweep_dir)]
+    runs = [wandb_runs.read(r) for r in wandb_runs.find(sweep_dir)]
     assert sorted(r["job_type"] for r in runs) == ["full-residual", "sweep-summary"]
-    assert not offline_runs.find_offline_runs(sweep_dir / "1")
+    assert not wandb_runs.find(sweep_dir / "1")
 
 
 # --- Launchers --------------------------------------------------------------------------------
@@ -487,7 +490,7 @@ def test_good_single_run_exits_zero_and_says_where_its_results_are(single_runs):
     assert rec["status"] == "ok"
     assert f"record: {run_dir / 'result.json'}" in done.stdout
     assert f"W&B run: {rec['offline_run_dir']}" in done.stdout
-    assert offline_runs.read_offline_run(Path(rec["offline_run_dir"]))["summary"]["status"] == "ok"
+    assert wandb_runs.read(Path(rec["offline_run_dir"]))["summary"]["status"] == "ok"
     assert rec["thp_mem_alloc"] is True  # started without the variable: the job sets it
 
 

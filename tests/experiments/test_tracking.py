@@ -1,5 +1,5 @@
-"""W&B tracking against real offline W&B: what a job logs is what `analysis.offline_runs` reads
-back."""
+"""W&B tracking against real offline W&B: what a job logs is what W&B's own reader reads back
+(tests/wandb_runs.py)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ import pandas as pd
 import pytest
 from omegaconf import OmegaConf
 
-from analysis import offline_runs
 from experiments import record, tracking
+from tests import wandb_runs
 from tests.conftest import WANDB_LOGGER
 
 RUN_CONFIG = {
@@ -75,8 +75,8 @@ def test_offline_run_reads_back_as_logged(tmp_path):
 
     assert tracker.run_dir.parent == tmp_path / "wandb"
     assert tracker.run_dir.name.startswith("offline-run-")
-    assert offline_runs.find_offline_runs(tmp_path) == [tracker.run_dir]
-    run = offline_runs.read_offline_run(tracker.run_dir)
+    assert wandb_runs.find(tmp_path) == [tracker.run_dir]
+    run = wandb_runs.read(tracker.run_dir)
     assert run["config"] == RUN_CONFIG
     summary = expected_summary(RECORD)
     assert {k: run["summary"].get(k) for k in summary} == summary
@@ -106,8 +106,8 @@ def test_two_jobs_in_one_process_get_separate_runs(tmp_path):
     second.finish({**RECORD, "job": "1", "status": "error", "error": "boom"}, exit_code=1)
 
     assert first.run_dir != second.run_dir
-    assert offline_runs.find_offline_runs(tmp_path) == [first.run_dir, second.run_dir]
-    one, two = (offline_runs.read_offline_run(t.run_dir) for t in (first, second))
+    assert wandb_runs.find(tmp_path) == [first.run_dir, second.run_dir]
+    one, two = (wandb_runs.read(t.run_dir) for t in (first, second))
     assert (one["name"], one["summary"]["job"], one["exit_code"]) == ("job-0", "0", 0)
     assert (two["name"], two["summary"]["job"], two["exit_code"]) == ("job-1", "1", 1)
     assert two["summary"]["error"] == "boom"
@@ -127,8 +127,8 @@ def test_a_remeasured_configuration_replaces_its_run_and_an_interrupted_one_leav
     # Re-measured in another job dir (a value inserted before it): the old run goes.
     second = start(sweep / "1", run_id=run_id, replace_in=sweep)
     second.finish(RECORD, exit_code=0)
-    assert offline_runs.find_offline_runs(sweep) == [second.run_dir]
-    run = offline_runs.read_offline_run(second.run_dir)
+    assert wandb_runs.find(sweep) == [second.run_dir]
+    run = wandb_runs.read(second.run_dir)
     assert (run["run_id"], run["summary"]["status"], run["exit_code"]) == (run_id, "ok", 0)
 
     other = start(
@@ -136,7 +136,7 @@ def test_a_remeasured_configuration_replaces_its_run_and_an_interrupted_one_leav
     )
     other.log_step({"loss": 1.0}, step=0)
     other.discard()  # Ctrl-C: the job leaves no record, so no run
-    assert offline_runs.find_offline_runs(sweep) == [second.run_dir] and other.run_dir is None
+    assert wandb_runs.find(sweep) == [second.run_dir] and other.run_dir is None
 
 
 def test_one_summary_run_per_sweep_however_often_it_ends(tmp_path):
@@ -144,9 +144,9 @@ def test_one_summary_run_per_sweep_however_often_it_ends(tmp_path):
         run_dir = tracking.log_sweep_summary(
             WANDB_LOGGER, records=pd.DataFrame([RECORD]), figures={}, group="s1", out_dir=tmp_path
         )
-    assert offline_runs.find_offline_runs(tmp_path) == [run_dir]
+    assert wandb_runs.find(tmp_path) == [run_dir]
     token = tracking.sweep_id(tmp_path)
-    assert offline_runs.read_offline_run(run_dir)["run_id"] == f"s1-{token}-summary"
+    assert wandb_runs.read(run_dir)["run_id"] == f"s1-{token}-summary"
 
 
 def test_two_sweep_dirs_of_one_name_sharing_a_logger_dir_keep_each_others_runs(tmp_path):
@@ -165,7 +165,7 @@ def test_two_sweep_dirs_of_one_name_sharing_a_logger_dir_keep_each_others_runs(t
         tracker.finish(RECORD, exit_code=0)
         runs.append(tracker.run_dir)
     assert all(run.is_dir() for run in runs)
-    assert sorted(offline_runs.find_offline_runs(tmp_path / "wandb")) == sorted(runs)
+    assert sorted(wandb_runs.find(tmp_path / "wandb")) == sorted(runs)
     # Re-running the first sweep dir still replaces its own run, and only that one.
     again = start(
         first_dir / "0",
@@ -176,7 +176,7 @@ def test_two_sweep_dirs_of_one_name_sharing_a_logger_dir_keep_each_others_runs(t
     again.finish(RECORD, exit_code=0)
     # Counted, not named: a re-run within the same second gets the same folder name as the run
     # it replaces, so "runs[0] is gone" cannot be asked of the path.
-    left = sorted(offline_runs.find_offline_runs(tmp_path / "wandb"))
+    left = sorted(wandb_runs.find(tmp_path / "wandb"))
     assert left == sorted([runs[1], again.run_dir]) and runs[1] != again.run_dir
 
 
@@ -303,18 +303,24 @@ def test_sweep_summary_logs_table_and_figures(tmp_path):
         ]
     )
 
+    results = tmp_path / "results.parquet"
+    records.astype(str).to_parquet(results)
     run_dir = tracking.log_sweep_summary(
         WANDB_LOGGER,
         records=records,
         figures={"scaling": png},
         group="s1",
         out_dir=tmp_path / "summary",
+        results=results,
     )
-    run = offline_runs.read_offline_run(run_dir)
+    run = wandb_runs.read(run_dir)
     assert (run["job_type"], run["group"], run["exit_code"]) == ("sweep-summary", "s1", 0)
-    table_ref, image_ref = run["summary"]["records"], run["summary"]["figures/scaling"]
-    assert (table_ref["_type"], image_ref["_type"]) == ("table-file", "image-file")
-    table = json.loads((run_dir / "files" / table_ref["path"]).read_text())
+    token = tracking.sweep_id(tmp_path / "summary")
+    assert f"s1-{token}-results" in run["artifacts"]  # the sweep's results.parquet
+    summary = run["summary"]  # W&B's reader names a nested key by its path, with dots
+    types = (summary["records._type"], summary["figures/scaling._type"])
+    assert types == ("table-file", "image-file")
+    table = json.loads((run_dir / "files" / summary["records.path"]).read_text())
     assert table["columns"] == list(records.columns)
     assert [row[table["columns"].index("status")] for row in table["data"]] == ["ok", "oom"]
-    assert (run_dir / "files" / image_ref["path"]).is_file()
+    assert (run_dir / "files" / summary["figures/scaling.path"]).is_file()
