@@ -19,7 +19,6 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from analysis import load, report, tables
 from experiments import tracking
 
 log = logging.getLogger("attnbench")
@@ -35,6 +34,10 @@ class SweepReport(Callback):
     """
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        # Imported here, not at the top: Hydra builds every callback when any run starts, and
+        # the report's plotting stack (matplotlib) would add ~1 s to each single run's start.
+        from analysis import load, report, tables
+
         sweep_dir = Path(config.hydra.sweep.dir)
         try:
             frame = load.load_results([sweep_dir])
