@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import importlib
 import logging
 import os
 import sys
@@ -23,7 +24,6 @@ from typing import Any
 
 import hydra
 import torch
-import torch._dynamo  # noqa: F401  (AdamW imports it lazily; a timeout mid-import breaks later jobs)
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
@@ -92,6 +92,11 @@ def run_job(
         if not isinstance(error, ValueError):
             log.error("setup failed:\n%s", traceback.format_exc())
     else:
+        # AdamW imports torch._dynamo lazily, at its first step: imported here, before the time
+        # limit starts, a timeout cannot cut that import short and break every later job; not at
+        # the top, so a run that fails its checks ends without this second of imports.
+        importlib.import_module("torch._dynamo")  # (`import torch._dynamo` would bind `torch`)
+
         device = built.device
         tracker = tracking.start_tracker(
             config["logger"],
