@@ -66,7 +66,10 @@ class SweepReport(Callback):
         if _drawn_from(out_dir) == digest:
             print(f"report: {out_dir / 'report.md'} (records unchanged since it was drawn)")
             return
-        from analysis import load, report, tables  # matplotlib and co.: only when drawing
+        # Imported here, not at the top: Hydra builds every callback when any run starts, and
+        # the report's plotting stack (matplotlib) would add ~1 s to each single run's start;
+        # and only when the report is drawn.
+        from analysis import load, report, tables
 
         try:
             frame = load.load_results([sweep_dir])

@@ -1,6 +1,7 @@
 """Shared test setup."""
 
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -10,8 +11,10 @@ import pytest
 import torch
 
 # Reference models (experiments/reference_model.py) trained by tests go to one fresh cache per
-# session, shared with the subprocess sweeps through the environment, never to ~/.cache.
-os.environ["ATTNBENCH_CACHE_DIR"] = tempfile.mkdtemp(prefix="attnbench-test-cache-")
+# session, shared with the subprocess sweeps through the environment, never to ~/.cache; it is
+# removed when the session ends (`pytest_sessionfinish`), so no run leaves one behind in /tmp.
+SESSION_CACHE = tempfile.mkdtemp(prefix="attnbench-test-cache-")
+os.environ["ATTNBENCH_CACHE_DIR"] = SESSION_CACHE
 
 # Correctness tests use tiny tensors: one thread avoids oversubscribing the 2-core CI machine
 # (and a 10x slowdown when another process is busy). Subprocess sweeps set their own threads.
@@ -46,6 +49,10 @@ def output_of_another_process(script: str, *, hash_seed: str, stdin: str | None 
         check=True,
     )
     return done.stdout.strip()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    shutil.rmtree(SESSION_CACHE, ignore_errors=True)
 
 
 @pytest.fixture

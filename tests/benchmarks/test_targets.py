@@ -27,9 +27,11 @@ def test_toy_run_prints_a_row_per_target(monkeypatch, capsys):
     # One call per timing, not 0.3 s of them: the table's arithmetic is what is tested.
     timed = targets.seconds_per_call
     monkeypatch.setattr(targets, "seconds_per_call", lambda fn: timed(fn, min_time_s=0))
+    # Compiled FlexAttention at the first length only: each length compiles every pattern anew
+    # (most of this test's time), and one length shows the rows and the length filter.
     targets.main(
         ["--rounds", "1", "--min-seconds", "0", "--threads", "1", "--skip-memory", "--skip-depth"]
-        + ["--decode-len", "512"]
+        + ["--decode-len", "512", "--flex-max-len", "256"]
     )
     table = capsys.readouterr().out.split("| target")[1]
     cells = [line.split("|") for line in table.splitlines()[2:]]
@@ -39,6 +41,10 @@ def test_toy_run_prints_a_row_per_target(monkeypatch, capsys):
     assert "bigbird time / blockwise-6x64 time, L=512" in rows
     assert "longformer scaling exponent 256->512" in rows
     assert "full decode bandwidth fraction, L=512" in rows
+    flex = [row for row in rows if row.startswith("compiled flex fwd / ")]
+    assert sorted(flex) == sorted(
+        f"compiled flex fwd / {name} fwd, L=256" for name in targets.FLEX_KERNELS
+    )
     assert all(math.isfinite(float(value)) for value in rows.values())
     # The 32K targets are not judged at toy lengths: those rows carry no bound.
     bounds = {cell[1].strip(): cell[3].strip() for cell in cells}

@@ -14,16 +14,17 @@ from tests.experiments.conftest import ROOT
 
 # Prints THP_MEM_ALLOC_ENABLE as it was when `import torch` began, in a process that imports
 # only MODULE: what c10's allocator, which reads the variable at its first allocation, can see.
+# The process ends right there: the rest of torch's import (seconds) cannot change what it saw.
 WATCH_TORCH_IMPORT = """
 import importlib.abc, os, sys
-seen = []
 class Watch(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path=None, target=None):
-        if name == "torch" and not seen:
-            seen.append(os.environ.get("THP_MEM_ALLOC_ENABLE", "unset"))
+        if name == "torch":
+            print(os.environ.get("THP_MEM_ALLOC_ENABLE", "unset"), flush=True)
+            os._exit(0)
 sys.meta_path.insert(0, Watch())
 import MODULE
-print(seen[0] if seen else "torch never imported")
+print("torch never imported")
 """
 CASES = {  # (module, the variable in the environment or None) -> value seen at torch's import
     ("experiments.run", None): "1",
@@ -34,7 +35,7 @@ CASES = {  # (module, the variable in the environment or None) -> value seen at 
 
 @pytest.fixture(scope="module")
 def seen_at_torch_import() -> dict[tuple[str, str | None], str]:
-    """Every case in its own fresh process, all launched at once (each is ~3 s of imports)."""
+    """Every case in its own fresh process, all launched at once (each imports up to torch)."""
     processes = {}
     for module, value in CASES:
         env = {k: v for k, v in os.environ.items() if k != "THP_MEM_ALLOC_ENABLE"}
