@@ -30,8 +30,9 @@ compiled FlexAttention with the block mask of the same pattern (`impl=flex`, up 
 
 Decoding (`--skip-decode` to leave out; `experiments.decode.measure_decode`, the same
 measurement as `measure.decode`): exact attention's per-token read of its cache at 64K as a
-fraction of the copy bandwidth (>= 0.5), linear and Performer's ms/token flat from 1K to 64K
-(within 1.5x), and the window caches (blockwise, longformer) no larger at 64K than at 4K.
+fraction of the copy bandwidth (>= 0.5), linear, Performer and DeltaNet's ms/token flat from
+1K to 64K (within 1.5x: a fixed state), and the window caches (blockwise, longformer) no larger
+at 64K than at 4K.
 
 `--million` and `--reformer` print only their own tables, each row one training step (forward
 and backward of the LM loss, no optimiser step) run in a fresh process, so that its peak RSS
@@ -723,13 +724,14 @@ def decode_columns(name: str, length: int) -> dict:
 
 
 def decode_targets(length: int, rounds: int) -> list[Target]:
-    """Exact decode's bandwidth fraction at `length`; linear and Performer's ms/token at
-    `length` over DECODE_SHORT (median over `rounds`, each measured at both contexts in turn);
-    the window caches' bytes at `length` over DECODE_WINDOWED."""
+    """Exact decode's bandwidth fraction at `length`; the fixed-state decodes' (linear,
+    Performer, DeltaNet) ms/token at `length` over DECODE_SHORT (median over `rounds`, each
+    measured at both contexts in turn); the window caches' bytes at `length` over
+    DECODE_WINDOWED."""
     full = [decode_columns("full", length)["decode_bandwidth_fraction"] for _ in range(rounds)]
     rows = [at_least(f"full decode bandwidth fraction, L={length}", statistics.median(full), 0.5)]
     print(f"full decode bandwidth fraction at {length}: {', '.join(f'{f:.2f}' for f in full)}")
-    for name in ("linear", "performer"):
+    for name in ("linear", "performer", "deltanet"):
         ratios = []
         for _ in range(rounds):
             short = decode_columns(name, DECODE_SHORT)["decode_ms_per_token"]

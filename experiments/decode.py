@@ -4,10 +4,11 @@
 shape: the prompt is the job's seq_len positions of random q, k, v, prefilled into a cache
 reserved for seq_len + warm-up + timed steps; then one position at a time is decoded onto it,
 each step timed on its own (the cache grows by one per step, so steps are not repeatable calls
-for `timing.time_call`). Next to each step a copy of a tensor the size of the cache is timed:
-decoding is memory-bound (exact attention reads its whole cache per token), and the copy is the
-machine's bandwidth, as the matmul rate is its compute. Columns (experiments/record.py, the
-"decode" block):
+for `timing.time_call`). A gated kernel (NSA, DeltaNet) gets gates drawn as the model would
+give them (`base.sample_gates`), for the prompt and for each new position. Next to each step a
+copy of a tensor the size of the cache is timed: decoding is memory-bound (exact attention
+reads its whole cache per token), and the copy is the machine's bandwidth, as the matmul rate
+is its compute. Columns (experiments/record.py, the "decode" block):
 
   decode_prefill_ms          the prefill (cache built, forward over the prompt), one call,
                              timed while the profiler takes its memory
@@ -30,7 +31,7 @@ from typing import Any
 import torch
 
 from experiments.memory import peak_memory_bytes
-from variants.attention.base import Attention
+from variants.attention.base import Attention, sample_gates
 
 
 def measure_decode(
@@ -59,15 +60,16 @@ def measure_decode(
             torch.randn(batch, heads, length, head_dim, generator=generator).to(device, dtype)
             for _ in range(3)
         )
-        return (q, q, v) if kernel.applies_shared_qk else (q, k, v)
+        gates = sample_gates(kernel, q, generator)  # (B, H, length, n_gates) or None
+        return ((q, q, v) if kernel.applies_shared_qk else (q, k, v)), gates
 
-    prompt, following = draw(context), draw(new)
+    (prompt, prompt_gates), (following, following_gates) = draw(context), draw(new)
 
     def prefill():
         cache = kernel.init_cache(
             batch, heads, head_dim, max_len=max_len, device=device, dtype=dtype
         )
-        kernel.prefill(*prompt, cache)
+        kernel.prefill(*prompt, cache, prompt_gates)
         return cache
 
     # One prefill, timed while its memory is profiled: a prefill at long contexts is the
@@ -89,8 +91,9 @@ def measure_decode(
     decode_s, copy_s = [], []
     for t in range(new):
         q, k, v = (x[:, :, t : t + 1] for x in following)
+        gates = None if following_gates is None else following_gates[:, :, t : t + 1]
         start = _now(device)
-        kernel.decode(q, k, v, cache)
+        kernel.decode(q, k, v, cache, gates)
         decoded = _now(device)
         target.copy_(source)
         copied = _now(device)

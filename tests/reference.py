@@ -217,9 +217,10 @@ def dense_softmax_row(qi, keys, values, scale):
     return torch.softmax((keys @ qi) * scale, dim=0) @ values
 
 
-def delta_rule_recurrent(q, k, v, beta):
+def delta_rule_recurrent(q, k, v, beta, return_state=False):
     """DeltaNet position by position: unit q, k; S_t = S_{t-1}(I - b k k^T) + b v k^T,
-    o_t = S_t q_t. q, k, v: (B, H, L, D); beta: (B, H, L)."""
+    o_t = S_t q_t. q, k, v: (B, H, L, D); beta: (B, H, L). With `return_state` also the last
+    state S_L (B, H, D, D)."""
     q = q / q.norm(dim=-1, keepdim=True).clamp_min(1e-12)
     k = k / k.norm(dim=-1, keepdim=True).clamp_min(1e-12)
     batch, heads, length, dim = q.shape
@@ -231,7 +232,8 @@ def delta_rule_recurrent(q, k, v, beta):
         outer = kt[..., :, None] * kt[..., None, :]  # (B, H, D, D)
         state = state @ (eye - bt * outer) + bt * vt[..., :, None] * kt[..., None, :]
         outs.append((state @ q[:, :, t, :, None]).squeeze(-1))
-    return torch.stack(outs, dim=2)
+    out = torch.stack(outs, dim=2)
+    return (out, state) if return_state else out
 
 
 class Gated(torch.nn.Module):

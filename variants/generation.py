@@ -40,17 +40,17 @@ class CachedKernel(nn.Module):
     def forward(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gates: torch.Tensor | None = None
     ) -> torch.Tensor:
-        if gates is not None:  # no gated kernel decodes yet (NSA, DeltaNet: supports_decode off)
-            raise ValueError(f"{OWNER}: a gated kernel cannot decode yet (option 'gates')")
+        """gates (B, H, T, n_gates): a gated kernel's, from the positions' tokens (the layer
+        computes them), handed to `prefill` and `decode` with their positions."""
         if self.cache.length == 0:
-            return self.inner.prefill(q, k, v, self.cache)
-        steps = range(q.shape[2])
-        pieces = [
-            self.inner.decode(
-                q[:, :, t : t + 1], k[:, :, t : t + 1], v[:, :, t : t + 1], self.cache
+            return self.inner.prefill(q, k, v, self.cache, gates)
+        pieces = []
+        for t in range(q.shape[2]):
+            at = slice(t, t + 1)
+            gate = None if gates is None else gates[:, :, at]  # (B, H, 1, n_gates)
+            pieces.append(
+                self.inner.decode(q[:, :, at], k[:, :, at], v[:, :, at], self.cache, gate)
             )
-            for t in steps
-        ]
         return torch.cat(pieces, dim=2)  # (B, H, T, D)
 
 

@@ -64,12 +64,19 @@ def test_decode_is_off_by_default_and_refused_where_impossible(job_config):
         job_config(*DECODE_ONLY, "measure.decode_steps=1")
 
 
-def test_fixed_state_caches_do_not_grow_with_the_context():
-    kernel = variants.build_attention("linear", causal=True)
+@pytest.mark.parametrize(
+    ("name", "state_bytes"),
+    [
+        ("linear", 1 * 2 * 8 * 9 * 4),  # S' = sum phi(k) [v, 1]^T, fp32
+        ("deltanet", 1 * 2 * 8 * 8 * 4),  # S, d x d: a gated kernel, given sampled gates
+    ],
+)
+def test_fixed_state_caches_do_not_grow_with_the_context(name, state_bytes):
+    kernel = variants.build_attention(name, causal=True)
     sizes = [
         measure_decode(kernel, (1, 2, length, 8), CPU, torch.float32, steps=2, warmup=0)[
             "cache_bytes"
         ]
         for length in (16, 64)
     ]
-    assert sizes[0] == sizes[1] == 1 * 2 * 8 * 9 * 4  # S' = sum phi(k) [v, 1]^T, fp32
+    assert sizes[0] == sizes[1] == state_bytes

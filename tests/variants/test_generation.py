@@ -20,6 +20,9 @@ OPTIONS = {
     "bigbird": {"block_size": 4, "n_global": 4, "n_random": 1},
     "sparse_fixed": {"block_size": 8, "n_summary": 2},
     "routing": {"window": 4, "n_clusters": 3},
+    "moba": {"block_size": 4, "top_k": 2},
+    "nsa": {"block_size": 4, "n_select": 2, "window": 6},  # mlp compression: gates and MLP
+    "deltanet": {"chunk_size": 4},
 }
 EXACT_DECODERS = [
     name
@@ -44,6 +47,10 @@ def _recomputed(model, prompt, steps):
         following = model(tokens)[:, -1].argmax(dim=-1, keepdim=True)  # (B, 1)
         tokens = torch.cat([tokens, following], dim=1)
     return tokens
+
+
+def test_the_block_selection_and_delta_rule_variants_are_generated_with():
+    assert {"moba", "nsa", "deltanet"} <= set(EXACT_DECODERS)
 
 
 @pytest.mark.parametrize("attention", EXACT_DECODERS)

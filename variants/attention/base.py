@@ -13,8 +13,13 @@ variant that decodes sets `supports_decode = True` and implements three hooks:
 
 and, where the forward's pattern depends on the length (auto stride, random blocks), also
 `prefill_attend(q, k, v, cache)`: the causal forward over the prompt with the pattern taken at
-`cache.max_len`. The public `init_cache`, `prefill` and `decode` check the inputs and run the
-hooks without autograd and in eval mode (learned state is used, never updated). A variant
+`cache.max_len`. A variant whose forward leaves the cache's content as a by-product (DeltaNet's
+final state) overrides `prefill_into`, which by default is `prefill_attend` then
+`cache_prompt`. A gated variant (`n_gates` > 0) gets the positions' gates as one more argument
+of every hook, `gates` (B, H, T, n_gates): `prefill` and `decode` take them as the forward
+does (the layer computes the new position's gates from its token). The public `init_cache`,
+`prefill` and `decode` check the inputs and run the hooks without autograd and in eval mode
+(learned state is used, never updated). A variant
 whose decode cannot equal its forward (LSH: later tokens move chunk boundaries) sets
 `decode_matches_forward = False` and documents its decode rule; one that cannot decode at
 all (Linformer: its projection mixes positions) leaves `supports_decode = False` and says why
@@ -108,10 +113,15 @@ class Attention(nn.Module):
             raise ValueError(
                 f"{self.name}: seq_len {q.shape[2]} exceeds option 'max_seq_len'={limit}"
             )
+        return self.attend(q, k, v, *self._gated(q, gates))
+
+    def _gated(self, q: torch.Tensor, gates: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
+        """The extra arguments of `attend` and the decoding hooks: (gates,) for a gated
+        variant, () otherwise; `ValueError` if gates are missing, not taken or mis-shaped."""
         if not self.n_gates:
             if gates is not None:
                 raise ValueError(f"{self.name}: option 'gates' is not taken (n_gates=0)")
-            return self.attend(q, k, v)
+            return ()
         if gates is None:
             raise ValueError(
                 f"{self.name}: option 'gates' is required: (batch, heads, seq_len, "
@@ -123,7 +133,7 @@ class Attention(nn.Module):
                 f"{self.name}: option 'gates' must have shape (batch, heads, seq_len, "
                 f"{self.n_gates}) = {wanted}, got {tuple(gates.shape)}"
             )
-        return self.attend(q, k, v, gates)
+        return (gates,)
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
@@ -153,35 +163,57 @@ class Attention(nn.Module):
             batch_size, n_heads, head_dim, max_len=max_len, device=device, dtype=dtype
         )
 
-    def prefill(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache) -> torch.Tensor:
+    def prefill(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        cache,
+        gates: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """The causal forward over a prompt, q, k, v (B, H, T, D) -> (B, H, T, D); leaves the
-        (empty) cache as if the prompt had been decoded token by token."""
+        (empty) cache as if the prompt had been decoded token by token. `gates`
+        (B, H, T, n_gates): as the forward's, for (and only for) a gated variant."""
         check_qkv(self.name, q, k, v)
+        gated = self._gated(q, gates)
         if cache.length:
             raise ValueError(f"{self.name}: prefill needs an empty cache, it holds {cache.length}")
         with torch.no_grad(), evaluating(self):
-            out = self.prefill_attend(q, k, v, cache)  # (B, H, T, D)
-            self.cache_prompt(q, k, v, cache)
-        return out
+            return self.prefill_into(q, k, v, cache, *gated)  # (B, H, T, D)
 
-    def decode(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache) -> torch.Tensor:
-        """One new position: q, k, v (B, H, 1, D) -> (B, H, 1, D); appends it to the cache."""
+    def decode(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        cache,
+        gates: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """One new position: q, k, v (B, H, 1, D) -> (B, H, 1, D); appends it to the cache.
+        `gates` (B, H, 1, n_gates): the new position's, for (and only for) a gated variant."""
         check_qkv(self.name, q, k, v)
         if q.shape[2] != 1:
             raise ValueError(f"{self.name}: decode takes one position, got seq_len {q.shape[2]}")
+        gated = self._gated(q, gates)
         with torch.no_grad(), evaluating(self):
-            return self.decode_step(q, k, v, cache)
+            return self.decode_step(q, k, v, cache, *gated)
 
     def new_cache(self, batch_size, n_heads, head_dim, *, max_len, device, dtype):
         raise NotImplementedError
 
-    def prefill_attend(self, q, k, v, cache) -> torch.Tensor:
-        return self.attend(q, k, v)
+    def prefill_into(self, q, k, v, cache, *gates) -> torch.Tensor:
+        """The prompt's outputs, the cache filled: `prefill_attend`, then `cache_prompt`."""
+        out = self.prefill_attend(q, k, v, cache, *gates)  # (B, H, T, D)
+        self.cache_prompt(q, k, v, cache, *gates)
+        return out
 
-    def cache_prompt(self, q, k, v, cache) -> None:
+    def prefill_attend(self, q, k, v, cache, *gates) -> torch.Tensor:
+        return self.attend(q, k, v, *gates)
+
+    def cache_prompt(self, q, k, v, cache, *gates) -> None:
         raise NotImplementedError
 
-    def decode_step(self, q, k, v, cache) -> torch.Tensor:
+    def decode_step(self, q, k, v, cache, *gates) -> torch.Tensor:
         raise NotImplementedError
 
     def pattern(self, seq_len: int) -> Pattern | None:

@@ -16,6 +16,9 @@ and its live size in bytes (`nbytes`: the entries it holds now, not the buffers 
   StateCache    the running sums of a feature attention: S' = sum_j phi(k_j) [v_j, 1]^T
                 (linear, performer): O(E D) whatever the length
   ClusterCache  each cluster's most recent members in a ring per cluster (routing)
+  BlockKVCache  every key and value (a KVCache) plus one summary per finished block of keys
+                (and of values): MoBA's block means, NSA's compressed blocks
+  DeltaCache    the delta rule's fast-weight state, D x D per head (deltanet)
 
 All caches are tensors of one batch size, heads and head_dim, on one device and dtype.
 """
@@ -265,6 +268,71 @@ class ClusterCache(Cache):
         k = self.keys_buffer
         held = self.counts.clamp(max=self.slots).sum()
         return int(2 * held * k.shape[-1] * k.element_size())
+
+
+class BlockKVCache(KVCache):
+    """Every key and value (as `KVCache`) and the summaries of the `blocks` finished blocks of
+    `block` positions: `summary_keys` (B, H, max_len // block, D) and, with
+    `summarise_values`, `summary_values` of the same shape, filled up to `blocks`. The open
+    block has no summary: no query scores or attends to a block before it has ended (MoBA's
+    candidates end before the query's own block; NSA's compressed branch sees ended blocks)."""
+
+    def __init__(
+        self,
+        owner,
+        batch,
+        heads,
+        head_dim,
+        *,
+        block: int,
+        summarise_values: bool,
+        max_len,
+        device=None,
+        dtype=None,
+    ):
+        super().__init__(owner, batch, heads, head_dim, max_len=max_len, device=device, dtype=dtype)
+        self.block = block
+        shape = (batch, heads, max_len // block, head_dim)
+        self.summary_keys = _empty(shape, device, dtype)
+        self.summary_values = _empty(shape, device, dtype) if summarise_values else None
+        self.blocks = 0
+
+    def add_summaries(self, keys: torch.Tensor, values: torch.Tensor | None = None) -> None:
+        """keys (and values): (B, H, n, D), the summaries of the next n finished blocks."""
+        end = self.blocks + keys.shape[2]
+        self.summary_keys[:, :, self.blocks : end] = keys
+        if self.summary_values is not None:
+            self.summary_values[:, :, self.blocks : end] = values
+        self.blocks = end
+
+    def summaries(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(B, H, blocks, D) views of the key summaries and the value summaries (or None)."""
+        values = self.summary_values
+        return (
+            self.summary_keys[:, :, : self.blocks],
+            None if values is None else values[:, :, : self.blocks],
+        )
+
+    @property
+    def nbytes(self) -> int:
+        k = self.summary_keys
+        tables = 1 if self.summary_values is None else 2
+        held = tables * k.shape[0] * k.shape[1] * self.blocks * k.shape[3] * k.element_size()
+        return super().nbytes + held
+
+
+class DeltaCache(Cache):
+    """The delta rule's state as M = S^T (so that o = q M): (B, H, D, D), zero before the first
+    position, in float32 or wider (as the chunked forward computes)."""
+
+    def __init__(self, owner, batch, heads, head_dim, *, max_len, device=None, dtype=None):
+        super().__init__(owner, max_len)
+        work = torch.promote_types(dtype or torch.get_default_dtype(), torch.float32)
+        self.state = torch.zeros(batch, heads, head_dim, head_dim, device=device, dtype=work)
+
+    @property
+    def nbytes(self) -> int:
+        return self.state.numel() * self.state.element_size()
 
 
 def attend_prefix(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale=None):

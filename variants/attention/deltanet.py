@@ -23,6 +23,11 @@ two batched matmuls. Time O(L C d + L d^2 + L C^2), memory O(L C + (L / C) d^2) 
 Gradients are PyTorch's autograd through these operations (its triangular solve included).
 `chunk_size` changes only the rounding, not the function. Computed in float32 at least, with
 autocast off (a running state over thousands of positions in a half type loses its digits).
+
+Decoding (`cache.DeltaCache`): the state M alone, d x d per head. A new position is one
+delta-rule update, M += beta k (v - k^T M)^T, and the read o = q M: O(d^2) per token whatever
+the context. `prefill` runs the chunked form over the prompt and keeps its final state, the
+recurrence's state after the prompt (up to rounding).
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ import torch
 import torch.nn.functional as F
 
 from variants.attention.base import Attention
+from variants.attention.cache import DeltaCache
 from variants.checks import require_positive_int
 from variants.registry import register_attention
 
@@ -50,16 +56,48 @@ class DeltaNetAttention(Attention):
         "the delta rule is a recurrence over positions (a state edited token by token)"
     )
     n_gates = 1
+    supports_decode = True
 
     def __init__(self, *, causal: bool = True, chunk_size: int = 64):
         super().__init__(causal=causal)
         self.chunk_size = require_positive_int(self.name, "chunk_size", chunk_size)
 
     def attend(self, q, k, v, gates) -> torch.Tensor:
+        return self._chunked(q, k, v, gates)[0]
+
+    def _chunked(self, q, k, v, gates) -> tuple[torch.Tensor, torch.Tensor]:
+        """The outputs (B, H, L, D) in v's dtype and the final state M (B, H, D, D) in the
+        work dtype (float32 or wider)."""
         work = torch.promote_types(q.dtype, torch.float32)
         with torch.autocast(q.device.type, enabled=False):
             q, k = (F.normalize(x.to(work), dim=-1, eps=NORM_EPS) for x in (q, k))
-            out = chunked_delta_rule(q, k, v.to(work), gates[..., 0].to(work), self.chunk_size)
+            out, state = chunked_delta_rule(
+                q, k, v.to(work), gates[..., 0].to(work), self.chunk_size
+            )
+        return out.to(v.dtype), state
+
+    # --- decoding: the state M = S^T, d x d per head -----------------------------------------
+    def new_cache(self, batch_size, n_heads, head_dim, *, max_len, device, dtype):
+        return DeltaCache(
+            self.name, batch_size, n_heads, head_dim, max_len=max_len, device=device, dtype=dtype
+        )
+
+    def prefill_into(self, q, k, v, cache: DeltaCache, gates) -> torch.Tensor:
+        """The chunked forward over the prompt; its final state is the cache's."""
+        cache.reserve(q.shape[2])
+        out, state = self._chunked(q, k, v, gates)
+        cache.state.copy_(state)
+        return out
+
+    def decode_step(self, q, k, v, cache: DeltaCache, gates) -> torch.Tensor:
+        cache.reserve(1)
+        work, state = cache.state.dtype, cache.state  # M: (B, H, D, D)
+        with torch.autocast(q.device.type, enabled=False):
+            q, k = (F.normalize(x.to(work), dim=-1, eps=NORM_EPS) for x in (q, k))  # (B, H, 1, D)
+            beta = gates[..., :1].to(work)  # (B, H, 1, 1)
+            correction = v.to(work) - k @ state  # (v - S k)^T: (B, H, 1, D)
+            state += (beta * k).transpose(-1, -2) @ correction  # beta k (v - S k)^T
+            out = q @ state  # (S q)^T: (B, H, 1, D)
         return out.to(v.dtype)
 
     def flops(self, batch: int, heads: int, seq_len: int, head_dim: int) -> int:
@@ -76,11 +114,13 @@ class DeltaNetAttention(Attention):
 
 def chunked_delta_rule(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, chunk: int
-) -> torch.Tensor:
-    """The delta rule's outputs in the chunked WY / UT form (module docstring).
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The delta rule's outputs in the chunked WY / UT form (module docstring), and its final
+    state M = S^T.
 
-    q, k: (B, H, L, D) unit rows; v: (B, H, L, D); beta: (B, H, L). Returns (B, H, L, D).
-    Padding to a multiple of the chunk uses beta = 0 and zero keys: the state is unchanged.
+    q, k: (B, H, L, D) unit rows; v: (B, H, L, D); beta: (B, H, L). Returns (B, H, L, D) and
+    (B, H, D, D). Padding to a multiple of the chunk uses beta = 0 and zero keys: the state
+    is unchanged.
     """
     batch, heads, length, head_dim = q.shape
     chunk = min(chunk, length)
@@ -111,4 +151,4 @@ def chunked_delta_rule(
     later = upper.triu(1)  # j > i
     scores = (q @ k.transpose(-1, -2)).masked_fill(later, 0)  # (B, H, N, C, C)
     out = q @ starts + scores @ corrected  # (B, H, N, C, D)
-    return out.reshape(batch, heads, -1, head_dim)[:, :, :length]
+    return out.reshape(batch, heads, -1, head_dim)[:, :, :length], state

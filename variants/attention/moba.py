@@ -18,15 +18,24 @@ The pieces (own block and up to top_k - 1 others) are merged by their logsumexps
 backward runs each piece's attention backward given the merged output and logsumexp
 (`variants.attention.flash`). Memory O(L top_k d); time O(L top_k b d + L (L / b) d), the
 second term the routing scores.
+
+Decoding (causal): the cache (`cache.BlockKVCache`) holds every key and value, since a later
+query may select any finished block, and the mean key of every finished block. A new query at
+i scores the finished blocks before its own by <q_i, mean>, takes the top_k - 1 highest and
+attends over their keys and its own block's keys up to itself: the forward's rule, O(L d / b +
+top_k b d) per token. A block's mean is taken when its last position arrives (the open block's
+mean is never scored: it is always the query's own block).
 """
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
 from variants.attention import flash
 from variants.attention.base import Attention
+from variants.attention.cache import BlockKVCache
 from variants.attention.compressed import block_mean
 from variants.attention.local import to_blocks
 from variants.checks import require_positive_int
@@ -50,6 +59,7 @@ class MoBAAttention(Attention):
     time_complexity = "O(L k b d + L^2 d / b)"
     memory_complexity = "O(L k d)"
     softmax_kernels = "flash"
+    supports_decode = True
 
     def __init__(self, *, causal: bool = False, block_size: int = 128, top_k: int = 4):
         super().__init__(causal=causal)
@@ -66,6 +76,27 @@ class MoBAAttention(Attention):
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         selected = self.selection(q, k)  # (B, H, L, S)
         return SelectedBlocks.apply(q, k, v, selected, self.block_size, self.causal)
+
+    # --- decoding: every key and value, and the mean key of every finished block ------------
+    def new_cache(self, batch_size, n_heads, head_dim, *, max_len, device, dtype):
+        return BlockKVCache(
+            self.name, batch_size, n_heads, head_dim, block=self.block_size,
+            summarise_values=False, max_len=max_len, device=device, dtype=dtype,
+        )  # fmt: skip
+
+    def cache_prompt(self, q, k, v, cache: BlockKVCache) -> None:
+        cache.append(k, v)
+        finished = k.shape[2] // self.block_size * self.block_size
+        if finished:
+            cache.add_summaries(block_mean(k[:, :, :finished], self.block_size))
+
+    def decode_step(self, q, k, v, cache: BlockKVCache) -> torch.Tensor:
+        cache.append(k, v)
+        means, _ = cache.summaries()  # (B, H, n, D): the finished blocks, all before q's own
+        out = attend_selected(q, cache, means, self.top_k - 1)  # (B, H, 1, D)
+        if cache.length % self.block_size == 0:  # the own block has ended: its mean
+            cache.add_summaries(block_mean(cache.keys()[:, :, -self.block_size :], self.block_size))
+        return out
 
     def flops(self, batch: int, heads: int, seq_len: int, head_dim: int) -> int:
         """4 B H d x the pairs scored (own block causal or whole, plus up to top_k - 1 whole
@@ -129,6 +160,34 @@ def top_blocks(
         best, index = scores.topk(slots, dim=-1)  # (B, H, r, S) each
         selected[:, :, rows] = index.masked_fill_(best == float("-inf"), -1)
     return selected
+
+
+def attend_selected(
+    q: torch.Tensor, cache: BlockKVCache, summaries: torch.Tensor, slots: int
+) -> torch.Tensor:
+    """The newest position's query over its own block (up to itself) and the `slots` blocks
+    before it whose summary scores highest with it (all of them if fewer), one softmax (scale
+    1/sqrt(d)): the causal rule of `top_blocks` and `SelectedBlocks` for one query.
+
+    q: (B, H, 1, D); summaries: (B, H, n, D), at least the blocks before the query's own
+    (blocks from its own on are left out). Returns (B, H, 1, D).
+    """
+    block = cache.block
+    own = (cache.length - 1) // block  # the query's block
+    keys, values = cache.keys(), cache.values()  # (B, H, length, D) views
+    start = own * block
+    own_keys, own_values = keys[:, :, start:], values[:, :, start:]  # (B, H, i - start + 1, D)
+    slots = min(slots, own)
+    if slots <= 0:
+        return F.scaled_dot_product_attention(q, own_keys, own_values)
+    scores = q @ summaries[:, :, :own].transpose(-1, -2)  # (B, H, 1, own)
+    chosen = scores.topk(slots, dim=-1).indices.squeeze(2)  # (B, H, S)
+    offsets = torch.arange(block, device=q.device)
+    positions = (chosen[..., None] * block + offsets).flatten(2)  # (B, H, S*b)
+    index = positions[..., None].expand(-1, -1, -1, q.shape[-1])  # (B, H, S*b, D)
+    picked_keys = torch.cat([keys.gather(2, index), own_keys], dim=2)
+    picked_values = torch.cat([values.gather(2, index), own_values], dim=2)
+    return F.scaled_dot_product_attention(q, picked_keys, picked_values)  # (B, H, 1, D)
 
 
 class SelectedBlocks(torch.autograd.Function):

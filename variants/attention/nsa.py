@@ -27,6 +27,15 @@ Causal only: every branch is defined on the past. The selected branch is MoBA's 
 (`moba.SelectedBlocks`), the window one `combined`'s block-sparse tiles over the pattern
 Band(window) & Causal, and the compressed one a fused attention over row ranges, each range
 against the compressed keys its last row may see, with a bias for the rest.
+
+Decoding (`cache.BlockKVCache`): every raw key and value (a later query may select any block,
+and the window is the cache's last `window` positions) and the compressed key and value of
+every ended block, compressed when its last position arrives (that position's query already
+sees it). A new query at i: the compressed branch over the held summaries, the selected one
+over its own block and the n_select - 1 earlier blocks whose compressed key scores highest
+(`moba.attend_selected`), the window over the last `window` positions, gated by the gates the
+layer computed from its token. O((L / b + n b + w) d) per token, plus one block's compression
+every b tokens.
 """
 
 from __future__ import annotations
@@ -39,9 +48,15 @@ from torch.autograd.function import once_differentiable
 from variants import patterns
 from variants.attention import flash
 from variants.attention.base import Attention, pad_to_multiple
+from variants.attention.cache import BlockKVCache, attend_prefix
 from variants.attention.combined import CombinedPieces, Plan, _tile_lists
 from variants.attention.compressed import block_mean
-from variants.attention.moba import SelectedBlocks, block_select_pairs, top_blocks
+from variants.attention.moba import (
+    SelectedBlocks,
+    attend_selected,
+    block_select_pairs,
+    top_blocks,
+)
 from variants.checks import require_choice, require_positive_int
 from variants.registry import register_attention
 
@@ -64,6 +79,7 @@ class NSAAttention(Attention):
         "NSA's branches are defined on the past (blocks that ended, a window back to i)"
     )
     n_gates = 3
+    supports_decode = True
 
     def __init__(
         self,
@@ -120,12 +136,15 @@ class NSAAttention(Attention):
             self._plans[key] = plan.to(device)
         return self._plans[key]
 
-    def attend(self, q, k, v, gates) -> torch.Tensor:
-        if self.compress == "mlp" and q.shape[-1] != self.head_dim:
+    def _check_head_dim(self, head_dim: int) -> None:
+        if self.compress == "mlp" and head_dim != self.head_dim:
             raise ValueError(
                 f"{self.name}: option 'head_dim'={self.head_dim} must equal the inputs' head_dim "
-                f"{q.shape[-1]} (the mlp compression maps blocks of head_dim channels)"
+                f"{head_dim} (the mlp compression maps blocks of head_dim channels)"
             )
+
+    def attend(self, q, k, v, gates) -> torch.Tensor:
+        self._check_head_dim(q.shape[-1])
         keys = self.compressed(k, self.key_mlp)  # (B, H, n, D)
         values = self.compressed(v, self.value_mlp)  # (B, H, n, D)
         out_cmp = CompressedBranch.apply(q, keys, values, self.block_size)  # (B, H, L, D)
@@ -134,6 +153,39 @@ class NSAAttention(Attention):
         out_sel = SelectedBlocks.apply(q, k, v, selected, self.block_size, True)
         out_win = CombinedPieces.apply(q, k, v, self.window_plan(q.shape[2], q.device))
         g = gates.to(q.dtype)
+        return g[..., 0:1] * out_cmp + g[..., 1:2] * out_sel + g[..., 2:3] * out_win
+
+    # --- decoding: every key and value, and the compressed key and value of ended blocks ----
+    def new_cache(self, batch_size, n_heads, head_dim, *, max_len, device, dtype):
+        self._check_head_dim(head_dim)
+        return BlockKVCache(
+            self.name, batch_size, n_heads, head_dim, block=self.block_size,
+            summarise_values=True, max_len=max_len, device=device, dtype=dtype,
+        )  # fmt: skip
+
+    def cache_prompt(self, q, k, v, cache: BlockKVCache, gates) -> None:
+        cache.append(k, v)
+        ended = k.shape[2] // self.block_size * self.block_size
+        if ended:
+            cache.add_summaries(
+                self.compressed(k[:, :, :ended], self.key_mlp),
+                self.compressed(v[:, :, :ended], self.value_mlp),
+            )
+
+    def decode_step(self, q, k, v, cache: BlockKVCache, gates) -> torch.Tensor:
+        cache.append(k, v)
+        block = self.block_size
+        if cache.length % block == 0:  # the own block ends here: the query sees its summary
+            keys, values = cache.keys()[:, :, -block:], cache.values()[:, :, -block:]
+            cache.add_summaries(
+                self.compressed(keys, self.key_mlp), self.compressed(values, self.value_mlp)
+            )
+        summary_keys, summary_values = cache.summaries()  # (B, H, n, D) each
+        out_cmp = attend_prefix(q, summary_keys, summary_values)  # 0 before the first block ends
+        out_sel = attend_selected(q, cache, summary_keys, self.n_select - 1)
+        first = max(0, cache.length - self.window)
+        out_win = attend_prefix(q, cache.keys()[:, :, first:], cache.values()[:, :, first:])
+        g = gates.to(q.dtype)  # (B, H, 1, 3)
         return g[..., 0:1] * out_cmp + g[..., 1:2] * out_sel + g[..., 2:3] * out_win
 
     def flops(self, batch: int, heads: int, seq_len: int, head_dim: int) -> int:

@@ -3,7 +3,8 @@
 The forward of each variant is itself checked against dense references in its own test file;
 here token-by-token decoding from an empty cache, and a prefill followed by decoding, must give
 its outputs at every position. LSH's decode rule differs from its forward by design and is
-checked against a dense reference of that rule built here.
+checked against a dense reference of that rule built here. Gated kernels (NSA, DeltaNet) get
+the same per-position gates in the forward and, position by position, in decoding.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.reference import qkv, shared_qk_reference
+from tests.reference import delta_rule_recurrent, qkv, shared_qk_reference
 from variants import attention_names, attention_spec, build_attention
 
 D = 8
@@ -39,36 +40,57 @@ CASES = [
     ("routing", {"n_heads": 3, "head_dim": D, "window": 1, "n_clusters": 2}),
     ("linear", {}),
     ("performer", {"head_dim": D}),
+    # Block selection: blocks that cut LENGTH unevenly, top_k beyond the number of blocks,
+    # a block longer than the sequence (every prompt shorter than one block).
+    ("moba", {"block_size": 4, "top_k": 2}),
+    ("moba", {"block_size": 5, "top_k": 3}),
+    ("moba", {"block_size": 3, "top_k": 20}),
+    ("moba", {"block_size": 32, "top_k": 4}),
+    ("nsa", {"block_size": 4, "n_select": 2, "window": 5, "compress": "mean"}),
+    ("nsa", {"block_size": 5, "n_select": 3, "window": 7, "head_dim": D}),  # mlp
+    ("nsa", {"block_size": 3, "n_select": 20, "window": 64, "compress": "mean"}),
+    ("nsa", {"block_size": 16, "n_select": 2, "window": 3, "head_dim": D}),
+    ("deltanet", {"chunk_size": 4}),
+    ("deltanet", {"chunk_size": 64}),  # one chunk longer than the sequence
 ]
 
 
 def _inputs(name, options, length=LENGTH, seed=0):
+    """q, k, v (2, 3, length, D) and the gates of a gated variant (None for the others):
+    sigmoid(N(0, 1)) per head and position, as the layer's projection gives them."""
     q, k, v = qkv(2, 3, length, D, seed=seed)
     if attention_spec(name).shared_qk_required or options.get("shared_qk"):
         k = q  # as the model hands shared-QK kernels their keys
-    return q, k, v
+    gates = None
+    if attention_spec(name).n_gates:
+        noise = torch.randn(2, 3, length, attention_spec(name).n_gates, dtype=torch.float64,
+                            generator=torch.Generator().manual_seed(seed + 100))  # fmt: skip
+        gates = torch.sigmoid(noise)
+    return q, k, v, gates
 
 
-def _decode_all(kernel, q, k, v, cache, start=0):
-    steps = range(start, q.shape[2])
-    outs = [
-        kernel.decode(q[:, :, t : t + 1], k[:, :, t : t + 1], v[:, :, t : t + 1], cache)
-        for t in steps
-    ]
+def _at(gates, positions):
+    return None if gates is None else gates[:, :, positions]
+
+
+def _decode_all(kernel, q, k, v, cache, start=0, gates=None):
+    steps = [slice(t, t + 1) for t in range(start, q.shape[2])]
+    outs = [kernel.decode(q[:, :, t], k[:, :, t], v[:, :, t], cache, _at(gates, t)) for t in steps]
     return torch.cat(outs, dim=2)
 
 
 def _kernel(name, options):
+    torch.manual_seed(0)  # learned compressions (NSA's MLP, compressed's convs)
     return build_attention(name, causal=True, **options).double().eval()
 
 
 @pytest.mark.parametrize(("name", "options"), CASES, ids=lambda x: str(x))
 def test_decode_from_empty_cache_equals_the_causal_forward(name, options):
     kernel = _kernel(name, options)
-    q, k, v = _inputs(name, options)
-    want = kernel(q, k, v)
+    q, k, v, gates = _inputs(name, options)
+    want = kernel(q, k, v, gates=gates)
     cache = kernel.init_cache(2, 3, D, max_len=LENGTH, dtype=torch.float64)
-    got = _decode_all(kernel, q, k, v, cache)
+    got = _decode_all(kernel, q, k, v, cache, gates=gates)
     assert (got - want).abs().max() <= 1e-10
     assert cache.length == LENGTH
 
@@ -77,25 +99,23 @@ def test_decode_from_empty_cache_equals_the_causal_forward(name, options):
 @pytest.mark.parametrize("prompt", [1, 12, LENGTH - 1])
 def test_prefill_then_decode_equals_the_causal_forward(name, options, prompt):
     kernel = _kernel(name, options)
-    q, k, v = _inputs(name, options, seed=1)
-    want = kernel(q, k, v)
+    q, k, v, gates = _inputs(name, options, seed=1)
+    want = kernel(q, k, v, gates=gates)
     cache = kernel.init_cache(2, 3, D, max_len=LENGTH, dtype=torch.float64)
-    first = kernel.prefill(q[:, :, :prompt], k[:, :, :prompt], v[:, :, :prompt], cache)
-    rest = _decode_all(kernel, q, k, v, cache, start=prompt)
+    head = slice(0, prompt)
+    first = kernel.prefill(q[:, :, head], k[:, :, head], v[:, :, head], cache, _at(gates, head))
+    rest = _decode_all(kernel, q, k, v, cache, start=prompt, gates=gates)
     assert (torch.cat([first, rest], dim=2) - want).abs().max() <= 1e-10
-
-
-# Causal variants whose decode path is still to be written (issue 23 landed before them); each
-# must say so in its spec, and leaves this set when its decode lands.
-DECODE_PENDING = {"moba", "nsa", "deltanet"}
 
 
 def test_every_causal_variant_decodes_and_says_whether_it_matches_its_forward():
     for name in attention_names():
         spec = attention_spec(name)
         if spec.causal_supported:
-            assert spec.supports_decode == (name not in DECODE_PENDING), name
+            assert spec.supports_decode, name
         assert spec.decode_matches_forward == (spec.variant != "lsh"), name
+    decoded = {name for name, _ in CASES} | {"lsh"}
+    assert decoded >= {n for n in attention_names() if attention_spec(n).causal_supported}
     assert not attention_spec("linformer").supports_decode
     with pytest.raises(ValueError, match="linformer: cannot decode: it is not causal"):
         build_attention("linformer", max_seq_len=16).init_cache(1, 1, D, max_len=16)
@@ -111,11 +131,27 @@ def test_decode_refuses_a_non_causal_kernel_and_an_overfull_cache():
         kernel.prefill(q, k, v, cache)
 
 
+def test_gated_decode_takes_the_positions_gates_and_nothing_else():
+    kernel = _kernel("deltanet", {})
+    q, k, v, gates = _inputs("deltanet", {}, length=2)
+    cache = kernel.init_cache(2, 3, D, max_len=2, dtype=torch.float64)
+    with pytest.raises(ValueError, match="deltanet: option 'gates' is required"):
+        kernel.prefill(q, k, v, cache)
+    with pytest.raises(ValueError, match=r"deltanet: option 'gates' must have shape"):
+        kernel.decode(q[:, :, :1], k[:, :, :1], v[:, :, :1], cache, gates)
+    full = _kernel("full", {})
+    with pytest.raises(ValueError, match="full: option 'gates' is not taken"):
+        full.decode(q[:, :, :1], k[:, :, :1], v[:, :, :1], cache, gates[:, :, :1])
+    assert cache.length == 0
+    with pytest.raises(ValueError, match="nsa: option 'head_dim'=64 must equal"):
+        _kernel("nsa", {}).init_cache(1, 1, D, max_len=4)
+
+
 def _cache_bytes_after(name, options, length, max_len=64):
     kernel = _kernel(name, options)
-    q, k, v = _inputs(name, options, length=length)
+    q, k, v, gates = _inputs(name, options, length=length)
     cache = kernel.init_cache(2, 3, D, max_len=max_len, dtype=torch.float64)
-    kernel.prefill(q, k, v, cache)
+    kernel.prefill(q, k, v, cache, gates)
     return cache.nbytes
 
 
@@ -127,6 +163,7 @@ def _cache_bytes_after(name, options, length, max_len=64):
         ("routing", {"n_heads": 3, "head_dim": D, "window": 3, "n_clusters": 2}, None),
         ("linear", {}, 0),
         ("performer", {"head_dim": D}, 0),
+        ("deltanet", {}, 0),
     ],
 )
 def test_window_and_state_caches_stop_growing(name, options, flat_after):
@@ -137,11 +174,28 @@ def test_window_and_state_caches_stop_growing(name, options, flat_after):
         assert sizes[0] == 2 * 2 * 3 * flat_after * D * 8  # keys and values, fp64
 
 
-def test_exact_and_compressed_caches_hold_what_they_say():
+def test_exact_compressed_block_and_state_caches_hold_what_they_say():
     full = _cache_bytes_after("full", {}, 33)
     assert full == 2 * 2 * 3 * 33 * D * 8
     # 33 positions in blocks of 4: 8 summaries and one open position.
     assert _cache_bytes_after("compressed", {"factor": 4, "method": "mean"}, 33) == full * 9 // 33
+    # Block selection: every key and value, plus 8 ended blocks' mean keys (MoBA) or
+    # compressed keys and values (NSA); the open block has no summary yet.
+    summary = 2 * 3 * 8 * D * 8
+    assert _cache_bytes_after("moba", {"block_size": 4}, 33) == full + summary
+    nsa = {"block_size": 4, "compress": "mean"}
+    assert _cache_bytes_after("nsa", nsa, 33) == full + 2 * summary
+    assert _cache_bytes_after("deltanet", {}, 33) == 2 * 3 * D * D * 8  # S, D x D per head
+
+
+@pytest.mark.parametrize("prompt", [5, 19])
+def test_deltanet_prefill_leaves_the_recurrences_state(prompt):
+    kernel = _kernel("deltanet", {"chunk_size": 4})
+    q, k, v, gates = _inputs("deltanet", {}, length=prompt, seed=3)
+    cache = kernel.init_cache(2, 3, D, max_len=prompt, dtype=torch.float64)
+    kernel.prefill(q, k, v, cache, gates)
+    _, state = delta_rule_recurrent(q, k, v, gates[..., 0], return_state=True)  # S: (B, H, D, D)
+    assert (cache.state.transpose(-1, -2) - state).abs().max() <= 1e-12  # the cache holds S^T
 
 
 # --- LSH: its own decode rule, against a dense reference of that rule -----------------------
