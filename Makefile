@@ -22,7 +22,7 @@ help:  ## list targets
 
 setup: $(STAMP)  ## create .venv and install torch, the project and its dev extra
 
-# The main job (its budget is 15 minutes on 2 CPU cores: README "Start here"): what each
+# The main job (its budget is 15 minutes on 2 CPU cores: docs/running.md): what each
 # variant costs. Every causal variant over RUN_SEQ_LENS, each job timing its kernel in rounds
 # alternating with SDPA (the crossovers) and measuring its approximation error on a trained
 # reference; the O(L²) form once per length, timed the same way against SDPA, with its memory
@@ -35,7 +35,7 @@ RUN_SEQ_LENS ?= 256,512,1024,2048,4096
 SCALING := $(PY) -m experiments.run -m +experiment=scaling seq_len=$(RUN_SEQ_LENS)
 NO_REPORT := '~hydra.callbacks.sweep_report'
 # The decode preset reduced for the main job: every causal variant decoding onto 1K and 4K
-# contexts at batch 1 (README "Decoding").
+# contexts at batch 1 (docs/decode.md).
 DECODE_QUICK := sweep=decode_quick seq_len=1024,4096 batch_size=1
 # One report of the main job's sweeps, with the quick quality run's when it exists.
 RUN_REPORT := $(PY) -m analysis.report multirun/scaling --decode multirun/decode_quick \
@@ -50,7 +50,7 @@ run: $(STAMP)  ## the main job: what each variant costs (scaling, O(L²) and bid
 	$(PY) -m experiments.run -m +experiment=decode $(DECODE_QUICK) $(NO_REPORT)
 	$(RUN_REPORT)
 
-# The quick quality run, the main job's other half (about 10 minutes: README "Start here"):
+# The quick quality run, the main job's other half (about 10 minutes: docs/running.md):
 # every variant trained on long-range recall, accuracy at 64 and 1024 tokens; the report of
 # `make run` then gains the quality lines and tables.
 run-quality: $(STAMP)  ## the main job's quality half: quick long-range recall, then the report again
