@@ -41,32 +41,36 @@ def with_chained_speedups(labelled: pd.DataFrame, keys: list[str]) -> pd.DataFra
     series of that impl with the same column at the same seq_len (mean over seeds). The IQR
     of a chained value adds the two factors' relative IQRs (first order, on the safe side).
     Measured values are never replaced; the O(L²) series itself gets none."""
-    out = labelled
+    out = labelled.copy()
     for column, (through, impl) in CHAINED.items():
         references = series.reference_of(labelled, keys, impl)
         if through not in labelled or not references:
             continue
-        if out is labelled:
-            out = labelled.copy()
-        if column not in out:
-            out[column] = float("nan")
         spread, through_spread = f"{column}_iqr", f"{through}_iqr"
-        if spread not in out:
-            out[spread] = float("nan")
-        rows = out[through].notna() & out[column].isna() & out["series"].isin(references)
+        for name in (column, spread):
+            if name not in out:
+                out[name] = float("nan")
+        factors = _means(labelled, through)  # (series, seq_len) -> mean over seeds
+        factor_spreads = _means(labelled, through_spread) if through_spread in labelled else {}
+        rows = out[through].notna() & out[column].isna() & out["series"].isin(list(references))
         for index, row in out[rows].iterrows():
-            reference = out[(out["series"] == references[row["series"]]) & (out[X] == row[X])]
-            factor = reference[through].dropna()
-            if factor.empty:
+            at = (references[row["series"]], row[X])
+            if at not in factors:
                 continue
-            value = row[through] / factor.mean()
+            value = row[through] / factors[at]
             relative = _relative(row.get(through_spread), row[through]) + _relative(
-                reference[through_spread].mean() if through_spread in reference else None,
-                factor.mean(),
+                factor_spreads.get(at), factors[at]
             )
             out.loc[index, column] = value
             out.loc[index, spread] = value * relative
     return out
+
+
+def _means(labelled: pd.DataFrame, column: str) -> dict[tuple[str, float], float]:
+    """(series, seq_len) -> the mean of `column` over that length's records (`mean_spread`)."""
+    stats = series.mean_spread(labelled, X, column)
+    rows = zip(stats["series"], stats[X], stats["mean"], strict=True)
+    return {(name, x): mean for name, x, mean in rows}
 
 
 def _relative(iqr, value: float) -> float:
