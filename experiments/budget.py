@@ -12,8 +12,10 @@ import signal
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # torch is imported where it is used: the app imports this before any job
+    import torch
 
 
 class JobTimeout(BaseException):
@@ -47,6 +49,8 @@ def memory_cap(max_memory_gb: float | None, device: torch.device) -> Iterator[No
         return
     budget = int(max_memory_gb * 2**30)
     if device.type == "cuda":
+        import torch
+
         total = torch.cuda.get_device_properties(device).total_memory
         previous_fraction = 1.0
         torch.cuda.set_per_process_memory_fraction(min(1.0, budget / total), device)
@@ -91,6 +95,8 @@ def time_limit(max_seconds: float | None) -> Iterator[None]:
 
 def is_out_of_memory(error: BaseException) -> bool:
     """True for the exceptions an allocation failure raises on CPU or CUDA."""
+    import torch
+
     if isinstance(error, (MemoryError, MemoryBudgetExceeded, torch.OutOfMemoryError)):
         return True
     text = str(error)

@@ -1,9 +1,12 @@
 """The job's configuration as the app passes it down: one typed object, built once per job.
 
-Hydra composes `conf/` into a nested dict (the resolved config, which the record flattens and
-hashes: experiments/record.py). `JobConfig.of(config)` turns it into typed parts, each checked
-on construction with a `ValueError` naming the key, so that measure, training, the budgets and
-the model read fields instead of string keys:
+Hydra composes `conf/` into a nested dict, the resolved config. It is read here and nowhere
+else. `ResolvedConfig` holds it as composed, before any check, for what every record takes
+from it whether or not it checks out: its hash and configuration columns (experiments/record.py
+flattens and hashes it), the app's bookkeeping keys, `model.shared_qk` resolved, the W&B run's
+config. `JobConfig.of(config)` turns it into typed parts, each checked on construction with a
+`ValueError` naming the key, so that the app, measure, training, the budgets and the model read
+fields instead of string keys:
 
     JobConfig        seq_len, batch_size, seed, device, dtype, threads, and
       .attention       {"name": variant, **its options}    (the registry checks them)
@@ -15,13 +18,17 @@ the model read fields instead of string keys:
       .budget          BudgetConfig: experiments/budget.py's limits
       .eval_attention  label -> attention config, the kernels a trained model is also evaluated with
       .stages          the curriculum's stages, then the job's own (experiments/curriculum.py)
+      .shared_qk       model.shared_qk as the job runs it (null: what the variant requires)
+      .hash(), .columns()  the record's config_hash and configuration columns
+      .at_stage(stage) the configuration a curriculum stage is recorded as
 
 The defaults stay in `conf/config.yaml`, the user's control panel; these classes hold types and
 constraints. They are not Hydra structured configs: a schema would coerce an int given for a
 float field (`train.grad_clip=1` -> 1.0) and so change the hash of every such configuration,
 and a bad value would abort a whole sweep at composition instead of becoming that job's
 `error` record. The bookkeeping keys (`sweep`, `resume`, `fail_on`, `logger`) are the app's
-own and stay in the resolved dict. The one structured config is the W&B logger's
+own: `ResolvedConfig` reads them (`fail_on` is the sweep's, read by experiments/sweep.py from
+Hydra's config at the multirun's start). The one structured config is the W&B logger's
 (`tracking.WandbLogger`, `register()`): its settings are neither hashed nor measured, one bad
 value is every job's, so Hydra checking their types at composition loses nothing, and its
 `scaling_metrics` default comes from the record schema.
@@ -39,10 +46,14 @@ Also here: the OmegaConf resolvers the configs may use, registered when the app 
 
 so a preset can train every variant causally where it can be and bidirectionally where it
 cannot (Linformer), instead of recording the latter as skipped.
+
+Importing this module starts no torch (`python -m experiments.run --help` imports it): the
+registry is looked up when a config is checked or resolved, not before.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import difflib
 from collections.abc import Iterable, Mapping, Sequence
@@ -53,15 +64,18 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
 
 import variants
-from experiments import curriculum, tracking
+from experiments import curriculum, record, tracking
 from variants.checks import require_non_negative_int, require_positive_int
 
 OWNER = "config"
 # The ModelConfig fields the app sets from other keys than `model.*`.
 _MODEL_FROM_ELSEWHERE = ("vocab_size", "max_seq_len", "attention", "attention_options", "block")
-MODEL_KEYS = tuple(
-    f.name for f in dataclasses.fields(variants.ModelConfig) if f.name not in _MODEL_FROM_ELSEWHERE
-)
+
+
+def model_keys() -> tuple[str, ...]:
+    """The keys of `model:`: the `variants.ModelConfig` fields the app does not set itself."""
+    fields = dataclasses.fields(variants.ModelConfig)
+    return tuple(f.name for f in fields if f.name not in _MODEL_FROM_ELSEWHERE)
 
 
 def _require_positive_or_null(key: str, value: Any) -> None:
@@ -167,6 +181,60 @@ class BudgetConfig:
 
 
 @dataclass(frozen=True)
+class ResolvedConfig:
+    """The job's config as Hydra composed and resolved it (a nested dict of plain values),
+    before any check, and what is read from it whether or not it checks out: the record's hash
+    and configuration columns, the bookkeeping keys, `model.shared_qk` resolved. `tree` is
+    never changed (`at` copies it); W&B logs it as the run's config."""
+
+    tree: Mapping[str, Any]
+
+    @property
+    def sweep(self) -> str:
+        return self.tree["sweep"]
+
+    @property
+    def resume(self) -> bool:
+        return self.tree["resume"]
+
+    @property
+    def logger(self) -> Mapping[str, Any] | None:
+        """The W&B logger's settings (experiments/tracking.py); neither hashed nor measured."""
+        return self.tree["logger"]
+
+    @property
+    def device(self) -> str:
+        """The device as configured (`auto`, `cpu`, `cuda`, or a bad name: the job says so)."""
+        return self.tree["device"]
+
+    @property
+    def shared_qk(self) -> bool | None:
+        """`model.shared_qk` as a job runs it: null resolved to what the variant requires
+        (`variants.resolve_shared_qk`), None if the variant is unknown. The one place the app
+        resolves it."""
+        try:
+            return variants.resolve_shared_qk(
+                self.tree["attention"]["name"], self.tree["model"]["shared_qk"]
+            )
+        except ValueError:
+            return None
+
+    def hash(self) -> str:
+        """The record's `config_hash`: what is measured, bookkeeping left out."""
+        return record.config_hash(self.tree)
+
+    def columns(self) -> dict[str, Any]:
+        """The record's configuration columns (`record.config_columns`)."""
+        return record.config_columns(self.tree)
+
+    def at(self, seq_len: int, batch_size: int) -> ResolvedConfig:
+        """The same config at another `seq_len` and `batch_size` (a curriculum stage's)."""
+        tree = copy.deepcopy(dict(self.tree))
+        tree["seq_len"], tree["batch_size"] = seq_len, batch_size
+        return ResolvedConfig(tree)
+
+
+@dataclass(frozen=True)
 class JobConfig:
     """One job's configuration, typed and checked (see the module doc)."""
 
@@ -183,44 +251,81 @@ class JobConfig:
     train: TrainConfig
     measure: MeasureConfig
     budget: BudgetConfig
+    resolved: ResolvedConfig = field(repr=False)
     eval_attention: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     stages: tuple[curriculum.Stage, ...] = field(init=False, repr=False)
 
     def __post_init__(self):
         require_positive_int(OWNER, "seq_len", self.seq_len)
         require_positive_int(OWNER, "batch_size", self.batch_size)
-        unknown = sorted(set(self.model) - set(MODEL_KEYS))
+        unknown = sorted(set(self.model) - set(model_keys()))
         if unknown:
             raise ValueError(
                 f"{OWNER}: option 'model.{unknown[0]}' is unknown; "
-                f"model options: {', '.join(MODEL_KEYS)}"
+                f"model options: {', '.join(model_keys())}"
             )
         # A bad schedule is a config error, before anything is built.
-        object.__setattr__(self, "stages", tuple(curriculum.stages_of(self)))
+        stages = curriculum.stages(
+            self.seq_len, self.batch_size, self.train.steps, self.train.curriculum
+        )
+        object.__setattr__(self, "stages", tuple(stages))
 
     @classmethod
-    def of(cls, config: Mapping[str, Any]) -> JobConfig:
-        """The typed view of a resolved job config (Hydra's, as a plain nested dict)."""
+    def of(cls, config: Mapping[str, Any] | ResolvedConfig, added: Iterable[str] = ()) -> JobConfig:
+        """The typed view of a resolved job config (Hydra's, as a plain nested dict, or that
+        dict as a `ResolvedConfig`). `added`: the top-level keys the command line added with
+        `+key=` (`added_keys`), refused (`check_added_keys`)."""
+        resolved = config if isinstance(config, ResolvedConfig) else ResolvedConfig(config)
+        tree = resolved.tree
+        check_added_keys(tree, added)  # `+seqlen=128`: a typo, not a setting
         return cls(
-            seq_len=config["seq_len"],
-            batch_size=config["batch_size"],
-            seed=config["seed"],
-            device=config["device"],
-            dtype=config["dtype"],
-            threads=config["threads"],
-            attention=dict(config["attention"]),
-            block=dict(config["block"]),
-            task=dict(config["task"]),
-            model=dict(config["model"]),
-            train=_typed(TrainConfig, "train", config["train"]),
-            measure=_typed(MeasureConfig, "measure", config["measure"]),
-            budget=_typed(BudgetConfig, "budget", config["budget"]),
-            eval_attention=dict((config.get("eval") or {}).get("attention") or {}),
+            seq_len=tree["seq_len"],
+            batch_size=tree["batch_size"],
+            seed=tree["seed"],
+            device=tree["device"],
+            dtype=tree["dtype"],
+            threads=tree["threads"],
+            attention=dict(tree["attention"]),
+            block=dict(tree["block"]),
+            task=dict(tree["task"]),
+            model=dict(tree["model"]),
+            train=_typed(TrainConfig, "train", tree["train"]),
+            measure=_typed(MeasureConfig, "measure", tree["measure"]),
+            budget=_typed(BudgetConfig, "budget", tree["budget"]),
+            resolved=resolved,
+            eval_attention=dict((tree.get("eval") or {}).get("attention") or {}),
         )
 
     @property
     def attention_name(self) -> str:
         return self.attention["name"]
+
+    @property
+    def shared_qk(self) -> bool | None:
+        """`model.shared_qk` as the job runs it (`ResolvedConfig.shared_qk`)."""
+        return self.resolved.shared_qk
+
+    def hash(self) -> str:
+        """The record's `config_hash` (`ResolvedConfig.hash`)."""
+        return self.resolved.hash()
+
+    def columns(self) -> dict[str, Any]:
+        """The record's configuration columns (`ResolvedConfig.columns`)."""
+        return self.resolved.columns()
+
+    def at_stage(self, stage: curriculum.Stage) -> JobConfig:
+        """The configuration curriculum `stage` is recorded as: this job's at the stage's
+        seq_len and batch_size (its `stages`: the curriculum's below that length, then it)."""
+        return dataclasses.replace(
+            self,
+            seq_len=stage.seq_len,
+            batch_size=stage.batch_size,
+            resolved=self.resolved.at(stage.seq_len, stage.batch_size),
+        )
+
+    def skipped_note(self) -> str | None:
+        """One line naming the curriculum stages this job is too short for, None if none."""
+        return curriculum.skipped_note(self.seq_len, self.train.curriculum, self.stages)
 
     def model_config(self, vocab_size: int) -> variants.ModelConfig:
         """The model this job measures, for a task of `vocab_size` tokens (ValueErrors from the

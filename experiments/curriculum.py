@@ -1,4 +1,4 @@
-"""Training in stages of growing length: the schedule of `train.curriculum` and each stage's config.
+"""Training in stages of growing length: the schedule of `train.curriculum`.
 
 A job trains at its `seq_len` for `train.steps` steps. With `train.curriculum` (a list of
 `{seq_len, steps}`, lengths increasing and shorter than the job's), the same model first trains
@@ -16,21 +16,22 @@ every stage's record says how many steps the model had trained (`trained_steps`)
 A job shorter than some of the curriculum's stages (a preset run at a shorter `seq_len`) takes
 the stages below its length and leaves the others out; `skipped_note` says so in one line.
 
-Each stage before the last is recorded as a configuration of its own: the job's config with
-that stage's `seq_len` and `batch_size` (`stage_config`), so the results hold one row per
-(variant, length) whatever the schedule.
+The schedule is part of the job's settings: `experiments.config.JobConfig` computes its
+`stages` when it is built (a bad schedule is a config error before anything is built), and
+`JobConfig.at_stage(stage)` is the configuration each stage before the last is recorded as (the
+job's, at that stage's `seq_len` and `batch_size`), so the results hold one row per (variant,
+length) whatever the schedule. This module takes plain values and knows nothing of the config.
 """
 
 from __future__ import annotations
 
-import copy
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from variants.checks import require_non_negative_int, require_positive_int
 
-if TYPE_CHECKING:
-    from experiments.config import JobConfig
+OWNER = "config"
 
 
 @dataclass(frozen=True)
@@ -42,41 +43,41 @@ class Stage:
     steps: int
 
 
-def stages_of(job: JobConfig) -> list[Stage]:
-    """The curriculum's stages, then the job's own (always last); `ValueError` on a bad entry.
+def stages(seq_len: int, batch_size: int, steps: int, entries: Any) -> list[Stage]:
+    """The stages of `entries` (`train.curriculum`) below `seq_len`, then the job's own
+    (`seq_len`, `batch_size`, `steps`; always last); `ValueError` naming a bad entry.
 
     Stage batch sizes keep the job's tokens per step: batch_size * seq_len // stage seq_len
     (at least 1).
     """
-    seq_len, batch_size = job.seq_len, job.batch_size
     tokens_per_step = seq_len * batch_size
-    entries = job.train.curriculum or []
+    entries = entries or []
     if not isinstance(entries, (list, tuple)):
         raise ValueError(
-            f"config: option 'train.curriculum' must be a list of {{seq_len, steps}}, "
+            f"{OWNER}: option 'train.curriculum' must be a list of {{seq_len, steps}}, "
             f"got {entries!r}"
         )
-    stages, previous = [], 0
+    schedule, previous = [], 0
     for i, entry in enumerate(_below(entries, seq_len)):
         key = f"train.curriculum[{i}]"
         if not isinstance(entry, dict) or set(entry) != {"seq_len", "steps"}:
             raise ValueError(
-                f"config: option {key!r} must be {{seq_len: <int>, steps: <int>}}, got {entry!r}"
+                f"{OWNER}: option {key!r} must be {{seq_len: <int>, steps: <int>}}, got {entry!r}"
             )
-        length = require_positive_int("config", f"{key}.seq_len", entry["seq_len"])
-        steps = require_non_negative_int("config", f"{key}.steps", entry["steps"])
+        length = require_positive_int(OWNER, f"{key}.seq_len", entry["seq_len"])
+        stage_steps = require_non_negative_int(OWNER, f"{key}.steps", entry["steps"])
         if not previous < length < seq_len:
             raise ValueError(
-                f"config: option '{key}.seq_len'={length} must be longer than the stage before "
+                f"{OWNER}: option '{key}.seq_len'={length} must be longer than the stage before "
                 f"({previous}) and shorter than 'seq_len'={seq_len}"
             )
-        stages.append(Stage(length, max(1, tokens_per_step // length), steps))
+        schedule.append(Stage(length, max(1, tokens_per_step // length), stage_steps))
         previous = length
-    stages.append(Stage(seq_len, batch_size, job.train.steps))
-    return stages
+    schedule.append(Stage(seq_len, batch_size, steps))
+    return schedule
 
 
-def _below(entries, seq_len: int) -> list[Any]:
+def _below(entries: Sequence[Any], seq_len: int) -> list[Any]:
     """The entries up to the first one not shorter than the job (those after it are longer)."""
     kept = []
     for entry in entries:
@@ -87,22 +88,16 @@ def _below(entries, seq_len: int) -> list[Any]:
     return kept
 
 
-def skipped_note(job: JobConfig) -> str | None:
-    """One line naming the curriculum stages a shorter job leaves out, None if it keeps all."""
-    entries = list(job.train.curriculum or [])
-    kept = _below(entries, job.seq_len)
+def skipped_note(seq_len: int, entries: Any, schedule: Sequence[Stage]) -> str | None:
+    """One line naming the entries of `train.curriculum` a job of `seq_len` leaves out (its
+    `schedule`: `stages`), None if it keeps all."""
+    entries = list(entries or [])
+    kept = _below(entries, seq_len)
     if len(kept) == len(entries):
         return None
     left_out = ", ".join(str(entry.get("seq_len")) for entry in entries[len(kept) :])
-    trained = " -> ".join(str(stage.seq_len) for stage in job.stages)
+    trained = " -> ".join(str(stage.seq_len) for stage in schedule)
     return (
         f"train.curriculum: stages at seq_len {left_out} are not shorter than seq_len="
-        f"{job.seq_len} and are left out; training {trained}"
+        f"{seq_len} and are left out; training {trained}"
     )
-
-
-def stage_config(config: dict[str, Any], stage: Stage) -> dict[str, Any]:
-    """The job's config as a record of `stage` sees it: its seq_len and batch_size."""
-    staged = copy.deepcopy(config)
-    staged["seq_len"], staged["batch_size"] = stage.seq_len, stage.batch_size
-    return staged

@@ -21,11 +21,12 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from experiments import allocator
+
+if TYPE_CHECKING:  # the schema is read without torch (`--help`, analysis); provenance imports it
+    import torch
 
 # --- The schema: every column a record has, with its type and unit -----------------------------
 #
@@ -390,6 +391,8 @@ def _is_under(key: str, prefixes: Iterable[str]) -> bool:
 
 def provenance(device: torch.device | None = None) -> dict[str, Any]:
     """Where and with what a record was measured."""
+    import torch
+
     if device is not None and device.type == "cuda":
         device_name = torch.cuda.get_device_name(device)
     else:

@@ -111,12 +111,11 @@ class ReferenceConfig:
         """The reference config of a job: its `measure.reference` options, model width and
         resolved shared QK."""
         options = {k: v for k, v in job.measure.reference.items() if k != "cache_dir"}
-        shared_qk = variants.resolve_shared_qk(job.attention_name, job.model.get("shared_qk"))
         try:
             return cls(
                 d_model=job.model["d_model"],
                 n_heads=job.model["n_heads"],
-                shared_qk=shared_qk,
+                shared_qk=job.shared_qk,
                 **options,
             )
         except TypeError as error:

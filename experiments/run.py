@@ -10,14 +10,13 @@ multirun's end (experiments/sweep.py) prints the jobs that did not end ok and se
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import logging
 import os
 import sys
 import time
 import traceback
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,14 +27,12 @@ from experiments import allocator
 allocator.enable_by_default()
 
 import hydra
-import torch
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-import variants
 from experiments import budget, curriculum, history, progress, record, store, sweep, tracking
-from experiments.config import JobConfig, added_keys, check_added_keys, register
+from experiments.config import JobConfig, ResolvedConfig, added_keys, register
 from variants.checks import UnsupportedCombination
 
 log = logging.getLogger("attnbench")
@@ -50,7 +47,7 @@ def config_dir() -> Path:
 
 
 def run_job(
-    config: dict[str, Any],
+    config: Mapping[str, Any],
     out_dir: Path,
     *,
     job: str,
@@ -59,12 +56,16 @@ def run_job(
 ) -> dict[str, Any] | None:
     """Measure and record one configuration; returns the record, or None if resumed (skipped).
 
-    `sweep_dir` is set in a multirun: a configuration already recorded there with status ok is
-    not measured again (resume), and nothing is written for it. `added`: the top-level keys the
-    command line added with `+key=` (`experiments.config.added_keys`), an error record.
+    `config` is the resolved config (Hydra's, as a plain nested dict), read here once: as
+    `ResolvedConfig` for the record's identity, and as the checked `JobConfig` that everything
+    below takes. `sweep_dir` is set in a multirun: a configuration already recorded there with
+    status ok is not measured again (resume), and nothing is written for it. `added`: the
+    top-level keys the command line added with `+key=` (`experiments.config.added_keys`), an
+    error record.
     """
-    digest = record.config_hash(config)
-    if sweep_dir is not None and config["resume"]:
+    resolved = ResolvedConfig(config)
+    digest = resolved.hash()
+    if sweep_dir is not None and resolved.resume:
         previous = store.find_ok_record(sweep_dir, digest)
         if previous is not None:
             log.info("already recorded with status ok in %s; skipping", previous)
@@ -72,23 +73,24 @@ def run_job(
         _say_if_unreadable(out_dir / "result.json")
 
     measure = import_for_measuring()
+    import torch  # started by the measuring modules; the app's own import leaves it out
+
     _displace_other_record(out_dir, digest)
     rec: dict[str, Any] = {
-        "sweep": config["sweep"],
+        "sweep": resolved.sweep,
         "job": job,
         "config_hash": digest,
         "status": record.OK,
         "error": None,
-        **record.config_columns(config),
+        **resolved.columns(),
     }
     tracker = tracking.Tracker()
     steps = history.History()
     device = None
     started = time.perf_counter()
     try:
-        check_added_keys(config, added)  # `+seqlen=128`: a typo, not a setting
-        job_config = JobConfig.of(config)  # the job as one typed object, checked
-        if note := curriculum.skipped_note(job_config):
+        job_config = JobConfig.of(resolved, added)  # the job as one typed object, checked
+        if note := job_config.skipped_note():
             log.warning(note)
         built = measure.setup(job_config)
     except UnsupportedCombination as error:
@@ -100,16 +102,16 @@ def run_job(
     else:
         device = built.device
         tracker = tracking.start_tracker(
-            config["logger"],
-            run_config=config,
-            group=config["sweep"],
+            resolved.logger,
+            run_config=resolved.tree,
+            group=resolved.sweep,
             job_type=f"{rec['attention']}-{rec['block']}",
             name=f"{job}-{digest}",
             tags=[rec["attention"], rec["block"], rec["task"]],
             out_dir=out_dir,
             run_id=None
             if sweep_dir is None
-            else tracking.run_id(config["sweep"], digest, sweep_dir),
+            else tracking.run_id(resolved.sweep, digest, sweep_dir),
             replace_in=sweep_dir,
         )
         try:
@@ -121,7 +123,7 @@ def run_job(
                     job_config,
                     built,
                     on_step=_logged(steps, tracker),
-                    on_stage=_stage_recorder(config, rec, out_dir, tracker, steps, started),
+                    on_stage=_stage_recorder(job_config, rec, out_dir, tracker, steps, started),
                 )
             rec.update(measured)
             non_finite = record.non_finite(measured)
@@ -142,11 +144,9 @@ def run_job(
     if (
         rec["status"] != record.OK
     ):  # as it would have run: `auto` and null resolved, as measured ones
-        rec["device"] = device.type if device is not None else _device_or_as_configured(config)
+        rec["device"] = device.type if device is not None else _device_or_as_configured(resolved)
         rec["threads"] = torch.get_num_threads()
-    rec["shared_qk"] = None  # model.shared_qk resolved (None: the variant is unknown)
-    with contextlib.suppress(ValueError):
-        rec["shared_qk"] = _resolved_shared_qk(config)
+    rec["shared_qk"] = resolved.shared_qk  # None: the variant is unknown
     rec.update(record.provenance(device))
     rec["offline_run_dir"] = None
     steps.write(out_dir / history.FILE)  # before the record, which makes the job's outcome final
@@ -188,25 +188,29 @@ def _logged(steps: history.History, tracker: tracking.Tracker):
     return on_step
 
 
-def _stage_recorder(config, rec, out_dir: Path, tracker, steps: history.History, started: float):
+def _stage_recorder(
+    job: JobConfig, rec, out_dir: Path, tracker, steps: history.History, started: float
+):
     """Record each finished curriculum stage as its own configuration, as soon as it ends.
 
     A stage's record is the job's config at the stage's seq_len and batch_size
-    (`curriculum.stage_config`), in `<job dir>/stages/<seq_len>/result.json`, where the store,
+    (`JobConfig.at_stage`), in `<job dir>/stages/<seq_len>/result.json`, where the store,
     resume and the report find it like any other record, with the job's history up to the end
     of the stage beside it. A stage record of another configuration found there is displaced,
     never overwritten (`_displace_other_stage`).
     """
 
     def write(stage: curriculum.Stage, columns: dict[str, Any]) -> None:
-        staged = curriculum.stage_config(config, stage)
+        import torch  # the job's measuring started it
+
+        staged = job.at_stage(stage)
         stage_rec = {
             **rec,
             "job": f"{rec['job']}/{stage.seq_len}",
-            "config_hash": record.config_hash(staged),
-            **record.config_columns(staged),
+            "config_hash": staged.hash(),
+            **staged.columns(),
             **columns,
-            "shared_qk": _resolved_shared_qk(config),
+            "shared_qk": staged.shared_qk,
             "job_seconds": time.perf_counter() - started,
             **record.provenance(torch.device(columns["device"])),
             "offline_run_dir": None if tracker.run_dir is None else str(tracker.run_dir),
@@ -219,11 +223,6 @@ def _stage_recorder(config, rec, out_dir: Path, tracker, steps: history.History,
     return write
 
 
-def _resolved_shared_qk(config: dict[str, Any]) -> bool:
-    """`model.shared_qk` as the job ran it (null: what the variant requires)."""
-    return variants.resolve_shared_qk(config["attention"]["name"], config["model"]["shared_qk"])
-
-
 def _say_if_unreadable(path: Path) -> None:
     """A job dir's record that cannot be read is measured again: say so, it is not silent."""
     try:
@@ -234,14 +233,14 @@ def _say_if_unreadable(path: Path) -> None:
         log.warning("%s is unreadable (%s); measuring this configuration again", path, error)
 
 
-def _device_or_as_configured(config: dict[str, Any]) -> str:
+def _device_or_as_configured(resolved: ResolvedConfig) -> str:
     """The device the job would have used (auto resolved), or the configured name if invalid."""
     from experiments import measure
 
     try:
-        return measure.resolve_device(config["device"]).type
+        return measure.resolve_device(resolved.device).type
     except ValueError:
-        return str(config["device"])
+        return str(resolved.device)
 
 
 def _displace_other_record(out_dir: Path, digest: str) -> None:

@@ -8,9 +8,10 @@ Options that are each valid but that a variant cannot combine raise its subclass
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:  # only for annotations: the config's checks import this without torch
+    import torch
 
 
 class UnsupportedCombination(ValueError):

@@ -25,11 +25,13 @@ OWNER = "TransformerLM"
 POSITIONS = ("sinusoidal", "rotary")
 
 
-def resolve_shared_qk(attention: str, shared_qk: bool | None) -> bool:
-    """`shared_qk`, None resolved: what variant `attention` requires (True for LSH and routing,
-    False otherwise). `ValueError` for an unknown variant."""
+def resolve_shared_qk(attention: str | AttentionSpec, shared_qk: bool | None) -> bool:
+    """`shared_qk`, None resolved: what variant `attention` (a name or its spec) requires (True
+    for LSH and routing, False otherwise). `ValueError` for an unknown variant. The one rule:
+    the model (`ModelConfig`) and the app (experiments/config.py) both resolve with it."""
     if shared_qk is None:
-        return attention_spec(attention).shared_qk_required
+        spec = attention if isinstance(attention, AttentionSpec) else attention_spec(attention)
+        return spec.shared_qk_required
     return shared_qk
 
 
@@ -115,7 +117,7 @@ class ModelConfig:
             )
         set_field(self, "attention_options", kernel_options(self.attention_options))
         set_field(self, "_spec", attention_spec(self.attention))  # unknown -> lists the variants
-        shared_qk = self.spec.shared_qk_required if self.shared_qk is None else self.shared_qk
+        shared_qk = resolve_shared_qk(self.spec, self.shared_qk)
         set_field(self, "shared_qk", require_bool(OWNER, "shared_qk", shared_qk))
 
     @property

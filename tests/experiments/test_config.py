@@ -3,18 +3,23 @@
 from __future__ import annotations
 
 import dataclasses
+import subprocess
+import sys
 
 import pytest
 
 import variants
+from experiments import record
 from experiments.config import (
     BudgetConfig,
     JobConfig,
     MeasureConfig,
+    ResolvedConfig,
     TrainConfig,
     added_keys,
     check_added_keys,
 )
+from tests.experiments.conftest import ROOT
 
 
 def test_every_key_of_the_default_config_has_a_typed_home(resolved_config):
@@ -92,3 +97,65 @@ def test_keys_a_preset_declares_are_not_added_keys(resolved_config):
     config = resolved_config("+experiment=quality_speed", "train_as=lsh-2")
     assert config["train_as"] == "lsh-2" and config["attention"]["name"] == "lsh"
     JobConfig.of(config)  # and the job's config is valid
+
+
+# --- The resolved config: read once, what every record takes from it ---------------------------
+
+
+def test_the_record_identity_is_the_resolved_dicts(resolved_config):
+    config = resolved_config("attention=lsh", "sweep=s", "+experiment=quality_speed")
+    resolved = ResolvedConfig(config)
+    assert resolved.hash() == record.config_hash(config)
+    assert resolved.columns() == record.config_columns(config)
+    assert (resolved.sweep, resolved.resume, resolved.logger) == (
+        config["sweep"],
+        config["resume"],
+        config["logger"],
+    )
+    job = JobConfig.of(resolved)
+    assert job.resolved is resolved and job.hash() == resolved.hash()
+    assert job.columns() == resolved.columns() and job == JobConfig.of(config)
+
+
+@pytest.mark.parametrize(
+    "overrides, shared_qk",
+    [
+        ((), False),  # null: what full attention requires
+        (("attention=lsh",), True),  # null: LSH requires it
+        (("model.shared_qk=true",), True),
+        (("attention=lsh", "model.shared_qk=false"), False),  # kept; the model refuses it
+        (("attention.name=nope",), None),  # an unknown variant: the job's error says which
+        (("attention.name=nope", "model.shared_qk=true"), True),
+    ],
+)
+def test_shared_qk_is_resolved_from_the_variant_when_null(resolved_config, overrides, shared_qk):
+    assert ResolvedConfig(resolved_config(*overrides)).shared_qk is shared_qk
+
+
+def test_the_typed_job_resolves_shared_qk_as_its_model_does(job_config):
+    for overrides in ((), ("attention=lsh",), ("model.shared_qk=true",)):
+        job = job_config(*overrides)
+        assert job.shared_qk is job.model_config(vocab_size=256).shared_qk
+
+
+def test_an_added_key_is_refused_when_the_job_is_typed(resolved_config):
+    config = resolved_config("+seqlen=128")
+    JobConfig.of(config)  # not named as added: a key like any other
+    with pytest.raises(ValueError, match=r"'seqlen' \(added with \+seqlen=\)"):
+        JobConfig.of(config, added=["seqlen"])
+
+
+def test_config_and_curriculum_import_alone_without_a_cycle_or_torch():
+    """curriculum is a leaf (plain values in, stages out); config starts no torch on import."""
+    code = (
+        "import sys\n"
+        "import experiments.curriculum\n"
+        "print('experiments.config' in sys.modules)\n"
+        "import experiments.config\n"
+        "print('torch' in sys.modules)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["False", "False"]

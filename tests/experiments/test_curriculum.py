@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import copy
 import json
 
 import pytest
 
-from experiments import curriculum, measure, run, store
+from experiments import curriculum, measure, record, run, store
 from experiments.config import JobConfig
 from tests.experiments import conftest
 
@@ -32,14 +33,22 @@ def test_without_a_curriculum_the_job_is_its_only_stage(job_config):
 
 def test_stages_keep_the_tokens_per_step_and_end_with_the_job(resolved_config):
     config = resolved_config(*TINY, SCHEDULE)
-    assert curriculum.stages_of(JobConfig.of(config)) == [
+    job = JobConfig.of(config)
+    assert job.stages == (
         curriculum.Stage(16, 8, 3),
         curriculum.Stage(32, 4, 1),
         curriculum.Stage(64, 2, 2),
-    ]
-    staged = curriculum.stage_config(config, curriculum.Stage(16, 8, 3))
-    assert (staged["seq_len"], staged["batch_size"]) == (16, 8)
-    assert config["seq_len"] == 64  # the job's config is left as it was
+    )
+    staged = job.at_stage(job.stages[0])
+    assert (staged.seq_len, staged.batch_size, staged.train) == (16, 8, job.train)
+    # Recorded as the job's config with only seq_len and batch_size changed (edited by hand).
+    expected = copy.deepcopy(config)
+    expected["seq_len"], expected["batch_size"] = 16, 8
+    assert staged.columns() == record.config_columns(expected)
+    assert staged.hash() == record.config_hash(expected) != job.hash()
+    assert staged.stages == (curriculum.Stage(16, 8, 2),)  # as a job of that record would run
+    assert config["seq_len"] == 64 and job.seq_len == 64  # the job's config is left as it was
+    assert job.hash() == record.config_hash(config)
 
 
 @pytest.mark.parametrize(
@@ -140,17 +149,17 @@ def test_a_job_shorter_than_the_schedule_takes_the_stages_below_it_and_says_so(j
         *TINY, "train.curriculum=[{seq_len:16,steps:3},{seq_len:64,steps:1},{seq_len:128,steps:1}]"
     )
     assert config.stages == (curriculum.Stage(16, 8, 3), curriculum.Stage(64, 2, 2))
-    assert curriculum.skipped_note(config) == (
+    assert config.skipped_note() == (
         "train.curriculum: stages at seq_len 64, 128 are not shorter than seq_len=64 and are "
         "left out; training 16 -> 64"
     )
-    assert curriculum.skipped_note(job_config(*TINY, SCHEDULE)) is None
+    assert job_config(*TINY, SCHEDULE).skipped_note() is None
 
 
 def test_the_long_range_preset_runs_at_a_shorter_length(job_config):
     config = job_config("+experiment=long_range", "seq_len=1024", "attention=full")
     assert [stage.seq_len for stage in config.stages] == [64, 128, 256, 512, 1024]
-    assert "stages at seq_len 1024 are not shorter" in curriculum.skipped_note(config)
+    assert "stages at seq_len 1024 are not shorter" in config.skipped_note()
 
 
 def test_the_stages_share_one_optimizer_whose_step_count_carries_over(job_config, monkeypatch):

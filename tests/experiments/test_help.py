@@ -13,16 +13,29 @@ GROUPS = ("attention", "block", "task", "experiment", "logger")
 
 
 @pytest.fixture(scope="module")
-def help_text() -> str:
+def help_run() -> subprocess.CompletedProcess:
+    """`--help` once, with `-X importtime`: every module it imported is a line of its stderr."""
     done = subprocess.run(
-        [sys.executable, "-m", "experiments.run", "--help"],
+        [sys.executable, "-X", "importtime", "-m", "experiments.run", "--help"],
         cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=180,
     )
     assert done.returncode == 0, done.stderr[-2000:]
-    return done.stdout
+    return done
+
+
+@pytest.fixture(scope="module")
+def help_text(help_run) -> str:
+    return help_run.stdout
+
+
+def test_help_starts_no_torch(help_run):
+    """Help is read before any job: the app's import leaves torch (seconds of it) for the job."""
+    imported = [line.rsplit("|", 1)[-1].strip() for line in help_run.stderr.splitlines()]
+    assert "experiments.config" in imported  # the app and its settings were loaded
+    assert [name for name in imported if name.split(".")[0] == "torch"] == []
 
 
 def test_help_is_the_apps_own_and_short(help_text):
