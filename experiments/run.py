@@ -305,7 +305,7 @@ def _hash_of_record(path: Path) -> str | None:
 
 
 def _parallel_jobs(hydra_cfg) -> int:
-    """Jobs the launcher runs side by side: the joblib launcher's n_jobs (-1: every core), else 1."""
+    """Jobs the launcher runs side by side: joblib's n_jobs (-1: every core), else 1."""
     launcher = hydra_cfg.launcher
     if "joblib" not in str(launcher.get("_target_", "")).lower():
         return 1

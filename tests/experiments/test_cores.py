@@ -11,11 +11,7 @@ from experiments import config as job_config_module
 from experiments import cores
 from tests.experiments.conftest import CONF
 
-STAT = (
-    "cpu  {user} 0 {system} {idle} {iowait} 0 0 0 0 0\n"
-    "cpu0 1 0 1 1 0 0 0 0 0 0\n"
-    "intr 12345\n"
-)
+STAT = "cpu  {user} 0 {system} {idle} {iowait} 0 0 0 0 0\ncpu0 1 0 1 1 0 0 0 0 0 0\nintr 12345\n"
 
 
 def _readings(*pairs):
