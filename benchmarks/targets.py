@@ -755,27 +755,30 @@ ROW_PREFIX = "STEP-ROW "
 
 @dataclass
 class StepRow:
-    """One training step: its wall time and the process's peak RSS, or why it has none."""
+    """One training step: its wall time, the CPU time of its process (every thread; on a shared
+    machine the wall time also counts waiting for a core, the CPU time does not) and the
+    process's peak RSS, or why it has none."""
 
     name: str
     seconds: float | None = None
     peak_rss_bytes: int | None = None
+    cpu_seconds: float | None = None
     bound_bytes: int | None = None
     note: str = ""
 
 
 def step_row(attention: str, length: str, depth: str, block: str, d_model: str) -> dict:
     """Build the model, run one training step (forward and backward of the chunked LM loss,
-    no optimiser step) and return its seconds and this process's peak RSS."""
+    no optimiser step) and return its wall and CPU seconds and this process's peak RSS."""
     config = model_config(attention, int(length), int(depth), block, MILLION_SWITCHES, int(d_model))
     net = TransformerLM(config)
     tokens = torch.randint(0, 256, (BATCH, int(length) + 1))
     inputs, targets = tokens[:, :-1], tokens[:, 1:]
     everywhere = torch.ones_like(inputs, dtype=torch.bool)
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
     net.loss(inputs, targets, everywhere).backward()
-    seconds = time.perf_counter() - start
-    return {"seconds": seconds, "peak_rss_bytes": peak_rss_bytes()}
+    seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu_start
+    return {"seconds": seconds, "cpu_seconds": cpu_seconds, "peak_rss_bytes": peak_rss_bytes()}
 
 
 def run_step_row(
@@ -790,7 +793,7 @@ def run_step_row(
     for line in done.stdout.splitlines():
         if line.startswith(ROW_PREFIX):
             row = json.loads(line.removeprefix(ROW_PREFIX))
-            return StepRow(name, row["seconds"], row["peak_rss_bytes"])
+            return StepRow(name, row["seconds"], row["peak_rss_bytes"], row.get("cpu_seconds"))
     error = (done.stderr.strip().splitlines() or ["no output"])[-1]
     return StepRow(name, note=f"failed (exit {done.returncode}): {error}")
 
@@ -826,21 +829,24 @@ def reformer_rows(length: int = REFORMER_LENGTH, d_model: int = HEADS * HEAD_DIM
 def describe(row: StepRow) -> str:
     if row.seconds is None:
         return row.note
-    return f"{row.seconds:.0f} s, peak RSS {row.peak_rss_bytes / 1e9:.2f} GB"
+    cpu = f" (CPU {row.cpu_seconds:.0f} s)" if row.cpu_seconds is not None else ""
+    return f"{row.seconds:.0f} s{cpu}, peak RSS {row.peak_rss_bytes / 1e9:.2f} GB"
 
 
 def print_step_table(rows: list[StepRow]) -> None:
-    print("\n| step | seconds | peak RSS GB | bound | met |\n|---|---:|---:|---|---|")
+    print("\n| step | seconds | CPU seconds | peak RSS GB | bound | met |")
+    print("|---|---:|---:|---:|---|---|")
     for row in rows:
         if row.seconds is None:
-            print(f"| {row.name} | | | | {row.note} |")
+            print(f"| {row.name} | | | | | {row.note} |")
             continue
         bound = met = ""
         if row.bound_bytes is not None:
             bound = f"< {row.bound_bytes / 1e9:.0f} GB"
             met = "yes" if row.peak_rss_bytes < row.bound_bytes else "NO"
         gb = row.peak_rss_bytes / 1e9
-        print(f"| {row.name} | {row.seconds:.0f} | {gb:.2f} | {bound} | {met} |")
+        cpu = "" if row.cpu_seconds is None else f"{row.cpu_seconds:.0f}"
+        print(f"| {row.name} | {row.seconds:.0f} | {cpu} | {gb:.2f} | {bound} | {met} |")
 
 
 def print_table(rows: list[Target]) -> None:

@@ -43,6 +43,8 @@ Also here: the OmegaConf resolvers the configs may use, registered when the app 
 
     ${supports_causal:${attention.name}}   true if the variant can be causal, else false
     ${causal_only:${attention.name}}       true if the variant cannot be bidirectional
+    ${timing_workers:${device}}            jobs side by side in a timing sweep: one per free
+                                           CPU core at launch, 1 on CUDA (experiments/cores.py)
 
 so a preset can train every variant causally where it can be and bidirectionally where it
 cannot (Linformer), instead of recording the latter as skipped.
@@ -64,7 +66,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
 
 import variants
-from experiments import curriculum, record, tracking
+from experiments import cores, curriculum, record, tracking
 from variants.checks import require_non_negative_int, require_positive_int
 
 OWNER = "config"
@@ -410,5 +412,7 @@ def register() -> None:
         OmegaConf.register_new_resolver("supports_causal", supports_causal)
     if not OmegaConf.has_resolver("causal_only"):
         OmegaConf.register_new_resolver("causal_only", causal_only)
+    if not OmegaConf.has_resolver("timing_workers"):
+        OmegaConf.register_new_resolver("timing_workers", cores.timing_workers)
     # Stored outside the `logger` group, so that `--help` does not offer it as a logger.
     ConfigStore.instance().store(name="wandb_logger_schema", node=tracking.WandbLogger)

@@ -275,6 +275,13 @@ SCHEMA: tuple[Column, ...] = (
         "environment says 0)",
     ),
     Column("offline_run_dir", PROVENANCE, str, doc="the job's W&B offline run, if any"),
+    Column(
+        "parallel_jobs",
+        PROVENANCE,
+        int,
+        doc="jobs of the sweep run side by side (the joblib launcher's n_jobs; 1 otherwise); "
+        "a timing sweep runs one per free core (experiments/cores.py)",
+    ),
 )
 COLUMNS = {c.name: c for c in SCHEMA}
 

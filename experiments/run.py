@@ -53,6 +53,7 @@ def run_job(
     job: str,
     sweep_dir: Path | None,
     added: Sequence[str] = (),
+    parallel_jobs: int = 1,
 ) -> dict[str, Any] | None:
     """Measure and record one configuration; returns the record, or None if resumed (skipped).
 
@@ -62,6 +63,7 @@ def run_job(
     status ok is not measured again (resume), and nothing is written for it. `added`: the
     top-level keys the command line added with `+key=` (`experiments.config.added_keys`), an
     error record.
+    `parallel_jobs`: how many jobs the launcher runs side by side (recorded: timings depend on it).
     """
     resolved = ResolvedConfig(config)
     digest = resolved.hash()
@@ -147,7 +149,7 @@ def run_job(
         rec["device"] = device.type if device is not None else _device_or_as_configured(resolved)
         rec["threads"] = torch.get_num_threads()
     rec["shared_qk"] = resolved.shared_qk  # None: the variant is unknown
-    rec.update(record.provenance(device))
+    rec.update(record.provenance(device), parallel_jobs=parallel_jobs)
     rec["offline_run_dir"] = None
     steps.write(out_dir / history.FILE)  # before the record, which makes the job's outcome final
     record.write_json_atomic(out_dir / "result.json", rec)
@@ -301,19 +303,24 @@ def _hash_of_record(path: Path) -> str | None:
     return other if isinstance(other, str) and other else None
 
 
+def _parallel_jobs(hydra_cfg) -> int:
+    """Jobs the launcher runs side by side: joblib's n_jobs (-1: every core), else 1."""
+    launcher = hydra_cfg.launcher
+    if "joblib" not in str(launcher.get("_target_", "")).lower():
+        return 1
+    n_jobs = int(launcher.get("n_jobs", -1))
+    return (os.cpu_count() or 1) if n_jobs <= 0 else n_jobs
+
+
 def _threads_per_job(hydra_cfg) -> int | None:
     """With the joblib launcher, split the cores between the parallel jobs (None = torch default).
 
     n_jobs processes each using every core oversubscribe the machine and make every timing
     slower and noisier; giving each job cores // n_jobs threads keeps them apart.
     """
-    launcher = hydra_cfg.launcher
-    if "joblib" not in str(launcher.get("_target_", "")).lower():
+    if "joblib" not in str(hydra_cfg.launcher.get("_target_", "")).lower():
         return None
-    n_jobs = int(launcher.get("n_jobs", -1))
-    cores = os.cpu_count() or 1
-    n_jobs = cores if n_jobs <= 0 else n_jobs
-    return max(1, cores // n_jobs)
+    return max(1, (os.cpu_count() or 1) // _parallel_jobs(hydra_cfg))
 
 
 def _status_of(error: BaseException) -> str:
@@ -345,7 +352,14 @@ def app(cfg: DictConfig) -> None:
         if line:
             print(f"sweep: {line}", file=sys.stderr, flush=True)
     added = added_keys(list(hydra_cfg.overrides.task), hydra_cfg.runtime.choices.keys())
-    rec = run_job(config, out_dir, job=job, sweep_dir=sweep_dir, added=added)
+    rec = run_job(
+        config,
+        out_dir,
+        job=job,
+        sweep_dir=sweep_dir,
+        added=added,
+        parallel_jobs=_parallel_jobs(hydra_cfg) if multirun else 1,
+    )
     if rec is None:
         return
     print(store.format_records([rec]))

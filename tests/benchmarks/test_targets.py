@@ -89,6 +89,7 @@ def test_million_rows_run_each_step_in_its_own_process(capsys):
     rows = targets.million_rows(256, "blockwise,sparse_fixed")
     ran, left_out = rows
     assert ran.seconds > 0 and ran.peak_rss_bytes > 2**20
+    assert 0 < ran.cpu_seconds  # the step's process time, every thread
     assert ran.bound_bytes == targets.MILLION_LIMIT_BYTES
     assert left_out.seconds is None and "quadratic" in left_out.note
     failed = targets.run_step_row("broken", "no-such-variant", 256, 1, "residual", 256)
@@ -96,7 +97,7 @@ def test_million_rows_run_each_step_in_its_own_process(capsys):
     targets.print_step_table([*rows, failed])
     table = capsys.readouterr().out
     assert "| blockwise, 1 layer, L=256 |" in table and "| < 16 GB | yes |" in table
-    assert "| broken | | | | failed (exit 1)" in table
+    assert "| broken | | | | | failed (exit 1)" in table
 
 
 def test_a_step_row_trains_the_switched_model_once(monkeypatch):
