@@ -1,12 +1,13 @@
 """The job's configuration as the app passes it down: one typed object, built once per job.
 
-Hydra composes `conf/` into a nested dict, the resolved config. It is read here and nowhere
-else. `ResolvedConfig` holds it as composed, before any check, for what every record takes
-from it whether or not it checks out: its hash and configuration columns (experiments/record.py
-flattens and hashes it), the app's bookkeeping keys, `model.shared_qk` resolved, the W&B run's
-config. `JobConfig.of(config)` turns it into typed parts, each checked on construction with a
-`ValueError` naming the key, so that the app, measure, training, the budgets and the model read
-fields instead of string keys:
+Hydra composes `conf/` into a nested dict, the resolved config. Past the app's entry
+(`experiments.run.app`: the dict out of Hydra, `threads` filled in for the launcher) it is read
+here and nowhere else. `ResolvedConfig` holds it as composed, before any check, for what every
+record takes from it whether or not it checks out: its hash and configuration columns
+(experiments/record.py flattens and hashes it), the app's bookkeeping keys, `model.shared_qk`
+resolved, the W&B run's config. `JobConfig.of(config)` turns it into typed parts, each checked
+on construction with a `ValueError` naming the key, so that the app, measure, training, the
+budgets and the model read fields instead of string keys:
 
     JobConfig        seq_len, batch_size, seed, device, dtype, threads, and
       .attention       {"name": variant, **its options}    (the registry checks them)
