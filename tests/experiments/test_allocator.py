@@ -13,8 +13,9 @@ from experiments import allocator
 from tests.experiments.conftest import ROOT
 
 # Prints THP_MEM_ALLOC_ENABLE as it was when `import torch` began, in a process that imports
-# only MODULE: what c10's allocator, which reads the variable at its first allocation, can see.
-# The process ends right there: the rest of torch's import (seconds) cannot change what it saw.
+# only MODULE, then does what it does before measuring (THEN): what c10's allocator, which reads
+# the variable at its first allocation, can see. The process ends right there: the rest of
+# torch's import (seconds) cannot change what it saw.
 WATCH_TORCH_IMPORT = """
 import importlib.abc, os, sys
 class Watch(importlib.abc.MetaPathFinder):
@@ -24,8 +25,11 @@ class Watch(importlib.abc.MetaPathFinder):
             os._exit(0)
 sys.meta_path.insert(0, Watch())
 import MODULE
+THEN
 print("torch never imported")
 """
+# The app's import starts no torch (`--help` needs none): a job's measuring modules do.
+THEN = {"experiments.run": "experiments.run.import_for_measuring()", "benchmarks.targets": ""}
 CASES = {  # (module, the variable in the environment or None) -> value seen at torch's import
     ("experiments.run", None): "1",
     ("benchmarks.targets", None): "1",
@@ -41,7 +45,7 @@ def seen_at_torch_import() -> dict[tuple[str, str | None], str]:
         env = {k: v for k, v in os.environ.items() if k != "THP_MEM_ALLOC_ENABLE"}
         if value is not None:
             env["THP_MEM_ALLOC_ENABLE"] = value
-        script = WATCH_TORCH_IMPORT.replace("MODULE", module)
+        script = WATCH_TORCH_IMPORT.replace("THEN", THEN[module]).replace("MODULE", module)
         processes[module, value] = subprocess.Popen(
             [sys.executable, "-c", script], cwd=ROOT, env=env, text=True, stdout=subprocess.PIPE
         )
