@@ -98,7 +98,8 @@ def test_a_sweep_whose_results_could_not_be_gathered_fails_with_one_line(
         {"hydra": {"sweep": {"dir": str(sweep_dir)}}, "sweep": "s", "fail_on": None}
     )
 
-    def end(callbacks=(sweep.SweepOutcome(), store.GatherResults())) -> int:
+    def end() -> int:
+        callbacks = (sweep.SweepOutcome(), store.GatherResults())
         callbacks[0].on_multirun_start(config)
         put(sweep_dir, 0, {"job": "0", **rec("a")})
         for callback in callbacks:  # the order Hydra ends a multirun in
