@@ -1,7 +1,8 @@
 """Results at a glance: one Markdown table, a row per variant, for the top of README.md.
 
     python -m analysis.glance multirun/scaling --quality multirun/long_range_quick \\
-        --decode multirun/decode_quick [--capacity multirun/capacity] [--write README.md]
+        --decode multirun/decode_quick [--capacity multirun/capacity] \\
+        [--busy multirun_busy/scaling] [--write README.md]
 
 Per variant, from the same functions the report uses, so the two agree:
 - L* vs SDPA: where its kernel's forward+backward overtakes exact attention's fused kernel
@@ -11,6 +12,8 @@ Per variant, from the same functions the report uses, so the two agree:
 - recall at the longest trained length, with the key-blind floor and chance in the header; a
   variant whose job never reached 90 % says "not learned in N steps (control x %)", never a
   number (`analysis.accuracy`);
+- with `--busy`, the L* of the same scaling sweep run beside a CPU-bound process, and its
+  ratio to the first where both crossed (how far the crossovers move with the machine's load);
 - capacity per head dim (`capacity.capacity`) and decode cost at the longest context
   (`decode.per_context`), where such records exist.
 A cell with nothing measured says "—". Above the table: the sweeps, the newest record's date,
@@ -27,7 +30,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from analysis import accuracy, capacity, decode, headline, load, scaling, series
+from analysis import accuracy, capacity, decode, fit, headline, load, scaling, series
 from analysis.load import format_value
 from analysis.tables import CEILING, Table
 
@@ -42,12 +45,15 @@ def glance(
     quality: pd.DataFrame | None = None,
     decode_records: pd.DataFrame | None = None,
     capacity_records: pd.DataFrame | None = None,
+    busy: pd.DataFrame | None = None,
 ) -> str:
     """The Markdown block: a provenance line, the table, and a note on how to read it.
 
     `cost`: records of kernel time and memory over seq_len (the scaling sweep); the others:
-    records of trained recall over lengths, of decoding, and of a capacity sweep."""
-    frames = [f for f in (cost, quality, decode_records, capacity_records) if f is not None]
+    records of trained recall over lengths, of decoding, and of a capacity sweep; `busy`: the
+    same scaling sweep measured beside a CPU-bound process, for a column of its crossovers and
+    their ratio to `cost`'s (how reproducible L* is)."""
+    frames = [f for f in (cost, quality, decode_records, capacity_records, busy) if f is not None]
     columns: dict[str, dict[str, str]] = {}
     notes: list[str] = []
     rows = _cost_rows(cost)
@@ -55,6 +61,10 @@ def glance(
 
     speed, memory_title, memory = _speed_and_memory(cost, rows)
     columns["L* vs SDPA (fwd+bwd)"] = speed
+    if busy is not None:
+        columns["L* beside a busy core (busy / quiet)"] = _busy(
+            _crossovers(cost, rows), _crossovers(busy, _cost_rows(busy))
+        )
     columns[memory_title] = memory
     recall_title, recall, note = _recall(quality)
     columns[recall_title] = recall
@@ -101,19 +111,33 @@ def _label(variant: str, name: str) -> str:
     return variant + (" (bidirectional)" if name.endswith("(bidirectional)") else "")
 
 
+def _crossovers(cost: pd.DataFrame, rows: dict[str, str]) -> dict[str, fit.Crossover]:
+    """Variant -> its L* against SDPA from the in-job speed-ups (the headline's)."""
+    labelled, keys = series.with_series(cost, x="seq_len")
+    fits = scaling.scaling_fits(labelled, keys, headline.TIME, baseline=series.FUSED)
+    found = {v: fits[name].crossover for v, name in rows.items() if name in fits}
+    return {v: c for v, c in found.items() if c is not None}
+
+
+def _busy(quiet: dict[str, fit.Crossover], busy: dict[str, fit.Crossover]) -> dict[str, str]:
+    """The busy run's L* per variant, with busy / quiet where both crossed inside the range."""
+    cells = {}
+    for variant, crossover in busy.items():
+        cells[variant] = str(crossover)
+        other = quiet.get(variant)
+        if other is not None and fit.CROSSED == crossover.kind == other.kind:
+            cells[variant] += f" ({crossover.length / other.length:.2f}×)"
+    return cells
+
+
 def _speed_and_memory(
     cost: pd.DataFrame, rows: dict[str, str]
 ) -> tuple[str, dict[str, str], dict[str, str]]:
     """The L* cells, and the kernel memory factor's title and cells."""
+    speed = {v: str(c) for v, c in _crossovers(cost, rows).items()}
+    if series.REFERENCE in rows and series.REFERENCE not in speed:
+        speed[series.REFERENCE] = "reference"
     labelled, keys = series.with_series(cost, x="seq_len")
-    fits = scaling.scaling_fits(labelled, keys, headline.TIME, baseline=series.FUSED)
-    speed = {}
-    for variant, name in rows.items():
-        crossover = fits[name].crossover if name in fits else None
-        if crossover is not None:
-            speed[variant] = str(crossover)
-        elif variant == series.REFERENCE:
-            speed[variant] = "reference"
     title = "kernel memory vs O(L²)"
     if headline.MEMORY not in labelled:
         return speed, title, {}
@@ -273,10 +297,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quality", nargs="+", help="records of trained recall over lengths")
     parser.add_argument("--decode", nargs="+", help="records of decoding (measure.decode)")
     parser.add_argument("--capacity", nargs="+", help="records of a capacity sweep")
+    parser.add_argument(
+        "--busy", nargs="+", help="the scaling sweep again, run beside a CPU-bound process"
+    )
     parser.add_argument("--write", type=Path, help=f"replace {BEGIN} … {END} in this file")
     args = parser.parse_args(argv)
     frames = {}
-    for option in ("results", "quality", "decode", "capacity"):
+    for option in ("results", "quality", "decode", "capacity", "busy"):
         paths = getattr(args, option)
         try:
             frames[option] = load.tidy(load.load_results(paths)) if paths else None
@@ -289,6 +316,7 @@ def main(argv: list[str] | None = None) -> int:
         quality=frames["quality"],
         decode_records=frames["decode"],
         capacity_records=frames["capacity"],
+        busy=frames["busy"],
     )
     if args.write is None:
         print(block, end="")

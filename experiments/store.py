@@ -11,7 +11,8 @@ holds a lock on `<sweep>/.results.lock`, so parallel jobs (joblib) or two sweeps
 never write a table that misses a record another one had just written. The records are the
 truth: `python -m experiments.store <sweep dir>` (and `make report`) gathers them again.
 A `result.json` that cannot be read, or that holds anything but a JSON object, is reported by
-path and left out; it never stops a sweep.
+path and left out; it never stops a sweep. A multirun whose end cannot write the tables (a full
+disk, a symlink planted as the lock) says so in one line and exits 1 (`gather_failure`).
 """
 
 from __future__ import annotations
@@ -248,6 +249,16 @@ def format_records(
     return frame.to_string(index=False, float_format=lambda x: f"{x:.4g}", na_rep="")
 
 
+# Sweep dir -> why gathering it failed at the end of this process's multirun (`gather_failure`).
+_failed_gathers: dict[Path, str] = {}
+
+
+def gather_failure(sweep_dir: Path) -> str | None:
+    """Why the end of this process's multirun could not write `sweep_dir`'s results, or None:
+    its results.csv then misses records, which fails the sweep (experiments/sweep.py)."""
+    return _failed_gathers.get(Path(sweep_dir))
+
+
 class GatherResults(Callback):
     """Hydra callback: as each job ends and at the end of a multirun, gather the sweep's records
     into the store; at the end, print them and any record that could not be read."""
@@ -262,7 +273,18 @@ class GatherResults(Callback):
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         sweep_dir = Path(config.hydra.sweep.dir)
-        frame = write_results(sweep_dir)
+        _failed_gathers.pop(sweep_dir, None)
+        try:
+            frame = write_results(sweep_dir)
+        except OSError as error:  # a full disk, a symlinked lock: the records are still kept
+            reason = " ".join(str(error).split())
+            _failed_gathers[sweep_dir] = reason
+            print(
+                f"error: {sweep_dir / 'results.csv'} not gathered ({reason}); the records are "
+                f"kept: python -m experiments.store {sweep_dir} gathers them again",
+                file=sys.stderr,
+            )
+            return
         for bad in read_records(sweep_dir)[1]:
             print(f"warning: unreadable record {bad.path}: {bad.reason}", file=sys.stderr)
         if frame.empty:

@@ -88,19 +88,23 @@ class SweepOutcome(Callback):
 
 
 def finish() -> int:
-    """After a multirun: print the table of its jobs that did not end ok; the exit code."""
-    if _current is None or _current.not_ok is None or _current.not_ok.empty:
+    """After a multirun: print the table of its jobs that did not end ok; the exit code (also 1
+    when its results could not be gathered: `store.gather_failure`, named when it happened)."""
+    if _current is None:
         return 0
+    unwritten = store.gather_failure(Path(_current.config.hydra.sweep.dir)) is not None
+    if _current.not_ok is None or _current.not_ok.empty:
+        return int(unwritten)
     not_ok, fail_on = _current.not_ok, _current.fail_on
     print(f"\n{len(not_ok)} job(s) of this multirun did not end ok:")
     print(not_ok_table(not_ok, _current.keys))
     failing = not_ok[not_ok["status"].isin(fail_on)]
     if failing.empty:
         print(
-            f"(no job ended {' or '.join(fail_on)}: exit code 0; "
+            f"(no job ended {' or '.join(fail_on)}: exit code {int(unwritten)}; "
             "fail_on=[error,oom,timeout] makes other statuses fail the sweep)"
         )
-        return 0
+        return int(unwritten)
     counts = ", ".join(f"{n} {s}" for s, n in failing["status"].value_counts().items())
     print(f"error: {counts} in this sweep (fail_on: {', '.join(fail_on)})", file=sys.stderr)
     return 1

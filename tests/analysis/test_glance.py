@@ -129,3 +129,15 @@ def test_without_markers_or_results_the_command_fails_in_one_line(tmp_path, caps
 def test_a_missing_other_sweep_names_its_option(tmp_path, capsys, option):
     assert glance.main([str(FIXTURE), option, str(tmp_path / "missing")]) == 1
     assert capsys.readouterr().err.startswith(f"error: {option}: ")
+
+
+def test_a_busy_run_adds_its_crossovers_and_their_ratio_to_the_quiet_ones():
+    quiet = _cost()
+    busy = quiet.copy()
+    slower = busy["attention"] == "blockwise"
+    busy.loc[slower, "attn_fwd_bwd_ms"] *= 1.25  # 0.125·L = 1e-4·L² at L = 1250
+    rows = _rows(glance.glance(quiet, busy=busy))
+    column = _column(rows, "L* beside a busy core")
+    assert rows["blockwise"][column] == "1,250 (1.25×)"
+    assert rows["full"][column] == glance.EMPTY  # the reference has no crossover of its own
+    assert "L* beside a busy core" not in "".join(_rows(glance.glance(quiet))["full"])

@@ -9,10 +9,11 @@ from __future__ import annotations
 import os
 import time
 
+import pandas as pd
 import pytest
 from omegaconf import OmegaConf
 
-from experiments import sweep
+from experiments import store, sweep
 from tests.experiments.test_store import put, rec
 
 
@@ -80,3 +81,35 @@ def test_an_unknown_fail_on_status_stops_the_multirun_with_one_line(tmp_path, ca
         "error: config: option 'fail_on' must list statuses among oom, timeout, skipped, error, "
         "diverged; got 'crash'"
     )
+
+
+def test_a_sweep_whose_results_could_not_be_gathered_fails_with_one_line(
+    tmp_path, capsys, monkeypatch
+):
+    """Issue 26: with the sweep's lock file a symlink (or the disk full), the end of the multirun
+    wrote no results.csv, Hydra printed a two-line warning and the sweep exited 0."""
+    monkeypatch.setattr(store, "_failed_gathers", {})
+    elsewhere = tmp_path / "precious.txt"
+    elsewhere.write_text("keep me")
+    sweep_dir = tmp_path / "sweep"
+    sweep_dir.mkdir()
+    (sweep_dir / store.LOCK).symlink_to(elsewhere)
+    config = OmegaConf.create(
+        {"hydra": {"sweep": {"dir": str(sweep_dir)}}, "sweep": "s", "fail_on": None}
+    )
+
+    def end() -> int:
+        callbacks = (sweep.SweepOutcome(), store.GatherResults())
+        callbacks[0].on_multirun_start(config)
+        put(sweep_dir, 0, {"job": "0", **rec("a")})
+        for callback in callbacks:  # the order Hydra ends a multirun in
+            callback.on_multirun_end(config=config)
+        return sweep.finish()
+
+    assert end() == 1
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(err) == 1 and err[0].startswith(f"error: {sweep_dir / 'results.csv'} not gathered")
+    assert str(sweep_dir / store.LOCK) in err[0] and "python -m experiments.store" in err[0]
+    assert elsewhere.read_text() == "keep me" and not (sweep_dir / "results.csv").exists()
+    (sweep_dir / store.LOCK).unlink()  # the next multirun gathers, and passes
+    assert end() == 0 and len(pd.read_csv(sweep_dir / "results.csv")) == 1
