@@ -48,6 +48,9 @@ CHUNK_BYTES = 8 * 2**20
 # Query rows per tile: one block's queries are cut into tiles of this many (the last one
 # padded); longer tiles mean fewer, larger attention calls for the fused kernel.
 TILE_ROWS = 256
+# The largest log-weight a part gets in the running merge (`_Plan.tiles_forward`): weights
+# stay at most exp(20) ~ 5e8 of their query's reference, far from overflow in float32.
+SHIFT_LIMIT = 20.0
 
 
 @register_attention
@@ -204,8 +207,7 @@ class SelectedBlocks(torch.autograd.Function):
         plan = _Plan(q, selected, block, causal)
         out, lse = plan.own_forward(q, k, v)  # (B, H, L, D), (B, H, L)
         if plan.n_entries:
-            parts_out, parts_lse = plan.tiles_forward(q, k, v)  # (E, D), (E,)
-            out, lse = plan.merge(out, lse, parts_out, parts_lse)
+            out, lse = plan.tiles_forward(q, k, v, out, lse)
         ctx.plan = plan
         ctx.save_for_backward(q, k, v, out, lse)
         return out
@@ -232,39 +234,30 @@ class _Plan:
         self.n_blocks = -(-self.length // block)
         self.scale = self.head_dim**-0.5
         n_seq = self.batch * self.heads
-        slots = selected.shape[-1]
-        flat = selected.reshape(n_seq, self.length * slots)  # (S', L*S)
-        valid = (flat >= 0).flatten()
-        entry = valid.nonzero().squeeze(1)  # (E,) index into (S', L, S)
+        flat = selected.reshape(-1)  # (S'*L*S,)
+        entry = (flat >= 0).nonzero().squeeze(1)  # (E,) index into (S', L, S)
         self.n_entries = entry.numel()
-        self.slots = slots
         if not self.n_entries:
             return
-        seq = entry // (self.length * slots)
-        query = (entry // slots) % self.length
-        group = seq * self.n_blocks + flat.flatten()[entry]  # (E,) key block of sequence
-        order = torch.sort(group, stable=True).indices
-        entry, seq, query, group = entry[order], seq[order], query[order], group[order]
+        query = entry // selected.shape[-1]  # (E,) query row of (S'*L)
+        group = query // self.length * self.n_blocks + flat[entry]  # (E,) key block of sequence
+        group, order = torch.sort(group, stable=True)
+        query = query[order]
         counts = torch.bincount(group, minlength=n_seq * self.n_blocks)  # (G,)
-        starts = counts.cumsum(0) - counts
-        rank = torch.arange(self.n_entries, device=q.device) - starts[group]
         rows = self.rows = TILE_ROWS
         tiles_per_group = -(-counts // rows)
-        tile_start = tiles_per_group.cumsum(0) - tiles_per_group
-        tile = tile_start[group] + rank // rows  # (E,)
         self.n_tiles = int(tiles_per_group.sum())
         self.tile_group = torch.repeat_interleave(
             torch.arange(counts.numel(), device=q.device), tiles_per_group
         )  # (T,)
-        # Each tile row: its entry (a row of the merged parts) and its query row in (S'*L + 1):
-        # unused rows point at an extra zero row.
-        self.row_entry = entry
-        self.row_slot = tile * rows + rank % rows  # (E,) rows of the (T * rows) tile layout
-        row_query = torch.full((self.n_tiles * rows,), n_seq * self.length, device=q.device)
-        row_query[self.row_slot] = seq * self.length + query
-        self.row_query = row_query  # (T*rows,)
-        self.entry_query = seq * self.length + query  # (E,)
-        self.bias = None
+        # Each tile row's query row in (S'*L + 1); unused rows point at an extra zero row. The
+        # entries of a group are consecutive: entry e goes to row e - (first entry of its
+        # group) of the group's first tile.
+        tile_start = tiles_per_group.cumsum(0) - tiles_per_group
+        shift = tile_start * rows - (counts.cumsum(0) - counts)  # (G,)
+        slot = torch.arange(self.n_entries, device=q.device) + shift[group]  # (E,)
+        self.row_query = torch.full((self.n_tiles * rows,), n_seq * self.length, device=q.device)
+        self.row_query[slot] = query  # (T*rows,)
         if not causal and self.length % block:
             # Bidirectionally the short last block's padded keys must be hidden.
             last = (self.tile_group % self.n_blocks) == self.n_blocks - 1  # (T,)
@@ -345,65 +338,92 @@ class _Plan:
             return None
         return flash.hidden_bias(self.hidden[first:end, None, None, :], dtype)  # (m, 1, 1, b)
 
-    def tiles_forward(self, q, k, v):
-        """Every (query, selected block) part: out (E, D) and lse (E,), in entry order."""
+    def tiles_forward(self, q, k, v, out, lse):
+        """The own-block result `out` (B, H, L, D) and `lse` (B, H, L) merged with every
+        (query, selected block) part, chunk by chunk as the parts come out of the tiles:
+        returns the merged output and logsumexp, same shapes.
+
+        Each query keeps a running sum of its parts' outputs weighted by exp(lse_part - ref),
+        their sum of weights, and a reference `ref` (its own block's lse to start with), so no
+        per-part output outlives its chunk. A part more than SHIFT_LIMIT above its query's
+        ref first raises that ref to it (rescaling the sums): no weight exceeds
+        exp(SHIFT_LIMIT), so nothing overflows, and the result is the logsumexp merge's.
+        """
+        acc_dtype = lse.dtype  # float32 for half types, as the kernels' logsumexp
+        n_rows = self.batch * self.heads * self.length
         q_rows = self._flat_rows(q)
         k_blocks, v_blocks = self._flat_blocks(k), self._flat_blocks(v)
-        lse_dtype = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
-        tile_out = q.new_empty(self.n_tiles * self.rows, self.head_dim)
-        tile_lse = torch.empty(self.n_tiles * self.rows, dtype=lse_dtype, device=q.device)
+        # Running state per query row, plus the extra row unused tile rows point at.
+        extra = out.new_zeros(1, self.head_dim, dtype=acc_dtype)
+        acc = torch.cat([out.reshape(n_rows, -1).to(acc_dtype), extra])  # (S'*L + 1, D)
+        ref = torch.cat([lse.reshape(n_rows), lse.new_zeros(1)])  # (S'*L + 1,)
+        norm = torch.ones_like(ref)
         for first, end in self._chunks():
-            out, lse = flash.attend(
+            part_out, part_lse = flash.attend(
                 self._tile_rows(q_rows, first, end),
                 self._tile_keys(k_blocks, first, end),
                 self._tile_keys(v_blocks, first, end),
                 scale=self.scale,
                 bias=self._tile_bias(first, end, q.dtype),
             )  # (m, 1, rows, D), (m, 1, rows)
-            rows = slice(first * self.rows, end * self.rows)
-            tile_out[rows] = out.reshape(-1, self.head_dim)
-            tile_lse[rows] = lse.reshape(-1)
-        return tile_out[self.row_slot], tile_lse[self.row_slot]
-
-    def merge(self, out, lse, parts_out, parts_lse):
-        """The own-block result merged with every part: (B, H, L, D), (B, H, L)."""
-        flat_lse = lse.reshape(-1).clone()  # (S'*L,)
-        total = flat_lse.clone()
-        # logsumexp over each query's parts: the running max, then sums of exponentials.
-        top = total.scatter_reduce(0, self.entry_query, parts_lse, reduce="amax")  # (S'*L,)
-        weights = (flat_lse - top).exp()  # own part
-        part_weights = (parts_lse - top[self.entry_query]).exp()  # (E,)
-        norm = weights.index_add(0, self.entry_query, part_weights)  # (S'*L,)
-        merged = out.reshape(-1, self.head_dim) * (weights / norm)[:, None].to(out.dtype)
-        shares = (part_weights / norm[self.entry_query])[:, None].to(out.dtype)
-        merged = merged.index_add(0, self.entry_query, parts_out * shares)
-        merged_lse = top + norm.log()
+            index = self.row_query[first * self.rows : end * self.rows]  # (m*rows,)
+            part_lse = part_lse.reshape(-1)
+            shift = part_lse - ref[index]
+            if bool((shift > SHIFT_LIMIT).any()):
+                _raise_ref(acc, norm, ref, index, part_lse)
+                shift = part_lse - ref[index]
+            weight = shift.exp_()  # (m*rows,)
+            part_out = part_out.reshape(-1, self.head_dim).to(acc_dtype)
+            acc.index_add_(0, index, part_out.mul_(weight[:, None]))
+            norm.index_add_(0, index, weight)
         shape = (self.batch, self.heads, self.length)
-        return merged.view(*shape, self.head_dim), merged_lse.view(shape)
+        merged = acc[:-1].div_(norm[:-1, None]).to(out.dtype).view(*shape, self.head_dim)
+        merged_lse = ref[:-1].add_(norm[:-1].log_()).view(shape)
+        return merged, merged_lse
 
     def tiles_backward(self, grad_out, q, k, v, out, lse, grads):
-        q_rows, g_rows, o_rows = (self._flat_rows(x) for x in (q, grad_out, out))
-        l_rows = self._flat_rows(lse.unsqueeze(-1))  # (S'*L + 1, 1)
+        d = self.head_dim
+        # q, grad_out and out side by side, so that a tile's rows are one gather, and the
+        # logsumexp; each with the extra zero row unused tile rows point at.
+        qgo_rows = q.new_zeros(self.batch * self.heads * self.length + 1, 3 * d)  # (S'*L+1, 3D)
+        for part, x in enumerate((q, grad_out, out)):
+            qgo_rows[:-1, part * d : (part + 1) * d] = x.reshape(-1, d)
+        l_rows = torch.cat([lse.reshape(-1), lse.new_zeros(1)])  # (S'*L + 1,)
         k_blocks, v_blocks = self._flat_blocks(k), self._flat_blocks(v)
-        grad_q = torch.zeros_like(q_rows)  # (S'*L + 1, D)
+        grad_q = q.new_zeros(qgo_rows.shape[0], d)  # (S'*L + 1, D)
         grad_k, grad_v = torch.zeros_like(k_blocks), torch.zeros_like(v_blocks)  # (G, b, D)
         for first, end in self._chunks():
+            index = self.row_query[first * self.rows : end * self.rows]  # (m*rows,)
+            tile = qgo_rows.index_select(0, index).view(end - first, 1, self.rows, 3 * d)
             dq, dk, dv = flash.attend_backward(
-                self._tile_rows(g_rows, first, end),
-                self._tile_rows(q_rows, first, end),
+                tile[..., d : 2 * d],
+                tile[..., :d],
                 self._tile_keys(k_blocks, first, end),
                 self._tile_keys(v_blocks, first, end),
-                self._tile_rows(o_rows, first, end),
-                self._tile_rows(l_rows, first, end).squeeze(-1),
+                tile[..., 2 * d :],
+                l_rows.index_select(0, index).view(end - first, 1, self.rows),
                 scale=self.scale,
                 bias=self._tile_bias(first, end, q.dtype),
             )  # (m, 1, rows, D), (m, 1, b, D) twice
-            index = self.row_query[first * self.rows : end * self.rows]
-            grad_q.index_add_(0, index, dq.reshape(-1, self.head_dim))
+            grad_q.index_add_(0, index, dq.reshape(-1, d))
             group = self.tile_group[first:end]
             grad_k.index_add_(0, group, dk.squeeze(1))
             grad_v.index_add_(0, group, dv.squeeze(1))
-        shape = (self.batch, self.heads, -1, self.head_dim)
+        shape = (self.batch, self.heads, -1, d)
         grads[0] += grad_q[:-1].view(q.shape)
         grads[1] += grad_k.view(shape)[:, :, : self.length]
         grads[2] += grad_v.view(shape)[:, :, : self.length]
+
+
+def _raise_ref(acc, norm, ref, index, part_lse) -> None:
+    """Raise each query's reference `ref` to the largest of its parts' `part_lse` where that is
+    higher, rescaling its running sums `acc` (rows, D) and `norm` (rows,) to match, in place.
+    index: (r,) query row of each part, repeats allowed (a query's parts in one chunk)."""
+    old = ref[index]  # (r,)
+    ref.scatter_reduce_(0, index, part_lse, reduce="amax")
+    new = ref[index]
+    raised = new > old
+    rows = index[raised]  # repeats write the same value
+    factor = (old[raised] - new[raised]).exp_()
+    acc[rows] = acc[rows] * factor[:, None]
+    norm[rows] = norm[rows] * factor
