@@ -312,10 +312,17 @@ class _Plan:
         return [g.reshape(shape)[:, :, : self.length].contiguous() for g in grads]
 
     # --- selected blocks ---------------------------------------------------------------------
-    def _flat_rows(self, x: torch.Tensor) -> torch.Tensor:
-        """(B, H, L, E) -> (B*H*L + 1, E): every query row, plus a zero row for unused slots."""
-        rows = x.reshape(-1, x.shape[-1])
-        return torch.cat([rows, rows.new_zeros(1, x.shape[-1])])
+    def _flat_rows(self, *xs: torch.Tensor) -> torch.Tensor:
+        """(B, H, L, E) tensors side by side -> (B*H*L + 1, sum E): every query row, plus a
+        zero row for unused tile rows."""
+        width = sum(x.shape[-1] for x in xs)
+        rows = xs[0].new_empty(self.batch * self.heads * self.length + 1, width)
+        rows[-1] = 0
+        first = 0
+        for x in xs:
+            rows[:-1, first : first + x.shape[-1]] = x.reshape(-1, x.shape[-1])
+            first += x.shape[-1]
+        return rows
 
     def _flat_blocks(self, x: torch.Tensor) -> torch.Tensor:
         """(B, H, L, D) -> (B*H*n, b, D), zero-padded: key blocks by group index."""
@@ -325,10 +332,16 @@ class _Plan:
         for first in range(0, self.n_tiles, self.chunk):
             yield first, min(first + self.chunk, self.n_tiles)
 
-    def _tile_rows(self, rows: torch.Tensor, first: int, end: int) -> torch.Tensor:
-        """Tiles [first, end) of `_flat_rows` as (m, 1, TILE_ROWS, E)."""
+    def _row_buffer(self, rows: torch.Tensor) -> torch.Tensor:
+        """One chunk's worth of gathered `_flat_rows`, reused by every chunk: a fresh buffer per
+        chunk costs its page faults again (as much as the gather)."""
+        return rows.new_empty(self.chunk * self.rows, rows.shape[-1])
+
+    def _tile_rows(self, rows: torch.Tensor, buffer: torch.Tensor, first: int, end: int):
+        """Tiles [first, end) of `_flat_rows`, gathered into `buffer`: (m, 1, TILE_ROWS, E)."""
         index = self.row_query[first * self.rows : end * self.rows]
-        return rows.index_select(0, index).view(end - first, 1, self.rows, -1)
+        gathered = torch.index_select(rows, 0, index, out=buffer[: index.numel()])
+        return gathered.view(end - first, 1, self.rows, -1)
 
     def _tile_keys(self, blocks: torch.Tensor, first: int, end: int) -> torch.Tensor:
         return blocks.index_select(0, self.tile_group[first:end]).unsqueeze(1)  # (m, 1, b, D)
@@ -351,7 +364,8 @@ class _Plan:
         """
         acc_dtype = lse.dtype  # float32 for half types, as the kernels' logsumexp
         n_rows = self.batch * self.heads * self.length
-        q_rows = self._flat_rows(q)
+        q_rows = self._flat_rows(q)  # (S'*L + 1, D)
+        q_buffer = self._row_buffer(q_rows)
         k_blocks, v_blocks = self._flat_blocks(k), self._flat_blocks(v)
         # Running state per query row, plus the extra row unused tile rows point at.
         extra = out.new_zeros(1, self.head_dim, dtype=acc_dtype)
@@ -360,7 +374,7 @@ class _Plan:
         norm = torch.ones_like(ref)
         for first, end in self._chunks():
             part_out, part_lse = flash.attend(
-                self._tile_rows(q_rows, first, end),
+                self._tile_rows(q_rows, q_buffer, first, end),
                 self._tile_keys(k_blocks, first, end),
                 self._tile_keys(v_blocks, first, end),
                 scale=self.scale,
@@ -383,24 +397,23 @@ class _Plan:
 
     def tiles_backward(self, grad_out, q, k, v, out, lse, grads):
         d = self.head_dim
-        # q, grad_out and out side by side, so that a tile's rows are one gather, and the
-        # logsumexp; each with the extra zero row unused tile rows point at.
-        qgo_rows = q.new_zeros(self.batch * self.heads * self.length + 1, 3 * d)  # (S'*L+1, 3D)
-        for part, x in enumerate((q, grad_out, out)):
-            qgo_rows[:-1, part * d : (part + 1) * d] = x.reshape(-1, d)
+        # q and out side by side (one gather per tile); grad_out apart, since the fused
+        # backward copies a strided grad_out to a contiguous one.
+        qo_rows, g_rows = self._flat_rows(q, out), self._flat_rows(grad_out)  # (S'*L + 1, 2D | D)
+        qo_buffer, g_buffer = self._row_buffer(qo_rows), self._row_buffer(g_rows)
         l_rows = torch.cat([lse.reshape(-1), lse.new_zeros(1)])  # (S'*L + 1,)
         k_blocks, v_blocks = self._flat_blocks(k), self._flat_blocks(v)
-        grad_q = q.new_zeros(qgo_rows.shape[0], d)  # (S'*L + 1, D)
+        grad_q = q.new_zeros(g_rows.shape)  # (S'*L + 1, D)
         grad_k, grad_v = torch.zeros_like(k_blocks), torch.zeros_like(v_blocks)  # (G, b, D)
         for first, end in self._chunks():
             index = self.row_query[first * self.rows : end * self.rows]  # (m*rows,)
-            tile = qgo_rows.index_select(0, index).view(end - first, 1, self.rows, 3 * d)
+            qo = self._tile_rows(qo_rows, qo_buffer, first, end)  # (m, 1, rows, 2D)
             dq, dk, dv = flash.attend_backward(
-                tile[..., d : 2 * d],
-                tile[..., :d],
+                self._tile_rows(g_rows, g_buffer, first, end),
+                qo[..., :d],
                 self._tile_keys(k_blocks, first, end),
                 self._tile_keys(v_blocks, first, end),
-                tile[..., 2 * d :],
+                qo[..., d:],
                 l_rows.index_select(0, index).view(end - first, 1, self.rows),
                 scale=self.scale,
                 bias=self._tile_bias(first, end, q.dtype),
