@@ -41,8 +41,9 @@ from variants.attention.local import to_blocks
 from variants.checks import require_positive_int
 from variants.registry import register_attention
 
-# Queries scored against every block mean at a time (the routing scores are (B, H, rows, n)).
-SCORE_ROWS = 4096
+# Queries scored against the block means at a time (the routing scores are (B, H, rows, n);
+# causally only the blocks before the rows' last own block: shorter ranges skip more).
+SCORE_ROWS = 1024
 # Bytes of gathered keys and values per fused call over tiles (as combined.CHUNK_BYTES).
 CHUNK_BYTES = 8 * 2**20
 # Query rows per tile: one block's queries are cut into tiles of this many (the last one
@@ -153,15 +154,20 @@ def top_blocks(
     selected = selected.to(q.device)
     if slots <= 0:
         return selected
-    block_ids = torch.arange(n_blocks, device=q.device)
     for first in range(0, length, SCORE_ROWS):
         rows = slice(first, min(first + SCORE_ROWS, length))
-        scores = q[:, :, rows] @ summaries.transpose(-1, -2)  # (B, H, r, n)
+        # Causally no row of the range sees a block from its last row's own block on.
+        count = (rows.stop - 1) // block if causal else n_blocks
+        take = min(slots, count)
+        if take <= 0:
+            continue
+        scores = q[:, :, rows] @ summaries[:, :, :count].transpose(-1, -2)  # (B, H, r, c)
         own = (torch.arange(rows.start, rows.stop, device=q.device) // block)[:, None]  # (r, 1)
-        hidden = block_ids >= own if causal else block_ids == own  # (r, n)
+        block_ids = torch.arange(count, device=q.device)
+        hidden = block_ids >= own if causal else block_ids == own  # (r, c)
         scores.masked_fill_(hidden, float("-inf"))
-        best, index = scores.topk(slots, dim=-1)  # (B, H, r, S) each
-        selected[:, :, rows] = index.masked_fill_(best == float("-inf"), -1)
+        best, index = scores.topk(take, dim=-1)  # (B, H, r, take) each
+        selected[:, :, rows, :take] = index.masked_fill_(best == float("-inf"), -1)
     return selected
 
 
