@@ -276,16 +276,17 @@ class _Plan:
 
     # --- own block ---------------------------------------------------------------------------
     def _own(self, x: torch.Tensor) -> torch.Tensor:
-        """(B, H, L, E) -> (B, H*n, b, E), zero-padded."""
+        """(B, H, L, E) -> (B*H*n, 1, b, E), zero-padded: blocks as the batch, so that the
+        kernels' (batch, length, 1, E) results are these shapes without a copy."""
         blocks = to_blocks(x, self.block)  # (B, H, n, b, E)
-        return blocks.reshape(self.batch, self.heads * self.n_blocks, self.block, x.shape[-1])
+        return blocks.reshape(-1, 1, self.block, x.shape[-1])
 
     def _own_bias(self, dtype, device):
         if self.causal or self.length % self.block == 0:
             return None  # causally a padded key comes after every real query
         pad = torch.arange(self.n_blocks * self.block, device=device) >= self.length
         hidden = pad.view(self.n_blocks, 1, self.block).expand(-1, self.block, -1)
-        hidden = hidden.repeat(self.heads, 1, 1)[None]  # (1, H*n, b, b)
+        hidden = hidden.repeat(self.batch * self.heads, 1, 1)[:, None]  # (B*H*n, 1, b, b)
         return flash.hidden_bias(hidden, dtype)
 
     def own_forward(self, q, k, v):
@@ -296,7 +297,7 @@ class _Plan:
             scale=self.scale,
             bias=self._own_bias(q.dtype, q.device),
             causal=self.causal,
-        )  # (B, H*n, b, D), (B, H*n, b)
+        )  # (B*H*n, 1, b, D), (B*H*n, 1, b)
         shape = (self.batch, self.heads, self.n_blocks * self.block)
         out = out.reshape(*shape, self.head_dim)[:, :, : self.length]
         lse = lse.reshape(shape)[:, :, : self.length]
@@ -313,7 +314,7 @@ class _Plan:
             scale=self.scale,
             bias=self._own_bias(q.dtype, q.device),
             causal=self.causal,
-        )  # (B, H*n, b, D) each
+        )  # (B*H*n, 1, b, D) each
         shape = (self.batch, self.heads, self.n_blocks * self.block, self.head_dim)
         return [g.reshape(shape)[:, :, : self.length].contiguous() for g in grads]
 
