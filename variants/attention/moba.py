@@ -10,11 +10,13 @@ other block is a candidate (a short last block scored by the mean of its real ke
 block is seen whole.
 
 How it runs (`SelectedBlocks`), without any per-query gather of keys: the own block is one
-blockwise attention (blocks as heads, the fused kernel's causal flag). For the selected blocks
-MoBA's own implementation is turned around: every (query, selected block) pair is sorted by
-block, each block's queries are cut into tiles of `block_size` rows, and one fused attention
+blockwise attention (blocks as the batch, the fused kernel's causal flag). For the selected
+blocks MoBA's own implementation is turned around: every (query, selected block) pair is sorted
+by block, each block's queries are cut into tiles of TILE_ROWS rows, and one fused attention
 runs each tile's queries against its block's keys (a batch of tiles, chunked to bound memory).
-The pieces (own block and up to top_k - 1 others) are merged by their logsumexps, and the
+Each chunk's parts are folded into per-query running sums as they come out (outputs weighted
+by exp(lse - reference), the own block's lse the first reference), so no per-part output is
+kept: the result is the logsumexp merge of the own block and up to top_k - 1 others. The
 backward runs each piece's attention backward given the merged output and logsumexp
 (`variants.attention.flash`). Memory O(L top_k d); time O(L top_k b d + L (L / b) d), the
 second term the routing scores.

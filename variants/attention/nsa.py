@@ -24,9 +24,9 @@ Output g_cmp o_cmp + g_sel o_sel + g_win o_win with the gates `gates[..., 0]`, `
 `[..., 2]` in (0, 1) per head and position (the layer computes them from the token).
 
 Causal only: every branch is defined on the past. The selected branch is MoBA's kernel
-(`moba.SelectedBlocks`), the window one `combined`'s block-sparse tiles over the pattern
-Band(window) & Causal, and the compressed one a fused attention over row ranges, each range
-against the compressed keys its last row may see, with a bias for the rest.
+(`moba.SelectedBlocks`), the window one `WindowBranch` (query tiles against an overlapping
+view of the keys, one band bias) and the compressed one a fused attention over row ranges,
+each range against the compressed keys its last row may see, with a bias for the rest.
 
 Decoding (`cache.BlockKVCache`): every raw key and value (a later query may select any block,
 and the window is the cache's last `window` positions) and the compressed key and value of
