@@ -10,11 +10,13 @@ other block is a candidate (a short last block scored by the mean of its real ke
 block is seen whole.
 
 How it runs (`SelectedBlocks`), without any per-query gather of keys: the own block is one
-blockwise attention (blocks as heads, the fused kernel's causal flag). For the selected blocks
-MoBA's own implementation is turned around: every (query, selected block) pair is sorted by
-block, each block's queries are cut into tiles of `block_size` rows, and one fused attention
+blockwise attention (blocks as the batch, the fused kernel's causal flag). For the selected
+blocks MoBA's own implementation is turned around: every (query, selected block) pair is sorted
+by block, each block's queries are cut into tiles of TILE_ROWS rows, and one fused attention
 runs each tile's queries against its block's keys (a batch of tiles, chunked to bound memory).
-The pieces (own block and up to top_k - 1 others) are merged by their logsumexps, and the
+Each chunk's parts are folded into per-query running sums as they come out (outputs weighted
+by exp(lse - reference), the own block's lse the first reference), so no per-part output is
+kept: the result is the logsumexp merge of the own block and up to top_k - 1 others. The
 backward runs each piece's attention backward given the merged output and logsumexp
 (`variants.attention.flash`). Memory O(L top_k d); time O(L top_k b d + L (L / b) d), the
 second term the routing scores.
@@ -41,13 +43,17 @@ from variants.attention.local import to_blocks
 from variants.checks import require_positive_int
 from variants.registry import register_attention
 
-# Queries scored against every block mean at a time (the routing scores are (B, H, rows, n)).
-SCORE_ROWS = 4096
+# Queries scored against the block means at a time (the routing scores are (B, H, rows, n);
+# causally only the blocks before the rows' last own block: shorter ranges skip more).
+SCORE_ROWS = 1024
 # Bytes of gathered keys and values per fused call over tiles (as combined.CHUNK_BYTES).
 CHUNK_BYTES = 8 * 2**20
 # Query rows per tile: one block's queries are cut into tiles of this many (the last one
 # padded); longer tiles mean fewer, larger attention calls for the fused kernel.
 TILE_ROWS = 256
+# The largest log-weight a part gets in the running merge (`_Plan.tiles_forward`): weights
+# stay at most exp(20) ~ 5e8 of their query's reference, far from overflow in float32.
+SHIFT_LIMIT = 20.0
 
 
 @register_attention
@@ -150,15 +156,20 @@ def top_blocks(
     selected = selected.to(q.device)
     if slots <= 0:
         return selected
-    block_ids = torch.arange(n_blocks, device=q.device)
     for first in range(0, length, SCORE_ROWS):
         rows = slice(first, min(first + SCORE_ROWS, length))
-        scores = q[:, :, rows] @ summaries.transpose(-1, -2)  # (B, H, r, n)
+        # Causally no row of the range sees a block from its last row's own block on.
+        count = (rows.stop - 1) // block if causal else n_blocks
+        take = min(slots, count)
+        if take <= 0:
+            continue
+        scores = q[:, :, rows] @ summaries[:, :, :count].transpose(-1, -2)  # (B, H, r, c)
         own = (torch.arange(rows.start, rows.stop, device=q.device) // block)[:, None]  # (r, 1)
-        hidden = block_ids >= own if causal else block_ids == own  # (r, n)
+        block_ids = torch.arange(count, device=q.device)
+        hidden = block_ids >= own if causal else block_ids == own  # (r, c)
         scores.masked_fill_(hidden, float("-inf"))
-        best, index = scores.topk(slots, dim=-1)  # (B, H, r, S) each
-        selected[:, :, rows] = index.masked_fill_(best == float("-inf"), -1)
+        best, index = scores.topk(take, dim=-1)  # (B, H, r, take) each
+        selected[:, :, rows, :take] = index.masked_fill_(best == float("-inf"), -1)
     return selected
 
 
@@ -204,8 +215,7 @@ class SelectedBlocks(torch.autograd.Function):
         plan = _Plan(q, selected, block, causal)
         out, lse = plan.own_forward(q, k, v)  # (B, H, L, D), (B, H, L)
         if plan.n_entries:
-            parts_out, parts_lse = plan.tiles_forward(q, k, v)  # (E, D), (E,)
-            out, lse = plan.merge(out, lse, parts_out, parts_lse)
+            out, lse = plan.tiles_forward(q, k, v, out, lse)
         ctx.plan = plan
         ctx.save_for_backward(q, k, v, out, lse)
         return out
@@ -232,39 +242,30 @@ class _Plan:
         self.n_blocks = -(-self.length // block)
         self.scale = self.head_dim**-0.5
         n_seq = self.batch * self.heads
-        slots = selected.shape[-1]
-        flat = selected.reshape(n_seq, self.length * slots)  # (S', L*S)
-        valid = (flat >= 0).flatten()
-        entry = valid.nonzero().squeeze(1)  # (E,) index into (S', L, S)
+        flat = selected.reshape(-1)  # (S'*L*S,)
+        entry = (flat >= 0).nonzero().squeeze(1)  # (E,) index into (S', L, S)
         self.n_entries = entry.numel()
-        self.slots = slots
         if not self.n_entries:
             return
-        seq = entry // (self.length * slots)
-        query = (entry // slots) % self.length
-        group = seq * self.n_blocks + flat.flatten()[entry]  # (E,) key block of sequence
-        order = torch.sort(group, stable=True).indices
-        entry, seq, query, group = entry[order], seq[order], query[order], group[order]
+        query = entry // selected.shape[-1]  # (E,) query row of (S'*L)
+        group = query // self.length * self.n_blocks + flat[entry]  # (E,) key block of sequence
+        group, order = torch.sort(group, stable=True)
+        query = query[order]
         counts = torch.bincount(group, minlength=n_seq * self.n_blocks)  # (G,)
-        starts = counts.cumsum(0) - counts
-        rank = torch.arange(self.n_entries, device=q.device) - starts[group]
         rows = self.rows = TILE_ROWS
         tiles_per_group = -(-counts // rows)
-        tile_start = tiles_per_group.cumsum(0) - tiles_per_group
-        tile = tile_start[group] + rank // rows  # (E,)
         self.n_tiles = int(tiles_per_group.sum())
         self.tile_group = torch.repeat_interleave(
             torch.arange(counts.numel(), device=q.device), tiles_per_group
         )  # (T,)
-        # Each tile row: its entry (a row of the merged parts) and its query row in (S'*L + 1):
-        # unused rows point at an extra zero row.
-        self.row_entry = entry
-        self.row_slot = tile * rows + rank % rows  # (E,) rows of the (T * rows) tile layout
-        row_query = torch.full((self.n_tiles * rows,), n_seq * self.length, device=q.device)
-        row_query[self.row_slot] = seq * self.length + query
-        self.row_query = row_query  # (T*rows,)
-        self.entry_query = seq * self.length + query  # (E,)
-        self.bias = None
+        # Each tile row's query row in (S'*L + 1); unused rows point at an extra zero row. The
+        # entries of a group are consecutive: entry e goes to row e - (first entry of its
+        # group) of the group's first tile.
+        tile_start = tiles_per_group.cumsum(0) - tiles_per_group
+        shift = tile_start * rows - (counts.cumsum(0) - counts)  # (G,)
+        slot = torch.arange(self.n_entries, device=q.device) + shift[group]  # (E,)
+        self.row_query = torch.full((self.n_tiles * rows,), n_seq * self.length, device=q.device)
+        self.row_query[slot] = query  # (T*rows,)
         if not causal and self.length % block:
             # Bidirectionally the short last block's padded keys must be hidden.
             last = (self.tile_group % self.n_blocks) == self.n_blocks - 1  # (T,)
@@ -277,16 +278,17 @@ class _Plan:
 
     # --- own block ---------------------------------------------------------------------------
     def _own(self, x: torch.Tensor) -> torch.Tensor:
-        """(B, H, L, E) -> (B, H*n, b, E), zero-padded."""
+        """(B, H, L, E) -> (B*H*n, 1, b, E), zero-padded: blocks as the batch, so that the
+        kernels' (batch, length, 1, E) results are these shapes without a copy."""
         blocks = to_blocks(x, self.block)  # (B, H, n, b, E)
-        return blocks.reshape(self.batch, self.heads * self.n_blocks, self.block, x.shape[-1])
+        return blocks.reshape(-1, 1, self.block, x.shape[-1])
 
     def _own_bias(self, dtype, device):
         if self.causal or self.length % self.block == 0:
             return None  # causally a padded key comes after every real query
         pad = torch.arange(self.n_blocks * self.block, device=device) >= self.length
         hidden = pad.view(self.n_blocks, 1, self.block).expand(-1, self.block, -1)
-        hidden = hidden.repeat(self.heads, 1, 1)[None]  # (1, H*n, b, b)
+        hidden = hidden.repeat(self.batch * self.heads, 1, 1)[:, None]  # (B*H*n, 1, b, b)
         return flash.hidden_bias(hidden, dtype)
 
     def own_forward(self, q, k, v):
@@ -297,7 +299,7 @@ class _Plan:
             scale=self.scale,
             bias=self._own_bias(q.dtype, q.device),
             causal=self.causal,
-        )  # (B, H*n, b, D), (B, H*n, b)
+        )  # (B*H*n, 1, b, D), (B*H*n, 1, b)
         shape = (self.batch, self.heads, self.n_blocks * self.block)
         out = out.reshape(*shape, self.head_dim)[:, :, : self.length]
         lse = lse.reshape(shape)[:, :, : self.length]
@@ -314,15 +316,22 @@ class _Plan:
             scale=self.scale,
             bias=self._own_bias(q.dtype, q.device),
             causal=self.causal,
-        )  # (B, H*n, b, D) each
+        )  # (B*H*n, 1, b, D) each
         shape = (self.batch, self.heads, self.n_blocks * self.block, self.head_dim)
         return [g.reshape(shape)[:, :, : self.length].contiguous() for g in grads]
 
     # --- selected blocks ---------------------------------------------------------------------
-    def _flat_rows(self, x: torch.Tensor) -> torch.Tensor:
-        """(B, H, L, E) -> (B*H*L + 1, E): every query row, plus a zero row for unused slots."""
-        rows = x.reshape(-1, x.shape[-1])
-        return torch.cat([rows, rows.new_zeros(1, x.shape[-1])])
+    def _flat_rows(self, *xs: torch.Tensor) -> torch.Tensor:
+        """(B, H, L, E) tensors side by side -> (B*H*L + 1, sum E): every query row, plus a
+        zero row for unused tile rows."""
+        width = sum(x.shape[-1] for x in xs)
+        rows = xs[0].new_empty(self.batch * self.heads * self.length + 1, width)
+        rows[-1] = 0
+        first = 0
+        for x in xs:
+            rows[:-1, first : first + x.shape[-1]] = x.reshape(-1, x.shape[-1])
+            first += x.shape[-1]
+        return rows
 
     def _flat_blocks(self, x: torch.Tensor) -> torch.Tensor:
         """(B, H, L, D) -> (B*H*n, b, D), zero-padded: key blocks by group index."""
@@ -332,10 +341,16 @@ class _Plan:
         for first in range(0, self.n_tiles, self.chunk):
             yield first, min(first + self.chunk, self.n_tiles)
 
-    def _tile_rows(self, rows: torch.Tensor, first: int, end: int) -> torch.Tensor:
-        """Tiles [first, end) of `_flat_rows` as (m, 1, TILE_ROWS, E)."""
+    def _row_buffer(self, rows: torch.Tensor) -> torch.Tensor:
+        """One chunk's worth of gathered `_flat_rows`, reused by every chunk: a fresh buffer per
+        chunk costs its page faults again (as much as the gather)."""
+        return rows.new_empty(self.chunk * self.rows, rows.shape[-1])
+
+    def _tile_rows(self, rows: torch.Tensor, buffer: torch.Tensor, first: int, end: int):
+        """Tiles [first, end) of `_flat_rows`, gathered into `buffer`: (m, 1, TILE_ROWS, E)."""
         index = self.row_query[first * self.rows : end * self.rows]
-        return rows.index_select(0, index).view(end - first, 1, self.rows, -1)
+        gathered = torch.index_select(rows, 0, index, out=buffer[: index.numel()])
+        return gathered.view(end - first, 1, self.rows, -1)
 
     def _tile_keys(self, blocks: torch.Tensor, first: int, end: int) -> torch.Tensor:
         return blocks.index_select(0, self.tile_group[first:end]).unsqueeze(1)  # (m, 1, b, D)
@@ -345,65 +360,92 @@ class _Plan:
             return None
         return flash.hidden_bias(self.hidden[first:end, None, None, :], dtype)  # (m, 1, 1, b)
 
-    def tiles_forward(self, q, k, v):
-        """Every (query, selected block) part: out (E, D) and lse (E,), in entry order."""
-        q_rows = self._flat_rows(q)
+    def tiles_forward(self, q, k, v, out, lse):
+        """The own-block result `out` (B, H, L, D) and `lse` (B, H, L) merged with every
+        (query, selected block) part, chunk by chunk as the parts come out of the tiles:
+        returns the merged output and logsumexp, same shapes.
+
+        Each query keeps a running sum of its parts' outputs weighted by exp(lse_part - ref),
+        their sum of weights, and a reference `ref` (its own block's lse to start with), so no
+        per-part output outlives its chunk. A part more than SHIFT_LIMIT above its query's
+        ref first raises that ref to it (rescaling the sums): no weight exceeds
+        exp(SHIFT_LIMIT), so nothing overflows, and the result is the logsumexp merge's.
+        """
+        acc_dtype = lse.dtype  # float32 for half types, as the kernels' logsumexp
+        n_rows = self.batch * self.heads * self.length
+        q_rows = self._flat_rows(q)  # (S'*L + 1, D)
+        q_buffer = self._row_buffer(q_rows)
         k_blocks, v_blocks = self._flat_blocks(k), self._flat_blocks(v)
-        lse_dtype = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
-        tile_out = q.new_empty(self.n_tiles * self.rows, self.head_dim)
-        tile_lse = torch.empty(self.n_tiles * self.rows, dtype=lse_dtype, device=q.device)
+        # Running state per query row, plus the extra row unused tile rows point at.
+        extra = out.new_zeros(1, self.head_dim, dtype=acc_dtype)
+        acc = torch.cat([out.reshape(n_rows, -1).to(acc_dtype), extra])  # (S'*L + 1, D)
+        ref = torch.cat([lse.reshape(n_rows), lse.new_zeros(1)])  # (S'*L + 1,)
+        norm = torch.ones_like(ref)
         for first, end in self._chunks():
-            out, lse = flash.attend(
-                self._tile_rows(q_rows, first, end),
+            part_out, part_lse = flash.attend(
+                self._tile_rows(q_rows, q_buffer, first, end),
                 self._tile_keys(k_blocks, first, end),
                 self._tile_keys(v_blocks, first, end),
                 scale=self.scale,
                 bias=self._tile_bias(first, end, q.dtype),
             )  # (m, 1, rows, D), (m, 1, rows)
-            rows = slice(first * self.rows, end * self.rows)
-            tile_out[rows] = out.reshape(-1, self.head_dim)
-            tile_lse[rows] = lse.reshape(-1)
-        return tile_out[self.row_slot], tile_lse[self.row_slot]
-
-    def merge(self, out, lse, parts_out, parts_lse):
-        """The own-block result merged with every part: (B, H, L, D), (B, H, L)."""
-        flat_lse = lse.reshape(-1).clone()  # (S'*L,)
-        total = flat_lse.clone()
-        # logsumexp over each query's parts: the running max, then sums of exponentials.
-        top = total.scatter_reduce(0, self.entry_query, parts_lse, reduce="amax")  # (S'*L,)
-        weights = (flat_lse - top).exp()  # own part
-        part_weights = (parts_lse - top[self.entry_query]).exp()  # (E,)
-        norm = weights.index_add(0, self.entry_query, part_weights)  # (S'*L,)
-        merged = out.reshape(-1, self.head_dim) * (weights / norm)[:, None].to(out.dtype)
-        shares = (part_weights / norm[self.entry_query])[:, None].to(out.dtype)
-        merged = merged.index_add(0, self.entry_query, parts_out * shares)
-        merged_lse = top + norm.log()
+            index = self.row_query[first * self.rows : end * self.rows]  # (m*rows,)
+            part_lse = part_lse.reshape(-1)
+            shift = part_lse - ref[index]
+            if bool((shift > SHIFT_LIMIT).any()):
+                _raise_ref(acc, norm, ref, index, part_lse)
+                shift = part_lse - ref[index]
+            weight = shift.exp_()  # (m*rows,)
+            part_out = part_out.reshape(-1, self.head_dim).to(acc_dtype)
+            acc.index_add_(0, index, part_out.mul_(weight[:, None]))
+            norm.index_add_(0, index, weight)
         shape = (self.batch, self.heads, self.length)
-        return merged.view(*shape, self.head_dim), merged_lse.view(shape)
+        merged = acc[:-1].div_(norm[:-1, None]).to(out.dtype).view(*shape, self.head_dim)
+        merged_lse = ref[:-1].add_(norm[:-1].log_()).view(shape)
+        return merged, merged_lse
 
     def tiles_backward(self, grad_out, q, k, v, out, lse, grads):
-        q_rows, g_rows, o_rows = (self._flat_rows(x) for x in (q, grad_out, out))
-        l_rows = self._flat_rows(lse.unsqueeze(-1))  # (S'*L + 1, 1)
+        d = self.head_dim
+        # q and out side by side (one gather per tile); grad_out apart, since the fused
+        # backward copies a strided grad_out to a contiguous one.
+        qo_rows, g_rows = self._flat_rows(q, out), self._flat_rows(grad_out)  # (S'*L + 1, 2D | D)
+        qo_buffer, g_buffer = self._row_buffer(qo_rows), self._row_buffer(g_rows)
+        l_rows = torch.cat([lse.reshape(-1), lse.new_zeros(1)])  # (S'*L + 1,)
         k_blocks, v_blocks = self._flat_blocks(k), self._flat_blocks(v)
-        grad_q = torch.zeros_like(q_rows)  # (S'*L + 1, D)
+        grad_q = q.new_zeros(g_rows.shape)  # (S'*L + 1, D)
         grad_k, grad_v = torch.zeros_like(k_blocks), torch.zeros_like(v_blocks)  # (G, b, D)
         for first, end in self._chunks():
+            index = self.row_query[first * self.rows : end * self.rows]  # (m*rows,)
+            qo = self._tile_rows(qo_rows, qo_buffer, first, end)  # (m, 1, rows, 2D)
             dq, dk, dv = flash.attend_backward(
-                self._tile_rows(g_rows, first, end),
-                self._tile_rows(q_rows, first, end),
+                self._tile_rows(g_rows, g_buffer, first, end),
+                qo[..., :d],
                 self._tile_keys(k_blocks, first, end),
                 self._tile_keys(v_blocks, first, end),
-                self._tile_rows(o_rows, first, end),
-                self._tile_rows(l_rows, first, end).squeeze(-1),
+                qo[..., d:],
+                l_rows.index_select(0, index).view(end - first, 1, self.rows),
                 scale=self.scale,
                 bias=self._tile_bias(first, end, q.dtype),
             )  # (m, 1, rows, D), (m, 1, b, D) twice
-            index = self.row_query[first * self.rows : end * self.rows]
-            grad_q.index_add_(0, index, dq.reshape(-1, self.head_dim))
+            grad_q.index_add_(0, index, dq.reshape(-1, d))
             group = self.tile_group[first:end]
             grad_k.index_add_(0, group, dk.squeeze(1))
             grad_v.index_add_(0, group, dv.squeeze(1))
-        shape = (self.batch, self.heads, -1, self.head_dim)
+        shape = (self.batch, self.heads, -1, d)
         grads[0] += grad_q[:-1].view(q.shape)
         grads[1] += grad_k.view(shape)[:, :, : self.length]
         grads[2] += grad_v.view(shape)[:, :, : self.length]
+
+
+def _raise_ref(acc, norm, ref, index, part_lse) -> None:
+    """Raise each query's reference `ref` to the largest of its parts' `part_lse` where that is
+    higher, rescaling its running sums `acc` (rows, D) and `norm` (rows,) to match, in place.
+    index: (r,) query row of each part, repeats allowed (a query's parts in one chunk)."""
+    old = ref[index]  # (r,)
+    ref.scatter_reduce_(0, index, part_lse, reduce="amax")
+    new = ref[index]
+    raised = new > old
+    rows = index[raised]  # repeats write the same value
+    factor = (old[raised] - new[raised]).exp_()
+    acc[rows] = acc[rows] * factor[:, None]
+    norm[rows] = norm[rows] * factor

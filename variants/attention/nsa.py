@@ -24,9 +24,9 @@ Output g_cmp o_cmp + g_sel o_sel + g_win o_win with the gates `gates[..., 0]`, `
 `[..., 2]` in (0, 1) per head and position (the layer computes them from the token).
 
 Causal only: every branch is defined on the past. The selected branch is MoBA's kernel
-(`moba.SelectedBlocks`), the window one `combined`'s block-sparse tiles over the pattern
-Band(window) & Causal, and the compressed one a fused attention over row ranges, each range
-against the compressed keys its last row may see, with a bias for the rest.
+(`moba.SelectedBlocks`), the window one `WindowBranch` (query tiles against an overlapping
+view of the keys, one band bias) and the compressed one a fused attention over row ranges,
+each range against the compressed keys its last row may see, with a bias for the rest.
 
 Decoding (`cache.BlockKVCache`): every raw key and value (a later query may select any block,
 and the window is the cache's last `window` positions) and the compressed key and value of
@@ -45,11 +45,9 @@ import torch.nn.functional as F
 from torch import nn
 from torch.autograd.function import once_differentiable
 
-from variants import patterns
 from variants.attention import flash
 from variants.attention.base import Attention, pad_to_multiple
 from variants.attention.cache import BlockKVCache, attend_prefix
-from variants.attention.combined import CombinedPieces, Plan, _tile_lists
 from variants.attention.compressed import block_mean
 from variants.attention.moba import (
     SelectedBlocks,
@@ -63,6 +61,12 @@ from variants.registry import register_attention
 COMPRESS = ("mean", "mlp")
 # Query rows per fused call of the compressed branch (its bias is rows x blocks).
 ROWS = 2048
+# Query rows per tile of the window branch: each tile attends to window + WINDOW_ROWS keys,
+# so longer tiles mean fewer, larger fused calls but more hidden pairs scored.
+WINDOW_ROWS = 128
+# Bytes of key and value gradients per fused backward call of the window branch (temporaries
+# of a few MiB are reused between calls; fresh large ones cost their page faults each time).
+WINDOW_CHUNK_BYTES = 8 * 2**20
 
 
 @register_attention
@@ -101,7 +105,6 @@ class NSAAttention(Attention):
         if self.compress == "mlp":
             self.key_mlp = BlockMLP(block_size, head_dim)
             self.value_mlp = BlockMLP(block_size, head_dim)
-        self._plans: dict = {}
 
     def compressed(self, x: torch.Tensor, mlp: BlockMLP | None) -> torch.Tensor:
         """One vector per block of `block_size`: (B, H, L, D) -> (B, H, ceil(L / b), D). A short
@@ -110,31 +113,6 @@ class NSAAttention(Attention):
         if mlp is None:
             return block_mean(x, self.block_size)
         return mlp(x)
-
-    def window_plan(self, seq_len: int, device) -> Plan:
-        """`combined`'s tiles for the pattern Band(window) & Causal at `seq_len` (cached)."""
-        key = (seq_len, torch.device(device))
-        if key not in self._plans:
-            self._plans.clear()  # one length at a time is what a model runs
-            pattern = patterns.Band(self.window) & patterns.Causal()
-            block = min(self.block_size, seq_len)
-            tiles, kinds, hidden = _tile_lists(pattern, seq_len, block)
-            plan = Plan(
-                seq_len=seq_len,
-                block=block,
-                tile_pattern=pattern,
-                tiles=tiles,
-                kinds=kinds,
-                hidden=hidden,
-                stride=None,
-                summary=None,
-                summary_keys=None,
-                global_rows=0,
-                causal=True,
-                pieces={"tiles": pattern},
-            )
-            self._plans[key] = plan.to(device)
-        return self._plans[key]
 
     def _check_head_dim(self, head_dim: int) -> None:
         if self.compress == "mlp" and head_dim != self.head_dim:
@@ -151,7 +129,7 @@ class NSAAttention(Attention):
         with torch.no_grad():
             selected = top_blocks(q, keys, self.block_size, self.n_select - 1, causal=True)
         out_sel = SelectedBlocks.apply(q, k, v, selected, self.block_size, True)
-        out_win = CombinedPieces.apply(q, k, v, self.window_plan(q.shape[2], q.device))
+        out_win = WindowBranch.apply(q, k, v, self.window)
         g = gates.to(q.dtype)
         return g[..., 0:1] * out_cmp + g[..., 1:2] * out_sel + g[..., 2:3] * out_win
 
@@ -293,3 +271,130 @@ def _row_ranges(q: torch.Tensor, block: int):
         hidden = blocks[None, :] >= ((position + 1) // block)[:, None]  # (r, m)
         bias = flash.hidden_bias(hidden, q.dtype)[None, None] if bool(hidden.any()) else None
         yield rows, count, bias
+
+
+class WindowBranch(torch.autograd.Function):
+    """Each query at i over the keys i - window < j <= i, no gather: queries in tiles of
+    WINDOW_ROWS rows, each tile against the window + rows keys that end at its last row, an
+    overlapping view of the keys front-padded by `window` zeros. One band bias serves every
+    tile (the first tiles' also hides the padding); the backward adds each tile's key and
+    value gradients back where the tiles overlap.
+
+    q, k, v: (B, H, L, D); returns (B, H, L, D). Saves the padded q, k, v, output and
+    logsumexp: O(L d).
+    """
+
+    @staticmethod
+    def forward(ctx, q, k, v, window):
+        tiles = _WindowTiles(q, window)
+        qp, kp, vp = tiles.pad_queries(q), tiles.pad_keys(k), tiles.pad_keys(v)
+        out = torch.empty_like(qp)  # (S', n, rows, D)
+        lse_dtype = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
+        lse = torch.empty(out.shape[:3], dtype=lse_dtype, device=q.device)  # (S', n, rows)
+        for first, end in tiles.chunks():
+            out[:, first:end], lse[:, first:end] = flash.attend(
+                qp[:, first:end],
+                tiles.keys(kp, first, end),
+                tiles.keys(vp, first, end),
+                scale=_scale(q),
+                bias=tiles.bias(first, end, q.dtype),
+            )  # (S', m, rows, D), (S', m, rows)
+        ctx.tiles = tiles
+        ctx.save_for_backward(qp, kp, vp, out, lse)
+        return tiles.unpad_queries(out)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_out):
+        qp, kp, vp, out, lse = ctx.saved_tensors
+        tiles = ctx.tiles
+        grad = tiles.pad_queries(grad_out)  # (S', n, rows, D)
+        grad_q = torch.empty_like(qp)
+        grad_k, grad_v = torch.zeros_like(kp), torch.zeros_like(vp)  # (S', window + n rows, D)
+        for first, end in tiles.chunks():
+            grad_q[:, first:end], dk, dv = flash.attend_backward(
+                grad[:, first:end],
+                qp[:, first:end],
+                tiles.keys(kp, first, end),
+                tiles.keys(vp, first, end),
+                out[:, first:end],
+                lse[:, first:end],
+                scale=_scale(qp),
+                bias=tiles.bias(first, end, qp.dtype),
+            )  # (S', m, rows, D), (S', m, window + rows, D) twice
+            tiles.add_keys(grad_k, dk, first, end)
+            tiles.add_keys(grad_v, dv, first, end)
+        return (
+            tiles.unpad_queries(grad_q),
+            tiles.unpad_keys(grad_k),
+            tiles.unpad_keys(grad_v),
+            None,
+        )
+
+
+class _WindowTiles:
+    """The layout of `WindowBranch` at one shape: n tiles of `rows` queries; tile t holds the
+    queries [t rows, (t + 1) rows) and the keys [t rows - w, (t + 1) rows) with w = min(window,
+    L) (more is never visible), i.e. rows [t rows, t rows + w + rows) of the padded keys."""
+
+    def __init__(self, q: torch.Tensor, window: int):
+        self.batch, self.heads, self.length, self.head_dim = q.shape
+        self.window = min(window, self.length)
+        self.rows = min(WINDOW_ROWS, self.length)
+        self.n_tiles = -(-self.length // self.rows)
+        self.width = self.window + self.rows  # keys per tile
+        per_tile = 2 * self.batch * self.heads * self.width * self.head_dim * q.element_size()
+        self.chunk = max(1, WINDOW_CHUNK_BYTES // per_tile)
+        # Query row r of a tile sees key column c where r < c <= r + w (i - w < j <= i).
+        row = torch.arange(self.rows, device=q.device)[:, None]
+        column = torch.arange(self.width, device=q.device)[None, :]
+        self.hidden = (column <= row) | (column > row + self.window)  # (rows, w + rows)
+        self.column = column
+
+    def chunks(self):
+        for first in range(0, self.n_tiles, self.chunk):
+            yield first, min(first + self.chunk, self.n_tiles)
+
+    def pad_queries(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, H, L, D) -> (S', n, rows, D), zero rows after the last query."""
+        padded = F.pad(x, (0, 0, 0, self.n_tiles * self.rows - self.length))
+        return padded.reshape(-1, self.n_tiles, self.rows, self.head_dim)
+
+    def unpad_queries(self, x: torch.Tensor) -> torch.Tensor:
+        shape = (self.batch, self.heads, self.n_tiles * self.rows, self.head_dim)
+        return x.reshape(shape)[:, :, : self.length]
+
+    def pad_keys(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, H, L, D) -> (S', w + n rows, D): w zero rows before the first key (and zeros
+        after the last, up to the last tile's end)."""
+        padded = F.pad(x, (0, 0, self.window, self.n_tiles * self.rows - self.length))
+        return padded.reshape(-1, self.window + self.n_tiles * self.rows, self.head_dim)
+
+    def unpad_keys(self, x: torch.Tensor) -> torch.Tensor:
+        shape = (self.batch, self.heads, -1, self.head_dim)
+        return x.view(shape)[:, :, self.window : self.window + self.length]
+
+    def keys(self, padded: torch.Tensor, first: int, end: int) -> torch.Tensor:
+        """Tiles [first, end) of `pad_keys`: an overlapping view (S', m, w + rows, D)."""
+        step, d = padded.stride(0), self.head_dim
+        shape, strides = (padded.shape[0], end - first, self.width, d), (step, self.rows * d, d, 1)
+        return padded.as_strided(shape, strides, padded.storage_offset() + first * self.rows * d)
+
+    def add_keys(self, total: torch.Tensor, tiles: torch.Tensor, first: int, end: int) -> None:
+        """Add the tiles' key gradients (S', m, w + rows, D) into `total`, the `pad_keys`
+        layout, in slices of `rows` columns (no slice overlaps another of the same tile)."""
+        step, d = total.stride(0), self.head_dim
+        for start in range(0, self.width, self.rows):
+            size = min(self.rows, self.width - start)
+            shape, strides = (total.shape[0], end - first, size, d), (step, self.rows * d, d, 1)
+            offset = total.storage_offset() + (first * self.rows + start) * d
+            total.as_strided(shape, strides, offset).add_(tiles[:, :, start : start + size])
+
+    def bias(self, first: int, end: int, dtype: torch.dtype) -> torch.Tensor:
+        """The band bias of tiles [first, end): (1, 1, rows, w + rows), or (1, m, rows, w +
+        rows) where a tile's keys start before position 0 (padding hidden too)."""
+        if first * self.rows >= self.window:
+            return flash.hidden_bias(self.hidden, dtype)[None, None]
+        tile = torch.arange(first, end, device=self.hidden.device)[:, None, None]
+        before = tile * self.rows - self.window + self.column < 0  # (m, 1, w + rows)
+        return flash.hidden_bias(self.hidden | before, dtype)[None]

@@ -6,8 +6,18 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tests.reference import Gated, assert_causal, nsa_reference, qkv
+from tests.reference import (
+    Gated,
+    assert_causal,
+    band_rule,
+    causal_rule,
+    dense_attention,
+    nsa_reference,
+    qkv,
+    rule_mask,
+)
 from variants import UnsupportedCombination, build_attention
+from variants.attention import nsa
 
 HEAD_DIM = 8
 
@@ -73,6 +83,27 @@ def test_nsa_equals_the_reference_forward_and_gradients(
     )
     for a, b in zip(got, want, strict=True):
         torch.testing.assert_close(a, b)
+
+
+@pytest.mark.parametrize("window", [1, 4, 6, 11, 100])
+def test_nsa_window_branch_over_several_tiles_and_chunks(flash_kernels, monkeypatch, window):
+    """The window branch alone in tiles of 4 queries (the last one short), one tile or two per
+    fused call: forward and gradients as dense attention over i - window < j <= i."""
+    monkeypatch.setattr(nsa, "WINDOW_ROWS", 4)
+    q, k, v = qkv(1, 2, 23, HEAD_DIM, seed=window)
+    mask = rule_mask(23, lambda i, j: causal_rule(i, j) and band_rule(window)(i, j))
+    for tiles_per_call in (1, 2):
+        width = min(window, 23) + 4
+        monkeypatch.setattr(nsa, "WINDOW_CHUNK_BYTES", tiles_per_call * 2 * 2 * width * 8 * 8)
+        x = [t.clone().requires_grad_() for t in (q, k, v)]
+        out = nsa.WindowBranch.apply(*x, window)
+        expected = dense_attention(*x, mask)
+        torch.testing.assert_close(out, expected)
+        weights = torch.randn_like(out)
+        got = torch.autograd.grad((out * weights).sum(), x)
+        want = torch.autograd.grad((expected * weights).sum(), x)
+        for a, b in zip(got, want, strict=True):
+            torch.testing.assert_close(a, b)
 
 
 def test_nsa_is_causal():
