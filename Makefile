@@ -23,7 +23,8 @@ help:  ## list targets
 setup: $(STAMP)  ## create .venv and install torch, the project and its dev extra
 
 # The main job (its budget is 15 minutes on 2 CPU cores: docs/running.md): what each
-# variant costs. Every causal variant over RUN_SEQ_LENS, each job timing its kernel in rounds
+# variant costs. Every causal variant over RUN_SEQ_LENS, one job per free core on one thread each
+# (the scaling preset's launcher), each job timing its kernel in rounds
 # alternating with SDPA (the crossovers) and measuring its approximation error on a trained
 # reference; the O(L²) form once per length, timed the same way against SDPA, with its memory
 # (every variant's speed-up over it is chained through that job: analysis/scaling.py CHAINED);
