@@ -192,7 +192,7 @@ def _stage_recorder(config, rec, out_dir: Path, tracker, steps: history.History,
     """Record each finished curriculum stage as its own configuration, as soon as it ends.
 
     A stage's record is the job's config at the stage's seq_len and batch_size
-    (`curriculum.stage_config`), in `<job dir>/stages/<seq_len>/result.json`, where the store,
+    (`curriculum.stage_config`), in `<job dir>/stages/<label>/result.json`, where the store,
     resume and the report find it like any other record, with the job's history up to the end
     of the stage beside it. A stage record of another configuration found there is displaced,
     never overwritten (`_displace_other_stage`).
@@ -202,7 +202,7 @@ def _stage_recorder(config, rec, out_dir: Path, tracker, steps: history.History,
         staged = curriculum.stage_config(config, stage)
         stage_rec = {
             **rec,
-            "job": f"{rec['job']}/{stage.seq_len}",
+            "job": f"{rec['job']}/{stage.label}",
             "config_hash": record.config_hash(staged),
             **record.config_columns(staged),
             **columns,
@@ -211,7 +211,7 @@ def _stage_recorder(config, rec, out_dir: Path, tracker, steps: history.History,
             **record.provenance(torch.device(columns["device"])),
             "offline_run_dir": None if tracker.run_dir is None else str(tracker.run_dir),
         }
-        path = out_dir / "stages" / str(stage.seq_len) / "result.json"
+        path = out_dir / "stages" / stage.label / "result.json"
         _displace_other_stage(path, stage_rec["config_hash"])
         steps.write(history.beside(path))
         record.write_json_atomic(path, stage_rec)
