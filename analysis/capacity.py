@@ -1,7 +1,8 @@
 """Recall capacity (Zoology's MQAR axis): accuracy against the number of key-value pairs.
 
 From the records of a sweep that trains at one length over several `task.n_pairs` (the
-`capacity` preset): per variant and head dim (d_model / n_heads), the trained accuracy at each
+`capacity` preset, where one model per variant, head dim and seed trains on a mixture of counts
+and is recorded at each): per variant and head dim (d_model / n_heads), the trained accuracy at each
 number of pairs, and the variant's *capacity*: the largest n_pairs up to which it stays within
 `WITHIN` of exact attention's accuracy at the same head dim (every smaller point too).
 Fixed-state kernels (linear, Performer) are expected to fall as the pairs outgrow their state,
@@ -19,6 +20,9 @@ from analysis.load import format_value
 from analysis.tables import Table
 
 PAIRS = "task.n_pairs"
+MIXTURE = (
+    "task.train_pairs"  # the counts a mixture-trained job drew from (experiments/tasks/recall.py)
+)
 WITHIN = 0.10  # capacity: within 10 points of exact attention
 
 
@@ -34,7 +38,23 @@ def capacity_records(frame: pd.DataFrame) -> pd.DataFrame:
     ):
         return trained.iloc[0:0].assign(head_dim=pd.Series(dtype=int))  # columns stay readable
     trained = accuracy.with_learned(trained)
+    # The control is the smallest count a job was evaluated at (every state holds it), not
+    # its shortest length: a capacity job has one length.
+    smallest = trained.groupby("job_key")[PAIRS].transform("min")
+    control = trained[trained[PAIRS] == smallest].groupby("job_key")["eval_accuracy"].mean()
+    trained["control_accuracy"] = trained["job_key"].map(control)
     return trained.assign(head_dim=(trained["d_model"] // trained["n_heads"]).astype(int))
+
+
+def _mixture_note(records: pd.DataFrame) -> str:
+    """How the points were trained: one model per job on a mixture of counts, or one per count."""
+    mixtures = records.get(MIXTURE, pd.Series(dtype=object)).dropna().map(str).unique()
+    if len(mixtures) == 0:
+        return "Each point is a model trained at that number of pairs. "
+    return (
+        "Each variant, head dim and seed is one model, trained on sequences whose number of "
+        f"pairs is drawn from {', '.join(mixtures)} and evaluated at each. "
+    )
 
 
 def _means(records: pd.DataFrame) -> pd.DataFrame:
@@ -89,6 +109,7 @@ def accuracy_by_pairs(frame: pd.DataFrame) -> Table | None:
         "answered]; several: mean (min–max). A variant none of whose points reached "
         f"{accuracy.LEARNED:.0%} is marked not learned. Key-blind floor: the most frequent value "
         "in the context, on the same batches (1 / n_pairs with distinct values). "
+        + _mixture_note(records)
         + _exact_note(means)
     )
     return Table("Recall capacity: accuracy vs number of pairs", pd.DataFrame(rows), note)

@@ -230,10 +230,14 @@ class ResolvedConfig:
         """The record's configuration columns (`record.config_columns`)."""
         return record.config_columns(self.tree)
 
-    def at(self, seq_len: int, batch_size: int) -> ResolvedConfig:
-        """The same config at another `seq_len` and `batch_size` (a curriculum stage's)."""
+    def at(
+        self, seq_len: int, batch_size: int, task: Mapping[str, Any] | None = None
+    ) -> ResolvedConfig:
+        """The same config at another `seq_len` and `batch_size` (a curriculum stage's), with
+        `task` options replaced (a mixture's evaluation point: `n_pairs`)."""
         tree = copy.deepcopy(dict(self.tree))
         tree["seq_len"], tree["batch_size"] = seq_len, batch_size
+        tree["task"] = {**tree["task"], **(task or {})}
         return ResolvedConfig(tree)
 
 
@@ -318,12 +322,15 @@ class JobConfig:
 
     def at_stage(self, stage: curriculum.Stage) -> JobConfig:
         """The configuration curriculum `stage` is recorded as: this job's at the stage's
-        seq_len and batch_size (its `stages`: the curriculum's below that length, then it)."""
+        seq_len and batch_size (its `stages`: the curriculum's below that length, then it) and
+        task options (a mixture's evaluation point, `n_pairs=P`)."""
+        task = dict(stage.task)
         return dataclasses.replace(
             self,
             seq_len=stage.seq_len,
             batch_size=stage.batch_size,
-            resolved=self.resolved.at(stage.seq_len, stage.batch_size),
+            task={**self.task, **task},
+            resolved=self.resolved.at(stage.seq_len, stage.batch_size, task),
         )
 
     def skipped_note(self) -> str | None:

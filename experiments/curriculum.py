@@ -36,11 +36,22 @@ OWNER = "config"
 
 @dataclass(frozen=True)
 class Stage:
-    """One stage: `steps` optimiser steps on sequences of `seq_len`, `batch_size` at a time."""
+    """One stage: `steps` optimiser steps on sequences of `seq_len`, `batch_size` at a time.
+
+    `task`: task options a record differs in from its job's, as (option, value) pairs: an
+    evaluation point of a recall mixture (the trained model at one `n_pairs`, 0 steps of its
+    own; experiments/measure.py), recorded the way a stage is.
+    """
 
     seq_len: int
     batch_size: int
     steps: int
+    task: tuple[tuple[str, Any], ...] = ()
+
+    @property
+    def label(self) -> str:
+        """Its record's name below the job: the length, or the task options (`n_pairs=4`)."""
+        return ",".join(f"{option}={value}" for option, value in self.task) or str(self.seq_len)
 
 
 def stages(seq_len: int, batch_size: int, steps: int, entries: Any) -> list[Stage]:

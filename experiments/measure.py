@@ -177,6 +177,9 @@ def measure(
         elif on_stage is not None:
             on_stage(stage, {**columns, **trained})
     bar.close()
+    if on_stage is not None and job.train.steps:
+        for point, columns_at in mixture_points(job, built, result, run):
+            on_stage(point, {**columns, **columns_at, "trained_steps": trained_steps})
     for label, attention in job.eval_attention.items():
         columns.update(
             evaluate_with_kernel(
@@ -322,6 +325,31 @@ def approx_columns(job: JobConfig, built: Setup, shape) -> dict[str, Any]:
                 "the bytes it predicts"
             )
     return columns
+
+
+def mixture_points(job: JobConfig, built: Setup, result, run: TrainingRun) -> Iterator[tuple]:
+    """A recall mixture's evaluation points: for each count of `task.train_pairs` but the job's
+    own `n_pairs` (its record), the trained model's training columns with the evaluation at that
+    count, as a 0-step `curriculum.Stage` whose task options say the count (so the record is
+    the job's config at that n_pairs). Nothing for other tasks."""
+    counts = getattr(built.task, "train_pairs", None) or ()
+    for count in counts:
+        if count == built.task.n_pairs:
+            continue
+        task = built.task.at_pairs(count)
+        final = evaluate(
+            built.model,
+            task,
+            built.device,
+            job.train.eval_batches,
+            built.precision,
+            min_pairs=job.train.eval_pairs,
+        )
+        at = dataclasses.replace(
+            result, eval_loss=final.loss, eval_accuracy=final.accuracy, final_eval=final
+        )
+        point = curriculum.Stage(job.seq_len, job.batch_size, 0, task=(("n_pairs", count),))
+        yield point, _training_columns(at, task, run)
 
 
 def _training_columns(result, task: Task, run: TrainingRun) -> dict[str, Any]:

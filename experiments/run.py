@@ -196,7 +196,8 @@ def _stage_recorder(
     """Record each finished curriculum stage as its own configuration, as soon as it ends.
 
     A stage's record is the job's config at the stage's seq_len and batch_size
-    (`JobConfig.at_stage`), in `<job dir>/stages/<seq_len>/result.json`, where the store,
+    (`JobConfig.at_stage`; a mixture point's at its task options), in
+    `<job dir>/stages/<label>/result.json`, where the store,
     resume and the report find it like any other record, with the job's history up to the end
     of the stage beside it. A stage record of another configuration found there is displaced,
     never overwritten (`_displace_other_stage`).
@@ -208,7 +209,7 @@ def _stage_recorder(
         staged = job.at_stage(stage)
         stage_rec = {
             **rec,
-            "job": f"{rec['job']}/{stage.seq_len}",
+            "job": f"{rec['job']}/{stage.label}",
             "config_hash": staged.hash(),
             **staged.columns(),
             **columns,
@@ -217,7 +218,7 @@ def _stage_recorder(
             **record.provenance(torch.device(columns["device"])),
             "offline_run_dir": None if tracker.run_dir is None else str(tracker.run_dir),
         }
-        path = out_dir / "stages" / str(stage.seq_len) / "result.json"
+        path = out_dir / "stages" / stage.label / "result.json"
         _displace_other_stage(path, stage_rec["config_hash"])
         steps.write(history.beside(path))
         record.write_json_atomic(path, stage_rec)

@@ -16,6 +16,12 @@ most frequent value in the context beats chance (16 pairs over 16 values: 19 %).
 task also reports that key-blind predictor's accuracy on the same eval batches (`floor_hits`):
 with distinct values it is 1 / n_pairs, the floor a model must clear to have used the key.
 
+A mixture of pair counts (`train_pairs`, Zoology's MQAR training set): each training sequence
+draws its number of pairs from the list (its queries fill the rest); evaluation stays at
+`n_pairs`. One model trained so is evaluated at every count of the list (experiments/measure.py
+records each as its own configuration), and learns sooner than at the largest count alone: the
+small counts bootstrap the lookup the large ones need.
+
 Token ids: 0 padding, keys 1 .. n_keys, values n_keys + 1 .. n_keys + n_values.
 """
 
@@ -122,21 +128,82 @@ class Recall(RecallScoring, SeededTask):
         n_keys: int = 128,
         n_values: int = 128,
         distinct_values: bool = True,
+        train_pairs: list[int] | None = None,
     ):
         super().__init__(seq_len=seq_len, batch_size=batch_size, seed=seed)
         self.n_pairs, self.n_keys, self.n_values = check_pairs(OWNER, n_pairs, n_keys, n_values)
         self.distinct_values = check_distinct(OWNER, distinct_values, n_pairs, n_values)
-        if 2 * n_pairs + 2 > seq_len:
-            raise ValueError(
-                f"{OWNER}: option 'seq_len'={seq_len} must be at least 2 * 'n_pairs' + 2 = "
-                f"{2 * n_pairs + 2} (the pairs and one query)"
-            )
+        self._check_fits("n_pairs", n_pairs)
+        self.train_pairs = self._checked_mixture(train_pairs)
         self.n_queries = (seq_len - 2 * n_pairs) // 2
         self.vocab_size = 1 + n_keys + n_values
 
+    def _check_fits(self, option: str, n_pairs: int) -> None:
+        if 2 * n_pairs + 2 > self.seq_len:
+            raise ValueError(
+                f"{OWNER}: option 'seq_len'={self.seq_len} must be at least 2 * '{option}' + 2 "
+                f"= {2 * n_pairs + 2} (the pairs and one query)"
+            )
+
+    def _checked_mixture(self, train_pairs) -> tuple[int, ...] | None:
+        """`train_pairs` as a tuple of distinct counts, each a valid n_pairs; None: no mixture."""
+        if train_pairs is None:
+            return None
+        if isinstance(train_pairs, (str, bytes)) or not hasattr(train_pairs, "__iter__"):
+            raise ValueError(f"{OWNER}: option 'train_pairs' must be a list of pair counts or null")
+        counts = tuple(train_pairs)
+        if not counts or len(set(counts)) != len(counts):
+            raise ValueError(
+                f"{OWNER}: option 'train_pairs'={list(counts)} must be a non-empty list of "
+                "distinct pair counts"
+            )
+        for count in counts:
+            try:  # each count must be a valid n_pairs
+                check_pairs(OWNER, count, self.n_keys, self.n_values)
+                check_distinct(OWNER, self.distinct_values, count, self.n_values)
+                self._check_fits("n_pairs", count)
+            except ValueError as error:
+                reason = str(error).removeprefix(f"{OWNER}: ")
+                raise ValueError(
+                    f"{OWNER}: option 'train_pairs'={list(counts)}: each count is an n_pairs, "
+                    f"and {reason}"
+                ) from None
+        return counts
+
+    def at_pairs(self, n_pairs: int) -> Recall:
+        """The same task (mixture included) evaluated at `n_pairs`."""
+        return Recall(
+            seq_len=self.seq_len,
+            batch_size=self.batch_size,
+            seed=self.seed,
+            n_pairs=n_pairs,
+            n_keys=self.n_keys,
+            n_values=self.n_values,
+            distinct_values=self.distinct_values,
+            train_pairs=None if self.train_pairs is None else list(self.train_pairs),
+        )
+
     def batch(self, split: str, index: int) -> Batch:
         g = generator(self.seed, split, index)
-        batch, pairs, queries = self.batch_size, self.n_pairs, self.n_queries
+        if split == "eval" or self.train_pairs is None:
+            tokens, loss_mask = self._rows(g, self.batch_size, self.n_pairs)
+            return Batch(tokens[:, :-1], tokens[:, 1:], loss_mask)
+        # A mixture: each sequence's count drawn from train_pairs, rows of one count built
+        # together (in the list's order, so the batch depends only on the generator).
+        which = torch.randint(len(self.train_pairs), (self.batch_size,), generator=g)  # (B,)
+        tokens = torch.empty(self.batch_size, self.seq_len + 1, dtype=torch.long)  # (B, L + 1)
+        loss_mask = torch.empty(self.batch_size, self.seq_len, dtype=torch.bool)  # (B, L)
+        for i, count in enumerate(self.train_pairs):
+            rows = (which == i).nonzero().flatten()
+            if len(rows):
+                tokens[rows], loss_mask[rows] = self._rows(g, len(rows), count)
+        return Batch(tokens[:, :-1], tokens[:, 1:], loss_mask)
+
+    def _rows(
+        self, g: torch.Generator, batch: int, pairs: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`batch` sequences of `pairs` pairs: tokens (B, L + 1) and the loss mask (B, L)."""
+        queries = (self.seq_len - 2 * pairs) // 2
         keys, values = draw_pairs(
             g, batch, pairs, self.n_keys, self.n_values, self.distinct_values
         )  # (B, P) each
@@ -154,4 +221,4 @@ class Recall(RecallScoring, SeededTask):
         # positions that predict them (the query keys) are 2P, 2P + 2, ...
         loss_mask = torch.zeros(self.seq_len, dtype=torch.bool)  # (L,)
         loss_mask[2 * pairs : used : 2] = True
-        return Batch(tokens[:, :-1], tokens[:, 1:], loss_mask.expand(batch, -1).clone())
+        return tokens, loss_mask.expand(batch, -1).clone()

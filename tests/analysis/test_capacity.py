@@ -1,0 +1,73 @@
+"""Capacity from a mixture-trained sweep: one job per variant and head dim, its own record at
+the smallest count and one evaluation point per other count (`<job>/n_pairs=P`)."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from analysis import capacity, load
+
+PAIRS = (4, 8, 16, 32, 64)
+# Accuracy per count: exact holds every count, linear falls past 16 pairs, deltanet past 32,
+# performer learns nothing (its control, 4 pairs, at 30 %).
+ACCURACY = {
+    "full": (1.0, 1.0, 0.99, 0.99, 0.98),
+    "linear": (0.99, 0.97, 0.92, 0.6, 0.3),
+    "deltanet": (1.0, 0.99, 0.97, 0.95, 0.7),
+    "performer": (0.3, 0.2, 0.1, 0.05, 0.02),
+}
+
+
+def _mixture_sweep() -> pd.DataFrame:
+    rows = []
+    for job, (attention, values) in enumerate(ACCURACY.items()):
+        for pairs, value in zip(PAIRS, values, strict=True):
+            own = pairs == PAIRS[0]
+            rows.append(
+                {
+                    "sweep": "capacity",
+                    "job": str(job) if own else f"{job}/n_pairs={pairs}",
+                    "status": "ok",
+                    "attention": attention,
+                    "task": "recall",
+                    "task.n_pairs": pairs,
+                    "task.train_pairs": "[4, 8, 16, 32, 64]",
+                    "task.n_values": 256,
+                    "seq_len": 256,
+                    "d_model": 64,
+                    "n_heads": 4,
+                    "seed": 0,
+                    "eval_accuracy": value,
+                    "train.steps": 400,
+                    "trained_steps": 400,
+                    # The run's learned: its control (4 pairs) reached 90 % during training.
+                    "learned": values[0] >= 0.9,
+                    "steps_to_learn": 250 if values[0] >= 0.9 else None,
+                    "chance_accuracy": 1 / 256,
+                    "floor_accuracy": 1 / pairs,
+                }
+            )
+    return load.tidy(pd.DataFrame(rows))
+
+
+def test_points_of_one_job_give_each_variant_its_capacity():
+    table = capacity.capacity(_mixture_sweep())
+    rows = {r["variant"]: r["head dim 16"] for r in table.frame.to_dict("records")}
+    assert rows["linear"] == "16" and rows["deltanet"] == "32"
+    # Not learned, with its control read at the smallest count (not a mean over the counts).
+    assert rows["performer"] == "not learned in 400 steps (control 30.0%)"
+    assert "reached ≥ 95 % at every point" in table.note
+
+
+def test_the_accuracy_table_says_one_model_per_variant_trained_on_the_mixture():
+    table = capacity.accuracy_by_pairs(_mixture_sweep())
+    rows = {r["variant"]: r for r in table.frame.to_dict("records")}
+    assert list(rows["linear"])[2:] == [f"{p} pairs" for p in PAIRS]
+    assert rows["linear"]["64 pairs"] == "30.0" and rows["full"]["4 pairs"] == "100.0"
+    assert "one model, trained on sequences whose number of pairs is drawn from [4, 8" in table.note
+
+
+def test_exact_attention_below_ninety_five_at_one_count_is_a_warning():
+    frame = _mixture_sweep()
+    frame.loc[(frame["attention"] == "full") & (frame["task.n_pairs"] == 64), "eval_accuracy"] = 0.5
+    assert "WARNING: exact attention stayed below 95 % at 64 pairs" in capacity.capacity(frame).note
