@@ -46,7 +46,6 @@ from typing import Any
 import torch
 
 import variants
-from experiments import cores
 from experiments.config import JobConfig, TrainConfig
 from experiments.tasks import build_task
 from experiments.tasks.text import read_corpus
@@ -231,23 +230,9 @@ def _cached(path: Path, build: Callable[[], dict[str, Any]], required: tuple[str
                     " ".join(str(error).split())[:200],
                     aside,
                 )
-        with _every_core():
-            saved = build()
+        saved = build()
         _save_durably(saved, path)
         return saved
-
-
-@contextmanager
-def _every_core() -> Iterator[None]:
-    """Torch on every usable core while a cached model is built: a timing sweep's job runs on
-    one thread, but a build is measured by nothing, happens once, and the sweep's other jobs that
-    need it wait on its lock meanwhile (the main job's references took 3 minutes on one core)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(max(threads, cores.usable_cores()))
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
 
 
 def _save_durably(obj: dict[str, Any], path: Path) -> None:

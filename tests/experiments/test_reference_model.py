@@ -315,18 +315,3 @@ def test_the_lock_file_does_not_follow_symlinks(tmp_path):
     fresh = tmp_path / "reference" / "new.lock"
     with reference_model._locked(fresh):
         assert fresh.stat().st_mode & 0o777 == 0o600
-
-
-def test_a_cached_build_runs_on_every_core_and_the_job_keeps_its_threads(tmp_path, monkeypatch):
-    """A timing job runs on one thread; what it builds once for the cache may use every core."""
-    monkeypatch.setattr(reference_model.cores, "usable_cores", lambda: 3)
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    seen = []
-    try:
-        reference_model._cached(
-            tmp_path / "x.pt", lambda: seen.append(torch.get_num_threads()) or {"a": 1}, ("a",)
-        )
-        assert seen == [3] and torch.get_num_threads() == 1
-    finally:
-        torch.set_num_threads(before)
