@@ -85,7 +85,6 @@ def run_job(
         "status": record.OK,
         "error": None,
         **resolved.columns(),
-        "parallel_jobs": parallel_jobs,  # here, so that stage records carry it too
     }
     tracker = tracking.Tracker()
     steps = history.History()
@@ -150,7 +149,7 @@ def run_job(
         rec["device"] = device.type if device is not None else _device_or_as_configured(resolved)
         rec["threads"] = torch.get_num_threads()
     rec["shared_qk"] = resolved.shared_qk  # None: the variant is unknown
-    rec.update(record.provenance(device))
+    rec.update(record.provenance(device), parallel_jobs=parallel_jobs)
     rec["offline_run_dir"] = None
     steps.write(out_dir / history.FILE)  # before the record, which makes the job's outcome final
     record.write_json_atomic(out_dir / "result.json", rec)
