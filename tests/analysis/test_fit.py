@@ -70,9 +70,24 @@ def test_crossover_uses_only_common_lengths():
 def test_crossover_is_the_last_change_from_slower_to_faster():
     ratio = np.array([0.5, 2.0, 0.9, 0.5, 0.25])  # faster, slower, then faster for good
     crossover = fit.crossover_length(LENGTHS, ratio, LENGTHS, np.ones(5))
-    # log ratio goes from log 2 at 512 to log 0.9 at 1024: zero at t = log2 / (log2 - log0.9).
-    t = math.log(2.0) / (math.log(2.0) - math.log(0.9))
-    assert crossover.length == pytest.approx(512 * 2**t, rel=1e-9)
+    assert crossover.kind == fit.CROSSED and 512 < crossover.length < 1024
+    # The earlier faster length is another regime: it does not move the crossing.
+    other = fit.crossover_length(LENGTHS, [0.1, *ratio[1:]], LENGTHS, np.ones(5))
+    assert other.length == crossover.length
+
+
+def test_one_noisy_job_moves_the_fitted_crossover_less_than_interpolation():
+    """Speed-ups L / 800 (crossing 1 at 800), with the job at 512 measured 25 % fast: the
+    straight line through 512 and 1024 crosses at 2**(log2(512) + t), t = -log s512 /
+    log(s1024 / s512); the fit, which also hears the jobs at 256, 2048 and 4096, stays closer."""
+    speedups = LENGTHS / 800.0
+    noisy = speedups.copy()
+    noisy[1] *= 1.25
+    t = -math.log(noisy[1]) / math.log(noisy[2] / noisy[1])
+    interpolated = 512 * 2**t
+    fitted = fit.crossover_from_speedups(LENGTHS, noisy).length
+    assert fit.crossover_from_speedups(LENGTHS, speedups).length == pytest.approx(800, rel=1e-9)
+    assert interpolated < fitted < 800  # pulled the same way, less far
 
 
 def test_always_faster_and_never():
@@ -98,7 +113,7 @@ def test_no_overlap():
     assert crossover.kind == fit.NO_OVERLAP and str(crossover) == "n/a"
 
 
-def test_a_crossover_from_in_job_speedups_is_log_interpolated():
+def test_a_crossover_from_in_job_speedups():
     # Speed-ups 0.8 at 512 and 1.25 at 1024: log speed-up -0.22 and +0.22, so 1 halfway in log L.
     lengths, speedups = [256, 512, 1024, 2048], [0.5, 0.8, 1.25, 2.0]
     crossed = fit.crossover_from_speedups(lengths, speedups, [0.1] * 4)

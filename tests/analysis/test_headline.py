@@ -123,9 +123,9 @@ def _with_speedups(speedups, spreads):
 
 
 def test_the_crossover_comes_from_the_in_job_speedups():
-    # Slower at 256 and 1024 (0.5, 0.8), faster at 4096 (1.25): log-interpolated, the speed-up
-    # crosses 1 halfway between 1024 and 4096 in log L, at 2048.
-    frame = _with_speedups({256: 0.5, 1024: 0.8, 4096: 1.25}, {256: 0.1, 1024: 0.1, 4096: 0.1})
+    # Slower at 256 and 1024 (0.512, 0.8), faster at 4096 (1.25): a power law in L (x1.5625
+    # per quadrupling) that crosses 1 halfway between 1024 and 4096 in log L, at 2048.
+    frame = _with_speedups({256: 0.512, 1024: 0.8, 4096: 1.25}, {256: 0.1, 1024: 0.1, 4096: 0.1})
     (bullet,) = [line for line in headline.headline(frame) if line.startswith("- ")]
     assert bullet.startswith("- **blockwise**: faster than SDPA from L≈2,048,")
     assert "uncertain" not in bullet
@@ -133,10 +133,10 @@ def test_the_crossover_comes_from_the_in_job_speedups():
 
 
 def test_a_spread_wider_than_the_distance_to_one_makes_the_crossover_uncertain():
-    frame = _with_speedups({256: 0.5, 1024: 0.8, 4096: 1.25}, {256: 0.1, 1024: 0.3, 4096: 0.1})
+    frame = _with_speedups({256: 0.512, 1024: 0.8, 4096: 1.25}, {256: 0.1, 1024: 0.3, 4096: 0.1})
     (bullet,) = [line for line in headline.headline(frame) if line.startswith("- ")]
     assert "faster than SDPA from L≈2,048 (uncertain: timing spread)" in bullet
     # A spread far from the crossing does not matter.
-    frame = _with_speedups({256: 0.5, 1024: 0.8, 4096: 1.25}, {256: 0.9, 1024: 0.1, 4096: 0.1})
+    frame = _with_speedups({256: 0.512, 1024: 0.8, 4096: 1.25}, {256: 0.9, 1024: 0.1, 4096: 0.1})
     (bullet,) = [line for line in headline.headline(frame) if line.startswith("- ")]
     assert "uncertain" not in bullet
