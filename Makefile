@@ -59,11 +59,11 @@ run-quality: $(STAMP)  ## the main job's quality half: quick long-range recall, 
 	$(RUN_REPORT)
 
 data: $(STAMP)  ## download enwik8 to data/enwik8.zip (needs the internet; the other tasks need no data)
-	$(PY) -m experiments.tasks.download_enwik8 data/enwik8.zip
+	$(PY) -m experiments.training.tasks.download_enwik8 data/enwik8.zip
 
 SWEEP ?= multirun/scaling
 report: $(STAMP)  ## gather a sweep's records again and redraw its report: make report SWEEP=multirun/scaling
-	$(PY) -m experiments.store $(SWEEP)
+	$(PY) -m experiments.records.store $(SWEEP)
 	$(PY) -m analysis.report $(SWEEP) --out $(SWEEP)/report
 
 sweep-%: $(STAMP)  ## run a preset sweep, e.g. make sweep-depth (smoke, scaling, depth, lsh, linformer)

@@ -11,7 +11,7 @@ results.csv/.parquet are written (it reads the job records itself, so either ord
     hydra:
       callbacks:
         sweep_report: {_target_: analysis.callbacks.SweepReport}
-        gather_results: {_target_: experiments.store.GatherResults}
+        gather_results: {_target_: experiments.records.store.GatherResults}
 """
 
 from __future__ import annotations
@@ -26,7 +26,8 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from experiments import history, tracking
+from experiments.app import tracking
+from experiments.records import history
 
 log = logging.getLogger("attnbench")
 
@@ -99,7 +100,9 @@ class SweepReport(Callback):
                 sweep_dir,
                 out_dir,
             )
-        results = sweep_dir / "results.parquet"  # written by experiments.store.GatherResults
+        results = (
+            sweep_dir / "results.parquet"
+        )  # written by experiments.records.store.GatherResults
         run_dir = tracking.log_sweep_summary(
             logger_cfg,
             records=frame,

@@ -5,7 +5,8 @@ in `<job dir>/result.json` and a W&B run. Any failure becomes the record's `stat
 the variant cannot do is `skipped`, an invalid option or any other exception is `error` (nothing
 is tracked in W&B for a job that measured nothing). A single run that did not end ok prints one
 line and exits 1; in a sweep the job returns normally so every other job still runs, and the
-multirun's end (experiments/sweep.py) prints the jobs that did not end ok and sets the exit code.
+multirun's end (experiments/app/sweep.py) prints the jobs that did not end ok and sets the exit
+code.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from experiments import allocator
+from experiments.measurement import allocator
 
 # An entry point: the allocator's variable is set here, before the imports below start torch
 # (c10 reads it once); `import experiments` itself changes no environment variable.
@@ -31,8 +32,11 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from experiments import budget, curriculum, history, progress, record, store, sweep, tracking
+from experiments.app import progress, sweep, tracking
 from experiments.config import JobConfig, ResolvedConfig, added_keys, register
+from experiments.measurement import budget
+from experiments.records import history, record, store
+from experiments.training import curriculum
 from variants.checks import UnsupportedCombination
 
 log = logging.getLogger("attnbench")
@@ -171,11 +175,11 @@ def import_for_measuring():
     first step, and a job timeout that struck in the middle of that import once left it half
     done and broke every later job of the process. It is not needed for `--help` or for a
     configuration already recorded, so the app's own import leaves it (and measure's kernels,
-    tasks and training) out. Returns `experiments.measure`.
+    tasks and training) out. Returns `experiments.measurement.measure`.
     """
     import torch._dynamo  # noqa: F401
 
-    from experiments import measure
+    from experiments.measurement import measure
 
     return measure
 
@@ -238,7 +242,7 @@ def _say_if_unreadable(path: Path) -> None:
 
 def _device_or_as_configured(resolved: ResolvedConfig) -> str:
     """The device the job would have used (auto resolved), or the configured name if invalid."""
-    from experiments import measure
+    from experiments.measurement import measure
 
     try:
         return measure.resolve_device(resolved.device).type
@@ -326,7 +330,7 @@ def _threads_per_job(hydra_cfg) -> int | None:
 
 def _status_of(error: BaseException) -> str:
     """The record status (`record.STATUSES`) of a measurement that raised `error`."""
-    from experiments.train import Diverged
+    from experiments.training.train import Diverged
 
     if isinstance(error, budget.JobTimeout):
         return record.TIMEOUT
@@ -375,7 +379,7 @@ def app(cfg: DictConfig) -> None:
 
 
 def main() -> None:
-    """The `attnbench` command: the Hydra app, then how a multirun ended (experiments/sweep.py).
+    """The `attnbench` command: the Hydra app, then how a multirun ended (experiments/app/sweep.py).
 
     Exit codes: 0 done; 1 a single run did not end ok, or a job of a multirun ended in a status
     of `fail_on` (default: error); 130 interrupted (Ctrl-C), after gathering what finished.

@@ -9,7 +9,8 @@ from omegaconf import OmegaConf
 
 from analysis import report
 from analysis.callbacks import SweepReport
-from experiments import history, record, store, tracking
+from experiments.app import tracking
+from experiments.records import history, record, store
 from tests import wandb_runs
 from tests.conftest import WANDB_LOGGER
 

@@ -20,8 +20,9 @@ import pandas as pd
 import pytest
 from omegaconf import OmegaConf
 
-from experiments import history, run
-from experiments.record import flatten
+from experiments import run
+from experiments.records import history
+from experiments.records.record import flatten
 from tests import wandb_runs
 from tests.experiments.conftest import MEASURE_NOTHING, TINY
 
