@@ -34,7 +34,7 @@ setup: $(STAMP)  ## create .venv and install torch, the project and its dev extr
 # re-running it adds what is missing.
 RUN_SEQ_LENS ?= 256,512,1024,2048,4096
 SCALING := $(PY) -m experiments.run -m +experiment=scaling seq_len=$(RUN_SEQ_LENS)
-NO_REPORT := '~hydra.callbacks.sweep_report'
+NO_REPORT := report=false
 # The decode preset reduced for the main job: every causal variant decoding onto 1K and 4K
 # contexts at batch 1 (docs/decode.md).
 DECODE_QUICK := sweep=decode_quick seq_len=1024,4096 batch_size=1

@@ -27,12 +27,12 @@ The defaults stay in `conf/config.yaml`, the user's control panel; these classes
 constraints. They are not Hydra structured configs: a schema would coerce an int given for a
 float field (`train.grad_clip=1` -> 1.0) and so change the hash of every such configuration,
 and a bad value would abort a whole sweep at composition instead of becoming that job's
-`error` record. The bookkeeping keys (`sweep`, `resume`, `fail_on`, `logger`) are the app's
-own: `ResolvedConfig` reads them (`fail_on` is the sweep's, read by experiments/app/sweep.py from
-Hydra's config at the multirun's start). The one structured config is the W&B logger's
-(`tracking.WandbLogger`, `register()`): its settings are neither hashed nor measured, one bad
-value is every job's, so Hydra checking their types at composition loses nothing, and its
-`scaling_metrics` default comes from the record schema.
+`error` record. The bookkeeping keys (`sweep`, `resume`, `fail_on`, `report`, `logger`) are the
+app's own: `ResolvedConfig` reads them (`fail_on` and `report` are the sweep's, read by
+experiments/app/sweep.py from Hydra's config at the multirun's start and end). The one
+structured config is the W&B logger's (`tracking.WandbLogger`, `register()`): its settings are
+neither hashed nor measured, one bad value is every job's, so Hydra checking their types at
+composition loses nothing, and its `scaling_metrics` default comes from the record schema.
 
 Keys come from the config files (conf/config.yaml, and the keys a preset declares, such as
 `train_as`); the command line sets them. A top-level key the command line *adds* with `+key=`

@@ -335,7 +335,7 @@ SCALING_METRICS = tuple(c.name for c in SCHEMA if c.scaling)
 # Keys of the resolved config that do not change what is measured, so they stay out of the hash.
 # A budget decides whether a measurement completes, not what it measures: re-running an oom
 # configuration with a larger budget replaces its record.
-_BOOKKEEPING = ("logger", "sweep", "resume", "fail_on", "train.progress")
+_BOOKKEEPING = ("logger", "sweep", "resume", "fail_on", "report", "train.progress")
 _UNHASHED = (*_BOOKKEEPING, "budget")
 
 
@@ -378,10 +378,10 @@ def config_keys(columns: Iterable[str], *, hashed_only: bool = False) -> list[st
     They are the aliases, the resolved keys (`device`, `threads`, `shared_qk`), and every
     flattened config key: the columns with a dot (a measurement's name never has one; an
     `@<label>` evaluation column is a measurement). Left out: the keys an alias or a resolved
-    key stands for, the sweep's bookkeeping (`sweep`, `resume`, `fail_on`, `train.progress`),
-    and with `hashed_only` also `budget.*`, which decides whether a measurement completes but
-    not what it measures (as in `config_hash`). Top-level preset keys without a dot (a preset's
-    `train_as` label) are not recognised.
+    key stands for, the sweep's bookkeeping (`sweep`, `resume`, `fail_on`, `report`,
+    `train.progress`), and with `hashed_only` also `budget.*`, which decides whether a
+    measurement completes but not what it measures (as in `config_hash`). Top-level preset keys
+    without a dot (a preset's `train_as` label) are not recognised.
     """
     aliased = {*ALIASES.values(), *RESOLVED.values()} - {*ALIASES, *RESOLVED}
     left_out = ("budget",) if hashed_only else ()

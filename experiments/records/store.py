@@ -12,7 +12,7 @@ never write a table that misses a record another one had just written. The recor
 truth: `python -m experiments.records.store <sweep dir>` (and `make report`) gathers them again.
 A `result.json` that cannot be read, or that holds anything but a JSON object, is reported by
 path and left out; it never stops a sweep. A multirun whose end cannot write the tables (a full
-disk, a symlink planted as the lock) says so in one line and exits 1 (`gather_failure`).
+disk, a symlink planted as the lock) says so in one line and exits 1 (`gather_at_end`).
 """
 
 from __future__ import annotations
@@ -30,9 +30,6 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
-from hydra.experimental.callback import Callback
-from hydra.types import RunMode
-from omegaconf import DictConfig
 
 from experiments.records import record
 from experiments.records.record import config_keys, write_atomic
@@ -249,49 +246,29 @@ def format_records(
     return frame.to_string(index=False, float_format=lambda x: f"{x:.4g}", na_rep="")
 
 
-# Sweep dir -> why gathering it failed at the end of this process's multirun (`gather_failure`).
-_failed_gathers: dict[Path, str] = {}
-
-
-def gather_failure(sweep_dir: Path) -> str | None:
-    """Why the end of this process's multirun could not write `sweep_dir`'s results, or None:
-    its results.csv then misses records, which fails the sweep (experiments/app/sweep.py)."""
-    return _failed_gathers.get(Path(sweep_dir))
-
-
-class GatherResults(Callback):
-    """Hydra callback: as each job ends and at the end of a multirun, gather the sweep's records
-    into the store; at the end, print them and any record that could not be read."""
-
-    def on_job_end(self, config: DictConfig, **kwargs: Any) -> None:
-        if config.hydra.get("mode") != RunMode.MULTIRUN:
-            return
-        try:
-            write_results(Path(config.hydra.sweep.dir), quiet=True)
-        except Exception as error:  # the end of the multirun gathers again
-            log.warning("results not gathered after this job: %s", error)
-
-    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
-        sweep_dir = Path(config.hydra.sweep.dir)
-        _failed_gathers.pop(sweep_dir, None)
-        try:
-            frame = write_results(sweep_dir)
-        except OSError as error:  # a full disk, a symlinked lock: the records are still kept
-            reason = " ".join(str(error).split())
-            _failed_gathers[sweep_dir] = reason
-            print(
-                f"error: {sweep_dir / 'results.csv'} not gathered ({reason}); the records are "
-                f"kept: python -m experiments.records.store {sweep_dir} gathers them again",
-                file=sys.stderr,
-            )
-            return
-        for bad in read_records(sweep_dir)[1]:
-            print(f"warning: unreadable record {bad.path}: {bad.reason}", file=sys.stderr)
-        if frame.empty:
-            return
+def gather_at_end(sweep_dir: Path) -> pd.DataFrame | None:
+    """A multirun's last gathering: the sweep's records into results.csv/.parquet, printed with
+    a line per record that could not be read; the frame. None, after one line on stderr, when
+    the tables could not be written (a full disk, a symlink planted as the lock): the records
+    are kept, and the sweep then fails (experiments/app/sweep.py)."""
+    sweep_dir = Path(sweep_dir)
+    try:
+        frame = write_results(sweep_dir)
+    except OSError as error:
+        reason = " ".join(str(error).split())
+        print(
+            f"error: {sweep_dir / 'results.csv'} not gathered ({reason}); the records are "
+            f"kept: python -m experiments.records.store {sweep_dir} gathers them again",
+            file=sys.stderr,
+        )
+        return None
+    for bad in read_records(sweep_dir)[1]:
+        print(f"warning: unreadable record {bad.path}: {bad.reason}", file=sys.stderr)
+    if not frame.empty:
         print(format_records(frame))
         counts = frame["status"].value_counts().to_dict()
         print(f"{len(frame)} configurations {counts}; results: {sweep_dir / 'results.csv'}")
+    return frame
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -29,7 +29,10 @@ THEN
 print("torch never imported")
 """
 # The app's import starts no torch (`--help` needs none): a job's measuring modules do.
-THEN = {"experiments.run": "experiments.run.import_for_measuring()", "benchmarks.targets": ""}
+THEN = {
+    "experiments.run": "experiments.app.job.import_for_measuring()",
+    "benchmarks.targets": "",
+}
 CASES = {  # (module, the variable in the environment or None) -> value seen at torch's import
     ("experiments.run", None): "1",
     ("benchmarks.targets", None): "1",
@@ -75,12 +78,29 @@ def test_on_only_for_the_value_c10_takes_as_on(monkeypatch, value, on):
     assert allocator.thp_mem_alloc() is on
 
 
-def test_importing_the_package_changes_no_environment_variable():
-    """Only the entry points set the variable; the package, and the record schema that analysis
-    imports, leave the environment as they found it."""
+# The package, each sub-package, and the modules the app and analysis import before a job
+# measures (the record schema, the store, the config, the end of a sweep).
+IMPORTED = (
+    "experiments",
+    "experiments.app",
+    "experiments.measurement",
+    "experiments.records",
+    "experiments.training",
+    "experiments.records.record",
+    "experiments.records.store",
+    "experiments.records.history",
+    "experiments.config",
+    "experiments.app.job",
+    "experiments.app.sweep",
+)
+
+
+def test_importing_the_packages_changes_no_environment_variable():
+    """Only the entry points set the variable; the packages, and the modules the app and
+    analysis import, leave the environment as they found it."""
     script = (
         "import os; before = dict(os.environ)\n"
-        "import experiments, experiments.records.record\n"
+        f"import {', '.join(IMPORTED)}\n"
         "print(dict(os.environ) == before)"
     )
     env = {k: v for k, v in os.environ.items() if k != "THP_MEM_ALLOC_ENABLE"}

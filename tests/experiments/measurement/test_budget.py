@@ -137,10 +137,10 @@ def test_a_broad_except_in_the_job_does_not_swallow_the_timeout():
 def test_timeouts_leave_the_process_fit_for_the_next_job():
     script = textwrap.dedent("""
         import torch
-        from experiments import run
+        from experiments.app.job import import_for_measuring
         from experiments.measurement.budget import JobTimeout, time_limit
 
-        run.import_for_measuring()  # what the runner imports before a job's budget starts
+        import_for_measuring()  # what the runner imports before a job's budget starts
 
         def new_optimizer():
             return torch.optim.AdamW([torch.zeros(1, requires_grad=True)])

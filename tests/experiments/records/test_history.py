@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from analysis import load, plots
-from experiments import run
+from experiments.app.job import run_job
 from experiments.records import history
 from tests.experiments.conftest import MEASURE_NOTHING, TINY
 
@@ -37,7 +37,7 @@ def test_history_keeps_numeric_metrics_by_full_name_and_replaces_its_file(tmp_pa
 
 def test_a_job_without_wandb_keeps_its_curve_and_the_report_draws_it(resolved_config, tmp_path):
     config = resolved_config(*TINY, *QUIET, "seq_len=32", "train.steps=3")
-    rec = run.run_job(config, tmp_path / "0", job="0", sweep_dir=None)
+    rec = run_job(config, tmp_path / "0", job="0", sweep_dir=None)
     assert rec["status"] == "ok" and rec["offline_run_dir"] is None
     steps = history.read(history.beside(tmp_path / "0" / "result.json"))
     assert steps[steps["metric"] == "train/loss"]["step"].tolist() == [0, 1, 2]
@@ -55,12 +55,12 @@ def test_a_job_without_wandb_keeps_its_curve_and_the_report_draws_it(resolved_co
 def test_a_displaced_record_and_its_stages_take_their_histories_along(resolved_config, tmp_path):
     sweep_dir, schedule = tmp_path / "sweep", "train.curriculum=[{seq_len:32,steps:1}]"
     first = resolved_config(*TINY, *QUIET, schedule, "train.steps=1", "seed=0")
-    rec0 = run.run_job(first, sweep_dir / "0", job="0", sweep_dir=sweep_dir)
+    rec0 = run_job(first, sweep_dir / "0", job="0", sweep_dir=sweep_dir)
     job0 = sweep_dir / "0"
     before = {name: pd.read_parquet(job0 / name / history.FILE) for name in ("", "stages/32")}
     assert before["stages/32"]["step"].max() < before[""]["step"].max()  # up to its stage
     second = resolved_config(*TINY, *QUIET, schedule, "train.steps=1", "seed=2")
-    run.run_job(second, job0, job="0", sweep_dir=sweep_dir)
+    run_job(second, job0, job="0", sweep_dir=sweep_dir)
     moved = job0 / "displaced" / rec0["config_hash"]
     for name, frame in before.items():
         pd.testing.assert_frame_equal(pd.read_parquet(moved / name / history.FILE), frame)

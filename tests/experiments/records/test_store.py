@@ -7,7 +7,6 @@ import logging
 
 import pandas as pd
 import pytest
-from omegaconf import OmegaConf
 
 from experiments.records import store
 
@@ -154,26 +153,20 @@ def test_format_records_shows_every_key_that_varies_and_the_task_metrics():
     ]  # task, causal, warmup are the same everywhere; eval_loss@ is not a task metric
 
 
-def test_gather_callback_writes_the_store_at_the_end_of_a_multirun(tmp_path, capsys):
+def test_the_end_of_a_multirun_writes_and_prints_the_store(tmp_path, capsys):
     put(tmp_path, 0, rec("aaa"))
     put(tmp_path, 1, rec("bbb", status="skipped"))
-    config = OmegaConf.create(
-        {"hydra": {"sweep": {"dir": str(tmp_path)}}, "logger": {"name": "none"}, "sweep": "s"}
-    )
-    store.GatherResults().on_multirun_end(config=config)
+    assert len(store.gather_at_end(tmp_path)) == 2
     assert len(pd.read_csv(tmp_path / "results.csv")) == 2
     out = capsys.readouterr().out
     assert "2 configurations" in out and "results.csv" in out
 
 
 @pytest.mark.parametrize("statuses", [["error"], ["oom", "timeout"]])
-def test_gather_callback_runs_when_every_job_failed(tmp_path, statuses):
+def test_the_end_of_a_multirun_gathers_when_every_job_failed(tmp_path, statuses):
     for job, status in enumerate(statuses):
         put(tmp_path, job, rec(f"h{job}", status=status))
-    config = OmegaConf.create(
-        {"hydra": {"sweep": {"dir": str(tmp_path)}}, "logger": {"name": "none"}, "sweep": "s"}
-    )
-    store.GatherResults().on_multirun_end(config=config)
+    store.gather_at_end(tmp_path)
     assert sorted(pd.read_csv(tmp_path / "results.csv")["status"]) == sorted(statuses)
 
 

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from experiments import run
+from experiments.app.job import run_job
 from experiments.config import JobConfig
 from experiments.measurement import measure
 from experiments.records import record, store
@@ -88,7 +88,7 @@ def test_the_model_trains_through_every_stage_and_reports_each(job_config):
 
 def test_each_stage_is_recorded_as_its_own_configuration(resolved_config, tmp_path):
     config = resolved_config(*TINY, SCHEDULE)
-    rec = run.run_job(config, tmp_path / "0", job="0", sweep_dir=None)
+    rec = run_job(config, tmp_path / "0", job="0", sweep_dir=None)
     paths = sorted((tmp_path / "0" / "stages").glob("*/result.json"))
     assert [p.parent.name for p in paths] == ["16", "32"]
     stage_records = [json.loads(p.read_text()) for p in paths]
@@ -109,10 +109,10 @@ def test_a_displaced_job_takes_its_stage_records_with_it(resolved_config, tmp_pa
     measured, 5 in results.csv. Now the stages move with their job's record."""
     sweep_dir, schedule = tmp_path / "sweep", "train.curriculum=[{seq_len:32,steps:1}]"
     first = resolved_config(*TINY, schedule, "train.steps=1", "seed=0")
-    rec0 = run.run_job(first, sweep_dir / "0", job="0", sweep_dir=sweep_dir)
+    rec0 = run_job(first, sweep_dir / "0", job="0", sweep_dir=sweep_dir)
     stage0 = json.loads((sweep_dir / "0" / "stages" / "32" / "result.json").read_text())
     second = resolved_config(*TINY, schedule, "train.steps=1", "seed=2")
-    rec2 = run.run_job(second, sweep_dir / "0", job="0", sweep_dir=sweep_dir)
+    rec2 = run_job(second, sweep_dir / "0", job="0", sweep_dir=sweep_dir)
     moved = sweep_dir / "0" / "displaced" / rec0["config_hash"]
     assert json.loads((moved / "result.json").read_text()) == rec0
     assert json.loads((moved / "stages" / "32" / "result.json").read_text()) == stage0
@@ -122,7 +122,7 @@ def test_a_displaced_job_takes_its_stage_records_with_it(resolved_config, tmp_pa
         gathered["config_hash"]
     )
     # Resume still finds the displaced configuration: it is not measured again.
-    assert run.run_job(first, sweep_dir / "1", job="1", sweep_dir=sweep_dir) is None
+    assert run_job(first, sweep_dir / "1", job="1", sweep_dir=sweep_dir) is None
 
 
 def test_a_stage_record_of_another_configuration_is_displaced_not_overwritten(
@@ -132,11 +132,11 @@ def test_a_stage_record_of_another_configuration_is_displaced_not_overwritten(
     configuration at the same length moves to `displaced/` beside it."""
     schedule = "train.curriculum=[{seq_len:32,steps:1}]"
     first = resolved_config(*TINY, schedule, "train.steps=1", "seed=0")
-    run.run_job(first, tmp_path / "0", job="0", sweep_dir=None)
+    run_job(first, tmp_path / "0", job="0", sweep_dir=None)
     stage_path = tmp_path / "0" / "stages" / "32" / "result.json"
     stage0 = json.loads(stage_path.read_text())
     (tmp_path / "0" / "result.json").unlink()  # e.g. killed before its last stage ended
-    run.run_job(
+    run_job(
         resolved_config(*TINY, schedule, "train.steps=1", "seed=1"),
         tmp_path / "0",
         job="0",

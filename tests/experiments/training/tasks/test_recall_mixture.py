@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from experiments import run
+from experiments.app.job import run_job
 from experiments.measurement import measure
 from experiments.records import store
 from experiments.training.tasks import build_task
@@ -132,7 +132,7 @@ def test_a_mixture_job_reports_every_other_count_as_a_point(job_config):
 
 def test_each_count_is_recorded_as_the_job_config_at_that_n_pairs(resolved_config, tmp_path):
     config = resolved_config(*JOB)
-    rec = run.run_job(config, tmp_path / "0", job="0", sweep_dir=None)
+    rec = run_job(config, tmp_path / "0", job="0", sweep_dir=None)
     paths = sorted((tmp_path / "0" / "stages").glob("*/result.json"))
     assert [p.parent.name for p in paths] == ["n_pairs=2", "n_pairs=3"]
     records = [json.loads(p.read_text()) for p in paths]

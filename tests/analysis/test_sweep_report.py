@@ -1,31 +1,26 @@
-"""The Hydra callback: report into <sweep dir>/report/, then the W&B sweep summary run, both
+"""The end of a sweep's report: into <sweep dir>/report/, then the W&B sweep summary run, both
 only when the sweep's records changed."""
 
 from __future__ import annotations
 
 import json
 
-from omegaconf import OmegaConf
-
-from analysis import report
-from analysis.callbacks import SweepReport
+from analysis import report, sweep_report
 from experiments.app import tracking
 from experiments.records import history, record, store
 from tests import wandb_runs
 from tests.conftest import WANDB_LOGGER
 
 
-def multirun_config(sweep_dir, logger):
-    """The parts of a multirun's config the callback reads."""
-    return OmegaConf.create(
-        {"hydra": {"sweep": {"dir": str(sweep_dir)}}, "sweep": "fixture", "logger": logger}
-    )
+def update(sweep_dir, logger):
+    """The report of `sweep_dir` as a multirun of sweep `fixture` ends with it."""
+    sweep_report.update(sweep_dir, logger, group="fixture")
 
 
 def test_report_and_wandb_summary_of_a_sweep(small_sweep, wandb_home, capsys, monkeypatch):
     monkeypatch.setattr(report, "FORMATS", ("png",))  # SVGs: see test_report.py
-    store.write_results(small_sweep)  # results.parquet, as the store's callback writes it first
-    SweepReport().on_multirun_end(multirun_config(small_sweep, WANDB_LOGGER))
+    store.write_results(small_sweep)  # results.parquet, as the end of a sweep writes it first
+    update(small_sweep, WANDB_LOGGER)
 
     out = small_sweep / "report"
     text = (out / "report.md").read_text()
@@ -46,7 +41,7 @@ def test_report_and_wandb_summary_of_a_sweep(small_sweep, wandb_home, capsys, mo
 def test_without_wandb_only_the_report(sweep_copy, monkeypatch):
     built = []
     monkeypatch.setattr(report, "build_report", lambda frame, out, **_: built.append(out) or {})
-    SweepReport().on_multirun_end(multirun_config(sweep_copy, {"name": "none"}))
+    update(sweep_copy, {"name": "none"})
     assert built == [sweep_copy / "report"]
     assert not (sweep_copy / "wandb").exists()
 
@@ -56,12 +51,12 @@ def test_a_failing_report_does_not_fail_the_sweep(sweep_copy, monkeypatch, caplo
         raise RuntimeError("no fonts")
 
     monkeypatch.setattr(report, "build_report", broken)
-    SweepReport().on_multirun_end(multirun_config(sweep_copy, {"name": "none"}))
+    update(sweep_copy, {"name": "none"})
     assert "redraw it with: python -m analysis.report" in caplog.text
 
 
 def test_empty_sweep_dir_is_not_an_error(tmp_path):
-    SweepReport().on_multirun_end(multirun_config(tmp_path, {"name": "none"}))
+    update(tmp_path, {"name": "none"})
     assert not (tmp_path / "report").exists()
 
 
@@ -77,7 +72,7 @@ def test_a_report_is_redrawn_only_when_its_records_changed(sweep_copy, monkeypat
     monkeypatch.setattr(report, "build_report", draw)
 
     def end(logger=None):
-        SweepReport().on_multirun_end(multirun_config(sweep_copy, logger or {"name": "none"}))
+        update(sweep_copy, logger or {"name": "none"})
         return len(drawn)
 
     assert end() == 1
