@@ -93,6 +93,28 @@ class SeededTask:
         return f"task {self.name}"
 
 
+def place(
+    length: int,
+    batch: int,
+    *parts: tuple[torch.Tensor, torch.Tensor | int | bool],
+    fill: int | bool,
+) -> torch.Tensor:
+    """(B, length) tensor of `fill` with each part's values written at its positions: how the
+    tasks lay out their pairs (a key and its value, a query and its answer, a copy of a word)
+    and mark the positions that are scored.
+
+    A part is (positions, values): positions (n,) the same in every row or (B, n) per row, each
+    in [0, length); values (B, n) or one value for every position. The dtype is `fill`'s: an int
+    gives int64 token ids, a bool a mask. Parts are written in order, so a later one wins where
+    positions coincide.
+    """
+    out = torch.full((batch, length), fill)  # (B, length)
+    rows = torch.arange(batch)[:, None]  # (B, 1)
+    for positions, values in parts:
+        out[rows, positions] = values
+    return out
+
+
 def generator(seed: int, split: str, index: int) -> torch.Generator:
     """A CPU generator whose stream depends only on (seed, split, index).
 

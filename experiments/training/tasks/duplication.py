@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from experiments.training.tasks import Batch, SeededTask, generator, register_task
+from experiments.training.tasks import Batch, SeededTask, generator, place, register_task
 from variants.checks import require_positive_int
 
 OWNER = "task duplication"
@@ -59,15 +59,15 @@ class Duplication(SeededTask):
         g = generator(self.seed, split, index)
         batch, n = self.batch_size, self.copy_len
         words = torch.randint(1, self.n_symbols + 1, (batch, n), generator=g)  # (B, n)
-        separator = torch.full((batch, 1), SEPARATOR)  # (B, 1)
-        tokens = torch.cat([separator, words, separator, words], dim=1)  # (B, L), L = 2n + 2
-        second_copy = torch.zeros(self.seq_len, dtype=torch.bool)  # (L,) positions of w's copy
-        second_copy[n + 2 :] = True
+        first, second = 1 + torch.arange(n), n + 2 + torch.arange(n)  # (n,) w's two copies
+        # 0 w 0 w: (B, L), L = 2n + 2
+        tokens = place(self.seq_len, batch, (first, words), (second, words), fill=SEPARATOR)
         if self.masked:
-            inputs = tokens.masked_fill(second_copy, self.n_symbols + 1)  # (B, L)
-            return Batch(inputs, tokens, second_copy.expand(batch, -1).clone())
+            hidden = (second, self.n_symbols + 1)  # the second copy behind the mask token
+            inputs = place(self.seq_len, batch, (first, words), hidden, fill=SEPARATOR)  # (B, L)
+            return Batch(inputs, tokens, place(self.seq_len, batch, (second, True), fill=False))
         # Next-token targets: position i predicts token i + 1; the last target is a placeholder.
-        targets = torch.cat([tokens[:, 1:], separator], dim=1)  # (B, L)
-        loss_mask = torch.zeros(self.seq_len, dtype=torch.bool)  # (L,)
-        loss_mask[n + 1 : 2 * n + 1] = True  # inputs whose next token is in the second copy
-        return Batch(tokens, targets, loss_mask.expand(batch, -1).clone())
+        targets = torch.cat([tokens[:, 1:], torch.full((batch, 1), SEPARATOR)], dim=1)  # (B, L)
+        # The inputs whose next token is in the second copy: n + 1 .. 2n.
+        loss_mask = place(self.seq_len, batch, (second - 1, True), fill=False)  # (B, L)
+        return Batch(tokens, targets, loss_mask)

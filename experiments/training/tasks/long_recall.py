@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import torch
 
-from experiments.training.tasks import Batch, SeededTask, generator, register_task
+from experiments.training.tasks import Batch, SeededTask, generator, place, register_task
 from experiments.training.tasks.recall import RecallScoring, check_distinct, check_pairs, draw_pairs
 
 OWNER = "task long_recall"
@@ -84,13 +84,16 @@ class LongRecall(RecallScoring, SeededTask):
         slots = torch.rand(batch, self.pair_slots, generator=g).argsort(dim=-1)[:, :pairs]
         asked = torch.randint(pairs, (batch, n_queries), generator=g)  # (B, Q) pair indices
 
-        rows = torch.arange(batch)[:, None]  # (B, 1)
-        inputs = torch.full((batch, self.seq_len), PAD)  # (B, L)
-        inputs[rows, 2 * slots] = keys
-        inputs[rows, 2 * slots + 1] = values
-        inputs[:, start:] = keys.gather(1, asked)  # (B, Q) query keys
-        targets = torch.full((batch, self.seq_len), PAD)  # (B, L)
-        targets[:, start:] = values.gather(1, asked)  # (B, Q) their values, hidden from inputs
-        loss_mask = torch.zeros(batch, self.seq_len, dtype=torch.bool)  # (B, L)
-        loss_mask[:, start:] = True
+        query_at = start + torch.arange(n_queries)  # (Q,) the second half
+        inputs = place(
+            self.seq_len,
+            batch,
+            (2 * slots, keys),
+            (2 * slots + 1, values),
+            (query_at, keys.gather(1, asked)),  # (B, Q) query keys
+            fill=PAD,
+        )  # (B, L)
+        # The queries' values, hidden from the inputs, are the targets, and only they are scored.
+        targets = place(self.seq_len, batch, (query_at, values.gather(1, asked)), fill=PAD)
+        loss_mask = place(self.seq_len, batch, (query_at, True), fill=False)  # (B, L)
         return Batch(inputs, targets, loss_mask)

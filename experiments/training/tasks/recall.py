@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import torch
 
-from experiments.training.tasks import Batch, SeededTask, generator, register_task
+from experiments.training.tasks import Batch, SeededTask, generator, place, register_task
 from variants.checks import require_positive_int
 
 OWNER = "task recall"
@@ -210,15 +210,18 @@ class Recall(RecallScoring, SeededTask):
         asked = torch.randint(pairs, (batch, queries), generator=g)  # (B, Q) pair indices
         query_keys, answers = keys.gather(1, asked), values.gather(1, asked)  # (B, Q) each
 
-        context = torch.stack([keys, values], dim=-1).flatten(1)  # (B, 2P) k v k v ...
-        questions = torch.stack([query_keys, answers], dim=-1).flatten(1)  # (B, 2Q)
-        used = 2 * (pairs + queries)
-        # One extra token: the target of the last position.
-        padding = torch.full((batch, self.seq_len + 1 - used), PAD)  # (B, 1 or 2)
-        tokens = torch.cat([context, questions, padding], dim=1)  # (B, L + 1)
-
-        # Input position i predicts token i + 1; answers sit at 2P + 1, 2P + 3, ... so the
-        # positions that predict them (the query keys) are 2P, 2P + 2, ...
-        loss_mask = torch.zeros(self.seq_len, dtype=torch.bool)  # (L,)
-        loss_mask[2 * pairs : used : 2] = True
-        return tokens, loss_mask.expand(batch, -1).clone()
+        # k v k v ... then the queries' k v, padded; one extra token: the last position's target.
+        # Input position i predicts token i + 1, so the positions that predict the answers (at
+        # 2P + 1, 2P + 3, ...) are the query keys' (2P, 2P + 2, ...): those are scored.
+        pair_at = 2 * torch.arange(pairs)  # (P,) each pair's key; its value follows
+        query_at = 2 * (pairs + torch.arange(queries))  # (Q,) each query's key; its answer next
+        tokens = place(
+            self.seq_len + 1,
+            batch,
+            (pair_at, keys),
+            (pair_at + 1, values),
+            (query_at, query_keys),
+            (query_at + 1, answers),
+            fill=PAD,
+        )  # (B, L + 1)
+        return tokens, place(self.seq_len, batch, (query_at, True), fill=False)  # (B, L) mask

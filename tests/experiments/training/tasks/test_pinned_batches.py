@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from experiments.training.tasks import build_task
 
@@ -59,6 +60,11 @@ def batches(name: str) -> dict[str, dict[str, list]]:
 @pytest.mark.parametrize("name", sorted(TASKS))
 def test_batches_are_those_of_the_code_before_the_shared_pair_placement(name):
     assert batches(name) == json.loads(FIXTURE.read_text())[name]
+    options, seq_len, batch_size, seed = TASKS[name]
+    batch = build_task(options, seq_len=seq_len, batch_size=batch_size, seed=seed).batch("eval", 0)
+    # As lists, True == 1: the types are checked apart.
+    assert (batch.inputs.dtype, batch.targets.dtype) == (torch.int64, torch.int64)
+    assert batch.loss_mask.dtype == torch.bool
 
 
 if __name__ == "__main__":  # writes the fixture: only from code whose batches are the reference
