@@ -16,7 +16,7 @@ import torch
 
 from experiments.measurement import budget
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]  # the repo
 CPU = torch.device("cpu")
 HUGE = 2**28  # float32 elements: 1 GiB, far over the caps below
 

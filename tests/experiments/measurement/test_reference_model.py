@@ -19,7 +19,7 @@ CPU = torch.device("cpu")
 @pytest.fixture
 def corpus(tmp_path) -> Path:
     """A small text file: the project's own sources, so training on it takes seconds."""
-    sources = sorted(Path(measure.__file__).parent.glob("*.py"))
+    sources = sorted(Path(measure.__file__).parents[1].glob("**/*.py"))  # experiments/
     path = tmp_path / "corpus.txt"
     path.write_bytes(b"".join(p.read_bytes() for p in sources))
     return path
