@@ -8,7 +8,7 @@ Long format, one row per logged value:
 The file is what the report's training curves read (analysis/load.py `load_curves`), so they
 exist with `logger=none` too and never depend on W&B's own file formats. It is written whole
 (aside, then renamed) like the record, before the record, and moves wherever the record moves
-(experiments/run.py); a curriculum stage's record gets the history up to the end of its stage.
+(experiments/app/job.py); a curriculum stage's record gets the history up to the end of its stage.
 """
 
 from __future__ import annotations
