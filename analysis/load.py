@@ -39,7 +39,6 @@ from typing import Any
 
 import pandas as pd
 
-from experiments.app import tracking
 from experiments.records import history, record, store
 
 # The columns every frame has, from the record schema (experiments/records/record.py).
@@ -100,7 +99,7 @@ def summary_record(summary: Mapping[str, Any]) -> dict[str, Any]:
         k: v
         for k, v in summary.items()
         if "/" not in k
-        and k != tracking.STEP_AXIS
+        and k != history.STEP_AXIS
         and not k.startswith("_")
         and not isinstance(v, (dict, list))
     }
@@ -127,7 +126,7 @@ def load_curves(frame: pd.DataFrame, metrics: Iterable[str] = CURVE_METRICS) -> 
         if not isinstance(wandb_path, str):
             continue
         for entry in _online_history(wandb_path, metrics):
-            step = entry.get(tracking.STEP_AXIS)
+            step = entry.get(history.STEP_AXIS)
             for metric in metrics:
                 value = entry.get(metric)
                 if step is not None and record.is_number(value):
@@ -262,7 +261,7 @@ def _online_history(wandb_path: str, metrics: tuple[str, ...]) -> list[dict[str,
     run = wandb.Api().run(wandb_path)
     rows = []
     for metric in metrics:
-        rows += run.history(keys=[metric], x_axis=tracking.STEP_AXIS, pandas=False)
+        rows += run.history(keys=[metric], x_axis=history.STEP_AXIS, pandas=False)
     return rows
 
 

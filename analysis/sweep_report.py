@@ -1,8 +1,8 @@
 """A sweep's report and W&B summary at its end: both redone only when its records changed.
 
-`update` draws `<sweep dir>/report/` (figures + report.md), then logs the sweep's W&B summary
-run; the app's end-of-sweep step calls it (experiments/app/sweep.py) after the store is gathered,
-so the summary logs the sweep's results.parquet too. A digest of every record and history file
+`update` draws `<sweep dir>/report/` (figures + report.md), then hands the records and figures
+to the app, which logs the sweep's W&B summary run with them; the app's end-of-sweep step calls
+it (experiments/app/sweep.py) after the store is gathered. A digest of every record and history file
 of the sweep (`records_digest`) is kept beside the report, so re-running a fully recorded sweep
 does not redraw an unchanged report (which takes longer than the resume itself).
 """
@@ -12,12 +12,14 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from experiments.app import tracking
 from experiments.records import history
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 log = logging.getLogger("attnbench")
 
@@ -40,13 +42,18 @@ def records_digest(sweep_dir: Path, logger_cfg: Mapping[str, Any]) -> str:
     return digest.hexdigest()
 
 
-def update(sweep_dir: Path, logger_cfg: Mapping[str, Any], *, group: str) -> None:
-    """Write `<sweep dir>/report/` (figures + report.md), then the sweep's W&B summary run in
-    W&B group `group` with the logger settings `logger_cfg` (the resolved `logger` config).
+def update(
+    sweep_dir: Path,
+    logger_cfg: Mapping[str, Any],
+    summarize: Callable[[pd.DataFrame, dict[str, Path]], None],
+) -> None:
+    """Write `<sweep dir>/report/` (figures + report.md), then `summarize(records, figures)`:
+    the app logs the sweep's W&B summary run there, with `logger_cfg` (the resolved `logger`
+    config), whose settings are part of what makes the report current.
 
     A failure to draw the report is logged with the command that redraws it and does not fail
-    the finished sweep; the summary run is still logged, without figures. When the records and
-    the logger settings are those the report was last drawn from (`DIGEST_FILE`), nothing is
+    the finished sweep; the summary is still made, without figures. When the records and the
+    logger settings are those the report was last drawn from (`DIGEST_FILE`), nothing is
     redone.
     """
     sweep_dir = Path(sweep_dir)
@@ -85,17 +92,7 @@ def update(sweep_dir: Path, logger_cfg: Mapping[str, Any], *, group: str) -> Non
             sweep_dir,
             out_dir,
         )
-    results = sweep_dir / "results.parquet"  # the store, gathered just before
-    run_dir = tracking.log_sweep_summary(
-        logger_cfg,
-        records=frame,
-        figures=figures,
-        group=group,
-        out_dir=sweep_dir,
-        results=results if results.is_file() else None,
-    )
-    if run_dir is not None:
-        print(f"W&B sweep summary run: {run_dir}")
+    summarize(frame, figures)
     if drawn:
         out_dir.mkdir(parents=True, exist_ok=True)
         (out_dir / DIGEST_FILE).write_text(digest + "\n")

@@ -39,7 +39,7 @@ from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from experiments.app import progress
+from experiments.app import progress, tracking
 from experiments.records import record, store
 
 log = logging.getLogger("attnbench")
@@ -89,7 +89,7 @@ class Multirun:
             print("\ninterrupted: gathering the jobs that finished", file=sys.stderr)
         gathered = _part("gather", lambda: store.gather_at_end(self.sweep_dir), default=None)
         if self.config.get("report", True):
-            _part("report", self._report, default=None)
+            _part("report", self.report, default=None)
         code = _part("outcome", lambda: self._outcome(gathered), default=1)
         if not interrupted:
             return code
@@ -100,17 +100,28 @@ class Multirun:
         )
         return INTERRUPTED
 
-    def _report(self) -> None:
-        """The sweep's report and its W&B summary run, redrawn when its records changed."""
+    def report(self) -> None:
+        """The sweep's report and its W&B summary run, redone when its records changed."""
         # The app's one step into analysis, imported only here: the plotting stack would add
         # about a second to every run's start, and a sweep run with report=false never needs it.
         from analysis import sweep_report
 
-        sweep_report.update(
-            self.sweep_dir,
-            OmegaConf.to_container(self.config.logger, resolve=True),
-            group=str(self.config.sweep),
-        )
+        logger_cfg = OmegaConf.to_container(self.config.logger, resolve=True)
+
+        def summarize(records: pd.DataFrame, figures: dict[str, Path]) -> None:
+            results = self.sweep_dir / "results.parquet"  # the store, gathered just before
+            run_dir = tracking.log_sweep_summary(
+                logger_cfg,
+                records=records,
+                figures=figures,
+                group=str(self.config.sweep),
+                out_dir=self.sweep_dir,
+                results=results if results.is_file() else None,
+            )
+            if run_dir is not None:
+                print(f"W&B sweep summary run: {run_dir}")
+
+        sweep_report.update(self.sweep_dir, logger_cfg, summarize)
 
     def _outcome(self, gathered: pd.DataFrame | None) -> int:
         """Print this multirun's jobs that did not end ok; the exit code (also 1 when the store

@@ -45,7 +45,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 MODES = ("online", "offline", "disabled", "dryrun")  # dryrun is W&B's old name for offline
-STEP_AXIS = "step"  # x-axis of per-step training curves
+STEP_AXIS = history.STEP_AXIS  # x-axis of per-step training curves
 SCALING_AXIS = "seq_len"  # x-axis of per-job cost measurements
 MAX_TAG_CHARS = 64  # W&B rejects the whole run for a longer tag
 SWEEP_ID_FILE = ".sweep_id"  # in a sweep dir: the token its W&B run ids carry

@@ -24,6 +24,7 @@ if TYPE_CHECKING:  # pandas is imported when a history is written or read, not f
 
 FILE = "history.parquet"  # beside result.json
 COLUMNS = ("step", "metric", "value")
+STEP_AXIS = "step"  # x-axis of per-step training curves (in W&B too)
 
 
 def metric_name(key: str) -> str:

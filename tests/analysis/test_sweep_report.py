@@ -5,16 +5,20 @@ from __future__ import annotations
 
 import json
 
-from analysis import report, sweep_report
-from experiments.app import tracking
+from omegaconf import OmegaConf
+
+from analysis import report
+from experiments.app import sweep, tracking
 from experiments.records import history, record, store
 from tests import wandb_runs
 from tests.conftest import WANDB_LOGGER
 
 
 def update(sweep_dir, logger):
-    """The report of `sweep_dir` as a multirun of sweep `fixture` ends with it."""
-    sweep_report.update(sweep_dir, logger, group="fixture")
+    """The report part of the end of a multirun of sweep `fixture` over `sweep_dir` (the app's
+    step, experiments/app/sweep.py, which also logs the W&B summary run)."""
+    config = {"hydra": {"sweep": {"dir": str(sweep_dir)}}, "sweep": "fixture", "logger": logger}
+    sweep.Multirun(OmegaConf.create(config), started=0.0, fail_on=("error",)).report()
 
 
 def test_report_and_wandb_summary_of_a_sweep(small_sweep, wandb_home, capsys, monkeypatch):

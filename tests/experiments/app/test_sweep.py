@@ -122,8 +122,8 @@ def test_the_step_runs_in_order_gather_report_outcome(tmp_path, capsys, monkeypa
 
     drawn = []
 
-    def update(sweep_dir, logger_cfg, *, group):
-        drawn.append((sweep_dir, logger_cfg, group))
+    def update(sweep_dir, logger_cfg, summarize):
+        drawn.append((sweep_dir, logger_cfg))
         print("REPORT")
 
     monkeypatch.setattr(sweep_report, "update", update)
@@ -132,7 +132,7 @@ def test_the_step_runs_in_order_gather_report_outcome(tmp_path, capsys, monkeypa
     put(tmp_path, 0, {"job": "0", **rec("a", status="error")})
     assert callback.multirun.end() == 1
     out = capsys.readouterr().out
-    assert drawn == [(tmp_path, {"name": "none"}, "s")]
+    assert drawn == [(tmp_path, {"name": "none"})]
     gathered, reported, listed = (out.index(s) for s in ("1 configurations", "REPORT", "did not"))
     assert gathered < reported < listed
 
