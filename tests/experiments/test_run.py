@@ -74,7 +74,7 @@ RAN_MESSAGE = "record: "  # printed by a job that measured and recorded
 # Resume is about which jobs run, not what they measure: time only the machine's matmul rate.
 QUICK = ("logger=none", "train.steps=0", *MEASURE_NOTHING)
 # A CLI sweep of QUICK jobs whose test reads only records and results.csv: no report drawn at its
-# end (test_ctrl_c_... and tests/analysis/test_callbacks.py check the report of a sweep).
+# end (test_ctrl_c_... and tests/analysis/test_sweep_report.py check the report of a sweep).
 BOOKKEEPING = (*QUICK, "report=false")
 
 
