@@ -34,7 +34,7 @@ setup: $(STAMP)  ## create .venv and install torch, the project and its dev extr
 # re-running it adds what is missing.
 RUN_SEQ_LENS ?= 256,512,1024,2048,4096
 SCALING := $(PY) -m experiments.run -m +experiment=scaling seq_len=$(RUN_SEQ_LENS)
-NO_REPORT := '~hydra.callbacks.sweep_report'
+NO_REPORT := report=false
 # The decode preset reduced for the main job: every causal variant decoding onto 1K and 4K
 # contexts at batch 1 (docs/decode.md).
 DECODE_QUICK := sweep=decode_quick seq_len=1024,4096 batch_size=1
@@ -59,11 +59,11 @@ run-quality: $(STAMP)  ## the main job's quality half: quick long-range recall, 
 	$(RUN_REPORT)
 
 data: $(STAMP)  ## download enwik8 to data/enwik8.zip (needs the internet; the other tasks need no data)
-	$(PY) -m experiments.tasks.download_enwik8 data/enwik8.zip
+	$(PY) -m experiments.training.tasks.download_enwik8 data/enwik8.zip
 
 SWEEP ?= multirun/scaling
 report: $(STAMP)  ## gather a sweep's records again and redraw its report: make report SWEEP=multirun/scaling
-	$(PY) -m experiments.store $(SWEEP)
+	$(PY) -m experiments.records.store $(SWEEP)
 	$(PY) -m analysis.report $(SWEEP) --out $(SWEEP)/report
 
 sweep-%: $(STAMP)  ## run a preset sweep, e.g. make sweep-depth (smoke, scaling, depth, lsh, linformer)

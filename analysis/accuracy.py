@@ -6,7 +6,7 @@
   The job's own record carries `learned` for the whole run (stage records: so far), so a job is
   learned when any of its records says so or reached 90 % (older records: the latter only).
 - *Chance* is a uniform guess among the values; the *floor* is the key-blind predictor's
-  accuracy measured on the same eval batches (experiments/tasks/recall.py): a model at the
+  accuracy measured on the same eval batches (experiments/training/tasks/recall.py): a model at the
   floor has not used the key.
 
 Tables, figures and the headline all read these functions, so they agree.

@@ -20,9 +20,8 @@ from analysis.load import format_value
 from analysis.tables import Table
 
 PAIRS = "task.n_pairs"
-MIXTURE = (
-    "task.train_pairs"  # the counts a mixture-trained job drew from (experiments/tasks/recall.py)
-)
+# The counts a mixture-trained job drew from (experiments/training/tasks/recall.py).
+MIXTURE = "task.train_pairs"
 WITHIN = 0.10  # capacity: within 10 points of exact attention
 
 

@@ -1,6 +1,6 @@
-"""What the report says about decoding (records of `measure.decode`, experiments/decode.py):
-a figure of per-token time and cache memory against the context, a table of both per variant
-and context, and one headline clause per variant at the longest context.
+"""What the report says about decoding (records of `measure.decode`,
+experiments/measurement/decode.py): a figure of per-token time and cache memory against the context,
+a table of both per variant and context, and one headline clause per variant at the longest context.
 
 A series is a variant plus the context columns that differ (batch size, ...), as in every
 other figure (`series.with_series`); the x axis is the job's seq_len, the context the tokens
@@ -14,7 +14,7 @@ from matplotlib.figure import Figure
 
 from analysis import plots, series
 from analysis.tables import Table
-from experiments.record import MIB
+from experiments.records.record import MIB
 
 TIME = "decode_ms_per_token"
 CACHE = "cache_bytes"

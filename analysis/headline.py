@@ -23,7 +23,7 @@ from analysis import accuracy, scaling, series
 from analysis.fit import ALWAYS_FASTER, CROSSED, NEVER, REFERENCE_FAILED
 from analysis.load import format_value
 from analysis.tables import CEILING
-from experiments.record import MIB
+from experiments.records.record import MIB
 
 TIME = "attn_fwd_bwd_ms"
 MEMORY = "attn_fwd_bwd_peak_bytes"

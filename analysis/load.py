@@ -2,12 +2,13 @@
 
 Sources, which all give the same columns:
   - a sweep dir: its `<job>/result.json` records (newest per `config_hash`, as the runner's
-    `experiments.store.gather` does), or when it has none, its `results.parquet` / `results.csv`;
+    `experiments.records.store.gather` does), or when it has none, its `results.parquet` /
+    `results.csv`;
   - a results file: `results.csv`, `results.parquet` or one `result.json`;
   - a W&B project online (`load_wandb`), through `wandb.Api()`.
 W&B's offline run folders are never read: the records and histories beside them are the data.
 
-Schema of the frame (one row per record), from the record schema (experiments/record.py):
+Schema of the frame (one row per record), from the record schema (experiments/records/record.py):
   record columns  every column the runner writes, each in the schema's type (`record.SCHEMA`):
                   identity    sweep, job, config_hash, status (record.STATUSES), error
                   config      the aliases (attention, block, task, seq_len, ...), the resolved
@@ -23,7 +24,7 @@ Schema of the frame (one row per record), from the record schema (experiments/re
                   attention's rows, e.g. "lsh n_hashes=2 bucket_size=64"; just "full" when none do
   source          the path (or W&B URL) the row was read from
   history_path    the row's per-step history (`history.parquet` beside its result.json,
-                  experiments/history.py) when there is one below the source, else None
+                  experiments/records/history.py) when there is one below the source, else None
   wandb_path      "entity/project/run_id" for rows read online, else None
 Per-step training curves: `load_curves(frame)` reads each row's history file, or for rows read
 online, the run's history through the W&B API.
@@ -38,9 +39,9 @@ from typing import Any
 
 import pandas as pd
 
-from experiments import history, record, store, tracking
+from experiments.records import history, record, store
 
-# The columns every frame has, from the record schema (experiments/record.py).
+# The columns every frame has, from the record schema (experiments/records/record.py).
 IDENTITY = record.names(record.IDENTITY)
 CONFIG = record.names(record.CONFIG)
 MEASUREMENTS = record.names(record.MEASURED, optional=False)  # float, NaN when not measured
@@ -98,7 +99,7 @@ def summary_record(summary: Mapping[str, Any]) -> dict[str, Any]:
         k: v
         for k, v in summary.items()
         if "/" not in k
-        and k != tracking.STEP_AXIS
+        and k != history.STEP_AXIS
         and not k.startswith("_")
         and not isinstance(v, (dict, list))
     }
@@ -125,7 +126,7 @@ def load_curves(frame: pd.DataFrame, metrics: Iterable[str] = CURVE_METRICS) -> 
         if not isinstance(wandb_path, str):
             continue
         for entry in _online_history(wandb_path, metrics):
-            step = entry.get(tracking.STEP_AXIS)
+            step = entry.get(history.STEP_AXIS)
             for metric in metrics:
                 value = entry.get(metric)
                 if step is not None and record.is_number(value):
@@ -260,7 +261,7 @@ def _online_history(wandb_path: str, metrics: tuple[str, ...]) -> list[dict[str,
     run = wandb.Api().run(wandb_path)
     rows = []
     for metric in metrics:
-        rows += run.history(keys=[metric], x_axis=tracking.STEP_AXIS, pandas=False)
+        rows += run.history(keys=[metric], x_axis=history.STEP_AXIS, pandas=False)
     return rows
 
 

@@ -30,7 +30,7 @@ from matplotlib.lines import Line2D
 from matplotlib.ticker import FuncFormatter, MaxNLocator, NullFormatter
 
 from analysis import accuracy, fit, load, scaling, series
-from experiments.record import MIB
+from experiments.records.record import MIB
 
 _WALL_STEP = 0.045  # axes-fraction stagger between failure markers of different series
 _LABEL_STEP = 0.05  # axes-fraction stagger between crossover labels

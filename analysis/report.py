@@ -21,7 +21,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from analysis import capacity, decode, headline, load, plots, series, tables
-from experiments.store import Unreadable
+from experiments.records.store import Unreadable
 
 # name -> (figure function, caption). A figure is left out of the report when WHEN says these
 # results cannot fill it, or when it drew nothing.

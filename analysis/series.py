@@ -15,8 +15,8 @@ from collections.abc import Sequence
 import pandas as pd
 
 from analysis.load import format_value
-from experiments.record import config_keys
-from experiments.store import short_names
+from experiments.records.record import config_keys
+from experiments.records.store import short_names
 
 REFERENCE = "full"  # exact attention: what crossovers are measured against
 FUSED = "sdpa"  # its fused kernel (O(L) memory on every device): the default baseline
@@ -52,8 +52,8 @@ def trained_quality(frame: pd.DataFrame, metric: str = "eval_accuracy") -> pd.Da
 
 def context_columns(frame: pd.DataFrame) -> list[str]:
     """The configuration columns that set series apart: every hashed config key of the frame
-    (`experiments.record.config_keys`: the model, block, task, training, threads, ...) but the
-    attention's own (in `variant`), the seed, and `measure.*`, which decides which quantities
+    (`experiments.records.record.config_keys`: the model, block, task, training, threads, ...) but
+    the attention's own (in `variant`), the seed, and `measure.*`, which decides which quantities
     are taken and for how long the clock runs, not the configuration they are taken of."""
     return [
         c

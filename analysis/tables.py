@@ -16,9 +16,9 @@ import pandas as pd
 
 from analysis import accuracy, scaling, series
 from analysis.load import format_value
-from experiments import record
-from experiments.record import MIB
-from experiments.store import task_metrics
+from experiments.records import record
+from experiments.records.record import MIB
+from experiments.records.store import task_metrics
 
 EMPTY = ("", "—", "n/a")  # cells that say nothing
 # What a kernel's time depends on: records agreeing on all of these time the same kernel, so

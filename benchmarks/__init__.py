@@ -1,5 +1,5 @@
 """Performance target scripts, outside the Hydra app: `python -m benchmarks.targets`."""
 
-from experiments import allocator
+from experiments.measurement import allocator
 
 allocator.enable_by_default()  # before benchmarks.targets imports torch

@@ -28,7 +28,7 @@ number of key blocks per query block, and every fixed pattern's forward (no grad
 compiled FlexAttention with the block mask of the same pattern (`impl=flex`, up to
 `--flex-max-len`; each length and pattern compiles once, ~30 s, in the untimed first call).
 
-Decoding (`--skip-decode` to leave out; `experiments.decode.measure_decode`, the same
+Decoding (`--skip-decode` to leave out; `experiments.measurement.decode.measure_decode`, the same
 measurement as `measure.decode`): exact attention's per-token read of its cache at 64K as a
 fraction of the copy bandwidth (>= 0.5), linear, Performer and DeltaNet's ms/token flat from
 1K to 64K (within 1.5x: a fixed state), and the window caches (blockwise, longformer) no larger
@@ -43,8 +43,9 @@ window masks at 2^20 exceed `lsh.MASK_BYTES` and are rebuilt per slice and round
 
 The project's own parts measure: kernels and models are built from one `variants.ModelConfig`
 (d_model 256, 4 heads) as a model's layers build them, each call is timed by
-`experiments.timing.time_call`, the yardstick is `experiments.timing.matmul_call`, peak memory
-is `experiments.memory.peak_memory_bytes` and exponents are `analysis.fit.fit_power_law`.
+`experiments.measurement.timing.time_call`, the yardstick is
+`experiments.measurement.timing.matmul_call`, peak memory is
+`experiments.measurement.memory.peak_memory_bytes` and exponents are `analysis.fit.fit_power_law`.
 """
 
 from __future__ import annotations
@@ -63,10 +64,10 @@ import torch
 import torch.nn.functional as F
 
 from analysis.fit import fit_power_law
-from experiments import timing
-from experiments.decode import measure_decode
-from experiments.memory import peak_memory_bytes, peak_rss_bytes
-from experiments.timing import matmul_call, matmul_gflops_per_s, time_call
+from experiments.measurement import timing
+from experiments.measurement.decode import measure_decode
+from experiments.measurement.memory import peak_memory_bytes, peak_rss_bytes
+from experiments.measurement.timing import matmul_call, matmul_gflops_per_s, time_call
 from variants import ModelConfig, TransformerLM, build_attention
 from variants.attention.base import FWD_BWD_FLOP_FACTOR, sample_gates
 from variants.layers import build_kernel
@@ -401,8 +402,8 @@ def _gates(attend: Callable, q: torch.Tensor) -> dict:
 
 def seconds_per_call(fn: Callable[[], object], min_time_s: float = 0.3) -> float:
     """Seconds of one call, timed for at least `min_time_s` (at least one call) after one
-    untimed call: `experiments.timing.time_call` with one block at the least, so a call of
-    seconds is timed once and a short one over blocks of calls (the median block).
+    untimed call: `experiments.measurement.timing.time_call` with one block at the least, so a call
+    of seconds is timed once and a short one over blocks of calls (the median block).
 
     The untimed call matters for every contender alike: the first call after another kernel's
     measured up to 2x slower for allocation-heavy kernels (LSH at 16K: 2.2 s after an SDPA call,
@@ -482,7 +483,7 @@ def time_in_rounds(
     minutes apart, the matmul 131-166 GFLOP/s): a contender measured against one matmul per
     round took that drift into its FLOP fraction: at 32K, LSH's call came after `full`'s
     (16-18 s) and later contenders' up to ~50 s after that matmul.
-    `experiments.timing.time_in_rounds`, each call timed by `seconds_per_call`.
+    `experiments.measurement.timing.time_in_rounds`, each call timed by `seconds_per_call`.
     Returns (times, yardsticks), each {name: one value per round}.
     """
     return timing.time_in_rounds(

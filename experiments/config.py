@@ -4,21 +4,21 @@ Hydra composes `conf/` into a nested dict, the resolved config. Past the app's e
 (`experiments.run.app`: the dict out of Hydra, `threads` filled in for the launcher) it is read
 here and nowhere else. `ResolvedConfig` holds it as composed, before any check, for what every
 record takes from it whether or not it checks out: its hash and configuration columns
-(experiments/record.py flattens and hashes it), the app's bookkeeping keys, `model.shared_qk`
-resolved, the W&B run's config. `JobConfig.of(config)` turns it into typed parts, each checked
-on construction with a `ValueError` naming the key, so that the app, measure, training, the
-budgets and the model read fields instead of string keys:
+(experiments/records/record.py flattens and hashes it), the app's bookkeeping keys,
+`model.shared_qk` resolved, the W&B run's config. `JobConfig.of(config)` turns it into typed parts,
+each checked on construction with a `ValueError` naming the key, so that the app, measure, training,
+the budgets and the model read fields instead of string keys:
 
     JobConfig        seq_len, batch_size, seed, device, dtype, threads, and
       .attention       {"name": variant, **its options}    (the registry checks them)
       .block, .task    {"name": ..., **options}            (the block and task registries)
       .model           the `variants.ModelConfig` fields of `model:` (d_model, n_heads, ...);
                        `model_config(vocab_size)` is the model's one config object
-      .train           TrainConfig: what experiments/train.py trains with
-      .measure         MeasureConfig: what experiments/measure.py measures, and how long
-      .budget          BudgetConfig: experiments/budget.py's limits
+      .train           TrainConfig: what experiments/training/train.py trains with
+      .measure         MeasureConfig: what measurement/measure.py measures, and how long
+      .budget          BudgetConfig: experiments/measurement/budget.py's limits
       .eval_attention  label -> attention config, the kernels a trained model is also evaluated with
-      .stages          the curriculum's stages, then the job's own (experiments/curriculum.py)
+      .stages          the curriculum's stages, then the job's own (training/curriculum.py)
       .shared_qk       model.shared_qk as the job runs it (null: what the variant requires)
       .hash(), .columns()  the record's config_hash and configuration columns
       .at_stage(stage) the configuration a curriculum stage is recorded as
@@ -27,12 +27,12 @@ The defaults stay in `conf/config.yaml`, the user's control panel; these classes
 constraints. They are not Hydra structured configs: a schema would coerce an int given for a
 float field (`train.grad_clip=1` -> 1.0) and so change the hash of every such configuration,
 and a bad value would abort a whole sweep at composition instead of becoming that job's
-`error` record. The bookkeeping keys (`sweep`, `resume`, `fail_on`, `logger`) are the app's
-own: `ResolvedConfig` reads them (`fail_on` is the sweep's, read by experiments/sweep.py from
-Hydra's config at the multirun's start). The one structured config is the W&B logger's
-(`tracking.WandbLogger`, `register()`): its settings are neither hashed nor measured, one bad
-value is every job's, so Hydra checking their types at composition loses nothing, and its
-`scaling_metrics` default comes from the record schema.
+`error` record. The bookkeeping keys (`sweep`, `resume`, `fail_on`, `report`, `logger`) are the
+app's own: `ResolvedConfig` reads them (`fail_on` and `report` are the sweep's, read by
+experiments/app/sweep.py from Hydra's config at the multirun's start and end). The one
+structured config is the W&B logger's (`tracking.WandbLogger`, `register()`): its settings are
+neither hashed nor measured, one bad value is every job's, so Hydra checking their types at
+composition loses nothing, and its `scaling_metrics` default comes from the record schema.
 
 Keys come from the config files (conf/config.yaml, and the keys a preset declares, such as
 `train_as`); the command line sets them. A top-level key the command line *adds* with `+key=`
@@ -45,7 +45,7 @@ Also here: the OmegaConf resolvers the configs may use, registered when the app 
     ${supports_causal:${attention.name}}   true if the variant can be causal, else false
     ${causal_only:${attention.name}}       true if the variant cannot be bidirectional
     ${timing_workers:${device}}            jobs side by side in a timing sweep: one per free
-                                           CPU core at launch, 1 on CUDA (experiments/cores.py)
+                                           CPU core at launch, 1 on CUDA (experiments/app/cores.py)
 
 so a preset can train every variant causally where it can be and bidirectionally where it
 cannot (Linformer), instead of recording the latter as skipped.
@@ -67,7 +67,9 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
 
 import variants
-from experiments import cores, curriculum, record, tracking
+from experiments.app import cores, tracking
+from experiments.records import record
+from experiments.training import curriculum
 from variants.checks import require_non_negative_int, require_positive_int
 
 OWNER = "config"
@@ -95,8 +97,8 @@ class TrainConfig:
     """AdamW steps with warmup then cosine decay, gradient clipping, evaluation every
     `eval_every` steps on `eval_batches` batches (a stage's last evaluation on more, until
     `eval_pairs` distinct pairs of a recall task were answered); `curriculum`: shorter stages first
-    (experiments/curriculum.py); `progress`: a progress bar over the steps and a line per job of a
-    sweep (None: when stderr is a terminal; experiments/progress.py)."""
+    (experiments/training/curriculum.py); `progress`: a progress bar over the steps and a line per
+    job of a sweep (None: when stderr is a terminal; experiments/app/progress.py)."""
 
     steps: int
     lr: float
@@ -129,12 +131,12 @@ class MeasureConfig:
     """Which figures a job measures (`kernel`, `step`, `memory`, `approx_error`), the timing
     budget per figure (`min_run_time_s`, `warmup` untimed calls), the batches the approximation
     error is averaged over, the reference model it is measured on (`reference`: its
-    `experiments.reference_model.ReferenceConfig` options and `cache_dir`) and the size of the
-    matmul the machine's rate is measured with. `speedup_vs`: the forms of exact attention
+    `experiments.measurement.reference_model.ReferenceConfig` options and `cache_dir`) and the size
+    of the matmul the machine's rate is measured with. `speedup_vs`: the forms of exact attention
     (`sdpa`, `math`: `full`'s impls) the kernel is timed against in `rounds` alternating
-    rounds (experiments/measure.py); empty: the kernel is timed alone. `decode`: measure
+    rounds (experiments/measurement/measure.py); empty: the kernel is timed alone. `decode`: measure
     decoding (prefill the seq_len context, then `decode_steps` timed tokens;
-    experiments/decode.py)."""
+    experiments/measurement/decode.py)."""
 
     kernel: bool
     step: bool
@@ -173,7 +175,8 @@ class MeasureConfig:
 
 @dataclass(frozen=True)
 class BudgetConfig:
-    """A job's limits (None: none): memory in GiB and wall-clock seconds (experiments/budget.py)."""
+    """A job's limits (None: none): memory in GiB and wall-clock seconds
+    (experiments/measurement/budget.py)."""
 
     max_memory_gb: float | None
     max_seconds: float | None
@@ -202,7 +205,7 @@ class ResolvedConfig:
 
     @property
     def logger(self) -> Mapping[str, Any] | None:
-        """The W&B logger's settings (experiments/tracking.py); neither hashed nor measured."""
+        """The W&B logger's settings (experiments/app/tracking.py); neither hashed nor measured."""
         return self.tree["logger"]
 
     @property

@@ -1,26 +1,19 @@
-"""The Hydra app: `attnbench [overrides]` (= `python -m experiments.run`) measures a configuration.
+"""The entry point: `attnbench [overrides]` (= `python -m experiments.run`), the Hydra app.
 
-One job = one configuration: build it, measure it under the memory and time budgets, and record it
-in `<job dir>/result.json` and a W&B run. Any failure becomes the record's `status`: a combination
-the variant cannot do is `skipped`, an invalid option or any other exception is `error` (nothing
-is tracked in W&B for a job that measured nothing). A single run that did not end ok prints one
-line and exits 1; in a sweep the job returns normally so every other job still runs, and the
-multirun's end (experiments/sweep.py) prints the jobs that did not end ok and sets the exit code.
+Each job Hydra launches is `app`: the resolved config, with the launcher's threads per job, is
+measured and recorded by `experiments.app.job.run_job`. A single run that did not end ok prints
+one line and exits 1; in a sweep the job returns normally so every other job still runs, and the
+multirun's one end-of-sweep step (experiments/app/sweep.py) gathers, reports, lists the jobs that
+did not end ok and sets the exit code.
 """
 
 from __future__ import annotations
 
-import gc
-import logging
 import os
 import sys
-import time
-import traceback
-from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
-from experiments import allocator
+from experiments.measurement import allocator
 
 # An entry point: the allocator's variable is set here, before the imports below start torch
 # (c10 reads it once); `import experiments` itself changes no environment variable.
@@ -31,11 +24,11 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from experiments import budget, curriculum, history, progress, record, store, sweep, tracking
-from experiments.config import JobConfig, ResolvedConfig, added_keys, register
-from variants.checks import UnsupportedCombination
+from experiments.app import job as jobs
+from experiments.app import progress, sweep
+from experiments.config import added_keys, register
+from experiments.records import record, store
 
-log = logging.getLogger("attnbench")
 register()
 
 
@@ -44,264 +37,6 @@ def config_dir() -> Path:
     here = Path(__file__).resolve().parent
     installed = here / "conf"
     return installed if (installed / "config.yaml").is_file() else here.parent / "conf"
-
-
-def run_job(
-    config: Mapping[str, Any],
-    out_dir: Path,
-    *,
-    job: str,
-    sweep_dir: Path | None,
-    added: Sequence[str] = (),
-    parallel_jobs: int = 1,
-) -> dict[str, Any] | None:
-    """Measure and record one configuration; returns the record, or None if resumed (skipped).
-
-    `config` is the resolved config (Hydra's, as a plain nested dict), read here once: as
-    `ResolvedConfig` for the record's identity, and as the checked `JobConfig` that everything
-    below takes. `sweep_dir` is set in a multirun: a configuration already recorded there with
-    status ok is not measured again (resume), and nothing is written for it. `added`: the
-    top-level keys the command line added with `+key=` (`experiments.config.added_keys`), an
-    error record.
-    `parallel_jobs`: how many jobs the launcher runs side by side (recorded: timings depend on it).
-    """
-    resolved = ResolvedConfig(config)
-    digest = resolved.hash()
-    if sweep_dir is not None and resolved.resume:
-        previous = store.find_ok_record(sweep_dir, digest)
-        if previous is not None:
-            log.info("already recorded with status ok in %s; skipping", previous)
-            return None
-        _say_if_unreadable(out_dir / "result.json")
-
-    measure = import_for_measuring()
-    import torch  # started by the measuring modules; the app's own import leaves it out
-
-    _displace_other_record(out_dir, digest)
-    rec: dict[str, Any] = {
-        "sweep": resolved.sweep,
-        "job": job,
-        "config_hash": digest,
-        "status": record.OK,
-        "error": None,
-        **resolved.columns(),
-    }
-    tracker = tracking.Tracker()
-    steps = history.History()
-    device = None
-    started = time.perf_counter()
-    try:
-        job_config = JobConfig.of(resolved, added)  # the job as one typed object, checked
-        if note := job_config.skipped_note():
-            log.warning(note)
-        built = measure.setup(job_config)
-    except UnsupportedCombination as error:
-        rec.update(status=record.SKIPPED, error=" ".join(str(error).split()))
-    except Exception as error:  # noqa: BLE001 — an invalid option, or a setup that broke
-        rec.update(status=record.ERROR, error=record.one_line(error))
-        if not isinstance(error, ValueError):
-            log.error("setup failed:\n%s", traceback.format_exc())
-    else:
-        device = built.device
-        tracker = tracking.start_tracker(
-            resolved.logger,
-            run_config=resolved.tree,
-            group=resolved.sweep,
-            job_type=f"{rec['attention']}-{rec['block']}",
-            name=f"{job}-{digest}",
-            tags=[rec["attention"], rec["block"], rec["task"]],
-            out_dir=out_dir,
-            run_id=None
-            if sweep_dir is None
-            else tracking.run_id(resolved.sweep, digest, sweep_dir),
-            replace_in=sweep_dir,
-        )
-        try:
-            with (
-                budget.time_limit(job_config.budget.max_seconds),
-                budget.memory_cap(job_config.budget.max_memory_gb, device),
-            ):
-                measured = measure.measure(
-                    job_config,
-                    built,
-                    on_step=_logged(steps, tracker),
-                    on_stage=_stage_recorder(job_config, rec, out_dir, tracker, steps, started),
-                )
-            rec.update(measured)
-            non_finite = record.non_finite(measured)
-            if non_finite:  # a NaN would be recorded as null, which reads "not measured"
-                values = ", ".join(f"{k}={measured[k]}" for k in non_finite)
-                rec.update(status=record.DIVERGED, error=f"Diverged: non-finite {values}")
-        except KeyboardInterrupt:
-            tracker.discard()  # no record, so no run: a re-run measures it afresh
-            raise
-        except BaseException as error:  # noqa: BLE001 — every failure becomes data
-            rec.update(status=_status_of(error), error=record.one_line(error))
-            if rec["status"] == record.ERROR:
-                log.error("job failed:\n%s", traceback.format_exc())
-        finally:
-            del built
-            gc.collect()
-    rec["job_seconds"] = time.perf_counter() - started
-    if (
-        rec["status"] != record.OK
-    ):  # as it would have run: `auto` and null resolved, as measured ones
-        rec["device"] = device.type if device is not None else _device_or_as_configured(resolved)
-        rec["threads"] = torch.get_num_threads()
-    rec["shared_qk"] = resolved.shared_qk  # None: the variant is unknown
-    rec.update(record.provenance(device), parallel_jobs=parallel_jobs)
-    rec["offline_run_dir"] = None
-    steps.write(out_dir / history.FILE)  # before the record, which makes the job's outcome final
-    record.write_json_atomic(out_dir / "result.json", rec)
-    try:
-        tracker.finish(rec, exit_code=0 if rec["status"] == record.OK else 1)
-    except KeyboardInterrupt:
-        tracker.discard()
-        raise
-    if tracker.run_dir is not None:
-        rec["offline_run_dir"] = str(tracker.run_dir)
-        record.write_json_atomic(out_dir / "result.json", rec)
-    return rec
-
-
-def import_for_measuring():
-    """The measuring modules, imported once a job is to be measured, before its budget starts.
-
-    torch._dynamo (1.7 s of imports) is imported here on purpose: AdamW imports it lazily at its
-    first step, and a job timeout that struck in the middle of that import once left it half
-    done and broke every later job of the process. It is not needed for `--help` or for a
-    configuration already recorded, so the app's own import leaves it (and measure's kernels,
-    tasks and training) out. Returns `experiments.measure`.
-    """
-    import torch._dynamo  # noqa: F401
-
-    from experiments import measure
-
-    return measure
-
-
-def _logged(steps: history.History, tracker: tracking.Tracker):
-    """The `on_step` of a job: each step's metrics kept in its history and logged to W&B."""
-
-    def on_step(metrics: dict[str, Any], step: int) -> None:
-        steps.log_step(metrics, step)
-        tracker.log_step(metrics, step)
-
-    return on_step
-
-
-def _stage_recorder(
-    job: JobConfig, rec, out_dir: Path, tracker, steps: history.History, started: float
-):
-    """Record each finished curriculum stage as its own configuration, as soon as it ends.
-
-    A stage's record is the job's config at the stage's seq_len and batch_size
-    (`JobConfig.at_stage`; a mixture point's at its task options), in
-    `<job dir>/stages/<label>/result.json`, where the store,
-    resume and the report find it like any other record, with the job's history up to the end
-    of the stage beside it. A stage record of another configuration found there is displaced,
-    never overwritten (`_displace_other_stage`).
-    """
-
-    def write(stage: curriculum.Stage, columns: dict[str, Any]) -> None:
-        import torch  # the job's measuring started it
-
-        staged = job.at_stage(stage)
-        stage_rec = {
-            **rec,
-            "job": f"{rec['job']}/{stage.label}",
-            "config_hash": staged.hash(),
-            **staged.columns(),
-            **columns,
-            "shared_qk": staged.shared_qk,
-            "job_seconds": time.perf_counter() - started,
-            **record.provenance(torch.device(columns["device"])),
-            "offline_run_dir": None if tracker.run_dir is None else str(tracker.run_dir),
-        }
-        path = out_dir / "stages" / stage.label / "result.json"
-        _displace_other_stage(path, stage_rec["config_hash"])
-        steps.write(history.beside(path))
-        record.write_json_atomic(path, stage_rec)
-
-    return write
-
-
-def _say_if_unreadable(path: Path) -> None:
-    """A job dir's record that cannot be read is measured again: say so, it is not silent."""
-    try:
-        store.read_record(path)
-    except FileNotFoundError:
-        return
-    except (OSError, ValueError) as error:
-        log.warning("%s is unreadable (%s); measuring this configuration again", path, error)
-
-
-def _device_or_as_configured(resolved: ResolvedConfig) -> str:
-    """The device the job would have used (auto resolved), or the configured name if invalid."""
-    from experiments import measure
-
-    try:
-        return measure.resolve_device(resolved.device).type
-    except ValueError:
-        return str(resolved.device)
-
-
-def _displace_other_record(out_dir: Path, digest: str) -> None:
-    """Move a record of another configuration out of this job's way, never overwrite it.
-
-    Job dirs are numbered by position in the sweep, so a value inserted into or reordered in a
-    re-run sweep gives a recorded configuration's dir to a new one. The old record moves to
-    `displaced/<its hash>/result.json` below it, its curriculum stages' records
-    (`stages/<seq_len>/result.json`) with it, where the store and resume still find them;
-    each record's history moves with it.
-    """
-    other = _hash_of_record(out_dir / "result.json")
-    if other is None or other == digest:
-        return
-    target = out_dir / "displaced" / other
-    _move_record(out_dir / "result.json", target / "result.json")
-    if (out_dir / "stages").is_dir():
-        _move_stages(out_dir / "stages", target / "stages")
-    log.warning(
-        "%s held another configuration (%s); moved to %s", out_dir, other, target / "result.json"
-    )
-
-
-def _move_stages(source: Path, target: Path) -> None:
-    """Move every stage record below `source` to the same place below `target`; a record
-    already there (the same stage of the same configuration, an older copy) is replaced."""
-    for path in sorted(source.glob("*/result.json")):
-        _move_record(path, target / path.parent.name / "result.json")
-
-
-def _move_record(path: Path, destination: Path) -> None:
-    """Move the record at `path` and its history (if any) to `destination` and beside it; a
-    history at the destination that the moved record does not have is removed."""
-    destination.parent.mkdir(parents=True, exist_ok=True)
-    if history.beside(path).is_file():
-        os.replace(history.beside(path), history.beside(destination))
-    else:
-        history.beside(destination).unlink(missing_ok=True)
-    os.replace(path, destination)
-
-
-def _displace_other_stage(path: Path, digest: str) -> None:
-    """A stage record of another configuration at `path` (a job dir whose own record was lost
-    or unreadable, so it did not move with it) moves to `displaced/<its hash>/` beside it."""
-    other = _hash_of_record(path)
-    if other is not None and other != digest:
-        target = path.parent / "displaced" / other / "result.json"
-        _move_record(path, target)
-        log.warning("%s held another configuration (%s); moved to %s", path, other, target)
-
-
-def _hash_of_record(path: Path) -> str | None:
-    """The `config_hash` of the record in `path`; None if there is none or it is unreadable."""
-    try:
-        other = store.read_record(path).get("config_hash")
-    except (OSError, ValueError):
-        return None
-    return other if isinstance(other, str) and other else None
 
 
 def _parallel_jobs(hydra_cfg) -> int:
@@ -324,22 +59,9 @@ def _threads_per_job(hydra_cfg) -> int | None:
     return max(1, (os.cpu_count() or 1) // _parallel_jobs(hydra_cfg))
 
 
-def _status_of(error: BaseException) -> str:
-    """The record status (`record.STATUSES`) of a measurement that raised `error`."""
-    from experiments.train import Diverged
-
-    if isinstance(error, budget.JobTimeout):
-        return record.TIMEOUT
-    if budget.is_out_of_memory(error):
-        return record.OOM
-    if isinstance(error, Diverged):
-        return record.DIVERGED
-    return record.ERROR
-
-
 @hydra.main(config_path=str(config_dir()), config_name="config", version_base="1.3")
 def app(cfg: DictConfig) -> None:
-    """One job: the resolved config measured and recorded (see `run_job`)."""
+    """One job: the resolved config measured and recorded (`experiments.app.job.run_job`)."""
     hydra_cfg = HydraConfig.get()
     multirun = hydra_cfg.mode == RunMode.MULTIRUN
     out_dir = Path(hydra_cfg.runtime.output_dir)
@@ -353,7 +75,7 @@ def app(cfg: DictConfig) -> None:
         if line:
             print(f"sweep: {line}", file=sys.stderr, flush=True)
     added = added_keys(list(hydra_cfg.overrides.task), hydra_cfg.runtime.choices.keys())
-    rec = run_job(
+    rec = jobs.run_job(
         config,
         out_dir,
         job=job,
@@ -375,19 +97,23 @@ def app(cfg: DictConfig) -> None:
 
 
 def main() -> None:
-    """The `attnbench` command: the Hydra app, then how a multirun ended (experiments/sweep.py).
+    """The `attnbench` command: the Hydra app; on Ctrl-C, the end of the interrupted multirun.
 
     Exit codes: 0 done; 1 a single run did not end ok, or a job of a multirun ended in a status
-    of `fail_on` (default: error); 130 interrupted (Ctrl-C), after gathering what finished.
+    of `fail_on` (default: error; the end of the multirun exits so itself:
+    experiments/app/sweep.py); 130 interrupted (Ctrl-C), after gathering what finished.
     """
     try:
         app()
-        code = sweep.finish()
-    except KeyboardInterrupt:
+        code = 0
+    except sweep.Interrupted as stop:  # Ctrl-C in a multirun, which the interrupt carries
         try:
-            code = sweep.interrupted()
+            code = stop.multirun.end(interrupted=True)
         except KeyboardInterrupt:  # a second Ctrl-C: stop now
             code = sweep.INTERRUPTED
+    except KeyboardInterrupt:  # a single run, or before a multirun started
+        print("interrupted", file=sys.stderr)
+        code = sweep.INTERRUPTED
     sys.exit(code)
 
 

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
-# Reference models (experiments/reference_model.py) trained by tests go to one fresh cache per
-# session, shared with the subprocess sweeps through the environment, never to ~/.cache; it is
-# removed when the session ends (`pytest_sessionfinish`), so no run leaves one behind in /tmp.
+# Reference models (experiments/measurement/reference_model.py) trained by tests go to one fresh
+# cache per session, shared with the subprocess sweeps through the environment, never to ~/.cache;
+# it is removed when the session ends (`pytest_sessionfinish`), so no run leaves one behind in /tmp.
 SESSION_CACHE = tempfile.mkdtemp(prefix="attnbench-test-cache-")
 os.environ["ATTNBENCH_CACHE_DIR"] = SESSION_CACHE
 
@@ -60,7 +60,7 @@ def wandb_home(tmp_path, monkeypatch):
     """W&B offline with its files and settings under tmp_path, its service fresh per test."""
     import wandb
 
-    from experiments import tracking
+    from experiments.app import tracking
 
     for var in ("WANDB_DIR", "WANDB_CACHE_DIR", "WANDB_CONFIG_DIR", "WANDB_DATA_DIR"):
         monkeypatch.setenv(var, str(tmp_path / "wandb_home" / var.lower()))

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from experiments import tracking
+from experiments.app import tracking
 
 
 def find(root: Path) -> list[Path]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pandas as pd
 
 from analysis import decode, load, plots, report
-from experiments.record import MIB
+from experiments.records.record import MIB
 from tests.analysis.conftest import FIXTURE
 
 LENGTHS = (1024, 4096, 65536)

@@ -3,7 +3,7 @@
 import pandas as pd
 
 from analysis import headline, load, report
-from experiments.record import MIB
+from experiments.records.record import MIB
 
 LENGTHS = (256, 1024, 4096)
 

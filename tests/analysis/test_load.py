@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from analysis import load
-from experiments import history, record, store
+from experiments.records import history, record, store
 from tests.analysis.conftest import FIXTURE, fixture_records
 
 # Where a row came from, not its values.
@@ -65,7 +65,7 @@ def test_missing_results_are_an_error(tmp_path):
 @pytest.fixture
 def trained_sweep(tmp_path) -> Path:
     """Three fixture records re-recorded as a runner job does: result.json plus the job's
-    history.parquet (experiments/history.py), per-step losses for the two that trained; the
+    history.parquet (experiments/records/history.py), per-step losses for the two that trained; the
     lsh configuration was recorded twice, and the older record's history must not be used."""
     picked = [
         r

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from analysis import load, workspace
-from experiments import record
+from experiments.records import record
 
 
 def panels(spec):

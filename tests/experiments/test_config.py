@@ -9,7 +9,6 @@ import sys
 import pytest
 
 import variants
-from experiments import record
 from experiments.config import (
     BudgetConfig,
     JobConfig,
@@ -19,6 +18,7 @@ from experiments.config import (
     added_keys,
     check_added_keys,
 )
+from experiments.records import record
 from tests.experiments.conftest import ROOT
 
 
@@ -149,7 +149,7 @@ def test_config_and_curriculum_import_alone_without_a_cycle_or_torch():
     """curriculum is a leaf (plain values in, stages out); config starts no torch on import."""
     code = (
         "import sys\n"
-        "import experiments.curriculum\n"
+        "import experiments.training.curriculum\n"
         "print('experiments.config' in sys.modules)\n"
         "import experiments.config\n"
         "print('torch' in sys.modules)\n"

@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from experiments.memory import peak_memory_bytes
+from experiments.measurement.memory import peak_memory_bytes
 from tests.reference import causal_mask, dense_attention, shared_qk_reference
 from variants.config import ModelConfig
 from variants.layers import FeedForward, SelfAttention, rotary

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import variants
-from experiments.memory import peak_memory_bytes
+from experiments.measurement.memory import peak_memory_bytes
 from tests.reference import qkv
 
 LINEAR = {

@@ -60,8 +60,8 @@ def test_chunked_loss_never_holds_the_whole_logits(monkeypatch):
 
 
 def test_training_uses_the_chunked_loss_only_when_switched_on():
-    from experiments.tasks import Batch
-    from experiments.train import masked_loss_and_hits, training_loss
+    from experiments.training.tasks import Batch
+    from experiments.training.train import masked_loss_and_hits, training_loss
 
     plain, chunked = _pair(loss_chunks=3)
     tokens, targets, mask = _batch()

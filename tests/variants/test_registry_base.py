@@ -5,7 +5,7 @@ import sys
 import pytest
 
 import variants
-from experiments import tasks
+from experiments.training import tasks
 from variants.registry_base import Registry
 
 

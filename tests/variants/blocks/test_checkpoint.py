@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from experiments.memory import peak_memory_bytes
+from experiments.measurement.memory import peak_memory_bytes
 from variants import TransformerLM, build_block
 from variants.blocks import build_stack
 

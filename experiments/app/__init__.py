@@ -1,0 +1,3 @@
+"""The Hydra app around the jobs: a job measured and recorded (job.py), the one end-of-sweep
+step (sweep.py), W&B tracking (tracking.py), the sweep's progress line (progress.py) and the
+cores a timing sweep runs on (cores.py). The entry point is experiments/run.py."""

@@ -1,0 +1,302 @@
+"""One job: a configuration measured under its budgets and recorded, whatever happens.
+
+`run_job` reads the resolved config once (`ResolvedConfig` for the record's identity, the checked
+`JobConfig` for everything below), skips a configuration already recorded ok in the sweep dir
+(resume), measures it (experiments/measurement/measure.py) and writes `<job dir>/result.json`
+with its history beside it, and its W&B run. Any failure becomes the record's `status`: a
+combination the variant cannot do is `skipped`, an invalid option or any other exception is
+`error` (nothing is tracked in W&B for a job that measured nothing). A record of another
+configuration found in the job's dir is moved aside (`displaced/<its hash>/`), never
+overwritten. The Hydra entry point around it is experiments/run.py.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import os
+import time
+import traceback
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from experiments.app import tracking
+from experiments.config import JobConfig, ResolvedConfig
+from experiments.measurement import budget
+from experiments.records import history, record, store
+from experiments.training import curriculum
+from variants.checks import UnsupportedCombination
+
+log = logging.getLogger("attnbench")
+
+
+def run_job(
+    config: Mapping[str, Any],
+    out_dir: Path,
+    *,
+    job: str,
+    sweep_dir: Path | None,
+    added: Sequence[str] = (),
+    parallel_jobs: int = 1,
+) -> dict[str, Any] | None:
+    """Measure and record one configuration; returns the record, or None if resumed (skipped).
+
+    `config` is the resolved config (Hydra's, as a plain nested dict), read here once: as
+    `ResolvedConfig` for the record's identity, and as the checked `JobConfig` that everything
+    below takes. `sweep_dir` is set in a multirun: a configuration already recorded there with
+    status ok is not measured again (resume), and nothing is written for it. `added`: the
+    top-level keys the command line added with `+key=` (`experiments.config.added_keys`), an
+    error record.
+    `parallel_jobs`: how many jobs the launcher runs side by side (recorded: timings depend on it).
+    """
+    resolved = ResolvedConfig(config)
+    digest = resolved.hash()
+    if sweep_dir is not None and resolved.resume:
+        previous = store.find_ok_record(sweep_dir, digest)
+        if previous is not None:
+            log.info("already recorded with status ok in %s; skipping", previous)
+            return None
+        _say_if_unreadable(out_dir / "result.json")
+
+    measure = import_for_measuring()
+    import torch  # started by the measuring modules; the app's own import leaves it out
+
+    _displace_other_record(out_dir, digest)
+    rec: dict[str, Any] = {
+        "sweep": resolved.sweep,
+        "job": job,
+        "config_hash": digest,
+        "status": record.OK,
+        "error": None,
+        **resolved.columns(),
+    }
+    tracker = tracking.Tracker()
+    steps = history.History()
+    device = None
+    started = time.perf_counter()
+    try:
+        job_config = JobConfig.of(resolved, added)  # the job as one typed object, checked
+        if note := job_config.skipped_note():
+            log.warning(note)
+        built = measure.setup(job_config)
+    except UnsupportedCombination as error:
+        rec.update(status=record.SKIPPED, error=" ".join(str(error).split()))
+    except Exception as error:  # noqa: BLE001 — an invalid option, or a setup that broke
+        rec.update(status=record.ERROR, error=record.one_line(error))
+        if not isinstance(error, ValueError):
+            log.error("setup failed:\n%s", traceback.format_exc())
+    else:
+        device = built.device
+        tracker = tracking.start_tracker(
+            resolved.logger,
+            run_config=resolved.tree,
+            group=resolved.sweep,
+            job_type=f"{rec['attention']}-{rec['block']}",
+            name=f"{job}-{digest}",
+            tags=[rec["attention"], rec["block"], rec["task"]],
+            out_dir=out_dir,
+            run_id=None
+            if sweep_dir is None
+            else tracking.run_id(resolved.sweep, digest, sweep_dir),
+            replace_in=sweep_dir,
+        )
+        try:
+            with (
+                budget.time_limit(job_config.budget.max_seconds),
+                budget.memory_cap(job_config.budget.max_memory_gb, device),
+            ):
+                measured = measure.measure(
+                    job_config,
+                    built,
+                    on_step=_logged(steps, tracker),
+                    on_stage=_stage_recorder(job_config, rec, out_dir, tracker, steps, started),
+                )
+            rec.update(measured)
+            non_finite = record.non_finite(measured)
+            if non_finite:  # a NaN would be recorded as null, which reads "not measured"
+                values = ", ".join(f"{k}={measured[k]}" for k in non_finite)
+                rec.update(status=record.DIVERGED, error=f"Diverged: non-finite {values}")
+        except KeyboardInterrupt:
+            tracker.discard()  # no record, so no run: a re-run measures it afresh
+            raise
+        except BaseException as error:  # noqa: BLE001 — every failure becomes data
+            rec.update(status=_status_of(error), error=record.one_line(error))
+            if rec["status"] == record.ERROR:
+                log.error("job failed:\n%s", traceback.format_exc())
+        finally:
+            del built
+            gc.collect()
+    rec["job_seconds"] = time.perf_counter() - started
+    if (
+        rec["status"] != record.OK
+    ):  # as it would have run: `auto` and null resolved, as measured ones
+        rec["device"] = device.type if device is not None else _device_or_as_configured(resolved)
+        rec["threads"] = torch.get_num_threads()
+    rec["shared_qk"] = resolved.shared_qk  # None: the variant is unknown
+    rec.update(record.provenance(device), parallel_jobs=parallel_jobs)
+    rec["offline_run_dir"] = None
+    steps.write(out_dir / history.FILE)  # before the record, which makes the job's outcome final
+    record.write_json_atomic(out_dir / "result.json", rec)
+    try:
+        tracker.finish(rec, exit_code=0 if rec["status"] == record.OK else 1)
+    except KeyboardInterrupt:
+        tracker.discard()
+        raise
+    if tracker.run_dir is not None:
+        rec["offline_run_dir"] = str(tracker.run_dir)
+        record.write_json_atomic(out_dir / "result.json", rec)
+    return rec
+
+
+def import_for_measuring():
+    """The measuring modules, imported once a job is to be measured, before its budget starts.
+
+    torch._dynamo (1.7 s of imports) is imported here on purpose: AdamW imports it lazily at its
+    first step, and a job timeout that struck in the middle of that import once left it half
+    done and broke every later job of the process. It is not needed for `--help` or for a
+    configuration already recorded, so the app's own import leaves it (and measure's kernels,
+    tasks and training) out. Returns `experiments.measurement.measure`.
+    """
+    import torch._dynamo  # noqa: F401
+
+    from experiments.measurement import measure
+
+    return measure
+
+
+def _logged(steps: history.History, tracker: tracking.Tracker):
+    """The `on_step` of a job: each step's metrics kept in its history and logged to W&B."""
+
+    def on_step(metrics: dict[str, Any], step: int) -> None:
+        steps.log_step(metrics, step)
+        tracker.log_step(metrics, step)
+
+    return on_step
+
+
+def _stage_recorder(
+    job: JobConfig, rec, out_dir: Path, tracker, steps: history.History, started: float
+):
+    """Record each finished curriculum stage as its own configuration, as soon as it ends.
+
+    A stage's record is the job's config at the stage's seq_len and batch_size
+    (`JobConfig.at_stage`; a mixture point's at its task options), in
+    `<job dir>/stages/<label>/result.json`, where the store,
+    resume and the report find it like any other record, with the job's history up to the end
+    of the stage beside it. A stage record of another configuration found there is displaced,
+    never overwritten (`_displace_other_stage`).
+    """
+
+    def write(stage: curriculum.Stage, columns: dict[str, Any]) -> None:
+        import torch  # the job's measuring started it
+
+        staged = job.at_stage(stage)
+        stage_rec = {
+            **rec,
+            "job": f"{rec['job']}/{stage.label}",
+            "config_hash": staged.hash(),
+            **staged.columns(),
+            **columns,
+            "shared_qk": staged.shared_qk,
+            "job_seconds": time.perf_counter() - started,
+            **record.provenance(torch.device(columns["device"])),
+            "offline_run_dir": None if tracker.run_dir is None else str(tracker.run_dir),
+        }
+        path = out_dir / "stages" / stage.label / "result.json"
+        _displace_other_stage(path, stage_rec["config_hash"])
+        steps.write(history.beside(path))
+        record.write_json_atomic(path, stage_rec)
+
+    return write
+
+
+def _say_if_unreadable(path: Path) -> None:
+    """A job dir's record that cannot be read is measured again: say so, it is not silent."""
+    try:
+        store.read_record(path)
+    except FileNotFoundError:
+        return
+    except (OSError, ValueError) as error:
+        log.warning("%s is unreadable (%s); measuring this configuration again", path, error)
+
+
+def _device_or_as_configured(resolved: ResolvedConfig) -> str:
+    """The device the job would have used (auto resolved), or the configured name if invalid."""
+    from experiments.measurement import measure
+
+    try:
+        return measure.resolve_device(resolved.device).type
+    except ValueError:
+        return str(resolved.device)
+
+
+def _displace_other_record(out_dir: Path, digest: str) -> None:
+    """Move a record of another configuration out of this job's way, never overwrite it.
+
+    Job dirs are numbered by position in the sweep, so a value inserted into or reordered in a
+    re-run sweep gives a recorded configuration's dir to a new one. The old record moves to
+    `displaced/<its hash>/result.json` below it, its curriculum stages' records
+    (`stages/<seq_len>/result.json`) with it, where the store and resume still find them;
+    each record's history moves with it.
+    """
+    other = _hash_of_record(out_dir / "result.json")
+    if other is None or other == digest:
+        return
+    target = out_dir / "displaced" / other
+    _move_record(out_dir / "result.json", target / "result.json")
+    if (out_dir / "stages").is_dir():
+        _move_stages(out_dir / "stages", target / "stages")
+    log.warning(
+        "%s held another configuration (%s); moved to %s", out_dir, other, target / "result.json"
+    )
+
+
+def _move_stages(source: Path, target: Path) -> None:
+    """Move every stage record below `source` to the same place below `target`; a record
+    already there (the same stage of the same configuration, an older copy) is replaced."""
+    for path in sorted(source.glob("*/result.json")):
+        _move_record(path, target / path.parent.name / "result.json")
+
+
+def _move_record(path: Path, destination: Path) -> None:
+    """Move the record at `path` and its history (if any) to `destination` and beside it; a
+    history at the destination that the moved record does not have is removed."""
+    destination.parent.mkdir(parents=True, exist_ok=True)
+    if history.beside(path).is_file():
+        os.replace(history.beside(path), history.beside(destination))
+    else:
+        history.beside(destination).unlink(missing_ok=True)
+    os.replace(path, destination)
+
+
+def _displace_other_stage(path: Path, digest: str) -> None:
+    """A stage record of another configuration at `path` (a job dir whose own record was lost
+    or unreadable, so it did not move with it) moves to `displaced/<its hash>/` beside it."""
+    other = _hash_of_record(path)
+    if other is not None and other != digest:
+        target = path.parent / "displaced" / other / "result.json"
+        _move_record(path, target)
+        log.warning("%s held another configuration (%s); moved to %s", path, other, target)
+
+
+def _hash_of_record(path: Path) -> str | None:
+    """The `config_hash` of the record in `path`; None if there is none or it is unreadable."""
+    try:
+        other = store.read_record(path).get("config_hash")
+    except (OSError, ValueError):
+        return None
+    return other if isinstance(other, str) and other else None
+
+
+def _status_of(error: BaseException) -> str:
+    """The record status (`record.STATUSES`) of a measurement that raised `error`."""
+    from experiments.training.train import Diverged
+
+    if isinstance(error, budget.JobTimeout):
+        return record.TIMEOUT
+    if budget.is_out_of_memory(error):
+        return record.OOM
+    if isinstance(error, Diverged):
+        return record.DIVERGED
+    return record.ERROR

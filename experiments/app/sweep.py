@@ -1,0 +1,236 @@
+"""How a multirun ends: one step in plain order (gather, report, the jobs not ok, exit code).
+
+`SweepEnd` is the app's one Hydra callback (conf/config.yaml, `hydra.callbacks.sweep_end`):
+- at the multirun's start it checks `fail_on` (an unknown status: one line, exit 2), starts the
+  sweep's clock (progress.py) and notes the time: the records written since are this multirun's.
+  From then on Ctrl-C raises `Interrupted`, a KeyboardInterrupt that carries the multirun;
+- as each job ends it gathers the store, so even a killed sweep keeps results.csv;
+- at the multirun's end it runs `Multirun.end`, which does, in this order: gather the sweep's
+  records into results.csv/.parquet and print them (the store could not be written: one line,
+  and the exit code is 1); draw the report and log the W&B sweep-summary run, unless
+  `report=false` (analysis/sweep_report.py; both only when the records changed); print one
+  table of this multirun's jobs that did not end ok (status, the keys that vary in the sweep,
+  the one-line reason); return the exit code: 1 when one of them ended in a status of
+  `fail_on` (default: error, i.e. an invalid option or a crash), else 0 — skipped (an
+  unsupported combination), oom, timeout and diverged are results.
+
+How the exit code reaches the process, with no state kept in a module: a code other than 0 ends
+the process right there (`SystemExit`, which Hydra lets through; ending the multirun is the last
+thing Hydra does), and 0 lets the app return. On Ctrl-C the interrupt itself carries the
+multirun: `experiments.run.main` catches `Interrupted` and calls its `end(interrupted=True)`,
+which gathers and reports the jobs that finished, says how to continue and returns 130.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+import threading
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+from hydra.experimental.callback import Callback
+from hydra.types import RunMode
+from omegaconf import DictConfig, OmegaConf
+
+from experiments.app import progress, tracking
+from experiments.records import record, store
+
+log = logging.getLogger("attnbench")
+
+DEFAULT_FAIL_ON = (record.ERROR,)
+INTERRUPTED = 130  # the shell's exit code for a process ended by SIGINT
+REASON_CHARS = 160
+
+
+def fail_on_statuses(value: Any) -> tuple[str, ...]:
+    """`fail_on` from the config as statuses; `ValueError` naming the option if one is unknown."""
+    if isinstance(value, str):  # fail_on=oom on the command line
+        value = [value]
+    statuses = tuple(DEFAULT_FAIL_ON if value is None else value)
+    known = [s for s in record.STATUSES if s != record.OK]
+    unknown = [s for s in statuses if s not in known]
+    if unknown:
+        raise ValueError(
+            f"config: option 'fail_on' must list statuses among {', '.join(known)}; "
+            f"got {unknown[0]!r}"
+        )
+    return statuses
+
+
+@dataclass
+class Multirun:
+    """One multirun of the app: its config (Hydra's, the sweep's keys and `hydra.*`), when it
+    started (time.time(): the records written since are its own) and its `fail_on` statuses."""
+
+    config: DictConfig
+    started: float
+    fail_on: tuple[str, ...]
+
+    @property
+    def sweep_dir(self) -> Path:
+        return Path(self.config.hydra.sweep.dir)
+
+    def end(self, *, interrupted: bool = False) -> int:
+        """The end of the multirun, in order: gather, report, the jobs not ok; the exit code.
+
+        Each part runs even if the one before raised (as Hydra runs every end-of-multirun
+        callback), so a broken report still leaves the table and the exit code. Interrupted
+        (Ctrl-C): the same for the jobs that finished, then how to continue; the code is 130.
+        """
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # a 2nd Ctrl-C: stop now
+        if interrupted:
+            print("\ninterrupted: gathering the jobs that finished", file=sys.stderr)
+        gathered = _part("gather", lambda: store.gather_at_end(self.sweep_dir), default=None)
+        if self.config.get("report", True):
+            _part("report", self.report, default=None)
+        code = _part("outcome", lambda: self._outcome(gathered), default=1)
+        if not interrupted:
+            return code
+        print(
+            f"interrupted: re-run the same command to measure the rest; configurations recorded "
+            f"ok in {self.sweep_dir} are not measured again",
+            file=sys.stderr,
+        )
+        return INTERRUPTED
+
+    def report(self) -> None:
+        """The sweep's report and its W&B summary run, redone when its records changed."""
+        # The app's one step into analysis, imported only here: the plotting stack would add
+        # about a second to every run's start, and a sweep run with report=false never needs it.
+        from analysis import sweep_report
+
+        logger_cfg = OmegaConf.to_container(self.config.logger, resolve=True)
+
+        def summarize(records: pd.DataFrame, figures: dict[str, Path]) -> None:
+            results = self.sweep_dir / "results.parquet"  # the store, gathered just before
+            run_dir = tracking.log_sweep_summary(
+                logger_cfg,
+                records=records,
+                figures=figures,
+                group=str(self.config.sweep),
+                out_dir=self.sweep_dir,
+                results=results if results.is_file() else None,
+            )
+            if run_dir is not None:
+                print(f"W&B sweep summary run: {run_dir}")
+
+        sweep_report.update(self.sweep_dir, logger_cfg, summarize)
+
+    def _outcome(self, gathered: pd.DataFrame | None) -> int:
+        """Print this multirun's jobs that did not end ok; the exit code (also 1 when the store
+        could not be written: `gathered` is None, said when it happened)."""
+        unwritten = gathered is None
+        written, _ = store.read_records(self.sweep_dir, since=self.started)
+        frame = pd.DataFrame(written)
+        not_ok = frame[frame["status"] != record.OK] if len(frame) else frame
+        if not_ok.empty:
+            return int(unwritten)
+        print(f"\n{len(not_ok)} job(s) of this multirun did not end ok:")
+        everything = store.gather(self.sweep_dir) if gathered is None else gathered
+        print(not_ok_table(not_ok, store.key_columns(everything)))
+        failing = not_ok[not_ok["status"].isin(self.fail_on)]
+        if failing.empty:
+            print(
+                f"(no job ended {' or '.join(self.fail_on)}: exit code {int(unwritten)}; "
+                "fail_on=[error,oom,timeout] makes other statuses fail the sweep)"
+            )
+            return int(unwritten)
+        counts = ", ".join(f"{n} {s}" for s, n in failing["status"].value_counts().items())
+        print(
+            f"error: {counts} in this sweep (fail_on: {', '.join(self.fail_on)})", file=sys.stderr
+        )
+        return 1
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C during a multirun, carrying it (`multirun`) to `experiments.run.main`."""
+
+    def __init__(self, multirun: Multirun):
+        super().__init__()
+        self.multirun = multirun
+
+
+class SweepEnd(Callback):
+    """Hydra callback: the multirun's start, the store gathered as each job ends, and the one
+    end-of-sweep step (`Multirun.end`); see the module docstring."""
+
+    def __init__(self) -> None:
+        self.multirun: Multirun | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Launchers ship the callbacks to each job's process, where only on_job_end runs; it
+        # needs none of the multirun (and a job's Ctrl-C is its launcher's).
+        return {"multirun": None}
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        value = config.get("fail_on")
+        try:
+            fail_on = fail_on_statuses(None if value is None else list(value))
+        except ValueError as error:
+            print(f"error: {error}", file=sys.stderr)
+            sys.exit(2)
+        # File times have a coarser clock on some file systems: a second of slack.
+        self.multirun = multirun = Multirun(config, time.time() - 1.0, fail_on)
+        params = OmegaConf.select(config, "hydra.sweeper.params", default=None) or {}
+        overrides = OmegaConf.select(config, "hydra.overrides.task", default=None) or []
+        progress.SweepClock(multirun.sweep_dir).start(
+            [*(f"{k}={v}" for k, v in params.items()), *overrides]
+        )
+        if threading.current_thread() is threading.main_thread():  # where signals arrive
+
+            def interrupt(signum: int, frame: Any) -> None:
+                raise Interrupted(multirun)
+
+            signal.signal(signal.SIGINT, interrupt)
+
+    def on_job_end(self, config: DictConfig, **kwargs: Any) -> None:
+        if config.hydra.get("mode") != RunMode.MULTIRUN:
+            return
+        try:
+            store.write_results(Path(config.hydra.sweep.dir), quiet=True)
+        except Exception as error:  # the end of the multirun gathers again
+            log.warning("results not gathered after this job: %s", error)
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        if self.multirun is None:
+            return
+        code = self.multirun.end()
+        if code:
+            sys.exit(code)
+
+
+def not_ok_table(frame: pd.DataFrame, keys: list[str]) -> str:
+    """job, status, the sweep's keys and the one-line reason of each record in `frame`."""
+    keys = [k for k in keys if k in frame]
+    table = frame.sort_values("job", key=lambda jobs: jobs.map(_job_order))
+    reasons = ["reason", *table["error"].map(_reason)]
+    table = table[["job", "status", *keys]].rename(columns=store.short_names(keys))
+    lines = table.to_string(index=False, na_rep="").splitlines()
+    return "\n".join(f"{line}  {reason}" for line, reason in zip(lines, reasons, strict=True))
+
+
+def _part(name: str, run: Callable[[], Any], *, default: Any) -> Any:
+    """`run()`; if it raises, a warning naming the part, and `default` (the next part runs)."""
+    try:
+        return run()
+    except Exception as error:  # as Hydra: one part's failure does not stop the rest
+        warnings.warn(f"end of the sweep: {name} failed: {error}", stacklevel=1)
+        return default
+
+
+def _reason(error: Any) -> str:
+    text = "" if error is None or (isinstance(error, float) and pd.isna(error)) else str(error)
+    text = " ".join(text.split())
+    return text[:REASON_CHARS] + ("…" if len(text) > REASON_CHARS else "")
+
+
+def _job_order(job: Any) -> tuple:
+    text = str(job)
+    return (0, int(text), "") if text.isdigit() else (1, 0, text)

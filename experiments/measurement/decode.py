@@ -1,0 +1,118 @@
+"""What a variant costs to generate with: prefill a context, then decode token by token.
+
+`measure_decode` runs the job's attention kernel alone (as the kernel timings do) at the job's
+shape: the prompt is the job's seq_len positions of random q, k, v, prefilled into a cache
+reserved for seq_len + warm-up + timed steps; then one position at a time is decoded onto it,
+each step timed on its own (the cache grows by one per step, so steps are not repeatable calls
+for `timing.time_call`). A gated kernel (NSA, DeltaNet) gets gates drawn as the model would
+give them (`base.sample_gates`), for the prompt and for each new position. Next to each step a
+copy of a tensor the size of the cache is timed: decoding is memory-bound (exact attention
+reads its whole cache per token), and the copy is the machine's bandwidth, as the matmul rate
+is its compute. Columns (experiments/records/record.py, the "decode" block):
+
+  decode_prefill_ms          the prefill (cache built, forward over the prompt), one call,
+                             timed while the profiler takes its memory
+  decode_prefill_peak_bytes  peak live tensors of that call, forward only (the cache included)
+  cache_bytes                the cache's live size after the prefill (`Cache.nbytes`)
+  decode_ms_per_token        median over the timed steps (IQR in decode_iqr_ms_per_token)
+  decode_copy_gb_per_s       copy bandwidth, STREAM's convention: bytes read + written / time
+  decode_read_gb_per_s       cache_bytes / decode_ms_per_token: the cache read per token
+  decode_bandwidth_fraction  the two's ratio: 1 = the decode reads its cache as fast as the
+                             machine copies; meaningless for caches that fit in the CPU caches
+                             (linear, performer: a few hundred KiB)
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Any
+
+import torch
+
+from experiments.measurement.memory import peak_memory_bytes
+from variants.attention.base import Attention, sample_gates
+
+
+def measure_decode(
+    kernel: Attention,
+    shape: tuple[int, int, int, int],
+    device: torch.device,
+    dtype: torch.dtype,
+    *,
+    steps: int,
+    warmup: int,
+) -> dict[str, Any]:
+    """The decode columns of `kernel` at shape (B, H, context, D); `steps` timed decode steps
+    after `warmup` untimed ones. `ValueError` if the kernel cannot decode."""
+    if not kernel.supports_decode or not kernel.causal:
+        reason = kernel.decode_reason if not kernel.supports_decode else "it is not causal"
+        raise ValueError(
+            f"attention {kernel.name!r}: option measure.decode=true, but it cannot decode: {reason}"
+        )
+    batch, heads, context, head_dim = shape
+    new = warmup + steps
+    max_len = context + new
+    generator = torch.Generator(device="cpu").manual_seed(0)
+
+    def draw(length):
+        q, k, v = (
+            torch.randn(batch, heads, length, head_dim, generator=generator).to(device, dtype)
+            for _ in range(3)
+        )
+        gates = sample_gates(kernel, q, generator)  # (B, H, length, n_gates) or None
+        return ((q, q, v) if kernel.applies_shared_qk else (q, k, v)), gates
+
+    (prompt, prompt_gates), (following, following_gates) = draw(context), draw(new)
+
+    def prefill():
+        cache = kernel.init_cache(
+            batch, heads, head_dim, max_len=max_len, device=device, dtype=dtype
+        )
+        kernel.prefill(*prompt, cache, prompt_gates)
+        return cache
+
+    # One prefill, timed while its memory is profiled: a prefill at long contexts is the
+    # costliest call of a decode job (minutes for exact attention at 64K on 2 cores), and the
+    # profiler's per-operator overhead is small next to it.
+    filled = []
+    start = _now(device)
+    peak = peak_memory_bytes(lambda: filled.append(prefill()), device)
+    columns: dict[str, Any] = {
+        "decode_prefill_ms": (_now(device) - start) * 1e3,
+        "decode_prefill_peak_bytes": peak,
+    }
+    cache = filled[0]
+    cache_bytes = cache.nbytes
+    columns["cache_bytes"] = cache_bytes
+    # Filled with ones: a calloc'd tensor would read the kernel's shared zero page, not memory.
+    source = torch.ones(max(cache_bytes, 1), dtype=torch.uint8, device=device)
+    target = torch.empty_like(source)
+    decode_s, copy_s = [], []
+    for t in range(new):
+        q, k, v = (x[:, :, t : t + 1] for x in following)
+        gates = None if following_gates is None else following_gates[:, :, t : t + 1]
+        start = _now(device)
+        kernel.decode(q, k, v, cache, gates)
+        decoded = _now(device)
+        target.copy_(source)
+        copied = _now(device)
+        if t >= warmup:
+            decode_s.append(decoded - start)
+            copy_s.append(copied - decoded)
+    q1, median, q3 = statistics.quantiles(decode_s, n=4, method="inclusive")
+    copy = statistics.median(copy_s)
+    columns["decode_ms_per_token"] = median * 1e3
+    columns["decode_iqr_ms_per_token"] = (q3 - q1) * 1e3
+    columns["decode_copy_gb_per_s"] = 2 * cache_bytes / copy / 1e9
+    columns["decode_read_gb_per_s"] = cache_bytes / median / 1e9
+    columns["decode_bandwidth_fraction"] = (
+        columns["decode_read_gb_per_s"] / columns["decode_copy_gb_per_s"]
+    )
+    return columns
+
+
+def _now(device: torch.device) -> float:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()

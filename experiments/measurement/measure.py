@@ -1,0 +1,597 @@
+"""What one job measures, the same way for every variant.
+
+`setup(job)` builds the task and the model a job's `experiments.config.JobConfig` describes;
+`measure(job, built)` trains the model on the task, then times the attention kernel alone and
+the whole training step, takes the step's peak memory, the kernel's analytic FLOPs, its
+approximation error against exact attention and, with `measure.decode`, what decoding costs
+(experiments/measurement/decode.py). It returns the measurement
+columns of the record; `experiments.run` adds identity, status and provenance.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+import variants
+from experiments.app import progress
+from experiments.config import JobConfig, MeasureConfig
+from experiments.measurement import reference_model
+from experiments.measurement.decode import measure_decode
+from experiments.measurement.memory import peak_memory_bytes, peak_rss_bytes
+from experiments.measurement.timing import (
+    Timing,
+    matmul_gflops_per_s,
+    matmul_timing,
+    round_timer,
+    spread_warnings,
+    time_call,
+    timed_against,
+)
+from experiments.training import curriculum
+from experiments.training.precision import FLOAT32, Precision
+from experiments.training.tasks import Task, build_task
+from experiments.training.train import (
+    TrainingRun,
+    evaluate,
+    start_run,
+    train,
+    training_loss,
+)
+from variants.attention.base import FWD_BWD_FLOP_FACTOR, Attention, sample_gates
+
+
+def resolve_device(name: str) -> torch.device:
+    """`auto` -> cuda if available else cpu; `cuda` without a GPU is a clear error."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name not in ("cpu", "cuda"):
+        raise ValueError(f"option 'device' must be one of auto, cpu, cuda; got {name!r}")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ValueError("option 'device'=cuda but torch sees no CUDA device")
+    return torch.device(name)
+
+
+@dataclass
+class Setup:
+    """Everything a configuration builds before anything is measured."""
+
+    device: torch.device
+    precision: Precision
+    task: Task
+    model: variants.TransformerLM
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The compute type: what activations and the kernels' inputs are."""
+        return self.precision.compute_dtype
+
+    @property
+    def kernel(self) -> Attention:
+        """The first layer's attention kernel: the one timed alone."""
+        return next(self.model.kernels())
+
+
+def setup(job: JobConfig) -> Setup:
+    """Build a configuration; bad options raise `ValueError` naming the key."""
+    device = resolve_device(job.device)
+    precision = Precision.of(job.dtype, device)
+    if job.threads:
+        torch.set_num_threads(int(job.threads))
+    torch.manual_seed(job.seed)
+    task = build_task(job.task, seq_len=job.seq_len, batch_size=job.batch_size, seed=job.seed)
+    # float32 master weights whatever the dtype: half types are autocast (experiments/precision).
+    model = variants.TransformerLM(job.model_config(task.vocab_size)).to(device=device)
+    built = Setup(device, precision, task, model)
+    check_backward(job, built.kernel, device)
+    return built
+
+
+def check_backward(job: JobConfig, kernel: Attention, device: torch.device) -> None:
+    """A kernel that runs forward only on `device` (`impl=flex` on CPU) can only be timed
+    forward: refuse a job that would train it or time or measure a training step."""
+    if kernel.supports_backward(device):
+        return
+    needs = [
+        key
+        for key, on in (
+            ("train.steps", job.train.steps > 0),
+            ("measure.step", job.measure.step),
+            ("measure.memory", job.measure.memory),
+        )
+        if on
+    ]
+    if needs:
+        raise ValueError(
+            f"attention {job.attention_name!r}: option impl='flex' runs forward only on "
+            f"{device.type} (PyTorch's FlexAttention has no CPU backward), but "
+            f"{', '.join(needs)} need a backward; use attention.impl=native to train, or "
+            "train.steps=0 measure.step=false measure.memory=false to time its forward"
+        )
+
+
+def measure(
+    job: JobConfig,
+    built: Setup,
+    on_step: Callable[[dict[str, Any], int], None] | None = None,
+    on_stage: Callable[[curriculum.Stage, dict[str, Any]], None] | None = None,
+) -> dict[str, Any]:
+    """Measure one configuration; returns the measurement columns (units in the names).
+
+    `on_step(metrics, step)` gets every training step's metrics (steps counted across the
+    stages of a curriculum); `on_stage(stage, columns)` gets the training columns of each
+    curriculum stage before the last, as soon as it ends, so the caller can record it.
+    """
+    device, dtype, task, model = built.device, built.dtype, built.task, built.model
+    precision, kernel, m_cfg = built.precision, built.kernel, job.measure
+    columns: dict[str, Any] = {
+        "device": device.type,
+        "precision": precision.label,
+        "threads": torch.get_num_threads(),
+        "n_parameters": sum(p.numel() for p in model.parameters()),
+        "kernel_path": kernel.kernel_path(device, dtype),
+        "matmul_peak_gflops_per_s": matmul_gflops_per_s(str(device), dtype, m_cfg.matmul_size),
+    }
+
+    # Training first, on the freshly seeded model, so every variant starts from the same state;
+    # a curriculum trains the same model at shorter lengths first
+    # (experiments/training/curriculum.py). One optimizer state and one learning-rate schedule over
+    # every stage: a later length continues the run, it does not restart it
+    # (experiments/training/train.py, `TrainingRun`).
+    stages = job.stages
+    run = start_run(model, job.train, sum(stage.steps for stage in stages), precision)
+    trained_steps = 0
+    bar = progress.TrainingBar(
+        sum(stage.steps for stage in stages),
+        f"{job.attention['name']} L={job.seq_len}",
+        on=progress.enabled(job.train.progress),
+    )
+    for number, stage in enumerate(stages):
+        if stage.steps == 0:
+            continue
+        last = number == len(stages) - 1
+        stage_task = (
+            task
+            if last
+            else build_task(
+                job.task, seq_len=stage.seq_len, batch_size=stage.batch_size, seed=job.seed
+            )
+        )
+        result = train(
+            model,
+            stage_task,
+            device,
+            dataclasses.replace(job.train, steps=stage.steps),
+            on_step=_after(on_step, bar, trained_steps, stage.seq_len if len(stages) > 1 else None),
+            precision=precision,
+            run=run,
+        )
+        trained_steps += stage.steps
+        trained = _training_columns(result, stage_task, run)
+        if len(stages) > 1:
+            trained.update(curriculum_stage=number, trained_steps=trained_steps)
+        if last:
+            columns.update(trained)
+        elif on_stage is not None:
+            on_stage(stage, {**columns, **trained})
+    bar.close()
+    if on_stage is not None and job.train.steps:
+        for point, columns_at in mixture_points(job, built, result, run):
+            on_stage(point, {**columns, **columns_at, "trained_steps": trained_steps})
+    for label, attention in job.eval_attention.items():
+        columns.update(
+            evaluate_with_kernel(
+                built, attention, label, seed=job.seed, eval_batches=job.train.eval_batches
+            )
+        )
+
+    timing = {"min_run_time_s": m_cfg.min_run_time_s, "warmup": m_cfg.warmup}
+    config = model.config
+    shape = (job.batch_size, config.n_heads, job.seq_len, config.head_dim)
+    timings: dict[str, Timing] = {}
+    # The kernel's own inputs (and their gradients) only when something measures the kernel.
+    kernel_fwd, kernel_fwd_bwd = (
+        _kernel_calls(kernel, shape, device, dtype)
+        if m_cfg.kernel or m_cfg.memory
+        else (None, None)
+    )
+    if m_cfg.kernel:
+        with precision.autocast():
+            if m_cfg.speedup_vs:  # interleaved with exact attention: times and speed-ups
+                kernel_times, speedups = speedup_timings(
+                    kernel, kernel_fwd, kernel_fwd_bwd, shape, device, dtype, m_cfg
+                )
+                timings.update(kernel_times)
+                columns.update(speedups)
+            else:
+                timings.update(_kernel_timings(kernel_fwd, kernel_fwd_bwd, device, timing))
+        columns.update(_timing_columns(timings))
+        if "attn_fwd_bwd_ms" not in timings:  # a forward-only kernel (impl=flex on CPU)
+            columns.update(attn_fwd_bwd_ms=None, attn_fwd_bwd_iqr_ms=None)  # not measured
+        fwd_flops = kernel.flops(*shape)
+        columns["attn_fwd_flops"] = fwd_flops
+        columns["attn_fwd_bwd_flops"] = int(fwd_flops * FWD_BWD_FLOP_FACTOR)
+        columns["attn_fwd_gflops_per_s"] = fwd_flops / columns["attn_fwd_ms"] / 1e6
+        if "attn_fwd_bwd_ms" in timings:  # not for a forward-only kernel
+            columns["attn_fwd_bwd_gflops_per_s"] = (
+                columns["attn_fwd_bwd_flops"] / columns["attn_fwd_bwd_ms"] / 1e6
+            )
+            columns["attn_fwd_bwd_matmul_fraction"] = (
+                columns["attn_fwd_bwd_gflops_per_s"] / columns["matmul_peak_gflops_per_s"]
+            )
+
+    step = _training_step(model, task, device, precision)
+    if m_cfg.step:
+        timings["step_ms"] = time_call(step, device, **timing)
+        columns.update(_timing_columns({"step_ms": timings["step_ms"]}))
+    # A figure whose blocks spread widely is flagged, not silently recorded as a fact.
+    # The matmul rate every achieved rate is divided by is a timing like the others.
+    matmul = matmul_timing(str(device), dtype, m_cfg.matmul_size)
+    columns["timing_warning"] = spread_warnings({**timings, "matmul_peak_gflops_per_s": matmul})
+    if m_cfg.memory:
+        step()  # optimiser state exists before the measured step, as in steady-state training
+        columns["peak_memory_bytes"] = peak_memory_bytes(step, device)
+        if kernel_fwd_bwd is not None:
+            # The kernel's own share, measured the same way: what it saves for the backward,
+            # its output and the inputs' gradients, without the rest of the model around it.
+            with precision.autocast():
+                kernel_fwd_bwd()  # first-call allocations (caches, buckets) are not the peak
+                columns["attn_fwd_bwd_peak_bytes"] = peak_memory_bytes(kernel_fwd_bwd, device)
+    if m_cfg.approx_error:
+        columns.update(approx_columns(job, built, shape))
+    if m_cfg.decode:
+        with precision.autocast():
+            columns.update(
+                measure_decode(
+                    kernel, shape, device, dtype, steps=m_cfg.decode_steps, warmup=m_cfg.warmup
+                )
+            )
+    columns["peak_rss_bytes"] = peak_rss_bytes()
+    return columns
+
+
+def approx_columns(job: JobConfig, built: Setup, shape) -> dict[str, Any]:
+    """The approximation-error columns: the kernel's error against exact attention on the
+    trained reference's q, k, v, and the kernel swap's bits/byte change, both within the
+    reference's trained length only (NaN beyond, `approx_error_note` says why); the Gaussian
+    figure at any length.
+
+    The kernel measured is a fresh one of the job's config, fitted to the frozen reference first
+    if it has learned state (`reference_model.fitted_kernel`); the reference is trained with
+    the job's shared QK. shape: the kernel's (batch, heads, seq_len, head_dim).
+    """
+    device, dtype, precision, m_cfg = built.device, built.dtype, built.precision, job.measure
+    seeds = m_cfg.approx_seeds
+    config = reference_model.ReferenceConfig.of_job(job)
+    directory = reference_model.cache_dir(m_cfg.reference.get("cache_dir"))
+    reference = reference_model.load_or_train(config, device, directory)
+    columns: dict[str, Any] = {
+        "approx_reference_digest": reference.digest,
+        "approx_reference_bits_per_byte": reference.eval_bits_per_byte,
+        "approx_reference_seq_len": config.trained_length,
+    }
+    with precision.autocast():
+        columns["approx_rel_error_gaussian"] = approx_rel_error(
+            built.kernel, gaussian_inputs(shape, seeds), device, dtype
+        )
+    if job.seq_len > config.trained_length:
+        columns.update(
+            approx_rel_error=None,
+            swap_delta_bits_per_byte=None,
+            approx_error_note=f"seq_len {job.seq_len} is past the reference's trained length "
+            f"{config.trained_length} (measure.reference.long_seq_len): not measured out of "
+            "distribution",
+        )
+        return columns
+    exact = variants.build_attention(
+        "full", causal=built.kernel.causal, shared_qk=built.kernel.applies_shared_qk
+    )
+    kernel, fit_steps, fit_length = reference_model.fitted_kernel(
+        reference,
+        built.model.config,
+        seq_len=job.seq_len,
+        device=device,
+        directory=directory,
+        exact=exact,
+    )
+    columns["approx_kernel_fit_steps"] = fit_steps
+    columns["approx_kernel_fit_seq_len"] = fit_length
+    inputs = (
+        reference_model.for_kernel(triple, kernel, shared_qk=config.shared_qk)
+        for triple in trained_inputs(reference, shape, device, seeds)
+    )
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        torch.manual_seed(job.seed)
+        with precision.autocast():
+            columns["approx_rel_error"] = approx_rel_error(kernel, inputs, device, dtype)
+        if kernel.causal and not kernel.n_gates:
+            exact_bpb, swapped_bpb = reference_model.swap_bits_per_byte(
+                reference,
+                kernel,
+                seq_len=job.seq_len,
+                batch_size=job.batch_size,
+                n_batches=seeds,
+                device=device,
+            )
+            columns["swap_delta_bits_per_byte"] = swapped_bpb - exact_bpb
+        else:
+            columns["swap_delta_bits_per_byte"] = None
+            columns["approx_error_note"] = (
+                "no kernel swap: the reference's layers have no gate projection for a gated kernel"
+                if kernel.n_gates
+                else "no kernel swap: a bidirectional kernel in the causal reference would see "
+                "the bytes it predicts"
+            )
+    return columns
+
+
+def mixture_points(job: JobConfig, built: Setup, result, run: TrainingRun) -> Iterator[tuple]:
+    """A recall mixture's evaluation points: for each count of `task.train_pairs` but the job's
+    own `n_pairs` (its record), the trained model's training columns with the evaluation at that
+    count, as a 0-step `curriculum.Stage` whose task options say the count (so the record is
+    the job's config at that n_pairs). Nothing for other tasks."""
+    counts = getattr(built.task, "train_pairs", None) or ()
+    for count in counts:
+        if count == built.task.n_pairs:
+            continue
+        task = built.task.at_pairs(count)
+        final = evaluate(
+            built.model,
+            task,
+            built.device,
+            job.train.eval_batches,
+            built.precision,
+            min_pairs=job.train.eval_pairs,
+        )
+        at = dataclasses.replace(
+            result, eval_loss=final.loss, eval_accuracy=final.accuracy, final_eval=final
+        )
+        point = curriculum.Stage(job.seq_len, job.batch_size, 0, task=(("n_pairs", count),))
+        yield point, _training_columns(at, task, run)
+
+
+def _training_columns(result, task: Task, run: TrainingRun) -> dict[str, Any]:
+    columns = {
+        "train_loss": result.train_loss,
+        "eval_loss": result.eval_loss,
+        "eval_accuracy": result.eval_accuracy,
+        "tokens_per_s": result.tokens_per_s,
+    }
+    if result.grad_warning is not None:  # float16 gradients that underflowed or overflowed
+        columns["grad_warning"] = result.grad_warning
+    if task.has_accuracy:
+        # Learned so far: the job's own (last) record says it for the whole run.
+        columns.update(learned=run.steps_to_learn is not None, steps_to_learn=run.steps_to_learn)
+    final = result.final_eval
+    if final is not None and final.floor_accuracy is not None:
+        low, high = final.accuracy_ci
+        columns.update(
+            chance_accuracy=task.chance_accuracy,
+            floor_accuracy=final.floor_accuracy,
+            eval_accuracy_ci_low=low,
+            eval_accuracy_ci_high=high,
+            eval_distinct_pairs=final.distinct_pairs,
+        )
+    if task.reports_bits_per_byte:
+        columns["eval_bits_per_byte"] = result.eval_loss / math.log(2)
+    return columns
+
+
+def _after(on_step, bar: progress.TrainingBar, offset: int, seq_len: int | None):
+    """on_step with steps counted from `offset` and, in a curriculum, the stage's length; each
+    step also advances the progress bar."""
+
+    def shifted(metrics: dict[str, Any], step: int) -> None:
+        if seq_len is not None:
+            metrics = {**metrics, "train/seq_len": seq_len}
+        bar.advance(metrics)
+        if on_step is not None:
+            on_step(metrics, offset + step)
+
+    return shifted
+
+
+def evaluate_with_kernel(
+    built: Setup, attention: Mapping[str, Any], label: str, *, seed: int, eval_batches: int
+) -> dict[str, float]:
+    """Evaluate the built model on its task, on its device and in its precision, with every
+    layer's kernel replaced by `attention`, then restore it.
+
+    attention: {"name": variant, **kernel options}, e.g. {"name": "lsh", "n_hashes": 8}. The
+    projections stay as trained, as in the Reformer's Table 2 (train with one attention,
+    evaluate with another; `TransformerLM.kernels_replaced`). Returns `eval_loss@<label>`, and
+    `eval_accuracy@<label>` or `eval_bits_per_byte@<label>` when the task has them, over
+    `eval_batches` batches. Stochastic kernels (LSH) draw from a generator seeded with `seed`,
+    so the columns are reproducible; the global RNG stream is left as it was. A kernel the
+    layers refuse raises `ValueError`.
+    """
+    model, task, device = built.model, built.task, built.device
+    options = {k: v for k, v in attention.items() if k != "name"}
+    with (
+        model.kernels_replaced(attention["name"], options),
+        torch.random.fork_rng(devices=[device] if device.type == "cuda" else []),
+    ):
+        torch.manual_seed(seed)
+        loss, accuracy = evaluate(model, task, device, eval_batches, built.precision)
+    columns = {f"eval_loss@{label}": loss}
+    if task.has_accuracy:
+        columns[f"eval_accuracy@{label}"] = accuracy
+    if task.reports_bits_per_byte:
+        columns[f"eval_bits_per_byte@{label}"] = loss / math.log(2)
+    return columns
+
+
+def _kernel_calls(kernel, shape, device, dtype) -> tuple[Callable, Callable | None]:
+    """The kernel alone on random q, k, v of `shape`: a forward (no grad) and, unless the kernel
+    runs forward only on `device` (impl=flex on CPU), a forward+backward that also allocates
+    the inputs' gradients, as a training step does."""
+    q, k, v = (torch.randn(shape, device=device, dtype=dtype) for _ in range(3))
+    gates = sample_gates(kernel, q)  # None unless the kernel is gated (NSA, DeltaNet)
+
+    def fwd():
+        with torch.no_grad():
+            kernel(q, k, v, gates=gates)
+
+    if not kernel.supports_backward(device):
+        return fwd, None
+    qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
+    grad_out = torch.randn(shape, device=device, dtype=dtype)
+
+    def fwd_bwd():
+        for t in (qg, kg, vg):
+            t.grad = None
+        kernel.zero_grad(set_to_none=True)
+        kernel(qg, kg, vg, gates=gates).backward(grad_out)
+
+    return fwd, fwd_bwd
+
+
+def _kernel_timings(fwd, fwd_bwd, device, timing) -> dict[str, Timing]:
+    """Forward and (when there is one) forward+backward times of the kernel alone."""
+    timings = {"attn_fwd_ms": time_call(fwd, device, **timing)}
+    if fwd_bwd is not None:
+        timings["attn_fwd_bwd_ms"] = time_call(fwd_bwd, device, **timing)
+    return timings
+
+
+def speedup_timings(
+    kernel: Attention,
+    fwd: Callable[[], None],
+    fwd_bwd: Callable[[], None] | None,
+    shape: tuple[int, int, int, int],
+    device: torch.device,
+    dtype: torch.dtype,
+    m_cfg: MeasureConfig,
+) -> tuple[dict[str, Timing], dict[str, float]]:
+    """The kernel's forward and forward+backward, each timed in `m_cfg.rounds` rounds that
+    alternate with exact attention (`full`) at the same shape (batch, heads, seq_len,
+    head_dim), device, dtype and threads: its `sdpa` form in both passes and every other
+    `m_cfg.speedup_vs` form (`math`: explicit L×L scores) in forward+backward.
+
+    Exact attention is causal iff the kernel is, so a bidirectional job is compared with
+    bidirectional SDPA. A shared-QK kernel (lsh, routing) is compared with plain SDPA of the
+    same shape, not with shared-QK exact attention: the question is what the kernel costs
+    against the fused kernel a model would otherwise call. Each round gives every contender
+    `m_cfg.warmup` untimed calls, then `m_cfg.min_run_time_s / m_cfg.rounds` seconds (one
+    block at least). Returns the kernel's timings (`attn_fwd_ms`, `attn_fwd_bwd_ms`: median
+    and IQR over rounds) and the columns `[fwd_]speedup_vs_<impl>` (median over rounds of
+    exact's time / the kernel's in the same round), their `_iqr` and `speedup_rounds`.
+    """
+    time_one = round_timer(
+        device, min_run_time_s=(m_cfg.min_run_time_s or 0.0) / m_cfg.rounds, warmup=m_cfg.warmup
+    )
+    passes = [("attn_fwd_ms", "fwd_", fwd, [i for i in m_cfg.speedup_vs if i == "sdpa"])]
+    if fwd_bwd is not None:
+        passes.append(("attn_fwd_bwd_ms", "", fwd_bwd, list(m_cfg.speedup_vs)))
+    timings, columns = {}, {"speedup_rounds": m_cfg.rounds}
+    for name, prefix, mine, impls in passes:
+        references = {}
+        for impl in impls:
+            exact = variants.build_attention("full", causal=kernel.causal, impl=impl).to(device)
+            exact_fwd, exact_fwd_bwd = _kernel_calls(exact, shape, device, dtype)
+            references[impl] = exact_fwd if prefix else exact_fwd_bwd
+        timings[name], ratios = timed_against(
+            mine, references, rounds=m_cfg.rounds, time_one=time_one
+        )
+        for impl, r in ratios.items():
+            columns[f"{prefix}speedup_vs_{impl}"] = r.median
+            columns[f"{prefix}speedup_vs_{impl}_iqr"] = r.iqr
+    return timings, columns
+
+
+def _timing_columns(timings: dict[str, Timing]) -> dict[str, float]:
+    """`<name>_ms` -> its median, and `<name>_iqr_ms` its interquartile range."""
+    columns = {}
+    for name, t in timings.items():
+        columns[name], columns[name.removesuffix("_ms") + "_iqr_ms"] = t.median_ms, t.iqr_ms
+    return columns
+
+
+def _training_step(model, task, device, precision: Precision = FLOAT32) -> Callable[[], None]:
+    """One full optimiser step (forward, loss, backward, AdamW update) on a fixed batch."""
+    batch = task.batch("train", 0).to(device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    scaler = precision.grad_scaler()
+
+    def step():
+        optimizer.zero_grad(set_to_none=True)
+        with precision.autocast():
+            loss = training_loss(model, batch)
+        if scaler is None:
+            loss.backward()
+            optimizer.step()
+        else:
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
+
+    return step
+
+
+@torch.no_grad()
+def approx_rel_error(
+    kernel: Attention,
+    inputs: Iterable[tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
+    device: torch.device,
+    dtype: torch.dtype,
+) -> float:
+    """Mean over `inputs` of ||kernel(q,k,v) - exact|| / ||exact|| (Frobenius).
+
+    inputs: (q, k, v) triples of the kernel's shape (batch, heads, seq_len, head_dim). Exact
+    attention is the `full` kernel on the same inputs, causal iff the kernel is. A kernel
+    under the Reformer's shared-QK rule (LSH, or one built with `shared_qk=True`) gets k = q and
+    is compared with exact shared-QK attention (unit keys, self masked unless alone), so the
+    error is what hashing, chunking or the pattern cost, not the convention. Measured in eval
+    mode (no centroid or feature updates), in float32 or wider. A gated kernel (NSA, DeltaNet)
+    gets sigmoid(N(0, 1)) gates, seeded per input.
+    """
+    shared_qk = kernel.applies_shared_qk
+    exact_kernel = variants.build_attention("full", causal=kernel.causal, shared_qk=shared_qk)
+    was_training = kernel.training
+    kernel.eval()
+    errors = []
+    try:
+        for index, (q, k, v) in enumerate(inputs):
+            q, k, v = (t.to(device=device, dtype=dtype) for t in (q, k, v))
+            if shared_qk:
+                k = q
+            generator = torch.Generator().manual_seed(20_000 + index)
+            out = kernel(q, k, v, gates=sample_gates(kernel, q, generator)).float()
+            exact = exact_kernel(q, k, v).float()
+            errors.append(
+                float(torch.linalg.vector_norm(out - exact) / torch.linalg.vector_norm(exact))
+            )
+    finally:
+        kernel.train(was_training)
+    return sum(errors) / len(errors)
+
+
+def gaussian_inputs(shape, seeds: int) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """`seeds` draws of q, k, v from N(0, 1) (CPU, float32), each of `shape`.
+
+    Only for `approx_rel_error_gaussian`: at realistic head sizes exact attention over such
+    inputs is nearly uniform, so this error says little about trained models.
+    """
+    for seed in range(seeds):
+        g = torch.Generator(device="cpu").manual_seed(10_000 + seed)
+        yield tuple(torch.randn(shape, generator=g) for _ in range(3))
+
+
+def trained_inputs(
+    reference: reference_model.ReferenceModel, shape, device: torch.device, seeds: int
+) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """q, k, v of every layer of the trained reference model on `seeds` held-out text batches.
+
+    shape: the kernel's (batch, heads, seq_len, head_dim); the reference has the same heads
+    and head_dim (`ReferenceConfig.of_job`).
+    """
+    batch, _, seq_len, _ = shape
+    for index in range(seeds):
+        yield from reference_model.attention_inputs(
+            reference, seq_len=seq_len, batch_size=batch, index=index, device=device
+        )

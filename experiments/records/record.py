@@ -1,0 +1,490 @@
+"""One job's record: a flat dict of documented columns, its identity and its provenance.
+
+`SCHEMA` lists every column with its part (identity, config, measured, provenance), type and
+unit; the store, the W&B logger, the loader and the report read it. Columns carry their unit in
+the name (`_ms`, `_bytes`, `_per_s`). Configuration columns come from
+the resolved Hydra config, flattened with dots (`attention.n_hashes`, `model.depth`); the
+short aliases `attention`, `block`, `task`, `seq_len`, ... are the ones analysis groups by.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import platform
+import socket
+import subprocess
+import tempfile
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from experiments.measurement import allocator
+
+if TYPE_CHECKING:  # the schema is read without torch (`--help`, analysis); provenance imports it
+    import torch
+
+# --- The schema: every column a record has, with its type and unit -----------------------------
+#
+# Read by the store (the printed table, typed Parquet), the W&B logger (the default
+# `logger.scaling_metrics`, and the check of that list), the loader (analysis/load.py: types,
+# and the columns every frame has) and the report. Nothing else lists the columns.
+
+OK, OOM, TIMEOUT, SKIPPED, ERROR, DIVERGED = "ok", "oom", "timeout", "skipped", "error", "diverged"
+STATUSES = (OK, OOM, TIMEOUT, SKIPPED, ERROR, DIVERGED)
+
+# The parts of a record.
+IDENTITY, CONFIG, MEASURED, PROVENANCE = "identity", "config", "measured", "provenance"
+MIB = 2**20  # `_bytes` columns are shown in MiB (the printed table, report tables and figures)
+
+
+@dataclass(frozen=True)
+class Column:
+    """One record column: its part, its Python type (values may also be None) and unit.
+
+    `key`: for a config column, the resolved config key it stands for (`attention` is
+    `attention.name`); `resolved`: the job resolves it as it runs (device auto -> cpu).
+    `optional`: a loader adds no empty column for it when a source lacks it (a metric of some
+    tasks only, a note of newer records). `shown`: in the table a job and a sweep print;
+    `task_metric`: a task's quality figure, printed after those, whose `<name>@<label>` columns
+    are the same figure with another kernel (`eval.attention`); `scaling`: logged against
+    seq_len in W&B unless `logger.scaling_metrics` says otherwise.
+    """
+
+    name: str
+    part: str
+    type: type
+    unit: str = ""
+    doc: str = ""
+    key: str | None = None
+    resolved: bool = False
+    optional: bool = False
+    shown: bool = False
+    task_metric: bool = False
+    scaling: bool = False
+
+    @property
+    def numeric(self) -> bool:
+        return self.type in (int, float)
+
+
+def _config(name: str, type_: type, doc: str, key: str | None = None, **flags) -> Column:
+    return Column(name, CONFIG, type_, doc=doc, key=key or name, **flags)
+
+
+def _measured(name: str, type_: type, unit: str, doc: str, **flags) -> Column:
+    return Column(name, MEASURED, type_, unit, doc, **flags)
+
+
+SCHEMA: tuple[Column, ...] = (
+    Column("sweep", IDENTITY, str, doc="the sweep's name: W&B group, `multirun/<sweep>`"),
+    Column("job", IDENTITY, str, doc="the job's number in its sweep (`<job>/<seq_len>`: a stage)"),
+    Column("config_hash", IDENTITY, str, doc="hash of what is measured (`config_hash`)"),
+    Column("status", IDENTITY, str, doc=" | ".join(STATUSES)),
+    Column("error", IDENTITY, str, doc="why a job did not end ok, on one line"),
+    _config("attention", str, "the attention variant", "attention.name"),
+    _config("block", str, "the block type", "block.name"),
+    _config("task", str, "the task", "task.name"),
+    _config("seq_len", int, "tokens per sequence"),
+    _config("batch_size", int, "sequences per step"),
+    _config("d_model", int, "model width", "model.d_model"),
+    _config("n_heads", int, "attention heads", "model.n_heads"),
+    _config("depth", int, "layers", "model.depth"),
+    _config("causal", bool, "causal attention", "model.causal"),
+    _config("dtype", str, "float32 | bfloat16 | float16"),
+    _config("seed", int, "the job's seed"),
+    _config("device", str, "cpu | cuda (auto resolved)", resolved=True),
+    _config("threads", int, "torch intra-op threads (null resolved)", resolved=True),
+    _config("shared_qk", bool, "shared QK (null resolved)", "model.shared_qk", resolved=True),
+    _measured("attn_fwd_ms", float, "ms", "kernel forward, median", shown=True, scaling=True),
+    _measured("attn_fwd_iqr_ms", float, "ms", "its interquartile range over timed blocks"),
+    _measured("attn_fwd_bwd_ms", float, "ms", "kernel forward+backward", shown=True, scaling=True),
+    _measured("attn_fwd_bwd_iqr_ms", float, "ms", "its interquartile range"),
+    _measured("step_ms", float, "ms", "one training step", shown=True, scaling=True),
+    _measured("step_iqr_ms", float, "ms", "its interquartile range"),
+    _measured(
+        "peak_memory_bytes",
+        int,
+        "bytes",
+        "peak live tensors in a training step",
+        shown=True,
+        scaling=True,
+    ),
+    _measured(
+        "attn_fwd_bwd_peak_bytes",
+        int,
+        "bytes",
+        "peak live tensors of the kernel alone, forward+backward",
+        shown=True,
+        scaling=True,
+    ),
+    _measured("peak_rss_bytes", int, "bytes", "the process's peak resident set size"),
+    _measured("attn_fwd_flops", int, "FLOP", "useful FLOPs of the kernel's forward"),
+    _measured("attn_fwd_bwd_flops", int, "FLOP", "and of its forward+backward"),
+    _measured("attn_fwd_gflops_per_s", float, "GFLOP/s", "achieved rate, forward"),
+    _measured(
+        "attn_fwd_bwd_gflops_per_s", float, "GFLOP/s", "achieved rate, fwd+bwd", scaling=True
+    ),
+    _measured("attn_fwd_bwd_matmul_fraction", float, "fraction", "that rate / the matmul rate"),
+    _measured("matmul_peak_gflops_per_s", float, "GFLOP/s", "the machine's matmul rate"),
+    _measured(
+        "approx_rel_error",
+        float,
+        "relative",
+        "error against exact attention on a trained model's q, k, v",
+        shown=True,
+        scaling=True,
+    ),
+    _measured("approx_rel_error_gaussian", float, "relative", "the same on N(0, 1) q, k, v"),
+    _measured("approx_reference_bits_per_byte", float, "bits/byte", "the reference model's eval"),
+    _measured("approx_reference_digest", str, "", "the reference model measured on", optional=True),
+    # Errors in distribution (issue 22): the reference's trained length, the kernel's fitting,
+    # the kernel swap, and why an error is missing.
+    _measured(
+        "approx_reference_seq_len", int, "tokens", "the reference's trained length", optional=True
+    ),
+    _measured(
+        "approx_kernel_fit_steps",
+        int,
+        "",
+        "steps the kernel's learned state was fitted to the reference (0: it has none)",
+        optional=True,
+    ),
+    _measured(
+        "approx_kernel_fit_seq_len",
+        int,
+        "tokens",
+        "the length the kernel was fitted at (measure.reference.fit_max_len); empty: no fit",
+        optional=True,
+    ),
+    _measured(
+        "swap_delta_bits_per_byte",
+        float,
+        "bits/byte",
+        "held-out bits/byte change when the kernel replaces exact attention in the reference",
+        optional=True,
+    ),
+    _measured(
+        "approx_error_note",
+        str,
+        "",
+        "why approx_rel_error or the swap was not measured",
+        optional=True,
+    ),
+    _measured("train_loss", float, "nats/token", "mean of the last training steps", shown=True),
+    _measured("eval_loss", float, "nats/token", "after training", shown=True),
+    _measured("eval_accuracy", float, "fraction", "after training", task_metric=True),
+    _measured(
+        "eval_bits_per_byte",
+        float,
+        "bits/byte",
+        "after training, byte-level tasks",
+        task_metric=True,
+        optional=True,
+    ),
+    _measured("tokens_per_s", float, "tokens/s", "training throughput", scaling=True),
+    _measured("n_parameters", int, "", "the model's parameters"),
+    _measured("job_seconds", float, "s", "the job's wall time"),
+    _measured("curriculum_stage", int, "", "which curriculum stage (0 = the first)"),
+    _measured("trained_steps", int, "", "optimiser steps taken when evaluated"),
+    _measured("precision", str, "", "float32 | bf16-mixed | fp16-mixed", optional=True),
+    # Quality you can trust (recall tasks): chance, the key-blind floor, an interval, learned.
+    _measured("chance_accuracy", float, "fraction", "a uniform guess: 1 / n_values", optional=True),
+    _measured(
+        "floor_accuracy",
+        float,
+        "fraction",
+        "the key-blind predictor (most frequent value in the context) on the eval batches",
+        optional=True,
+    ),
+    _measured(
+        "eval_accuracy_ci_low",
+        float,
+        "fraction",
+        "Wilson 95 % interval of eval_accuracy over the distinct pairs answered: low",
+        optional=True,
+    ),
+    _measured("eval_accuracy_ci_high", float, "fraction", "and high", optional=True),
+    _measured(
+        "eval_distinct_pairs", int, "", "distinct (sequence, key) pairs evaluated", optional=True
+    ),
+    _measured(
+        "learned",
+        bool,
+        "",
+        "an evaluation of any stage so far reached 90 % accuracy (the job's record: of the run)",
+        optional=True,
+    ),
+    _measured(
+        "steps_to_learn",
+        int,
+        "",
+        "optimiser steps from the start to the first evaluation at 90 %",
+        optional=True,
+    ),
+    # Decoding (measure.decode, experiments/measurement/decode.py): the kernel alone at the job's
+    # shape.
+    _measured("decode_prefill_ms", float, "ms", "prefill of seq_len tokens into a cache"),
+    _measured("decode_prefill_peak_bytes", int, "bytes", "peak live tensors of the prefill"),
+    _measured("cache_bytes", int, "bytes", "the decoding cache after the prefill"),
+    _measured("decode_ms_per_token", float, "ms/token", "one token at seq_len context"),
+    _measured("decode_iqr_ms_per_token", float, "ms/token", "its interquartile range"),
+    _measured("decode_copy_gb_per_s", float, "GB/s", "copy of a cache-sized tensor, read+write"),
+    _measured("decode_read_gb_per_s", float, "GB/s", "cache_bytes / decode_ms_per_token"),
+    _measured("decode_bandwidth_fraction", float, "fraction", "decode read rate / copy rate"),
+    _measured("timing_warning", str, "", "figures whose timing spread widely", optional=True),
+    # issue 26 (nothing lost, nothing silent): float16 gradient checks
+    # (experiments/training/train.py)
+    _measured(
+        "grad_warning",
+        str,
+        "",
+        "float16: steps whose gradients were all zero or skipped by the loss scaler",
+        optional=True,
+    ),
+    # In-job speed-ups against exact attention (measure.speedup_vs,
+    # experiments/measurement/measure.py): exact attention's time / the kernel's in the same round,
+    # median over alternating rounds.
+    _measured("speedup_vs_sdpa", float, "×", "fwd+bwd speed-up over SDPA", shown=True),
+    _measured("speedup_vs_sdpa_iqr", float, "×", "its interquartile range over rounds"),
+    _measured("fwd_speedup_vs_sdpa", float, "×", "forward speed-up over SDPA", optional=True),
+    _measured("fwd_speedup_vs_sdpa_iqr", float, "×", "its IQR over rounds", optional=True),
+    _measured("speedup_vs_math", float, "×", "fwd+bwd speed-up over O(L²)", optional=True),
+    _measured("speedup_vs_math_iqr", float, "×", "its IQR over rounds", optional=True),
+    _measured("speedup_rounds", int, "", "alternating rounds behind the speed-ups", optional=True),
+    # --- the fused CUDA path (issue 25): which path the job's kernel ran ---
+    _measured(
+        "kernel_path",
+        str,
+        "",
+        "fused | explicit: the kernel's attention on PyTorch's fused kernels, or explicit "
+        "matmuls (`Attention.kernel_path`)",
+        optional=True,
+    ),
+    Column("git_commit", PROVENANCE, str, doc="HEAD of the checkout, +dirty if changed"),
+    Column("torch_version", PROVENANCE, str),
+    Column("device_name", PROVENANCE, str, doc="GPU or CPU model"),
+    Column("hostname", PROVENANCE, str),
+    Column("timestamp", PROVENANCE, str, doc="UTC, ISO 8601"),
+    Column(
+        "thp_mem_alloc",
+        PROVENANCE,
+        bool,
+        doc="THP_MEM_ALLOC_ENABLE=1 as the job ran: huge-page CPU allocation (on unless the "
+        "environment says 0)",
+    ),
+    Column("offline_run_dir", PROVENANCE, str, doc="the job's W&B offline run, if any"),
+    Column(
+        "parallel_jobs",
+        PROVENANCE,
+        int,
+        doc="jobs of the sweep run side by side (the joblib launcher's n_jobs; 1 otherwise); "
+        "a timing sweep runs one per free core (experiments/app/cores.py)",
+    ),
+)
+COLUMNS = {c.name: c for c in SCHEMA}
+
+
+def column(name: str) -> Column | None:
+    """The schema's column `name` (`<name>@<label>` is `<name>`'s), None for a config key."""
+    return COLUMNS.get(name.split("@", 1)[0])
+
+
+def names(part: str, *, optional: bool | None = None) -> tuple[str, ...]:
+    """The columns of one part, in schema order (`optional` True/False: only those/the others)."""
+    return tuple(
+        c.name for c in SCHEMA if c.part == part and (optional is None or c.optional == optional)
+    )
+
+
+ERROR_CHARS = 500
+
+
+def one_line(error: BaseException) -> str:
+    """How a failure is told, in the `error` column and in the runner's and the W&B logger's
+    warnings: `Type: message` with the whole message on one line (its white space folded, so a
+    multi-line message keeps its later lines), cut to ERROR_CHARS characters."""
+    text = " ".join(str(error).split())
+    return f"{type(error).__name__}: {text}"[:ERROR_CHARS]
+
+
+def is_number(value: Any) -> bool:
+    """A finite int or float, not a bool: a value a numeric column can hold."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def non_finite(columns: dict[str, Any]) -> list[str]:
+    """The names of the float values in `columns` that are NaN or infinite: a record would
+    show them as null, "not measured", so a job with any of them is `diverged` instead."""
+    return [k for k, v in columns.items() if isinstance(v, float) and not math.isfinite(v)]
+
+
+# The short names analysis groups by, and the resolved config key each one stands for.
+ALIASES = {c.name: c.key for c in SCHEMA if c.part == CONFIG and not c.resolved}
+# Config keys a job resolves and records as it ran (device auto -> cpu, threads null -> n,
+# model.shared_qk null -> as the variant requires), and the key each one stands for.
+RESOLVED = {c.name: c.key for c in SCHEMA if c.resolved}
+SHOWN = tuple(c.name for c in SCHEMA if c.shown)
+TASK_METRICS = tuple(c.name for c in SCHEMA if c.task_metric)
+SCALING_METRICS = tuple(c.name for c in SCHEMA if c.scaling)
+
+# Keys of the resolved config that do not change what is measured, so they stay out of the hash.
+# A budget decides whether a measurement completes, not what it measures: re-running an oom
+# configuration with a larger budget replaces its record.
+_BOOKKEEPING = ("logger", "sweep", "resume", "fail_on", "report", "train.progress")
+_UNHASHED = (*_BOOKKEEPING, "budget")
+
+
+def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """{"a": {"b": 1}} -> {"a.b": 1}; lists become JSON strings so every value is a scalar."""
+    flat: dict[str, Any] = {}
+    for key, value in tree.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            flat.update(flatten(value, f"{name}."))
+        elif isinstance(value, (list, tuple)):
+            flat[name] = json.dumps(list(value))
+        else:
+            flat[name] = value
+    return flat
+
+
+def config_hash(config: dict[str, Any]) -> str:
+    """Stable 12-hex-digit hash of what a job measures (the resolved config minus bookkeeping)."""
+    flat = {k: v for k, v in flatten(config).items() if not _is_under(k, _UNHASHED)}
+    blob = json.dumps(flat, sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
+def config_columns(config: dict[str, Any]) -> dict[str, Any]:
+    """The configuration part of a record: short aliases plus every flattened config key."""
+    flat = flatten(config)
+    columns = {alias: flat[key] for alias, key in ALIASES.items()}
+    # Every other resolved key too (e.g. a preset's `train_as`, `eval.attention.*`), so a
+    # record says everything that made it; the logger's settings are not measurement.
+    for key, value in flat.items():
+        if not key.startswith("logger."):
+            columns.setdefault(key, value)
+    return columns
+
+
+def config_keys(columns: Iterable[str], *, hashed_only: bool = False) -> list[str]:
+    """The configuration columns among a record's (or a results frame's) `columns`, in order.
+
+    They are the aliases, the resolved keys (`device`, `threads`, `shared_qk`), and every
+    flattened config key: the columns with a dot (a measurement's name never has one; an
+    `@<label>` evaluation column is a measurement). Left out: the keys an alias or a resolved
+    key stands for, the sweep's bookkeeping (`sweep`, `resume`, `fail_on`, `report`,
+    `train.progress`), and with `hashed_only` also `budget.*`, which decides whether a
+    measurement completes but not what it measures (as in `config_hash`). Top-level preset keys
+    without a dot (a preset's `train_as` label) are not recognised.
+    """
+    aliased = {*ALIASES.values(), *RESOLVED.values()} - {*ALIASES, *RESOLVED}
+    left_out = ("budget",) if hashed_only else ()
+    keys = []
+    for column in columns:
+        if column in ALIASES or column in RESOLVED:
+            keys.append(column)
+        elif "." in column and "@" not in column and column not in aliased:
+            if not _is_under(column, (*_BOOKKEEPING, *left_out)):
+                keys.append(column)
+    return keys
+
+
+def _is_under(key: str, prefixes: Iterable[str]) -> bool:
+    return any(key == p or key.startswith(f"{p}.") for p in prefixes)
+
+
+def provenance(device: torch.device | None = None) -> dict[str, Any]:
+    """Where and with what a record was measured."""
+    import torch
+
+    if device is not None and device.type == "cuda":
+        device_name = torch.cuda.get_device_name(device)
+    else:
+        device_name = cpu_name()
+    return {
+        "git_commit": git_commit(),
+        "torch_version": torch.__version__,
+        "device_name": device_name,
+        "hostname": socket.gethostname(),
+        "timestamp": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "thp_mem_alloc": allocator.thp_mem_alloc(),
+    }
+
+
+def cpu_name() -> str:
+    """The CPU's model name (Linux /proc/cpuinfo), else what `platform` knows."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def git_commit() -> str:
+    """HEAD of the checkout this code runs from, with `+dirty` if it has uncommitted changes."""
+    root = Path(__file__).resolve().parent.parent
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "--verify", "-q", "HEAD"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+        commit = head.stdout.strip() if head.returncode == 0 else ""
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return f"{commit}+dirty" if commit and dirty else (commit or "unknown")
+
+
+def _json_safe(record: dict[str, Any]) -> dict[str, Any]:
+    """NaN and infinities are not JSON; a value that is not a number is recorded as null."""
+    return {
+        k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in record.items()
+    }
+
+
+def write_json_atomic(path: Path, record: dict[str, Any]) -> None:
+    """Write `record` to `path` so a reader never sees a partial file (tmp file + rename)."""
+
+    def dump(tmp: Path) -> None:
+        with open(tmp, "w") as f:
+            json.dump(_json_safe(record), f, indent=1, sort_keys=True, default=str)
+            f.flush()
+            os.fsync(f.fileno())
+
+    write_atomic(path, dump)
+
+
+def write_atomic(path: Path, write: Callable[[Path], object]) -> None:
+    """Create or replace `path` whole: `write(tmp)` writes a file beside it, which is then
+    renamed over it, so a reader never sees a partial file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.fchmod(fd, 0o666 & ~umask)  # mkstemp makes 0600; follow the umask like any other file
+    os.close(fd)
+    try:
+        write(Path(tmp))
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

@@ -1,0 +1,298 @@
+"""The local results store: one `result.json` per job, gathered per sweep into CSV and Parquet.
+
+Layout of a sweep dir (Hydra's `hydra.sweep.dir`):
+    <sweep>/<job num>/result.json   one record per job, written atomically by the job
+    <sweep>/results.csv             every record of the sweep, one row per configuration
+    <sweep>/results.parquet         the same, typed
+A configuration is identified by `config_hash`; if it was measured more than once (a re-run of a
+failed job), the newest record wins, so no configuration appears twice. The store is rewritten as
+each job ends and at the end of the multirun, so a killed sweep keeps what finished; gathering
+holds a lock on `<sweep>/.results.lock`, so parallel jobs (joblib) or two sweeps ending at once
+never write a table that misses a record another one had just written. The records are the
+truth: `python -m experiments.records.store <sweep dir>` (and `make report`) gathers them again.
+A `result.json` that cannot be read, or that holds anything but a JSON object, is reported by
+path and left out; it never stops a sweep. A multirun whose end cannot write the tables (a full
+disk, a symlink planted as the lock) says so in one line and exits 1 (`gather_at_end`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import logging
+import math
+import os
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from experiments.records import record
+from experiments.records.record import config_keys, write_atomic
+
+log = logging.getLogger("attnbench")
+
+# The printed table: these keys always (a single run's too), then every other key that varies,
+# then the schema's shown measurements when any record has them, and the task's metrics.
+HEADLINE_KEYS = ("attention", "block", "seq_len", "depth")
+LOCK = ".results.lock"  # in the sweep dir: held while its records are gathered and written
+
+
+@dataclass(frozen=True)
+class Unreadable:
+    """A `result.json` that could not be read, and why."""
+
+    path: Path
+    reason: str
+
+
+def read_record(path: Path) -> dict[str, Any]:
+    """The record in `path`: a JSON object. `OSError` if it cannot be read, `ValueError` if it
+    is not JSON or not an object (`[]`, a number, ...), so callers treat both as unreadable."""
+    value = json.loads(Path(path).read_text())
+    if not isinstance(value, dict):
+        raise ValueError(f"not a JSON object but a JSON {type(value).__name__}")
+    return value
+
+
+def read_records(
+    sweep_dir: Path, *, since: float | None = None
+) -> tuple[list[dict[str, Any]], list[Unreadable]]:
+    """Every readable `result.json` below `sweep_dir`, and the unreadable ones.
+
+    `since` (a time.time()): only the files written at or after it, e.g. this multirun's jobs.
+    """
+    records, unreadable = [], []
+    for path in sorted(Path(sweep_dir).glob("**/result.json")):
+        try:
+            if since is not None and path.stat().st_mtime < since:
+                continue
+            records.append(read_record(path))
+        except (OSError, ValueError) as error:
+            unreadable.append(Unreadable(path, " ".join(str(error).split())))
+    return records, unreadable
+
+
+def iter_records(sweep_dir: Path) -> list[dict[str, Any]]:
+    """Every readable `result.json` below `sweep_dir` (unreadable ones are reported, not fatal)."""
+    records, unreadable = read_records(sweep_dir)
+    for bad in unreadable:
+        log.warning("unreadable record %s: %s", bad.path, bad.reason)
+    return records
+
+
+def find_ok_record(sweep_dir: Path, config_hash: str) -> Path | None:
+    """The path of a status-ok record of `config_hash` in `sweep_dir`, if there is one."""
+    for path in Path(sweep_dir).glob("**/result.json"):
+        try:
+            rec = read_record(path)
+        except (OSError, ValueError):
+            continue
+        if rec.get("config_hash") == config_hash and rec.get("status") == record.OK:
+            return path
+    return None
+
+
+def gather(sweep_dir: Path) -> pd.DataFrame:
+    """All records of a sweep as a DataFrame, one row per configuration (newest record wins)."""
+    frame = pd.DataFrame(read_records(sweep_dir)[0])  # the callers report unreadable ones
+    if frame.empty:
+        return frame
+    frame = frame.sort_values("timestamp").drop_duplicates("config_hash", keep="last")
+    return frame.sort_values(["attention", "block", "seq_len"]).reset_index(drop=True)
+
+
+def write_results(sweep_dir: Path, *, quiet: bool = False) -> pd.DataFrame:
+    """Gather a sweep into `results.csv` and `results.parquet` in `sweep_dir`; returns the frame.
+
+    Each file is replaced whole (written aside, then renamed), so a reader never sees half a
+    file; the records are read and the files written under the sweep's lock (`results_lock`),
+    so a parallel job gathering at the same moment cannot replace them with an older table.
+    """
+    sweep_dir = Path(sweep_dir)
+    if not sweep_dir.is_dir():
+        if not quiet:
+            log.warning("no records found in %s", sweep_dir)
+        return pd.DataFrame()
+    with results_lock(sweep_dir):
+        frame = gather(sweep_dir)
+        if frame.empty:
+            if not quiet:
+                log.warning("no records found in %s", sweep_dir)
+            return frame
+        write_atomic(sweep_dir / "results.csv", lambda path: frame.to_csv(path, index=False))
+        typed = parquet_frame(frame)
+        write_atomic(
+            sweep_dir / "results.parquet", lambda path: typed.to_parquet(path, index=False)
+        )
+    return frame
+
+
+@contextlib.contextmanager
+def results_lock(sweep_dir: Path) -> Iterator[None]:
+    """Hold the sweep's exclusive lock (`<sweep_dir>/LOCK`, an flock, released when the holder
+    ends, even killed). The lock file is opened without following a symlink, never truncated,
+    created with the umask's permissions like any other file of the sweep."""
+    flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(Path(sweep_dir) / LOCK, flags, 0o666)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock
+
+
+def parquet_frame(frame: pd.DataFrame) -> pd.DataFrame:
+    """The records with one type per column, as Parquet wants: a schema column in its type
+    (`record.SCHEMA`; ints and bools nullable), any other column as it is when its values share
+    a kind, and as text when they mix (a config key such as `attention.stride`: 'auto' or 64)."""
+    typed = frame.copy()
+    for name in typed.columns:
+        column = record.column(name)
+        values = typed[name]
+        if column is None:
+            if values.dtype == object and _mixed(values):
+                typed[name] = values.map(_text_or_none)
+        elif column.type is int:
+            typed[name] = pd.array(pd.to_numeric(values, errors="coerce"), dtype="Int64")
+        elif column.type is float:
+            typed[name] = pd.to_numeric(values, errors="coerce").astype(float)
+        elif column.type is bool:
+            typed[name] = pd.array(values.map(_bool_or_none), dtype="boolean")
+        else:
+            typed[name] = values.map(_text_or_none)
+    return typed
+
+
+def _mixed(values: pd.Series) -> bool:
+    """Whether the present values are of more than one kind (bool, number, text, ...)."""
+
+    def kind(value: Any) -> str:
+        if isinstance(value, bool):
+            return "bool"
+        return "number" if isinstance(value, (int, float)) else type(value).__name__
+
+    return values.dropna().map(kind).nunique() > 1
+
+
+def _bool_or_none(value: Any) -> bool | None:
+    return value if isinstance(value, bool) else None
+
+
+def _text_or_none(value: Any) -> str | None:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return None
+    return value if isinstance(value, str) else str(value)
+
+
+def varying_keys(frame: pd.DataFrame) -> list[str]:
+    """The configuration keys (`record.config_keys`) that take more than one value in `frame`.
+
+    A missing value is not a value: a job that failed before it resolved `threads` does not
+    make threads vary.
+    """
+    return [
+        key
+        for key in config_keys(frame.columns)
+        if frame[key].dropna().map(_text_or_none).nunique() > 1
+    ]
+
+
+def task_metrics(columns) -> list[str]:
+    """The task's quality columns among `columns`: the schema's task metrics
+    (`record.TASK_METRICS`) and their `@<label>` columns."""
+    return [c for c in columns if c.split("@", 1)[0] in record.TASK_METRICS]
+
+
+def key_columns(frame: pd.DataFrame) -> list[str]:
+    """The columns that tell a sweep's rows apart: HEADLINE_KEYS present, then varying keys."""
+    headline = [k for k in HEADLINE_KEYS if k in frame]
+    return headline + [k for k in varying_keys(frame) if k not in headline]
+
+
+def short_names(columns: list[str]) -> dict[str, str]:
+    """Column -> the part after its last dot (`attention.n_hashes` -> `n_hashes`) when unique."""
+    tails = [c.rsplit(".", 1)[-1] for c in columns]
+    return {c: t if tails.count(t) == 1 else c for c, t in zip(columns, tails, strict=True)}
+
+
+def format_records(
+    records: list[dict[str, Any]] | pd.DataFrame, keys: list[str] | None = None
+) -> str:
+    """A compact text table: the keys that tell the rows apart, status, what was measured.
+
+    `keys` default to `key_columns` of the records themselves. Measurements are shown when any
+    record has one, then the task's metrics (`eval_accuracy`, `eval_bits_per_byte` and their
+    `@<label>` evaluations); peak memory in MiB.
+    """
+    frame = pd.DataFrame(records)
+    keys = key_columns(frame) if keys is None else [k for k in keys if k in frame]
+    measured = [
+        c
+        for c in (*record.SHOWN, *task_metrics(frame.columns))
+        if c in frame and frame[c].notna().any()
+    ]
+    frame = frame[[*keys, "status", *measured]].copy()
+    if "peak_memory_bytes" in frame:
+        frame["peak_memory_bytes"] = frame["peak_memory_bytes"].map(
+            lambda b: f"{b / record.MIB:.1f} MiB" if pd.notna(b) else ""
+        )
+        frame = frame.rename(columns={"peak_memory_bytes": "peak_memory"})
+    frame = frame.rename(columns=short_names(keys))
+    return frame.to_string(index=False, float_format=lambda x: f"{x:.4g}", na_rep="")
+
+
+def gather_at_end(sweep_dir: Path) -> pd.DataFrame | None:
+    """A multirun's last gathering: the sweep's records into results.csv/.parquet, printed with
+    a line per record that could not be read; the frame. None, after one line on stderr, when
+    the tables could not be written (a full disk, a symlink planted as the lock): the records
+    are kept, and the sweep then fails (experiments/app/sweep.py)."""
+    sweep_dir = Path(sweep_dir)
+    try:
+        frame = write_results(sweep_dir)
+    except OSError as error:
+        reason = " ".join(str(error).split())
+        print(
+            f"error: {sweep_dir / 'results.csv'} not gathered ({reason}); the records are "
+            f"kept: python -m experiments.records.store {sweep_dir} gathers them again",
+            file=sys.stderr,
+        )
+        return None
+    for bad in read_records(sweep_dir)[1]:
+        print(f"warning: unreadable record {bad.path}: {bad.reason}", file=sys.stderr)
+    if not frame.empty:
+        print(format_records(frame))
+        counts = frame["status"].value_counts().to_dict()
+        print(f"{len(frame)} configurations {counts}; results: {sweep_dir / 'results.csv'}")
+    return frame
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m experiments.records.store SWEEP_DIR...`: gather each sweep's records into its
+    results.csv/.parquet again (e.g. after a killed sweep); unreadable records are named."""
+    dirs = [Path(a) for a in (sys.argv[1:] if argv is None else argv)]
+    if not dirs:
+        print("usage: python -m experiments.records.store SWEEP_DIR...", file=sys.stderr)
+        return 2
+    code = 0
+    for sweep_dir in dirs:
+        if not sweep_dir.is_dir():
+            print(f"error: {sweep_dir}: no such sweep dir", file=sys.stderr)
+            code = 1
+            continue
+        frame = write_results(sweep_dir, quiet=True)
+        for bad in read_records(sweep_dir)[1]:
+            print(f"warning: unreadable record {bad.path}: {bad.reason}", file=sys.stderr)
+        if frame.empty:
+            print(f"warning: no readable records in {sweep_dir}", file=sys.stderr)
+        else:
+            print(f"{len(frame)} configurations: {sweep_dir / 'results.csv'}")
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,2 @@
+"""What a model trains on and how: the training loop (train.py), the curriculum's stages
+(curriculum.py), what `dtype` means for training (precision.py) and the tasks (tasks/)."""

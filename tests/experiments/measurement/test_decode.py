@@ -1,0 +1,83 @@
+"""measure.decode: the decode columns of a job, in-process on tiny configurations."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import variants
+from experiments.measurement import measure
+from experiments.measurement.decode import measure_decode
+from experiments.records import record
+from tests.experiments import conftest
+
+CPU = torch.device("cpu")
+DECODE_ONLY = (
+    "seq_len=48",
+    *conftest.TINY,
+    *conftest.MEASURE_NOTHING,
+    "train.steps=0",
+    "measure.decode=true",
+    "measure.decode_steps=4",
+    "logger=none",
+)
+DECODE = {
+    "decode_prefill_ms",
+    "decode_prefill_peak_bytes",
+    "cache_bytes",
+    "decode_ms_per_token",
+    "decode_iqr_ms_per_token",
+    "decode_copy_gb_per_s",
+    "decode_read_gb_per_s",
+    "decode_bandwidth_fraction",
+}
+
+
+def test_a_decode_job_records_the_decode_columns(job_config):
+    config = job_config(*DECODE_ONLY, "attention=full")
+    columns = measure.measure(config, measure.setup(config))
+    assert DECODE <= set(columns)
+    assert all(record.column(name) is not None for name in columns)
+    # Exact attention's cache after the prefill: keys and values of 48 positions, fp32.
+    assert columns["cache_bytes"] == 2 * 1 * 2 * 48 * 16 * 4
+    for name in DECODE:
+        assert math.isfinite(columns[name]) and columns[name] > 0, name
+    assert columns["decode_read_gb_per_s"] == pytest.approx(
+        columns["cache_bytes"] / (columns["decode_ms_per_token"] * 1e-3) / 1e9
+    )
+    assert columns["decode_bandwidth_fraction"] == pytest.approx(
+        columns["decode_read_gb_per_s"] / columns["decode_copy_gb_per_s"]
+    )
+    # The prefill's peak holds at least the cache it fills.
+    assert columns["decode_prefill_peak_bytes"] >= columns["cache_bytes"]
+
+
+def test_decode_is_off_by_default_and_refused_where_impossible(job_config):
+    config = job_config(*DECODE_ONLY[:-3], "logger=none")
+    assert not config.measure.decode
+    assert not DECODE & set(measure.measure(config, measure.setup(config)))
+    bidirectional = job_config(*DECODE_ONLY, "attention=linformer", "model.causal=false")
+    with pytest.raises(ValueError, match="measure.decode=true, but it cannot decode"):
+        measure.measure(bidirectional, measure.setup(bidirectional))
+    with pytest.raises(ValueError, match="measure.decode_steps' must be an int >= 2"):
+        job_config(*DECODE_ONLY, "measure.decode_steps=1")
+
+
+@pytest.mark.parametrize(
+    ("name", "state_bytes"),
+    [
+        ("linear", 1 * 2 * 8 * 9 * 4),  # S' = sum phi(k) [v, 1]^T, fp32
+        ("deltanet", 1 * 2 * 8 * 8 * 4),  # S, d x d: a gated kernel, given sampled gates
+    ],
+)
+def test_fixed_state_caches_do_not_grow_with_the_context(name, state_bytes):
+    kernel = variants.build_attention(name, causal=True)
+    sizes = [
+        measure_decode(kernel, (1, 2, length, 8), CPU, torch.float32, steps=2, warmup=0)[
+            "cache_bytes"
+        ]
+        for length in (16, 64)
+    ]
+    assert sizes[0] == sizes[1] == state_bytes

@@ -1,0 +1,185 @@
+"""A job's record: its configuration hash, columns, provenance and atomic write."""
+
+from __future__ import annotations
+
+import json
+import stat
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+import torch
+
+from experiments.records import record
+from tests.conftest import output_of_another_process
+
+
+def reversed_order(tree):
+    """The same mapping with every level's keys in reverse insertion order."""
+    if isinstance(tree, dict):
+        return {k: reversed_order(tree[k]) for k in reversed(list(tree))}
+    return tree
+
+
+def test_flatten_joins_keys_with_dots_and_lists_become_json():
+    flat = record.flatten({"a": {"b": 1, "c": {"d": None}}, "e": [1, "x"], "f": "g"})
+    assert flat == {"a.b": 1, "a.c.d": None, "e": '[1, "x"]', "f": "g"}
+
+
+def test_config_hash_is_stable_and_ignores_key_order(resolved_config):
+    config = resolved_config("attention=lsh", "seq_len=256")
+    digest = record.config_hash(config)
+    assert len(digest) == 12 and int(digest, 16) >= 0
+    assert record.config_hash(resolved_config("attention=lsh", "seq_len=256")) == digest
+    assert record.config_hash(reversed_order(config)) == digest
+
+
+def test_config_hash_is_the_same_in_another_process(resolved_config):
+    config = resolved_config("attention=blockwise", "seq_len=512")
+    script = (
+        "import json, sys; from experiments.records.record import config_hash; "
+        "print(config_hash(json.load(sys.stdin)))"
+    )
+    there = output_of_another_process(script, hash_seed="12345", stdin=json.dumps(config))
+    assert there == record.config_hash(config)
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["logger=none"],
+        ["logger.mode=online", "logger.project=elsewhere"],
+        ["sweep=another-sweep"],
+        ["resume=false"],
+        ["train.progress=true"],
+    ],
+    ids=lambda o: " ".join(o),
+)
+def test_config_hash_ignores_bookkeeping_keys(resolved_config, overrides):
+    assert record.config_hash(resolved_config(*overrides)) == record.config_hash(resolved_config())
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["seq_len=2048"],
+        ["attention=blockwise"],
+        ["attention=lsh", "attention.n_hashes=8"],
+        ["model.causal=false"],
+        ["block=reversible"],
+        ["train.steps=7"],
+        ["seed=1"],
+    ],
+    ids=lambda o: " ".join(o),
+)
+def test_config_hash_changes_with_what_is_measured(resolved_config, overrides):
+    assert record.config_hash(resolved_config(*overrides)) != record.config_hash(resolved_config())
+
+
+def test_config_columns_have_short_aliases_and_every_option(resolved_config):
+    config = resolved_config(
+        "attention=blockwise",
+        "attention.block_size=32",
+        "seq_len=128",
+        "model.depth=3",
+        "block=checkpoint",
+    )
+    columns = record.config_columns(config)
+    assert {
+        k: columns[k]
+        for k in (
+            "attention",
+            "block",
+            "task",
+            "seq_len",
+            "depth",
+            "d_model",
+            "n_heads",
+            "causal",
+            "batch_size",
+            "dtype",
+            "seed",
+        )
+    } == {
+        "attention": "blockwise",
+        "block": "checkpoint",
+        "task": "random_lm",
+        "seq_len": 128,
+        "depth": 3,
+        "d_model": config["model"]["d_model"],
+        "n_heads": config["model"]["n_heads"],
+        "causal": True,
+        "batch_size": 1,
+        "dtype": "float32",
+        "seed": 0,
+    }
+    assert columns["attention.block_size"] == 32 and columns["model.depth"] == 3
+    assert columns["budget.max_seconds"] == config["budget"]["max_seconds"]
+    assert not [k for k in columns if k.startswith(("logger", "hydra"))]
+    assert all(not isinstance(v, (dict, list)) for v in columns.values())
+
+
+def test_provenance_says_where_and_with_what():
+    prov = record.provenance(torch.device("cpu"))
+    assert set(prov) == {
+        "git_commit",
+        "torch_version",
+        "device_name",
+        "hostname",
+        "timestamp",
+        "thp_mem_alloc",
+    }
+    assert prov["torch_version"] == torch.__version__
+    assert prov["device_name"] and prov["hostname"] and prov["git_commit"]
+    assert datetime.fromisoformat(prov["timestamp"]).utcoffset() is not None  # zone-aware
+
+
+def test_write_json_atomic_writes_sorted_json_and_leaves_no_temp_file(tmp_path):
+    path = tmp_path / "job" / "result.json"
+    record.write_json_atomic(path, {"b": 1, "a": Path("/x"), "c": float("inf")})
+    # Infinity and NaN are not JSON: recorded as null, so any JSON reader can load a record.
+    assert json.loads(path.read_text()) == {"a": "/x", "b": 1, "c": None}
+    record.write_json_atomic(path, {"status": "ok", "z": None, "a": 2})  # replaces the first
+    assert [p.name for p in path.parent.iterdir()] == ["result.json"]
+    assert json.loads(path.read_text()) == {"a": 2, "status": "ok", "z": None}
+    assert list(json.loads(path.read_text())) == ["a", "status", "z"]
+
+
+def test_write_json_atomic_keeps_the_old_file_when_writing_fails(tmp_path):
+    path = tmp_path / "result.json"
+    record.write_json_atomic(path, {"status": "ok"})
+    with pytest.raises(TypeError):
+        record.write_json_atomic(path, {1: "int key", "a": "str key"})  # unsortable keys
+    assert [p.name for p in tmp_path.iterdir()] == ["result.json"]
+    assert json.loads(path.read_text()) == {"status": "ok"}
+
+
+def test_record_file_mode_follows_the_umask(tmp_path):
+    plain = tmp_path / "plain.json"
+    plain.write_text("{}")
+    record.write_json_atomic(tmp_path / "result.json", {})
+    assert stat.S_IMODE((tmp_path / "result.json").stat().st_mode) == stat.S_IMODE(
+        plain.stat().st_mode
+    )
+
+
+def test_the_schema_names_each_column_once_with_a_type_and_its_unit_in_the_name():
+    assert len(record.COLUMNS) == len(record.SCHEMA)
+    for column in record.SCHEMA:
+        assert column.type in (int, float, bool, str), column.name
+        assert column.part in (record.IDENTITY, record.CONFIG, record.MEASURED, record.PROVENANCE)
+        for unit, suffix in (("ms", "_ms"), ("bytes", "_bytes"), ("GFLOP/s", "_per_s")):
+            if column.unit == unit:
+                assert column.name.endswith(suffix), column.name
+    assert record.column("eval_accuracy@lsh-8") is record.COLUMNS["eval_accuracy"]
+    assert record.column("attention.n_hashes") is None  # a config key, typed by its values
+    assert set(record.SHOWN) | set(record.SCALING_METRICS) <= {
+        c.name for c in record.SCHEMA if c.numeric
+    }
+    assert record.ALIASES["attention"] == "attention.name" and "device" in record.RESOLVED
+
+
+def test_every_config_alias_stands_for_a_key_of_the_resolved_config(resolved_config):
+    flat = record.flatten(resolved_config())
+    for alias, key in {**record.ALIASES, **record.RESOLVED}.items():
+        assert key in flat, alias

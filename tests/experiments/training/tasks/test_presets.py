@@ -1,0 +1,118 @@
+"""The quality presets compose into buildable jobs, and Table 2's "full" row is shared-QK."""
+
+from __future__ import annotations
+
+import pytest
+from omegaconf import OmegaConf
+
+import variants
+from experiments.config import JobConfig
+from experiments.measurement import measure
+from tests.experiments.conftest import CONF
+
+# preset -> the sweep values of its one swept key
+PRESETS = {
+    "reformer_table2": ("train_as", ["full", "lsh-1", "lsh-2", "lsh-4"]),
+    "shared_qk": ("model.shared_qk", ["false", "true"]),
+    "reversible_quality": ("block", ["residual", "reversible"]),
+    "quality_speed": (
+        "train_as",
+        ["full", "linformer-8", "linformer-32", "lsh-1", "lsh-2", "lsh-4"],
+    ),
+}
+JOBS = [(preset, f"{key}={value}") for preset, (key, values) in PRESETS.items() for value in values]
+
+
+@pytest.mark.parametrize("preset, override", JOBS)
+def test_every_job_of_a_preset_builds(resolved_config, preset, override):
+    config = resolved_config(f"+experiment={preset}", override)
+    built = measure.setup(JobConfig.of(config))
+    assert config["sweep"] == preset
+    assert built.task.name == config["task"]["name"]
+    kernel = next(iter(built.model.kernels()))
+    assert kernel.name == config["attention"]["name"]
+
+
+def test_table2_rows_train_with_their_eval_label(resolved_config):
+    for row in PRESETS["reformer_table2"][1]:
+        config = resolved_config("+experiment=reformer_table2", f"train_as={row}")
+        assert config["attention"] == config["eval"]["attention"][row]
+        assert config["model"]["shared_qk"] is True
+
+
+def test_table2_full_row_is_the_full_kernel_under_shared_qk(resolved_config):
+    """Its keys and self-mask follow the LSH rows' conventions (tests/variants/attention/
+    test_full.py checks that full and one-chunk LSH agree)."""
+    config = resolved_config("+experiment=reformer_table2", "train_as=full")
+    kernel = measure.setup(JobConfig.of(config)).kernel
+    assert kernel.name == "full" and kernel.shared_qk and kernel.causal
+
+
+def _swept(preset: str) -> dict[str, list[str]]:
+    params = OmegaConf.load(CONF / "experiment" / f"{preset}.yaml").hydra.sweeper.params
+    return {key: str(values).split(",") for key, values in params.items()}
+
+
+def test_long_range_trains_every_registered_variant_with_two_seeds_or_more():
+    swept = _swept("long_range")
+    assert sorted(swept["attention"]) == sorted(variants.attention_names())
+    assert len(swept["seed"]) >= 2
+
+
+@pytest.mark.parametrize("attention", variants.attention_names())
+def test_every_long_range_job_builds_causal_where_its_variant_can_be(job_config, attention):
+    job = job_config("+experiment=long_range", f"attention={attention}")
+    built = measure.setup(job)
+    kernel = next(iter(built.model.kernels()))
+    assert kernel.name == variants.attention_spec(attention).cls.name
+    assert built.task.name == "long_recall"
+    assert kernel.causal == variants.attention_spec(attention).causal_supported
+    stages = job.stages
+    assert [s.seq_len for s in stages] == [64, 128, 256, 512, 1024, 2048]
+    assert {s.seq_len * s.batch_size for s in stages} == {2048}  # tokens per step
+
+
+def _capacity_sweep() -> dict[str, list[str]]:
+    params = OmegaConf.load(CONF / "experiment" / "capacity.yaml").hydra.sweeper.params
+    return {key: str(values).split(",") for key, values in params.items()}
+
+
+def test_every_job_of_the_capacity_preset_builds(resolved_config):
+    sweep = _capacity_sweep()
+    assert set(sweep) == {"attention", "model.n_heads", "seed"}
+    assert len(sweep["seed"]) >= 2
+    names = set()
+    for attention in sweep["attention"]:
+        for heads in sweep["model.n_heads"]:
+            config = resolved_config(
+                "+experiment=capacity", f"attention={attention}", f"model.n_heads={heads}"
+            )
+            assert config["sweep"] == "capacity" and config["task"]["distinct_values"]
+            built = measure.setup(JobConfig.of(config))
+            kernel = next(iter(built.model.kernels()))
+            assert kernel.name == config["attention"]["name"] and kernel.causal
+            assert built.model.config.head_dim in (16, 32)
+            names.add(kernel.name)
+            # One model per job, evaluated at every count of the mixture (the job's own first).
+            task = built.task
+            assert task.train_pairs == (4, 8, 16, 32, 64) and task.n_pairs == 4
+            assert task.n_values >= 256
+    assert names >= {"full", "lsh", "routing", "compressed", "linear", "performer"}
+    assert names >= {"deltanet", "moba", "nsa"}
+
+
+@pytest.mark.parametrize(
+    "setting, seen",
+    [
+        ("moba_small", lambda a: a["block_size"] * a["top_k"]),
+        ("nsa_small", lambda a: a["block_size"] * a["n_select"] + a["window"]),
+    ],
+)
+def test_block_selection_in_the_capacity_preset_does_not_see_every_key(
+    resolved_config, setting, seen
+):
+    """At 256 tokens their default blocks (MoBA 4 x 128; NSA 16 x 64 and a 512 window) cover
+    every key: the preset's settings leave a query at most a third of them, by content."""
+    config = resolved_config("+experiment=capacity", f"attention={setting}")
+    assert seen(config["attention"]) <= config["seq_len"] // 3
+    assert setting in _capacity_sweep()["attention"]
