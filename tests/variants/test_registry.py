@@ -91,7 +91,7 @@ def test_causal_variants_do_not_look_ahead(name):
     module = build(name, causal=True, **heads).double().eval()
     # Random choices (LSH's hash) are replayed, so only the inputs after t differ. Without the
     # replay LSH's global sort lets later tokens' buckets move earlier chunk boundaries, which
-    # lsh.py documents; no key or value after t is ever read either way.
+    # lsh/layer.py documents; no key or value after t is ever read either way.
     assert_causal(module, length=48, t=20, replay=True)
 
 

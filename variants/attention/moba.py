@@ -46,7 +46,7 @@ from variants.registry import register_attention
 # Queries scored against the block means at a time (the routing scores are (B, H, rows, n);
 # causally only the blocks before the rows' last own block: shorter ranges skip more).
 SCORE_ROWS = 1024
-# Bytes of gathered keys and values per fused call over tiles (as combined.CHUNK_BYTES).
+# Bytes of gathered keys and values per fused call over tiles (as combined.function.CHUNK_BYTES).
 CHUNK_BYTES = 8 * 2**20
 # Query rows per tile: one block's queries are cut into tiles of this many (the last one
 # padded); longer tiles mean fewer, larger attention calls for the fused kernel.

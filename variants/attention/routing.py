@@ -56,7 +56,9 @@ from torch.autograd.function import once_differentiable
 from variants.attention import flash
 from variants.attention.base import SHARED_QK_NORM_EPS, Attention, is_replaying, masked_attend
 from variants.attention.cache import ClusterCache
-from variants.attention.lsh import PIECE_BYTES, SELF_MARGIN, index_dtype
+from variants.attention.lsh.buffers import PIECE_BYTES
+from variants.attention.lsh.hashing import index_dtype
+from variants.attention.lsh.windows import SELF_MARGIN
 from variants.checks import require_non_negative_int, require_positive_int, require_probability
 from variants.registry import register_attention
 
