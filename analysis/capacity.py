@@ -15,7 +15,8 @@ import pandas as pd
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
-from analysis import accuracy, plots, series
+from analysis import accuracy, series
+from analysis.figures import style
 from analysis.load import format_value
 from analysis.tables import Table
 
@@ -201,9 +202,9 @@ def accuracy_vs_pairs(frame: pd.DataFrame) -> Figure:
     (mean over seeds, band min–max); dashed: chance, dash-dotted: the key-blind floor."""
     records = capacity_records(frame)
     head_dims = sorted(records["head_dim"].unique())
-    fig, axes = plots._figure(max(1, len(head_dims)), "Recall capacity: accuracy vs pairs")
+    fig, axes = style.new_figure(max(1, len(head_dims)), "Recall capacity: accuracy vs pairs")
     if records.empty:
-        plots._message(axes[0], "no trained accuracy over several n_pairs at one length")
+        style.message(axes[0], "no trained accuracy over several n_pairs at one length")
         return fig
     means = _means(records)
     for ax, head_dim in zip(axes, head_dims, strict=False):
@@ -215,7 +216,7 @@ def accuracy_vs_pairs(frame: pd.DataFrame) -> Figure:
             label = name
             if not jobs["job_learned"].any():
                 label += f" ({accuracy.not_learned_text(jobs)})"
-            color = plots.variant_color(name)
+            color = style.variant_color(name)
             ax.plot(
                 mine[PAIRS], mine["mean"] * 100, marker="o", markersize=4, color=color, label=label
             )
@@ -226,7 +227,7 @@ def accuracy_vs_pairs(frame: pd.DataFrame) -> Figure:
         _lines(ax, records[records["head_dim"] == head_dim])
         ax.set_xscale("log", base=2)
         ax.set_xticks(sorted(records[PAIRS].unique()))
-        ax.get_xaxis().set_major_formatter(plots._plain_number)
+        ax.get_xaxis().set_major_formatter(style.plain_number)
         ax.set_xlabel("key-value pairs")
         ax.set_ylabel("accuracy (%)")
         ax.set_ylim(-2, 102)

@@ -12,7 +12,8 @@ from __future__ import annotations
 import pandas as pd
 from matplotlib.figure import Figure
 
-from analysis import plots, series
+from analysis import series
+from analysis.figures import style
 from analysis.tables import Table
 from experiments.record import MIB
 
@@ -41,7 +42,7 @@ def decode_vs_context(frame: pd.DataFrame) -> Figure:
     rows = records(frame)
     rows = rows.assign(cache_mib=rows[CACHE] / MIB if CACHE in rows else float("nan"))
     labelled, _ = series.with_series(rows, x="seq_len")
-    fig, axes = plots._figure(2, "Decoding: time per token and cache memory vs context")
+    fig, axes = style.new_figure(2, "Decoding: time per token and cache memory vs context")
     panels = (
         (TIME, "time per decoded token", "ms per token"),
         ("cache_mib", "cache after the prefill", "cache (MiB)"),
@@ -49,8 +50,8 @@ def decode_vs_context(frame: pd.DataFrame) -> Figure:
     for ax, (column, title, unit) in zip(axes, panels, strict=True):
         if column not in labelled:
             labelled = labelled.assign(**{column: float("nan")})
-        xs = plots._draw(ax, labelled, "seq_len", column, min_points=2)
-        plots._axes(ax, title, "context (tokens)", unit, log=(True, True), xs=xs)
+        xs = style.draw_series(ax, labelled, "seq_len", column, min_points=2)
+        style.label_axes(ax, title, "context (tokens)", unit, log=(True, True), xs=xs)
     return fig
 
 
