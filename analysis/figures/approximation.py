@@ -9,6 +9,14 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from analysis import load, series
+from analysis.columns import (
+    APPROX_REL_ERROR,
+    ATTENTION,
+    ATTN_FWD_BWD_MS,
+    SEQ_LEN,
+    STATUS,
+    SWAP_DELTA_BITS_PER_BYTE,
+)
 from analysis.figures import style
 
 
@@ -16,25 +24,25 @@ def error_vs_seq_len(frame: pd.DataFrame) -> Figure:
     """Relative approximation error ‖out − exact‖/‖exact‖ against seq_len (0 = exact), and
     beside it the kernel swap: the reference's held-out bits/byte change when the kernel
     replaces exact attention in it (0 = no loss), where the records have it."""
-    labelled, _ = series.with_series(frame, x="seq_len")
-    swap = "swap_delta_bits_per_byte"
+    labelled, _ = series.with_series(frame, x=SEQ_LEN)
+    swap = SWAP_DELTA_BITS_PER_BYTE
     has_swap = swap in labelled and labelled[swap].notna().any()
     fig, axes = style.new_figure(2 if has_swap else 1, "Approximation error vs sequence length")
-    xs = style.draw_series(axes[0], labelled, "seq_len", "approx_rel_error", min_points=2)
+    xs = style.draw_series(axes[0], labelled, SEQ_LEN, APPROX_REL_ERROR, min_points=2)
     style.label_axes(
         axes[0],
         "on the reference's q, k, v",
-        "seq_len",
+        SEQ_LEN,
         "relative error (Frobenius)",
         log=(True, False),
         xs=xs,
     )
     if has_swap:
-        xs = style.draw_series(axes[1], labelled, "seq_len", swap, min_points=2)
+        xs = style.draw_series(axes[1], labelled, SEQ_LEN, swap, min_points=2)
         style.label_axes(
             axes[1],
             "kernel swap into the reference",
-            "seq_len",
+            SEQ_LEN,
             "Δ bits/byte (held-out text)",
             log=(True, False),
             xs=xs,
@@ -50,13 +58,13 @@ def error_vs_knob(frame: pd.DataFrame) -> Figure:
     Variants of `series.KNOBS` measured at one knob value only are named under the title.
     """
     swept, fixed = [], []
-    approximate = (a for a in dict.fromkeys(frame["attention"].dropna()) if a != series.REFERENCE)
+    approximate = (a for a in dict.fromkeys(frame[ATTENTION].dropna()) if a != series.REFERENCE)
     for attention in approximate:  # exact attention's error is 0 whatever its options
         knobs = _knobs(frame, attention)
         if knobs:
             swept.append((attention, knobs))
         elif attention in series.KNOBS and series.KNOBS[attention][0] in frame:
-            rows = frame[frame["attention"] == attention]
+            rows = frame[frame[ATTENTION] == attention]
             knob = series.KNOBS[attention][0]
             values = rows[knob].dropna().map(load.format_value).unique()
             fixed.append(f"{attention} {knob.split('.', 1)[1]}={','.join(values) or 'none'}")
@@ -72,13 +80,13 @@ def error_vs_knob(frame: pd.DataFrame) -> Figure:
             "(e.g. +experiment=lsh, +experiment=linformer)",
         )
     for ax, (attention, (knob, *others)) in zip(axes, swept, strict=False):
-        rows = frame[(frame["attention"] == attention) & frame[knob].notna()]
+        rows = frame[(frame[ATTENTION] == attention) & frame[knob].notna()]
         labelled, _ = series.with_series(
             rows.assign(variant=attention), x=knob, context=(*others, *series.context_columns(rows))
         )
         values = sorted(labelled[knob].unique(), key=_knob_sort_key)
         labelled["knob_position"] = labelled[knob].map({v: i for i, v in enumerate(values)})
-        style.draw_series(ax, labelled, "knob_position", "approx_rel_error")
+        style.draw_series(ax, labelled, "knob_position", APPROX_REL_ERROR)
         style.label_axes(ax, attention, knob.split(".", 1)[1], "relative error", log=(False, False))
         ax.set_xticks(range(len(values)), [load.format_value(v) for v in values])
         ax.set_xlim(-0.5, len(values) - 0.5)
@@ -92,14 +100,14 @@ def error_vs_time(frame: pd.DataFrame, seq_len: float | None = None) -> Figure:
 
     Default length: the one with the most configurations measured, the longest on a tie.
     """
-    x, y = "attn_fwd_bwd_ms", "approx_rel_error"
+    x, y = ATTN_FWD_BWD_MS, APPROX_REL_ERROR
     measured = frame[frame[x].notna() & frame[y].notna()]
     seq_len = style.pick_length(measured, x) if seq_len is None else seq_len
-    at_length = frame[frame["seq_len"] == seq_len] if seq_len is not None else frame
-    labelled, _ = series.with_series(at_length, x="seq_len")
+    at_length = frame[frame[SEQ_LEN] == seq_len] if seq_len is not None else frame
+    labelled, _ = series.with_series(at_length, x=SEQ_LEN)
     length_note = f" at seq_len={load.format_value(seq_len)}" if seq_len is not None else ""
     fig, (ax,) = style.new_figure(1, f"Approximation error vs kernel time{length_note}")
-    ok = labelled[(labelled["status"] == "ok") & labelled[x].notna() & labelled[y].notna()]
+    ok = labelled[(labelled[STATUS] == "ok") & labelled[x].notna() & labelled[y].notna()]
     if ok.empty:
         style.message(ax, "no kernel time with an approximation error in these results")
         style.label_axes(
@@ -108,8 +116,8 @@ def error_vs_time(frame: pd.DataFrame, seq_len: float | None = None) -> Figure:
         return fig
     styles = style.series_styles(labelled)
     handles = []
-    for attention in dict.fromkeys(ok["attention"]):
-        rows = ok[ok["attention"] == attention]
+    for attention in dict.fromkeys(ok[ATTENTION]):
+        rows = ok[ok[ATTENTION] == attention]
         knobs = _knobs(rows, attention)
         if not knobs:  # one point per configuration
             for name, point in rows.groupby("series", sort=False)[[x, y]].mean().iterrows():
@@ -163,7 +171,7 @@ def error_vs_time(frame: pd.DataFrame, seq_len: float | None = None) -> Figure:
 def _knobs(frame: pd.DataFrame, attention: str) -> list[str]:
     """The options of `attention` that vary in `frame`: its KNOBS first (the first is the one
     drawn along x), then any other, so a new variant's options are found without a list."""
-    rows = frame[frame["attention"] == attention]
+    rows = frame[frame[ATTENTION] == attention]
     options = [c for c in rows.columns if c.startswith("attention.") and c != "attention.name"]
     swept = series.varying(rows, options)
     preferred = [k for k in series.KNOBS.get(attention, ()) if k in swept]

@@ -7,13 +7,14 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from analysis import scaling, series
+from analysis.columns import ATTN_FWD_BWD_PEAK_BYTES, DEPTH, PEAK_MEMORY_BYTES, SEQ_LEN, STEP_MS
 from analysis.figures import style
 from experiments.record import MIB
 
 # The two memories a reader compares: what the kernel alone holds, and the whole step.
 MEMORY_PANELS = (
-    ("attn_fwd_bwd_peak_bytes", "Attention kernel alone, forward+backward"),
-    ("peak_memory_bytes", "Training step (whole model)"),
+    (ATTN_FWD_BWD_PEAK_BYTES, "Attention kernel alone, forward+backward"),
+    (PEAK_MEMORY_BYTES, "Training step (whole model)"),
 )
 
 
@@ -26,12 +27,12 @@ def memory_vs_seq_len(frame: pd.DataFrame) -> Figure:
     fig, axes = style.new_figure(len(panels), "Peak memory vs sequence length")
     for ax, (column, title) in zip(axes, panels, strict=True):
         mib = frame.assign(mib=frame[column] / MIB)
-        labelled, keys = series.with_series(mib, x="seq_len")
+        labelled, keys = series.with_series(mib, x=SEQ_LEN)
         fits = scaling.scaling_fits(labelled, keys, "mib")
         notes = {s: f"α={f.power_law}" for s, f in fits.items()}
-        xs = style.draw_series(ax, labelled, "seq_len", "mib", notes=notes, min_points=2)
+        xs = style.draw_series(ax, labelled, SEQ_LEN, "mib", notes=notes, min_points=2)
         style.label_axes(
-            ax, title, "seq_len", "peak memory (MiB, live tensors)", log=(True, True), xs=xs
+            ax, title, SEQ_LEN, "peak memory (MiB, live tensors)", log=(True, True), xs=xs
         )
     return fig
 
@@ -41,8 +42,8 @@ def depth(frame: pd.DataFrame) -> Figure:
 
     Only series measured at two depths or more are drawn: the others belong to other sweeps.
     """
-    labelled, _ = series.with_series(_with_mib(frame), x="depth")
-    depths_per_series = labelled.groupby("series")["depth"].nunique()
+    labelled, _ = series.with_series(_with_mib(frame), x=DEPTH)
+    depths_per_series = labelled.groupby("series")[DEPTH].nunique()
     swept = depths_per_series[depths_per_series > 1].index
     labelled = labelled[labelled["series"].isin(swept)]
     title = "Memory and time vs depth"
@@ -52,15 +53,15 @@ def depth(frame: pd.DataFrame) -> Figure:
     fig, axes = style.new_figure(2, title)
     for ax, (metric, ylabel) in zip(
         axes,
-        (("peak_memory_mib", "peak memory (MiB)"), ("step_ms", "training step (ms)")),
+        (("peak_memory_mib", "peak memory (MiB)"), (STEP_MS, "training step (ms)")),
         strict=True,
     ):
         if labelled.empty:
             style.message(ax, "depth was not swept in these results: run +experiment=depth")
-        xs = style.draw_series(ax, labelled, "depth", metric) if len(labelled) else []
+        xs = style.draw_series(ax, labelled, DEPTH, metric) if len(labelled) else []
         style.label_axes(ax, "", "depth (layers)", ylabel, log=(False, False), xs=xs)
     return fig
 
 
 def _with_mib(frame: pd.DataFrame) -> pd.DataFrame:
-    return frame.assign(peak_memory_mib=frame["peak_memory_bytes"] / MIB)
+    return frame.assign(peak_memory_mib=frame[PEAK_MEMORY_BYTES] / MIB)

@@ -10,6 +10,7 @@ from matplotlib.lines import Line2D
 from matplotlib.ticker import MaxNLocator
 
 from analysis import accuracy, load, series
+from analysis.columns import EVAL_ACCURACY, EVAL_LOSS, SEQ_LEN, STATUS, TRAIN_LOSS
 from analysis.figures import style
 
 
@@ -21,9 +22,9 @@ def training_curves(
     Curves come from the records' histories (`load.load_curves`), at one seq_len (default:
     the most common among records with a training loss, the longest on a tie).
     """
-    seq_len = style.pick_length(frame, "train_loss") if seq_len is None else seq_len
-    at_length = frame[frame["seq_len"] == seq_len] if seq_len is not None else frame
-    labelled, _ = series.with_series(at_length, x="seq_len")
+    seq_len = style.pick_length(frame, TRAIN_LOSS) if seq_len is None else seq_len
+    at_length = frame[frame[SEQ_LEN] == seq_len] if seq_len is not None else frame
+    labelled, _ = series.with_series(at_length, x=SEQ_LEN)
     length_note = f" at seq_len={load.format_value(seq_len)}" if seq_len is not None else ""
     fig, (curve_ax, final_ax) = style.new_figure(2, f"Training loss{length_note}")
     curves = load.load_curves(labelled) if curves is None else curves
@@ -90,14 +91,14 @@ def _draw_final_losses(ax: Axes, labelled: pd.DataFrame) -> None:
     order = series.series_order(labelled) if len(labelled) else []
     colors = style.series_colors(labelled)
     style.label_axes(ax, "final loss (●: train, ■: eval)", "", "loss", log=(False, False))
-    ok = labelled[labelled["status"] == "ok"] if len(labelled) else labelled
-    if ok.empty or ok[["train_loss", "eval_loss"]].isna().all().all():
+    ok = labelled[labelled[STATUS] == "ok"] if len(labelled) else labelled
+    if ok.empty or ok[[TRAIN_LOSS, EVAL_LOSS]].isna().all().all():
         style.message(ax, "no final losses in these results")
         return
     for i, name in enumerate(order):
         rows = labelled[labelled["series"] == name]
-        ok = rows[rows["status"] == "ok"]
-        for offset, metric, marker in ((-0.12, "train_loss", "o"), (0.12, "eval_loss", "s")):
+        ok = rows[rows[STATUS] == "ok"]
+        for offset, metric, marker in ((-0.12, TRAIN_LOSS, "o"), (0.12, EVAL_LOSS, "s")):
             values = ok[metric].dropna()
             if values.empty:
                 continue
@@ -111,7 +112,7 @@ def _draw_final_losses(ax: Axes, labelled: pd.DataFrame) -> None:
                 capsize=3,
                 markersize=6,
             )
-        if ok[["train_loss", "eval_loss"]].isna().all().all():
+        if ok[[TRAIN_LOSS, EVAL_LOSS]].isna().all().all():
             ax.plot(i, 0.97, "v", color=colors[name], transform=ax.get_xaxis_transform())
             ax.annotate(
                 style.status_text(rows) or "not trained",
@@ -134,16 +135,16 @@ def accuracy_vs_seq_len(frame: pd.DataFrame) -> Figure:
     the key-blind floor measured on the same batches. A series whose job never reached 90 % is
     labelled "not learned in N steps (control x %)" in the legend (`analysis.accuracy`).
     """
-    trained = series.trained_quality(frame).assign(accuracy_pct=lambda f: f["eval_accuracy"] * 100)
+    trained = series.trained_quality(frame).assign(accuracy_pct=lambda f: f[EVAL_ACCURACY] * 100)
     trained = accuracy.with_learned(trained)
-    labelled, _ = series.with_series(trained, x="seq_len")
+    labelled, _ = series.with_series(trained, x=SEQ_LEN)
     fig, (ax,) = style.new_figure(
         1, "Trained accuracy vs sequence length (mean, min–max over seeds)"
     )
-    xs = style.draw_series(ax, labelled, "seq_len", "accuracy_pct", notes=_learned_notes(labelled))
+    xs = style.draw_series(ax, labelled, SEQ_LEN, "accuracy_pct", notes=_learned_notes(labelled))
     ax.axhline(90, color="grey", linestyle=":", linewidth=1)
-    _chance_and_floor(ax, labelled, "seq_len")
-    style.label_axes(ax, "", "seq_len", "accuracy (%)", log=(True, False), xs=xs)
+    _chance_and_floor(ax, labelled, SEQ_LEN)
+    style.label_axes(ax, "", SEQ_LEN, "accuracy (%)", log=(True, False), xs=xs)
     ax.set_ylim(-2, 102)
     return fig
 

@@ -9,6 +9,15 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
 from analysis import fit, scaling, series
+from analysis.columns import (
+    ATTN_FWD_BWD_GFLOPS_PER_S,
+    ATTN_FWD_BWD_MS,
+    ATTN_FWD_GFLOPS_PER_S,
+    MATMUL_PEAK_GFLOPS_PER_S,
+    SEQ_LEN,
+    SPEEDUP_VS_SDPA,
+    SPEEDUP_VS_SDPA_IQR,
+)
 from analysis.figures import style
 
 _LABEL_STEP = 0.05  # axes-fraction stagger between crossover labels
@@ -24,13 +33,13 @@ def time_vs_seq_len(frame: pd.DataFrame) -> Figure:
     The legend gives each series' fitted exponent α (all lengths) and its crossover length L*
     against exact attention; a crossover inside the measured range is a star on the curve.
     """
-    labelled, keys = series.with_series(frame, x="seq_len")
-    speedups = SPEEDUP in labelled and labelled[SPEEDUP].notna().any()
+    labelled, keys = series.with_series(frame, x=SEQ_LEN)
+    speedups = SPEEDUP_VS_SDPA in labelled and labelled[SPEEDUP_VS_SDPA].notna().any()
     fig, axes = style.new_figure(3 if speedups else 2, "Attention kernel time vs sequence length")
     for ax, (name, metric) in zip(axes[:2], scaling.TIME_METRICS.items(), strict=True):
         fits = scaling.scaling_fits(labelled, keys, metric)
         notes = {s: _fit_note(f) for s, f in fits.items()}
-        xs = style.draw_series(ax, labelled, "seq_len", metric, notes=notes, min_points=2)
+        xs = style.draw_series(ax, labelled, SEQ_LEN, metric, notes=notes, min_points=2)
         crossed = {
             s: f.crossover.length
             for s, f in fits.items()
@@ -38,35 +47,32 @@ def time_vs_seq_len(frame: pd.DataFrame) -> Figure:
         }
         if xs:
             _mark_crossovers(ax, labelled, metric, crossed)
-        style.label_axes(ax, _PASS_TITLES[name], "seq_len", "time (ms)", log=(True, True), xs=xs)
+        style.label_axes(ax, _PASS_TITLES[name], SEQ_LEN, "time (ms)", log=(True, True), xs=xs)
     if speedups:
-        _draw_speedups(axes[2], labelled, scaling.scaling_fits(labelled, keys, "attn_fwd_bwd_ms"))
+        _draw_speedups(axes[2], labelled, scaling.scaling_fits(labelled, keys, ATTN_FWD_BWD_MS))
     return fig
-
-
-SPEEDUP = "speedup_vs_sdpa"  # the speed-up panel's column; its spread is SPEEDUP + "_iqr"
 
 
 def _draw_speedups(ax: Axes, labelled: pd.DataFrame, fits: dict[str, scaling.SeriesFit]) -> None:
     """Each series' in-job speed-up over SDPA (forward+backward) against seq_len, log-log: the
     median over rounds (mean over records) with a band of ± half its interquartile range,
     a line at 1 (above: faster than SDPA), and a star at each crossover on it."""
-    spread = SPEEDUP + "_iqr"
+    spread = SPEEDUP_VS_SDPA_IQR
     with_band = labelled.assign(
         _iqr=labelled[spread] if spread in labelled else 0.0,
     )
-    stats = series.mean_spread(with_band, "seq_len", SPEEDUP)
-    iqr = series.mean_spread(with_band, "seq_len", "_iqr").set_index(["series", "seq_len"])["mean"]
+    stats = series.mean_spread(with_band, SEQ_LEN, SPEEDUP_VS_SDPA)
+    iqr = series.mean_spread(with_band, SEQ_LEN, "_iqr").set_index(["series", SEQ_LEN])["mean"]
     styles = style.series_styles(labelled)
     xs = []
     for name in series.series_order(labelled):
         points = stats[stats["series"] == name]
         if points.empty or name not in fits or fits[name].crossover is None:
             continue  # exact attention (SDPA itself) or a series without speed-ups
-        half = np.array([iqr.get((name, x), 0.0) / 2 for x in points["seq_len"]])
+        half = np.array([iqr.get((name, x), 0.0) / 2 for x in points[SEQ_LEN]])
         c = fits[name].crossover
         ax.plot(
-            points["seq_len"],
+            points[SEQ_LEN],
             points["mean"],
             **styles[name],
             markersize=4,
@@ -75,7 +81,7 @@ def _draw_speedups(ax: Axes, labelled: pd.DataFrame, fits: dict[str, scaling.Ser
         )
         lower = np.maximum(points["mean"] - half, points["mean"] * 0.05)
         ax.fill_between(
-            points["seq_len"],
+            points[SEQ_LEN],
             lower,
             points["mean"] + half,
             color=styles[name]["color"],
@@ -92,10 +98,10 @@ def _draw_speedups(ax: Axes, labelled: pd.DataFrame, fits: dict[str, scaling.Ser
                 zorder=5,
                 markeredgecolor="black",
             )
-        xs += [float(v) for v in points["seq_len"]]
+        xs += [float(v) for v in points[SEQ_LEN]]
     if not xs:
-        style.message(ax, f"no {SPEEDUP} in these results")
-        style.label_axes(ax, "", "seq_len", "speed-up", log=(False, False))
+        style.message(ax, f"no {SPEEDUP_VS_SDPA} in these results")
+        style.label_axes(ax, "", SEQ_LEN, "speed-up", log=(False, False))
         return
     ax.axhline(1.0, color="black", linestyle=":", linewidth=1)
     ax.legend(
@@ -109,7 +115,7 @@ def _draw_speedups(ax: Axes, labelled: pd.DataFrame, fits: dict[str, scaling.Ser
     style.label_axes(
         ax,
         "speed-up over SDPA, forward + backward (in-job rounds; band ± IQR/2)",
-        "seq_len",
+        SEQ_LEN,
         "SDPA time / kernel time",
         log=(True, True),
         xs=xs,
@@ -125,8 +131,8 @@ def _mark_crossovers(
     styles = style.series_styles(labelled)
     wall = ax.get_xaxis_transform()  # x in data, y in axes fraction
     for row, (name, length) in enumerate(sorted(crossed.items(), key=lambda item: item[1])):
-        points = series.mean_spread(labelled[labelled["series"] == name], "seq_len", metric)
-        x, y = np.log(points["seq_len"].astype(float)), np.log(points["mean"].astype(float))
+        points = series.mean_spread(labelled[labelled["series"] == name], SEQ_LEN, metric)
+        x, y = np.log(points[SEQ_LEN].astype(float)), np.log(points["mean"].astype(float))
         at = float(np.exp(np.interp(np.log(length), x, y)))
         color = styles[name]["color"]
         ax.plot(length, at, "*", color=color, markersize=14, markeredgecolor="black", zorder=5)
@@ -159,20 +165,20 @@ def _crossover_note(c: fit.Crossover) -> str:
 def flops_fraction(frame: pd.DataFrame) -> Figure:
     """Achieved attention GFLOP/s as a fraction of the machine's measured matmul rate."""
     with_fraction = frame.assign(
-        fwd_fraction=frame["attn_fwd_gflops_per_s"] / frame["matmul_peak_gflops_per_s"],
-        fwd_bwd_fraction=frame["attn_fwd_bwd_gflops_per_s"] / frame["matmul_peak_gflops_per_s"],
+        fwd_fraction=frame[ATTN_FWD_GFLOPS_PER_S] / frame[MATMUL_PEAK_GFLOPS_PER_S],
+        fwd_bwd_fraction=frame[ATTN_FWD_BWD_GFLOPS_PER_S] / frame[MATMUL_PEAK_GFLOPS_PER_S],
     )
-    labelled, _ = series.with_series(with_fraction, x="seq_len")
-    peak = frame["matmul_peak_gflops_per_s"].median()
+    labelled, _ = series.with_series(with_fraction, x=SEQ_LEN)
+    peak = frame[MATMUL_PEAK_GFLOPS_PER_S].median()
     peak_note = f"{peak:.0f} GFLOP/s" if np.isfinite(peak) else "not measured"
     fig, axes = style.new_figure(2, f"Achieved useful FLOP/s ÷ measured matmul rate ({peak_note})")
     for ax, (name, metric) in zip(
         axes, (("fwd", "fwd_fraction"), ("fwd+bwd", "fwd_bwd_fraction")), strict=True
     ):
-        xs = style.draw_series(ax, labelled, "seq_len", metric, min_points=2)
+        xs = style.draw_series(ax, labelled, SEQ_LEN, metric, min_points=2)
         if xs:
             ax.axhline(1.0, color="grey", linestyle=":", linewidth=1)
         style.label_axes(
-            ax, _PASS_TITLES[name], "seq_len", "fraction of matmul rate", log=(True, False), xs=xs
+            ax, _PASS_TITLES[name], SEQ_LEN, "fraction of matmul rate", log=(True, False), xs=xs
         )
     return fig

@@ -31,6 +31,7 @@ from matplotlib.lines import Line2D
 from matplotlib.ticker import FuncFormatter, NullFormatter
 
 from analysis import load, series
+from analysis.columns import ATTENTION, BLOCK, SEQ_LEN, STATUS
 
 _WALL_STEP = 0.045  # axes-fraction stagger between failure markers of different series
 
@@ -80,16 +81,16 @@ def series_styles(labelled: pd.DataFrame) -> dict[str, dict]:
     if labelled.empty or "series" not in labelled:
         return styles
     rows = labelled.drop_duplicates("series")
-    blocks = list(dict.fromkeys(rows["block"].dropna())) if "block" in rows else []
+    blocks = list(dict.fromkeys(rows[BLOCK].dropna())) if BLOCK in rows else []
     others = [b for b in blocks if b not in BLOCK_LINESTYLES]
     by_block = len(blocks) > 1  # then markers tell blocks apart too, else configurations
-    for attention, members in rows.groupby(rows["attention"].map(str), sort=False):
+    for attention, members in rows.groupby(rows[ATTENTION].map(str), sort=False):
         # A configuration is the series without its block: its blocks share colour and marker.
         configs = members["series"].map(_without_block)
         order = list(dict.fromkeys(configs))
         for (_, row), config in zip(members.iterrows(), configs, strict=True):
             i = order.index(config)
-            block = row.get("block")
+            block = row.get(BLOCK)
             linestyle = BLOCK_LINESTYLES.get(
                 block, _OTHER_LINESTYLES[others.index(block) % 3] if block in others else "-"
             )
@@ -299,7 +300,7 @@ def _draw_failures(
             rows = at_x[at_x["series"] == name]
             text = ",".join(
                 f"{status}×{n}" if n > 1 else status
-                for status, n in zip(rows["status"], rows["n"], strict=True)
+                for status, n in zip(rows[STATUS], rows["n"], strict=True)
             )
             y = 0.97 - slot * _WALL_STEP
             ax.plot(xv, y, "v", color=colors[name], markersize=6, transform=wall, clip_on=False)
@@ -315,15 +316,15 @@ def _draw_failures(
 
 
 def status_text(rows: pd.DataFrame) -> str:
-    statuses = rows.loc[rows["status"] != "ok", "status"]
+    statuses = rows.loc[rows[STATUS] != "ok", STATUS]
     return ",".join(dict.fromkeys(statuses))
 
 
 def pick_length(frame: pd.DataFrame, metric: str) -> float | None:
     """The seq_len with the most status-ok values of `metric` (the longest among ties)."""
-    ok = frame[(frame["status"] == "ok") & frame[metric].notna()]
+    ok = frame[(frame[STATUS] == "ok") & frame[metric].notna()]
     if ok.empty:
         return None
-    counts = ok.groupby("seq_len")["variant"].nunique()
+    counts = ok.groupby(SEQ_LEN)["variant"].nunique()
     best = counts[counts == counts.max()].index
     return float(max(best))

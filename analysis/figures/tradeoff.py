@@ -9,6 +9,18 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
 from analysis import accuracy, load, series
+from analysis.columns import (
+    APPROX_REL_ERROR,
+    ATTENTION,
+    ATTN_FWD_BWD_MS,
+    ATTN_FWD_BWD_PEAK_BYTES,
+    EVAL_ACCURACY,
+    PEAK_MEMORY_BYTES,
+    SEQ_LEN,
+    STATUS,
+    STEP_MS,
+    TASK,
+)
 from analysis.figures import style
 from experiments.record import MIB
 
@@ -20,9 +32,9 @@ def tradeoff_quality(frame: pd.DataFrame) -> tuple[str, str] | None:
     model's activations. Never a loss on random tokens, which measures nothing.
     """
     if not series.trained_quality(frame).empty:
-        return "eval_accuracy", "trained accuracy (%)"
-    if "approx_rel_error" in frame and frame["approx_rel_error"].notna().any():
-        return "approx_rel_error", "relative error on trained activations (lower is better)"
+        return EVAL_ACCURACY, "trained accuracy (%)"
+    if APPROX_REL_ERROR in frame and frame[APPROX_REL_ERROR].notna().any():
+        return APPROX_REL_ERROR, "relative error on trained activations (lower is better)"
     return None
 
 
@@ -36,36 +48,35 @@ def tradeoff(frame: pd.DataFrame, seq_len: float | None = None) -> Figure:
     both quality and time.
     """
     chosen = tradeoff_quality(frame)
-    quality, ylabel = chosen if chosen else ("eval_accuracy", "quality")
-    rows = series.trained_quality(frame) if quality == "eval_accuracy" else frame
+    quality, ylabel = chosen if chosen else (EVAL_ACCURACY, "quality")
+    rows = series.trained_quality(frame) if quality == EVAL_ACCURACY else frame
     cost = (
-        "attn_fwd_bwd_ms"
-        if "attn_fwd_bwd_ms" in frame and frame["attn_fwd_bwd_ms"].notna().any()
-        else "step_ms"
+        ATTN_FWD_BWD_MS
+        if ATTN_FWD_BWD_MS in frame and frame[ATTN_FWD_BWD_MS].notna().any()
+        else STEP_MS
     )
     if seq_len is None:
         both = rows[rows[cost].notna()] if cost in rows else rows.iloc[0:0]
         seq_len = style.pick_length(both, quality) if len(both) else None
-    at_length = frame[frame["seq_len"] == seq_len] if seq_len is not None else frame.iloc[0:0]
-    if quality == "eval_accuracy" and len(at_length):
-        at_length = at_length[~at_length["task"].isin(series.NO_QUALITY_TASKS)]
-        at_length = at_length.assign(eval_accuracy=at_length["eval_accuracy"] * 100)
+    at_length = frame[frame[SEQ_LEN] == seq_len] if seq_len is not None else frame.iloc[0:0]
+    if quality == EVAL_ACCURACY and len(at_length):
+        at_length = at_length[~at_length[TASK].isin(series.NO_QUALITY_TASKS)]
+        at_length = at_length.assign(eval_accuracy=at_length[EVAL_ACCURACY] * 100)
     # The kernel's own memory where measured: a step's is mostly the rest of the model.
     kernel_memory = (
-        "attn_fwd_bwd_peak_bytes" in at_length
-        and at_length["attn_fwd_bwd_peak_bytes"].notna().any()
+        ATTN_FWD_BWD_PEAK_BYTES in at_length and at_length[ATTN_FWD_BWD_PEAK_BYTES].notna().any()
     )
-    source = "attn_fwd_bwd_peak_bytes" if kernel_memory else "peak_memory_bytes"
+    source = ATTN_FWD_BWD_PEAK_BYTES if kernel_memory else PEAK_MEMORY_BYTES
     whose = "the kernel's" if kernel_memory else "a training step's"
     at_length = at_length.assign(peak_memory_mib=at_length[source] / MIB)
-    labelled, _ = series.with_series(at_length, x="seq_len")
+    labelled, _ = series.with_series(at_length, x=SEQ_LEN)
     length_note = f" at seq_len={load.format_value(seq_len)}" if seq_len is not None else ""
     fig, (ax,) = style.new_figure(
         1, f"Quality, speed and memory{length_note}\n(marker area ∝ {whose} peak memory)"
     )
     order = series.series_order(labelled) if len(labelled) else []
     colors = style.series_colors(labelled)
-    ok = labelled[labelled["status"] == "ok"]
+    ok = labelled[labelled[STATUS] == "ok"]
     points = ok.groupby("series")[[cost, quality, "peak_memory_mib"]].mean()
     points = points[points[cost].notna() & points[quality].notna()]
     largest = points["peak_memory_mib"].max()
@@ -104,7 +115,7 @@ def tradeoff(frame: pd.DataFrame, seq_len: float | None = None) -> Figure:
         )
     if points.empty:
         style.message(ax, "no quality with a time at one length in these results")
-    elif quality == "eval_accuracy":
+    elif quality == EVAL_ACCURACY:
         # Accuracy is read against chance and the key-blind floor, and a variant that never
         # learned the task is labelled so (its point is not a cost).
         chance, floor = accuracy.chance_and_floor(labelled)
@@ -112,7 +123,7 @@ def tradeoff(frame: pd.DataFrame, seq_len: float | None = None) -> Figure:
             if value is not None:
                 ax.axhline(value * 100, color="grey", linestyle=linestyle, linewidth=1)
         marked = accuracy.with_learned(series.trained_quality(frame))
-        never = {str(a) for a, jobs in marked.groupby("attention") if not jobs["job_learned"].any()}
+        never = {str(a) for a, jobs in marked.groupby(ATTENTION) if not jobs["job_learned"].any()}
         for handle in handles:
             if handle.get_label().split()[0] in never:
                 handle.set_label(handle.get_label() + " — not learned")
@@ -127,7 +138,7 @@ def tradeoff(frame: pd.DataFrame, seq_len: float | None = None) -> Figure:
         )
     xlabel = (
         "attention kernel, forward + backward (ms)"
-        if cost == "attn_fwd_bwd_ms"
+        if cost == ATTN_FWD_BWD_MS
         else ("training step (ms)")
     )
     style.label_axes(ax, "", xlabel, ylabel, log=(not points.empty, False))
