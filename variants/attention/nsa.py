@@ -24,7 +24,7 @@ Output g_cmp o_cmp + g_sel o_sel + g_win o_win with the gates `gates[..., 0]`, `
 `[..., 2]` in (0, 1) per head and position (the layer computes them from the token).
 
 Causal only: every branch is defined on the past. The selected branch is MoBA's kernel
-(`moba.SelectedBlocks`), the window one `WindowBranch` (query tiles against an overlapping
+(`moba.function.SelectedBlocks`), the window one `WindowBranch` (query tiles against an overlapping
 view of the keys, one band bias) and the compressed one a fused attention over row ranges,
 each range against the compressed keys its last row may see, with a bias for the rest.
 
@@ -33,9 +33,9 @@ and the window is the cache's last `window` positions) and the compressed key an
 every ended block, compressed when its last position arrives (that position's query already
 sees it). A new query at i: the compressed branch over the held summaries, the selected one
 over its own block and the n_select - 1 earlier blocks whose compressed key scores highest
-(`moba.attend_selected`), the window over the last `window` positions, gated by the gates the
-layer computed from its token. O((L / b + n b + w) d) per token, plus one block's compression
-every b tokens.
+(`moba.selection.attend_selected`), the window over the last `window` positions, gated by the
+gates the layer computed from its token. O((L / b + n b + w) d) per token, plus one block's
+compression every b tokens.
 """
 
 from __future__ import annotations
@@ -49,12 +49,8 @@ from variants.attention import flash
 from variants.attention.base import Attention, pad_to_multiple
 from variants.attention.cache import BlockKVCache, attend_prefix
 from variants.attention.compressed import block_mean
-from variants.attention.moba import (
-    SelectedBlocks,
-    attend_selected,
-    block_select_pairs,
-    top_blocks,
-)
+from variants.attention.moba.function import SelectedBlocks
+from variants.attention.moba.selection import attend_selected, block_select_pairs, top_blocks
 from variants.checks import require_choice, require_positive_int
 from variants.registry import register_attention
 
