@@ -158,9 +158,7 @@ def error_vs_time(frame: pd.DataFrame, seq_len: float | None = None) -> Figure:
                     xytext=(4, 3),
                     textcoords="offset points",
                 )
-    ax.legend(
-        handles=handles, fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.12), frameon=False
-    )
+    style.legend_below(ax, handles, y=-0.12)
     style.label_axes(
         ax, "", "forward+backward kernel time (ms)", "relative error", log=(True, False)
     )

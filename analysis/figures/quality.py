@@ -74,14 +74,7 @@ def _draw_curves(ax: Axes, labelled: pd.DataFrame, curves: pd.DataFrame) -> None
                 [], [], color="dimgrey", linestyle="--", marker="s", markersize=4, label="eval loss"
             ),
         ]
-        ax.legend(
-            handles=handles,
-            fontsize=7,
-            loc="upper center",
-            bbox_to_anchor=(0.5, -0.14),
-            frameon=False,
-            ncol=1 if len(handles) < 8 else 2,
-        )
+        style.legend_below(ax, handles, ncol=1 if len(handles) < 8 else 2)
     style.label_axes(ax, "per step", "step", "loss", log=(False, False))
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
 

@@ -104,14 +104,7 @@ def _draw_speedups(ax: Axes, labelled: pd.DataFrame, fits: dict[str, scaling.Ser
         style.label_axes(ax, "", SEQ_LEN, "speed-up", log=(False, False))
         return
     ax.axhline(1.0, color="black", linestyle=":", linewidth=1)
-    ax.legend(
-        fontsize=7,
-        loc="upper center",
-        bbox_to_anchor=(0.5, -0.14),
-        frameon=False,
-        ncol=2,
-        handlelength=3,
-    )
+    style.legend_below(ax, ncol=2, handlelength=3)
     style.label_axes(
         ax,
         "speed-up over SDPA, forward + backward (in-job rounds; band ± IQR/2)",

@@ -199,6 +199,20 @@ def message(ax: Axes, text: str) -> None:
     )
 
 
+def legend_below(ax: Axes, handles: list | None = None, *, y: float = -0.14, **options) -> None:
+    """Every figure's legend: under the panel (its top at axes fraction `y`), centred, small and
+    unframed; `handles` None takes the panel's labelled artists. `options` (ncol, handlelength,
+    markerscale...) go to `Axes.legend`."""
+    ax.legend(
+        handles=handles,
+        fontsize=7,
+        loc="upper center",
+        bbox_to_anchor=(0.5, y),
+        frameon=False,
+        **options,
+    )
+
+
 def nothing_drawn(figure: Figure) -> str | None:
     """Why `figure` shows nothing (the text of its empty panels), or None if it shows data."""
     if not figure.axes or any(ax.get_gid() != _EMPTY for ax in figure.axes):
@@ -275,15 +289,7 @@ def draw_series(
     if not handles:
         message(ax, f"no {y} in these results")
         return []
-    ax.legend(
-        handles=handles,
-        fontsize=7,
-        loc="upper center",
-        bbox_to_anchor=(0.5, -0.14),
-        ncol=1 if len(handles) < 8 else 2,
-        frameon=False,
-        handlelength=3,
-    )
+    legend_below(ax, handles, ncol=1 if len(handles) < 8 else 2, handlelength=3)
     return [float(v) for v in (*stats[x], *failed[x])]
 
 

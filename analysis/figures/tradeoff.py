@@ -128,14 +128,7 @@ def tradeoff(frame: pd.DataFrame, seq_len: float | None = None) -> Figure:
             if handle.get_label().split()[0] in never:
                 handle.set_label(handle.get_label() + " — not learned")
     if handles:
-        ax.legend(
-            handles=handles,
-            fontsize=7,
-            loc="upper center",
-            bbox_to_anchor=(0.5, -0.12),
-            frameon=False,
-            markerscale=0.5,
-        )
+        style.legend_below(ax, handles, y=-0.12, markerscale=0.5)
     xlabel = (
         "attention kernel, forward + backward (ms)"
         if cost == ATTN_FWD_BWD_MS
