@@ -1,8 +1,8 @@
 """attnbench analysis: sweep records (local or W&B) -> one DataFrame -> figures and report.md.
 
-    from analysis import load, plots
+    from analysis import figures, load
     frame = load.load_results(["multirun/scaling"])
-    plots.time_vs_seq_len(frame).savefig("time.png")
+    figures.time_vs_seq_len(frame).savefig("time.png")
 
 `python -m analysis.report multirun/scaling --out report/` writes every figure and the tables.
 """

@@ -15,7 +15,9 @@ import pandas as pd
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
-from analysis import accuracy, plots, series
+from analysis import accuracy, series
+from analysis.columns import ATTENTION, D_MODEL, EVAL_ACCURACY, N_HEADS, SEQ_LEN
+from analysis.figures import style
 from analysis.load import format_value
 from analysis.tables import Table
 
@@ -33,16 +35,16 @@ def capacity_records(frame: pd.DataFrame) -> pd.DataFrame:
         trained.empty
         or PAIRS not in trained
         or trained[PAIRS].nunique() < 2
-        or trained["seq_len"].nunique() != 1
+        or trained[SEQ_LEN].nunique() != 1
     ):
         return trained.iloc[0:0].assign(head_dim=pd.Series(dtype=int))  # columns stay readable
     trained = accuracy.with_learned(trained)
     # The control is the smallest count a job was evaluated at (every state holds it), not
     # its shortest length: a capacity job has one length.
     smallest = trained.groupby("job_key")[PAIRS].transform("min")
-    control = trained[trained[PAIRS] == smallest].groupby("job_key")["eval_accuracy"].mean()
+    control = trained[trained[PAIRS] == smallest].groupby("job_key")[EVAL_ACCURACY].mean()
     trained["control_accuracy"] = trained["job_key"].map(control)
-    return trained.assign(head_dim=(trained["d_model"] // trained["n_heads"]).astype(int))
+    return trained.assign(head_dim=(trained[D_MODEL] // trained[N_HEADS]).astype(int))
 
 
 def _mixture_note(records: pd.DataFrame) -> str:
@@ -58,12 +60,12 @@ def _mixture_note(records: pd.DataFrame) -> str:
 
 def _means(records: pd.DataFrame) -> pd.DataFrame:
     """Mean, min, max and count of accuracy per (attention, head_dim, n_pairs)."""
-    grouped = records.groupby(["attention", "head_dim", PAIRS])["eval_accuracy"]
+    grouped = records.groupby([ATTENTION, "head_dim", PAIRS])[EVAL_ACCURACY]
     return grouped.agg(["mean", "min", "max", "count"]).reset_index()
 
 
 def _order(records: pd.DataFrame) -> list[str]:
-    names = list(dict.fromkeys(records["attention"].map(str)))
+    names = list(dict.fromkeys(records[ATTENTION].map(str)))
     return sorted(names, key=lambda n: (n != series.REFERENCE, names.index(n)))
 
 
@@ -78,7 +80,7 @@ def accuracy_by_pairs(frame: pd.DataFrame) -> Table | None:
     rows = []
     for head_dim in sorted(records["head_dim"].unique()):
         for name in _order(records):
-            mine = records[(records["attention"] == name) & (records["head_dim"] == head_dim)]
+            mine = records[(records[ATTENTION] == name) & (records["head_dim"] == head_dim)]
             if mine.empty:
                 continue
             row = {"variant": name, "head dim": int(head_dim)}
@@ -103,7 +105,7 @@ def accuracy_by_pairs(frame: pd.DataFrame) -> Table | None:
             )
     steps = accuracy.steps_behind(records).max()
     note = (
-        f"Trained accuracy (%) at seq_len {format_value(records['seq_len'].iloc[0])} after "
+        f"Trained accuracy (%) at seq_len {format_value(records[SEQ_LEN].iloc[0])} after "
         f"{format_value(steps)} steps; one seed: [Wilson 95 % interval over the distinct pairs "
         "answered]; several: mean (min–max). A variant none of whose points reached "
         f"{accuracy.LEARNED:.0%} is marked not learned. Key-blind floor: the most frequent value "
@@ -142,11 +144,11 @@ def capacity(frame: pd.DataFrame) -> Table | None:
 
 
 def _capacity_cell(means, records, name, head_dim) -> str:
-    mine = means[(means["attention"] == name) & (means["head_dim"] == head_dim)]
-    exact = means[(means["attention"] == series.REFERENCE) & (means["head_dim"] == head_dim)]
+    mine = means[(means[ATTENTION] == name) & (means["head_dim"] == head_dim)]
+    exact = means[(means[ATTENTION] == series.REFERENCE) & (means["head_dim"] == head_dim)]
     if mine.empty or exact.empty:
         return "—"
-    jobs = records[(records["attention"] == name) & (records["head_dim"] == head_dim)]
+    jobs = records[(records[ATTENTION] == name) & (records["head_dim"] == head_dim)]
     if not jobs["job_learned"].any():
         return accuracy.not_learned_text(jobs)
     exact_at = exact.set_index(PAIRS)["mean"]
@@ -165,7 +167,7 @@ def _capacity_cell(means, records, name, head_dim) -> str:
 
 
 def _exact_note(means: pd.DataFrame) -> str:
-    exact = means[means["attention"] == series.REFERENCE]
+    exact = means[means[ATTENTION] == series.REFERENCE]
     if exact.empty:
         return "WARNING: exact attention was not trained here: no capacity can be read."
     low = exact[exact["mean"] < 0.95]
@@ -182,7 +184,7 @@ def _exact_note(means: pd.DataFrame) -> str:
 def _cell(rows: pd.DataFrame) -> str:
     if rows.empty:
         return "—"
-    values = rows["eval_accuracy"]
+    values = rows[EVAL_ACCURACY]
     interval = accuracy.interval_text(rows)
     if interval:
         return f"{values.iloc[0] * 100:.1f} {interval}"
@@ -200,21 +202,21 @@ def accuracy_vs_pairs(frame: pd.DataFrame) -> Figure:
     (mean over seeds, band min–max); dashed: chance, dash-dotted: the key-blind floor."""
     records = capacity_records(frame)
     head_dims = sorted(records["head_dim"].unique())
-    fig, axes = plots._figure(max(1, len(head_dims)), "Recall capacity: accuracy vs pairs")
+    fig, axes = style.new_figure(max(1, len(head_dims)), "Recall capacity: accuracy vs pairs")
     if records.empty:
-        plots._message(axes[0], "no trained accuracy over several n_pairs at one length")
+        style.message(axes[0], "no trained accuracy over several n_pairs at one length")
         return fig
     means = _means(records)
     for ax, head_dim in zip(axes, head_dims, strict=False):
         for name in _order(records):
-            mine = means[(means["attention"] == name) & (means["head_dim"] == head_dim)]
+            mine = means[(means[ATTENTION] == name) & (means["head_dim"] == head_dim)]
             if mine.empty:
                 continue
-            jobs = records[(records["attention"] == name) & (records["head_dim"] == head_dim)]
+            jobs = records[(records[ATTENTION] == name) & (records["head_dim"] == head_dim)]
             label = name
             if not jobs["job_learned"].any():
                 label += f" ({accuracy.not_learned_text(jobs)})"
-            color = plots.variant_color(name)
+            color = style.variant_color(name)
             ax.plot(
                 mine[PAIRS], mine["mean"] * 100, marker="o", markersize=4, color=color, label=label
             )
@@ -225,7 +227,7 @@ def accuracy_vs_pairs(frame: pd.DataFrame) -> Figure:
         _lines(ax, records[records["head_dim"] == head_dim])
         ax.set_xscale("log", base=2)
         ax.set_xticks(sorted(records[PAIRS].unique()))
-        ax.get_xaxis().set_major_formatter(plots._plain_number)
+        ax.get_xaxis().set_major_formatter(style.plain_number)
         ax.set_xlabel("key-value pairs")
         ax.set_ylabel("accuracy (%)")
         ax.set_ylim(-2, 102)

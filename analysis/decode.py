@@ -12,13 +12,23 @@ from __future__ import annotations
 import pandas as pd
 from matplotlib.figure import Figure
 
-from analysis import plots, series
+from analysis import series
+from analysis.columns import (
+    ATTENTION,
+    BATCH_SIZE,
+    CACHE_BYTES,
+    DECODE_BANDWIDTH_FRACTION,
+    DECODE_MS_PER_TOKEN,
+    SEQ_LEN,
+    STATUS,
+)
+from analysis.figures import style
 from analysis.tables import Table
 from experiments.records.record import MIB
 
-TIME = "decode_ms_per_token"
-CACHE = "cache_bytes"
-FRACTION = "decode_bandwidth_fraction"
+TIME = DECODE_MS_PER_TOKEN
+CACHE = CACHE_BYTES
+FRACTION = DECODE_BANDWIDTH_FRACTION
 
 
 def records(frame: pd.DataFrame) -> pd.DataFrame:
@@ -40,8 +50,8 @@ def decode_vs_context(frame: pd.DataFrame) -> Figure:
     """Two panels, log-log against the context: ms per decoded token, and the cache (MiB)."""
     rows = records(frame)
     rows = rows.assign(cache_mib=rows[CACHE] / MIB if CACHE in rows else float("nan"))
-    labelled, _ = series.with_series(rows, x="seq_len")
-    fig, axes = plots._figure(2, "Decoding: time per token and cache memory vs context")
+    labelled, _ = series.with_series(rows, x=SEQ_LEN)
+    fig, axes = style.new_figure(2, "Decoding: time per token and cache memory vs context")
     panels = (
         (TIME, "time per decoded token", "ms per token"),
         ("cache_mib", "cache after the prefill", "cache (MiB)"),
@@ -49,8 +59,8 @@ def decode_vs_context(frame: pd.DataFrame) -> Figure:
     for ax, (column, title, unit) in zip(axes, panels, strict=True):
         if column not in labelled:
             labelled = labelled.assign(**{column: float("nan")})
-        xs = plots._draw(ax, labelled, "seq_len", column, min_points=2)
-        plots._axes(ax, title, "context (tokens)", unit, log=(True, True), xs=xs)
+        xs = style.draw_series(ax, labelled, SEQ_LEN, column, min_points=2)
+        style.label_axes(ax, title, "context (tokens)", unit, log=(True, True), xs=xs)
     return fig
 
 
@@ -60,13 +70,13 @@ def decode_table(frame: pd.DataFrame) -> Table | None:
     rows = records(frame)
     if rows.empty or TIME not in rows:
         return None
-    labelled, keys = series.with_series(rows, x="seq_len")
-    times = series.mean_spread(labelled, "seq_len", TIME)
+    labelled, keys = series.with_series(rows, x=SEQ_LEN)
+    times = series.mean_spread(labelled, SEQ_LEN, TIME)
     if times.empty:
         return None
-    caches = series.mean_spread(labelled, "seq_len", CACHE) if CACHE in labelled else None
-    fractions = series.mean_spread(labelled, "seq_len", FRACTION) if FRACTION in labelled else None
-    lengths = sorted(times["seq_len"].unique())
+    caches = series.mean_spread(labelled, SEQ_LEN, CACHE) if CACHE in labelled else None
+    fractions = series.mean_spread(labelled, SEQ_LEN, FRACTION) if FRACTION in labelled else None
+    lengths = sorted(times[SEQ_LEN].unique())
     table_rows = []
     for name in series.series_order(labelled):
         row = {"series": name}
@@ -94,24 +104,24 @@ def per_context(frame: pd.DataFrame) -> tuple[pd.DataFrame, float | None]:
     and that batch (None when no record says). Empty without decode records."""
     rows = records(frame)
     if rows.empty or TIME not in rows or not rows[TIME].notna().any():
-        return pd.DataFrame(columns=["attention", "seq_len", TIME, CACHE]), None
-    ok = rows[(rows["status"] == "ok") & rows[TIME].notna()]
+        return pd.DataFrame(columns=[ATTENTION, SEQ_LEN, TIME, CACHE]), None
+    ok = rows[(rows[STATUS] == "ok") & rows[TIME].notna()]
     if CACHE not in ok:
         ok = ok.assign(**{CACHE: float("nan")})
-    batch = ok["batch_size"].min() if "batch_size" in ok else None
+    batch = ok[BATCH_SIZE].min() if BATCH_SIZE in ok else None
     if batch is not None:
-        ok = ok[ok["batch_size"] == batch]
-    means = ok.groupby(["attention", "seq_len"], sort=False)[[TIME, CACHE]].mean().reset_index()
-    order = list(dict.fromkeys(ok["attention"]))
+        ok = ok[ok[BATCH_SIZE] == batch]
+    means = ok.groupby([ATTENTION, SEQ_LEN], sort=False)[[TIME, CACHE]].mean().reset_index()
+    order = list(dict.fromkeys(ok[ATTENTION]))
     order.sort(key=lambda n: n != series.REFERENCE)
-    means["_order"] = means["attention"].map(order.index)
-    means = means.sort_values(["_order", "seq_len"]).drop(columns="_order")
+    means["_order"] = means[ATTENTION].map(order.index)
+    means = means.sort_values(["_order", SEQ_LEN]).drop(columns="_order")
     return means.reset_index(drop=True), batch
 
 
 def at_longest(means: pd.DataFrame) -> pd.DataFrame:
     """The rows of `per_context(...)[0]` at each variant's longest context."""
-    return means.groupby("attention", sort=False).tail(1).reset_index(drop=True)
+    return means.groupby(ATTENTION, sort=False).tail(1).reset_index(drop=True)
 
 
 def headline(frame: pd.DataFrame) -> list[str]:
@@ -120,10 +130,10 @@ def headline(frame: pd.DataFrame) -> list[str]:
     means, batch = per_context(frame)
     if means.empty:
         return []
-    exact = means[means["attention"] == series.REFERENCE].set_index("seq_len")[CACHE]
+    exact = means[means[ATTENTION] == series.REFERENCE].set_index(SEQ_LEN)[CACHE]
     clauses = []
     for _, mine in at_longest(means).iterrows():
-        name, length = mine["attention"], mine["seq_len"]
+        name, length = mine[ATTENTION], mine[SEQ_LEN]
         text = (
             f"**{name}** at {context_text(length)}: {mine[TIME]:.3g} ms/token, cache "
             f"{cache_text(mine[CACHE])}"
@@ -143,12 +153,12 @@ def headline(frame: pd.DataFrame) -> list[str]:
 
 
 def _cell(times: pd.DataFrame, caches: pd.DataFrame | None, name: str, length) -> str:
-    time = times[(times["series"] == name) & (times["seq_len"] == length)]
+    time = times[(times["series"] == name) & (times[SEQ_LEN] == length)]
     if time.empty:
         return "—"
     text = f"{time['mean'].iloc[0]:.3g} ms"
     if caches is not None:
-        cache = caches[(caches["series"] == name) & (caches["seq_len"] == length)]
+        cache = caches[(caches["series"] == name) & (caches[SEQ_LEN] == length)]
         if len(cache):
             text += f" · {cache_text(cache['mean'].iloc[0])}"
     return text
@@ -158,7 +168,7 @@ def _at_longest(stats: pd.DataFrame, name: str, spec: str) -> str:
     mine = stats[stats["series"] == name]
     if mine.empty:
         return "—"
-    return format(mine.loc[mine["seq_len"].idxmax(), "mean"], spec)
+    return format(mine.loc[mine[SEQ_LEN].idxmax(), "mean"], spec)
 
 
 def cache_text(value: float) -> str:

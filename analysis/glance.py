@@ -31,6 +31,18 @@ from pathlib import Path
 import pandas as pd
 
 from analysis import accuracy, capacity, decode, fit, headline, load, scaling, series
+from analysis.columns import (
+    ATTENTION,
+    CAUSAL,
+    DEVICE,
+    DEVICE_NAME,
+    GIT_COMMIT,
+    HOSTNAME,
+    SEQ_LEN,
+    SWEEP,
+    THREADS,
+    TIMESTAMP,
+)
 from analysis.load import format_value
 from analysis.tables import CEILING, Table
 
@@ -94,15 +106,15 @@ def _cost_rows(cost: pd.DataFrame) -> dict[str, str]:
     """Variant -> the label of its series in `cost`: per variant the first series in the
     report's order that is not exact attention's O(L²) form, a causal one where there is one
     (exact attention appears both ways, as each series' reference)."""
-    labelled, _ = series.with_series(cost, x="seq_len")
+    labelled, _ = series.with_series(cost, x=SEQ_LEN)
     candidates: dict[str, list[tuple[bool, str]]] = {}
     for name in series.series_order(labelled):
         first = labelled[labelled["series"] == name].iloc[0]
         if first.get("attention.impl") == series.QUADRATIC:
             continue
-        causal = first.get("causal")
+        causal = first.get(CAUSAL)
         bidirectional = pd.notna(causal) and not bool(causal)
-        candidates.setdefault(str(first["attention"]), []).append((bidirectional, name))
+        candidates.setdefault(str(first[ATTENTION]), []).append((bidirectional, name))
     return {variant: min(names)[1] for variant, names in candidates.items()}
 
 
@@ -113,7 +125,7 @@ def _label(variant: str, name: str) -> str:
 
 def _crossovers(cost: pd.DataFrame, rows: dict[str, str]) -> dict[str, fit.Crossover]:
     """Variant -> its L* against SDPA from the in-job speed-ups (the headline's)."""
-    labelled, keys = series.with_series(cost, x="seq_len")
+    labelled, keys = series.with_series(cost, x=SEQ_LEN)
     fits = scaling.scaling_fits(labelled, keys, headline.TIME, baseline=series.FUSED)
     found = {v: fits[name].crossover for v, name in rows.items() if name in fits}
     return {v: c for v, c in found.items() if c is not None}
@@ -137,11 +149,11 @@ def _speed_and_memory(
     speed = {v: str(c) for v, c in _crossovers(cost, rows).items()}
     if series.REFERENCE in rows and series.REFERENCE not in speed:
         speed[series.REFERENCE] = "reference"
-    labelled, keys = series.with_series(cost, x="seq_len")
+    labelled, keys = series.with_series(cost, x=SEQ_LEN)
     title = "kernel memory vs O(L²)"
     if headline.MEMORY not in labelled:
         return speed, title, {}
-    memory = series.mean_spread(labelled, "seq_len", headline.MEMORY)
+    memory = series.mean_spread(labelled, SEQ_LEN, headline.MEMORY)
     references = series.reference_of(labelled, keys, series.QUADRATIC)
     factors = {
         variant: headline.memory_factor(memory, name, references[name])
@@ -168,8 +180,8 @@ def _recall(quality: pd.DataFrame | None) -> tuple[str, dict[str, str], str | No
     if trained is None or trained.empty:
         return title, {}, None
     trained = accuracy.with_learned(trained)
-    length = trained["seq_len"].max()
-    at = trained[trained["seq_len"] == length]
+    length = trained[SEQ_LEN].max()
+    at = trained[trained[SEQ_LEN] == length]
     steps = accuracy.steps_behind(at).max()
     chance, floor = accuracy.chance_and_floor(trained)
     title += f" @ L={length:,.0f}"
@@ -183,8 +195,8 @@ def _recall(quality: pd.DataFrame | None) -> tuple[str, dict[str, str], str | No
     if read_against:
         title += f" ({', '.join(read_against)})"
     cells = {}
-    for variant, records in trained.groupby("attention", sort=False):
-        mine = records[records["seq_len"] == length]
+    for variant, records in trained.groupby(ATTENTION, sort=False):
+        mine = records[records[SEQ_LEN] == length]
         if not records["job_learned"].any():
             cells[str(variant)] = accuracy.not_learned_text(records)
         elif len(mine):
@@ -192,7 +204,7 @@ def _recall(quality: pd.DataFrame | None) -> tuple[str, dict[str, str], str | No
             if not records["job_learned"].all():
                 cell += f" ({accuracy.learned_cell(records)} learned)"
             cells[str(variant)] = cell
-    exact = at.loc[at["attention"] == series.REFERENCE, headline.ACCURACY]
+    exact = at.loc[at[ATTENTION] == series.REFERENCE, headline.ACCURACY]
     note = None
     if exact.empty or exact.mean() < CEILING:
         reached = "was not trained" if exact.empty else f"reached {exact.mean():.1%}"
@@ -222,7 +234,7 @@ def _decode(frame: pd.DataFrame | None) -> tuple[str, dict[str, str]]:
     if means is None or means.empty:
         return title, {}
     longest = decode.at_longest(means)
-    context = longest["seq_len"].max()
+    context = longest[SEQ_LEN].max()
     title = f"decode @ {decode.context_text(context)}"
     if batch is not None:
         title += f", batch {format_value(batch)}"
@@ -230,9 +242,9 @@ def _decode(frame: pd.DataFrame | None) -> tuple[str, dict[str, str]]:
     cells = {}
     for _, row in longest.iterrows():
         cell = f"{row[decode.TIME]:.3g} ms · {decode.cache_text(row[decode.CACHE])}"
-        if row["seq_len"] != context:
-            cell += f" (at {decode.context_text(row['seq_len'])})"
-        cells[str(row["attention"])] = cell
+        if row[SEQ_LEN] != context:
+            cell += f" (at {decode.context_text(row[SEQ_LEN])})"
+        cells[str(row[ATTENTION])] = cell
     return title, cells
 
 
@@ -246,22 +258,22 @@ def provenance(frames: Iterable[pd.DataFrame]) -> str:
             return []
         return [format_value(v) for v in dict.fromkeys(both[column].dropna())]
 
-    sweeps = distinct("sweep")
+    sweeps = distinct(SWEEP)
     text = "Measured by " + (
         ("sweeps " + ", ".join(f"`{s}`" for s in sweeps)) if sweeps else "unnamed sweeps"
     )
-    stamps = pd.to_datetime(both.get("timestamp"), utc=True, errors="coerce")
+    stamps = pd.to_datetime(both.get(TIMESTAMP), utc=True, errors="coerce")
     if stamps is not None and stamps.notna().any():
         text += f"; newest record {stamps.max():%Y-%m-%d}"
-    machine = [", ".join(distinct("hostname"))]
-    devices = distinct("device_name")
+    machine = [", ".join(distinct(HOSTNAME))]
+    devices = distinct(DEVICE_NAME)
     if devices:
-        machine.append(", ".join(devices) + (f" ({', '.join(distinct('device'))})"))
-    if "threads" in both and "sweep" in both:
+        machine.append(", ".join(devices) + (f" ({', '.join(distinct(DEVICE))})"))
+    if THREADS in both and SWEEP in both:
         by_threads: dict[str, list[str]] = {}
-        for sweep, threads in both.drop_duplicates(["sweep", "threads"])[
-            ["sweep", "threads"]
-        ].itertuples(index=False):
+        for sweep, threads in both.drop_duplicates([SWEEP, THREADS])[[SWEEP, THREADS]].itertuples(
+            index=False
+        ):
             if pd.notna(threads):
                 by_threads.setdefault(format_value(threads), []).append(str(sweep))
         if len(by_threads) == 1:
@@ -272,7 +284,7 @@ def provenance(frames: Iterable[pd.DataFrame]) -> str:
             )
     machine = [m for m in machine if m]
     text += f"; machine: {', '.join(machine) if machine else 'unknown'}"
-    commits = [c[:7] for c in distinct("git_commit")]
+    commits = [c[:7] for c in distinct(GIT_COMMIT)]
     text += f"; git commit {', '.join(commits) if commits else 'unknown'}."
     return text
 

@@ -20,14 +20,22 @@ from __future__ import annotations
 import pandas as pd
 
 from analysis import accuracy, scaling, series
+from analysis.columns import (
+    ATTENTION,
+    ATTN_FWD_BWD_MS,
+    ATTN_FWD_BWD_PEAK_BYTES,
+    EVAL_ACCURACY,
+    SEQ_LEN,
+    TASK,
+)
 from analysis.fit import ALWAYS_FASTER, CROSSED, NEVER, REFERENCE_FAILED
 from analysis.load import format_value
 from analysis.tables import CEILING
 from experiments.records.record import MIB
 
-TIME = "attn_fwd_bwd_ms"
-MEMORY = "attn_fwd_bwd_peak_bytes"
-ACCURACY = "eval_accuracy"
+TIME = ATTN_FWD_BWD_MS
+MEMORY = ATTN_FWD_BWD_PEAK_BYTES
+ACCURACY = EVAL_ACCURACY
 UNCERTAIN = "uncertain: timing spread"
 
 
@@ -36,7 +44,7 @@ def headline(cost: pd.DataFrame, quality: pd.DataFrame | None = None) -> list[st
     the records hold nothing to say. `cost`: the records of kernel time and memory over
     seq_len; `quality`: those of trained accuracy (default: `cost` itself)."""
     quality = cost if quality is None else quality
-    labelled, keys = series.with_series(cost, x="seq_len")
+    labelled, keys = series.with_series(cost, x=SEQ_LEN)
     speed = {
         baseline: scaling.scaling_fits(labelled, keys, TIME, baseline=baseline)
         for baseline in (series.FUSED, series.QUADRATIC)
@@ -45,17 +53,17 @@ def headline(cost: pd.DataFrame, quality: pd.DataFrame | None = None) -> list[st
         baseline: series.reference_of(labelled, keys, baseline)
         for baseline in (series.FUSED, series.QUADRATIC)
     }
-    memory = series.mean_spread(labelled, "seq_len", MEMORY) if MEMORY in labelled else None
+    memory = series.mean_spread(labelled, SEQ_LEN, MEMORY) if MEMORY in labelled else None
     costs = _accuracy_cost(quality)
     bullets = []
     for name in series.series_order(labelled):
         rows = labelled[labelled["series"] == name]
-        if rows["attention"].iloc[0] == series.REFERENCE:
+        if rows[ATTENTION].iloc[0] == series.REFERENCE:
             continue
         clauses = [
             _speed_clause(speed[series.FUSED].get(name), speed[series.QUADRATIC].get(name)),
             _memory_clause(memory, name, references),
-            costs.get(str(rows["attention"].iloc[0])),
+            costs.get(str(rows[ATTENTION].iloc[0])),
         ]
         clauses = [c for c in clauses if c]
         if clauses:
@@ -101,7 +109,7 @@ def _memory_clause(memory: pd.DataFrame | None, name: str, references) -> str | 
     """ "kernel 12.0 MiB at L=8,192: 1.6× less than SDPA, 85× less than O(L²) (at 4,096)"."""
     if memory is None or memory.empty:
         return None
-    mine = memory[memory["series"] == name].set_index("seq_len")["mean"]
+    mine = memory[memory["series"] == name].set_index(SEQ_LEN)["mean"]
     if mine.empty:
         return None
     longest = mine.index.max()
@@ -124,8 +132,8 @@ def _memory_clause(memory: pd.DataFrame | None, name: str, references) -> str | 
 def memory_factor(memory: pd.DataFrame, name: str, reference: str) -> tuple[float, float] | None:
     """(L, the `reference` series' mean / series `name`'s) at the longest seq_len where both
     have a value in `memory` (`series.mean_spread` of a memory column); None where none."""
-    mine = memory[memory["series"] == name].set_index("seq_len")["mean"]
-    theirs = memory[memory["series"] == reference].set_index("seq_len")["mean"]
+    mine = memory[memory["series"] == name].set_index(SEQ_LEN)["mean"]
+    theirs = memory[memory["series"] == reference].set_index(SEQ_LEN)["mean"]
     common = [length for length in theirs.index if length in mine.index]
     if not common:
         return None
@@ -149,7 +157,7 @@ def _accuracy_cost(quality: pd.DataFrame) -> dict[str, str]:
     if trained.empty:
         return {}
     trained = accuracy.with_learned(trained)
-    mean = trained.groupby(["attention", "seq_len"])[ACCURACY].mean()
+    mean = trained.groupby([ATTENTION, SEQ_LEN])[ACCURACY].mean()
     exact = mean.get(series.REFERENCE)
     if exact is None:
         return {}
@@ -157,16 +165,16 @@ def _accuracy_cost(quality: pd.DataFrame) -> dict[str, str]:
     if solved.empty:
         return {}
     length = solved.index.max()
-    task = format_value(trained["task"].iloc[0])
+    task = format_value(trained[TASK].iloc[0])
     # A reduced run says how long it trained: slow learners are not yet where they end up.
-    at_length = trained[trained["seq_len"] == length]
+    at_length = trained[trained[SEQ_LEN] == length]
     steps = accuracy.steps_behind(at_length)
     after = f" after {format_value(steps.max())} steps" if steps.notna().any() else ""
     clauses = {}
-    for attention, by_length in mean.groupby(level="attention"):
+    for attention, by_length in mean.groupby(level=ATTENTION):
         if attention == series.REFERENCE or (attention, length) not in mean.index:
             continue
-        records = trained[trained["attention"] == attention]
+        records = trained[trained[ATTENTION] == attention]
         if not records["job_learned"].any():
             clauses[str(attention)] = f"{task}: {accuracy.not_learned_text(records)}"
             continue

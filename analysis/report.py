@@ -20,46 +20,46 @@ from pathlib import Path
 import pandas as pd
 from matplotlib.figure import Figure
 
-from analysis import capacity, decode, headline, load, plots, series, tables
+from analysis import capacity, decode, figures, headline, load, series, tables
 from experiments.records.store import Unreadable
 
 # name -> (figure function, caption). A figure is left out of the report when WHEN says these
 # results cannot fill it, or when it drew nothing.
 FIGURES: dict[str, tuple[Callable[[pd.DataFrame], Figure], str]] = {
     "time_vs_seq_len": (
-        plots.time_vs_seq_len,
+        figures.time_vs_seq_len,
         "Kernel time against sequence length (log-log), forward and "
         "forward+backward; legend: fitted exponent α and crossover L* against "
         "exact attention (star), from the speed-ups each job measured in rounds alternating "
         "the kernel with SDPA; third panel: those speed-ups (band: ± half their IQR).",
     ),
     "memory_vs_seq_len": (
-        plots.memory_vs_seq_len,
+        figures.memory_vs_seq_len,
         "Peak memory against sequence length (log-log): the attention kernel alone "
         "(forward+backward, with its saved activations and input gradients) and a whole "
         "training step; legend: fitted exponent α.",
     ),
-    "depth": (plots.depth, "Peak memory and step time against depth per block type."),
+    "depth": (figures.depth, "Peak memory and step time against depth per block type."),
     "error_vs_seq_len": (
-        plots.error_vs_seq_len,
+        figures.error_vs_seq_len,
         "Relative approximation error against exact attention vs sequence length, on the "
         "trained reference's q, k, v (only within its trained length), and beside it the "
         "kernel swap: Δ bits/byte on held-out text when the kernel replaces exact attention "
         "in the reference.",
     ),
-    "error_vs_knob": (plots.error_vs_knob, "Approximation error against each variant's knob."),
+    "error_vs_knob": (figures.error_vs_knob, "Approximation error against each variant's knob."),
     "error_vs_time": (
-        plots.error_vs_time,
+        figures.error_vs_time,
         "What accuracy costs: approximation error against the kernel's forward+backward time "
         "at one length; a variant's points are joined along its first knob, each labelled "
         "with the knob's value.",
     ),
     "training_curves": (
-        plots.training_curves,
+        figures.training_curves,
         "Training and eval loss per step (from the W&B runs) and final losses.",
     ),
     "accuracy_vs_seq_len": (
-        plots.accuracy_vs_seq_len,
+        figures.accuracy_vs_seq_len,
         "Trained accuracy against sequence length per variant: mean over seeds, band min–max; "
         "dotted: the 90 % exact attention must reach for the setup to measure anything; "
         "dashed: chance; dash-dotted: the key-blind floor measured on the same batches; a "
@@ -71,14 +71,14 @@ FIGURES: dict[str, tuple[Callable[[pd.DataFrame], Figure], str]] = {
         "(mean, band min–max over seeds); dashed: chance, dash-dotted: the key-blind floor.",
     ),
     "tradeoff": (
-        plots.tradeoff,
+        figures.tradeoff,
         "Quality against the kernel's forward+backward time at the longest length with both "
         "(trained accuracy, else the error on trained activations; never random-token loss); "
         "marker area is the kernel's own peak memory (forward+backward; a training step's for "
         "records without it).",
     ),
     "flops_fraction": (
-        plots.flops_fraction,
+        figures.flops_fraction,
         "Achieved useful GFLOP/s of the kernel as a fraction of the measured matmul rate.",
     ),
     "decode_vs_context": (
@@ -105,7 +105,7 @@ WHEN: dict[str, Callable[[pd.DataFrame], str | None]] = {
     ),
     "tradeoff": lambda frame: (
         None
-        if plots.tradeoff_quality(frame) is not None
+        if figures.tradeoff_quality(frame) is not None
         else "no trained quality and no error on trained activations: nothing to trade off "
         "(random-token loss is not quality)"
     ),
@@ -167,7 +167,7 @@ def build_report(
                 (out_dir / f"{name}.{fmt}").unlink(missing_ok=True)
             continue
         figure = draw(frame_of)
-        reason = plots.nothing_drawn(figure)
+        reason = figures.nothing_drawn(figure)
         for fmt in FORMATS:
             path = out_dir / f"{name}.{fmt}"
             if reason is None:

@@ -15,6 +15,45 @@ from dataclasses import dataclass
 import pandas as pd
 
 from analysis import accuracy, scaling, series
+from analysis.columns import (
+    APPROX_REL_ERROR,
+    ATTENTION,
+    ATTN_FWD_BWD_MS,
+    ATTN_FWD_BWD_PEAK_BYTES,
+    ATTN_FWD_MS,
+    BATCH_SIZE,
+    CAUSAL,
+    D_MODEL,
+    DEPTH,
+    DEVICE,
+    DEVICE_NAME,
+    DTYPE,
+    ERROR,
+    EVAL_ACCURACY,
+    EVAL_BITS_PER_BYTE,
+    EVAL_LOSS,
+    GIT_COMMIT,
+    HOSTNAME,
+    JOB,
+    KERNEL_PATH,
+    LEARNED,
+    N_HEADS,
+    PEAK_MEMORY_BYTES,
+    SEQ_LEN,
+    SHARED_QK,
+    SPEEDUP_VS_SDPA,
+    SPEEDUP_VS_SDPA_IQR,
+    STATUS,
+    STEP_MS,
+    SWAP_DELTA_BITS_PER_BYTE,
+    SWEEP,
+    TASK,
+    THREADS,
+    TIMESTAMP,
+    TIMING_WARNING,
+    TOKENS_PER_S,
+    TORCH_VERSION,
+)
 from analysis.load import format_value
 from experiments.records import record
 from experiments.records.record import MIB
@@ -24,17 +63,17 @@ EMPTY = ("", "—", "n/a")  # cells that say nothing
 # What a kernel's time depends on: records agreeing on all of these time the same kernel, so
 # their times must agree (a different block, depth or task cannot matter to the kernel alone).
 KERNEL_INPUTS = (
-    "seq_len",
-    "batch_size",
-    "n_heads",
-    "d_model",
-    "causal",
-    "dtype",
-    "device",
-    "threads",
-    "shared_qk",
-    "hostname",
-    "sweep",
+    SEQ_LEN,
+    BATCH_SIZE,
+    N_HEADS,
+    D_MODEL,
+    CAUSAL,
+    DTYPE,
+    DEVICE,
+    THREADS,
+    SHARED_QK,
+    HOSTNAME,
+    SWEEP,
 )
 KERNEL_DISAGREEMENT = 3.0  # a kernel time this many times the same kernel's fastest is flagged
 
@@ -60,35 +99,35 @@ class Table:
 
 # The per-variant table's columns at the longest common length: metric, title, scale, format.
 AT_LONGEST = (
-    ("attn_fwd_ms", "fwd (ms)", 1, ".3g"),
-    ("attn_fwd_bwd_ms", "fwd+bwd (ms)", 1, ".3g"),
-    ("attn_fwd_bwd_peak_bytes", "kernel memory (MiB)", MIB, ".1f"),
-    ("peak_memory_bytes", "step memory (MiB)", MIB, ".1f"),
-    ("approx_rel_error", "rel. error", 1, ".3g"),
-    ("swap_delta_bits_per_byte", "swap Δ bits/byte", 1, ".3g"),
+    (ATTN_FWD_MS, "fwd (ms)", 1, ".3g"),
+    (ATTN_FWD_BWD_MS, "fwd+bwd (ms)", 1, ".3g"),
+    (ATTN_FWD_BWD_PEAK_BYTES, "kernel memory (MiB)", MIB, ".1f"),
+    (PEAK_MEMORY_BYTES, "step memory (MiB)", MIB, ".1f"),
+    (APPROX_REL_ERROR, "rel. error", 1, ".3g"),
+    (SWAP_DELTA_BITS_PER_BYTE, "swap Δ bits/byte", 1, ".3g"),
 )
 
 
 def variant_summary(frame: pd.DataFrame) -> Table | None:
     """Per series: exponents, crossover against exact attention, reach, kernel time, memory and
     error at the longest length every series reached. Columns without a value are left out."""
-    labelled, keys = series.with_series(frame, x="seq_len")
+    labelled, keys = series.with_series(frame, x=SEQ_LEN)
     if labelled.empty:
         return None
     fits = {
         name: scaling.scaling_fits(labelled, keys, metric)
         for name, metric in scaling.TIME_METRICS.items()
     }
-    quadratic = scaling.scaling_fits(labelled, keys, "attn_fwd_bwd_ms", baseline=series.QUADRATIC)
+    quadratic = scaling.scaling_fits(labelled, keys, ATTN_FWD_BWD_MS, baseline=series.QUADRATIC)
     at_longest = [spec for spec in AT_LONGEST if spec[0] in labelled]  # older records lack some
     at = {
         metric: (
             scaling.longest_common_length(labelled, metric),
-            series.mean_spread(labelled, "seq_len", metric),
+            series.mean_spread(labelled, SEQ_LEN, metric),
         )
         for metric, *_ in at_longest
     }
-    several_lengths = labelled["seq_len"].dropna().nunique() > 1
+    several_lengths = labelled[SEQ_LEN].dropna().nunique() > 1
     rows = []
     for name in series.series_order(labelled):
         mine = labelled[labelled["series"] == name]
@@ -150,29 +189,29 @@ def speedups(frame: pd.DataFrame) -> Table | None:
     """Per series: the in-job speed-up over SDPA (forward+backward) at each length as "median
     (IQR)", and the crossovers it gives (against SDPA forward+backward and forward, and
     against the O(L²) form where measured). None when no record has `speedup_vs_sdpa`."""
-    column = "speedup_vs_sdpa"
+    column = SPEEDUP_VS_SDPA
     if column not in frame or frame[column].isna().all():
         return None
-    labelled, keys = series.with_series(frame, x="seq_len")
-    median = series.mean_spread(labelled, "seq_len", column)
-    spread = column + "_iqr"
-    iqr = series.mean_spread(labelled, "seq_len", spread) if spread in labelled else median
+    labelled, keys = series.with_series(frame, x=SEQ_LEN)
+    median = series.mean_spread(labelled, SEQ_LEN, column)
+    spread = SPEEDUP_VS_SDPA_IQR
+    iqr = series.mean_spread(labelled, SEQ_LEN, spread) if spread in labelled else median
     against = {
-        "L* vs SDPA": ("attn_fwd_bwd_ms", series.FUSED),
-        "L* fwd vs SDPA": ("attn_fwd_ms", series.FUSED),
-        "L* vs O(L²)": ("attn_fwd_bwd_ms", series.QUADRATIC),
+        "L* vs SDPA": (ATTN_FWD_BWD_MS, series.FUSED),
+        "L* fwd vs SDPA": (ATTN_FWD_MS, series.FUSED),
+        "L* vs O(L²)": (ATTN_FWD_BWD_MS, series.QUADRATIC),
     }
     fits = {
         title: scaling.scaling_fits(labelled, keys, metric, baseline=baseline)
         for title, (metric, baseline) in against.items()
     }
-    lengths = sorted(median["seq_len"].unique())
+    lengths = sorted(median[SEQ_LEN].unique())
     rows = []
     for name in series.series_order(labelled):
-        mine = median[median["series"] == name].set_index("seq_len")["mean"]
+        mine = median[median["series"] == name].set_index(SEQ_LEN)["mean"]
         if mine.empty or fits["L* vs SDPA"][name].crossover is None:
             continue  # SDPA itself, or no speed-ups measured
-        spreads = iqr[iqr["series"] == name].set_index("seq_len")["mean"]
+        spreads = iqr[iqr["series"] == name].set_index(SEQ_LEN)["mean"]
         row = {"series": name}
         for title, fitted in fits.items():
             crossover = fitted[name].crossover
@@ -201,17 +240,17 @@ def speedups(frame: pd.DataFrame) -> Table | None:
 def depth_table(frame: pd.DataFrame) -> Table | None:
     """Peak memory and step time per block type and depth, for the series measured at two depths
     or more (as the depth figure)."""
-    labelled, keys = series.with_series(frame, x="depth")
-    ok = labelled[(labelled["status"] == "ok") & labelled["depth"].notna()]
-    if ok["depth"].nunique() < 2:
+    labelled, keys = series.with_series(frame, x=DEPTH)
+    ok = labelled[(labelled[STATUS] == "ok") & labelled[DEPTH].notna()]
+    if ok[DEPTH].nunique() < 2:
         return None
-    depths_per_series = labelled.groupby("series")["depth"].nunique()
+    depths_per_series = labelled.groupby("series")[DEPTH].nunique()
     swept = labelled["series"].isin(depths_per_series[depths_per_series > 1].index)
-    labelled, keys = series.with_series(frame[swept], x="depth")  # keys of these series only
-    memory = series.mean_spread(labelled, "depth", "peak_memory_bytes")
-    step = series.mean_spread(labelled, "depth", "step_ms")
-    failed = series.failures(labelled, "depth")
-    depths = sorted(labelled["depth"].dropna().unique())
+    labelled, keys = series.with_series(frame[swept], x=DEPTH)  # keys of these series only
+    memory = series.mean_spread(labelled, DEPTH, PEAK_MEMORY_BYTES)
+    step = series.mean_spread(labelled, DEPTH, STEP_MS)
+    failed = series.failures(labelled, DEPTH)
+    depths = sorted(labelled[DEPTH].dropna().unique())
     rows = []
     for name in series.series_order(labelled):
         row = {"series": name}
@@ -224,22 +263,20 @@ def depth_table(frame: pd.DataFrame) -> Table | None:
 
 def failures(frame: pd.DataFrame) -> Table | None:
     """Every configuration that did not end ok, grouped by variant, status and reason."""
-    labelled, keys = series.with_series(frame, x="seq_len")
-    failed = labelled[labelled["status"] != "ok"]
+    labelled, keys = series.with_series(frame, x=SEQ_LEN)
+    failed = labelled[labelled[STATUS] != "ok"]
     if failed.empty:
         return None
     rows = []
     for (name, status, reason), group in failed.groupby(
-        ["series", "status", failed["error"].map(lambda e: "" if e is None else str(e))],
+        ["series", STATUS, failed[ERROR].map(lambda e: "" if e is None else str(e))],
         sort=False,
     ):
         rows.append(
             {
                 "series": name,
-                "status": status,
-                "seq_len": ", ".join(
-                    _length(v) for v in sorted(group["seq_len"].dropna().unique())
-                ),
+                STATUS: status,
+                SEQ_LEN: ", ".join(_length(v) for v in sorted(group[SEQ_LEN].dropna().unique())),
                 "records": len(group),
                 "reason": reason[:160] + ("…" if len(reason) > 160 else ""),
             }
@@ -256,14 +293,14 @@ def cross_evaluation(frame: pd.DataFrame) -> Table | None:
     present, else the attention name. Values are accuracy in percent, mean over seeds.
     """
     labels = [c.split("@", 1)[1] for c in frame.columns if c.startswith("eval_accuracy@")]
-    ok = frame[frame["status"] == "ok"]
+    ok = frame[frame[STATUS] == "ok"]
     if not labels or ok.empty:
         return None
     if "train_as" in ok:
         rows = ok["train_as"]
     else:  # records from before `train_as` was recorded: the kernel and its rounds
         rounds = ok.get("attention.n_hashes", pd.Series(index=ok.index, dtype=float))
-        rows = ok["attention"] + rounds.map(lambda n: "" if pd.isna(n) else f"-{int(n)}")
+        rows = ok[ATTENTION] + rounds.map(lambda n: "" if pd.isna(n) else f"-{int(n)}")
     table = (
         ok[[f"eval_accuracy@{label}" for label in labels]]
         .groupby(rows.rename("trained with"), sort=False)
@@ -282,14 +319,14 @@ def cross_evaluation(frame: pd.DataFrame) -> Table | None:
 # Final quality columns, the first present being the one compared; lower is better except
 # accuracy.
 QUALITY = {
-    "eval_bits_per_byte": "eval bits/byte",
-    "eval_accuracy": "eval accuracy (%)",
-    "eval_loss": "eval loss",
+    EVAL_BITS_PER_BYTE: "eval bits/byte",
+    EVAL_ACCURACY: "eval accuracy (%)",
+    EVAL_LOSS: "eval loss",
 }
 COST = {
-    "step_ms": "step (ms)",
-    "peak_memory_bytes": "peak memory (MiB)",
-    "tokens_per_s": "train tokens/s",
+    STEP_MS: "step (ms)",
+    PEAK_MEMORY_BYTES: "peak memory (MiB)",
+    TOKENS_PER_S: "train tokens/s",
 }
 
 
@@ -302,12 +339,12 @@ def quality(frame: pd.DataFrame) -> Table | None:
     quality metric from the first row's. Records of tasks without a quality signal (random_lm)
     and of jobs that did not train are left out.
     """
-    trained = frame[(frame["status"] == "ok") & ~frame["task"].isin(series.NO_QUALITY_TASKS)]
+    trained = frame[(frame[STATUS] == "ok") & ~frame[TASK].isin(series.NO_QUALITY_TASKS)]
     metrics = [m for m in QUALITY if m in trained and trained[m].notna().any()]
     if trained.empty or not metrics:
         return None
     trained = trained[trained[metrics[0]].notna()]
-    if trained["seq_len"].nunique() > 1:
+    if trained[SEQ_LEN].nunique() > 1:
         return None  # one row per length and series: `quality_by_length`
     labelled, keys = series.with_series(trained)
     own_names = "train_as" in labelled and labelled["train_as"].notna().all()
@@ -351,7 +388,7 @@ def _metric_title(metric: str) -> str:
 
 # The trained quality metrics a length sweep reports, the first present being the one shown,
 # and the accuracy exact attention must reach for a setup to measure anything.
-BY_LENGTH = {"eval_accuracy": "accuracy (%)", "eval_bits_per_byte": "eval bits/byte"}
+BY_LENGTH = {EVAL_ACCURACY: "accuracy (%)", EVAL_BITS_PER_BYTE: "eval bits/byte"}
 CEILING = 0.9
 
 
@@ -370,18 +407,18 @@ def quality_by_length(frame: pd.DataFrame) -> Table | None:
     if metric is None:
         return None
     trained = series.trained_quality(frame, metric)
-    if trained["seq_len"].nunique() < 2:
+    if trained[SEQ_LEN].nunique() < 2:
         return None
-    is_accuracy = metric == "eval_accuracy"
+    is_accuracy = metric == EVAL_ACCURACY
     if is_accuracy:
         trained = accuracy.with_learned(trained)
-    labelled, _ = series.with_series(trained, x="seq_len")
-    stats = series.mean_spread(labelled, "seq_len", metric)
-    lengths = sorted(stats["seq_len"].unique())
+    labelled, _ = series.with_series(trained, x=SEQ_LEN)
+    stats = series.mean_spread(labelled, SEQ_LEN, metric)
+    lengths = sorted(stats[SEQ_LEN].unique())
     scale = 100 if is_accuracy else 1
     titles = {length: f"L={_length(length)}" for length in lengths}
     if is_accuracy:
-        steps = accuracy.steps_behind(labelled).groupby(labelled["seq_len"]).max()
+        steps = accuracy.steps_behind(labelled).groupby(labelled[SEQ_LEN]).max()
         titles = {
             length: title
             + (f" ({steps[length]:,.0f} steps)" if pd.notna(steps.get(length)) else "")
@@ -389,15 +426,15 @@ def quality_by_length(frame: pd.DataFrame) -> Table | None:
         }
     rows = []
     for name in series.series_order(labelled):
-        mine = stats[stats["series"] == name].set_index("seq_len")
+        mine = stats[stats["series"] == name].set_index(SEQ_LEN)
         records = labelled[labelled["series"] == name]
         row = {"variant": name, "seeds": int(mine["n"].max()) if len(mine) else 0}
         for length in lengths:
             cell = _mean_range(mine, length, scale)
-            interval = accuracy.interval_text(records[records["seq_len"] == length], scale)
+            interval = accuracy.interval_text(records[records[SEQ_LEN] == length], scale)
             row[titles[length]] = f"{cell} {interval}" if interval else cell
         if is_accuracy:
-            row["learned"] = accuracy.learned_cell(records)
+            row[LEARNED] = accuracy.learned_cell(records)
         rows.append(row)
     note = f"{BY_LENGTH[metric]} on the evaluation batches after training, mean over seeds "
     note += "(min–max when several; [Wilson 95 % interval over the distinct pairs] for one)."
@@ -412,7 +449,7 @@ def quality_by_length(frame: pd.DataFrame) -> Table | None:
                 for length in lengths:
                     value = values.get(length)
                     line[titles[length]] = "—" if value is None else f"{value * 100:.1f}"
-                line["learned"] = ""
+                line[LEARNED] = ""
                 rows.append(line)
         note += (
             " Column: the optimiser steps trained when measured (one training run through the "
@@ -441,7 +478,7 @@ def _ceiling_note(labelled: pd.DataFrame, stats: pd.DataFrame, lengths) -> str:
     exact = [s for s in series.series_order(labelled) if s == series.REFERENCE]
     if not exact:
         return "Exact attention was not trained here, so no row can be read against it."
-    mine = stats[stats["series"] == exact[0]].set_index("seq_len")["mean"]
+    mine = stats[stats["series"] == exact[0]].set_index(SEQ_LEN)["mean"]
     missing = [_length(L) for L in lengths if L not in mine.index]
     below = [_length(L) for L in lengths if L in mine.index and mine[L] < CEILING]
     if not missing and not below:
@@ -459,7 +496,7 @@ def _ceiling_note(labelled: pd.DataFrame, stats: pd.DataFrame, lengths) -> str:
 
 def _swap_by_knob(group: pd.DataFrame, knob: str, order) -> dict[str, str]:
     """The kernel swap's Δ bits/byte at each knob value in `order`, when measured."""
-    swap = "swap_delta_bits_per_byte"
+    swap = SWAP_DELTA_BITS_PER_BYTE
     if swap not in group or group[swap].isna().all():
         return {}
     deltas = group.groupby(knob)[swap].mean().reindex(order)
@@ -475,21 +512,21 @@ def error_by_knob(frame: pd.DataFrame) -> Table | None:
     """
     rows = []
     for attention, (knob, *others) in series.KNOBS.items():
-        if knob not in frame or "approx_rel_error" not in frame:
+        if knob not in frame or APPROX_REL_ERROR not in frame:
             continue
         mine = frame[
-            (frame["attention"] == attention)
-            & (frame["status"] == "ok")
-            & frame["approx_rel_error"].notna()
+            (frame[ATTENTION] == attention)
+            & (frame[STATUS] == "ok")
+            & frame[APPROX_REL_ERROR].notna()
             & frame[knob].notna()
         ]
         if mine.empty:
             continue
-        mine = mine[mine["seq_len"] == mine["seq_len"].max()]
+        mine = mine[mine[SEQ_LEN] == mine[SEQ_LEN].max()]
         others = [o for o in others if o in mine and mine[o].notna().any()]
         groups = mine.groupby(others, dropna=False) if others else [((), mine)]
         for setting, group in groups:
-            errors = group.groupby(knob)["approx_rel_error"].mean()
+            errors = group.groupby(knob)[APPROX_REL_ERROR].mean()
             if len(errors) < 2:
                 continue
             finer = errors.sort_index(ascending=knob not in series.SMALLER_IS_FINER)
@@ -503,7 +540,7 @@ def error_by_knob(frame: pd.DataFrame) -> Table | None:
                         for o, v in zip(others, setting, strict=True)
                     )
                     or "—",
-                    "seq_len": _length(mine["seq_len"].iloc[0]),
+                    SEQ_LEN: _length(mine[SEQ_LEN].iloc[0]),
                     "finer →": " → ".join(
                         f"{knob.split('.', 1)[1]}={format_value(k)}: {e:.3g}"
                         for k, e in finer.items()
@@ -529,28 +566,28 @@ def _format_metric(metric: str, value: float) -> str:
     if pd.isna(value):
         return ""
     name = metric.split("@", 1)[0]
-    return f"{value * 100:.1f}" if name == "eval_accuracy" else f"{value:.4f}"
+    return f"{value * 100:.1f}" if name == EVAL_ACCURACY else f"{value:.4f}"
 
 
 def _format_cost(column: str, value: float) -> str:
     if pd.isna(value):
         return ""
-    if column == "peak_memory_bytes":
+    if column == PEAK_MEMORY_BYTES:
         return f"{value / MIB:.1f}"
-    return f"{value:.0f}" if column == "tokens_per_s" else f"{value:.1f}"
+    return f"{value:.0f}" if column == TOKENS_PER_S else f"{value:.1f}"
 
 
 def provenance(frame: pd.DataFrame) -> list[str]:
     """Markdown bullets: what was measured, where, with what."""
-    counts = frame["status"].value_counts().to_dict()
+    counts = frame[STATUS].value_counts().to_dict()
     lines = [
-        f"- sweeps: {_distinct(frame['sweep'])}; {len(frame)} records "
+        f"- sweeps: {_distinct(frame[SWEEP])}; {len(frame)} records "
         f"({', '.join(f'{n} {s}' for s, n in counts.items())})",
-        f"- device: {_distinct(frame['device_name'])} ({_distinct(frame['device'])}), "
-        f"threads {_distinct(frame['threads'])}, torch {_distinct(frame['torch_version'])}",
-        f"- git commit: {_distinct(frame['git_commit'])}; hosts: {_distinct(frame['hostname'])}",
+        f"- device: {_distinct(frame[DEVICE_NAME])} ({_distinct(frame[DEVICE])}), "
+        f"threads {_distinct(frame[THREADS])}, torch {_distinct(frame[TORCH_VERSION])}",
+        f"- git commit: {_distinct(frame[GIT_COMMIT])}; hosts: {_distinct(frame[HOSTNAME])}",
     ]
-    stamps = frame["timestamp"].dropna()
+    stamps = frame[TIMESTAMP].dropna()
     if len(stamps):
         lines.append(f"- measured: {stamps.min()} … {stamps.max()}")
     return lines
@@ -562,15 +599,13 @@ def timing_warnings(frame: pd.DataFrame) -> Table | None:
     sweep (same attention, options and shape, another block or depth: the kernel alone is timed,
     so its time cannot depend on them) by more than KERNEL_DISAGREEMENT×."""
     labelled, keys = series.with_series(frame)
-    ok = labelled[labelled["status"] == "ok"]
+    ok = labelled[labelled[STATUS] == "ok"]
     rows = []
-    if "timing_warning" in ok:
-        for _, rec in ok[ok["timing_warning"].notna()].iterrows():
-            rows.append(
-                {"series": rec["series"], "job": rec["job"], "warning": rec["timing_warning"]}
-            )
+    if TIMING_WARNING in ok:
+        for _, rec in ok[ok[TIMING_WARNING].notna()].iterrows():
+            rows.append({"series": rec["series"], JOB: rec[JOB], "warning": rec[TIMING_WARNING]})
     options = sorted(c for c in ok.columns if c.startswith("attention."))
-    inputs = [c for c in ("attention", *options, *KERNEL_INPUTS) if c in ok]
+    inputs = [c for c in (ATTENTION, *options, *KERNEL_INPUTS) if c in ok]
     for metric in scaling.TIME_METRICS.values():
         timed = ok[ok[metric].notna()]
         if timed.empty:
@@ -584,11 +619,11 @@ def timing_warnings(frame: pd.DataFrame) -> Table | None:
                     rows.append(
                         {
                             "series": rec["series"],
-                            "job": rec["job"],
+                            JOB: rec[JOB],
                             "warning": (
                                 f"{metric} {rec[metric]:.3g} is {ratio:.0f}× the "
                                 f"{fastest[metric]:.3g} of the same kernel in job "
-                                f"{fastest['job']} ({fastest['series']})"
+                                f"{fastest[JOB]} ({fastest['series']})"
                             ),
                         }
                     )
@@ -605,17 +640,17 @@ def explicit_path(frame: pd.DataFrame) -> Table | None:
     """The series whose kernel ran in explicit matmuls (`kernel_path` explicit): no fused
     attention kernel on that device and dtype, or none at all (linear, performer), while exact
     attention's SDPA runs fused; their times are marked here."""
-    if "kernel_path" not in frame:
+    if KERNEL_PATH not in frame:
         return None
     labelled, keys = series.with_series(frame)
-    explicit = labelled[(labelled["status"] == "ok") & (labelled["kernel_path"] == "explicit")]
+    explicit = labelled[(labelled[STATUS] == "ok") & (labelled[KERNEL_PATH] == "explicit")]
     if explicit.empty:
         return None
     rows = [
         {
             "series": label,
-            "jobs": ", ".join(map(str, group["job"])),
-            "device": _distinct(group["device"]),
+            "jobs": ", ".join(map(str, group[JOB])),
+            DEVICE: _distinct(group[DEVICE]),
         }
         for label, group in explicit.groupby("series", sort=False)
     ]
@@ -651,34 +686,34 @@ def _crossover(f: scaling.SeriesFit, name: str) -> str:
 
 
 def _longest_ok(rows: pd.DataFrame) -> str:
-    ok = rows.loc[rows["status"] == "ok", "seq_len"].dropna()
+    ok = rows.loc[rows[STATUS] == "ok", SEQ_LEN].dropna()
     return _length(ok.max()) if len(ok) else "—"
 
 
 def _first_failures(rows: pd.DataFrame) -> str:
     """The status at the shortest failed length, e.g. "oom at 8,192"."""
-    failed = rows[rows["status"] != "ok"].dropna(subset=["seq_len"])
+    failed = rows[rows[STATUS] != "ok"].dropna(subset=[SEQ_LEN])
     if failed.empty:
         return ""
-    shortest = failed["seq_len"].min()
-    statuses = ",".join(dict.fromkeys(failed.loc[failed["seq_len"] == shortest, "status"]))
+    shortest = failed[SEQ_LEN].min()
+    statuses = ",".join(dict.fromkeys(failed.loc[failed[SEQ_LEN] == shortest, STATUS]))
     return f"{statuses} at {_length(shortest)}"
 
 
 def _value_at(stats: pd.DataFrame, name: str, length, scale: float, spec: str = ".1f") -> str:
     if length is None:
         return "—"
-    match = stats[(stats["series"] == name) & (stats["seq_len"] == length)]
+    match = stats[(stats["series"] == name) & (stats[SEQ_LEN] == length)]
     return format(match["mean"].iloc[0] / scale, spec) if len(match) else "—"
 
 
 def _depth_cell(name: str, depth: float, memory, step, failed) -> str:
     def at(stats: pd.DataFrame) -> pd.DataFrame:
-        return stats[(stats["series"] == name) & (stats["depth"] == depth)]
+        return stats[(stats["series"] == name) & (stats[DEPTH] == depth)]
 
     mem, time = at(memory), at(step)
     if mem.empty and time.empty:
-        return ",".join(at(failed)["status"].unique()) or "—"
+        return ",".join(at(failed)[STATUS].unique()) or "—"
     mem_text = f"{mem['mean'].iloc[0] / MIB:.1f}" if len(mem) else "—"
     time_text = f"{time['mean'].iloc[0]:.0f}" if len(time) else "—"
     return f"{mem_text} / {time_text}"

@@ -39,7 +39,7 @@ and backward of the LM loss, no optimiser step) run in a fresh process, so that 
 is the row's own: one layer at 2^20 tokens per O(L) variant (bound 16 GB), and a 12-layer LSH
 model at 64K tokens with reversible and residual blocks. Both use the memory switches
 `model.ff_chunks`, `model.loss_chunks` and `model.attention_chunks` (MILLION_SWITCHES); LSH's
-window masks at 2^20 exceed `lsh.MASK_BYTES` and are rebuilt per slice and round.
+window masks at 2^20 exceed `lsh.masks.MASK_BYTES` and are rebuilt per slice and round.
 
 The project's own parts measure: kernels and models are built from one `variants.ModelConfig`
 (d_model 256, 4 heads) as a model's layers build them, each call is timed by

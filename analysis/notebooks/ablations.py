@@ -20,7 +20,7 @@
 
 # %%
 # %matplotlib inline
-from analysis import load, plots
+from analysis import figures, load
 
 # %% tags=["parameters"]
 RESULTS = ["../../multirun/lsh", "../../multirun/linformer"]  # relative to this folder
@@ -30,13 +30,13 @@ SEQ_LEN = None  # length of the training-curve and trade-off figures; None = mos
 frame = load.load_results(RESULTS)
 
 # %%
-plots.error_vs_seq_len(frame)
+figures.error_vs_seq_len(frame)
 
 # %%
-plots.error_vs_knob(frame)
+figures.error_vs_knob(frame)
 
 # %%
-plots.training_curves(frame, seq_len=SEQ_LEN)
+figures.training_curves(frame, seq_len=SEQ_LEN)
 
 # %%
-plots.tradeoff(frame, seq_len=SEQ_LEN)
+figures.tradeoff(frame, seq_len=SEQ_LEN)

@@ -21,7 +21,7 @@
 # %matplotlib inline
 from IPython.display import Markdown
 
-from analysis import load, plots, report, tables
+from analysis import figures, load, report, tables
 
 # %% tags=["parameters"]
 RESULTS = ["../../multirun/depth"]  # paths relative to this notebook's folder
@@ -31,4 +31,4 @@ frame = load.load_results(RESULTS)
 Markdown(report.markdown_tables(frame, [tables.depth_table, tables.failures]))
 
 # %%
-plots.depth(frame)
+figures.depth(frame)

@@ -22,7 +22,7 @@
 # %matplotlib inline
 from IPython.display import Markdown
 
-from analysis import load, plots, report, tables
+from analysis import figures, load, report, tables
 
 # %% tags=["parameters"]
 RESULTS = ["../../multirun/scaling"]  # paths relative to this notebook's folder
@@ -32,10 +32,10 @@ frame = load.load_results(RESULTS)
 Markdown(report.markdown_tables(frame, [tables.variant_summary, tables.failures]))
 
 # %%
-plots.time_vs_seq_len(frame)
+figures.time_vs_seq_len(frame)
 
 # %%
-plots.memory_vs_seq_len(frame)
+figures.memory_vs_seq_len(frame)
 
 # %%
-plots.flops_fraction(frame)
+figures.flops_fraction(frame)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from analysis import decode, load, plots, report
+from analysis import decode, figures, load, report
 from experiments.records.record import MIB
 from tests.analysis.conftest import FIXTURE
 
@@ -69,7 +69,7 @@ def test_the_headline_has_one_clause_per_variant_against_exact():
 
 def test_the_figure_draws_time_and_cache_and_the_report_leaves_it_out_without_decode():
     figure = decode.decode_vs_context(frame())
-    assert plots.nothing_drawn(figure) is None
+    assert figures.nothing_drawn(figure) is None
     cache_panel = figure.axes[1]
     ys = [y for line in cache_panel.get_lines() for y in line.get_ydata()]
     assert max(ys) == 2 * 4 * 65536 * 64 * 4 / MIB

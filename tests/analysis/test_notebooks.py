@@ -44,6 +44,6 @@ def test_notebook_runs_on_the_fixture(path, small_sweep, tmp_path, monkeypatch):
     outputs = [o for cell in notebook.cells if cell.cell_type == "code" for o in cell.outputs]
     figures = [o for o in outputs if "image/png" in o.get("data", {})]
     figure_cells = [
-        c for c in notebook.cells if c.cell_type == "code" and c.source.startswith("plots.")
+        c for c in notebook.cells if c.cell_type == "code" and c.source.startswith("figures.")
     ]
     assert len(figures) == len(figure_cells) > 0

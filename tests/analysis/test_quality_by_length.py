@@ -5,7 +5,7 @@ from __future__ import annotations
 import pandas as pd
 from matplotlib.figure import Figure
 
-from analysis import load, plots, report, series, tables
+from analysis import figures, load, report, series, tables
 
 LENGTHS = (256, 512, 1024, 2048)
 ACCURACY = {  # variant -> accuracy at each length, seed 0; seed 1 is 0.02 lower
@@ -79,7 +79,7 @@ def test_single_length_results_have_no_length_table_and_random_tokens_are_not_qu
 def test_the_report_draws_accuracy_and_the_chart_only_for_trained_quality(tmp_path):
     frame = long_range_records()
     assert {"accuracy_vs_seq_len", "tradeoff"} <= set(report.drawn_figures(frame))
-    assert isinstance(plots.accuracy_vs_seq_len(frame), Figure)
+    assert isinstance(figures.accuracy_vs_seq_len(frame), Figure)
     random_tokens = frame.assign(task="random_lm", approx_rel_error=None)
     drawn = set(report.drawn_figures(random_tokens))
     assert "accuracy_vs_seq_len" not in drawn and "tradeoff" not in drawn
@@ -89,7 +89,7 @@ def test_the_report_draws_accuracy_and_the_chart_only_for_trained_quality(tmp_pa
 
 
 def test_the_chart_plots_accuracy_against_kernel_time_at_the_longest_length():
-    figure = plots.tradeoff(long_range_records())
+    figure = figures.tradeoff(long_range_records())
     (ax,) = figure.axes
     assert "at seq_len=2048" in figure.texts[0].get_text()
     points = {
@@ -104,8 +104,8 @@ def test_the_chart_plots_accuracy_against_kernel_time_at_the_longest_length():
 def test_without_accuracy_the_chart_uses_the_error_on_trained_activations():
     frame = long_range_records().assign(task="random_lm", eval_accuracy=None)
     frame["approx_rel_error"] = frame["attn_fwd_bwd_ms"].map(lambda t: None if pd.isna(t) else 0.1)
-    assert plots.tradeoff_quality(frame)[0] == "approx_rel_error"
-    (ax,) = plots.tradeoff(frame).axes
+    assert figures.tradeoff_quality(frame)[0] == "approx_rel_error"
+    (ax,) = figures.tradeoff(frame).axes
     assert "trained activations" in ax.get_ylabel()
 
 

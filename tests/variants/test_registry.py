@@ -7,6 +7,9 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from omegaconf import OmegaConf
 
 import variants
 from tests.reference import Gated, assert_causal, qkv
@@ -48,14 +51,30 @@ def test_every_variant_and_preset_is_registered():
     assert {n for n in NAMES if variants.attention_spec(n).preset} == presets
 
 
+def composed(stem: str) -> dict:
+    """conf/attention/<stem>.yaml as Hydra composes it (a preset's YAML extends its variant's)."""
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(CONF.parent), version_base="1.3"):
+        return OmegaConf.to_container(compose(overrides=[f"+attention={stem}"]))["attention"]
+
+
+def as_yaml(options: dict) -> dict:
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in options.items()}
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_conf_yaml_equals_code_defaults(name):
-    conf = yaml.safe_load((CONF / f"{name}.yaml").read_text())
     options = variants.attention_spec(name).options  # a YAML list is the code's tuple
-    assert conf == {
-        "name": name,
-        **{k: list(v) if isinstance(v, tuple) else v for k, v in options.items()},
-    }
+    assert composed(name) == {"name": name, **as_yaml(options)}
+
+
+@pytest.mark.parametrize("name", [n for n in NAMES if variants.attention_spec(n).preset])
+def test_a_preset_yaml_holds_only_its_own_defaults_on_its_variants(name):
+    # Each default in one place: the variant's in its YAML, the preset's own beside them.
+    spec = variants.attention_spec(name)
+    conf = yaml.safe_load((CONF / f"{name}.yaml").read_text())
+    assert conf.pop("defaults") == [spec.variant, "_self_"]
+    assert conf == {"name": name, **as_yaml(spec.preset)}
 
 
 def test_a_preset_builds_its_variant_with_its_defaults_and_overrides():
@@ -72,7 +91,8 @@ def test_every_conf_yaml_is_a_registered_variant():
     assert sorted(stem for stem, conf in named.items() if conf["name"] == stem) == sorted(NAMES)
     for stem, conf in named.items():
         assert conf["name"] in NAMES, stem
-        assert set(conf) - {"name"} <= set(variants.attention_spec(conf["name"]).options), stem
+        own = set(conf) - {"name", "defaults"}
+        assert own <= set(variants.attention_spec(conf["name"]).options), stem
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -91,7 +111,7 @@ def test_causal_variants_do_not_look_ahead(name):
     module = build(name, causal=True, **heads).double().eval()
     # Random choices (LSH's hash) are replayed, so only the inputs after t differ. Without the
     # replay LSH's global sort lets later tokens' buckets move earlier chunk boundaries, which
-    # lsh.py documents; no key or value after t is ever read either way.
+    # lsh/layer.py documents; no key or value after t is ever read either way.
     assert_causal(module, length=48, t=20, replay=True)
 
 

@@ -8,7 +8,7 @@ import math
 import pandas as pd
 import pytest
 
-from analysis import load, plots
+from analysis import figures, load
 from experiments.app.job import run_job
 from experiments.records import history
 from tests.experiments.conftest import MEASURE_NOTHING, TINY
@@ -47,8 +47,8 @@ def test_a_job_without_wandb_keeps_its_curve_and_the_report_draws_it(resolved_co
     frame = load.load_results([tmp_path])
     curves = load.load_curves(frame)
     assert set(curves["metric"]) >= {"train/loss", "eval/loss"}
-    figure = plots.training_curves(frame)
-    assert plots.nothing_drawn(figure) is None
+    figure = figures.training_curves(frame)
+    assert figures.nothing_drawn(figure) is None
     assert any(len(line.get_xdata()) == 3 for line in figure.axes[0].get_lines())
 
 

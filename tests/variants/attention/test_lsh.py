@@ -16,8 +16,8 @@ from tests.reference import (
     shared_qk_reference,
 )
 from variants import attention_spec, build_attention
-from variants.attention import lsh
 from variants.attention.base import replaying
+from variants.attention.lsh import buffers, hashing, masks, windows
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -246,15 +246,15 @@ def test_slicing_the_sequences_changes_nothing(
     module = build_attention("lsh", causal=causal, n_hashes=3, bucket_size=4, seed=2, dedup=dedup)
     out = module(q, q, v)
     grads = torch.autograd.grad(out.square().sum(), (q, v))
-    assert len(lsh.sequence_slices(q.flatten(0, 1), 4, n_chunks=10)) == 1
+    assert len(buffers.sequence_slices(q.flatten(0, 1), 4, n_chunks=10)) == 1
     n_seq = 4
     if one_sequence_per_slice:
-        monkeypatch.setattr(lsh, "SLICE_BYTES", 1)
-        assert len(lsh.sequence_slices(q.flatten(0, 1), 4, n_chunks=10)) == 4
+        monkeypatch.setattr(buffers, "SLICE_BYTES", 1)
+        assert len(buffers.sequence_slices(q.flatten(0, 1), 4, n_chunks=10)) == 4
         n_seq = 1
     # One chunk's window gradients: n_seq sequences x 2m keys x D, float64.
-    monkeypatch.setattr(lsh, "PIECE_BYTES", chunks_per_piece * n_seq * 8 * 8 * 8)
-    assert len(lsh.chunk_pieces((n_seq, 10, 4, 8), window=8, element_size=8)) == n_pieces
+    monkeypatch.setattr(buffers, "PIECE_BYTES", chunks_per_piece * n_seq * 8 * 8 * 8)
+    assert len(buffers.chunk_pieces((n_seq, 10, 4, 8), window=8, element_size=8)) == n_pieces
     with replaying():
         sliced = module(q, q, v)
         sliced_grads = torch.autograd.grad(sliced.square().sum(), (q, v))
@@ -271,12 +271,11 @@ def test_masks_at_32768_positions_do_not_wrap_around(causal, m):
     # Two identical rounds: the first hides nothing but later keys, the second every key.
     length = 32768
     order = torch.arange(length).expand(1, 2, length)  # (S, R, Lp): every round unsorted
-    module = build_attention("lsh", causal=causal, n_hashes=2, bucket_size=m)
-    hidden = module._hidden_keys(order, order, length)  # (1, 2, C, m, 2m)
+    hidden = masks.hidden_keys(order, order, length, m, causal=causal, dedup=True)  # (1,2,C,m,2m)
     first, second = hidden[0, 0].bool(), hidden[0, 1].bool()
     if causal:
         query = torch.arange(length).view(-1, m, 1)  # (C, m, 1)
-        key = lsh.window_keys(torch.arange(length).view(1, -1, m))[0]  # (C, 1, 2m)
+        key = windows.window_keys(torch.arange(length).view(1, -1, m))[0]  # (C, 1, 2m)
         assert torch.equal(first, (key > query).expand_as(first))
     else:
         assert not first.any()
@@ -302,8 +301,8 @@ def test_hash_is_the_argmax_over_both_signs_in_mixed_radix(monkeypatch):
     first_bucket = torch.cat([first, -first], dim=-1).argmax(dim=-1)  # (B, H, R, L) in [0, 8)
     second_bucket = torch.cat([second, -second], dim=-1).argmax(dim=-1)  # in [0, 16)
     want = first_bucket * 16 + second_bucket
-    whole = lsh.angular_hash(x, rotations, (8, 16))
+    whole = hashing.angular_hash(x, rotations, (8, 16))
     assert whole.shape == (2, 3, 2, 40)
     assert torch.equal(whole, want)
-    monkeypatch.setattr(lsh, "PIECE_BYTES", 1)
-    assert torch.equal(lsh.angular_hash(x, rotations, (8, 16)), want)
+    monkeypatch.setattr(buffers, "PIECE_BYTES", 1)
+    assert torch.equal(hashing.angular_hash(x, rotations, (8, 16)), want)

@@ -17,7 +17,7 @@ from tests.reference import (
     rule_mask,
 )
 from variants import UnsupportedCombination, build_attention
-from variants.attention import nsa
+from variants.attention.nsa import function as nsa_function
 
 HEAD_DIM = 8
 
@@ -89,14 +89,16 @@ def test_nsa_equals_the_reference_forward_and_gradients(
 def test_nsa_window_branch_over_several_tiles_and_chunks(flash_kernels, monkeypatch, window):
     """The window branch alone in tiles of 4 queries (the last one short), one tile or two per
     fused call: forward and gradients as dense attention over i - window < j <= i."""
-    monkeypatch.setattr(nsa, "WINDOW_ROWS", 4)
+    monkeypatch.setattr(nsa_function, "WINDOW_ROWS", 4)
     q, k, v = qkv(1, 2, 23, HEAD_DIM, seed=window)
     mask = rule_mask(23, lambda i, j: causal_rule(i, j) and band_rule(window)(i, j))
     for tiles_per_call in (1, 2):
         width = min(window, 23) + 4
-        monkeypatch.setattr(nsa, "WINDOW_CHUNK_BYTES", tiles_per_call * 2 * 2 * width * 8 * 8)
+        monkeypatch.setattr(
+            nsa_function, "WINDOW_CHUNK_BYTES", tiles_per_call * 2 * 2 * width * 8 * 8
+        )
         x = [t.clone().requires_grad_() for t in (q, k, v)]
-        out = nsa.WindowBranch.apply(*x, window)
+        out = nsa_function.WindowBranch.apply(*x, window)
         expected = dense_attention(*x, mask)
         torch.testing.assert_close(out, expected)
         weights = torch.randn_like(out)

@@ -14,8 +14,8 @@ from tests.reference import (
     shared_qk_reference,
 )
 from variants import build_attention
-from variants.attention import routing
 from variants.attention.base import replaying
+from variants.attention.lsh import buffers
 
 
 def build(causal=False, heads=2, head_dim=8, **options):
@@ -140,7 +140,7 @@ def test_one_chunk_per_call_changes_nothing(causal, monkeypatch):
     module = build(causal)
     out = module(q, q, v)
     grads = torch.autograd.grad(out.square().sum(), (q, v))
-    monkeypatch.setattr(routing, "PIECE_BYTES", 1)
+    monkeypatch.setattr(buffers, "PIECE_BYTES", 1)  # routing's budget too
     with replaying():
         sliced = module(q, q, v)
         sliced_grads = torch.autograd.grad(sliced.square().sum(), (q, v))

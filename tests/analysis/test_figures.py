@@ -1,4 +1,5 @@
-"""Figures and tables on synthetic results with known exponents, crossover and failures."""
+"""Figures (analysis.figures) and tables on synthetic results with known exponents, crossover
+and failures."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.text import Text
 
-from analysis import load, plots, report, scaling, series, tables
+from analysis import figures, load, report, scaling, series, tables
 from tests.analysis.conftest import synthetic_records
 
 
@@ -34,7 +35,7 @@ def test_scaling_fits_recover_exponents_and_crossover(frame):
 
 
 def test_time_figure_has_exponents_crossover_and_failures(frame):
-    figure = plots.time_vs_seq_len(frame)
+    figure = figures.time_vs_seq_len(frame)
     drawn = texts(figure)
     assert any(t.startswith("full  α=2.00") for t in drawn)
     assert any(t.startswith("lsh  α=1.00, L*=1,000") for t in drawn)
@@ -48,7 +49,7 @@ def test_time_figure_has_exponents_crossover_and_failures(frame):
 
 
 def test_seeds_are_drawn_as_a_band(frame):
-    figure = plots.memory_vs_seq_len(
+    figure = figures.memory_vs_seq_len(
         frame.assign(peak_memory_bytes=frame["peak_memory_bytes"] * (1 + 0.1 * frame["seed"]))
     )
     assert figure.axes[0].collections  # fill_between bands
@@ -76,7 +77,7 @@ def test_every_figure_draws_for_results_without_any_measurement(frame, tmp_path)
     failed_only = frame[frame["status"] != "ok"]
     for name, (draw, _) in report.FIGURES.items():
         figure = draw(failed_only)
-        assert plots.nothing_drawn(figure), name  # so the report leaves it out
+        assert figures.nothing_drawn(figure), name  # so the report leaves it out
         figure.savefig(tmp_path / f"{name}.png")  # and it still saves: no log axis of nothing
 
 
@@ -103,7 +104,7 @@ def two_variants(*families: tuple[str, float]) -> pd.DataFrame:
 
 
 def test_crossover_labels_never_overlap():
-    figure = plots.time_vs_seq_len(two_variants(("blockwise", 1000.0), ("compressed", 1050.0)))
+    figure = figures.time_vs_seq_len(two_variants(("blockwise", 1000.0), ("compressed", 1050.0)))
     renderer = FigureCanvasAgg(figure).get_renderer()
     figure.draw(renderer)  # lays the labels out
     for ax in figure.axes:
@@ -119,12 +120,13 @@ def line_colors(figure: Figure) -> dict[str, tuple]:
 
 
 def test_a_variant_keeps_its_colour_in_every_report():
-    one = line_colors(plots.time_vs_seq_len(two_variants(("compressed", 900.0), ("lsh", 1e3))))
-    two = line_colors(plots.time_vs_seq_len(two_variants(("lsh", 1e3), ("blockwise", 800.0))))
-    assert one["lsh"] == two["lsh"] == plots.variant_color("lsh")
+    one = line_colors(figures.time_vs_seq_len(two_variants(("compressed", 900.0), ("lsh", 1e3))))
+    two = line_colors(figures.time_vs_seq_len(two_variants(("lsh", 1e3), ("blockwise", 800.0))))
+    assert one["lsh"] == two["lsh"] == figures.variant_color("lsh")
     assert len({one["full"], one["compressed"], one["lsh"], two["blockwise"]}) == 4
     # A name the registry does not know (yet) gets a colour of its own name, every time.
-    assert plots.variant_color("not_registered_yet") == plots.variant_color("not_registered_yet")
+    unknown = "not_registered_yet"
+    assert figures.variant_color(unknown) == figures.variant_color(unknown)
 
 
 def test_block_types_have_their_own_line_styles():
@@ -142,7 +144,7 @@ def test_block_types_have_their_own_line_styles():
         for block in ("residual", "reversible", "checkpoint")
         for depth in (1, 2, 4)
     ]
-    figure = plots.depth(load.tidy(pd.DataFrame(records)))
+    figure = figures.depth(load.tidy(pd.DataFrame(records)))
     styles = {line.get_label(): line.get_linestyle() for line in figure.axes[0].get_lines()}
     assert styles == {
         "full block=residual": "-",
@@ -152,9 +154,9 @@ def test_block_types_have_their_own_line_styles():
 
 
 def test_error_vs_knob_is_left_out_when_no_knob_was_swept(frame):
-    assert "no variant's option was swept" in plots.nothing_drawn(plots.error_vs_knob(frame))
+    assert "no variant's option was swept" in figures.nothing_drawn(figures.error_vs_knob(frame))
     swept = frame.assign(**{"attention.n_hashes": frame["seed"] + 1})  # 1 and 2 hashes
-    assert plots.nothing_drawn(plots.error_vs_knob(swept)) is None
+    assert figures.nothing_drawn(figures.error_vs_knob(swept)) is None
 
 
 def test_training_curve_legend_says_how_train_and_eval_are_drawn(frame):
@@ -165,7 +167,7 @@ def test_training_curve_legend_says_how_train_and_eval_are_drawn(frame):
         + [(first, 3, "eval/loss", 5.2)],  # evaluated once: one square, no dashes to see
         columns=["row", "step", "metric", "value"],
     )
-    figure = plots.training_curves(frame, curves=curves, seq_len=256)
+    figure = figures.training_curves(frame, curves=curves, seq_len=256)
     legend = [t.get_text() for t in figure.axes[0].get_legend().get_texts()]
     assert legend[-2:] == ["train loss (every step)", "eval loss"]
     assert figure.axes[0].get_title() == "per step"

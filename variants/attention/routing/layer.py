@@ -1,4 +1,7 @@
 """Routing attention (Roy et al. 2020): a learnable pattern, tokens routed by online k-means.
+The layer (`RoutingAttention`, the registry's entry, with its centroids); beside it `windows`
+(the sort by cluster and each chunk's window of keys) and `function` (`ClusterWindowAttention`,
+the autograd function that attends over those windows).
 
 Every token's routing vector is its query layer-normalised without scale or bias (shared QK:
 the query is also the key, as in the reference code's default). It goes to the nearest of
@@ -51,12 +54,13 @@ import math
 
 import torch
 import torch.nn.functional as F
-from torch.autograd.function import once_differentiable
 
-from variants.attention import flash
 from variants.attention.base import SHARED_QK_NORM_EPS, Attention, is_replaying, masked_attend
 from variants.attention.cache import ClusterCache
-from variants.attention.lsh import PIECE_BYTES, SELF_MARGIN, index_dtype
+from variants.attention.lsh import buffers
+from variants.attention.lsh.hashing import index_dtype
+from variants.attention.routing.function import ClusterWindowAttention
+from variants.attention.routing.windows import ClusterLayout
 from variants.checks import require_non_negative_int, require_positive_int, require_probability
 from variants.registry import register_attention
 
@@ -147,7 +151,7 @@ class RoutingAttention(Attention):
             x = F.layer_norm(x, (x.shape[-1],))  # (B, H, L, D), norm sqrt(D)
             centroids = self.centroids.to(x.dtype).transpose(-1, -2)  # (H, D, K)
             clusters = torch.empty(x.shape[:3], dtype=torch.long, device=x.device)  # (B, H, L)
-            rows = max(1, PIECE_BYTES // (x.shape[0] * x.shape[1] * self.n_clusters * 4))
+            rows = max(1, buffers.PIECE_BYTES // (x.shape[0] * x.shape[1] * self.n_clusters * 4))
             for start in range(0, x.shape[2], rows):
                 scores = x[:, :, start : start + rows] @ centroids  # (B, H, l, K)
                 clusters[:, :, start : start + rows] = scores.argmax(dim=-1)
@@ -246,174 +250,3 @@ class RoutingAttention(Attention):
             f"decay={self.decay}, seed={self.seed}, n_heads={self.n_heads}, "
             f"head_dim={self.head_dim}"
         )
-
-
-class ClusterLayout:
-    """The sort by (cluster, position) and each sorted query's run of keys.
-
-    clusters: (B, H, L); positions L..Lp-1 (padding) form an extra last cluster of their own,
-    so no real query sees them. Attributes, over S = B*H sequences of Lp sorted slots:
-    order_rows (S*Lp,) the row (of the flattened (S*Lp, D) inputs) at each sorted slot;
-    slot_rows (S*Lp,) the sorted slot of each row; low, high (S, Lp) the first and last key of
-    each sorted query, as offsets from the query's own slot (low <= 0 <= high).
-    """
-
-    def __init__(self, clusters, n_clusters: int, padded: int, window: int, causal: bool):
-        batch, heads, length = clusters.shape
-        device = clusters.device
-        clusters = F.pad(clusters, (0, padded - length), value=n_clusters).flatten(0, 1)  # S, Lp
-        positions = torch.arange(padded, device=device)
-        # Clusters <= K and positions < Lp: one argsort orders by cluster, then position.
-        order = (clusters * padded + positions).argsort(dim=-1)  # (S, Lp)
-        slot = torch.empty_like(order).scatter_(-1, order, positions.expand_as(order))
-        start = torch.arange(clusters.shape[0], device=device).unsqueeze(-1) * padded  # (S, 1)
-        self.order_rows = (order + start).view(-1)
-        self.slot_rows = (slot + start).view(-1)
-        # Each sorted slot's cluster run [first, last].
-        members = torch.zeros(clusters.shape[0], n_clusters + 1, dtype=torch.long, device=device)
-        members.scatter_add_(-1, clusters, torch.ones_like(clusters))  # (S, K+1)
-        ends = members.cumsum(dim=-1)  # (S, K+1) one past each cluster's last slot
-        sorted_clusters = clusters.gather(-1, order)  # (S, Lp)
-        first = (ends - members).gather(-1, sorted_clusters) - positions  # (S, Lp), <= 0
-        last = ends.gather(-1, sorted_clusters) - 1 - positions  # (S, Lp), >= 0
-        offsets = index_dtype(3 * min(window, padded))  # window_bias compares up to 2m away
-        self.low = first.clamp_min(1 - window).to(offsets)
-        self.high = (torch.zeros_like(last) if causal else last.clamp_max(window - 1)).to(offsets)
-
-
-class ClusterWindowAttention(torch.autograd.Function):
-    """Shared-QK attention of sorted chunks over their windows, each query limited to its run.
-
-    Forward: q and v are sorted into rows with a chunk of zero rows in front (and behind, when
-    not causal), so that every chunk's window (previous chunk, own chunk[, next chunk]) is a
-    strided view; keys are the unit rows. A few chunks at a time (`chunk_ranges`) the fused
-    kernel attends with `window_bias`, and the outputs go back to position order. The
-    backward is the flash backward of every range given the saved output and logsumexp, with
-    the window gradients added back onto the rows they view and the key role's gradient taken
-    through the normalisation. Saves the sorted rows, the output, logsumexp and the offsets.
-    """
-
-    @staticmethod
-    def forward(ctx, q, v, order_rows, slot_rows, low, high, m, causal):
-        """q, v: (S, Lp, D) in position order; order_rows, slot_rows: (S*Lp,); low, high:
-        (S, Lp) key offsets of each sorted query; m: chunk length. Returns o (S, Lp, D)."""
-        n_seq, padded, head_dim = q.shape
-        windows = 2 if causal else 3
-        q_rows, v_rows = (sorted_rows(x, order_rows, m, windows) for x in (q, v))
-        norm = q_rows.norm(dim=-1, keepdim=True).clamp_min_(SHARED_QK_NORM_EPS)  # (S, R, 1)
-        unit = q_rows / norm  # (S, R, D), R = (C + W - 1) m rows
-        out = q.new_empty(n_seq, padded, head_dim)  # sorted order
-        lse = None
-        for s, chunks in chunk_ranges(n_seq, padded, m, windows, q.element_size()):
-            query, keys, values = window_views(q_rows[s], unit[s], v_rows[s], chunks, m, windows)
-            bias = window_bias(low[s], high[s], norm[s], chunks, m, windows, q.dtype)
-            out_c, lse_c = flash.attend(query, keys, values, bias=bias, scale=1.0)
-            rows = slice(chunks.start * m, chunks.stop * m)
-            out[s, rows] = out_c.reshape(-1, head_dim)
-            if lse is None:
-                lse = lse_c.new_empty(n_seq, padded)
-            lse[s, rows] = lse_c.reshape(-1)
-        ctx.m, ctx.windows = m, windows
-        ctx.save_for_backward(q_rows, v_rows, order_rows, slot_rows, low, high, out, lse)
-        return out.view(-1, head_dim).index_select(0, slot_rows).view(n_seq, padded, head_dim)
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, grad_out):
-        q_rows, v_rows, order_rows, slot_rows, low, high, out, lse = ctx.saved_tensors
-        m, windows = ctx.m, ctx.windows
-        n_seq, padded, head_dim = out.shape
-        grad_sorted = grad_out.reshape(-1, head_dim).index_select(0, order_rows)
-        grad_sorted = grad_sorted.view(n_seq, padded, head_dim)
-        norm = q_rows.norm(dim=-1, keepdim=True).clamp_min_(SHARED_QK_NORM_EPS)  # (S, R, 1)
-        unit = q_rows / norm
-        grad_q, grad_unit, grad_v = (torch.zeros_like(q_rows) for _ in range(3))  # (S, R, D)
-        for s, chunks in chunk_ranges(n_seq, padded, m, windows, q_rows.element_size()):
-            query, keys, values = window_views(q_rows[s], unit[s], v_rows[s], chunks, m, windows)
-            bias = window_bias(low[s], high[s], norm[s], chunks, m, windows, q_rows.dtype)
-            rows = slice(chunks.start * m, chunks.stop * m)
-            shape = query.shape  # (1, c, m, D)
-            grad_query, grad_keys, grad_values = flash.attend_backward(
-                grad_sorted[s, rows].view(shape),
-                query,
-                keys,
-                values,
-                out[s, rows].view(shape),
-                lse[s, rows].view(shape[:-1]),
-                bias=bias,
-                scale=1.0,
-            )  # (1, c, m, D), (1, c, W*m, D) twice
-            grad_q[s, m + rows.start : m + rows.stop] += grad_query.reshape(-1, head_dim)
-            for w in range(windows):  # window w of chunk c views rows (c + w) m ..
-                piece = slice(rows.start + w * m, rows.stop + w * m)
-                part = slice(w * m, (w + 1) * m)
-                grad_unit[s, piece] += grad_keys[0, :, part].reshape(-1, head_dim)
-                grad_v[s, piece] += grad_values[0, :, part].reshape(-1, head_dim)
-        # unit = q / |q|: the key role's gradient loses its radial part, divided by |q|.
-        radial = (grad_unit * unit).sum(dim=-1, keepdim=True)
-        grad_q += grad_unit.sub_(unit.mul_(radial)).div_(norm)
-        own = slice(m, m + padded)  # the sorted rows, without the zero chunks around them
-        grads = []
-        for grad in (grad_q, grad_v):
-            grads.append(grad[:, own].reshape(-1, head_dim).index_select(0, slot_rows))
-        grad_q, grad_v = (g.view(n_seq, padded, head_dim) for g in grads)
-        return grad_q, grad_v, None, None, None, None, None, None
-
-
-def sorted_rows(x: torch.Tensor, order_rows: torch.Tensor, m: int, windows: int) -> torch.Tensor:
-    """(S, Lp, D) in position order -> (S, (C + W - 1) m, D): sorted, one chunk of zero rows in
-    front (and W - 2 behind), so that chunk c's window starts at row c m."""
-    n_seq, padded, head_dim = x.shape
-    rows = x.new_zeros(n_seq, padded + (windows - 1) * m, head_dim)
-    sorted_x = x.reshape(-1, head_dim).index_select(0, order_rows).view(n_seq, padded, head_dim)
-    rows[:, m : m + padded] = sorted_x
-    return rows
-
-
-def chunk_ranges(n_seq: int, padded: int, m: int, windows: int, element_size: int):
-    """(sequence, range of chunks) pairs whose score bias, c m (W m) floats, stays within
-    PIECE_BYTES (one chunk at least), in order."""
-    n_chunks = padded // m
-    per_range = max(1, PIECE_BYTES // (m * windows * m * element_size))
-    for s in range(n_seq):
-        for start in range(0, n_chunks, per_range):
-            yield s, slice(start, min(start + per_range, n_chunks))
-
-
-def window_views(q_rows, unit_rows, v_rows, chunks: slice, m: int, windows: int):
-    """One sequence's rows (R, D) -> the queries (1, c, m, D) of `chunks` and their windows'
-    keys and values (1, c, W m, D), strided views without copies."""
-    head_dim = q_rows.shape[-1]
-    n = chunks.stop - chunks.start
-    first = chunks.start * m
-    query = q_rows[m + first : m + first + n * m].view(1, n, m, head_dim)
-
-    def window(rows):
-        stride = rows.stride(0)
-        return rows.as_strided(
-            (1, n, windows * m, head_dim),
-            (0, m * stride, stride, rows.stride(1)),
-            rows.storage_offset() + first * stride,
-        )
-
-    return query, window(unit_rows), window(v_rows)
-
-
-def window_bias(low, high, norm, chunks: slice, m: int, windows: int, dtype) -> torch.Tensor:
-    """Additive bias (1, c, m, W m) of one sequence's `chunks`: `flash.masked_score` on keys
-    outside each query's run [low, high] (offsets from its slot, (Lp,) each), and on the
-    query's own key -(2 |q| + SELF_MARGIN), so it attends to itself only when alone (as LSH's
-    `window_bias`: |q . k_hat| <= |q| for every other key). norm: (R, 1) row norms."""
-    rows = slice(chunks.start * m, chunks.stop * m)
-    n = chunks.stop - chunks.start
-    offsets = low.dtype
-    # Key t of chunk row i's window sits at offset t - m - i from the query's slot.
-    relative = torch.arange(windows * m, device=low.device, dtype=offsets) - m
-    relative = relative - torch.arange(m, device=low.device, dtype=offsets).unsqueeze(-1)
-    low_c = low[rows].view(n, m, 1)
-    high_c = high[rows].view(n, m, 1)
-    hidden = (relative < low_c) | (relative > high_c)  # (c, m, W m)
-    bias = flash.hidden_bias(hidden, dtype)
-    own_norm = norm[m + rows.start : m + rows.stop].view(n, m)
-    bias[:, :, m : 2 * m].diagonal(dim1=-2, dim2=-1).copy_(own_norm.mul(-2).sub_(SELF_MARGIN))
-    return bias.unsqueeze(0)

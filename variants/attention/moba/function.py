@@ -1,204 +1,27 @@
-"""MoBA, Mixture of Block Attention (Lu et al. 2025): each query attends to its top-k key blocks.
-
-Keys are cut into blocks of `block_size` (the last one may be shorter). Causally, a query at
-position i scores every block that ends before its own block (floor(i / b)) begins by
-<q_i, mean of that block's keys>, takes the `top_k - 1` highest (all of them if there are
-fewer) and always takes its own block, causal inside it; it attends with one softmax (scale
-1/sqrt(d)) over the union of the selected blocks' keys. The selection is per query and per head
-and discrete: no gradient flows through it (the block means get none). Bidirectionally every
-other block is a candidate (a short last block scored by the mean of its real keys) and the own
-block is seen whole.
-
-How it runs (`SelectedBlocks`), without any per-query gather of keys: the own block is one
-blockwise attention (blocks as the batch, the fused kernel's causal flag). For the selected
-blocks MoBA's own implementation is turned around: every (query, selected block) pair is sorted
-by block, each block's queries are cut into tiles of TILE_ROWS rows, and one fused attention
-runs each tile's queries against its block's keys (a batch of tiles, chunked to bound memory).
-Each chunk's parts are folded into per-query running sums as they come out (outputs weighted
-by exp(lse - reference), the own block's lse the first reference), so no per-part output is
-kept: the result is the logsumexp merge of the own block and up to top_k - 1 others. The
-backward runs each piece's attention backward given the merged output and logsumexp
-(`variants.attention.flash`). Memory O(L top_k d); time O(L top_k b d + L (L / b) d), the
-second term the routing scores.
-
-Decoding (causal): the cache (`cache.BlockKVCache`) holds every key and value, since a later
-query may select any finished block, and the mean key of every finished block. A new query at
-i scores the finished blocks before its own by <q_i, mean>, takes the top_k - 1 highest and
-attends over their keys and its own block's keys up to itself: the forward's rule, O(L d / b +
-top_k b d) per token. A block's mean is taken when its last position arrives (the open block's
-mean is never scored: it is always the query's own block).
-"""
+"""MoBA's autograd function: each query over its own block and the blocks `selection` chose,
+merged by logsumexp; the backward runs each piece's attention backward given the merged output
+and logsumexp (the layer's docstring says how the tiles run)."""
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
 from variants.attention import flash
-from variants.attention.base import Attention
-from variants.attention.cache import BlockKVCache
-from variants.attention.compressed import block_mean
 from variants.attention.local import to_blocks
-from variants.checks import require_positive_int
-from variants.registry import register_attention
 
-# Queries scored against the block means at a time (the routing scores are (B, H, rows, n);
-# causally only the blocks before the rows' last own block: shorter ranges skip more).
-SCORE_ROWS = 1024
-# Bytes of gathered keys and values per fused call over tiles (as combined.CHUNK_BYTES).
+# Bytes of gathered keys and values per fused call over tiles (as combined.function.CHUNK_BYTES).
 CHUNK_BYTES = 8 * 2**20
+
+
 # Query rows per tile: one block's queries are cut into tiles of this many (the last one
 # padded); longer tiles mean fewer, larger attention calls for the fused kernel.
 TILE_ROWS = 256
+
+
 # The largest log-weight a part gets in the running merge (`_Plan.tiles_forward`): weights
 # stay at most exp(20) ~ 5e8 of their query's reference, far from overflow in float32.
 SHIFT_LIMIT = 20.0
-
-
-@register_attention
-class MoBAAttention(Attention):
-    """MoBA: per query, its own block plus the top_k - 1 past blocks by <q, mean key>."""
-
-    name = "moba"
-    exact = False
-    time_complexity = "O(L k b d + L^2 d / b)"
-    memory_complexity = "O(L k d)"
-    softmax_kernels = "flash"
-    supports_decode = True
-
-    def __init__(self, *, causal: bool = False, block_size: int = 128, top_k: int = 4):
-        super().__init__(causal=causal)
-        self.block_size = require_positive_int(self.name, "block_size", block_size)
-        self.top_k = require_positive_int(self.name, "top_k", top_k)
-
-    def selection(self, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
-        """Each query's selected other blocks: (B, H, L, S) int64 block indices, -1 where there
-        are fewer candidates than S = top_k - 1 slots."""
-        with torch.no_grad():
-            means = block_mean(k, self.block_size)  # (B, H, n, D)
-            return top_blocks(q, means, self.block_size, self.top_k - 1, self.causal)
-
-    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        selected = self.selection(q, k)  # (B, H, L, S)
-        return SelectedBlocks.apply(q, k, v, selected, self.block_size, self.causal)
-
-    # --- decoding: every key and value, and the mean key of every finished block ------------
-    def new_cache(self, batch_size, n_heads, head_dim, *, max_len, device, dtype):
-        return BlockKVCache(
-            self.name, batch_size, n_heads, head_dim, block=self.block_size,
-            summarise_values=False, max_len=max_len, device=device, dtype=dtype,
-        )  # fmt: skip
-
-    def cache_prompt(self, q, k, v, cache: BlockKVCache) -> None:
-        cache.append(k, v)
-        finished = k.shape[2] // self.block_size * self.block_size
-        if finished:
-            cache.add_summaries(block_mean(k[:, :, :finished], self.block_size))
-
-    def decode_step(self, q, k, v, cache: BlockKVCache) -> torch.Tensor:
-        cache.append(k, v)
-        means, _ = cache.summaries()  # (B, H, n, D): the finished blocks, all before q's own
-        out = attend_selected(q, cache, means, self.top_k - 1)  # (B, H, 1, D)
-        if cache.length % self.block_size == 0:  # the own block has ended: its mean
-            cache.add_summaries(block_mean(cache.keys()[:, :, -self.block_size :], self.block_size))
-        return out
-
-    def flops(self, batch: int, heads: int, seq_len: int, head_dim: int) -> int:
-        """4 B H d x the pairs scored (own block causal or whole, plus up to top_k - 1 whole
-        other blocks per query, the short last block by its real keys) plus the routing
-        scores, 2 B H d x (query, candidate block) pairs."""
-        pairs, candidates = block_select_pairs(seq_len, self.block_size, self.top_k, self.causal)
-        return 4 * batch * heads * pairs * head_dim + 2 * batch * heads * candidates * head_dim
-
-    def extra_repr(self) -> str:
-        return f"causal={self.causal}, block_size={self.block_size}, top_k={self.top_k}"
-
-
-def block_select_pairs(seq_len: int, block: int, top_k: int, causal: bool) -> tuple[int, int]:
-    """(query, key) pairs a query-selects-blocks kernel scores, own block included, and the
-    (query, candidate block) pairs of its routing, for full blocks of `block` (the short last
-    block counts its real keys); an analytic count for `flops()`."""
-    n_blocks = -(-seq_len // block)
-    sizes = [min(block, seq_len - c * block) for c in range(n_blocks)]
-    pairs = candidates = 0
-    for c, size in enumerate(sizes):
-        own = size * (size + 1) // 2 if causal else size * size
-        if causal:
-            n_other = min(top_k - 1, c)
-            other_keys = n_other * block  # earlier blocks are full
-            n_candidates = c
-        else:
-            n_other = min(top_k - 1, n_blocks - 1)
-            # The top blocks depend on the data; count full blocks (the short one at most once).
-            other_keys = n_other * block
-            n_candidates = n_blocks - 1
-        pairs += own + size * other_keys
-        candidates += size * n_candidates
-    return pairs, candidates
-
-
-def top_blocks(
-    q: torch.Tensor, summaries: torch.Tensor, block: int, slots: int, causal: bool
-) -> torch.Tensor:
-    """The `slots` highest-scoring other blocks per query, no autograd.
-
-    q: (B, H, L, D); summaries: (B, H, n, D), one vector per key block (mean key, compressed
-    key). Candidates: causally the blocks before the query's own block (c < floor(i / b)),
-    else every block but its own. Score q_i . summary_c (a softmax over the same scores ranks
-    the same). Returns (B, H, L, slots) int64 block indices, best first, -1 in slots beyond the
-    query's number of candidates.
-    """
-    batch, heads, length, _ = q.shape
-    n_blocks = summaries.shape[2]
-    slots = min(slots, n_blocks - 1)
-    selected = torch.full((batch, heads, length, max(slots, 0)), -1, dtype=torch.long)
-    selected = selected.to(q.device)
-    if slots <= 0:
-        return selected
-    for first in range(0, length, SCORE_ROWS):
-        rows = slice(first, min(first + SCORE_ROWS, length))
-        # Causally no row of the range sees a block from its last row's own block on.
-        count = (rows.stop - 1) // block if causal else n_blocks
-        take = min(slots, count)
-        if take <= 0:
-            continue
-        scores = q[:, :, rows] @ summaries[:, :, :count].transpose(-1, -2)  # (B, H, r, c)
-        own = (torch.arange(rows.start, rows.stop, device=q.device) // block)[:, None]  # (r, 1)
-        block_ids = torch.arange(count, device=q.device)
-        hidden = block_ids >= own if causal else block_ids == own  # (r, c)
-        scores.masked_fill_(hidden, float("-inf"))
-        best, index = scores.topk(take, dim=-1)  # (B, H, r, take) each
-        selected[:, :, rows, :take] = index.masked_fill_(best == float("-inf"), -1)
-    return selected
-
-
-def attend_selected(
-    q: torch.Tensor, cache: BlockKVCache, summaries: torch.Tensor, slots: int
-) -> torch.Tensor:
-    """The newest position's query over its own block (up to itself) and the `slots` blocks
-    before it whose summary scores highest with it (all of them if fewer), one softmax (scale
-    1/sqrt(d)): the causal rule of `top_blocks` and `SelectedBlocks` for one query.
-
-    q: (B, H, 1, D); summaries: (B, H, n, D), at least the blocks before the query's own
-    (blocks from its own on are left out). Returns (B, H, 1, D).
-    """
-    block = cache.block
-    own = (cache.length - 1) // block  # the query's block
-    keys, values = cache.keys(), cache.values()  # (B, H, length, D) views
-    start = own * block
-    own_keys, own_values = keys[:, :, start:], values[:, :, start:]  # (B, H, i - start + 1, D)
-    slots = min(slots, own)
-    if slots <= 0:
-        return F.scaled_dot_product_attention(q, own_keys, own_values)
-    scores = q @ summaries[:, :, :own].transpose(-1, -2)  # (B, H, 1, own)
-    chosen = scores.topk(slots, dim=-1).indices.squeeze(2)  # (B, H, S)
-    offsets = torch.arange(block, device=q.device)
-    positions = (chosen[..., None] * block + offsets).flatten(2)  # (B, H, S*b)
-    index = positions[..., None].expand(-1, -1, -1, q.shape[-1])  # (B, H, S*b, D)
-    picked_keys = torch.cat([keys.gather(2, index), own_keys], dim=2)
-    picked_values = torch.cat([values.gather(2, index), own_values], dim=2)
-    return F.scaled_dot_product_attention(q, picked_keys, picked_values)  # (B, H, 1, D)
 
 
 class SelectedBlocks(torch.autograd.Function):

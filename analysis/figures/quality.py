@@ -1,0 +1,168 @@
+"""Figures of trained quality: loss curves and final losses, and trained accuracy against
+sequence length read against chance and the key-blind floor."""
+
+from __future__ import annotations
+
+import pandas as pd
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+from matplotlib.ticker import MaxNLocator
+
+from analysis import accuracy, load, series
+from analysis.columns import EVAL_ACCURACY, EVAL_LOSS, SEQ_LEN, STATUS, TRAIN_LOSS
+from analysis.figures import style
+
+
+def training_curves(
+    frame: pd.DataFrame, curves: pd.DataFrame | None = None, seq_len: float | None = None
+) -> Figure:
+    """Training (solid) and eval (dashed) loss per step, and the final losses per series.
+
+    Curves come from the records' histories (`load.load_curves`), at one seq_len (default:
+    the most common among records with a training loss, the longest on a tie).
+    """
+    seq_len = style.pick_length(frame, TRAIN_LOSS) if seq_len is None else seq_len
+    at_length = frame[frame[SEQ_LEN] == seq_len] if seq_len is not None else frame
+    labelled, _ = series.with_series(at_length, x=SEQ_LEN)
+    length_note = f" at seq_len={load.format_value(seq_len)}" if seq_len is not None else ""
+    fig, (curve_ax, final_ax) = style.new_figure(2, f"Training loss{length_note}")
+    curves = load.load_curves(labelled) if curves is None else curves
+    _draw_curves(curve_ax, labelled, curves)
+    _draw_final_losses(final_ax, labelled)
+    return fig
+
+
+def _draw_curves(ax: Axes, labelled: pd.DataFrame, curves: pd.DataFrame) -> None:
+    """Per-step losses, mean over seeds with a min..max band: train as a solid line, eval as
+    squares (joined by a dashed line when evaluated more than once)."""
+    order = series.series_order(labelled) if len(labelled) else []
+    colors = style.series_colors(labelled)
+    drawn = []
+    joined = curves.join(labelled["series"], on="row", how="inner") if len(curves) else None
+    for name in order if joined is not None else ():
+        for metric, linestyle in (("train/loss", "-"), ("eval/loss", "--")):
+            rows = joined[(joined["series"] == name) & (joined["metric"] == metric)]
+            if rows.empty:
+                continue
+            stats = rows.groupby("step")["value"].agg(["mean", "min", "max"])
+            ax.plot(
+                stats.index,
+                stats["mean"],
+                linestyle,
+                color=colors[name],
+                linewidth=1.2,
+                marker="s" if metric == "eval/loss" else None,
+                markersize=4,
+                label=name if metric == "train/loss" else None,
+            )
+            ax.fill_between(
+                stats.index, stats["min"], stats["max"], color=colors[name], alpha=0.15, linewidth=0
+            )
+            drawn.append(name)
+    if not drawn:
+        style.message(
+            ax,
+            "no per-step history: these records have no W&B run\n"
+            "(logger=none, or the runs were not copied with the results)",
+        )
+    else:
+        handles, _ = ax.get_legend_handles_labels()
+        handles += [
+            Line2D([], [], color="dimgrey", linestyle="-", label="train loss (every step)"),
+            Line2D(
+                [], [], color="dimgrey", linestyle="--", marker="s", markersize=4, label="eval loss"
+            ),
+        ]
+        style.legend_below(ax, handles, ncol=1 if len(handles) < 8 else 2)
+    style.label_axes(ax, "per step", "step", "loss", log=(False, False))
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+
+
+def _draw_final_losses(ax: Axes, labelled: pd.DataFrame) -> None:
+    """Final train (o) and eval (s) loss per series, mean with min..max whiskers; failures named."""
+    order = series.series_order(labelled) if len(labelled) else []
+    colors = style.series_colors(labelled)
+    style.label_axes(ax, "final loss (●: train, ■: eval)", "", "loss", log=(False, False))
+    ok = labelled[labelled[STATUS] == "ok"] if len(labelled) else labelled
+    if ok.empty or ok[[TRAIN_LOSS, EVAL_LOSS]].isna().all().all():
+        style.message(ax, "no final losses in these results")
+        return
+    for i, name in enumerate(order):
+        rows = labelled[labelled["series"] == name]
+        ok = rows[rows[STATUS] == "ok"]
+        for offset, metric, marker in ((-0.12, TRAIN_LOSS, "o"), (0.12, EVAL_LOSS, "s")):
+            values = ok[metric].dropna()
+            if values.empty:
+                continue
+            mean = values.mean()
+            ax.errorbar(
+                i + offset,
+                mean,
+                yerr=[[mean - values.min()], [values.max() - mean]],
+                fmt=marker,
+                color=colors[name],
+                capsize=3,
+                markersize=6,
+            )
+        if ok[[TRAIN_LOSS, EVAL_LOSS]].isna().all().all():
+            ax.plot(i, 0.97, "v", color=colors[name], transform=ax.get_xaxis_transform())
+            ax.annotate(
+                style.status_text(rows) or "not trained",
+                (i, 0.97),
+                fontsize=7,
+                xycoords=ax.get_xaxis_transform(),
+                xytext=(4, -2),
+                textcoords="offset points",
+                color=colors[name],
+            )
+    ax.set_xticks(range(len(order)), order, rotation=30, ha="right", fontsize=7)
+    ax.set_xlim(-0.6, len(order) - 0.4)
+
+
+def accuracy_vs_seq_len(frame: pd.DataFrame) -> Figure:
+    """Trained accuracy against seq_len per series: mean over seeds with a min..max band.
+
+    Only records of tasks with a quality signal (never random tokens). Dotted: the 90 % that
+    exact attention must reach for the setup to measure anything; dashed: chance; dash-dotted:
+    the key-blind floor measured on the same batches. A series whose job never reached 90 % is
+    labelled "not learned in N steps (control x %)" in the legend (`analysis.accuracy`).
+    """
+    trained = series.trained_quality(frame).assign(accuracy_pct=lambda f: f[EVAL_ACCURACY] * 100)
+    trained = accuracy.with_learned(trained)
+    labelled, _ = series.with_series(trained, x=SEQ_LEN)
+    fig, (ax,) = style.new_figure(
+        1, "Trained accuracy vs sequence length (mean, min–max over seeds)"
+    )
+    xs = style.draw_series(ax, labelled, SEQ_LEN, "accuracy_pct", notes=_learned_notes(labelled))
+    ax.axhline(90, color="grey", linestyle=":", linewidth=1)
+    _chance_and_floor(ax, labelled, SEQ_LEN)
+    style.label_axes(ax, "", SEQ_LEN, "accuracy (%)", log=(True, False), xs=xs)
+    ax.set_ylim(-2, 102)
+    return fig
+
+
+def _learned_notes(labelled: pd.DataFrame) -> dict[str, str]:
+    """series -> "(not learned in N steps (control x %))" for series none of whose jobs learned."""
+    notes = {}
+    for name, rows in labelled.groupby("series"):
+        if not rows["job_learned"].any():
+            notes[str(name)] = f"({accuracy.not_learned_text(rows)})"
+    return notes
+
+
+def _chance_and_floor(ax: Axes, labelled: pd.DataFrame, x: str) -> None:
+    """Chance (dashed) and the measured key-blind floor per `x` (dash-dotted), in percent."""
+    chance, floor = accuracy.chance_and_floor(labelled, by=x)
+    if chance is not None:
+        ax.axhline(chance * 100, color="grey", linestyle="--", linewidth=1)
+        ax.annotate("chance", (0.01, chance * 100), xycoords=("axes fraction", "data"), fontsize=7)
+    if len(floor):
+        ax.plot(floor.index, floor.values * 100, color="grey", linestyle="-.", linewidth=1)
+        ax.annotate(
+            "key-blind floor",
+            (floor.index[-1], floor.values[-1] * 100),
+            fontsize=7,
+            xytext=(2, 3),
+            textcoords="offset points",
+        )

@@ -1,0 +1,177 @@
+"""Figures of cost against sequence length: kernel time with fitted exponents, crossovers and
+in-job speed-ups over SDPA, and the achieved FLOP rate."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
+
+from analysis import fit, scaling, series
+from analysis.columns import (
+    ATTN_FWD_BWD_GFLOPS_PER_S,
+    ATTN_FWD_BWD_MS,
+    ATTN_FWD_GFLOPS_PER_S,
+    MATMUL_PEAK_GFLOPS_PER_S,
+    SEQ_LEN,
+    SPEEDUP_VS_SDPA,
+    SPEEDUP_VS_SDPA_IQR,
+)
+from analysis.figures import style
+
+_LABEL_STEP = 0.05  # axes-fraction stagger between crossover labels
+
+
+_PASS_TITLES = {"fwd": "forward", "fwd+bwd": "forward + backward"}
+
+
+def time_vs_seq_len(frame: pd.DataFrame) -> Figure:
+    """Kernel time against seq_len, log-log, forward and forward+backward, and (when the jobs
+    measured it) the kernel's speed-up over SDPA against seq_len.
+
+    The legend gives each series' fitted exponent α (all lengths) and its crossover length L*
+    against exact attention; a crossover inside the measured range is a star on the curve.
+    """
+    labelled, keys = series.with_series(frame, x=SEQ_LEN)
+    speedups = SPEEDUP_VS_SDPA in labelled and labelled[SPEEDUP_VS_SDPA].notna().any()
+    fig, axes = style.new_figure(3 if speedups else 2, "Attention kernel time vs sequence length")
+    for ax, (name, metric) in zip(axes[:2], scaling.TIME_METRICS.items(), strict=True):
+        fits = scaling.scaling_fits(labelled, keys, metric)
+        notes = {s: _fit_note(f) for s, f in fits.items()}
+        xs = style.draw_series(ax, labelled, SEQ_LEN, metric, notes=notes, min_points=2)
+        crossed = {
+            s: f.crossover.length
+            for s, f in fits.items()
+            if f.crossover is not None and f.crossover.kind == fit.CROSSED
+        }
+        if xs:
+            _mark_crossovers(ax, labelled, metric, crossed)
+        style.label_axes(ax, _PASS_TITLES[name], SEQ_LEN, "time (ms)", log=(True, True), xs=xs)
+    if speedups:
+        _draw_speedups(axes[2], labelled, scaling.scaling_fits(labelled, keys, ATTN_FWD_BWD_MS))
+    return fig
+
+
+def _draw_speedups(ax: Axes, labelled: pd.DataFrame, fits: dict[str, scaling.SeriesFit]) -> None:
+    """Each series' in-job speed-up over SDPA (forward+backward) against seq_len, log-log: the
+    median over rounds (mean over records) with a band of ± half its interquartile range,
+    a line at 1 (above: faster than SDPA), and a star at each crossover on it."""
+    spread = SPEEDUP_VS_SDPA_IQR
+    with_band = labelled.assign(
+        _iqr=labelled[spread] if spread in labelled else 0.0,
+    )
+    stats = series.mean_spread(with_band, SEQ_LEN, SPEEDUP_VS_SDPA)
+    iqr = series.mean_spread(with_band, SEQ_LEN, "_iqr").set_index(["series", SEQ_LEN])["mean"]
+    styles = style.series_styles(labelled)
+    xs = []
+    for name in series.series_order(labelled):
+        points = stats[stats["series"] == name]
+        if points.empty or name not in fits or fits[name].crossover is None:
+            continue  # exact attention (SDPA itself) or a series without speed-ups
+        half = np.array([iqr.get((name, x), 0.0) / 2 for x in points[SEQ_LEN]])
+        c = fits[name].crossover
+        ax.plot(
+            points[SEQ_LEN],
+            points["mean"],
+            **styles[name],
+            markersize=4,
+            linewidth=1.4,
+            label=f"{name}  {_crossover_note(c)}",
+        )
+        lower = np.maximum(points["mean"] - half, points["mean"] * 0.05)
+        ax.fill_between(
+            points[SEQ_LEN],
+            lower,
+            points["mean"] + half,
+            color=styles[name]["color"],
+            alpha=0.2,
+            linewidth=0,
+        )
+        if c.kind == fit.CROSSED:
+            ax.plot(
+                c.length,
+                1.0,
+                "*",
+                color=styles[name]["color"],
+                markersize=12,
+                zorder=5,
+                markeredgecolor="black",
+            )
+        xs += [float(v) for v in points[SEQ_LEN]]
+    if not xs:
+        style.message(ax, f"no {SPEEDUP_VS_SDPA} in these results")
+        style.label_axes(ax, "", SEQ_LEN, "speed-up", log=(False, False))
+        return
+    ax.axhline(1.0, color="black", linestyle=":", linewidth=1)
+    style.legend_below(ax, ncol=2, handlelength=3)
+    style.label_axes(
+        ax,
+        "speed-up over SDPA, forward + backward (in-job rounds; band ± IQR/2)",
+        SEQ_LEN,
+        "SDPA time / kernel time",
+        log=(True, True),
+        xs=xs,
+    )
+
+
+def _mark_crossovers(
+    ax: Axes, labelled: pd.DataFrame, metric: str, crossed: dict[str, float]
+) -> None:
+    """A star on each series' curve at its crossover length, and its "L*≈…" label in a row of
+    its own near the bottom of the panel (shortest crossover lowest), joined to the star by a
+    dotted line: labels of nearby crossovers cannot overlap."""
+    styles = style.series_styles(labelled)
+    wall = ax.get_xaxis_transform()  # x in data, y in axes fraction
+    for row, (name, length) in enumerate(sorted(crossed.items(), key=lambda item: item[1])):
+        points = series.mean_spread(labelled[labelled["series"] == name], SEQ_LEN, metric)
+        x, y = np.log(points[SEQ_LEN].astype(float)), np.log(points["mean"].astype(float))
+        at = float(np.exp(np.interp(np.log(length), x, y)))
+        color = styles[name]["color"]
+        ax.plot(length, at, "*", color=color, markersize=14, markeredgecolor="black", zorder=5)
+        ax.annotate(
+            f"L*≈{length:,.0f}",
+            xy=(length, at),
+            xytext=(length, 0.04 + row * _LABEL_STEP),
+            textcoords=wall,
+            fontsize=7,
+            color=color,
+            ha="center",
+            va="center",
+            bbox={"boxstyle": "round,pad=0.15", "facecolor": "white", "edgecolor": color},
+            arrowprops={"arrowstyle": "-", "color": color, "linestyle": ":", "linewidth": 0.8},
+        )
+
+
+def _fit_note(f: scaling.SeriesFit) -> str:
+    note = f"α={f.power_law}"
+    if f.crossover is not None:
+        note += f", {_crossover_note(f.crossover)}"
+    return note
+
+
+def _crossover_note(c: fit.Crossover) -> str:
+    """ "L*=1,469", "L*≈1,469 (uncertain)", "L*>4,096", "L*≤256"."""
+    return f"L*{'=' if c.kind == fit.CROSSED and not c.uncertain else ''}{c}"
+
+
+def flops_fraction(frame: pd.DataFrame) -> Figure:
+    """Achieved attention GFLOP/s as a fraction of the machine's measured matmul rate."""
+    with_fraction = frame.assign(
+        fwd_fraction=frame[ATTN_FWD_GFLOPS_PER_S] / frame[MATMUL_PEAK_GFLOPS_PER_S],
+        fwd_bwd_fraction=frame[ATTN_FWD_BWD_GFLOPS_PER_S] / frame[MATMUL_PEAK_GFLOPS_PER_S],
+    )
+    labelled, _ = series.with_series(with_fraction, x=SEQ_LEN)
+    peak = frame[MATMUL_PEAK_GFLOPS_PER_S].median()
+    peak_note = f"{peak:.0f} GFLOP/s" if np.isfinite(peak) else "not measured"
+    fig, axes = style.new_figure(2, f"Achieved useful FLOP/s ÷ measured matmul rate ({peak_note})")
+    for ax, (name, metric) in zip(
+        axes, (("fwd", "fwd_fraction"), ("fwd+bwd", "fwd_bwd_fraction")), strict=True
+    ):
+        xs = style.draw_series(ax, labelled, SEQ_LEN, metric, min_points=2)
+        if xs:
+            ax.axhline(1.0, color="grey", linestyle=":", linewidth=1)
+        style.label_axes(
+            ax, _PASS_TITLES[name], SEQ_LEN, "fraction of matmul rate", log=(True, False), xs=xs
+        )
+    return fig

@@ -1,0 +1,265 @@
+"""The combined pattern's autograd function: the pieces of a `plan.Plan` attended on the fused
+kernels and merged by logsumexp, and each piece's backward given the merged output and
+logsumexp."""
+
+from __future__ import annotations
+
+import torch
+from torch.autograd.function import once_differentiable
+
+from variants.attention import flash
+from variants.attention.combined.plan import Plan
+from variants.attention.local import to_blocks
+from variants.attention.strided import from_columns, to_columns
+
+# The tiles run over ranges of query blocks whose gathered keys and values take about this
+# much: temporaries of a few MiB are reused between calls, where larger ones come back as fresh
+# pages on every call (lsh/buffers.py says why).
+CHUNK_BYTES = 8 * 2**20
+
+
+class CombinedPieces(torch.autograd.Function):
+    """The pieces of a `Plan` attended and merged by logsumexp; the backward runs each piece's
+    attention backward given the merged output and logsumexp (`flash`), so nothing per pair is
+    saved: q, k, v, the output and its logsumexp (O(L d))."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, plan: Plan):
+        """q, k, v: (B, H, L, D). Returns (B, H, L, D)."""
+        pieces = Pieces(plan, q)
+        out, lse = pieces.tiles_forward(q, k, v)  # (B, H, n*b, D), (B, H, n*b)
+        view_out, view_lse = out[:, :, : plan.seq_len], lse[:, :, : plan.seq_len, None]
+        if plan.stride is not None:
+            pieces.strided_forward(q, k, v, view_out, view_lse)
+        if plan.summary is not None:
+            pieces.summary_forward(q, k, v, view_out, view_lse)
+        if plan.global_rows:
+            pieces.rows_forward(q, k, v, view_out, view_lse)
+        # A row no piece gave a key has an lse of about MASKED_SCORE: its softmax is over
+        # nothing, taken to be 0 (and no gradient flows through it).
+        empty = view_lse[..., 0] < flash.masked_score(q.dtype) / 2  # (B, H, L)
+        pieces.empty = empty if bool(empty.any()) else None
+        if pieces.empty is not None:
+            view_out[pieces.empty] = 0
+        ctx.pieces = pieces
+        ctx.save_for_backward(q, k, v, out, lse)
+        return view_out
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_out):
+        q, k, v, out, lse = ctx.saved_tensors
+        pieces, plan = ctx.pieces, ctx.pieces.plan
+        length, rows = plan.seq_len, plan.global_rows
+        grads = [torch.zeros_like(x, memory_format=torch.contiguous_format) for x in (q, k, v)]
+        # The global rows' gradient is their own piece's; every other piece sees zeros there.
+        sparse = grad_out.clone(memory_format=torch.contiguous_format)  # (B, H, L, D)
+        sparse[:, :, :rows] = 0
+        if pieces.empty is not None:
+            sparse[pieces.empty] = 0
+        view_out, view_lse = out[:, :, :length], lse[:, :, :length]
+        pieces.tiles_backward(sparse, q, k, v, out, lse, grads)
+        if plan.stride is not None:
+            pieces.strided_backward(sparse, q, k, v, view_out, view_lse, grads)
+        if plan.summary is not None:
+            pieces.summary_backward(sparse, q, k, v, view_out, view_lse, grads)
+        if rows:
+            pieces.rows_backward(grad_out, q, k, v, view_out, view_lse, grads)
+        return *grads, None
+
+
+class Pieces:
+    """Each piece's forward (merging into the running output and logsumexp) and backward
+    (adding into the gradients), for one call's shapes."""
+
+    def __init__(self, plan: Plan, q: torch.Tensor):
+        self.plan = plan
+        self.batch, self.heads, _, self.head_dim = q.shape
+        self.scale = self.head_dim**-0.5
+        self.empty = None
+        slots = max(plan.tiles.shape[1], 1)
+        per_block = 2 * self.batch * self.heads * slots * plan.block * self.head_dim
+        self.chunk = max(1, CHUNK_BYTES // (per_block * q.element_size()))
+
+    # --- tiles -----------------------------------------------------------------------------
+    def _chunks(self):
+        for first in range(0, self.plan.n_blocks, self.chunk):
+            yield first, min(first + self.chunk, self.plan.n_blocks)
+
+    def _flat_blocks(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, H, L, D) -> (B*H, n, b*D): a whole block per row, so that gathering tiles is
+        one `index_select` along dim 1 (along the block dim of a 5-d view it ran 5-9x
+        slower)."""
+        blocks = to_blocks(x, self.plan.block)  # (B, H, n, b, D)
+        return blocks.reshape(self.batch * self.heads, self.plan.n_blocks, -1)
+
+    def _gather(self, flat: torch.Tensor, first: int, end: int) -> torch.Tensor:
+        """The tiles of query blocks [first, end) from `_flat_blocks` keys or values:
+        (B*H, m, K*b, D), one contiguous copy."""
+        gathered = flat.index_select(1, self.plan.tiles[first:end].flatten())  # (B*H, m*K, b*D)
+        return gathered.view(self.batch * self.heads, end - first, -1, self.head_dim)
+
+    def _query_blocks(self, x: torch.Tensor, first: int, end: int) -> torch.Tensor:
+        """(B, H, n, b, E) -> blocks [first, end) as (B*H, m, b, E)."""
+        return x[:, :, first:end].reshape(self.batch * self.heads, end - first, *x.shape[3:])
+
+    def tiles_forward(self, q, k, v):
+        """The tile piece over the padded length: out (B, H, n*b, D), lse (B, H, n*b)."""
+        plan, b = self.plan, self.plan.block
+        lse_dtype = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
+        out = q.new_zeros(self.batch, self.heads, plan.n_blocks * b, self.head_dim)
+        lse = torch.full(
+            out.shape[:3], flash.masked_score(q.dtype), dtype=lse_dtype, device=q.device
+        )
+        if plan.tile_pattern is None:
+            return out, lse
+        q_blocks = to_blocks(q, b)  # (B, H, n, b, D)
+        k_flat, v_flat = self._flat_blocks(k), self._flat_blocks(v)  # (B*H, n, b*D)
+        out_blocks = out.view(self.batch, self.heads, plan.n_blocks, b, self.head_dim)
+        lse_blocks = lse.view(self.batch, self.heads, plan.n_blocks, b)
+        for first, end in self._chunks():
+            chunk_out, chunk_lse = flash.attend(
+                self._query_blocks(q_blocks, first, end),
+                self._gather(k_flat, first, end),
+                self._gather(v_flat, first, end),
+                scale=self.scale,
+                bias=plan.tile_bias(first, end, q.dtype),
+            )  # (B*H, m, b, D), (B*H, m, b)
+            shape = (self.batch, self.heads, end - first, b)
+            out_blocks[:, :, first:end] = chunk_out.view(*shape, self.head_dim)
+            lse_blocks[:, :, first:end] = chunk_lse.view(shape)
+        return out, lse
+
+    def tiles_backward(self, grad, q, k, v, out, lse, grads):
+        plan, b = self.plan, self.plan.block
+        if plan.tile_pattern is None:
+            return
+        q_blocks, grad_blocks = to_blocks(q, b), to_blocks(grad, b)  # (B, H, n, b, D)
+        k_flat, v_flat = self._flat_blocks(k), self._flat_blocks(v)  # (B*H, n, b*D)
+        out_blocks = out.view(self.batch, self.heads, plan.n_blocks, b, self.head_dim)
+        lse_blocks = lse.view(self.batch, self.heads, plan.n_blocks, b, 1)
+        grad_q = torch.zeros_like(q_blocks, memory_format=torch.contiguous_format)
+        grad_k, grad_v = torch.zeros_like(k_flat), torch.zeros_like(v_flat)  # (B*H, n, b*D)
+        for first, end in self._chunks():
+            chunk_q, chunk_k, chunk_v = flash.attend_backward(
+                self._query_blocks(grad_blocks, first, end),
+                self._query_blocks(q_blocks, first, end),
+                self._gather(k_flat, first, end),
+                self._gather(v_flat, first, end),
+                self._query_blocks(out_blocks, first, end),
+                self._query_blocks(lse_blocks, first, end).squeeze(-1),
+                scale=self.scale,
+                bias=plan.tile_bias(first, end, q.dtype),
+            )  # (B*H, m, b, D), (B*H, m, K*b, D) twice
+            m = end - first
+            grad_q[:, :, first:end] = chunk_q.view(self.batch, self.heads, m, b, self.head_dim)
+            index = plan.tiles[first:end].flatten()  # (m*K,)
+            for total, chunk in ((grad_k, chunk_k), (grad_v, chunk_v)):
+                total.index_add_(
+                    1, index, chunk.reshape(self.batch * self.heads, -1, b * self.head_dim)
+                )
+        length, shape = plan.seq_len, (self.batch, self.heads, -1, self.head_dim)
+        grads[0] += grad_q.flatten(2, 3)[:, :, :length]
+        grads[1] += grad_k.view(shape)[:, :, :length]
+        grads[2] += grad_v.view(shape)[:, :, :length]
+
+    # --- strided -----------------------------------------------------------------------------
+    def _strided_options(self, q):
+        plan, stride = self.plan, self.plan.stride
+        if plan.causal:
+            return {"scale": self.scale, "causal": True}
+        rows = -(-plan.seq_len // stride)
+        if rows * stride == plan.seq_len:
+            return {"scale": self.scale}
+        # Unmasked, a column's query sees every real row of it: hide the padded keys.
+        position = torch.arange(rows, device=q.device) * stride
+        position = position[None, :] + torch.arange(stride, device=q.device)[:, None]
+        hidden = (position >= plan.seq_len)[None, :, None, :]  # (1, s, 1, rows)
+        return {"scale": self.scale, "bias": flash.hidden_bias(hidden, q.dtype)}
+
+    def strided_forward(self, q, k, v, out, lse):
+        stride, length = self.plan.stride, self.plan.seq_len
+        columns = (to_columns(x, stride).contiguous() for x in (q, k, v))  # (B*H, s, rows, D)
+        part_out, part_lse = flash.attend(*columns, **self._strided_options(q))
+        part_out = from_columns(part_out, self.batch, self.heads)[:, :, :length]
+        part_lse = from_columns(part_lse.unsqueeze(-1), self.batch, self.heads)[:, :, :length]
+        flash.merge_into(out, lse, part_out, part_lse)
+
+    def strided_backward(self, grad, q, k, v, out, lse, grads):
+        stride, length = self.plan.stride, self.plan.seq_len
+        columns = [to_columns(x, stride).contiguous() for x in (grad, q, k, v, out)]
+        lse_columns = to_columns(lse.unsqueeze(-1), stride).squeeze(-1).contiguous()
+        pieces = flash.attend_backward(*columns, lse_columns, **self._strided_options(q))
+        for total, piece in zip(grads, pieces, strict=True):
+            total += from_columns(piece, self.batch, self.heads)[:, :, :length]
+
+    # --- summary -----------------------------------------------------------------------------
+    def _summary_calls(self, q):
+        """Per query block of the summary pattern: (its rows, how many summary keys from the
+        start it sees, a bias hiding its own block's keys or None)."""
+        plan, summary = self.plan, self.plan.summary
+        block, n_keys = summary.block_size, len(plan.summary_keys)
+        for first in range(0, plan.seq_len, block):
+            rows = slice(first, min(first + block, plan.seq_len))
+            before = int(summary.count_before(torch.tensor(first)))
+            if plan.causal:
+                if before:
+                    yield rows, before, None
+                continue
+            own = int(summary.count_before(torch.tensor(rows.stop))) - before
+            if own == n_keys:
+                continue
+            hidden = torch.zeros(n_keys, dtype=torch.bool, device=q.device)
+            hidden[before : before + own] = True
+            yield rows, n_keys, flash.hidden_bias(hidden, q.dtype).view(1, 1, 1, n_keys)
+
+    def summary_forward(self, q, k, v, out, lse):
+        keys, values = (x.index_select(2, self.plan.summary_keys) for x in (k, v))
+        for rows, count, bias in self._summary_calls(q):
+            part_out, part_lse = flash.attend(
+                q[:, :, rows], keys[:, :, :count], values[:, :, :count], scale=self.scale, bias=bias
+            )  # (B, H, r, D), (B, H, r)
+            flash.merge_into(out[:, :, rows], lse[:, :, rows], part_out, part_lse.unsqueeze(-1))
+
+    def summary_backward(self, grad, q, k, v, out, lse, grads):
+        index = self.plan.summary_keys
+        keys, values = (x.index_select(2, index) for x in (k, v))  # (B, H, C, D)
+        grad_keys, grad_values = torch.zeros_like(keys), torch.zeros_like(values)
+        for rows, count, bias in self._summary_calls(q):
+            grad_q, grad_k, grad_v = flash.attend_backward(
+                grad[:, :, rows].contiguous(),
+                q[:, :, rows],
+                keys[:, :, :count],
+                values[:, :, :count],
+                out[:, :, rows].contiguous(),
+                lse[:, :, rows].contiguous(),
+                scale=self.scale,
+                bias=bias,
+            )
+            grads[0][:, :, rows] += grad_q
+            grad_keys[:, :, :count] += grad_k
+            grad_values[:, :, :count] += grad_v
+        grads[1].index_add_(2, index, grad_keys)
+        grads[2].index_add_(2, index, grad_values)
+
+    # --- global rows -------------------------------------------------------------------------
+    def rows_forward(self, q, k, v, out, lse):
+        rows = self.plan.global_rows
+        part_out, part_lse = flash.attend(q[:, :, :rows], k, v, scale=self.scale)
+        out[:, :, :rows] = part_out  # these rows see every key: nothing to merge
+        lse[:, :, :rows, 0] = part_lse
+
+    def rows_backward(self, grad, q, k, v, out, lse, grads):
+        rows = self.plan.global_rows
+        grad_q, grad_k, grad_v = flash.attend_backward(
+            grad[:, :, :rows].contiguous(),
+            q[:, :, :rows],
+            k,
+            v,
+            out[:, :, :rows].contiguous(),
+            lse[:, :, :rows].contiguous(),
+            scale=self.scale,
+        )
+        grads[0][:, :, :rows] += grad_q
+        grads[1] += grad_k
+        grads[2] += grad_v

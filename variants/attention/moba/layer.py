@@ -1,0 +1,104 @@
+"""MoBA, Mixture of Block Attention (Lu et al. 2025): each query attends to its top-k key blocks.
+The layer (`MoBAAttention`, the registry's entry); beside it `selection` (which blocks a query
+sees) and `function` (`SelectedBlocks`, the autograd function that attends to them).
+
+Keys are cut into blocks of `block_size` (the last one may be shorter). Causally, a query at
+position i scores every block that ends before its own block (floor(i / b)) begins by
+<q_i, mean of that block's keys>, takes the `top_k - 1` highest (all of them if there are
+fewer) and always takes its own block, causal inside it; it attends with one softmax (scale
+1/sqrt(d)) over the union of the selected blocks' keys. The selection is per query and per head
+and discrete: no gradient flows through it (the block means get none). Bidirectionally every
+other block is a candidate (a short last block scored by the mean of its real keys) and the own
+block is seen whole.
+
+How it runs (`function.SelectedBlocks`), without any per-query gather of keys: the own block
+is one blockwise attention (blocks as the batch, the fused kernel's causal flag). For the
+selected blocks MoBA's own implementation is turned around: every (query, selected block) pair
+is sorted by block, each block's queries are cut into tiles of `function.TILE_ROWS` rows, and
+one fused attention runs each tile's queries against its block's keys (a batch of tiles,
+chunked to bound memory).
+Each chunk's parts are folded into per-query running sums as they come out (outputs weighted
+by exp(lse - reference), the own block's lse the first reference), so no per-part output is
+kept: the result is the logsumexp merge of the own block and up to top_k - 1 others. The
+backward runs each piece's attention backward given the merged output and logsumexp
+(`variants.attention.flash`). Memory O(L top_k d); time O(L top_k b d + L (L / b) d), the
+second term the routing scores.
+
+Decoding (causal): the cache (`cache.BlockKVCache`) holds every key and value, since a later
+query may select any finished block, and the mean key of every finished block. A new query at
+i scores the finished blocks before its own by <q_i, mean>, takes the top_k - 1 highest and
+attends over their keys and its own block's keys up to itself: the forward's rule, O(L d / b +
+top_k b d) per token. A block's mean is taken when its last position arrives (the open block's
+mean is never scored: it is always the query's own block).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from variants.attention.base import Attention
+from variants.attention.cache import BlockKVCache
+from variants.attention.compressed import block_mean
+from variants.attention.moba.function import SelectedBlocks
+from variants.attention.moba.selection import attend_selected, block_select_pairs, top_blocks
+from variants.checks import require_positive_int
+from variants.registry import register_attention
+
+
+@register_attention
+class MoBAAttention(Attention):
+    """MoBA: per query, its own block plus the top_k - 1 past blocks by <q, mean key>."""
+
+    name = "moba"
+    exact = False
+    time_complexity = "O(L k b d + L^2 d / b)"
+    memory_complexity = "O(L k d)"
+    softmax_kernels = "flash"
+    supports_decode = True
+
+    def __init__(self, *, causal: bool = False, block_size: int = 128, top_k: int = 4):
+        super().__init__(causal=causal)
+        self.block_size = require_positive_int(self.name, "block_size", block_size)
+        self.top_k = require_positive_int(self.name, "top_k", top_k)
+
+    def selection(self, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+        """Each query's selected other blocks: (B, H, L, S) int64 block indices, -1 where there
+        are fewer candidates than S = top_k - 1 slots."""
+        with torch.no_grad():
+            means = block_mean(k, self.block_size)  # (B, H, n, D)
+            return top_blocks(q, means, self.block_size, self.top_k - 1, self.causal)
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        selected = self.selection(q, k)  # (B, H, L, S)
+        return SelectedBlocks.apply(q, k, v, selected, self.block_size, self.causal)
+
+    # --- decoding: every key and value, and the mean key of every finished block ------------
+    def new_cache(self, batch_size, n_heads, head_dim, *, max_len, device, dtype):
+        return BlockKVCache(
+            self.name, batch_size, n_heads, head_dim, block=self.block_size,
+            summarise_values=False, max_len=max_len, device=device, dtype=dtype,
+        )  # fmt: skip
+
+    def cache_prompt(self, q, k, v, cache: BlockKVCache) -> None:
+        cache.append(k, v)
+        finished = k.shape[2] // self.block_size * self.block_size
+        if finished:
+            cache.add_summaries(block_mean(k[:, :, :finished], self.block_size))
+
+    def decode_step(self, q, k, v, cache: BlockKVCache) -> torch.Tensor:
+        cache.append(k, v)
+        means, _ = cache.summaries()  # (B, H, n, D): the finished blocks, all before q's own
+        out = attend_selected(q, cache, means, self.top_k - 1)  # (B, H, 1, D)
+        if cache.length % self.block_size == 0:  # the own block has ended: its mean
+            cache.add_summaries(block_mean(cache.keys()[:, :, -self.block_size :], self.block_size))
+        return out
+
+    def flops(self, batch: int, heads: int, seq_len: int, head_dim: int) -> int:
+        """4 B H d x the pairs scored (own block causal or whole, plus up to top_k - 1 whole
+        other blocks per query, the short last block by its real keys) plus the routing
+        scores, 2 B H d x (query, candidate block) pairs."""
+        pairs, candidates = block_select_pairs(seq_len, self.block_size, self.top_k, self.causal)
+        return 4 * batch * heads * pairs * head_dim + 2 * batch * heads * candidates * head_dim
+
+    def extra_repr(self) -> str:
+        return f"causal={self.causal}, block_size={self.block_size}, top_k={self.top_k}"

@@ -1,0 +1,10 @@
+"""Native Sparse Attention (`nsa`), one module per role; importing it registers the variant.
+
+layer     `NSAAttention`, the registry's entry (options, the compression MLPs, gates, decoding)
+function  `CompressedBranch` and `WindowBranch`: two of its branches, forward and backward (the
+          selected branch is MoBA's `moba.function.SelectedBlocks`)
+"""
+
+from variants.attention.nsa.layer import NSAAttention
+
+__all__ = ["NSAAttention"]

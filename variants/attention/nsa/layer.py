@@ -1,0 +1,198 @@
+"""NSA, Native Sparse Attention (Yuan et al. 2025): compressed, selected and window branches.
+The layer (`NSAAttention`, the registry's entry); beside it `function` (the compressed and
+window branches' autograd functions).
+
+Keys and values are cut into blocks of `block_size` (compression and selection blocks equal,
+stride = size; the paper uses blocks of 32 with stride 16 for compression and 64 for
+selection). Three branches per query at position i, all softmax attention with scale 1/sqrt(d):
+
+  compressed  over the compressed key and value of every block that ends at or before i
+              ((c + 1) b - 1 <= i); before the first block ends there is none and the branch
+              gives 0. `compress`: `mean` (the block's average) or `mlp` (the paper's learned
+              map with intra-block positions: a learned position vector added to each of the
+              block's b keys, the b x d block flattened, Linear(b d, d), GELU, Linear(d, d);
+              one MLP for keys and one for values, shared by the heads).
+  selected    the `n_select` blocks with the largest compressed-branch probability for this
+              query among the blocks it may see, always including its own block: its own block
+              (causal inside it) plus the `n_select - 1` other blocks with the largest
+              probability (all of them if fewer). The other candidates are the blocks before
+              its own (the compressed branch scores exactly those, and the own block when it
+              has just ended); a softmax over one query's scores ranks as the scores do, so
+              the ranking uses q . compressed key. Per query and per head (no GQA groups
+              here); no gradient flows through the selection.
+  window      over the last `window` tokens up to i, i included (i - window < j <= i).
+
+Output g_cmp o_cmp + g_sel o_sel + g_win o_win with the gates `gates[..., 0]`, `[..., 1]`,
+`[..., 2]` in (0, 1) per head and position (the layer computes them from the token).
+
+Causal only: every branch is defined on the past. The selected branch is MoBA's kernel
+(`moba.function.SelectedBlocks`), the window one `function.WindowBranch` (query tiles against
+an overlapping view of the keys, one band bias) and the compressed one a fused attention over
+row ranges, each range against the compressed keys its last row may see, with a bias for the
+rest.
+
+Decoding (`cache.BlockKVCache`): every raw key and value (a later query may select any block,
+and the window is the cache's last `window` positions) and the compressed key and value of
+every ended block, compressed when its last position arrives (that position's query already
+sees it). A new query at i: the compressed branch over the held summaries, the selected one
+over its own block and the n_select - 1 earlier blocks whose compressed key scores highest
+(`moba.selection.attend_selected`), the window over the last `window` positions, gated by the
+gates the layer computed from its token. O((L / b + n b + w) d) per token, plus one block's
+compression every b tokens.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from variants.attention.base import Attention, pad_to_multiple
+from variants.attention.cache import BlockKVCache, attend_prefix
+from variants.attention.compressed import block_mean
+from variants.attention.moba.function import SelectedBlocks
+from variants.attention.moba.selection import attend_selected, block_select_pairs, top_blocks
+from variants.attention.nsa.function import CompressedBranch, WindowBranch
+from variants.checks import require_choice, require_positive_int
+from variants.registry import register_attention
+
+COMPRESS = ("mean", "mlp")
+
+
+@register_attention
+class NSAAttention(Attention):
+    """NSA: gated compressed, selected (top-n blocks) and sliding-window branches."""
+
+    name = "nsa"
+    exact = False
+    time_complexity = "O(L (n b + w + L / b) d)"
+    memory_complexity = "O(L n d)"
+    softmax_kernels = "flash"
+    bidirectional_supported = False
+    bidirectional_reason = (
+        "NSA's branches are defined on the past (blocks that ended, a window back to i)"
+    )
+    n_gates = 3
+    supports_decode = True
+
+    def __init__(
+        self,
+        *,
+        causal: bool = True,
+        block_size: int = 64,
+        n_select: int = 16,
+        window: int = 512,
+        compress: str = "mlp",
+        head_dim: int = 64,
+    ):
+        super().__init__(causal=causal)
+        self.block_size = require_positive_int(self.name, "block_size", block_size)
+        self.n_select = require_positive_int(self.name, "n_select", n_select)
+        self.window = require_positive_int(self.name, "window", window)
+        self.compress = require_choice(self.name, "compress", compress, COMPRESS)
+        self.head_dim = require_positive_int(self.name, "head_dim", head_dim)
+        self.key_mlp = self.value_mlp = None
+        if self.compress == "mlp":
+            self.key_mlp = BlockMLP(block_size, head_dim)
+            self.value_mlp = BlockMLP(block_size, head_dim)
+
+    def compressed(self, x: torch.Tensor, mlp: BlockMLP | None) -> torch.Tensor:
+        """One vector per block of `block_size`: (B, H, L, D) -> (B, H, ceil(L / b), D). A short
+        last block is summarised too (mean of its real positions; the MLP sees zero padding),
+        though no query ever sees it: it ends after the last position."""
+        if mlp is None:
+            return block_mean(x, self.block_size)
+        return mlp(x)
+
+    def _check_head_dim(self, head_dim: int) -> None:
+        if self.compress == "mlp" and head_dim != self.head_dim:
+            raise ValueError(
+                f"{self.name}: option 'head_dim'={self.head_dim} must equal the inputs' head_dim "
+                f"{head_dim} (the mlp compression maps blocks of head_dim channels)"
+            )
+
+    def attend(self, q, k, v, gates) -> torch.Tensor:
+        self._check_head_dim(q.shape[-1])
+        keys = self.compressed(k, self.key_mlp)  # (B, H, n, D)
+        values = self.compressed(v, self.value_mlp)  # (B, H, n, D)
+        out_cmp = CompressedBranch.apply(q, keys, values, self.block_size)  # (B, H, L, D)
+        with torch.no_grad():
+            selected = top_blocks(q, keys, self.block_size, self.n_select - 1, causal=True)
+        out_sel = SelectedBlocks.apply(q, k, v, selected, self.block_size, True)
+        out_win = WindowBranch.apply(q, k, v, self.window)
+        g = gates.to(q.dtype)
+        return g[..., 0:1] * out_cmp + g[..., 1:2] * out_sel + g[..., 2:3] * out_win
+
+    # --- decoding: every key and value, and the compressed key and value of ended blocks ----
+    def new_cache(self, batch_size, n_heads, head_dim, *, max_len, device, dtype):
+        self._check_head_dim(head_dim)
+        return BlockKVCache(
+            self.name, batch_size, n_heads, head_dim, block=self.block_size,
+            summarise_values=True, max_len=max_len, device=device, dtype=dtype,
+        )  # fmt: skip
+
+    def cache_prompt(self, q, k, v, cache: BlockKVCache, gates) -> None:
+        cache.append(k, v)
+        ended = k.shape[2] // self.block_size * self.block_size
+        if ended:
+            cache.add_summaries(
+                self.compressed(k[:, :, :ended], self.key_mlp),
+                self.compressed(v[:, :, :ended], self.value_mlp),
+            )
+
+    def decode_step(self, q, k, v, cache: BlockKVCache, gates) -> torch.Tensor:
+        cache.append(k, v)
+        block = self.block_size
+        if cache.length % block == 0:  # the own block ends here: the query sees its summary
+            keys, values = cache.keys()[:, :, -block:], cache.values()[:, :, -block:]
+            cache.add_summaries(
+                self.compressed(keys, self.key_mlp), self.compressed(values, self.value_mlp)
+            )
+        summary_keys, summary_values = cache.summaries()  # (B, H, n, D) each
+        out_cmp = attend_prefix(q, summary_keys, summary_values)  # 0 before the first block ends
+        out_sel = attend_selected(q, cache, summary_keys, self.n_select - 1)
+        first = max(0, cache.length - self.window)
+        out_win = attend_prefix(q, cache.keys()[:, :, first:], cache.values()[:, :, first:])
+        g = gates.to(q.dtype)  # (B, H, 1, 3)
+        return g[..., 0:1] * out_cmp + g[..., 1:2] * out_sel + g[..., 2:3] * out_win
+
+    def flops(self, batch: int, heads: int, seq_len: int, head_dim: int) -> int:
+        """4 B H d x the pairs the three branches score (compressed: floor((i + 1) / b) per
+        query; selected: own block causal plus up to n_select - 1 full blocks; window:
+        min(i + 1, window)), plus the selection scores (2 B H d per query and earlier block)
+        and, for `mlp`, the compression's 2 x 2 B H n (b d d + d d)."""
+        b = self.block_size
+        position = torch.arange(seq_len, dtype=torch.int64)
+        compressed = int(((position + 1) // b).sum())
+        window = int((position + 1).clamp(max=self.window).sum())
+        selected, candidates = block_select_pairs(seq_len, b, self.n_select, True)
+        total = 4 * batch * heads * head_dim * (compressed + selected + window)
+        total += 2 * batch * heads * head_dim * candidates
+        if self.compress == "mlp":
+            n_blocks = -(-seq_len // b)
+            total += 2 * 2 * batch * heads * n_blocks * (b * head_dim + head_dim) * head_dim
+        return total
+
+    def extra_repr(self) -> str:
+        return (
+            f"causal={self.causal}, block_size={self.block_size}, n_select={self.n_select}, "
+            f"window={self.window}, compress={self.compress}"
+        )
+
+
+class BlockMLP(nn.Module):
+    """NSA's learned compression of a block: x_t + p_t for the block's b positions (learned
+    intra-block position vectors p), flattened, Linear(b d, d), GELU, Linear(d, d).
+    (B, H, L, d) -> (B, H, ceil(L / b), d); the short last block is zero-padded first."""
+
+    def __init__(self, block_size: int, head_dim: int):
+        super().__init__()
+        self.block_size = block_size
+        self.position = nn.Parameter(torch.zeros(block_size, head_dim))
+        self.hidden = nn.Linear(block_size * head_dim, head_dim)
+        self.out = nn.Linear(head_dim, head_dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        blocks = pad_to_multiple(x, self.block_size).unflatten(2, (-1, self.block_size))
+        blocks = blocks + self.position  # (B, H, n, b, d)
+        return self.out(F.gelu(self.hidden(blocks.flatten(3))))  # (B, H, n, d)
