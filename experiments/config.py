@@ -30,9 +30,10 @@ and a bad value would abort a whole sweep at composition instead of becoming tha
 `error` record. The bookkeeping keys (`sweep`, `resume`, `fail_on`, `report`, `logger`) are the
 app's own: `ResolvedConfig` reads them (`fail_on` and `report` are the sweep's, read by
 experiments/app/sweep.py from Hydra's config at the multirun's start and end). The one
-structured config is the W&B logger's (`tracking.WandbLogger`, `register()`): its settings are
-neither hashed nor measured, one bad value is every job's, so Hydra checking their types at
-composition loses nothing, and its `scaling_metrics` default comes from the record schema.
+structured config is the W&B logger's (`tracking.WandbLogger`, registered by the app): its
+settings are neither hashed nor measured, one bad value is every job's, so Hydra checking their
+types at composition loses nothing, and its `scaling_metrics` default comes from the record
+schema.
 
 Keys come from the config files (conf/config.yaml, and the keys a preset declares, such as
 `train_as`); the command line sets them. A top-level key the command line *adds* with `+key=`
@@ -40,15 +41,9 @@ Keys come from the config files (conf/config.yaml, and the keys a preset declare
 overrides and `check_added_keys` refuses them, naming the nearest known key; `+group=option`
 (`+experiment=scaling`) adds a config group and is fine, and `++key=value` adds a key on purpose.
 
-Also here: the OmegaConf resolvers the configs may use, registered when the app loads:
-
-    ${supports_causal:${attention.name}}   true if the variant can be causal, else false
-    ${causal_only:${attention.name}}       true if the variant cannot be bidirectional
-    ${timing_workers:${device}}            jobs side by side in a timing sweep: one per free
-                                           CPU core at launch, 1 on CUDA (experiments/app/cores.py)
-
-so a preset can train every variant causally where it can be and bidirectionally where it
-cannot (Linformer), instead of recording the latter as skipped.
+The OmegaConf resolvers the configs may use (`${supports_causal:...}`, ...) and the logger's
+schema are the app's: experiments/app/resolvers.py registers them when the app loads. This
+module imports only the floors below it (records, training, variants).
 
 Importing this module starts no torch (`python -m experiments.run --help` imports it): the
 registry is looked up when a config is checked or resolved, not before.
@@ -63,11 +58,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from hydra.core.config_store import ConfigStore
-from omegaconf import OmegaConf
-
 import variants
-from experiments.app import cores, tracking
 from experiments.records import record
 from experiments.training import curriculum
 from variants.checks import require_non_negative_int, require_positive_int
@@ -98,7 +89,7 @@ class TrainConfig:
     `eval_every` steps on `eval_batches` batches (a stage's last evaluation on more, until
     `eval_pairs` distinct pairs of a recall task were answered); `curriculum`: shorter stages first
     (experiments/training/curriculum.py); `progress`: a progress bar over the steps and a line per
-    job of a sweep (None: when stderr is a terminal; experiments/app/progress.py)."""
+    job of a sweep (None: when stderr is a terminal; experiments/training/progress.py)."""
 
     steps: int
     lr: float
@@ -404,26 +395,3 @@ def check_added_keys(config: Mapping[str, Any], added: Iterable[str]) -> None:
         f"{OWNER}: option {key!r} (added with +{key}=) is unknown; {hint} "
         f"(++{key}= adds a key on purpose)"
     )
-
-
-def supports_causal(name: str) -> bool:
-    """Whether attention variant `name` can be built with causal=True."""
-    return variants.attention_spec(name).causal_supported
-
-
-def causal_only(name: str) -> bool:
-    """Whether attention variant `name` refuses causal=False (NSA, DeltaNet)."""
-    return not variants.attention_spec(name).bidirectional_supported
-
-
-def register() -> None:
-    """Register the resolvers and the logger's schema with Hydra (idempotent); the app calls it
-    when it loads, before Hydra composes the config."""
-    if not OmegaConf.has_resolver("supports_causal"):
-        OmegaConf.register_new_resolver("supports_causal", supports_causal)
-    if not OmegaConf.has_resolver("causal_only"):
-        OmegaConf.register_new_resolver("causal_only", causal_only)
-    if not OmegaConf.has_resolver("timing_workers"):
-        OmegaConf.register_new_resolver("timing_workers", cores.timing_workers)
-    # Stored outside the `logger` group, so that `--help` does not offer it as a logger.
-    ConfigStore.instance().store(name="wandb_logger_schema", node=tracking.WandbLogger)

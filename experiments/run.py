@@ -26,8 +26,10 @@ from omegaconf import DictConfig, OmegaConf
 
 from experiments.app import job as jobs
 from experiments.app import progress, sweep
-from experiments.config import added_keys, register
+from experiments.app.resolvers import register
+from experiments.config import added_keys
 from experiments.records import record, store
+from experiments.training import progress as training_progress
 
 register()
 
@@ -70,7 +72,7 @@ def app(cfg: DictConfig) -> None:
         config["threads"] = _threads_per_job(hydra_cfg)
     sweep_dir = Path(hydra_cfg.sweep.dir) if multirun else None
     job = str(hydra_cfg.job.num) if multirun else out_dir.name
-    if multirun and progress.enabled(config["train"].get("progress")):
+    if multirun and training_progress.enabled(config["train"].get("progress")):
         line = progress.SweepClock(sweep_dir).line(job, list(hydra_cfg.overrides.task))
         if line:
             print(f"sweep: {line}", file=sys.stderr, flush=True)

@@ -24,6 +24,7 @@ from typing import Any
 from experiments.app import tracking
 from experiments.config import JobConfig, ResolvedConfig
 from experiments.measurement import budget
+from experiments.measurement.provenance import provenance
 from experiments.records import history, record, store
 from experiments.training import curriculum
 from variants.checks import UnsupportedCombination
@@ -134,7 +135,7 @@ def run_job(
         rec["device"] = device.type if device is not None else _device_or_as_configured(resolved)
         rec["threads"] = torch.get_num_threads()
     rec["shared_qk"] = resolved.shared_qk  # None: the variant is unknown
-    rec.update(record.provenance(device), parallel_jobs=parallel_jobs)
+    rec.update(provenance(device), parallel_jobs=parallel_jobs)
     rec["offline_run_dir"] = None
     steps.write(out_dir / history.FILE)  # before the record, which makes the job's outcome final
     record.write_json_atomic(out_dir / "result.json", rec)
@@ -200,7 +201,7 @@ def _stage_recorder(
             **columns,
             "shared_qk": staged.shared_qk,
             "job_seconds": time.perf_counter() - started,
-            **record.provenance(torch.device(columns["device"])),
+            **provenance(torch.device(columns["device"])),
             "offline_run_dir": None if tracker.run_dir is None else str(tracker.run_dir),
         }
         path = out_dir / "stages" / stage.label / "result.json"

@@ -1,63 +1,22 @@
-"""Signs of life on long work: a bar over a job's training steps, a line per job of a sweep.
+"""A sign of life on a long sweep: a line per job, "job i of N", elapsed and ETA.
 
-Both are on by default in a terminal and quiet when the output is not one (CI, log files,
-`make test`); `train.progress=true|false` overrides either way (`enabled`).
+Like the bar over a job's training steps it is on by default in a terminal and quiet when the
+output is not one; `train.progress` sets both (`enabled`, experiments/training/progress.py).
 
-- `TrainingBar`: a tqdm bar on stderr over every training step of a job (all the stages of a
-  curriculum: one bar), with the loss, the stage's length and the ETA.
-- `SweepClock`: at the start of a multirun, the sweep's start time and number of jobs go to
-  `<sweep dir>/.multirun.json`; every job then prints "job i of N" with the time spent and an
-  estimate of the time left, from the jobs that already wrote their record. It works the same
-  with the basic launcher (one process) and with joblib or submitit (one process per job).
+`SweepClock`: at the start of a multirun, the sweep's start time and number of jobs go to
+`<sweep dir>/.multirun.json`; every job then prints "job i of N" with the time spent and an
+estimate of the time left, from the jobs that already wrote their record. It works the same with
+the basic launcher (one process) and with joblib or submitit (one process per job).
 """
 
 from __future__ import annotations
 
 import json
 import math
-import sys
 import time
 from pathlib import Path
-from typing import Any
-
-from tqdm import tqdm
 
 STATE = ".multirun.json"  # inside the sweep dir
-
-
-def enabled(setting: bool | None) -> bool:
-    """`train.progress`: True or False as given; None (the default) = stderr is a terminal."""
-    if setting is None:
-        return sys.stderr.isatty()
-    return bool(setting)
-
-
-class TrainingBar:
-    """A bar over `total` training steps, or nothing when not `on`; `advance(metrics)` per step."""
-
-    def __init__(self, total: int, description: str, *, on: bool):
-        self._bar = (
-            tqdm(total=total, desc=description, unit="step", file=sys.stderr, dynamic_ncols=True)
-            if on and total > 0
-            else None
-        )
-
-    def advance(self, metrics: dict[str, Any]) -> None:
-        """One step done; shows its loss (and, in a curriculum, the stage's length)."""
-        if self._bar is None:
-            return
-        shown = {"loss": f"{metrics['train/loss']:.3f}"}
-        if "train/seq_len" in metrics:
-            shown["L"] = metrics["train/seq_len"]
-        if metrics.get("eval/accuracy") is not None:
-            shown["eval acc"] = f"{metrics['eval/accuracy']:.3f}"
-        self._bar.set_postfix(shown, refresh=False)
-        self._bar.update(1)
-
-    def close(self) -> None:
-        if self._bar is not None:
-            self._bar.close()
-            self._bar = None
 
 
 class SweepClock:

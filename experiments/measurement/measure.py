@@ -19,7 +19,6 @@ from typing import Any
 import torch
 
 import variants
-from experiments.app import progress
 from experiments.config import JobConfig, MeasureConfig
 from experiments.measurement import reference_model
 from experiments.measurement.decode import measure_decode
@@ -33,7 +32,7 @@ from experiments.measurement.timing import (
     time_call,
     timed_against,
 )
-from experiments.training import curriculum
+from experiments.training import curriculum, progress
 from experiments.training.precision import FLOAT32, Precision
 from experiments.training.tasks import Task, build_task
 from experiments.training.train import (

@@ -5,6 +5,8 @@ unit; the store, the W&B logger, the loader and the report read it. Columns carr
 the name (`_ms`, `_bytes`, `_per_s`). Configuration columns come from
 the resolved Hydra config, flattened with dots (`attention.n_hashes`, `model.depth`); the
 short aliases `attention`, `block`, `task`, `seq_len`, ... are the ones analysis groups by.
+The provenance values are read where a job runs (experiments/measurement/provenance.py): this
+schema floor imports nothing else of experiments.
 """
 
 from __future__ import annotations
@@ -13,20 +15,11 @@ import hashlib
 import json
 import math
 import os
-import platform
-import socket
-import subprocess
 import tempfile
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
-
-from experiments.measurement import allocator
-
-if TYPE_CHECKING:  # the schema is read without torch (`--help`, analysis); provenance imports it
-    import torch
+from typing import Any
 
 # --- The schema: every column a record has, with its type and unit -----------------------------
 #
@@ -397,60 +390,6 @@ def config_keys(columns: Iterable[str], *, hashed_only: bool = False) -> list[st
 
 def _is_under(key: str, prefixes: Iterable[str]) -> bool:
     return any(key == p or key.startswith(f"{p}.") for p in prefixes)
-
-
-def provenance(device: torch.device | None = None) -> dict[str, Any]:
-    """Where and with what a record was measured."""
-    import torch
-
-    if device is not None and device.type == "cuda":
-        device_name = torch.cuda.get_device_name(device)
-    else:
-        device_name = cpu_name()
-    return {
-        "git_commit": git_commit(),
-        "torch_version": torch.__version__,
-        "device_name": device_name,
-        "hostname": socket.gethostname(),
-        "timestamp": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "thp_mem_alloc": allocator.thp_mem_alloc(),
-    }
-
-
-def cpu_name() -> str:
-    """The CPU's model name (Linux /proc/cpuinfo), else what `platform` knows."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def git_commit() -> str:
-    """HEAD of the checkout this code runs from, with `+dirty` if it has uncommitted changes."""
-    root = Path(__file__).resolve().parent.parent
-    try:
-        head = subprocess.run(
-            ["git", "rev-parse", "--verify", "-q", "HEAD"],
-            cwd=root,
-            capture_output=True,
-            text=True,
-            timeout=10,
-        )
-        commit = head.stdout.strip() if head.returncode == 0 else ""
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
-            cwd=root,
-            capture_output=True,
-            text=True,
-            timeout=10,
-        ).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-    return f"{commit}+dirty" if commit and dirty else (commit or "unknown")
 
 
 def _json_safe(record: dict[str, Any]) -> dict[str, Any]:

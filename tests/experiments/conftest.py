@@ -13,6 +13,7 @@ from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf
 
 from experiments import config as job_config_module
+from experiments.app import resolvers
 
 ROOT = Path(__file__).resolve().parents[2]  # the repo: `python -m experiments.run` runs from here
 CONF = ROOT / "conf"
@@ -140,7 +141,7 @@ def module_cli(tmp_path_factory) -> Cli:
 def resolved_config():
     """compose(*overrides) -> the resolved job config, a plain dict as `experiments.run` sees it."""
 
-    job_config_module.register()  # as experiments.run does when it loads
+    resolvers.register()  # as experiments.run does when it loads
 
     def build(*overrides: str) -> dict:
         GlobalHydra.instance().clear()  # in case an earlier test left Hydra initialised

@@ -12,9 +12,11 @@ ROOT = Path(__file__).resolve().parents[2]  # the repo
 
 
 def imports(folder: str) -> dict[str, set[str]]:
-    """file (relative to the repo) -> every module it imports, as full dotted names."""
+    """file (relative to the repo) -> every module it imports, as full dotted names, for every
+    file under `folder` (or the one file `folder` names)."""
     found = {}
-    for path in sorted((ROOT / folder).glob("**/*.py")):
+    paths = [ROOT / folder] if folder.endswith(".py") else (ROOT / folder).glob("**/*.py")
+    for path in sorted(paths):
         names = set()
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Import):
@@ -43,16 +45,28 @@ def test_analysis_reads_only_the_records_of_experiments():
 
 
 def test_the_records_import_nothing_above_them():
-    allowed = ("experiments.records", "experiments.measurement.allocator")
     for path, names in imports("experiments/records").items():
-        others = {n for n in of(names, "experiments") if not n.startswith(allowed)}
-        others -= {"experiments.measurement"}  # `from experiments.measurement import allocator`
+        others = {n for n in of(names, "experiments") if not n.startswith("experiments.records")}
         assert not others and not of(names, "analysis"), f"{path} imports {sorted(others)}"
+
+
+def test_measurement_knows_nothing_of_the_app_or_analysis():
+    for path, names in imports("experiments/measurement").items():
+        above = of(names, "experiments.app") | of(names, "experiments.run")
+        assert not above and not of(names, "analysis"), f"{path} imports {sorted(above)}"
+
+
+def test_the_config_imports_only_the_floors_below_it():
+    (names,) = imports("experiments/config.py").values()
+    above = of(names, "experiments.app") | of(names, "experiments.measurement")
+    above |= of(names, "experiments.run")
+    assert not above and not of(names, "analysis"), f"experiments/config.py imports {sorted(above)}"
 
 
 def test_training_knows_nothing_of_measuring_the_app_or_analysis():
     for path, names in imports("experiments/training").items():
         above = of(names, "experiments.app") | of(names, "experiments.measurement")
+        above |= of(names, "experiments.run")
         assert not above and not of(names, "analysis"), f"{path} imports {sorted(above)}"
 
 

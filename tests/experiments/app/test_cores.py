@@ -7,8 +7,7 @@ from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf
 
-from experiments import config as job_config_module
-from experiments.app import cores
+from experiments.app import cores, resolvers
 from tests.experiments.conftest import CONF
 
 STAT = "cpu  {user} 0 {system} {idle} {iowait} 0 0 0 0 0\ncpu0 1 0 1 1 0 0 0 0 0 0\nintr 12345\n"
@@ -71,7 +70,7 @@ def test_timing_workers_on_cuda_is_one_job_at_a_time(monkeypatch):
 
 def test_scaling_preset_times_on_one_thread_with_a_job_per_free_core(monkeypatch):
     monkeypatch.setenv(cores.ENV, "2")
-    job_config_module.register()
+    resolvers.register()
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         cfg = compose(

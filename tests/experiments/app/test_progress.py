@@ -1,4 +1,4 @@
-"""Progress: a bar over a job's steps and a line per sweep job, in a terminal only by default."""
+"""The sweep's progress: a line per job with how far the sweep is and the time left."""
 
 from __future__ import annotations
 
@@ -9,15 +9,6 @@ import time
 import pytest
 
 from experiments.app import progress
-from experiments.config import JobConfig
-from experiments.measurement import measure
-
-
-def test_on_by_default_only_in_a_terminal(monkeypatch):
-    monkeypatch.setattr("sys.stderr.isatty", lambda: True)
-    assert progress.enabled(None) and not progress.enabled(False)
-    monkeypatch.setattr("sys.stderr.isatty", lambda: False)
-    assert not progress.enabled(None) and progress.enabled(True)
 
 
 @pytest.mark.parametrize(
@@ -61,26 +52,3 @@ def test_a_damaged_sweep_clock_gives_no_line_and_no_failure(tmp_path, text):
     clock = progress.SweepClock(tmp_path)
     clock.path.write_text(text)
     assert clock.line("0", ["seed=0"]) is None
-
-
-@pytest.mark.parametrize("setting", ["true", "false"])
-def test_training_shows_a_bar_only_when_on(resolved_config, capfd, setting):
-    config = resolved_config(
-        "seq_len=32",
-        "model.d_model=16",
-        "model.n_heads=2",
-        "train.steps=3",
-        "train.eval_every=0",
-        "train.eval_batches=1",
-        f"train.progress={setting}",
-        "measure.kernel=false",
-        "measure.step=false",
-        "measure.memory=false",
-        "measure.approx_error=false",
-        "measure.matmul_size=64",
-        "logger=none",
-    )
-    job = JobConfig.of(config)
-    measure.measure(job, measure.setup(job))
-    err = capfd.readouterr().err
-    assert ("3/3" in err and "loss=" in err) == (setting == "true"), err

@@ -1,14 +1,12 @@
-"""A job's record: its configuration hash, columns, provenance and atomic write."""
+"""A job's record: its configuration hash, columns and atomic write."""
 
 from __future__ import annotations
 
 import json
 import stat
-from datetime import datetime
 from pathlib import Path
 
 import pytest
-import torch
 
 from experiments.records import record
 from tests.conftest import output_of_another_process
@@ -117,21 +115,6 @@ def test_config_columns_have_short_aliases_and_every_option(resolved_config):
     assert columns["budget.max_seconds"] == config["budget"]["max_seconds"]
     assert not [k for k in columns if k.startswith(("logger", "hydra"))]
     assert all(not isinstance(v, (dict, list)) for v in columns.values())
-
-
-def test_provenance_says_where_and_with_what():
-    prov = record.provenance(torch.device("cpu"))
-    assert set(prov) == {
-        "git_commit",
-        "torch_version",
-        "device_name",
-        "hostname",
-        "timestamp",
-        "thp_mem_alloc",
-    }
-    assert prov["torch_version"] == torch.__version__
-    assert prov["device_name"] and prov["hostname"] and prov["git_commit"]
-    assert datetime.fromisoformat(prov["timestamp"]).utcoffset() is not None  # zone-aware
 
 
 def test_write_json_atomic_writes_sorted_json_and_leaves_no_temp_file(tmp_path):
