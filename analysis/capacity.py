@@ -116,29 +116,36 @@ def accuracy_by_pairs(frame: pd.DataFrame) -> Table | None:
     return Table("Recall capacity: accuracy vs number of pairs", pd.DataFrame(rows), note)
 
 
+def capacity_cells(frame: pd.DataFrame) -> dict[str, dict[int, str]]:
+    """Per efficient variant, per head dim: its capacity as the table and the headline print it
+    (`_capacity_cell`); {} if `frame` is not a capacity sweep."""
+    records = capacity_records(frame)
+    if records.empty:
+        return {}
+    means = _means(records)
+    head_dims = sorted(int(d) for d in records["head_dim"].unique())
+    return {
+        name: {d: _capacity_cell(means, records, name, d) for d in head_dims}
+        for name in _order(records)
+        if name != series.REFERENCE
+    }
+
+
 def capacity(frame: pd.DataFrame) -> Table | None:
     """Per variant (rows) and head dim (columns): the largest n_pairs up to which its accuracy
     stays within 10 points of exact attention's at the same head dim and n_pairs."""
-    records = capacity_records(frame)
-    if records.empty:
+    cells = capacity_cells(frame)
+    if not cells:
         return None
-    means = _means(records)
-    head_dims = sorted(records["head_dim"].unique())
-    rows = []
-    for name in _order(records):
-        if name == series.REFERENCE:
-            continue
-        row = {"variant": name}
-        for head_dim in head_dims:
-            row[f"head dim {int(head_dim)}"] = _capacity_cell(means, records, name, head_dim)
-        rows.append(row)
-    if not rows:
-        return None
+    rows = [
+        {"variant": name, **{f"head dim {d}": cell for d, cell in by_dim.items()}}
+        for name, by_dim in cells.items()
+    ]
     note = (
         "Capacity: the largest number of pairs up to which the variant's accuracy (mean over "
         f"seeds) stays within {WITHIN * 100:.0f} points of exact attention's at the same head dim "
         "(every smaller number too); '< n' when it is already further at the smallest, '≥ n' "
-        "when it never is. " + _exact_note(means)
+        "when it never is. " + _exact_note(_means(capacity_records(frame)))
     )
     return Table("Recall capacity per head dim", pd.DataFrame(rows), note)
 

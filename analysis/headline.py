@@ -10,7 +10,9 @@ Three answers per efficient variant, from the same functions the tables use, so 
 - quality: trained accuracy at the longest length where exact attention reached the task's
   ceiling, in points against exact attention's (from the quality records, which may come from
   another sweep: the main job trains a reduced long-range run beside its scaling sweep); a
-  variant that never reached 90 % is "not learned in N steps (control x %)", not a cost.
+  variant that never reached 90 % is "not learned in N steps (control x %)", not a cost. From
+  a capacity sweep (one length, several numbers of pairs) the quality answer is instead the
+  variant's recall capacity per head dim, as its table gives it (`analysis.capacity`).
 
 A variant says only what was measured: a clause is left out when its records are missing.
 """
@@ -19,7 +21,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from analysis import accuracy, scaling, series
+from analysis import accuracy, capacity, scaling, series
 from analysis.columns import (
     ATTENTION,
     ATTN_FWD_BWD_MS,
@@ -54,7 +56,8 @@ def headline(cost: pd.DataFrame, quality: pd.DataFrame | None = None) -> list[st
         for baseline in (series.FUSED, series.QUADRATIC)
     }
     memory = series.mean_spread(labelled, SEQ_LEN, MEMORY) if MEMORY in labelled else None
-    costs = _accuracy_cost(quality)
+    capacities = capacity.capacity_cells(quality)
+    costs = {} if capacities else _accuracy_cost(quality)
     bullets = []
     for name in series.series_order(labelled):
         rows = labelled[labelled["series"] == name]
@@ -68,6 +71,7 @@ def headline(cost: pd.DataFrame, quality: pd.DataFrame | None = None) -> list[st
         clauses = [c for c in clauses if c]
         if clauses:
             bullets.append(f"- **{name}**: " + "; ".join(clauses) + ".")
+    bullets += [f"- **{name}**: {_capacity_clause(by_dim)}." for name, by_dim in capacities.items()]
     if not bullets:
         return []
     return [
@@ -82,6 +86,14 @@ def headline(cost: pd.DataFrame, quality: pd.DataFrame | None = None) -> list[st
         *bullets,
         "",
     ]
+
+
+def _capacity_clause(by_dim: dict[int, str]) -> str:
+    """ "recall capacity (pairs within 10 points of exact attention): 16 at head dim 16, ≥ 64 at
+    head dim 32" — one variant's cells of the capacity table."""
+    cells = ", ".join(f"{cell} at head dim {d}" for d, cell in by_dim.items())
+    points = f"{capacity.WITHIN * 100:.0f} points"
+    return f"recall capacity (pairs within {points} of exact attention): {cells}"
 
 
 def _speed_clause(fused, quadratic) -> str | None:

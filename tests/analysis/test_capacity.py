@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from analysis import capacity, load
+from analysis import capacity, headline, load
 
 PAIRS = (4, 8, 16, 32, 64)
 # Accuracy per count: exact holds every count, linear falls past 16 pairs, deltanet past 32,
@@ -71,3 +71,17 @@ def test_exact_attention_below_ninety_five_at_one_count_is_a_warning():
     frame = _mixture_sweep()
     frame.loc[(frame["attention"] == "full") & (frame["task.n_pairs"] == 64), "eval_accuracy"] = 0.5
     assert "WARNING: exact attention stayed below 95 % at 64 pairs" in capacity.capacity(frame).note
+
+
+def test_the_headline_of_a_capacity_sweep_gives_each_variant_its_capacity_once():
+    """One bullet per efficient variant with the capacity table's cells, never an accuracy
+    difference averaged over the numbers of pairs (nor one bullet per number of pairs)."""
+    bullets = [line for line in headline.headline(_mixture_sweep()) if line.startswith("- ")]
+    assert sorted(bullets) == [
+        "- **deltanet**: recall capacity (pairs within 10 points of exact attention): "
+        "32 at head dim 16.",
+        "- **linear**: recall capacity (pairs within 10 points of exact attention): "
+        "16 at head dim 16.",
+        "- **performer**: recall capacity (pairs within 10 points of exact attention): "
+        "not learned in 400 steps (control 30.0%) at head dim 16.",
+    ]
