@@ -119,7 +119,10 @@ def accuracy_by_pairs(frame: pd.DataFrame) -> Table | None:
 def capacity_cells(frame: pd.DataFrame) -> dict[str, dict[int, str]]:
     """Per efficient variant, per head dim: its capacity as the table and the headline print it
     (`_capacity_cell`); {} if `frame` is not a capacity sweep."""
-    records = capacity_records(frame)
+    return _cells(capacity_records(frame))
+
+
+def _cells(records: pd.DataFrame) -> dict[str, dict[int, str]]:
     if records.empty:
         return {}
     means = _means(records)
@@ -134,7 +137,8 @@ def capacity_cells(frame: pd.DataFrame) -> dict[str, dict[int, str]]:
 def capacity(frame: pd.DataFrame) -> Table | None:
     """Per variant (rows) and head dim (columns): the largest n_pairs up to which its accuracy
     stays within 10 points of exact attention's at the same head dim and n_pairs."""
-    cells = capacity_cells(frame)
+    records = capacity_records(frame)
+    cells = _cells(records)
     if not cells:
         return None
     rows = [
@@ -145,7 +149,7 @@ def capacity(frame: pd.DataFrame) -> Table | None:
         "Capacity: the largest number of pairs up to which the variant's accuracy (mean over "
         f"seeds) stays within {WITHIN * 100:.0f} points of exact attention's at the same head dim "
         "(every smaller number too); '< n' when it is already further at the smallest, '≥ n' "
-        "when it never is. " + _exact_note(_means(capacity_records(frame)))
+        "when it never is. " + _exact_note(_means(records))
     )
     return Table("Recall capacity per head dim", pd.DataFrame(rows), note)
 
