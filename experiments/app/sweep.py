@@ -2,7 +2,8 @@
 
 `SweepEnd` is the app's one Hydra callback (conf/config.yaml, `hydra.callbacks.sweep_end`):
 - at the multirun's start it checks `fail_on` (an unknown status: one line, exit 2), starts the
-  sweep's clock (progress.py) and notes the time: the records written since are this multirun's.
+  sweep's clock (progress.py) and stamps the records already there: any other at the end (or
+  one written again) is this multirun's.
   From then on Ctrl-C raises `Interrupted`, a KeyboardInterrupt that carries the multirun;
 - as each job ends it gathers the store, so even a killed sweep keeps results.csv;
 - at the multirun's end it runs `Multirun.end`, which does, in this order: gather the sweep's
@@ -27,7 +28,6 @@ import logging
 import signal
 import sys
 import threading
-import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -66,11 +66,12 @@ def fail_on_statuses(value: Any) -> tuple[str, ...]:
 
 @dataclass
 class Multirun:
-    """One multirun of the app: its config (Hydra's, the sweep's keys and `hydra.*`), when it
-    started (time.time(): the records written since are its own) and its `fail_on` statuses."""
+    """One multirun of the app: its config (Hydra's, the sweep's keys and `hydra.*`), the
+    records found at its start (`store.record_stamps`: any other record at its end, or one
+    rewritten since, is its own) and its `fail_on` statuses."""
 
     config: DictConfig
-    started: float
+    earlier: set[store.Stamp]
     fail_on: tuple[str, ...]
 
     @property
@@ -127,7 +128,7 @@ class Multirun:
         """Print this multirun's jobs that did not end ok; the exit code (also 1 when the store
         could not be written: `gathered` is None, said when it happened)."""
         unwritten = gathered is None
-        written, _ = store.read_records(self.sweep_dir, since=self.started)
+        written, _ = store.read_records(self.sweep_dir, unchanged=self.earlier)
         frame = pd.DataFrame(written)
         not_ok = frame[frame["status"] != record.OK] if len(frame) else frame
         if not_ok.empty:
@@ -176,8 +177,8 @@ class SweepEnd(Callback):
         except ValueError as error:
             print(f"error: {error}", file=sys.stderr)
             sys.exit(2)
-        # File times have a coarser clock on some file systems: a second of slack.
-        self.multirun = multirun = Multirun(config, time.time() - 1.0, fail_on)
+        sweep_dir = Path(config.hydra.sweep.dir)
+        self.multirun = multirun = Multirun(config, store.record_stamps(sweep_dir), fail_on)
         params = OmegaConf.select(config, "hydra.sweeper.params", default=None) or {}
         overrides = OmegaConf.select(config, "hydra.overrides.task", default=None) or []
         progress.SweepClock(multirun.sweep_dir).start(

@@ -59,17 +59,40 @@ def read_record(path: Path) -> dict[str, Any]:
     return value
 
 
+Stamp = tuple[int, int, int, int]  # a file's (device, inode, mtime in ns, size)
+
+
+def _stamp(path: Path) -> Stamp:
+    stat = path.stat()
+    return (stat.st_dev, stat.st_ino, stat.st_mtime_ns, stat.st_size)
+
+
+def record_stamps(sweep_dir: Path) -> set[Stamp]:
+    """The stamp of every `result.json` below `sweep_dir`: what a multirun finds at its start,
+    so that at its end `read_records(..., unchanged=...)` tells its own records from earlier
+    ones without a clock. A record moved aside keeps its stamp (a rename keeps the inode and
+    times); one written again gets a new one (new inode, or new time)."""
+    stamps = set()
+    for path in Path(sweep_dir).glob("**/result.json"):
+        try:
+            stamps.add(_stamp(path))
+        except OSError:  # removed meanwhile
+            continue
+    return stamps
+
+
 def read_records(
-    sweep_dir: Path, *, since: float | None = None
+    sweep_dir: Path, *, unchanged: set[Stamp] | None = None
 ) -> tuple[list[dict[str, Any]], list[Unreadable]]:
     """Every readable `result.json` below `sweep_dir`, and the unreadable ones.
 
-    `since` (a time.time()): only the files written at or after it, e.g. this multirun's jobs.
+    `unchanged` (`record_stamps` taken earlier): leave out the files still as they were then,
+    e.g. to read only the records a multirun wrote or rewrote.
     """
     records, unreadable = [], []
     for path in sorted(Path(sweep_dir).glob("**/result.json")):
         try:
-            if since is not None and path.stat().st_mtime < since:
+            if unchanged is not None and _stamp(path) in unchanged:
                 continue
             records.append(read_record(path))
         except (OSError, ValueError) as error:

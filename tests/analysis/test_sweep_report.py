@@ -18,7 +18,7 @@ def update(sweep_dir, logger):
     """The report part of the end of a multirun of sweep `fixture` over `sweep_dir` (the app's
     step, experiments/app/sweep.py, which also logs the W&B summary run)."""
     config = {"hydra": {"sweep": {"dir": str(sweep_dir)}}, "sweep": "fixture", "logger": logger}
-    sweep.Multirun(OmegaConf.create(config), started=0.0, fail_on=("error",)).report()
+    sweep.Multirun(OmegaConf.create(config), earlier=set(), fail_on=("error",)).report()
 
 
 def test_report_and_wandb_summary_of_a_sweep(small_sweep, wandb_home, capsys, monkeypatch):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import logging
 
 import pandas as pd
@@ -243,3 +244,23 @@ def test_python_m_experiments_store_gathers_a_killed_sweeps_records_again(tmp_pa
     assert f"unreadable record {tmp_path / '2' / 'result.json'}: not a JSON object" in err
     assert sorted(pd.read_csv(tmp_path / "results.csv")["config_hash"]) == ["aaa", "bbb"]
     assert store.main([str(tmp_path / "missing")]) == 1
+
+
+def test_records_unchanged_since_a_stamp_are_left_out_moved_or_not(tmp_path):
+    """A multirun's own records are those not stamped at its start: a record moved aside
+    (displaced) is still an earlier one, however recent its time; one written again is new."""
+    put(tmp_path, 0, rec("moved"))
+    put(tmp_path, 1, rec("rewritten", status="error"))
+    put(tmp_path, 2, rec("kept"))
+    stamps = store.record_stamps(tmp_path)
+    target = tmp_path / "0" / "displaced" / "moved" / "result.json"
+    target.parent.mkdir(parents=True)
+    os.replace(tmp_path / "0" / "result.json", target)
+    put(tmp_path, 0, rec("new"))
+    put(tmp_path, 1, rec("rewritten", status="ok", extra="a longer record than before"))
+    records, _ = store.read_records(tmp_path, unchanged=stamps)
+    assert sorted((r["config_hash"], r["status"]) for r in records) == [
+        ("new", "ok"),
+        ("rewritten", "ok"),
+    ]
+    assert len(store.read_records(tmp_path)[0]) == 4
