@@ -60,7 +60,7 @@ log = logging.getLogger("attnbench")
 # Bump when the training recipe below changes what a cached model is.
 RECIPE_VERSION = 2
 # Bump when the kernel-fitting recipe changes what a cached fitted kernel is.
-FIT_VERSION = 1
+FIT_VERSION = 2
 # ReferenceConfig fields that shape the fitted kernels only, not the model (not in its digest).
 _FIT_FIELDS = ("fit_steps", "fit_lr", "fit_batches", "fit_max_len")
 
@@ -371,6 +371,10 @@ def learns(kernel: Attention, sample: tuple[torch.Tensor, torch.Tensor, torch.Te
     return any(not torch.equal(a, b) for a, b in zip(before, probe.buffers(), strict=True))
 
 
+# Steps between the fit's checks on held-out inputs (and one before the first step).
+FIT_CHECK_EVERY = 20
+
+
 def fit_kernel(
     kernel: Attention,
     exact: Attention,
@@ -378,37 +382,78 @@ def fit_kernel(
     *,
     steps: int,
     lr: float,
-) -> Attention:
-    """`kernel` (in place) after `steps` steps minimising its mean relative squared output
-    error ||kernel(q,k,v) - exact(q,k,v)||² / ||exact(q,k,v)||² over `inputs` (cycled, one
-    triple per step), in training mode, so buffers a training forward updates (routing's
-    centroids) follow the inputs too. Adam on its trainable parameters, if any. A gated kernel
-    (NSA, DeltaNet) gets sigmoid(N(0, 1)) gates, the same ones for each triple every time it
-    comes round. Returns it in eval mode."""
-    targets = []
-    with torch.no_grad():
-        for q, k, v in inputs:
-            targets.append(exact(q, k, v))
-    gates = [
-        sample_gates(kernel, q, torch.Generator().manual_seed(i))
-        for i, (q, _, _) in enumerate(inputs)
-    ]
+    held_out: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] | None = None,
+) -> int:
+    """Fit `kernel` in place: `steps` steps minimising its mean relative squared output error
+    ||kernel(q,k,v) - exact(q,k,v)||² / ||exact(q,k,v)||² over `inputs` (cycled, one triple
+    per step), in training mode, so buffers a training forward updates (routing's centroids)
+    follow the inputs too. Adam on its trainable parameters, if any. A gated kernel (NSA,
+    DeltaNet) gets sigmoid(N(0, 1)) gates, the same ones for each triple every time it comes
+    round.
+
+    With `held_out` triples, the same error on them is checked before the first step, every
+    FIT_CHECK_EVERY steps and after the last, and the kernel ends in the best checked state:
+    a fit on a few sequences can over-fit them (compressed's convolution did, ending worse
+    than it started), and a fit that ends worse than its start measures the fit, not the
+    kernel. Returns the step count of the state kept (`steps` without `held_out`); the kernel
+    ends in eval mode."""
+    targets, gates = _fit_targets(kernel, exact, inputs, seed=0)
+    checks = None
+    if held_out:
+        checks = (held_out, *_fit_targets(kernel, exact, held_out, seed=len(inputs)))
     parameters = [p for p in kernel.parameters() if p.requires_grad]
     optimizer = torch.optim.Adam(parameters, lr=lr) if parameters else None
-    kernel.train()
-    for step in range(steps):
+    best_step, best_error, best_state = steps, math.inf, None
+    for step in range(steps + 1):
+        if checks is not None and (step % FIT_CHECK_EVERY == 0 or step == steps):
+            error = _fit_error(kernel, *checks)
+            if error < best_error:
+                best_step, best_error = step, error
+                best_state = copy.deepcopy(kernel.state_dict())
+        if step == steps:
+            break
+        kernel.train()
         index = step % len(inputs)
         (q, k, v), target = inputs[index], targets[index]
         if optimizer is None:
             with torch.no_grad():
                 kernel(q, k, v, gates=gates[index])
             continue
-        out = kernel(q, k, v, gates=gates[index])
-        loss = (out - target).pow(2).sum() / target.pow(2).sum()
+        loss = _relative_squared_error(kernel(q, k, v, gates=gates[index]), target)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
-    return kernel.eval()
+    if best_state is not None:
+        kernel.load_state_dict(best_state)
+    kernel.eval()
+    return best_step
+
+
+def _fit_targets(kernel, exact, triples, *, seed: int):
+    """Exact attention's outputs on `triples` and the gates `kernel` gets on each (seeded from
+    `seed` on, one generator per triple)."""
+    with torch.no_grad():
+        targets = [exact(q, k, v) for q, k, v in triples]
+    gates = [
+        sample_gates(kernel, q, torch.Generator().manual_seed(seed + i))
+        for i, (q, _, _) in enumerate(triples)
+    ]
+    return targets, gates
+
+
+def _relative_squared_error(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    return (out - target).pow(2).sum() / target.pow(2).sum()
+
+
+@torch.no_grad()
+def _fit_error(kernel, triples, targets, gates) -> float:
+    """The fit's loss on `triples`, in eval mode (no buffer moves), averaged over them."""
+    kernel.eval()
+    errors = [
+        float(_relative_squared_error(kernel(q, k, v, gates=g), target))
+        for (q, k, v), target, g in zip(triples, targets, gates, strict=True)
+    ]
+    return sum(errors) / len(errors)
 
 
 def fitted_kernel(
@@ -421,10 +466,11 @@ def fitted_kernel(
     exact: Attention,
 ) -> tuple[Attention, int, int | None]:
     """A fresh kernel of `kernel_config`'s variant (seeded by the reference's seed), fitted to
-    the reference if it has learned state, the steps it was fitted for (0: it has none) and the
-    length it was fitted at (`fit_length`; None without a fit). Fitted states are cached beside
-    the reference, keyed by the kernel's config, that length and the fitting settings
-    (`kernel_key`), so one fit serves every job length at or above `fit_max_len`."""
+    the reference if it has learned state (`fit_kernel`, its best state on a held-out
+    training-split batch kept), the step count of that state (0: as initialised, or no learned
+    state) and the length it was fitted at (`fit_length`; None without a fit). Fitted states
+    are cached beside the reference, keyed by the kernel's config, that length and the fitting
+    settings (`kernel_key`), so one fit serves every job length at or above `fit_max_len`."""
     config = reference.config
     with torch.random.fork_rng():
         torch.manual_seed(config.seed)
@@ -435,13 +481,18 @@ def fitted_kernel(
     if config.fit_steps == 0 or stateless:
         return kernel.eval(), 0, None
     length = fit_length(kernel_config.attention, seq_len, config)
-    inputs = [
-        for_kernel(triple, kernel, shared_qk=config.shared_qk)
-        for index in range(config.fit_batches)
-        for triple in attention_inputs(
-            reference, seq_len=length, batch_size=1, index=index, device=device, split="train"
-        )
+    # The fit's training batches, then one more training-split batch held out to pick its
+    # best state (the error itself is measured on the eval split).
+    batches = [
+        [
+            for_kernel(triple, kernel, shared_qk=config.shared_qk)
+            for triple in attention_inputs(
+                reference, seq_len=length, batch_size=1, index=index, device=device, split="train"
+            )
+        ]
+        for index in range(config.fit_batches + 1)
     ]
+    inputs = [triple for batch in batches[:-1] for triple in batch]
     if not learns(kernel, inputs[0]):
         return kernel.eval(), 0, None
     key = kernel_key(kernel_config, length, config)
@@ -451,12 +502,29 @@ def fitted_kernel(
         started = time.perf_counter()
         with torch.random.fork_rng():
             torch.manual_seed(config.seed)
-            fit_kernel(kernel, exact, inputs, steps=config.fit_steps, lr=config.fit_lr)
-        log.info("fitted %s to the reference in %.0f s", kernel.name, time.perf_counter() - started)
-        return {"state_dict": {k: v.cpu() for k, v in kernel.state_dict().items()}}
+            kept = fit_kernel(
+                kernel,
+                exact,
+                inputs,
+                steps=config.fit_steps,
+                lr=config.fit_lr,
+                held_out=batches[-1],
+            )
+        log.info(
+            "fitted %s to the reference in %.0f s (kept step %d of %d, best on held-out text)",
+            kernel.name,
+            time.perf_counter() - started,
+            kept,
+            config.fit_steps,
+        )
+        return {
+            "state_dict": {k: v.cpu() for k, v in kernel.state_dict().items()},
+            "kept_step": kept,
+        }
 
-    kernel.load_state_dict(_cached(path, build, required=("state_dict",))["state_dict"])
-    return kernel.eval(), config.fit_steps, length
+    saved = _cached(path, build, required=("state_dict", "kept_step"))
+    kernel.load_state_dict(saved["state_dict"])
+    return kernel.eval(), int(saved["kept_step"]), length
 
 
 def fit_length(attention: str, seq_len: int, config: ReferenceConfig) -> int:

@@ -144,7 +144,8 @@ SCHEMA: tuple[Column, ...] = (
         "approx_kernel_fit_steps",
         int,
         "",
-        "steps the kernel's learned state was fitted to the reference (0: it has none)",
+        "steps of the fit to the reference whose state was kept, the best on held-out text "
+        "(0: as initialised; approx_kernel_fit_seq_len empty: no learned state)",
         optional=True,
     ),
     _measured(
