@@ -48,6 +48,7 @@ class ClusterWindowAttention(torch.autograd.Function):
             if lse is None:
                 lse = lse_c.new_empty(n_seq, padded)
             lse[s, rows] = lse_c.reshape(-1)
+        del unit, norm  # recomputed by the backward; not held while the result is gathered
         ctx.m, ctx.windows = m, windows
         ctx.save_for_backward(q_rows, v_rows, order_rows, slot_rows, low, high, out, lse)
         return out.view(-1, head_dim).index_select(0, slot_rows).view(n_seq, padded, head_dim)
@@ -84,9 +85,13 @@ class ClusterWindowAttention(torch.autograd.Function):
                 part = slice(w * m, (w + 1) * m)
                 grad_unit[s, piece] += grad_keys[0, :, part].reshape(-1, head_dim)
                 grad_v[s, piece] += grad_values[0, :, part].reshape(-1, head_dim)
+        del grad_sorted
         # unit = q / |q|: the key role's gradient loses its radial part, divided by |q|.
-        radial = (grad_unit * unit).sum(dim=-1, keepdim=True)
+        radial = torch.linalg.vecdot(grad_unit, unit).unsqueeze(-1)  # (S, R, 1), no (S, R, D)
         grad_q += grad_unit.sub_(unit.mul_(radial)).div_(norm)
+        # Free the (S, R, D) temporaries before the gathers below allocate the results: at
+        # 2^20 tokens each is 1 GiB, and this was the step's peak.
+        del grad_unit, unit, radial
         own = slice(m, m + padded)  # the sorted rows, without the zero chunks around them
         grads = []
         for grad in (grad_q, grad_v):
