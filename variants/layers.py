@@ -99,9 +99,10 @@ class SelfAttention(nn.Module):
     `config.attention_chunks` > 1 (off by default), for kernels whose spec declares
     `independent_heads`: the heads are cut into that many groups (sizes differ by at most one),
     and each group's q, k, v projection, kernel and share of the output projection run under
-    activation checkpointing, one group after another. Only the normalised input and each
-    group's (B, L, d_model) contribution are kept for backward; no q, k, v of all heads and no
-    kernel temporaries of more than one group are ever live. The output equals the unchunked
+    activation checkpointing (with the group's gates, for gated kernels), one group after
+    another. Only the normalised input and each group's (B, L, d_model) contribution are kept
+    for backward; no q, k, v of all heads and no kernel temporaries of more than one group are
+    ever live. The output equals the unchunked
     layer's up to rounding (the output projection is summed over groups). The recompute runs
     inside `base.replaying()`; a performer with `redraw_interval` counts one call per group.
     Kernels without independent heads run whole.
@@ -137,7 +138,7 @@ class SelfAttention(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: (B, L, d_model) -> (B, L, d_model)."""
-        if self.head_groups > 1 and self.kernel.independent_heads and self.gates is None:
+        if self.head_groups > 1 and self.kernel.independent_heads:
             return self.dropout(self._by_head_groups(x))
         batch, length, d_model = x.shape
         q, k, v = self._queries_keys_values(self.qkv(x))  # each (B, L, d_model)
@@ -185,7 +186,15 @@ class SelfAttention(nn.Module):
         q, k, v = (self._heads(x, len(group)) for x in (q, k, v))  # each (B, G, L, head_dim)
         if self.config.positions == "rotary":
             q, k = rotary(q), rotary(k)  # as in `forward`: after the shared-QK keys
-        y = self.kernel(q, k, v)  # (B, G, L, head_dim)
+        gates = None
+        if self.gates is not None:  # head h's gates are rows h n_gates ... of the projection
+            n_gates = self.gates.out_features // self.n_heads
+            gate_rows = (
+                group[:, None] * n_gates + torch.arange(n_gates, device=x.device)
+            ).flatten()
+            gated = F.linear(x, self.gates.weight[gate_rows], self.gates.bias[gate_rows])
+            gates = torch.sigmoid(self._heads(gated, len(group)))  # (B, G, L, n_gates)
+        y = self.kernel(q, k, v, gates=gates)  # (B, G, L, head_dim)
         y = y.transpose(1, 2).reshape(batch, length, -1)  # (B, L, G*head_dim)
         return F.linear(y, self.out.weight[:, columns])  # (B, L, d_model)
 

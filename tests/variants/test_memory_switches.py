@@ -82,6 +82,10 @@ def test_training_uses_the_chunked_loss_only_when_switched_on():
         ("linear", {}, "reversible"),
         ("performer", {"seed": 0}, "residual"),
         ("full", {}, "checkpoint"),
+        # Gated kernels: each group gets its own heads' gates.
+        ("moba", {"block_size": 4, "top_k": 2}, "residual"),
+        ("nsa", {"block_size": 4, "n_select": 2, "window": 6}, "residual"),
+        ("deltanet", {"chunk_size": 4}, "checkpoint"),
     ],
 )
 @pytest.mark.parametrize("groups", [2, 3])
@@ -110,7 +114,7 @@ def test_groups_call_the_kernel_once_per_group_and_only_if_heads_are_independent
     assert attention_spec("blockwise").independent_heads
     assert not attention_spec("routing").independent_heads  # per-head centroids
     assert not attention_spec("lsh").independent_heads  # one bucket cache per call
-    for attention, expected in (("blockwise", [2, 2]), ("routing", [4])):
+    for attention, expected in (("blockwise", [2, 2]), ("routing", [4]), ("nsa", [2, 2])):
         _, model = _pair({"attention": attention, "depth": 1}, attention_chunks=2)
         seen = []
         kernel = next(model.kernels())

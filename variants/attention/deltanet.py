@@ -57,6 +57,7 @@ class DeltaNetAttention(Attention):
     )
     n_gates = 1
     supports_decode = True
+    independent_heads = True
 
     def __init__(self, *, causal: bool = True, chunk_size: int = 64):
         super().__init__(causal=causal)

@@ -55,6 +55,7 @@ class MoBAAttention(Attention):
     memory_complexity = "O(L k d)"
     softmax_kernels = "flash"
     supports_decode = True
+    independent_heads = True
 
     def __init__(self, *, causal: bool = False, block_size: int = 128, top_k: int = 4):
         super().__init__(causal=causal)

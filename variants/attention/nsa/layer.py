@@ -74,6 +74,7 @@ class NSAAttention(Attention):
     )
     n_gates = 3
     supports_decode = True
+    independent_heads = True
 
     def __init__(
         self,
