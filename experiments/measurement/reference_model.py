@@ -95,7 +95,7 @@ class ReferenceConfig:
     text_path: str | None = None
     fit_steps: int = 200
     fit_lr: float = 1e-2
-    fit_batches: int = 2
+    fit_batches: int = 8
     fit_max_len: int = 1024
 
     def __post_init__(self):
