@@ -100,6 +100,11 @@ def test_million_rows_run_each_step_in_its_own_process(capsys):
     assert "| broken | | | | | failed (exit 1)" in table
 
 
+def test_the_memory_bound_is_16_gb_to_a_million_tokens_and_20_beyond():
+    assert targets.million_bound(2**20) == 16 * 10**9
+    assert targets.million_bound(2**21) == 20 * 10**9
+
+
 def test_a_step_row_trains_the_switched_model_once(monkeypatch):
     built = []
     real = targets.TransformerLM
