@@ -188,7 +188,7 @@ class SelfAttention(nn.Module):
             q, k = rotary(q), rotary(k)  # as in `forward`: after the shared-QK keys
         gates = None
         if self.gates is not None:  # head h's gates are rows h n_gates ... of the projection
-            n_gates = self.gates.out_features // self.n_heads
+            n_gates = self.config.spec.n_gates
             gate_rows = (
                 group[:, None] * n_gates + torch.arange(n_gates, device=x.device)
             ).flatten()
