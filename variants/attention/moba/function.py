@@ -81,14 +81,16 @@ class _Plan:
         self.tile_group = torch.repeat_interleave(
             torch.arange(counts.numel(), device=q.device), tiles_per_group
         )  # (T,)
-        # Each tile row's query row in (S'*L + 1); unused rows point at an extra zero row. The
-        # entries of a group are consecutive: entry e goes to row e - (first entry of its
-        # group) of the group's first tile.
+        # Each tile row's query row in (S'*L); a tile's rows past its group's last entry
+        # (`unused`) repeat row 0 and are weighted out of every sum. The entries of a group are
+        # consecutive: entry e goes to row e - (first entry of its group) of its first tile.
         tile_start = tiles_per_group.cumsum(0) - tiles_per_group
         shift = tile_start * rows - (counts.cumsum(0) - counts)  # (G,)
         slot = torch.arange(self.n_entries, device=q.device) + shift[group]  # (E,)
-        self.row_query = torch.full((self.n_tiles * rows,), n_seq * self.length, device=q.device)
+        self.row_query = torch.zeros(self.n_tiles * rows, dtype=torch.long, device=q.device)
         self.row_query[slot] = query  # (T*rows,)
+        self.unused = torch.ones(self.n_tiles * rows, dtype=torch.bool, device=q.device)
+        self.unused[slot] = False  # (T*rows,)
         if not causal and self.length % block:
             # Bidirectionally the short last block's padded keys must be hidden.
             last = (self.tile_group % self.n_blocks) == self.n_blocks - 1  # (T,)
@@ -144,17 +146,9 @@ class _Plan:
         return [g.reshape(shape)[:, :, : self.length].contiguous() for g in grads]
 
     # --- selected blocks ---------------------------------------------------------------------
-    def _flat_rows(self, *xs: torch.Tensor) -> torch.Tensor:
-        """(B, H, L, E) tensors side by side -> (B*H*L + 1, sum E): every query row, plus a
-        zero row for unused tile rows."""
-        width = sum(x.shape[-1] for x in xs)
-        rows = xs[0].new_empty(self.batch * self.heads * self.length + 1, width)
-        rows[-1] = 0
-        first = 0
-        for x in xs:
-            rows[:-1, first : first + x.shape[-1]] = x.reshape(-1, x.shape[-1])
-            first += x.shape[-1]
-        return rows
+    def _rows(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, H, L, E) -> (B*H*L, E): one row per query (a view when x is contiguous)."""
+        return x.reshape(-1, x.shape[-1])
 
     def _flat_blocks(self, x: torch.Tensor) -> torch.Tensor:
         """(B, H, L, D) -> (B*H*n, b, D), zero-padded: key blocks by group index."""
@@ -165,12 +159,12 @@ class _Plan:
             yield first, min(first + self.chunk, self.n_tiles)
 
     def _row_buffer(self, rows: torch.Tensor) -> torch.Tensor:
-        """One chunk's worth of gathered `_flat_rows`, reused by every chunk: a fresh buffer per
+        """One chunk's worth of gathered `_rows`, reused by every chunk: a fresh buffer per
         chunk costs its page faults again (as much as the gather)."""
         return rows.new_empty(self.chunk * self.rows, rows.shape[-1])
 
     def _tile_rows(self, rows: torch.Tensor, buffer: torch.Tensor, first: int, end: int):
-        """Tiles [first, end) of `_flat_rows`, gathered into `buffer`: (m, 1, TILE_ROWS, E)."""
+        """Tiles [first, end) of `_rows`, gathered into `buffer`: (m, 1, TILE_ROWS, E)."""
         index = self.row_query[first * self.rows : end * self.rows]
         gathered = torch.index_select(rows, 0, index, out=buffer[: index.numel()])
         return gathered.view(end - first, 1, self.rows, -1)
@@ -186,7 +180,8 @@ class _Plan:
     def tiles_forward(self, q, k, v, out, lse):
         """The own-block result `out` (B, H, L, D) and `lse` (B, H, L) merged with every
         (query, selected block) part, chunk by chunk as the parts come out of the tiles:
-        returns the merged output and logsumexp, same shapes.
+        returns the merged output and logsumexp, same shapes (in `out` and `lse`'s memory
+        when the output is float32 or wider: the caller's fresh tensors, no copy).
 
         Each query keeps a running sum of its parts' outputs weighted by exp(lse_part - ref),
         their sum of weights, and a reference `ref` (its own block's lse to start with), so no
@@ -195,14 +190,11 @@ class _Plan:
         exp(SHIFT_LIMIT), so nothing overflows, and the result is the logsumexp merge's.
         """
         acc_dtype = lse.dtype  # float32 for half types, as the kernels' logsumexp
-        n_rows = self.batch * self.heads * self.length
-        q_rows = self._flat_rows(q)  # (S'*L + 1, D)
+        q_rows = self._rows(q)  # (S'*L, D)
         q_buffer = self._row_buffer(q_rows)
         k_blocks, v_blocks = self._flat_blocks(k), self._flat_blocks(v)
-        # Running state per query row, plus the extra row unused tile rows point at.
-        extra = out.new_zeros(1, self.head_dim, dtype=acc_dtype)
-        acc = torch.cat([out.reshape(n_rows, -1).to(acc_dtype), extra])  # (S'*L + 1, D)
-        ref = torch.cat([lse.reshape(n_rows), lse.new_zeros(1)])  # (S'*L + 1,)
+        acc = self._rows(out).to(acc_dtype)  # (S'*L, D): running state per query row
+        ref = lse.reshape(-1)  # (S'*L,)
         norm = torch.ones_like(ref)
         for first, end in self._chunks():
             part_out, part_lse = flash.attend(
@@ -213,7 +205,9 @@ class _Plan:
                 bias=self._tile_bias(first, end, q.dtype),
             )  # (m, 1, rows, D), (m, 1, rows)
             index = self.row_query[first * self.rows : end * self.rows]  # (m*rows,)
-            part_lse = part_lse.reshape(-1)
+            # Unused rows (a copy of row 0) weigh exp(-inf) = 0.
+            unused = self.unused[first * self.rows : end * self.rows]
+            part_lse = part_lse.reshape(-1).masked_fill_(unused, float("-inf"))
             shift = part_lse - ref[index]
             if bool((shift > SHIFT_LIMIT).any()):
                 _raise_ref(acc, norm, ref, index, part_lse)
@@ -223,29 +217,32 @@ class _Plan:
             acc.index_add_(0, index, part_out.mul_(weight[:, None]))
             norm.index_add_(0, index, weight)
         shape = (self.batch, self.heads, self.length)
-        merged = acc[:-1].div_(norm[:-1, None]).to(out.dtype).view(*shape, self.head_dim)
-        merged_lse = ref[:-1].add_(norm[:-1].log_()).view(shape)
+        merged = acc.div_(norm[:, None]).to(out.dtype).view(*shape, self.head_dim)
+        merged_lse = ref.add_(norm.log_()).view(shape)
         return merged, merged_lse
 
     def tiles_backward(self, grad_out, q, k, v, out, lse, grads):
+        """Add every (query, selected block) part's gradients into `grads` (the own block's
+        q, k, v gradients, fresh tensors of q's shape), in place."""
         d = self.head_dim
-        # q and out side by side (one gather per tile); grad_out apart, since the fused
-        # backward copies a strided grad_out to a contiguous one.
-        qo_rows, g_rows = self._flat_rows(q, out), self._flat_rows(grad_out)  # (S'*L + 1, 2D | D)
-        qo_buffer, g_buffer = self._row_buffer(qo_rows), self._row_buffer(g_rows)
-        l_rows = torch.cat([lse.reshape(-1), lse.new_zeros(1)])  # (S'*L + 1,)
+        q_rows, o_rows, g_rows = self._rows(q), self._rows(out), self._rows(grad_out)
+        q_buffer, o_buffer, g_buffer = (self._row_buffer(r) for r in (q_rows, o_rows, g_rows))
+        l_rows = lse.reshape(-1)  # (S'*L,)
         k_blocks, v_blocks = self._flat_blocks(k), self._flat_blocks(v)
-        grad_q = q.new_zeros(g_rows.shape)  # (S'*L + 1, D)
-        grad_k, grad_v = torch.zeros_like(k_blocks), torch.zeros_like(v_blocks)  # (G, b, D)
+        grad_q = self._rows(grads[0])  # (S'*L, D), in place
+        grad_k, grad_v = self._block_grad(grads[1]), self._block_grad(grads[2])  # (G, b, D)
         for first, end in self._chunks():
             index = self.row_query[first * self.rows : end * self.rows]  # (m*rows,)
-            qo = self._tile_rows(qo_rows, qo_buffer, first, end)  # (m, 1, rows, 2D)
+            unused = self.unused[first * self.rows : end * self.rows]
+            # An unused row's gradient is 0, so its dq, and its share of dk and dv, are 0.
+            grad_tile = self._tile_rows(g_rows, g_buffer, first, end)
+            grad_tile.view(-1, d).masked_fill_(unused[:, None], 0)
             dq, dk, dv = flash.attend_backward(
-                self._tile_rows(g_rows, g_buffer, first, end),
-                qo[..., :d],
+                grad_tile,
+                self._tile_rows(q_rows, q_buffer, first, end),
                 self._tile_keys(k_blocks, first, end),
                 self._tile_keys(v_blocks, first, end),
-                qo[..., d:],
+                self._tile_rows(o_rows, o_buffer, first, end),
                 l_rows.index_select(0, index).view(end - first, 1, self.rows),
                 scale=self.scale,
                 bias=self._tile_bias(first, end, q.dtype),
@@ -254,10 +251,18 @@ class _Plan:
             group = self.tile_group[first:end]
             grad_k.index_add_(0, group, dk.squeeze(1))
             grad_v.index_add_(0, group, dv.squeeze(1))
-        shape = (self.batch, self.heads, -1, d)
-        grads[0] += grad_q[:-1].view(q.shape)
-        grads[1] += grad_k.view(shape)[:, :, : self.length]
-        grads[2] += grad_v.view(shape)[:, :, : self.length]
+        if self.length % self.block:  # the padded blocks' gradients, back to (B, H, L, D)
+            shape = (self.batch, self.heads, -1, d)
+            grads[1] += grad_k.view(shape)[:, :, : self.length]
+            grads[2] += grad_v.view(shape)[:, :, : self.length]
+
+    def _block_grad(self, grad: torch.Tensor) -> torch.Tensor:
+        """`grad` (B, H, L, D) as key blocks (G, b, D): the tensor itself when L is a multiple
+        of the block (gradients added in place), else zeros with the padding, added back by
+        the caller."""
+        if self.length % self.block == 0:
+            return grad.view(-1, self.block, self.head_dim)
+        return torch.zeros_like(self._flat_blocks(grad))
 
 
 def _raise_ref(acc, norm, ref, index, part_lse) -> None:

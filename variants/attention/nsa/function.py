@@ -1,11 +1,10 @@
 """NSA's autograd functions: the compressed branch (queries over the compressed keys of the
 blocks that ended before them) and the window branch (query tiles against an overlapping
-window of keys), each with its flash backward."""
+window of keys), each with its flash backward; and the gated sum of the three branches."""
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
 from variants.attention import flash
@@ -90,127 +89,156 @@ def _row_ranges(q: torch.Tensor, block: int):
 
 
 class WindowBranch(torch.autograd.Function):
-    """Each query at i over the keys i - window < j <= i, no gather: queries in tiles of
-    WINDOW_ROWS rows, each tile against the window + rows keys that end at its last row, an
-    overlapping view of the keys front-padded by `window` zeros. One band bias serves every
-    tile (the first tiles' also hides the padding); the backward adds each tile's key and
-    value gradients back where the tiles overlap.
+    """Each query at i over the keys i - window < j <= i, no gather and no padded copy: the
+    first ceil(window / rows) tiles of WINDOW_ROWS queries in one call against the keys before
+    their end (a band bias), then tiles of full windows, each tile against the window + rows
+    keys that end at its last row (an overlapping view of the keys, one band bias for all),
+    then the short last tile, if any. The backward adds each tile's key and value gradients
+    back where the tiles overlap.
 
-    q, k, v: (B, H, L, D); returns (B, H, L, D). Saves the padded q, k, v, output and
-    logsumexp: O(L d).
+    q, k, v: (B, H, L, D); returns (B, H, L, D). Saves q, k, v, the output and logsumexp:
+    O(L d).
     """
 
     @staticmethod
     def forward(ctx, q, k, v, window):
+        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
         tiles = _WindowTiles(q, window)
-        qp, kp, vp = tiles.pad_queries(q), tiles.pad_keys(k), tiles.pad_keys(v)
-        out = torch.empty_like(qp)  # (S', n, rows, D)
+        out = torch.empty_like(q)  # (B, H, L, D)
         lse_dtype = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
-        lse = torch.empty(out.shape[:3], dtype=lse_dtype, device=q.device)  # (S', n, rows)
-        for first, end in tiles.chunks():
-            out[:, first:end], lse[:, first:end] = flash.attend(
-                qp[:, first:end],
-                tiles.keys(kp, first, end),
-                tiles.keys(vp, first, end),
-                scale=_scale(q),
-                bias=tiles.bias(first, end, q.dtype),
-            )  # (S', m, rows, D), (S', m, rows)
+        lse = torch.empty(q.shape[:3], dtype=lse_dtype, device=q.device)  # (B, H, L)
+        for call in tiles.calls():
+            part_out, part_lse = flash.attend(
+                call.rows(q), call.keys(k), call.keys(v), scale=_scale(q), bias=call.bias
+            )  # (B*H, m, rows, D), (B*H, m, rows)
+            call.rows(out).copy_(part_out)
+            call.rows(lse).copy_(part_lse)
         ctx.tiles = tiles
-        ctx.save_for_backward(qp, kp, vp, out, lse)
-        return tiles.unpad_queries(out)
+        ctx.save_for_backward(q, k, v, out, lse)
+        return out
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_out):
-        qp, kp, vp, out, lse = ctx.saved_tensors
-        tiles = ctx.tiles
-        grad = tiles.pad_queries(grad_out)  # (S', n, rows, D)
-        grad_q = torch.empty_like(qp)
-        grad_k, grad_v = torch.zeros_like(kp), torch.zeros_like(vp)  # (S', window + n rows, D)
-        for first, end in tiles.chunks():
-            grad_q[:, first:end], dk, dv = flash.attend_backward(
-                grad[:, first:end],
-                qp[:, first:end],
-                tiles.keys(kp, first, end),
-                tiles.keys(vp, first, end),
-                out[:, first:end],
-                lse[:, first:end],
-                scale=_scale(qp),
-                bias=tiles.bias(first, end, qp.dtype),
-            )  # (S', m, rows, D), (S', m, window + rows, D) twice
-            tiles.add_keys(grad_k, dk, first, end)
-            tiles.add_keys(grad_v, dv, first, end)
-        return (
-            tiles.unpad_queries(grad_q),
-            tiles.unpad_keys(grad_k),
-            tiles.unpad_keys(grad_v),
-            None,
-        )
+        q, k, v, out, lse = ctx.saved_tensors
+        grad_out = grad_out.contiguous()
+        grad_q = torch.empty_like(q)
+        grad_k, grad_v = torch.zeros_like(k), torch.zeros_like(v)
+        for call in ctx.tiles.calls():
+            dq, dk, dv = flash.attend_backward(
+                call.rows(grad_out),
+                call.rows(q),
+                call.keys(k),
+                call.keys(v),
+                call.rows(out),
+                call.rows(lse),
+                scale=_scale(q),
+                bias=call.bias,
+            )  # (B*H, m, rows, D), (B*H, m, width, D) twice
+            call.rows(grad_q).copy_(dq)
+            call.add_keys(grad_k, dk)
+            call.add_keys(grad_v, dv)
+        return grad_q, grad_k, grad_v, None
 
 
 class _WindowTiles:
-    """The layout of `WindowBranch` at one shape: n tiles of `rows` queries; tile t holds the
-    queries [t rows, (t + 1) rows) and the keys [t rows - w, (t + 1) rows) with w = min(window,
-    L) (more is never visible), i.e. rows [t rows, t rows + w + rows) of the padded keys."""
+    """The calls of `WindowBranch` at one shape. With w = min(window, L) (more is never
+    visible) and r = min(WINDOW_ROWS, L) rows per tile: the head, queries [0, h) with
+    h = min(L, ceil(w / r) r), against keys [0, h); then chunks of full tiles, tile t holding
+    queries [t r, (t + 1) r) and keys [t r - w, (t + 1) r), which start at or after 0 since
+    t r >= h >= w; then the last L mod r queries against the w keys before them and
+    themselves."""
 
     def __init__(self, q: torch.Tensor, window: int):
-        self.batch, self.heads, self.length, self.head_dim = q.shape
+        batch, heads, self.length, head_dim = q.shape
         self.window = min(window, self.length)
         self.rows = min(WINDOW_ROWS, self.length)
-        self.n_tiles = -(-self.length // self.rows)
-        self.width = self.window + self.rows  # keys per tile
-        per_tile = 2 * self.batch * self.heads * self.width * self.head_dim * q.element_size()
+        self.head = min(self.length, -(-self.window // self.rows) * self.rows)
+        width = self.window + self.rows  # keys per full tile
+        per_tile = 2 * batch * heads * width * head_dim * q.element_size()
         self.chunk = max(1, WINDOW_CHUNK_BYTES // per_tile)
-        # Query row r of a tile sees key column c where r < c <= r + w (i - w < j <= i).
-        row = torch.arange(self.rows, device=q.device)[:, None]
-        column = torch.arange(self.width, device=q.device)[None, :]
-        self.hidden = (column <= row) | (column > row + self.window)  # (rows, w + rows)
-        self.column = column
+        self.device = q.device
+        self.dtype = q.dtype
 
-    def chunks(self):
-        for first in range(0, self.n_tiles, self.chunk):
-            yield first, min(first + self.chunk, self.n_tiles)
+    def calls(self):
+        """The calls in position order: each a `_WindowCall`."""
+        w, r = self.window, self.rows
+        yield _WindowCall(0, 1, self.head, 0, self.head, self._band(self.head, self.head, 0))
+        full_end = self.length // r * r
+        band = self._band(r, w + r, w)
+        for first in range(self.head, full_end, self.chunk * r):
+            n_tiles = min(self.chunk, (full_end - first) // r)
+            yield _WindowCall(first, n_tiles, r, -w, w + r, band)
+        if self.head < self.length and full_end < self.length:
+            tail = self.length - full_end
+            yield _WindowCall(full_end, 1, tail, -w, w + tail, self._band(tail, w + tail, w))
 
-    def pad_queries(self, x: torch.Tensor) -> torch.Tensor:
-        """(B, H, L, D) -> (S', n, rows, D), zero rows after the last query."""
-        padded = F.pad(x, (0, 0, 0, self.n_tiles * self.rows - self.length))
-        return padded.reshape(-1, self.n_tiles, self.rows, self.head_dim)
+    def _band(self, rows: int, width: int, offset: int) -> torch.Tensor:
+        """Bias hiding, from query row i (position first + i), key column c (position first -
+        offset + c) unless i - w < c - offset <= i: (1, 1, rows, width)."""
+        row = torch.arange(rows, device=self.device)[:, None]
+        column = torch.arange(width, device=self.device)[None, :] - offset
+        hidden = (column > row) | (column <= row - self.window)  # (rows, width)
+        return flash.hidden_bias(hidden, self.dtype)[None, None]
 
-    def unpad_queries(self, x: torch.Tensor) -> torch.Tensor:
-        shape = (self.batch, self.heads, self.n_tiles * self.rows, self.head_dim)
-        return x.reshape(shape)[:, :, : self.length]
 
-    def pad_keys(self, x: torch.Tensor) -> torch.Tensor:
-        """(B, H, L, D) -> (S', w + n rows, D): w zero rows before the first key (and zeros
-        after the last, up to the last tile's end)."""
-        padded = F.pad(x, (0, 0, self.window, self.n_tiles * self.rows - self.length))
-        return padded.reshape(-1, self.window + self.n_tiles * self.rows, self.head_dim)
+class _WindowCall:
+    """One fused call of `WindowBranch`: `n_tiles` tiles of `n_rows` queries from position
+    `first` on, tile j holding queries [first + j n_rows, first + (j + 1) n_rows) and the
+    `width` keys from its first query + `offset` on (offset <= 0), `bias` for every tile."""
 
-    def unpad_keys(self, x: torch.Tensor) -> torch.Tensor:
-        shape = (self.batch, self.heads, -1, self.head_dim)
-        return x.view(shape)[:, :, self.window : self.window + self.length]
+    def __init__(self, first, n_tiles, n_rows, offset, width, bias):
+        self.first, self.n_tiles, self.n_rows = first, n_tiles, n_rows
+        self.offset, self.width, self.bias = offset, width, bias
 
-    def keys(self, padded: torch.Tensor, first: int, end: int) -> torch.Tensor:
-        """Tiles [first, end) of `pad_keys`: an overlapping view (S', m, w + rows, D)."""
-        step, d = padded.stride(0), self.head_dim
-        shape, strides = (padded.shape[0], end - first, self.width, d), (step, self.rows * d, d, 1)
-        return padded.as_strided(shape, strides, padded.storage_offset() + first * self.rows * d)
+    def rows(self, x: torch.Tensor) -> torch.Tensor:
+        """The call's queries of x (B, H, L, ...), contiguous: (B*H, m, rows, ...) view."""
+        tail = x.shape[3:]
+        flat = x.reshape(-1, x.shape[2], *tail)  # (B*H, L, ...)
+        span = flat[:, self.first : self.first + self.n_tiles * self.n_rows]
+        return span.view(flat.shape[0], self.n_tiles, self.n_rows, *tail)
 
-    def add_keys(self, total: torch.Tensor, tiles: torch.Tensor, first: int, end: int) -> None:
-        """Add the tiles' key gradients (S', m, w + rows, D) into `total`, the `pad_keys`
-        layout, in slices of `rows` columns (no slice overlaps another of the same tile)."""
-        step, d = total.stride(0), self.head_dim
-        for start in range(0, self.width, self.rows):
-            size = min(self.rows, self.width - start)
-            shape, strides = (total.shape[0], end - first, size, d), (step, self.rows * d, d, 1)
-            offset = total.storage_offset() + (first * self.rows + start) * d
-            total.as_strided(shape, strides, offset).add_(tiles[:, :, start : start + size])
+    def keys(self, x: torch.Tensor) -> torch.Tensor:
+        """The tiles' keys of x (B, H, L, D), contiguous: an overlapping view (B*H, m, width,
+        D)."""
+        flat = x.view(-1, x.shape[2], x.shape[3])  # (B*H, L, D)
+        d = x.shape[3]
+        start = self.first + self.offset
+        shape = (flat.shape[0], self.n_tiles, self.width, d)
+        strides = (flat.stride(0), self.n_rows * d, d, 1)
+        return flat.as_strided(shape, strides, flat.storage_offset() + start * d)
 
-    def bias(self, first: int, end: int, dtype: torch.dtype) -> torch.Tensor:
-        """The band bias of tiles [first, end): (1, 1, rows, w + rows), or (1, m, rows, w +
-        rows) where a tile's keys start before position 0 (padding hidden too)."""
-        if first * self.rows >= self.window:
-            return flash.hidden_bias(self.hidden, dtype)[None, None]
-        tile = torch.arange(first, end, device=self.hidden.device)[:, None, None]
-        before = tile * self.rows - self.window + self.column < 0  # (m, 1, w + rows)
-        return flash.hidden_bias(self.hidden | before, dtype)[None]
+    def add_keys(self, total: torch.Tensor, tiles: torch.Tensor) -> None:
+        """Add the tiles' key gradients (B*H, m, width, D) into `total` (B, H, L, D), in
+        slices of n_rows columns (no slice overlaps another of the same tile)."""
+        view = self.keys(total)
+        for start in range(0, self.width, self.n_rows):
+            end = min(start + self.n_rows, self.width)
+            view[:, :, start:end].add_(tiles[:, :, start:end])
+
+
+class GatedSum(torch.autograd.Function):
+    """sum_i gates[..., i] * outputs[i]: the branches' outputs (B, H, L, D) each, gates
+    (B, H, L, n) with n = the number of outputs. One fresh output in the forward and one
+    temporary reused by the backward (autograd's multiply-and-add leaves one per term, each
+    a large tensor's page faults)."""
+
+    @staticmethod
+    def forward(ctx, gates, *outputs):
+        out = outputs[0] * gates[..., 0:1]
+        for i, branch in enumerate(outputs[1:], start=1):
+            out.addcmul_(branch, gates[..., i : i + 1])
+        ctx.save_for_backward(gates, *outputs)
+        return out
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad):
+        gates, *outputs = ctx.saved_tensors
+        grad_gates = torch.empty_like(gates)
+        product = torch.empty_like(grad)
+        grad_outputs = []
+        for i, branch in enumerate(outputs):
+            torch.sum(torch.mul(grad, branch, out=product), dim=-1, out=grad_gates[..., i])
+            grad_outputs.append(grad * gates[..., i : i + 1])
+        return grad_gates, *grad_outputs

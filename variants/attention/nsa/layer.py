@@ -52,7 +52,7 @@ from variants.attention.cache import BlockKVCache, attend_prefix
 from variants.attention.compressed import block_mean
 from variants.attention.moba.function import SelectedBlocks
 from variants.attention.moba.selection import attend_selected, block_select_pairs, top_blocks
-from variants.attention.nsa.function import CompressedBranch, WindowBranch
+from variants.attention.nsa.function import CompressedBranch, GatedSum, WindowBranch
 from variants.checks import require_choice, require_positive_int
 from variants.registry import register_attention
 
@@ -121,8 +121,7 @@ class NSAAttention(Attention):
             selected = top_blocks(q, keys, self.block_size, self.n_select - 1, causal=True)
         out_sel = SelectedBlocks.apply(q, k, v, selected, self.block_size, True)
         out_win = WindowBranch.apply(q, k, v, self.window)
-        g = gates.to(q.dtype)
-        return g[..., 0:1] * out_cmp + g[..., 1:2] * out_sel + g[..., 2:3] * out_win
+        return GatedSum.apply(gates.to(q.dtype), out_cmp, out_sel, out_win)
 
     # --- decoding: every key and value, and the compressed key and value of ended blocks ----
     def new_cache(self, batch_size, n_heads, head_dim, *, max_len, device, dtype):
