@@ -40,14 +40,19 @@ def test_moba_equals_the_dense_reference_forward_and_gradients(
         torch.testing.assert_close(got, want)
 
 
+@pytest.mark.parametrize("length", [29, 28], ids=["short-last-block", "whole-blocks"])
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
-def test_moba_running_merge_over_chunks_and_far_apart_parts(flash_kernels, monkeypatch, causal):
+def test_moba_running_merge_over_chunks_and_far_apart_parts(
+    flash_kernels, monkeypatch, causal, length
+):
     """The selected blocks' parts merged chunk by chunk (one tile per chunk: a query's parts
     meet across chunks) and, in chunks of two tiles of two rows, a query's parts in one chunk;
     some blocks score far above the own block (a part lse more than SHIFT_LIMIT above the
-    running reference, which is then raised). Forward and gradients as the dense reference."""
+    running reference, which is then raised). Tiles of two rows leave unused rows wherever a
+    block has an odd number of queries; with whole blocks the key gradients are added in place.
+    Forward and gradients as the dense reference."""
     monkeypatch.setattr(moba_function, "TILE_ROWS", 2)
-    q, k, v = qkv(1, 2, 29, 8, seed=5)
+    q, k, v = qkv(1, 2, length, 8, seed=5)
     k[:, :, 8:12] += 12 * q[:, :, 20:21]  # block 2 scores high with the queries near 20
     k[:, :, 16:20] -= 12 * q[:, :, 25:26]
     for chunk_tiles in (1, 2):
