@@ -235,10 +235,14 @@ class GatedSum(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, grad):
         gates, *outputs = ctx.saved_tensors
-        grad_gates = torch.empty_like(gates)
-        product = torch.empty_like(grad)
-        grad_outputs = []
-        for i, branch in enumerate(outputs):
-            torch.sum(torch.mul(grad, branch, out=product), dim=-1, out=grad_gates[..., i])
-            grad_outputs.append(grad * gates[..., i : i + 1])
+        grad_gates = None
+        if ctx.needs_input_grad[0]:  # the kernel timed alone passes gates without gradient
+            grad_gates = torch.empty_like(gates)
+            product = torch.empty_like(grad)
+            for i, branch in enumerate(outputs):
+                torch.sum(torch.mul(grad, branch, out=product), dim=-1, out=grad_gates[..., i])
+        grad_outputs = [
+            grad * gates[..., i : i + 1] if ctx.needs_input_grad[i + 1] else None
+            for i in range(len(outputs))
+        ]
         return grad_gates, *grad_outputs

@@ -153,8 +153,7 @@ class NSAAttention(Attention):
         out_sel = attend_selected(q, cache, summary_keys, self.n_select - 1)
         first = max(0, cache.length - self.window)
         out_win = attend_prefix(q, cache.keys()[:, :, first:], cache.values()[:, :, first:])
-        g = gates.to(q.dtype)  # (B, H, 1, 3)
-        return g[..., 0:1] * out_cmp + g[..., 1:2] * out_sel + g[..., 2:3] * out_win
+        return GatedSum.apply(gates.to(q.dtype), out_cmp, out_sel, out_win)  # (B, H, 1, D)
 
     def flops(self, batch: int, heads: int, seq_len: int, head_dim: int) -> int:
         """4 B H d x the pairs the three branches score (compressed: floor((i + 1) / b) per
