@@ -30,6 +30,8 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
+from variants.attention.kernelized import padded_denominator
+
 
 class Cache:
     """What every cache has: `length` positions seen of at most `max_len`, and `nbytes`."""
@@ -235,12 +237,13 @@ class StateCache(Cache):
         values = F.pad(v.to(self.state.dtype), (0, 1), value=1.0)  # (B, H, T, D+1)
         self.state += phi_k.to(self.state.dtype).transpose(-1, -2) @ values
 
-    def read(self, phi_q: torch.Tensor) -> torch.Tensor:
-        """phi_q: (B, H, T, E) -> out (B, H, T, D): numerator over denominator (the
-        denominator clamped at the smallest normal number, as `kernelized`)."""
-        numerator = phi_q.to(self.state.dtype) @ self.state  # (B, H, T, D+1)
+    def read(self, phi_q: torch.Tensor, denominator_eps=0.0) -> torch.Tensor:
+        """phi_q: (B, H, T, E) -> out (B, H, T, D): numerator over denominator (padded by
+        `denominator_eps` and clamped at the smallest normal number, as `kernelized`)."""
+        phi_q = phi_q.to(self.state.dtype)
+        numerator = phi_q @ self.state  # (B, H, T, D+1)
         out, denominator = numerator[..., :-1], numerator[..., -1:]
-        return out / denominator.clamp_min(torch.finfo(denominator.dtype).tiny)
+        return out / padded_denominator(denominator, phi_q, denominator_eps)
 
     @property
     def nbytes(self) -> int:

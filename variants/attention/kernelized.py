@@ -36,13 +36,20 @@ STATE_BYTES = 4 * 2**20
 
 
 def feature_attention(
-    phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor, *, causal: bool
+    phi_q: torch.Tensor,
+    phi_k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    causal: bool,
+    denominator_eps: float | torch.Tensor = 0.0,
 ) -> torch.Tensor:
     """Normalised linear attention over feature maps (formula in the module docstring).
 
     phi_q, phi_k: (B, H, L, E), non-negative; v: (B, H, L, D). Returns (B, H, L, D) in v's
-    dtype. A row whose denominator underflows to 0 (every weight 0) gives 0, never NaN: the
-    denominator is clamped at the dtype's smallest normal number, where the numerator is 0 too.
+    dtype. `denominator_eps`: added to every feature of the key sum z_i in the denominator only
+    (phi(q_i)^T (z_i + eps)), as performer-pytorch's causal path. A row whose denominator
+    still underflows to 0 (every weight 0) gives 0, never NaN: the denominator is clamped at the
+    dtype's smallest normal number, where the numerator is 0 too.
     """
     batch, heads, length, head_dim = v.shape
     values = torch.cat([v, v.new_ones(batch, heads, length, 1)], dim=-1)  # (B, H, L, D+1)
@@ -53,7 +60,19 @@ def feature_attention(
         state = phi_k.transpose(-1, -2) @ values  # (B, H, E, D+1)
         numerator = phi_q @ state  # (B, H, L, D+1)
     out, denominator = numerator.split([head_dim, 1], dim=-1)  # (B, H, L, D), (B, H, L, 1)
-    return out / denominator.clamp_min(torch.finfo(denominator.dtype).tiny)
+    return out / padded_denominator(denominator, phi_q, denominator_eps)
+
+
+def padded_denominator(
+    denominator: torch.Tensor, phi_q: torch.Tensor, eps: float | torch.Tensor
+) -> torch.Tensor:
+    """phi(q)^T z + eps * sum(phi(q)) (= phi(q)^T (z + eps)), clamped at the smallest normal
+    number. denominator: (B, H, L, 1); phi_q: (B, H, L, E)."""
+    if not isinstance(eps, torch.Tensor) and eps == 0:
+        padded = denominator
+    else:
+        padded = denominator + eps * phi_q.sum(dim=-1, keepdim=True).to(denominator.dtype)
+    return padded.clamp_min(torch.finfo(denominator.dtype).tiny)
 
 
 def causal_product(

@@ -25,8 +25,17 @@ Choices where published implementations differ:
   keys' by one constant per sequence. Non-causal, that constant is the largest key exponent
   (as the reference code); causal, it is max_f |w_f|^2 / 2, which bounds every key exponent
   (w . x - |x|^2 / 2 <= |w|^2 / 2), so no feature overflows and no future key takes part (the
-  reference code's global maximum over keys is taken over future positions too). No epsilon
-  is added to the features (performer-pytorch adds 1e-4, which biases the estimate).
+  reference code's global maximum over keys is taken over future positions too).
+- `eps` (1e-4, performer-pytorch's) is added to every feature and `denominator_eps` (1e-6, its
+  causal path's) to the key sum in the denominator. Without them, once a model's logits grow
+  (about +-150 in the long-range preset) a row's key features all underflow in float32: its
+  output stays finite (the clamped denominator) but its gradients are inf * 0 = NaN. A
+  query's eps is relative to its largest feature, as the reference; a key's, non-causal,
+  relative to the sequence's largest (as the reference) and, causal, to a key exponent of 0
+  (exp(w . x' - |x'|^2 / 2) = 1): relative to the largest key would reach into the future, and
+  relative to the bound would swamp every feature (the bound sits far above typical
+  exponents). eps biases the estimate towards uniform weights among the keys (eps = 0: the
+  unbiased estimator).
 - Half-precision inputs are computed in float32 (exponentials of the projections overflow
   float16) and returned in their dtype.
 """
@@ -90,8 +99,16 @@ class PerformerAttention(Attention):
         seed: int | None = None,
         redraw_interval: int | None = None,
         head_dim: int = 64,
+        eps: float = 1e-4,
+        denominator_eps: float = 1e-6,
     ):
         super().__init__(causal=causal)
+        for option, value in (("eps", eps), ("denominator_eps", denominator_eps)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+                raise ValueError(
+                    f"{self.name}: option {option!r} must be a number >= 0, got {value!r}"
+                )
+        self.eps, self.denominator_eps = float(eps), float(denominator_eps)
         self.head_dim = require_positive_int(self.name, "head_dim", head_dim)
         if n_features is None:
             n_features = default_features(head_dim)
@@ -149,12 +166,16 @@ class PerformerAttention(Attention):
 
     def _features_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
         """The attention over the features, (B, H, L, D) each -> (B, H, L, D)."""
-        phi_q, phi_k = self.feature_maps(q, k)  # (B, H, L, m) each
-        return kernelized.feature_attention(phi_q, phi_k, v, causal=self.causal)
+        phi_q, phi_k, key_scale = self.feature_maps(q, k)  # (B, H, L, m) each
+        return kernelized.feature_attention(
+            phi_q, phi_k, v, causal=self.causal, denominator_eps=self.denominator_eps * key_scale
+        )
 
     def feature_maps(self, q: torch.Tensor, k: torch.Tensor):
         """Positive random features of q and k, (B, H, L, D) -> (B, H, L, m) each, up to the
-        per-row and per-sequence constants that cancel in the attention (module docstring)."""
+        per-row and per-sequence constants that cancel in the attention, with `eps` added
+        (module docstring); and the keys' scale, exp(-constant) (a key exponent of 0's
+        feature), which `denominator_eps` is relative to."""
         features = self.features.to(q.dtype)  # (m, D)
         scale = self.head_dim**-0.25
         q_proj = (q * scale) @ features.T  # (B, H, L, m)
@@ -164,9 +185,15 @@ class PerformerAttention(Attention):
         exponent = k_proj - k_scaled.square().sum(dim=-1, keepdim=True) / 2  # (B, H, L, m)
         if self.causal:
             bound = features.square().sum(dim=-1).amax() / 2  # >= every key exponent
+            key_scale = torch.exp(-bound)  # a key exponent of 0's feature
         else:
             bound = exponent.detach().amax(dim=(-2, -1), keepdim=True)  # (B, H, 1, 1)
-        return phi_q, (exponent - bound).exp_()
+            key_scale = torch.ones_like(bound)  # the sequence's largest key feature
+        phi_k = (exponent - bound).exp_()
+        if self.eps:
+            phi_q = phi_q + self.eps
+            phi_k = phi_k + self.eps * key_scale
+        return phi_q, phi_k, key_scale
 
     # --- decoding: the running sums, m x (D + 1) per head; features fixed (eval) ----------
     def new_cache(self, batch_size, n_heads, head_dim, *, max_len, device, dtype):
@@ -177,14 +204,14 @@ class PerformerAttention(Attention):
 
     def cache_prompt(self, q, k, v, cache: StateCache) -> None:
         work = torch.promote_types(q.dtype, torch.float32)
-        _, phi_k = self.feature_maps(q.to(work), k.to(work))  # causal: a fixed key bound
+        _, phi_k, _ = self.feature_maps(q.to(work), k.to(work))  # causal: a fixed key bound
         cache.add(phi_k, v)
 
     def decode_step(self, q, k, v, cache: StateCache) -> torch.Tensor:
         work = torch.promote_types(q.dtype, torch.float32)
-        phi_q, phi_k = self.feature_maps(q.to(work), k.to(work))  # (B, H, 1, m) each
+        phi_q, phi_k, key_scale = self.feature_maps(q.to(work), k.to(work))  # (B, H, 1, m) each
         cache.add(phi_k, v)
-        return cache.read(phi_q).to(q.dtype)  # (B, H, 1, D)
+        return cache.read(phi_q, self.denominator_eps * key_scale).to(q.dtype)  # (B, H, 1, D)
 
     def flops(self, batch: int, heads: int, seq_len: int, head_dim: int) -> int:
         """Projecting q and k onto the m features, 2 x 2 B H L d m, and the linear attention
@@ -196,5 +223,6 @@ class PerformerAttention(Attention):
     def extra_repr(self) -> str:
         return (
             f"causal={self.causal}, n_features={self.n_features}, seed={self.seed}, "
-            f"redraw_interval={self.redraw_interval}, head_dim={self.head_dim}"
+            f"redraw_interval={self.redraw_interval}, head_dim={self.head_dim}, eps={self.eps}, "
+            f"denominator_eps={self.denominator_eps}"
         )

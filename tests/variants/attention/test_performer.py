@@ -11,16 +11,23 @@ from variants.attention import performer
 from variants.attention.base import replaying
 
 
-def relative_error(causal, n_features, seeds=3, scale=0.5):
+def relative_error(causal, n_features, seeds=3, scale=0.5, eps=0.0):
     """Mean over seeds of |performer - exact| / |exact|; q, k scaled so that softmax attention
     is far from uniform (uniform weights are 26 % off at scale 0.5) yet the estimator's
-    variance, which grows like exp(|q + k|^2 / sqrt(d)), stays moderate."""
+    variance, which grows like exp(|q + k|^2 / sqrt(d)), stays moderate. `eps`: the features'
+    and the denominator's (0: the unbiased estimator)."""
     errors = []
     for seed in range(seeds):
         q, k, v = qkv(1, 2, 40, 8, seed=seed)
         q, k = q * scale, k * scale
         module = build_attention(
-            "performer", causal=causal, n_features=n_features, seed=seed, head_dim=8
+            "performer",
+            causal=causal,
+            n_features=n_features,
+            seed=seed,
+            head_dim=8,
+            eps=eps,
+            denominator_eps=eps / 100,
         ).double()
         exact = dense_attention(q, k, v, causal_mask(40) if causal else None)
         errors.append(float((module(q, k, v) - exact).norm() / exact.norm()))
@@ -34,6 +41,37 @@ def test_error_against_exact_attention_falls_as_features_grow(causal):
     assert errors[-1] < errors[1] / 4, errors  # about 1 / sqrt(m): sqrt(64) = 8 from 64 to 4096
     uniform = relative_error(causal, 4096, scale=0.0)  # exact at q = k = 0: every weight equal
     assert uniform < 1e-12
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_eps_biases_the_estimate_little(causal):
+    unbiased = relative_error(causal, 4096)
+    assert relative_error(causal, 4096, eps=1e-4) < unbiased + 0.01
+    assert relative_error(causal, 4096, eps=1e-1) > unbiased + 0.01  # the check can fail
+
+
+def large_logit_gradients(causal, **options):
+    """Gradients of q, k, v at |q| = |k| = 30, head dim 16: logits q.k / sqrt(d) up to ~205."""
+    q, k, v = qkv(1, 2, 128, 16, seed=0, dtype=torch.float32)
+    q, k = (30 * t / t.norm(dim=-1, keepdim=True) for t in (q, k))
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    module = build_attention("performer", causal=causal, seed=0, head_dim=16, **options)
+    module(q, k, v).square().sum().backward()
+    return [t.grad for t in (q, k, v)]
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_gradients_stay_finite_at_large_logits_with_eps(causal):
+    """The long-range preset's Performer reached logits of +-150 to +-291 and its gradients went
+    NaN: the key features of whole rows underflowed in float32. With the default eps they are
+    finite."""
+    assert all(torch.isfinite(g).all() for g in large_logit_gradients(causal))
+
+
+def test_without_eps_causal_gradients_go_nan_at_large_logits():
+    """What the default eps prevents (so the test above can fail)."""
+    gradients = large_logit_gradients(True, eps=0.0, denominator_eps=0.0)
+    assert not all(torch.isfinite(g).all() for g in gradients)
 
 
 def test_features_are_orthogonal_within_blocks_and_gaussian_in_length():
@@ -105,6 +143,8 @@ def test_flops_count_projections_and_state():
         ({"seed": -1}, "performer: option 'seed' must be a non-negative integer, got -1"),
         ({"redraw_interval": 0}, "performer: option 'redraw_interval' must be a positive"),
         ({"head_dim": 0}, "performer: option 'head_dim' must be a positive integer, got 0"),
+        ({"eps": -1e-4}, "performer: option 'eps' must be a number >= 0, got -0.0001"),
+        ({"denominator_eps": "x"}, "performer: option 'denominator_eps' must be a number >= 0"),
     ],
 )
 def test_bad_options_are_rejected(options, message):
