@@ -22,6 +22,7 @@ import variants
 from experiments.config import JobConfig, MeasureConfig
 from experiments.measurement import reference_model
 from experiments.measurement.decode import measure_decode
+from experiments.measurement.diagnostics import kernel_input_columns
 from experiments.measurement.memory import peak_memory_bytes, peak_rss_bytes
 from experiments.measurement.timing import (
     Timing,
@@ -41,6 +42,7 @@ from experiments.training.train import (
     start_run,
     train,
     training_loss,
+    validation_points,
 )
 from variants.attention.base import FWD_BWD_FLOP_FACTOR, Attention, sample_gates
 
@@ -170,15 +172,19 @@ def measure(
             precision=precision,
             run=run,
         )
-        trained_steps += stage.steps
+        bar.skip(stage.steps - result.steps)  # a stage stopped early (train.stop_accuracy ...)
+        trained_steps += result.steps
         trained = _training_columns(result, stage_task, run)
+        trained["trained_steps"] = trained_steps
         if len(stages) > 1:
-            trained.update(curriculum_stage=number, trained_steps=trained_steps)
+            trained["curriculum_stage"] = number
         if last:
             columns.update(trained)
         elif on_stage is not None:
             on_stage(stage, {**columns, **trained})
     bar.close()
+    if task.has_accuracy and trained_steps:  # is a state model in the key-blind trap?
+        columns.update(kernel_input_columns(model, task, device, precision))
     if on_stage is not None and job.train.steps:
         for point, columns_at in mixture_points(job, built, result, run):
             on_stage(point, {**columns, **columns_at, "trained_steps": trained_steps})
@@ -335,6 +341,9 @@ def mixture_points(job: JobConfig, built: Setup, result, run: TrainingRun) -> It
     count, as a 0-step `curriculum.Stage` whose task options say the count (so the record is
     the job's config at that n_pairs). Nothing for other tasks."""
     counts = getattr(built.task, "train_pairs", None) or ()
+    # The last validation at each point, in `validation_points`' order (the job's count first).
+    points = [p.n_pairs for p in validation_points(built.task)]
+    valid = dict(zip(points, result.valid or [], strict=False))  # none if it never trained
     for count in counts:
         if count == built.task.n_pairs:
             continue
@@ -348,7 +357,11 @@ def mixture_points(job: JobConfig, built: Setup, result, run: TrainingRun) -> It
             min_pairs=job.train.eval_pairs,
         )
         at = dataclasses.replace(
-            result, eval_loss=final.loss, eval_accuracy=final.accuracy, final_eval=final
+            result,
+            eval_loss=final.loss,
+            eval_accuracy=final.accuracy,
+            final_eval=final,
+            valid=[valid[count]] if count in valid else None,
         )
         point = curriculum.Stage(job.seq_len, job.batch_size, 0, task=(("n_pairs", count),))
         yield point, _training_columns(at, task, run)
@@ -360,7 +373,12 @@ def _training_columns(result, task: Task, run: TrainingRun) -> dict[str, Any]:
         "eval_loss": result.eval_loss,
         "eval_accuracy": result.eval_accuracy,
         "tokens_per_s": result.tokens_per_s,
+        "train_stop": result.stop,
     }
+    if result.valid:  # the last validation at this record's point (what a grid chooses on)
+        columns["valid_loss"] = result.valid[0].loss
+        if task.has_accuracy:
+            columns["valid_accuracy"] = result.valid[0].accuracy
     if result.grad_warning is not None:  # float16 gradients that underflowed or overflowed
         columns["grad_warning"] = result.grad_warning
     if task.has_accuracy:

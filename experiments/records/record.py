@@ -184,7 +184,51 @@ SCHEMA: tuple[Column, ...] = (
     _measured("n_parameters", int, "", "the model's parameters"),
     _measured("job_seconds", float, "s", "the job's wall time"),
     _measured("curriculum_stage", int, "", "which curriculum stage (0 = the first)"),
-    _measured("trained_steps", int, "", "optimiser steps taken when evaluated"),
+    _measured(
+        "trained_steps",
+        int,
+        "",
+        "optimiser steps taken when evaluated (train.steps is the cap: early stops take fewer)",
+    ),
+    _measured(
+        "train_stop",
+        str,
+        "",
+        "why training (the record's stage) ended: cap (its steps ran out), accuracy "
+        "(train.stop_accuracy reached at every validated point), plateau (train.patience)",
+        optional=True,
+    ),
+    _measured(
+        "valid_accuracy",
+        float,
+        "fraction",
+        "the last validation at the record's point, on the validation split (held out from "
+        "training and from eval_accuracy): what a learning-rate grid is chosen on",
+        optional=True,
+    ),
+    _measured("valid_loss", float, "nats/token", "and its loss", optional=True),
+    _measured(
+        "key_abs_cos",
+        float,
+        "",
+        "mean |cos| between a head's keys at different positions, the trained model on one eval "
+        "batch, mean over layers (1: every key points one way; kernel_diagnostics per layer)",
+        optional=True,
+    ),
+    _measured(
+        "gate_mean",
+        float,
+        "",
+        "mean of the kernel's first per-token gate (DeltaNet's beta), as key_abs_cos",
+        optional=True,
+    ),
+    _measured(
+        "kernel_diagnostics",
+        str,
+        "",
+        "key_abs_cos and gate_mean per layer, e.g. 'layer 0: |cos| 0.31, gate 0.52; ...'",
+        optional=True,
+    ),
     _measured("precision", str, "", "float32 | bf16-mixed | fp16-mixed", optional=True),
     # Quality you can trust (recall tasks): chance, the key-blind floor, an interval, learned.
     _measured("chance_accuracy", float, "fraction", "a uniform guess: 1 / n_values", optional=True),
@@ -331,6 +375,18 @@ SCALING_METRICS = tuple(c.name for c in SCHEMA if c.scaling)
 # configuration with a larger budget replaces its record.
 _BOOKKEEPING = ("logger", "sweep", "resume", "fail_on", "report", "train.progress")
 _UNHASHED = (*_BOOKKEEPING, "budget")
+# Keys added after records existed, whose default does what the code did before them: left out
+# of the hash at that default, so a record made before the key existed keeps its hash (and a
+# re-run of its sweep still finds it). A key whose default changed what is measured (Performer's
+# eps) is not listed: records from before it are another configuration.
+HASH_NEUTRAL_DEFAULTS = {
+    "train.stop_accuracy": None,
+    "train.patience": None,
+    "task.query_format": "repeated",
+    "attention.short_conv": 0,
+    "attention.feature_map": "identity",
+    "attention.output_norm": False,
+}
 
 
 def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -349,7 +405,12 @@ def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 def config_hash(config: dict[str, Any]) -> str:
     """Stable 12-hex-digit hash of what a job measures (the resolved config minus bookkeeping)."""
-    flat = {k: v for k, v in flatten(config).items() if not _is_under(k, _UNHASHED)}
+    flat = {
+        k: v
+        for k, v in flatten(config).items()
+        if not _is_under(k, _UNHASHED)
+        and not (k in HASH_NEUTRAL_DEFAULTS and v == HASH_NEUTRAL_DEFAULTS[k])
+    }
     blob = json.dumps(flat, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
 

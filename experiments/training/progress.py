@@ -44,6 +44,11 @@ class TrainingBar:
         self._bar.set_postfix(shown, refresh=False)
         self._bar.update(1)
 
+    def skip(self, steps: int) -> None:
+        """`steps` of the total that will not run (a stage that stopped early)."""
+        if self._bar is not None and steps > 0:
+            self._bar.update(steps)
+
     def close(self) -> None:
         if self._bar is not None:
             self._bar.close()

@@ -5,6 +5,12 @@ A curriculum is one training run: `TrainingRun` holds the one AdamW state and th
 so a later length is never a restart. Recall tasks are also scored against their chance and
 key-blind floor, with a 95 % interval, and the run remembers the first evaluation that reached
 `LEARNED` accuracy (`steps_to_learn`).
+
+Periodic evaluations read the task's validation split (`valid`: held out from training and from
+the reported `eval` split), at every validation point (`validation_points`: the task, and each
+other count of a recall mixture). They decide `steps_to_learn`, early stopping
+(`train.stop_accuracy`, `train.patience`) and, in analysis, the learning rate chosen from a grid;
+the numbers reported come from one last evaluation on the eval split.
 """
 
 from __future__ import annotations
@@ -25,6 +31,11 @@ from experiments.training.tasks import Batch, Task
 
 # An evaluation at or above this accuracy, at any stage, means the job learned the task.
 LEARNED = 0.9
+# `train.patience`: an evaluation whose mean validation accuracy (a task without accuracy: minus
+# its loss, in nats) beats the best so far by less than this is no progress.
+PLATEAU_DELTA = 0.01
+# Why a stage's training ended: its steps ran out, `train.stop_accuracy`, `train.patience`.
+CAP, STOP_ACCURACY, PLATEAU = "cap", "accuracy", "plateau"
 Z_95 = 1.959964  # the normal quantile of a two-sided 95 % interval
 
 
@@ -91,9 +102,53 @@ class TrainResult:
     eval_loss: float | None
     eval_accuracy: float | None
     tokens_per_s: float | None  # training tokens per second of wall time, evaluation excluded
-    steps: int
+    steps: int  # steps taken: the cap, or fewer when `stop` ended the stage early
     grad_warning: str | None = None  # float16: steps whose gradients were all zero or overflowed
     final_eval: EvalResult | None = None  # the stage's last evaluation (at least eval_pairs)
+    valid: list[EvalResult] | None = None  # the last validation, per `validation_points`
+    stop: str = CAP  # why the stage ended: CAP, STOP_ACCURACY or PLATEAU
+
+
+def validation_points(task: Task) -> list[Task]:
+    """The tasks a run is validated on: `task`, then each other count of a recall mixture
+    (`train_pairs`; the task `at_pairs` that count), so that stopping at an accuracy waits
+    for the hardest count, not only the job's own."""
+    counts = getattr(task, "train_pairs", None) or ()
+    return [task, *(task.at_pairs(c) for c in counts if c != task.n_pairs)]
+
+
+class Stopper:
+    """`train.stop_accuracy` and `train.patience`, read at each validation: `check` returns
+    why the stage should end (STOP_ACCURACY, PLATEAU) or None. Patience counts only once the
+    task is learned (its own point at `LEARNED` accuracy; a task without accuracy: always):
+    a run that has not learned goes on to its cap."""
+
+    def __init__(self, settings: TrainConfig, has_accuracy: bool):
+        self.stop_accuracy = settings.stop_accuracy if has_accuracy else None
+        self.patience = settings.patience
+        self.has_accuracy = has_accuracy
+        self.best: float | None = None
+        self.stale = 0
+
+    def check(self, results: list[EvalResult]) -> str | None:
+        if self.stop_accuracy is not None and all(
+            r.accuracy >= self.stop_accuracy for r in results
+        ):
+            return STOP_ACCURACY
+        if self.patience is None:
+            return None
+        if self.has_accuracy and results[0].accuracy < LEARNED:
+            # Not learned yet: recall is learned through a sudden jump after a long plateau
+            # (routing: 19 % at step 500, 83 % at 550), so a plateau before it is no end.
+            return None
+        scores = [r.accuracy if self.has_accuracy else -r.loss for r in results]
+        score = sum(scores) / len(scores)
+        if self.best is None or score >= self.best + PLATEAU_DELTA:
+            self.best, self.stale = score, 0
+            return None
+        self.best = max(self.best, score)
+        self.stale += 1
+        return PLATEAU if self.stale >= self.patience else None
 
 
 class GradientCheck:
@@ -179,8 +234,9 @@ def evaluate(
     precision: Precision = FLOAT32,
     *,
     min_pairs: int = 0,
+    split: str = "eval",
 ) -> EvalResult:
-    """Mean eval loss and accuracy (over masked target positions) on `n_batches` eval batches,
+    """Mean loss and accuracy (over masked target positions) on `n_batches` batches of `split`,
     and on more until `min_pairs` distinct pairs were answered (recall tasks: those with
     `floor_hits` and `distinct_queries`, whose floor and pairs are then counted too)."""
     was_training = model.training
@@ -189,7 +245,7 @@ def evaluate(
     total_loss, total_hits, total_count, floor_hits, pairs = 0.0, 0, 0, 0, 0
     index = 0
     while index < n_batches or (scored and pairs < min_pairs):
-        batch = task.batch("eval", index)
+        batch = task.batch(split, index)
         if scored:
             floor_hits += task.floor_hits(batch)
             pairs += task.distinct_queries(batch)
@@ -227,7 +283,11 @@ def train(
     covers at least `settings.eval_pairs` distinct pairs of a recall task.
 
     `on_step(metrics, step)` receives `train/loss`, `train/lr` every step and `eval/loss`,
-    `eval/accuracy` every `settings.eval_every` steps and at the end. Raises `Diverged` on a
+    `eval/accuracy` every `settings.eval_every` steps and at the end: the periodic evaluations,
+    on the task's validation split (its `validation_split`) at the task's own point; the
+    result's `eval_*` and `final_eval` are one more evaluation on the eval split, after the
+    last step. `settings.stop_accuracy` and `settings.patience` may end the call before
+    `settings.steps` (`Stopper`; the result's `steps` and `stop` say so). Raises `Diverged` on a
     NaN/inf training or evaluation loss, and in float16 on non-finite gradients (`GradientCheck`;
     all-zero ones are the result's `grad_warning`). Forward passes run under
     `precision.autocast()`; the parameters and AdamW's state stay in their own (float32) type,
@@ -238,12 +298,15 @@ def train(
     eval_every, eval_batches = settings.eval_every, settings.eval_batches
     run = run if run is not None else start_run(model, settings, steps, precision)
     optimizer, scaler, first = run.optimizer, run.scaler, run.step
-    final_eval = None
     gradients = GradientCheck(scaler) if precision.name == "float16" else None
+    points = validation_points(task)
+    split = getattr(task, "validation_split", "eval")
+    stopper = Stopper(settings, task.has_accuracy)
     model.train()
     recent: list[float] = []
-    tokens, train_seconds = 0, 0.0
-    eval_loss = eval_accuracy = None
+    tokens, train_seconds, taken = 0, 0.0, 0
+    valid: list[EvalResult] | None = None
+    stop = CAP
     for step in range(steps):
         for group in optimizer.param_groups:
             group["lr"] = lr_at(first + step, lr=lr, warmup=warmup, steps=run.total_steps)
@@ -271,6 +334,7 @@ def train(
         loss_value = loss.item()  # synchronises on CUDA, so the timing below is honest
         train_seconds += time.perf_counter() - started
         tokens += batch.inputs.numel()
+        taken += 1
         recent = (recent + [loss_value])[-max(1, eval_every or steps) :]
         metrics: dict[str, Any] = {
             "train/loss": loss_value,
@@ -279,28 +343,37 @@ def train(
         last = step == steps - 1
         run.step += 1
         if last or (eval_every and (step + 1) % eval_every == 0):
-            result = evaluate(
-                model,
-                task,
-                device,
-                eval_batches,
-                precision,
-                min_pairs=settings.eval_pairs if last else 0,
-            )
-            eval_loss, eval_accuracy, final_eval = result.loss, result.accuracy, result
-            if not math.isfinite(eval_loss):  # recorded as null, it would read "not measured"
-                raise Diverged(f"eval_loss is {eval_loss} after {step + 1} training steps")
-            metrics.update({"eval/loss": eval_loss, "eval/accuracy": eval_accuracy})
-            if task.has_accuracy and run.steps_to_learn is None and eval_accuracy >= LEARNED:
+            valid = [
+                evaluate(model, point, device, eval_batches, precision, split=split)
+                for point in points
+            ]
+            own = valid[0]
+            if not math.isfinite(own.loss):  # recorded as null, it would read "not measured"
+                raise Diverged(f"eval_loss is {own.loss} after {step + 1} training steps")
+            metrics.update({"eval/loss": own.loss, "eval/accuracy": own.accuracy})
+            if task.has_accuracy and run.steps_to_learn is None and own.accuracy >= LEARNED:
                 run.steps_to_learn = run.step
+            stop = stopper.check(valid) or CAP
         if on_step is not None:
             on_step(metrics, step)
+        if stop != CAP:
+            break
+    final_eval = eval_loss = eval_accuracy = None
+    if taken:
+        final_eval = evaluate(
+            model, task, device, eval_batches, precision, min_pairs=settings.eval_pairs
+        )
+        eval_loss, eval_accuracy = final_eval.loss, final_eval.accuracy
+        if not math.isfinite(eval_loss):
+            raise Diverged(f"eval_loss is {eval_loss} after {taken} training steps")
     return TrainResult(
         train_loss=sum(recent) / len(recent) if recent else None,
         eval_loss=eval_loss,
         eval_accuracy=eval_accuracy if task.has_accuracy else None,
         tokens_per_s=tokens / train_seconds if train_seconds else None,
-        steps=steps,
-        grad_warning=None if gradients is None else gradients.warning(steps),
+        steps=taken,
+        grad_warning=None if gradients is None else gradients.warning(taken),
         final_eval=final_eval,
+        valid=valid,
+        stop=stop,
     )

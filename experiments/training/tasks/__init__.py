@@ -3,6 +3,11 @@
 A task yields `Batch`es of token ids for next-token prediction; `loss_mask` says which target
 positions count (e.g. only the second copy in the duplication task). Batches are a pure function
 of (seed, split, index), so every variant sees exactly the same data.
+
+Splits: `train`, `eval` (what is reported) and, for the generated tasks, `valid`: batches held
+out from both, which training's periodic evaluations, early stopping and the choice of a
+learning rate read, so that nothing is tuned on the numbers reported. A task's
+`validation_split` names it (`eval` for the text tasks, whose corpus has two splits).
 """
 
 from __future__ import annotations
@@ -39,9 +44,11 @@ class Task(Protocol):
     vocab_size: int
     has_accuracy: bool
     reports_bits_per_byte: bool
+    validation_split: str
 
     def batch(self, split: str, index: int) -> Batch:
-        """Batch number `index` of `split` ("train" or "eval"), identical on every call."""
+        """Batch number `index` of `split` ("train", "eval" or the task's `validation_split`),
+        identical on every call."""
         ...
 
 
@@ -81,6 +88,7 @@ class SeededTask:
     name: ClassVar[str]
     has_accuracy: ClassVar[bool] = False
     reports_bits_per_byte: ClassVar[bool] = False
+    validation_split: ClassVar[str] = "valid"
 
     def __init__(self, *, seq_len: int, batch_size: int, seed: int):
         self.seq_len = require_positive_int(self.owner, "seq_len", seq_len)
@@ -115,13 +123,16 @@ def place(
     return out
 
 
+SPLITS = ("train", "eval", "valid")
+
+
 def generator(seed: int, split: str, index: int) -> torch.Generator:
     """A CPU generator whose stream depends only on (seed, split, index).
 
     The seed is a digest of the three, so it is the same in every process and Python version
     (unlike `hash`), and neighbouring indices give unrelated streams.
     """
-    if split not in ("train", "eval"):
-        raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {', '.join(SPLITS)}, got {split!r}")
     digest = hashlib.sha256(f"{seed}/{split}/{index}".encode()).digest()
     return torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") >> 1)

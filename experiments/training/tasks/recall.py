@@ -22,6 +22,22 @@ draws its number of pairs from the list (its queries fill the rest); evaluation 
 (experiments/measurement/measure.py records each as its own configuration), and learns sooner than
 at the largest count alone: the small counts bootstrap the lookup the large ones need.
 
+Two query formats (`query_format`):
+
+- `repeated` (the default): as above, queries fill the sequence, each key drawn with
+  replacement and followed by its value, so later queries can copy an answer shown earlier.
+- `zoology` (Zoology's MQAR, `multiquery_ar`): every key is queried exactly once, at query
+  slots drawn without replacement with probability proportional to slot^(a - 1) (a = 0.01:
+  power-law gaps, most queries soon after the pairs, some far), and the answer is never shown
+  in the input (the position after a query is padding; only its target is the value):
+
+      k_1 v_1 ... k_P v_P | k_c . . . k_a . k_d . . . . . k_b . ...   (targets at the k's: v's)
+
+  With answers shown, "repeat a recent value" is a cheap cut in the loss that every answer in
+  the input offers; here only the lookup answers. Zoology fills the empty positions with random
+  tokens; they stay padding here, so the key-blind floor stays 1 / n_pairs. Needs
+  seq_len >= 4 * n_pairs (a slot per key).
+
 Token ids: 0 padding, keys 1 .. n_keys, values n_keys + 1 .. n_keys + n_values.
 """
 
@@ -34,6 +50,9 @@ from variants.checks import require_positive_int
 
 OWNER = "task recall"
 PAD = 0
+QUERY_FORMATS = ("repeated", "zoology")
+# Zoology's `power_a`: query slot s (0-based) is drawn with weight (s + 1)^(POWER_A - 1).
+POWER_A = 0.01
 
 
 def check_pairs(owner: str, n_pairs: int, n_keys: int, n_values: int) -> tuple[int, int, int]:
@@ -129,16 +148,28 @@ class Recall(RecallScoring, SeededTask):
         n_values: int = 128,
         distinct_values: bool = True,
         train_pairs: list[int] | None = None,
+        query_format: str = "repeated",
     ):
         super().__init__(seq_len=seq_len, batch_size=batch_size, seed=seed)
         self.n_pairs, self.n_keys, self.n_values = check_pairs(OWNER, n_pairs, n_keys, n_values)
         self.distinct_values = check_distinct(OWNER, distinct_values, n_pairs, n_values)
+        if query_format not in QUERY_FORMATS:
+            raise ValueError(
+                f"{OWNER}: option 'query_format' must be one of {', '.join(QUERY_FORMATS)}, "
+                f"got {query_format!r}"
+            )
+        self.query_format = query_format
         self._check_fits("n_pairs", n_pairs)
         self.train_pairs = self._checked_mixture(train_pairs)
         self.n_queries = (seq_len - 2 * n_pairs) // 2
         self.vocab_size = 1 + n_keys + n_values
 
     def _check_fits(self, option: str, n_pairs: int) -> None:
+        if self.query_format == "zoology" and 4 * n_pairs > self.seq_len:
+            raise ValueError(
+                f"{OWNER}: option 'seq_len'={self.seq_len} must be at least 4 * '{option}' "
+                f"= {4 * n_pairs} with query_format=zoology (the pairs and a query slot per key)"
+            )
         if 2 * n_pairs + 2 > self.seq_len:
             raise ValueError(
                 f"{OWNER}: option 'seq_len'={self.seq_len} must be at least 2 * '{option}' + 2 "
@@ -181,28 +212,34 @@ class Recall(RecallScoring, SeededTask):
             n_values=self.n_values,
             distinct_values=self.distinct_values,
             train_pairs=None if self.train_pairs is None else list(self.train_pairs),
+            query_format=self.query_format,
         )
 
     def batch(self, split: str, index: int) -> Batch:
         g = generator(self.seed, split, index)
-        if split == "eval" or self.train_pairs is None:
-            tokens, loss_mask = self._rows(g, self.batch_size, self.n_pairs)
-            return Batch(tokens[:, :-1], tokens[:, 1:], loss_mask)
+        if split != "train" or self.train_pairs is None:  # evaluated at n_pairs
+            return self._rows(g, self.batch_size, self.n_pairs)
         # A mixture: each sequence's count drawn from train_pairs, rows of one count built
         # together (in the list's order, so the batch depends only on the generator).
         which = torch.randint(len(self.train_pairs), (self.batch_size,), generator=g)  # (B,)
-        tokens = torch.empty(self.batch_size, self.seq_len + 1, dtype=torch.long)  # (B, L + 1)
-        loss_mask = torch.empty(self.batch_size, self.seq_len, dtype=torch.bool)  # (B, L)
+        shape = (self.batch_size, self.seq_len)
+        inputs, targets = (torch.empty(shape, dtype=torch.long) for _ in range(2))  # (B, L)
+        loss_mask = torch.empty(shape, dtype=torch.bool)  # (B, L)
         for i, count in enumerate(self.train_pairs):
             rows = (which == i).nonzero().flatten()
             if len(rows):
-                tokens[rows], loss_mask[rows] = self._rows(g, len(rows), count)
-        return Batch(tokens[:, :-1], tokens[:, 1:], loss_mask)
+                part = self._rows(g, len(rows), count)
+                inputs[rows], targets[rows], loss_mask[rows] = (
+                    part.inputs,
+                    part.targets,
+                    part.loss_mask,
+                )
+        return Batch(inputs, targets, loss_mask)
 
-    def _rows(
-        self, g: torch.Generator, batch: int, pairs: int
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """`batch` sequences of `pairs` pairs: tokens (B, L + 1) and the loss mask (B, L)."""
+    def _rows(self, g: torch.Generator, batch: int, pairs: int) -> Batch:
+        """`batch` sequences of `pairs` pairs in the task's query format."""
+        if self.query_format == "zoology":
+            return self._zoology_rows(g, batch, pairs)
         queries = (self.seq_len - 2 * pairs) // 2
         keys, values = draw_pairs(
             g, batch, pairs, self.n_keys, self.n_values, self.distinct_values
@@ -224,4 +261,22 @@ class Recall(RecallScoring, SeededTask):
             (query_at + 1, answers),
             fill=PAD,
         )  # (B, L + 1)
-        return tokens, place(self.seq_len, batch, (query_at, True), fill=False)  # (B, L) mask
+        loss_mask = place(self.seq_len, batch, (query_at, True), fill=False)  # (B, L)
+        return Batch(tokens[:, :-1], tokens[:, 1:], loss_mask)
+
+    def _zoology_rows(self, g: torch.Generator, batch: int, pairs: int) -> Batch:
+        """Each key queried once at power-law slots, its answer only in the targets."""
+        keys, values = draw_pairs(
+            g, batch, pairs, self.n_keys, self.n_values, self.distinct_values
+        )  # (B, P) each
+        slots = (self.seq_len - 2 * pairs) // 2  # query slots after the pairs
+        weights = torch.arange(1, slots + 1, dtype=torch.float64) ** (POWER_A - 1)  # (S,)
+        chosen = torch.multinomial(weights.expand(batch, slots), pairs, generator=g)  # (B, P)
+        query_at = 2 * pairs + 2 * chosen  # (B, P) key i's query position, in key order
+        pair_at = 2 * torch.arange(pairs)  # (P,)
+        inputs = place(
+            self.seq_len, batch, (pair_at, keys), (pair_at + 1, values), (query_at, keys), fill=PAD
+        )  # (B, L): the answers are not in the input
+        targets = place(self.seq_len, batch, (query_at, values), fill=PAD)  # (B, L)
+        loss_mask = place(self.seq_len, batch, (query_at, True), fill=False)  # (B, L)
+        return Batch(inputs, targets, loss_mask)

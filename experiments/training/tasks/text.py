@@ -80,6 +80,9 @@ class ByteTask(SeededTask):
 
     reports_bits_per_byte = True
     vocab_size = VOCAB_SIZE
+    # Two splits only: periodic evaluations read the eval split (no learning rate is chosen on
+    # a byte task here, so nothing is tuned on what is reported).
+    validation_split = "eval"
 
     def use_splits(self, train: torch.Tensor, eval: torch.Tensor) -> None:
         for split, data in (("train", train), ("eval", eval)):

@@ -74,6 +74,24 @@ def test_config_hash_changes_with_what_is_measured(resolved_config, overrides):
     assert record.config_hash(resolved_config(*overrides)) != record.config_hash(resolved_config())
 
 
+def test_keys_added_later_keep_older_hashes_at_their_neutral_default(resolved_config):
+    """A record made before train.stop_accuracy, train.patience and task.query_format existed
+    has the hash the same configuration has now at their defaults; set, they change it."""
+    config = resolved_config("task=recall")
+    older = {
+        **config,
+        "train": {
+            k: v for k, v in config["train"].items() if k not in ("stop_accuracy", "patience")
+        },
+        "task": {k: v for k, v in config["task"].items() if k != "query_format"},
+    }
+    assert config["train"]["stop_accuracy"] is None and config["task"]["query_format"] == "repeated"
+    assert record.config_hash(older) == record.config_hash(config)
+    for overrides in (["train.stop_accuracy=0.99"], ["task.query_format=zoology"]):
+        changed = resolved_config("task=recall", *overrides)
+        assert record.config_hash(changed) != record.config_hash(config)
+
+
 def test_config_columns_have_short_aliases_and_every_option(resolved_config):
     config = resolved_config(
         "attention=blockwise",

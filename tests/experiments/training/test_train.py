@@ -246,3 +246,108 @@ def test_wilson_interval_matches_a_hand_computed_value():
     assert wilson_interval(1.0, 100)[1] == 1.0 and wilson_interval(1.0, 100)[0] == pytest.approx(
         0.963, abs=1e-3
     )
+
+
+class SplitLog(CopyTask):
+    """CopyTask that notes the split of every batch it hands out, with a validation split."""
+
+    validation_split = "valid"
+
+    def __init__(self):
+        super().__init__()
+        self.splits: list[str] = []
+
+    def batch(self, split: str, index: int) -> Batch:
+        self.splits.append(split)
+        return super().batch(split, index)
+
+
+def test_periodic_evaluations_read_the_validation_split_and_the_result_the_eval_split():
+    task = SplitLog()
+    result = fit(lookup_model(), task, steps=6, eval_every=3)
+    evaluated = [s for s in task.splits if s != "train"]
+    # two periodic validations of 2 batches each, then the reported evaluation
+    assert evaluated == ["valid"] * 4 + ["eval"] * 2
+    assert result.valid is not None and len(result.valid) == 1
+    assert result.eval_accuracy == result.final_eval.accuracy
+
+
+def test_stop_accuracy_ends_training_at_the_first_evaluation_that_reaches_it():
+    logged = []
+    result = fit(
+        lookup_model(),
+        steps=400,
+        eval_every=5,
+        stop_accuracy=0.99,
+        on_step=lambda m, s: logged.append(m.get("eval/accuracy")),
+    )
+    assert result.stop == "accuracy" and result.steps < 400 and result.steps % 5 == 0
+    assert len(logged) == result.steps
+    accuracies = [a for a in logged if a is not None]
+    assert accuracies[-1] >= 0.99 and all(a < 0.99 for a in accuracies[:-1])
+    assert fit(lookup_model(), steps=60, eval_every=5).stop == "cap"
+
+
+class Unlearnable(CopyTask):
+    """Targets unrelated to the inputs: nothing to learn, the accuracy stays near chance."""
+
+    def batch(self, split: str, index: int) -> Batch:
+        batch = super().batch(split, index)
+        targets = torch.randint(VOCAB, batch.targets.shape, generator=generator(9, split, index))
+        return Batch(batch.inputs, targets, batch.loss_mask)
+
+
+def test_patience_ends_a_learned_run_on_a_plateau_and_never_one_that_has_not_learned():
+    learned = fit(lookup_model(), steps=400, eval_every=5, patience=3)
+    assert learned.stop == "plateau" and learned.steps < 400
+    assert learned.valid[0].accuracy > 0.99
+    # A plateau before learning may precede a sudden jump: the run goes on to its cap.
+    result = fit(lookup_model(), Unlearnable(), steps=100, eval_every=5, patience=3, lr=0.01)
+    assert result.stop == "cap" and result.steps == 100
+
+
+def test_the_learning_rate_schedule_of_a_stopped_run_is_the_cap_s():
+    """An early stop ends the steps, not the schedule: the lr at each step is the one the cap's
+    schedule gives (the run is the cap's run cut short, not a shorter run)."""
+    lrs = []
+    fit(lookup_model(), steps=400, eval_every=5, stop_accuracy=0.99, warmup=2,
+        on_step=lambda m, s: lrs.append(m["train/lr"]))  # fmt: skip
+    expected = [lr_at(s, lr=0.05, warmup=2, steps=400) for s in range(len(lrs))]
+    assert lrs == pytest.approx(expected)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"stop_accuracy": 1.5}, r"'train.stop_accuracy' must be a fraction in \(0, 1\]"),
+        ({"stop_accuracy": True}, r"'train.stop_accuracy' must be a fraction"),
+        ({"patience": 0}, r"'train.patience' must be a positive integer"),
+        ({"patience": 2, "eval_every": 0}, r"need 'train.eval_every' > 0"),
+    ],
+)
+def test_bad_stopping_options_are_refused_naming_them(overrides, message):
+    options = dict(
+        steps=4, lr=0.05, warmup=0, weight_decay=0.0, grad_clip=1.0, eval_every=2, eval_batches=1
+    )
+    with pytest.raises(ValueError, match=message):
+        TrainConfig(**{**options, **overrides})
+
+
+def test_a_mixture_is_validated_at_every_count_and_stops_only_when_all_reach_it():
+    from experiments.training.tasks import build_task
+    from experiments.training.train import EvalResult, Stopper, validation_points
+
+    task = build_task(
+        {"name": "recall", "n_pairs": 4, "n_keys": 64, "n_values": 64, "train_pairs": [4, 8, 16]},
+        seq_len=64,
+        batch_size=2,
+        seed=0,
+    )
+    assert [p.n_pairs for p in validation_points(task)] == [4, 8, 16]
+    settings = TrainConfig(
+        steps=4, lr=0.05, warmup=0, weight_decay=0.0, grad_clip=1.0, eval_every=2,
+        eval_batches=1, stop_accuracy=0.99,
+    )  # fmt: skip
+    stopper = Stopper(settings, has_accuracy=True)
+    assert stopper.check([EvalResult(0.0, 1.0), EvalResult(0.0, 0.98)]) is None
+    assert stopper.check([EvalResult(0.0, 1.0), EvalResult(0.0, 0.99)]) == "accuracy"
