@@ -72,11 +72,17 @@ def steps_behind(frame: pd.DataFrame) -> pd.Series:
 
 def not_learned_text(rows: pd.DataFrame) -> str:
     """ "not learned in 550 steps (control 6.2 %)" for a variant's not-learned records (the
-    most steps any of them trained, the best control accuracy)."""
+    most steps any of them trained, the best control accuracy); of a learning-rate grid
+    (`analysis.tuning`), "... at any lr of {…}" when no rate of it learned."""
     steps = rows["job_steps"].max()
     text = "not learned"
     if pd.notna(steps):
         text += f" in {format_value(steps)} steps"
+    if "lr_grid" in rows and rows["lr_grid"].notna().any():  # a learning-rate grid
+        if not rows["lr_any_learned"].fillna(False).astype(bool).any():
+            text += f" at any lr of {rows['lr_grid'].dropna().iloc[0]}"
+        else:
+            text += f" at lr {format_value(rows['lr_chosen'].dropna().iloc[0])}"
     control = rows["control_accuracy"].max()
     if pd.notna(control):
         text += f" (control {control:.1%})"

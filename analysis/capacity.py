@@ -15,7 +15,7 @@ import pandas as pd
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
-from analysis import accuracy, series
+from analysis import accuracy, series, tuning
 from analysis.columns import ATTENTION, D_MODEL, EVAL_ACCURACY, N_HEADS, SEQ_LEN
 from analysis.figures import style
 from analysis.load import format_value
@@ -84,11 +84,12 @@ def accuracy_by_pairs(frame: pd.DataFrame) -> Table | None:
             if mine.empty:
                 continue
             row = {"variant": name, "head dim": int(head_dim)}
+            if "lr_chosen" in records:
+                row["lr"] = _lr(mine)
             for p in pairs:
                 at = mine[mine[PAIRS] == p]
                 row[f"{p} pairs"] = _cell(at)
-            if not mine["job_learned"].any():
-                row[next(iter(row))] = f"{name} (not learned)"
+            row["variant"] += _learned_mark(mine)
             rows.append(row)
     chance, floor = accuracy.chance_and_floor(records, by=PAIRS)
     for label, values in (
@@ -100,6 +101,7 @@ def accuracy_by_pairs(frame: pd.DataFrame) -> Table | None:
                 {
                     "variant": label,
                     "head dim": "",
+                    **({"lr": ""} if "lr_chosen" in records else {}),
                     **{f"{p} pairs": _pct(values.get(p)) for p in pairs},
                 }
             )
@@ -112,8 +114,28 @@ def accuracy_by_pairs(frame: pd.DataFrame) -> Table | None:
         "in the context, on the same batches (1 / n_pairs with distinct values). "
         + _mixture_note(records)
         + _exact_note(means)
+        + " "
+        + tuning.protocol_line(records)
     )
     return Table("Recall capacity: accuracy vs number of pairs", pd.DataFrame(rows), note)
+
+
+def _learned_mark(jobs: pd.DataFrame) -> str:
+    """ " (not learned)", " (1 of 2 seeds learned)" or "" for one variant and head dim."""
+    learned = jobs.drop_duplicates("job_key")["job_learned"].astype(bool)
+    if not learned.any():
+        return " (not learned)"
+    if not learned.all():
+        return f" ({int(learned.sum())} of {len(learned)} seeds learned)"
+    return ""
+
+
+def _lr(jobs: pd.DataFrame) -> str:
+    """The learning rate the rows were trained at (the grid's choice, or the one rate)."""
+    rates = jobs["lr_chosen"].dropna().unique() if "lr_chosen" in jobs else []
+    if not len(rates) and "train.lr" in jobs:
+        rates = jobs["train.lr"].dropna().unique()
+    return ", ".join(format_value(r) for r in sorted(rates)) or "—"
 
 
 def capacity_cells(frame: pd.DataFrame) -> dict[str, dict[int, str]]:
@@ -141,15 +163,20 @@ def capacity(frame: pd.DataFrame) -> Table | None:
     cells = _cells(records)
     if not cells:
         return None
-    rows = [
-        {"variant": name, **{f"head dim {d}": cell for d, cell in by_dim.items()}}
-        for name, by_dim in cells.items()
-    ]
+    rows = []
+    for name, by_dim in cells.items():
+        row = {"variant": name, **{f"head dim {d}": cell for d, cell in by_dim.items()}}
+        if "lr_chosen" in records:
+            mine = records[records[ATTENTION] == name]
+            row["lr per head dim"] = " / ".join(
+                _lr(mine[mine["head_dim"] == d]) for d in sorted(by_dim)
+            )
+        rows.append(row)
     note = (
         "Capacity: the largest number of pairs up to which the variant's accuracy (mean over "
         f"seeds) stays within {WITHIN * 100:.0f} points of exact attention's at the same head dim "
         "(every smaller number too); '< n' when it is already further at the smallest, '≥ n' "
-        "when it never is. " + _exact_note(_means(records))
+        "when it never is. " + _exact_note(_means(records)) + " " + tuning.protocol_line(records)
     )
     return Table("Recall capacity per head dim", pd.DataFrame(rows), note)
 

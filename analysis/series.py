@@ -14,6 +14,7 @@ from collections.abc import Sequence
 
 import pandas as pd
 
+from analysis import tuning
 from analysis.load import format_value
 from experiments.records.record import config_keys
 from experiments.records.store import short_names
@@ -43,11 +44,15 @@ NO_QUALITY_TASKS = ("random_lm",)
 
 def trained_quality(frame: pd.DataFrame, metric: str = "eval_accuracy") -> pd.DataFrame:
     """The records that measured a trained quality `metric`: status ok, a value, a task with a
-    quality signal (never random tokens)."""
+    quality signal (never random tokens); of a learning-rate grid, each variant's chosen rate's
+    (`tuning.choose_learning_rates`: `lr_grid`, `lr_chosen` columns)."""
     if metric not in frame or "task" not in frame:
         return frame.iloc[0:0]
-    keep = (frame["status"] == "ok") & frame[metric].notna() & ~frame["task"].isin(NO_QUALITY_TASKS)
-    return frame[keep]
+    quality = frame[~frame["task"].isin(NO_QUALITY_TASKS)]
+    # A learning-rate grid: each variant's chosen rate, from every job of the grid (those that
+    # did not end ok included: they score 0), on the validation split (analysis/tuning.py).
+    quality = tuning.choose_learning_rates(quality, context_columns(quality))
+    return quality[(quality["status"] == "ok") & quality[metric].notna()]
 
 
 def context_columns(frame: pd.DataFrame) -> list[str]:

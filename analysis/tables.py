@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from analysis import accuracy, scaling, series
+from analysis import accuracy, scaling, series, tuning
 from analysis.columns import (
     APPROX_REL_ERROR,
     ATTENTION,
@@ -435,6 +435,8 @@ def quality_by_length(frame: pd.DataFrame) -> Table | None:
             row[titles[length]] = f"{cell} {interval}" if interval else cell
         if is_accuracy:
             row[LEARNED] = accuracy.learned_cell(records)
+        if "lr_chosen" in records:
+            row["lr"] = ", ".join(map(format_value, sorted(records["lr_chosen"].dropna().unique())))
         rows.append(row)
     note = f"{BY_LENGTH[metric]} on the evaluation batches after training, mean over seeds "
     note += "(min–max when several; [Wilson 95 % interval over the distinct pairs] for one)."
@@ -458,8 +460,11 @@ def quality_by_length(frame: pd.DataFrame) -> Table | None:
             "frequent value in the context, on the same batches. "
             + _ceiling_note(labelled, stats, lengths)
         )
+    note += " " + tuning.protocol_line(labelled)
     return Table(
-        f"Trained quality vs sequence length: {BY_LENGTH[metric]}", pd.DataFrame(rows), note
+        f"Trained quality vs sequence length: {BY_LENGTH[metric]}",
+        pd.DataFrame(rows).fillna(""),  # the chance and floor rows have no lr
+        note,
     )
 
 

@@ -1,0 +1,97 @@
+"""Learning rates chosen from a grid, on held-out data, as Zoology reports MQAR.
+
+A quality sweep runs every variant at several `train.lr` (a grid, e.g. `train.lr=1e-3,3e-3,1e-2`
+in the preset's sweep). One learning rate for every variant leaves the slow learners "not
+learned" for reasons that are the protocol's; the best of a grid per variant is the published
+practice. The choice is made on the validation split (`valid_accuracy`: batches held out from
+training and from the reported `eval_accuracy`), never on the numbers reported.
+
+A *family* is everything a job is but its learning rate, seed and the columns its records differ
+in among themselves (a curriculum stage's `seq_len` and `batch_size`, a mixture point's
+`task.n_pairs`): the variant with its options, and the context columns. Per family, each
+learning rate's score is the mean `valid_accuracy` over all its records (every seed, every stage
+or point), a job that did not end ok scoring as 0; the best is kept (a tie: the smaller rate),
+and its records gain `lr_grid` (the family's grid, as text), `lr_chosen` and `lr_any_learned`
+(whether a job at any rate of the grid learned the task). A family with one rate, or whose
+records carry no validation accuracy, is left as it is.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from analysis.load import format_value
+
+LR = "train.lr"
+VALID = "valid_accuracy"
+ACCURACY = "eval_accuracy"
+LEARNED = 0.9
+# The columns a job's records differ in among themselves: not part of a family.
+PER_RECORD = ("seq_len", "batch_size", "task.n_pairs", LR)
+
+
+def family_columns(frame: pd.DataFrame, context: list[str]) -> list[str]:
+    """The columns that make a family: the variant, its options and the `context` columns
+    (`analysis.series.context_columns`), less the learning rate and what differs between one
+    job's records."""
+    options = sorted(c for c in frame.columns if c.startswith("attention."))
+    context = [c for c in context if c not in PER_RECORD]
+    return [c for c in ("attention", *options, *context) if c in frame]
+
+
+def grid_text(rates) -> str:
+    """ "{0.001, 0.003, 0.01}": a grid of learning rates as tables print it."""
+    return "{" + ", ".join(format_value(r) for r in sorted(rates)) + "}"
+
+
+def choose_learning_rates(frame: pd.DataFrame, context: list[str]) -> pd.DataFrame:
+    """`frame` with, per family of more than one `train.lr`, only the chosen rate's records (the
+    module doc), each with `lr_grid`, `lr_chosen` and `lr_any_learned`. `context`: the
+    frame's context columns (`analysis.series.context_columns`)."""
+    if LR not in frame or VALID not in frame or frame[LR].dropna().nunique() < 2:
+        return frame
+    columns = family_columns(frame, context)
+    keys = frame[columns].apply(lambda row: "|".join(map(format_value, row)), axis=1)
+    kept = []
+    for _, family in frame.groupby(keys, sort=False):
+        rates = sorted(family[LR].dropna().unique())
+        if len(rates) < 2 or family[VALID].isna().all():
+            kept.append(family)
+            continue
+        ok = family["status"] == "ok" if "status" in family else True
+        score = family[VALID].where(ok).fillna(0.0).groupby(family[LR]).mean()
+        best = min(rates, key=lambda r: (-score.get(r, 0.0), r))
+        learned = family[ACCURACY].fillna(0) >= LEARNED
+        if "learned" in family:
+            learned |= family["learned"].map(lambda v: v is True or v == 1)
+        kept.append(
+            family[family[LR] == best].assign(
+                lr_grid=grid_text(rates), lr_chosen=best, lr_any_learned=bool(learned.any())
+            )
+        )
+    return pd.concat(kept) if kept else frame
+
+
+def protocol_line(records: pd.DataFrame) -> str:
+    """One line saying how a quality table's rows were trained: the grid and its choice, the
+    cap, the early stop, the seeds."""
+    parts = []
+    if "lr_grid" in records and records["lr_grid"].notna().any():
+        grids = ", ".join(records["lr_grid"].dropna().unique())
+        parts.append(f"lr per variant from {grids}, chosen on the validation split")
+    elif LR in records and records[LR].notna().any():
+        parts.append(f"lr {', '.join(format_value(r) for r in sorted(records[LR].unique()))}")
+    if "train.steps" in records and records["train.steps"].notna().any():
+        caps = "/".join(format_value(s) for s in sorted(records["train.steps"].dropna().unique()))
+        parts.append(f"cap {caps} steps (the final stage's)")
+    stop = records.get("train.stop_accuracy", pd.Series(dtype=float)).dropna()
+    patience = records.get("train.patience", pd.Series(dtype=float)).dropna()
+    if len(stop):
+        parts.append(f"stop at {format_value(stop.iloc[0] * 100)} % on validation")
+    if len(patience):
+        parts.append(f"or after {format_value(patience.iloc[0])} evaluations without gain")
+    if not len(stop) and not len(patience):
+        parts.append("no early stop")
+    if "seed" in records:
+        parts.append(f"{records['seed'].nunique()} seed(s), each shown in its range")
+    return "Protocol: " + "; ".join(parts) + "."

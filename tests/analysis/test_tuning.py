@@ -1,0 +1,121 @@
+"""A learning-rate grid per variant, chosen on the validation split (analysis/tuning.py)."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from analysis import capacity, load, series, tuning
+
+PAIRS = (4, 16)
+RATES = (1e-3, 3e-3, 1e-2)
+
+
+def _grid_sweep(valid, reported, *, seeds=(0, 1), status=None) -> pd.DataFrame:
+    """One job per (variant, lr, seed), recorded at 4 pairs (its own) and 16 (a point).
+
+    valid / reported: variant -> lr -> accuracy at every point (validation / eval split);
+    status: (variant, lr) -> a status other than ok (no accuracy then)."""
+    rows, job = [], 0
+    for attention, by_rate in valid.items():
+        for rate in RATES:
+            for seed in seeds:
+                ended = (status or {}).get((attention, rate), "ok")
+                for pairs in PAIRS:
+                    own = pairs == PAIRS[0]
+                    ok = ended == "ok"
+                    rows.append(
+                        {
+                            "sweep": "capacity",
+                            "job": str(job) if own else f"{job}/n_pairs={pairs}",
+                            "status": ended,
+                            "attention": attention,
+                            "task": "recall",
+                            "task.n_pairs": pairs,
+                            "task.n_values": 256,
+                            "train.lr": rate,
+                            "train.steps": 1000,
+                            "train.stop_accuracy": 0.99,
+                            "seq_len": 256,
+                            "d_model": 64,
+                            "n_heads": 4,
+                            "seed": seed,
+                            "valid_accuracy": by_rate[rate] if ok else None,
+                            "eval_accuracy": reported[attention][rate] if ok else None,
+                            "trained_steps": 1000,
+                            "learned": ok and reported[attention][rate] >= 0.9,
+                            "chance_accuracy": 1 / 256,
+                            "floor_accuracy": 1 / pairs,
+                        }
+                    )
+                job += 1
+    return load.tidy(pd.DataFrame(rows))
+
+
+VALID = {
+    "full": {1e-3: 0.5, 3e-3: 1.0, 1e-2: 0.99},
+    "linear": {1e-3: 0.2, 3e-3: 0.4, 1e-2: 0.95},
+}
+
+
+def test_each_variant_keeps_the_rate_best_on_validation_not_on_the_reported_numbers():
+    # The reported accuracies prefer other rates: the choice must not follow them.
+    reported = {
+        "full": {1e-3: 1.0, 3e-3: 0.98, 1e-2: 0.97},
+        "linear": {1e-3: 0.99, 3e-3: 0.5, 1e-2: 0.93},
+    }
+    trained = series.trained_quality(_grid_sweep(VALID, reported))
+    chosen = trained.groupby("attention")["train.lr"].unique().map(list).to_dict()
+    assert chosen == {"full": [3e-3], "linear": [1e-2]}
+    assert set(trained["lr_grid"]) == {"{0.001, 0.003, 0.01}"}
+    assert (trained.groupby("attention")["seed"].nunique() == 2).all()  # every seed kept
+    assert len(trained) == 2 * 2 * len(PAIRS)
+
+
+def test_a_rate_whose_jobs_did_not_end_ok_scores_zero():
+    valid = {"full": {1e-3: 0.5, 3e-3: 1.0, 1e-2: 0.99}}
+    sweep = _grid_sweep(valid, valid, status={("full", 3e-3): "diverged"})
+    trained = series.trained_quality(sweep)
+    assert set(trained["train.lr"]) == {1e-2}  # the best that ended ok
+
+
+def test_a_single_rate_or_no_validation_is_left_as_it_is():
+    sweep = _grid_sweep(VALID, VALID)
+    one = sweep[sweep["train.lr"] == 1e-3]
+    assert len(series.trained_quality(one)) == len(one)
+    assert "lr_grid" not in series.trained_quality(one)
+    blind = sweep.drop(columns=["valid_accuracy"])
+    assert len(series.trained_quality(blind)) == len(blind)  # nothing to choose on
+
+
+def test_not_learned_at_any_rate_of_the_grid_says_so_with_the_protocol():
+    valid = {
+        "full": {1e-3: 1.0, 3e-3: 1.0, 1e-2: 1.0},
+        "routing": {1e-3: 0.3, 3e-3: 0.4, 1e-2: 0.2},
+    }
+    table = capacity.capacity(_grid_sweep(valid, valid))
+    rows = {r["variant"]: r for r in table.frame.to_dict("records")}
+    assert rows["routing"]["head dim 16"].startswith(
+        "not learned in 1000 steps at any lr of {0.001, 0.003, 0.01}"
+    )
+    assert rows["routing"]["lr per head dim"] == "0.003"
+    assert "Protocol: lr per variant from {0.001, 0.003, 0.01}, chosen on the validation" in (
+        table.note
+    )
+    assert "stop at 99 % on validation" in table.note and "2 seed(s)" in table.note
+
+
+def test_seeds_that_differ_in_learning_are_counted():
+    sweep = _grid_sweep(VALID, VALID)
+    # linear at its chosen rate: seed 1 did not learn.
+    late = (sweep["attention"] == "linear") & (sweep["seed"] == 1)
+    sweep.loc[late, ["eval_accuracy", "learned"]] = [0.3, False]
+    table = capacity.accuracy_by_pairs(sweep)
+    assert "linear (1 of 2 seeds learned)" in set(table.frame["variant"])
+
+
+def test_the_protocol_line_without_a_grid_names_the_rate_and_no_stop():
+    frame = pd.DataFrame({"train.lr": [0.01], "train.steps": [500], "seed": [0]})
+    assert tuning.protocol_line(frame) == (
+        "Protocol: lr 0.01; cap 500 steps (the final stage's); no early stop; "
+        "1 seed(s), each shown in its range."
+    )
