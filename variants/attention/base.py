@@ -106,6 +106,9 @@ class Attention(nn.Module):
 
         gates: (batch, heads, seq_len, n_gates) in (0, 1), required by (and only by) a variant
         with `n_gates` > 0, which then receives them as `attend(q, k, v, gates)`.
+
+        q, k, v must be floating point (`check_qkv`). An empty batch (batch 0) never reaches
+        `attend`: its output is empty (`empty_batch_output`), and backward goes through it.
         """
         check_qkv(self.name, q, k, v)
         limit = self.max_seq_len
@@ -113,7 +116,10 @@ class Attention(nn.Module):
             raise ValueError(
                 f"{self.name}: seq_len {q.shape[2]} exceeds option 'max_seq_len'={limit}"
             )
-        return self.attend(q, k, v, *self._gated(q, gates))
+        gated = self._gated(q, gates)
+        if q.shape[0] == 0:
+            return empty_batch_output(q, k, v, *gated)
+        return self.attend(q, k, v, *gated)
 
     def _gated(self, q: torch.Tensor, gates: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
         """The extra arguments of `attend` and the decoding hooks: (gates,) for a gated
@@ -261,6 +267,17 @@ class Attention(nn.Module):
 
     def extra_repr(self) -> str:
         return f"causal={self.causal}"
+
+
+def empty_batch_output(q: torch.Tensor, *inputs: torch.Tensor) -> torch.Tensor:
+    """The output of attention over a batch of no sequences: q (0, H, L, D) -> zeros of its
+    shape and dtype, on the autograd graph of q and the other `inputs` (k, v, gates), whose
+    gradients are then empty too. Kernels never see batch 0 (their reshapes by -1 and their
+    divisions by the batch's size would fail)."""
+    out = q * 0  # (0, H, L, D)
+    for x in inputs:
+        out = out + x.sum() * 0  # the sum of an empty tensor: 0
+    return out
 
 
 def sample_gates(
