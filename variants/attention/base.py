@@ -280,6 +280,14 @@ def empty_batch_output(q: torch.Tensor, *inputs: torch.Tensor) -> torch.Tensor:
     return out
 
 
+def norm_floor(dtype: torch.dtype) -> float:
+    """The least norm a vector is divided by when made a unit vector in `dtype`:
+    SHARED_QK_NORM_EPS, or the smallest normal number of `dtype` where that is larger. In
+    float16 1e-12 rounds to 0, and a zero vector (padding) became 0 / 0 = NaN; float32, float64
+    and bfloat16 keep SHARED_QK_NORM_EPS."""
+    return max(SHARED_QK_NORM_EPS, torch.finfo(dtype).tiny)
+
+
 def sample_gates(
     kernel: Attention,
     q: torch.Tensor,
@@ -351,7 +359,7 @@ def shared_qk_keys(k: torch.Tensor) -> torch.Tensor:
     as a widely used PyTorch port scores, trained to 9 % worse bits per byte than separate QK
     on `text`.) A zero vector (padding) stays zero.
     """
-    return F.normalize(k, dim=-1, eps=SHARED_QK_NORM_EPS) * math.sqrt(k.shape[-1])
+    return F.normalize(k, dim=-1, eps=norm_floor(k.dtype)) * math.sqrt(k.shape[-1])
 
 
 def without_self(allowed: torch.Tensor, is_self: torch.Tensor) -> torch.Tensor:
