@@ -38,7 +38,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from variants.attention import flash, flex
-from variants.checks import check_qkv, require_bool
+from variants.checks import check_qkv, require_bool, require_positive_int
 from variants.patterns import Pattern
 
 # Useful FLOPs of forward+backward as a multiple of forward FLOPs. Backward of softmax(QK^T)V
@@ -157,14 +157,17 @@ class Attention(nn.Module):
     ):
         """An empty decoding cache for up to `max_len` positions (`variants.attention.cache`).
 
-        `ValueError` if this variant cannot decode (`decode_reason`) or is not causal. Patterns
-        that depend on the length (auto stride, random blocks) are taken at `max_len`: decoding
-        then equals the causal forward over `max_len` positions.
+        `ValueError` if this variant cannot decode (`decode_reason`), is not causal, or
+        `batch_size` is not positive (a cache of no sequences: the forward takes an empty
+        batch, decoding does not). Patterns that depend on the length (auto stride, random
+        blocks) are taken at `max_len`: decoding then equals the causal forward over `max_len`
+        positions.
         """
         if not self.supports_decode:
             raise ValueError(f"{self.name}: cannot decode: {self.decode_reason}")
         if not self.causal:
             raise ValueError(f"{self.name}: decode needs option causal=True")
+        require_positive_int(self.name, "batch_size", batch_size)
         return self.new_cache(
             batch_size, n_heads, head_dim, max_len=max_len, device=device, dtype=dtype
         )

@@ -1,7 +1,8 @@
 """The base forward's contract on every registered variant, causal and (where supported)
 bidirectional: float16 and bfloat16 inputs give finite outputs and gradients close to the
 float32 ones, in the input's dtype; an empty batch gives an empty output that backward goes
-through; integer inputs are refused with a one-line `ValueError` naming the variant and dtype.
+through; integer inputs are refused with a one-line `ValueError` naming the variant and
+dtype; a decoding cache for an empty batch is refused in one line.
 
 Half-precision inputs meet the kernel's float32 parameters and buffers as they are (no
 autocast): the kernel-alone measurements and a model cast to half both call it so.
@@ -108,3 +109,14 @@ def test_integer_inputs_are_refused_in_one_line_naming_the_variant_and_dtype(nam
         kernel(q, q if kernel.applies_shared_qk else k, v)
     message = str(error.value)
     assert "\n" not in message and variant in message and "int64" in message
+
+
+@pytest.mark.parametrize(
+    "name", [n for n in variants.attention_names() if variants.attention_spec(n).supports_decode]
+)
+def test_a_decoding_cache_for_an_empty_batch_is_refused_in_one_line(name):
+    kernel = _kernel(name, causal=True).kernel
+    with pytest.raises(ValueError, match="'batch_size' must be a positive integer, got 0") as error:
+        kernel.init_cache(0, SHAPE[1], SHAPE[3], max_len=SHAPE[2])
+    message = str(error.value)
+    assert "\n" not in message and variants.attention_spec(name).variant in message
