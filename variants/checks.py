@@ -77,7 +77,8 @@ def require_divisible(owner: str, option: str, value: int, divisor_option: str, 
 
 
 def check_qkv(owner: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-    """Check q, k, v are (batch, heads, seq_len, head_dim) tensors of one shape, dtype, device."""
+    """Check q, k, v are (batch, heads, seq_len, head_dim) tensors of one shape and one floating
+    dtype (integer inputs would fail deep in a kernel, or come back as integers)."""
     for label, t in (("q", q), ("k", k), ("v", v)):
         if t.dim() != 4:
             raise ValueError(
@@ -95,3 +96,5 @@ def check_qkv(owner: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> 
         raise ValueError(
             f"{owner}: q, k and v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}"
         )
+    if not q.dtype.is_floating_point:
+        raise ValueError(f"{owner}: q, k, v must be floating point, got {q.dtype}")

@@ -38,7 +38,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from variants.attention import flash, flex
-from variants.checks import check_qkv, require_bool
+from variants.checks import check_qkv, require_bool, require_positive_int
 from variants.patterns import Pattern
 
 # Useful FLOPs of forward+backward as a multiple of forward FLOPs. Backward of softmax(QK^T)V
@@ -106,6 +106,9 @@ class Attention(nn.Module):
 
         gates: (batch, heads, seq_len, n_gates) in (0, 1), required by (and only by) a variant
         with `n_gates` > 0, which then receives them as `attend(q, k, v, gates)`.
+
+        q, k, v must be floating point (`check_qkv`). An empty batch (batch 0) never reaches
+        `attend`: its output is empty (`empty_batch_output`), and backward goes through it.
         """
         check_qkv(self.name, q, k, v)
         limit = self.max_seq_len
@@ -113,7 +116,10 @@ class Attention(nn.Module):
             raise ValueError(
                 f"{self.name}: seq_len {q.shape[2]} exceeds option 'max_seq_len'={limit}"
             )
-        return self.attend(q, k, v, *self._gated(q, gates))
+        gated = self._gated(q, gates)
+        if q.shape[0] == 0:
+            return empty_batch_output(q, k, v, *gated)
+        return self.attend(q, k, v, *gated)
 
     def _gated(self, q: torch.Tensor, gates: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
         """The extra arguments of `attend` and the decoding hooks: (gates,) for a gated
@@ -151,14 +157,17 @@ class Attention(nn.Module):
     ):
         """An empty decoding cache for up to `max_len` positions (`variants.attention.cache`).
 
-        `ValueError` if this variant cannot decode (`decode_reason`) or is not causal. Patterns
-        that depend on the length (auto stride, random blocks) are taken at `max_len`: decoding
-        then equals the causal forward over `max_len` positions.
+        `ValueError` if this variant cannot decode (`decode_reason`), is not causal, or
+        `batch_size` is not positive (a cache of no sequences: the forward takes an empty
+        batch, decoding does not). Patterns that depend on the length (auto stride, random
+        blocks) are taken at `max_len`: decoding then equals the causal forward over `max_len`
+        positions.
         """
         if not self.supports_decode:
             raise ValueError(f"{self.name}: cannot decode: {self.decode_reason}")
         if not self.causal:
             raise ValueError(f"{self.name}: decode needs option causal=True")
+        require_positive_int(self.name, "batch_size", batch_size)
         return self.new_cache(
             batch_size, n_heads, head_dim, max_len=max_len, device=device, dtype=dtype
         )
@@ -263,6 +272,25 @@ class Attention(nn.Module):
         return f"causal={self.causal}"
 
 
+def empty_batch_output(q: torch.Tensor, *inputs: torch.Tensor) -> torch.Tensor:
+    """The output of attention over a batch of no sequences: q (0, H, L, D) -> zeros of its
+    shape and dtype, on the autograd graph of q and the other `inputs` (k, v, gates), whose
+    gradients are then empty too. Kernels never see batch 0 (their reshapes by -1 and their
+    divisions by the batch's size would fail)."""
+    out = q * 0  # (0, H, L, D)
+    for x in inputs:
+        out = out + x.sum() * 0  # the sum of an empty tensor: 0
+    return out
+
+
+def norm_floor(dtype: torch.dtype) -> float:
+    """The least norm a vector is divided by when made a unit vector in `dtype`:
+    SHARED_QK_NORM_EPS, or the smallest normal number of `dtype` where that is larger. In
+    float16 1e-12 rounds to 0, and a zero vector (padding) became 0 / 0 = NaN; float32, float64
+    and bfloat16 keep SHARED_QK_NORM_EPS."""
+    return max(SHARED_QK_NORM_EPS, torch.finfo(dtype).tiny)
+
+
 def sample_gates(
     kernel: Attention,
     q: torch.Tensor,
@@ -334,7 +362,7 @@ def shared_qk_keys(k: torch.Tensor) -> torch.Tensor:
     as a widely used PyTorch port scores, trained to 9 % worse bits per byte than separate QK
     on `text`.) A zero vector (padding) stays zero.
     """
-    return F.normalize(k, dim=-1, eps=SHARED_QK_NORM_EPS) * math.sqrt(k.shape[-1])
+    return F.normalize(k, dim=-1, eps=norm_floor(k.dtype)) * math.sqrt(k.shape[-1])
 
 
 def without_self(allowed: torch.Tensor, is_self: torch.Tensor) -> torch.Tensor:

@@ -69,12 +69,14 @@ def block_conv(x: torch.Tensor, conv: nn.Conv1d) -> torch.Tensor:
 
     With kernel = stride the windows do not overlap, so the conv is one matmul of each flattened
     block with the kernel, shared by all heads; that avoids the channels-first transposes and is
-    faster than Conv1d's own kernels at these shapes.
+    faster than Conv1d's own kernels at these shapes. The weights are cast to x's dtype (half
+    inputs meet float32 parameters when the kernel is called outside autocast).
     """
     factor = conv.stride[0]
     blocks = pad_to_multiple(x, factor).unflatten(2, (-1, factor))  # (B, H, C, f, D); zero pad
     kernel = conv.weight.permute(0, 2, 1).flatten(1)  # (D_out, f*D_in), matches blocks' order
-    return F.linear(blocks.flatten(3), kernel, conv.bias)  # (B, H, C, D)
+    bias = None if conv.bias is None else conv.bias.to(x.dtype)
+    return F.linear(blocks.flatten(3), kernel.to(x.dtype), bias)  # (B, H, C, D)
 
 
 @register_attention

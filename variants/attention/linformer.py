@@ -116,8 +116,11 @@ class LinformerAttention(Attention):
                 f"{self.name}: option 'n_heads'={self.n_heads} must equal the inputs' heads "
                 f"{heads} with share='none' (one projection per head)"
             )
-        key_proj = self.key_proj[:, :, :length]  # (H or 1, k, L)
-        value_proj = key_proj if self.value_proj is None else self.value_proj[:, :, :length]
+        # In the inputs' dtype: half inputs meet float32 parameters outside autocast.
+        key_proj = self.key_proj[:, :, :length].to(k.dtype)  # (H or 1, k, L)
+        value_proj = (
+            key_proj if self.value_proj is None else self.value_proj[:, :, :length].to(v.dtype)
+        )
         keys = torch.einsum("hkl,bhld->bhkd", key_proj, k)  # (B, H, k, D)
         values = torch.einsum("hkl,bhld->bhkd", value_proj, v)  # (B, H, k, D)
         return F.scaled_dot_product_attention(q, keys, values)  # (B, H, L, D)

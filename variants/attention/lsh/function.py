@@ -9,7 +9,7 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from variants.attention import flash
-from variants.attention.base import SHARED_QK_NORM_EPS
+from variants.attention.base import norm_floor
 from variants.attention.lsh.buffers import ScratchBuffer, chunk_pieces, sequence_slices
 from variants.attention.lsh.masks import RoundMasks, round_mask
 from variants.attention.lsh.windows import SortedRound, WindowGradient, window_bias
@@ -48,7 +48,7 @@ class RoundsWindowAttention(torch.autograd.Function):
         n_seq, rounds, padded = order.shape
         # Row gathers and the `out=` writes below want dense rows; one copy here, if any.
         q, v = q.contiguous(), v.contiguous()
-        norm = q.norm(dim=-1, keepdim=True).clamp_min_(SHARED_QK_NORM_EPS)  # (S, Lp, 1)
+        norm = q.norm(dim=-1, keepdim=True).clamp_min_(norm_floor(q.dtype))  # (S, Lp, 1)
         combined = torch.empty_like(q)  # (S, Lp, D)
         total_lse = None  # (S, Lp, 1), in the dtype the kernels return
         bias_buffer = ScratchBuffer(q)

@@ -74,10 +74,10 @@ import math
 import torch
 
 from variants.attention.base import (
-    SHARED_QK_NORM_EPS,
     Attention,
     is_replaying,
     masked_attend,
+    norm_floor,
     pad_to_multiple,
 )
 from variants.attention.cache import KVCache
@@ -262,7 +262,7 @@ class LSHCache(KVCache):
     def append(self, q: torch.Tensor, v: torch.Tensor) -> None:
         """q, v: (B, H, T, D): their unit keys, values and buckets."""
         first = self.length
-        unit = q / q.norm(dim=-1, keepdim=True).clamp_min(SHARED_QK_NORM_EPS)
+        unit = q / q.norm(dim=-1, keepdim=True).clamp_min(norm_floor(q.dtype))
         super().append(unit, v)
         buckets = angular_hash(q, self.rotations, self.factors)  # (B, H, R, T)
         buckets = buckets * self.n_buckets // math.prod(self.factors)

@@ -182,7 +182,8 @@ class NSAAttention(Attention):
 class BlockMLP(nn.Module):
     """NSA's learned compression of a block: x_t + p_t for the block's b positions (learned
     intra-block position vectors p), flattened, Linear(b d, d), GELU, Linear(d, d).
-    (B, H, L, d) -> (B, H, ceil(L / b), d); the short last block is zero-padded first."""
+    (B, H, L, d) -> (B, H, ceil(L / b), d); the short last block is zero-padded first. Runs in
+    x's dtype (half inputs meet float32 parameters outside autocast)."""
 
     def __init__(self, block_size: int, head_dim: int):
         super().__init__()
@@ -193,5 +194,11 @@ class BlockMLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         blocks = pad_to_multiple(x, self.block_size).unflatten(2, (-1, self.block_size))
-        blocks = blocks + self.position  # (B, H, n, b, d)
-        return self.out(F.gelu(self.hidden(blocks.flatten(3))))  # (B, H, n, d)
+        blocks = blocks + self.position.to(x.dtype)  # (B, H, n, b, d)
+        hidden = F.linear(blocks.flatten(3), *_weights(self.hidden, x.dtype))  # (B, H, n, d)
+        return F.linear(F.gelu(hidden), *_weights(self.out, x.dtype))  # (B, H, n, d)
+
+
+def _weights(linear: nn.Linear, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """A linear layer's weight and bias in `dtype`."""
+    return linear.weight.to(dtype), linear.bias.to(dtype)

@@ -7,7 +7,7 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from variants.attention import flash
-from variants.attention.base import SHARED_QK_NORM_EPS
+from variants.attention.base import norm_floor
 from variants.attention.routing.windows import (
     chunk_ranges,
     sorted_rows,
@@ -35,7 +35,7 @@ class ClusterWindowAttention(torch.autograd.Function):
         n_seq, padded, head_dim = q.shape
         windows = 2 if causal else 3
         q_rows, v_rows = (sorted_rows(x, order_rows, m, windows) for x in (q, v))
-        norm = q_rows.norm(dim=-1, keepdim=True).clamp_min_(SHARED_QK_NORM_EPS)  # (S, R, 1)
+        norm = q_rows.norm(dim=-1, keepdim=True).clamp_min_(norm_floor(q_rows.dtype))  # (S, R, 1)
         unit = q_rows / norm  # (S, R, D), R = (C + W - 1) m rows
         out = q.new_empty(n_seq, padded, head_dim)  # sorted order
         lse = None
@@ -61,7 +61,7 @@ class ClusterWindowAttention(torch.autograd.Function):
         n_seq, padded, head_dim = out.shape
         grad_sorted = grad_out.reshape(-1, head_dim).index_select(0, order_rows)
         grad_sorted = grad_sorted.view(n_seq, padded, head_dim)
-        norm = q_rows.norm(dim=-1, keepdim=True).clamp_min_(SHARED_QK_NORM_EPS)  # (S, R, 1)
+        norm = q_rows.norm(dim=-1, keepdim=True).clamp_min_(norm_floor(q_rows.dtype))  # (S, R, 1)
         unit = q_rows / norm
         grad_q, grad_unit, grad_v = (torch.zeros_like(q_rows) for _ in range(3))  # (S, R, D)
         for s, chunks in chunk_ranges(n_seq, padded, m, windows, q_rows.element_size()):

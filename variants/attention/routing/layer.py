@@ -55,7 +55,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from variants.attention.base import SHARED_QK_NORM_EPS, Attention, is_replaying, masked_attend
+from variants.attention.base import Attention, is_replaying, masked_attend, norm_floor
 from variants.attention.cache import ClusterCache
 from variants.attention.lsh import buffers
 from variants.attention.lsh.hashing import index_dtype
@@ -189,7 +189,7 @@ class RoutingAttention(Attention):
         target = (sequence * self.n_clusters + sorted_clusters) * cache.slots + rank % cache.slots
         source = sequence * length + order  # rows of the flattened (B*H*T, D) inputs
         target, source = target[kept], source[kept]
-        unit = q / q.norm(dim=-1, keepdim=True).clamp_min(SHARED_QK_NORM_EPS)
+        unit = q / q.norm(dim=-1, keepdim=True).clamp_min(norm_floor(q.dtype))
         cache.keys_buffer.view(-1, head_dim)[target] = unit.reshape(-1, head_dim)[source]
         cache.values_buffer.view(-1, head_dim)[target] = v.reshape(-1, head_dim)[source]
 
@@ -200,7 +200,7 @@ class RoutingAttention(Attention):
         cache.reserve(1)
         cluster = self._clusters(q)[:, :, 0]  # (B, H)
         count = cache.counts.gather(-1, cluster[..., None])  # (B, H, 1)
-        unit = q / q.norm(dim=-1, keepdim=True).clamp_min(SHARED_QK_NORM_EPS)  # (B, H, 1, D)
+        unit = q / q.norm(dim=-1, keepdim=True).clamp_min(norm_floor(q.dtype))  # (B, H, 1, D)
         out = v
         if cache.slots:
             index = cluster.view(batch, heads, 1, 1, 1).expand(-1, -1, 1, cache.slots, head_dim)

@@ -1,0 +1,122 @@
+"""The base forward's contract on every registered variant, causal and (where supported)
+bidirectional: float16 and bfloat16 inputs give finite outputs and gradients close to the
+float32 ones, in the input's dtype; an empty batch gives an empty output that backward goes
+through; integer inputs are refused with a one-line `ValueError` naming the variant and
+dtype; a decoding cache for an empty batch is refused in one line.
+
+Half-precision inputs meet the kernel's float32 parameters and buffers as they are (no
+autocast): the kernel-alone measurements and a model cast to half both call it so.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import variants
+from tests.reference import Gated
+
+# (B, H, L, D): L a multiple of no block, bucket or window size, and longer than routing's
+# window (128), so its sorted chunks attend to a previous chunk.
+SHAPE = (1, 2, 200, 16)
+# Relative error to float32 allowed (measured at SHAPE: < 0.003 in float16, < 0.04 in bfloat16).
+BOUND = {torch.float16: 0.01, torch.bfloat16: 0.05}
+# Kernels that hash or route by content: a half-precision rounding may move a token to another
+# bucket or cluster, which changes its keys, so their outputs may agree less closely.
+BY_CONTENT = ("lsh", "routing")
+
+
+def _cases():
+    for name in variants.attention_names():
+        spec = variants.attention_spec(name)
+        for causal in (True, False):
+            supported = spec.causal_supported if causal else spec.bidirectional_supported
+            if supported:
+                yield pytest.param(name, causal, id=f"{name}-{'causal' if causal else 'bidir'}")
+
+
+CASES = list(_cases())
+
+
+def _kernel(name: str, causal: bool) -> torch.nn.Module:
+    """`name` as a model would build it for SHAPE, seeded, in eval mode (routing's centroids
+    and Performer's features stay put between calls), gated with fixed gates if gated."""
+    spec = variants.attention_spec(name)
+    model_options = {
+        "causal": causal,
+        "n_heads": SHAPE[1],
+        "head_dim": SHAPE[3],
+        "max_seq_len": SHAPE[2],
+        "shared_qk": spec.shared_qk_required,
+    }
+    options = {k: v for k, v in model_options.items() if k in spec.model_options}
+    if "seed" in spec.options:
+        options["seed"] = 0
+    torch.manual_seed(0)
+    return Gated(variants.build_attention(name, **options)).eval()
+
+
+def _inputs(shape=SHAPE, dtype=torch.float32):
+    """q, k, v and an output gradient, N(0, 1) drawn in float32 and then cast to `dtype`."""
+    generator = torch.Generator().manual_seed(1)
+    return [torch.randn(shape, generator=generator).to(dtype) for _ in range(4)]
+
+
+def _forward_backward(kernel, q, k, v, grad_out):
+    """The output and the gradients of q (and k, unless keys are q) and v."""
+    q, k, v = (t.detach().clone().requires_grad_() for t in (q, k, v))
+    if kernel.applies_shared_qk:
+        k = q
+    out = kernel(q, k, v)
+    out.backward(grad_out)
+    grads = [q.grad, v.grad] if kernel.applies_shared_qk else [q.grad, k.grad, v.grad]
+    return [out, *grads]
+
+
+def _relative(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.detach().double(), b.detach().double()
+    return float((a - b).norm() / b.norm().clamp_min(1e-12))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["float16", "bfloat16"])
+@pytest.mark.parametrize(("name", "causal"), CASES)
+def test_half_precision_inputs_give_finite_results_close_to_float32(name, causal, dtype):
+    kernel = _kernel(name, causal)
+    expected = _forward_backward(kernel, *_inputs())
+    got = _forward_backward(kernel, *_inputs(dtype=dtype))
+    bound = BOUND[dtype] * (5 if name in BY_CONTENT else 1)
+    for label, a, b in zip(("out", "grad q", "grad k", "grad v"), got, expected, strict=False):
+        assert a.dtype == dtype, (name, label, a.dtype)
+        assert torch.isfinite(a).all(), (name, label, int((~torch.isfinite(a)).sum()))
+        assert _relative(a, b) < bound, (name, label, _relative(a, b))
+
+
+@pytest.mark.parametrize(("name", "causal"), CASES)
+def test_an_empty_batch_gives_an_empty_output_and_backward_works(name, causal):
+    kernel = _kernel(name, causal)
+    empty = (0, *SHAPE[1:])
+    out, *grads = _forward_backward(kernel, *_inputs(empty))
+    assert out.shape == empty and out.dtype == torch.float32
+    assert all(g.shape == empty for g in grads)
+
+
+@pytest.mark.parametrize(("name", "causal"), CASES)
+def test_integer_inputs_are_refused_in_one_line_naming_the_variant_and_dtype(name, causal):
+    kernel = _kernel(name, causal)
+    q, k, v = (torch.randint(-3, 4, SHAPE) for _ in range(3))
+    variant = variants.attention_spec(name).variant
+    with pytest.raises(ValueError, match="must be floating point") as error:
+        kernel(q, q if kernel.applies_shared_qk else k, v)
+    message = str(error.value)
+    assert "\n" not in message and variant in message and "int64" in message
+
+
+@pytest.mark.parametrize(
+    "name", [n for n in variants.attention_names() if variants.attention_spec(n).supports_decode]
+)
+def test_a_decoding_cache_for_an_empty_batch_is_refused_in_one_line(name):
+    kernel = _kernel(name, causal=True).kernel
+    with pytest.raises(ValueError, match="'batch_size' must be a positive integer, got 0") as error:
+        kernel.init_cache(0, SHAPE[1], SHAPE[3], max_len=SHAPE[2])
+    message = str(error.value)
+    assert "\n" not in message and variants.attention_spec(name).variant in message
