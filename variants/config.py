@@ -63,6 +63,8 @@ class ModelConfig:
     - `max_seq_len`: the longest sequence the model accepts (a hard limit only for variants with
       per-position weights, Linformer).
     - `token_shift`: add a learned map of the previous position's embedding (smeared keys).
+    - `projection_bias`: biases in the attention layers' q/k/v, gate and output projections
+      (the published DeltaNet layer has none).
     - `positions`: `sinusoidal` (absolute, added to the embedding) or `rotary` (RoPE: q and k
       rotated by their position in every layer, so scores depend on offsets only and carry to
       lengths never trained on); rotary needs an even head_dim.
@@ -87,6 +89,7 @@ class ModelConfig:
     shared_qk: bool | None = None
     causal: bool = True
     token_shift: bool = False
+    projection_bias: bool = True
     positions: str = "sinusoidal"
     loss_chunks: int = 1
     attention_chunks: int = 1
@@ -107,7 +110,7 @@ class ModelConfig:
         require_positive_int(OWNER, "max_seq_len", self.max_seq_len)
         set_field = object.__setattr__  # frozen: normalised once, here
         set_field(self, "dropout", require_probability(OWNER, "dropout", self.dropout))
-        for name in ("causal", "token_shift"):
+        for name in ("causal", "token_shift", "projection_bias"):
             require_bool(OWNER, name, getattr(self, name))
         require_choice(OWNER, "positions", self.positions, POSITIONS)
         if self.positions == "rotary" and self.head_dim % 2:

@@ -115,11 +115,14 @@ class SelfAttention(nn.Module):
         self.head_dim = config.head_dim
         self.kernel = build_kernel(config)
         n_projections = 2 if config.shared_qk else 3  # (q, v) or (q, k, v)
-        self.qkv = nn.Linear(config.d_model, n_projections * config.d_model)
-        self.out = nn.Linear(config.d_model, config.d_model)
+        bias = config.projection_bias
+        self.qkv = nn.Linear(config.d_model, n_projections * config.d_model, bias=bias)
+        self.out = nn.Linear(config.d_model, config.d_model, bias=bias)
         self.dropout = nn.Dropout(config.dropout)
         n_gates = config.spec.n_gates
-        self.gates = nn.Linear(config.d_model, config.n_heads * n_gates) if n_gates else None
+        self.gates = (
+            nn.Linear(config.d_model, config.n_heads * n_gates, bias=bias) if n_gates else None
+        )
         self.head_groups = min(config.attention_chunks, config.n_heads)
 
     def replacement_kernel(self, spec: AttentionSpec, options: Mapping[str, Any]) -> Attention:

@@ -386,6 +386,7 @@ HASH_NEUTRAL_DEFAULTS = {
     "attention.short_conv": 0,
     "attention.feature_map": "identity",
     "attention.output_norm": False,
+    "model.projection_bias": True,
 }
 
 

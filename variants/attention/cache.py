@@ -332,10 +332,15 @@ class DeltaCache(Cache):
         super().__init__(owner, max_len)
         work = torch.promote_types(dtype or torch.get_default_dtype(), torch.float32)
         self.state = torch.zeros(batch, heads, head_dim, head_dim, device=device, dtype=work)
+        # With a short convolution: the last w - 1 positions' q, k, v (B, H, w - 1, 3D).
+        self.conv_tail: torch.Tensor | None = None
 
     @property
     def nbytes(self) -> int:
-        return self.state.numel() * self.state.element_size()
+        tail = (
+            0 if self.conv_tail is None else self.conv_tail.numel() * self.conv_tail.element_size()
+        )
+        return self.state.numel() * self.state.element_size() + tail
 
 
 def attend_prefix(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale=None):

@@ -24,7 +24,17 @@ Gradients are PyTorch's autograd through these operations (its triangular solve 
 `chunk_size` changes only the rounding, not the function. Computed in float32 at least, with
 autocast off (a running state over thousands of positions in a half type loses its digits).
 
-Decoding (`cache.DeltaCache`): the state M alone, d x d per head. A new position is one
+The published layer's parts (fla's `DeltaNet` layer), as options, each off by default:
+`short_conv` = w > 0 runs a causal depthwise convolution of width w over q, k and v (per head
+and channel; fla's ShortConvolution, width 4) before the delta rule; `feature_map=silu` passes
+q, k and v through SiLU before q and k are L2-normalised (fla's qk_activation and its
+convolution's activation); `output_norm` applies an RMSNorm with a learned scale over each
+head's output (fla's o_norm). The projections' biases are the model's
+(`model.projection_bias`; fla has none). They give the kernel parameters, so the layer passes
+`n_heads` and `head_dim`.
+
+Decoding (`cache.DeltaCache`): the state M alone, d x d per head (with `short_conv`, also the
+last w - 1 inputs of q, k, v, which the next position's convolution reads). A new position is one
 delta-rule update, M += beta k (v - k^T M)^T, and the read o = q M: O(d^2) per token whatever
 the context. `prefill` runs the chunked form over the prompt and keeps its final state, the
 recurrence's state after the prompt (up to rounding).
@@ -34,13 +44,21 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from variants.attention.base import Attention
 from variants.attention.cache import DeltaCache
-from variants.checks import require_positive_int
+from variants.checks import (
+    require_bool,
+    require_choice,
+    require_non_negative_int,
+    require_positive_int,
+)
 from variants.registry import register_attention
 
 NORM_EPS = 1e-12
+FEATURE_MAPS = ("identity", "silu")
+RMS_EPS = 1e-6
 
 
 @register_attention
@@ -59,12 +77,68 @@ class DeltaNetAttention(Attention):
     supports_decode = True
     independent_heads = True
 
-    def __init__(self, *, causal: bool = True, chunk_size: int = 64):
+    def __init__(
+        self,
+        *,
+        causal: bool = True,
+        chunk_size: int = 64,
+        short_conv: int = 0,
+        feature_map: str = "identity",
+        output_norm: bool = False,
+        n_heads: int | None = None,
+        head_dim: int | None = None,
+    ):
         super().__init__(causal=causal)
         self.chunk_size = require_positive_int(self.name, "chunk_size", chunk_size)
+        self.short_conv = require_non_negative_int(self.name, "short_conv", short_conv)
+        self.feature_map = require_choice(self.name, "feature_map", feature_map, FEATURE_MAPS)
+        self.output_norm = require_bool(self.name, "output_norm", output_norm)
+        if (self.short_conv or self.output_norm) and (n_heads is None or head_dim is None):
+            raise ValueError(
+                f"{self.name}: options 'short_conv' and 'output_norm' need 'n_heads' and "
+                "'head_dim' (their weights are per head; the model's layers pass both)"
+            )
+        self.conv = None
+        if self.short_conv:
+            channels = 3 * n_heads * head_dim  # q, k and v of every head
+            self.conv = nn.Conv1d(channels, channels, self.short_conv, groups=channels, bias=False)
+        self.norm_weight = nn.Parameter(torch.ones(head_dim)) if self.output_norm else None
 
     def attend(self, q, k, v, gates) -> torch.Tensor:
-        return self._chunked(q, k, v, gates)[0]
+        q, k, v = self._inputs(q, k, v, self.convolved(q, k, v))
+        return self._normed(self._chunked(q, k, v, gates)[0])
+
+    def convolved(self, q, k, v, tail: torch.Tensor | None = None) -> torch.Tensor | None:
+        """q, k, v through the causal short convolution, (B, H, L, 3D) (None without one);
+        `tail`: the w - 1 earlier positions' inputs (B, H, w - 1, 3D) (None: zeros)."""
+        if self.conv is None:
+            return None
+        batch, heads, length, head_dim = q.shape
+        x = torch.cat([q, k, v], dim=-1)  # (B, H, L, 3D)
+        width = self.short_conv
+        if tail is None:
+            tail = x.new_zeros(batch, heads, width - 1, 3 * head_dim)
+        x = torch.cat([tail.to(x.dtype), x], dim=2)  # (B, H, w - 1 + L, 3D)
+        channels = x.permute(0, 1, 3, 2).reshape(batch, heads * 3 * head_dim, -1)  # (B, C, T)
+        weight = self.conv.weight.to(x.dtype)
+        out = F.conv1d(channels, weight, groups=channels.shape[1])  # (B, C, L)
+        return out.reshape(batch, heads, 3 * head_dim, length).permute(0, 1, 3, 2)
+
+    def _inputs(self, q, k, v, convolved):
+        """q, k, v after the convolution (if any) and the feature map."""
+        if convolved is not None:
+            q, k, v = convolved.chunk(3, dim=-1)  # (B, H, L, D) each
+        if self.feature_map == "silu":
+            q, k, v = F.silu(q), F.silu(k), F.silu(v)
+        return q, k, v
+
+    def _normed(self, out: torch.Tensor) -> torch.Tensor:
+        """Each head's output RMS-normalised with a learned scale, with `output_norm`."""
+        if self.norm_weight is None:
+            return out
+        work = out.float() if out.dtype in (torch.float16, torch.bfloat16) else out
+        rms = work.square().mean(dim=-1, keepdim=True).add(RMS_EPS).rsqrt()
+        return (work * rms * self.norm_weight.to(work.dtype)).to(out.dtype)
 
     def _chunked(self, q, k, v, gates) -> tuple[torch.Tensor, torch.Tensor]:
         """The outputs (B, H, L, D) in v's dtype and the final state M (B, H, D, D) in the
@@ -84,14 +158,33 @@ class DeltaNetAttention(Attention):
         )
 
     def prefill_into(self, q, k, v, cache: DeltaCache, gates) -> torch.Tensor:
-        """The chunked forward over the prompt; its final state is the cache's."""
+        """The chunked forward over the prompt; its final state is the cache's (with a short
+        convolution, also the prompt's last w - 1 inputs)."""
         cache.reserve(q.shape[2])
+        convolved = self.convolved(q, k, v, cache.conv_tail)
+        cache.conv_tail = self._tail(q, k, v, cache.conv_tail)
+        q, k, v = self._inputs(q, k, v, convolved)
         out, state = self._chunked(q, k, v, gates)
         cache.state.copy_(state)
-        return out
+        return self._normed(out)
+
+    def _tail(self, q, k, v, tail):
+        """The last w - 1 positions' inputs after these (None without a convolution)."""
+        if self.conv is None:
+            return None
+        x = torch.cat([q, k, v], dim=-1)  # (B, H, T, 3D)
+        if tail is not None:
+            x = torch.cat([tail.to(x.dtype), x], dim=2)
+        keep = self.short_conv - 1
+        if x.shape[2] < keep:
+            x = F.pad(x, (0, 0, keep - x.shape[2], 0))
+        return x[:, :, x.shape[2] - keep :].detach()  # (B, H, w - 1, 3D)
 
     def decode_step(self, q, k, v, cache: DeltaCache, gates) -> torch.Tensor:
         cache.reserve(1)
+        convolved = self.convolved(q, k, v, cache.conv_tail)
+        cache.conv_tail = self._tail(q, k, v, cache.conv_tail)
+        q, k, v = self._inputs(q, k, v, convolved)
         work, state = cache.state.dtype, cache.state  # M: (B, H, D, D)
         with torch.autocast(q.device.type, enabled=False):
             q, k = (F.normalize(x.to(work), dim=-1, eps=NORM_EPS) for x in (q, k))  # (B, H, 1, D)
@@ -99,7 +192,7 @@ class DeltaNetAttention(Attention):
             correction = v.to(work) - k @ state  # (v - S k)^T: (B, H, 1, D)
             state += (beta * k).transpose(-1, -2) @ correction  # beta k (v - S k)^T
             out = q @ state  # (S q)^T: (B, H, 1, D)
-        return out.to(v.dtype)
+        return self._normed(out.to(v.dtype))
 
     def flops(self, batch: int, heads: int, seq_len: int, head_dim: int) -> int:
         """2 x multiply-adds of the chunked form: per position 3 d^2 (W M_0, K^T U', Q M_0)
@@ -110,7 +203,10 @@ class DeltaNetAttention(Attention):
         return int(2 * batch * heads * seq_len * per_position)
 
     def extra_repr(self) -> str:
-        return f"causal={self.causal}, chunk_size={self.chunk_size}"
+        return (
+            f"causal={self.causal}, chunk_size={self.chunk_size}, short_conv={self.short_conv}, "
+            f"feature_map={self.feature_map}, output_norm={self.output_norm}"
+        )
 
 
 def chunked_delta_rule(
