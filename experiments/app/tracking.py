@@ -19,7 +19,10 @@ the first job stores in `<sweep dir>/.sweep_id`; it moves with the dir) and the 
 hash, so a re-measured configuration *replaces* its offline run (the superseded folder is deleted
 before the new run starts) and *resumes* its online run (`resume="allow"`: the summary is the
 newest measurement's, the history holds every attempt's steps), while two sweep dirs of the same
-name sharing one `logger.dir` never touch each other's runs. A job interrupted by Ctrl-C
+name sharing one `logger.dir` never touch each other's runs. Two sweeps into one dir at once
+share its `.sweep_id`, and a configuration is measured by one process at a time (the job's
+claims, experiments/app/job.py), so it still has one run: the same id, replaced or resumed,
+never a second folder `...-<id>-1` of two runs started together. A job interrupted by Ctrl-C
 discards its run.
 """
 
