@@ -62,7 +62,7 @@ def _threads_per_job(hydra_cfg) -> int | None:
 
 
 @hydra.main(config_path=str(config_dir()), config_name="config", version_base="1.3")
-def app(cfg: DictConfig) -> None:
+def app(cfg: DictConfig) -> jobs.NotWritten | None:
     """One job: the resolved config measured and recorded (`experiments.app.job.run_job`)."""
     hydra_cfg = HydraConfig.get()
     multirun = hydra_cfg.mode == RunMode.MULTIRUN
@@ -77,14 +77,20 @@ def app(cfg: DictConfig) -> None:
         if line:
             print(f"sweep: {line}", file=sys.stderr, flush=True)
     added = added_keys(list(hydra_cfg.overrides.task), hydra_cfg.runtime.choices.keys())
-    rec = jobs.run_job(
-        config,
-        out_dir,
-        job=job,
-        sweep_dir=sweep_dir,
-        added=added,
-        parallel_jobs=_parallel_jobs(hydra_cfg) if multirun else 1,
-    )
+    try:
+        rec = jobs.run_job(
+            config,
+            out_dir,
+            job=job,
+            sweep_dir=sweep_dir,
+            added=added,
+            parallel_jobs=_parallel_jobs(hydra_cfg) if multirun else 1,
+        )
+    except jobs.NotWritten as error:  # a full disk: one line; a sweep goes on to its end
+        print(f"error: {error}", file=sys.stderr, flush=True)
+        if not multirun:
+            sys.exit(1)
+        return error  # the end of the sweep counts it (sweep.SweepEnd.on_job_end)
     if rec is None:
         return
     print(store.format_records([rec]))

@@ -7,11 +7,16 @@ with its history beside it, and its W&B run. Any failure becomes the record's `s
 combination the variant cannot do is `skipped`, an invalid option or any other exception is
 `error` (nothing is tracked in W&B for a job that measured nothing). A record of another
 configuration found in the job's dir is moved aside (`displaced/<its hash>/`), never
-overwritten. The Hydra entry point around it is experiments/run.py.
+overwritten; the job holds claims on its dir and its configuration from the resume check to
+its record's last write (`claimed`), so a second sweep into the same dir waits rather than
+replacing a record it did not see. A record or history that cannot be written (a full disk)
+raises `NotWritten`, one line naming the file. The Hydra entry point around it is
+experiments/run.py.
 """
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import logging
 import os
@@ -30,6 +35,9 @@ from experiments.training import curriculum
 from variants.checks import UnsupportedCombination
 
 log = logging.getLogger("attnbench")
+
+CLAIMS = ".claims"  # in a sweep dir: one lock per configuration being measured
+JOB_LOCK = ".job.lock"  # in a job dir: held by the job measuring into it
 
 
 def run_job(
@@ -53,13 +61,69 @@ def run_job(
     """
     resolved = ResolvedConfig(config)
     digest = resolved.hash()
-    if sweep_dir is not None and resolved.resume:
-        previous = store.find_ok_record(sweep_dir, digest)
-        if previous is not None:
-            log.info("already recorded with status ok in %s; skipping", previous)
-            return None
-        _say_if_unreadable(out_dir / "result.json")
+    with claimed(out_dir, sweep_dir, digest):
+        if sweep_dir is not None and resolved.resume:
+            previous = store.find_ok_record(sweep_dir, digest)
+            if previous is not None:
+                log.info("already recorded with status ok in %s; skipping", previous)
+                return None
+            _say_if_unreadable(out_dir / "result.json")
+        return _measure_and_record(
+            resolved,
+            out_dir,
+            job=job,
+            sweep_dir=sweep_dir,
+            added=added,
+            parallel_jobs=parallel_jobs,
+        )
 
+
+class NotWritten(OSError):
+    """A job's record (or its history) could not be written, e.g. on a full disk: the message
+    is one line naming the file; nothing of the attempt is left beside it."""
+
+
+def claimed(out_dir: Path, sweep_dir: Path | None, digest: str):
+    """The job's claims, held from the resume check to its record's last write, so that no
+    other process (a second sweep into the same dir, an orphaned worker) can write a record of
+    another configuration into the same job dir meanwhile, or measure the same configuration
+    at the same time: a lock on `<sweep dir>/.claims/<config hash>.lock` (in a sweep), then on
+    `<job dir>/.job.lock`. A job that finds either held says so and waits (a configuration
+    that the other process records ok meanwhile is then skipped, as resume does); locks are
+    flocks, released when the holder ends, even killed."""
+    stack = contextlib.ExitStack()
+
+    def waiting(what: str):
+        return lambda: log.warning(
+            "%s is being measured by another process; waiting for it to end", what
+        )
+
+    try:
+        if sweep_dir is not None:
+            stack.enter_context(
+                store.file_lock(
+                    Path(sweep_dir) / CLAIMS / f"{digest}.lock",
+                    waiting(f"configuration {digest}"),
+                )
+            )
+        stack.enter_context(store.file_lock(Path(out_dir) / JOB_LOCK, waiting(str(out_dir))))
+    except BaseException:
+        stack.close()
+        raise
+    return stack
+
+
+def _measure_and_record(
+    resolved: ResolvedConfig,
+    out_dir: Path,
+    *,
+    job: str,
+    sweep_dir: Path | None,
+    added: Sequence[str],
+    parallel_jobs: int,
+) -> dict[str, Any]:
+    """The body of `run_job`, under the job's claims: measure, then write the record."""
+    digest = resolved.hash()
     measure = import_for_measuring()
     import torch  # started by the measuring modules; the app's own import leaves it out
 
@@ -97,9 +161,9 @@ def run_job(
             name=f"{job}-{digest}",
             tags=[rec["attention"], rec["block"], rec["task"]],
             out_dir=out_dir,
-            run_id=None
+            run_id=None  # made only if W&B is on: it writes `.sweep_id`
             if sweep_dir is None
-            else tracking.run_id(resolved.sweep, digest, sweep_dir),
+            else lambda: tracking.run_id(resolved.sweep, digest, sweep_dir),
             replace_in=sweep_dir,
         )
         try:
@@ -137,8 +201,20 @@ def run_job(
     rec["shared_qk"] = resolved.shared_qk  # None: the variant is unknown
     rec.update(provenance(device), parallel_jobs=parallel_jobs)
     rec["offline_run_dir"] = None
-    steps.write(out_dir / history.FILE)  # before the record, which makes the job's outcome final
-    record.write_json_atomic(out_dir / "result.json", rec)
+    try:
+        # The history before the record, which makes the job's outcome final; a record of
+        # another configuration that arrived meanwhile (not through the claims) moves aside.
+        steps.write(out_dir / history.FILE)
+        _displace_other_record(out_dir, digest)
+        record.write_json_atomic(out_dir / "result.json", rec)
+    except OSError as error:  # a full disk: one line naming the file, the sweep goes on
+        tracker.discard()
+        if not (out_dir / "result.json").is_file():  # no curve without its record
+            history.beside(out_dir / "result.json").unlink(missing_ok=True)
+        raise NotWritten(
+            f"{error.filename or out_dir} not written ({error.strerror or error}); "
+            f"the record of job {job} ({digest}) is lost"
+        ) from error
     try:
         tracker.finish(rec, exit_code=0 if rec["status"] == record.OK else 1)
     except KeyboardInterrupt:
@@ -146,7 +222,10 @@ def run_job(
         raise
     if tracker.run_dir is not None:
         rec["offline_run_dir"] = str(tracker.run_dir)
-        record.write_json_atomic(out_dir / "result.json", rec)
+        try:
+            record.write_json_atomic(out_dir / "result.json", rec)
+        except OSError as error:  # the record without its run's folder is still there
+            log.warning("%s not updated with its W&B run: %s", out_dir / "result.json", error)
     return rec
 
 
@@ -237,14 +316,16 @@ def _displace_other_record(out_dir: Path, digest: str) -> None:
 
     Job dirs are numbered by position in the sweep, so a value inserted into or reordered in a
     re-run sweep gives a recorded configuration's dir to a new one. The old record moves to
-    `displaced/<its hash>/result.json` below it, its curriculum stages' records
+    `displaced/<its hash>/result.json` below it (a hash that is not a plain name, e.g.
+    `../x` in a crafted record, as `unsafe-<its sha256>`: `store.safe_name`), its curriculum
+    stages' records
     (`stages/<seq_len>/result.json`) with it, where the store and resume still find them;
     each record's history moves with it.
     """
     other = _hash_of_record(out_dir / "result.json")
     if other is None or other == digest:
         return
-    target = out_dir / "displaced" / other
+    target = out_dir / "displaced" / store.safe_name(other)  # a name from a file: never a path
     _move_record(out_dir / "result.json", target / "result.json")
     if (out_dir / "stages").is_dir():
         _move_stages(out_dir / "stages", target / "stages")
@@ -276,7 +357,7 @@ def _displace_other_stage(path: Path, digest: str) -> None:
     or unreadable, so it did not move with it) moves to `displaced/<its hash>/` beside it."""
     other = _hash_of_record(path)
     if other is not None and other != digest:
-        target = path.parent / "displaced" / other / "result.json"
+        target = path.parent / "displaced" / store.safe_name(other) / "result.json"
         _move_record(path, target)
         log.warning("%s held another configuration (%s); moved to %s", path, other, target)
 

@@ -30,7 +30,7 @@ import sys
 import threading
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -73,6 +73,7 @@ class Multirun:
     config: DictConfig
     earlier: set[store.Stamp]
     fail_on: tuple[str, ...]
+    not_written: list[str] = field(default_factory=list)  # jobs whose record could not be written
 
     @property
     def sweep_dir(self) -> Path:
@@ -127,7 +128,13 @@ class Multirun:
     def _outcome(self, gathered: pd.DataFrame | None) -> int:
         """Print this multirun's jobs that did not end ok; the exit code (also 1 when the store
         could not be written: `gathered` is None, said when it happened)."""
-        unwritten = gathered is None
+        unwritten = gathered is None or bool(self.not_written)
+        if self.not_written:
+            print(
+                f"error: {len(self.not_written)} job(s) of this multirun could not write their "
+                f"record ({'; '.join(self.not_written)}); re-run the sweep to measure them",
+                file=sys.stderr,
+            )
         written, _ = store.read_records(self.sweep_dir, unchanged=self.earlier)
         frame = pd.DataFrame(written)
         not_ok = frame[frame["status"] != record.OK] if len(frame) else frame
@@ -170,7 +177,11 @@ class SweepEnd(Callback):
         # needs none of the multirun (and a job's Ctrl-C is its launcher's).
         return {"multirun": None}
 
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        _check_sweep_name(config)
+
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        _check_sweep_name(config)
         value = config.get("fail_on")
         try:
             fail_on = fail_on_statuses(None if value is None else list(value))
@@ -191,9 +202,11 @@ class SweepEnd(Callback):
 
             signal.signal(signal.SIGINT, interrupt)
 
-    def on_job_end(self, config: DictConfig, **kwargs: Any) -> None:
+    def on_job_end(self, config: DictConfig, job_return: Any = None, **kwargs: Any) -> None:
         if config.hydra.get("mode") != RunMode.MULTIRUN:
             return
+        if self.multirun is not None and _returned(job_return) is not None:
+            self.multirun.not_written.append(str(_returned(job_return)))  # the basic launcher's
         try:
             store.write_results(Path(config.hydra.sweep.dir), quiet=True)
         except Exception as error:  # the end of the multirun gathers again
@@ -215,6 +228,26 @@ def not_ok_table(frame: pd.DataFrame, keys: list[str]) -> str:
     table = table[["job", "status", *keys]].rename(columns=store.short_names(keys))
     lines = table.to_string(index=False, na_rep="").splitlines()
     return "\n".join(f"{line}  {reason}" for line, reason in zip(lines, reasons, strict=True))
+
+
+def _check_sweep_name(config: DictConfig) -> None:
+    """`sweep` names the dirs multirun/<sweep> and outputs/<sweep>: one line and exit 2 if it
+    would leave them (`sweep=../../x`), before Hydra creates any dir."""
+    try:
+        store.check_relative_name("sweep", config.get("sweep", "default"))
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(2)
+
+
+def _returned(job_return: Any) -> Exception | None:
+    """What a job that could not write its record returned (`experiments.run.app`), else None."""
+    from hydra.core.utils import JobStatus
+
+    if job_return is None or getattr(job_return, "status", None) != JobStatus.COMPLETED:
+        return None
+    value = job_return.return_value
+    return value if isinstance(value, OSError) else None
 
 
 def _part(name: str, run: Callable[[], Any], *, default: Any) -> Any:

@@ -19,7 +19,10 @@ the first job stores in `<sweep dir>/.sweep_id`; it moves with the dir) and the 
 hash, so a re-measured configuration *replaces* its offline run (the superseded folder is deleted
 before the new run starts) and *resumes* its online run (`resume="allow"`: the summary is the
 newest measurement's, the history holds every attempt's steps), while two sweep dirs of the same
-name sharing one `logger.dir` never touch each other's runs. A job interrupted by Ctrl-C
+name sharing one `logger.dir` never touch each other's runs. Two sweeps into one dir at once
+share its `.sweep_id`, and a configuration is measured by one process at a time (the job's
+claims, experiments/app/job.py), so it still has one run: the same id, replaced or resumed,
+never a second folder `...-<id>-1` of two runs started together. A job interrupted by Ctrl-C
 discards its run.
 """
 
@@ -31,7 +34,7 @@ import pathlib
 import re
 import secrets
 import shutil
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Optional
 
@@ -155,7 +158,7 @@ def start_tracker(
     tags: Sequence[str],
     name: str,
     out_dir: pathlib.Path,
-    run_id: str | None = None,
+    run_id: str | Callable[[], str] | None = None,
     replace_in: pathlib.Path | None = None,
 ) -> Tracker:
     """Start this job's W&B run as configured by `conf/logger/*.yaml`; a no-op tracker if off.
@@ -163,7 +166,8 @@ def start_tracker(
     `run_config` is the resolved job config (nested plain mapping); `group` is usually the sweep;
     the run is written under `logger.dir`, or `out_dir` when that is null. Several calls in one
     process (Hydra's basic launcher) each get their own run: a run still open is finished first.
-    With `run_id` (a sweep's job: `run_id(sweep, config_hash, sweep_dir)`), offline runs of
+    With `run_id` (a sweep's job: `run_id(sweep, config_hash, sweep_dir)`, or a function
+    that makes it, called only when W&B is on: it may write `.sweep_id`), offline runs of
     that id under `logger.dir`, else `replace_in` (the sweep dir), are deleted first, and an
     online run of that id is resumed.
     If W&B fails to start, one warning is logged and W&B stays off for the rest of the process.
@@ -173,6 +177,12 @@ def start_tracker(
     if mode is None:
         return Tracker()
     _check_scaling_metrics(logger_cfg.get("scaling_metrics", record.SCALING_METRICS) or [])
+    if callable(run_id):
+        try:
+            run_id = run_id()
+        except OSError as error:  # e.g. `.sweep_id` on a full disk: the record is still kept
+            log.warning("W&B is off for this job: %s", record.one_line(error))
+            return Tracker()
     if run_id is not None and mode != "online":
         remove_offline_runs(pathlib.Path(logger_cfg.get("dir") or replace_in or out_dir), run_id)
     run = _init_run(
@@ -206,29 +216,56 @@ def run_id(sweep: str, key: str, sweep_dir: pathlib.Path) -> str:
 
 def sweep_id(sweep_dir: pathlib.Path) -> str:
     """The identity of a sweep dir: 8 random characters in `<sweep_dir>/.sweep_id`, made by the
-    first job that asks (atomically, so parallel jobs agree) and kept for good. A damaged file
-    is replaced, with a warning: the dir's earlier runs are then left as they are."""
+    first job that asks (atomically, so parallel jobs agree) and kept for good. A damaged file,
+    or a symlink (never followed, its target never read), is replaced with a warning that
+    quotes nothing of it: the dir's earlier runs are then left as they are. A file that cannot
+    be written (a full disk) raises an `OSError` naming it, and leaves no temporary file."""
     path = pathlib.Path(sweep_dir) / SWEEP_ID_FILE
     for _ in range(2):
-        try:
-            token = path.read_text().strip()
-        except FileNotFoundError:
-            token = None
+        token = _read_sweep_id(path)
         if token is not None:
-            if _SWEEP_ID.fullmatch(token):
-                return token
-            log.warning("%s is damaged (%r); the sweep dir gets a new identity", path, token[:20])
-            path.unlink(missing_ok=True)
+            return token
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f"{SWEEP_ID_FILE}.{os.getpid()}.{secrets.token_hex(4)}")
-        tmp.write_text(secrets.token_hex(4) + "\n")
         try:
+            tmp.write_text(secrets.token_hex(4) + "\n")
             os.link(tmp, path)  # creates `path` whole, or fails if another job was first
         except FileExistsError:
             pass
+        except OSError as error:  # a write names no file, the temporary one is not the point
+            raise OSError(error.errno, error.strerror or str(error), str(path)) from error
         finally:
             tmp.unlink(missing_ok=True)
-    return path.read_text().strip()
+    token = _read_sweep_id(path)
+    if token is None:
+        raise OSError(f"{path}: no sweep identity could be made")
+    return token
+
+
+def _read_sweep_id(path: pathlib.Path) -> str | None:
+    """The token in `path`; None if there is none. A symlink or a damaged file is removed,
+    with a warning (its content, or its target, is not quoted)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    except OSError:
+        if not path.is_symlink():
+            raise
+        log.warning("%s is a symlink, not followed; the sweep dir gets a new identity", path)
+        path.unlink(missing_ok=True)
+        return None
+    with os.fdopen(fd, "rb") as file:
+        content = file.read(64)
+    token = content.decode("ascii", errors="replace").strip()
+    if _SWEEP_ID.fullmatch(token):
+        return token
+    log.warning(
+        "%s is damaged (not 8 lowercase letters or digits); the sweep dir gets a new identity",
+        path,
+    )
+    path.unlink(missing_ok=True)
+    return None
 
 
 def offline_run_dirs(root: pathlib.Path, run_id: str | None = None) -> list[pathlib.Path]:

@@ -19,12 +19,14 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import json
 import logging
 import math
 import os
+import re
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -157,16 +159,63 @@ def write_results(sweep_dir: Path, *, quiet: bool = False) -> pd.DataFrame:
 
 @contextlib.contextmanager
 def results_lock(sweep_dir: Path) -> Iterator[None]:
-    """Hold the sweep's exclusive lock (`<sweep_dir>/LOCK`, an flock, released when the holder
-    ends, even killed). The lock file is opened without following a symlink, never truncated,
-    created with the umask's permissions like any other file of the sweep."""
-    flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
-    fd = os.open(Path(sweep_dir) / LOCK, flags, 0o666)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+    """Hold the sweep's exclusive lock (`<sweep_dir>/LOCK`) while its records are gathered."""
+    with file_lock(Path(sweep_dir) / LOCK):
         yield
+
+
+@contextlib.contextmanager
+def file_lock(path: Path, on_wait: Callable[[], object] | None = None) -> Iterator[bool]:
+    """Hold an exclusive flock on `path` (released when the holder ends, even killed); yields
+    whether another holder had to be waited for (`on_wait()` is called before waiting).
+
+    The lock file is opened without following a symlink, never truncated, created with the
+    umask's permissions like any other file of the sweep; its parent is created if missing.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(path, flags, 0o666)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            waited = False
+        except BlockingIOError:
+            if on_wait is not None:
+                on_wait()
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            waited = True
+        yield waited
     finally:
         os.close(fd)  # closing releases the lock
+
+
+_PLAIN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+
+
+def safe_name(value: object) -> str:
+    """`value` (a name read from a file, e.g. a record's `config_hash`) as one path component
+    that stays inside its directory: itself when it is a plain name (letters, digits, `_.-`,
+    not starting with a dot, at most 64 characters), else `unsafe-<12 hex digits of its
+    sha256>`, the same for the same value and never a path (`../x`, `/x`, ...)."""
+    text = str(value)
+    if _PLAIN_NAME.fullmatch(text) and ".." not in text:
+        return text
+    return "unsafe-" + hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def check_relative_name(option: str, value: object) -> str:
+    """`value` of command-line option `option` that names a dir below another (`sweep`: the
+    dir `multirun/<sweep>`): a relative path with no `..`, empty or absolute part; else a
+    one-line ValueError naming the option."""
+    text = str(value)
+    parts = text.split("/")
+    if not text or text.startswith("/") or "\0" in text or any(p in ("", ".", "..") for p in parts):
+        raise ValueError(
+            f"config: option {option!r} names a dir below multirun/ and outputs/, so it must be "
+            f"a relative name with no '..', '.' or empty part; got {text!r}"
+        )
+    return text
 
 
 def parquet_frame(frame: pd.DataFrame) -> pd.DataFrame:

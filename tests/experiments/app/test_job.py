@@ -8,12 +8,16 @@ from __future__ import annotations
 import json
 import logging
 import math
+import subprocess
+import sys
 
 import pytest
 
+from experiments.app import job
 from experiments.app.job import import_for_measuring, run_job
-from tests.experiments.conftest import TINY
-from tests.experiments.test_run import QUICK
+from experiments.records import store
+from tests.experiments.conftest import ROOT, TIMEOUT_S, TINY
+from tests.experiments.test_run import BOOKKEEPING, QUICK
 
 
 @pytest.mark.parametrize("text", ['{"status": "ok", "config_ha', "[]"])  # cut short; no object
@@ -71,3 +75,174 @@ def test_a_top_level_key_added_on_the_command_line_is_an_error_naming_the_neares
         "option 'seqlen' (added with +seqlen=) is unknown; did you mean 'seq_len'?"
         in (rec["error"])
     )
+
+
+# --- Issue 36: two sweeps into one dir, a record that names a path ------------------------------
+
+
+@pytest.mark.slow
+def test_two_concurrent_sweeps_into_one_dir_keep_every_configurations_record(cli, tmp_path):
+    """Item 1: `attention=full,linear` and, at the same time, `attention=blockwise,moba` into
+    one sweep dir both printed D/0 and D/1, and only one sweep's two records survived."""
+    sweep_dir = tmp_path / "sweep"
+    quick = (*BOOKKEEPING, "train.steps=2")  # a little training: the jobs overlap
+    first = cli.start(*cli.sweep_args(sweep_dir, "attention=full,linear", *quick))
+    second = cli.start(*cli.sweep_args(sweep_dir, "attention=blockwise,moba", *quick))
+    outputs = [process.communicate(timeout=TIMEOUT_S) for process in (first, second)]
+    for process, (_, stderr) in zip((first, second), outputs, strict=True):
+        assert process.returncode == 0, stderr[-3000:]
+    said = "".join(out + err for out, err in outputs)
+    records = [json.loads(p.read_text()) for p in sweep_dir.glob("**/result.json")]
+    assert sorted(r["attention"] for r in records) == ["blockwise", "full", "linear", "moba"]
+    assert "held another configuration" in said  # a displaced record is said, not silent
+    frame = store.write_results(sweep_dir, quiet=True)
+    assert sorted(frame["attention"]) == ["blockwise", "full", "linear", "moba"]
+
+
+def test_a_job_waits_for_the_process_measuring_into_its_dir(resolved_config, tmp_path, caplog):
+    """Item 1, in-process: while another process holds the job dir's claim, the job does not
+    write into it; once it is released, the other configuration's record is displaced."""
+    sweep_dir, out_dir = tmp_path / "sweep", tmp_path / "sweep" / "0"
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; from experiments.records import store\n"
+            f"with store.file_lock({str(out_dir / job.JOB_LOCK)!r}):\n"
+            "    print('held', flush=True); time.sleep(1.5)\n",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert holder.stdout.readline() == "held\n"
+    other = {"config_hash": "0123456789ab", "status": "ok", "attention": "linear"}
+    (out_dir / "result.json").write_text(json.dumps(other))  # as the holder would, at its end
+    with caplog.at_level(logging.WARNING, logger="attnbench"):
+        rec = run_job(resolved_config(*TINY, *QUICK), out_dir, job="0", sweep_dir=sweep_dir)
+    holder.wait(timeout=30)
+    assert f"{out_dir} is being measured by another process; waiting" in caplog.text
+    assert json.loads((out_dir / "result.json").read_text()) == rec
+    assert json.loads((out_dir / "displaced" / other["config_hash"] / "result.json").read_text())
+
+
+def test_a_record_whose_config_hash_is_a_path_is_displaced_inside_its_job_dir(
+    resolved_config, tmp_path, caplog
+):
+    """Item 2: config_hash "../../../../escaped" moved the record outside the sweep dir and
+    deleted a history.parquet there."""
+    out_dir = tmp_path / "a" / "b" / "sweep" / "0"
+    out_dir.mkdir(parents=True)
+    crafted = {"config_hash": "../../../../escaped", "status": "ok", "attention": "linear"}
+    (out_dir / "result.json").write_text(json.dumps(crafted))
+    victim = tmp_path / "a" / "escaped" / "history.parquet"  # where the displacement went
+    victim.parent.mkdir(parents=True)
+    victim.write_bytes(b"someone's curve")
+    with caplog.at_level(logging.WARNING, logger="attnbench"):
+        run_job(resolved_config(*TINY, *QUICK), out_dir, job="0", sweep_dir=out_dir.parent)
+    assert victim.read_bytes() == b"someone's curve"
+    assert not (tmp_path / "a" / "escaped" / "result.json").exists()
+    moved = list((out_dir / "displaced").glob("*/result.json"))
+    assert [json.loads(p.read_text()) for p in moved] == [crafted]
+    assert moved[0].parent.name == store.safe_name(crafted["config_hash"])
+    assert moved[0].parent.name.startswith("unsafe-")
+    assert f"moved to {moved[0]}" in caplog.text and "displaced/.." not in caplog.text
+
+
+@pytest.mark.parametrize("name", ["../escaped", "/abs", "a/../../b", "..", "x/", "a\0b"])
+def test_a_name_read_from_a_file_becomes_one_component_inside_its_dir(tmp_path, name):
+    safe = store.safe_name(name)
+    assert "/" not in safe and ".." not in safe and "\0" not in safe
+    assert (tmp_path / safe).resolve().parent == tmp_path.resolve()
+    assert store.safe_name(name) == safe and store.safe_name("0123456789ab") == "0123456789ab"
+
+
+# A multirun whose disk is full from the first job's record on, until the end of the sweep:
+# every file opened for writing in the sweep dir (but Hydra's own, `.hydra/` and the log) is
+# created and then refuses its data, as a full disk does (`[Errno 28]`, naming no file).
+FULL_DISK = """
+import builtins, errno, io, os, sys
+from pathlib import Path
+
+sweep_dir = Path(sys.argv.pop(1)).resolve()
+state = {"full": False}
+real_open = io.open
+
+
+class Full:
+    def __init__(self, file):
+        self._file = file
+
+    def write(self, *args, **kwargs):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    def __getattr__(self, name):
+        return getattr(self._file, name)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self._file.close()
+
+    def __iter__(self):
+        return iter(self._file)
+
+
+def patched(file, mode="r", *args, **kwargs):
+    opened = real_open(file, mode, *args, **kwargs)
+    if not state.get("over"):
+        state["full"] = state["full"] or (sweep_dir / "0" / "result.json").exists()
+    path = Path(os.fsdecode(file)) if isinstance(file, (str, bytes, os.PathLike)) else None
+    if (
+        state["full"] and path is not None and set(mode) & set("wax")
+        and path.resolve().is_relative_to(sweep_dir)
+        and ".hydra" not in path.parts and path.suffix != ".log"
+    ):
+        return Full(opened)
+    return opened
+
+
+builtins.open = io.open = patched
+
+from experiments.app import sweep
+
+real_end = sweep.Multirun.end
+
+
+def end(self, **kwargs):
+    state["full"], state["over"] = False, True  # space again at the end of the sweep
+    return real_end(self, **kwargs)
+
+
+sweep.Multirun.end = end
+from experiments import run
+
+sys.argv[0] = "experiments.run"
+run.main()
+"""
+
+
+@pytest.mark.slow
+def test_a_full_disk_between_jobs_is_one_line_naming_the_file_and_the_sweep_ends(cli, tmp_path):
+    """Item 7: ENOSPC writing `.sweep_id` (even with logger=none) ended the sweep with a
+    30-line traceback naming no file; the summary was skipped and a temp file left."""
+    sweep_dir = tmp_path / "sweep"
+    args = cli.sweep_args(sweep_dir, "attention=full,linear", *BOOKKEEPING)
+    done = subprocess.run(
+        [sys.executable, "-c", FULL_DISK, str(sweep_dir), *args],
+        cwd=ROOT,
+        env=cli.env(),
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+    )
+    assert "Traceback" not in done.stderr, done.stderr[-3000:]
+    lost = sweep_dir / "1" / "result.json"
+    lines = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert lines[0].startswith(f"error: {lost} not written (No space left on device)"), lines
+    assert "1 job(s) of this multirun could not write their record" in lines[-1]
+    assert "1 configurations {'ok': 1}" in done.stdout  # the end of the sweep, printed
+    assert done.returncode == 1
+    hidden = {p.name for p in sweep_dir.glob("**/.*") if ".hydra" not in p.parts}
+    assert hidden <= {".job.lock", ".multirun.json", ".results.lock", ".claims"}  # no temp file
+    assert not lost.exists() and not (sweep_dir / "1" / "history.parquet").exists()

@@ -175,3 +175,22 @@ def test_the_callback_goes_to_each_jobs_process_without_the_multirun(tmp_path):
     callback = sweep.SweepEnd()
     callback.on_multirun_start(multirun_config(tmp_path))
     assert pickle.loads(pickle.dumps(callback)).multirun is None  # as launchers ship it
+
+
+@pytest.mark.parametrize("name", ["../../x", "/tmp/x", "a/../../x", ".."])
+def test_a_sweep_name_that_leaves_multirun_is_refused_in_one_line(tmp_path, capsys, name):
+    """Issue 36, item 2: `sweep=../../x` wrote outside multirun/."""
+    config = multirun_config(tmp_path / "multirun" / name)
+    config.sweep = name
+    for start in (sweep.SweepEnd().on_multirun_start, sweep.SweepEnd().on_run_start):
+        with pytest.raises(SystemExit) as stop:
+            start(config)
+        assert stop.value.code == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and err.startswith("error: config: option 'sweep'")
+        assert repr(name) in err
+    assert not (tmp_path / "multirun").exists()
+
+
+def test_a_nested_sweep_name_is_accepted():
+    assert store.check_relative_name("sweep", "paper/scaling") == "paper/scaling"

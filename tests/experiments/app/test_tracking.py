@@ -3,9 +3,12 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import math
+import os
+import pathlib
 import socket
 import time
 
@@ -325,3 +328,33 @@ def test_sweep_summary_logs_table_and_figures(tmp_path):
     assert table["columns"] == list(records.columns)
     assert [row[table["columns"].index("status")] for row in table["data"]] == ["ok", "oom"]
     assert (run_dir / "files" / summary["figures/scaling.path"]).is_file()
+
+
+def test_a_symlinked_sweep_id_is_not_followed_nor_quoted(tmp_path, caplog):
+    """Issue 36, item 10: a symlinked `.sweep_id` was followed and 20 characters of its
+    target echoed in the warning."""
+    secret = tmp_path / "secret"
+    secret.write_text("hunter2-do-not-print-me\n")
+    sweep_dir = tmp_path / "sweep"
+    sweep_dir.mkdir()
+    (sweep_dir / tracking.SWEEP_ID_FILE).symlink_to(secret)
+    with caplog.at_level(logging.WARNING):
+        token = tracking.sweep_id(sweep_dir)
+    assert "hunter2" not in caplog.text and "is a symlink, not followed" in caplog.text
+    path = sweep_dir / tracking.SWEEP_ID_FILE
+    assert not path.is_symlink() and path.read_text().strip() == token
+    assert secret.read_text() == "hunter2-do-not-print-me\n"
+    assert tracking.sweep_id(sweep_dir) == token
+
+
+def test_a_sweep_id_that_cannot_be_written_names_it_and_leaves_no_temp_file(tmp_path, monkeypatch):
+    """Issue 36, item 7: ENOSPC writing `.sweep_id` named no file and left its temp file."""
+
+    def full(self, *args, **kwargs):
+        with open(self, "w"):  # created, then no space for its data
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(pathlib.Path, "write_text", full)
+    with pytest.raises(OSError, match=r"No space left on device: '.*/\.sweep_id'"):
+        tracking.sweep_id(tmp_path)
+    assert list(tmp_path.iterdir()) == []
