@@ -27,7 +27,7 @@ from omegaconf import DictConfig, OmegaConf
 from experiments.app import job as jobs
 from experiments.app import progress, sweep
 from experiments.app.resolvers import register
-from experiments.config import added_keys
+from experiments.config import added_keys, check_required_keys
 from experiments.records import record, store
 from experiments.training import progress as training_progress
 
@@ -68,6 +68,11 @@ def app(cfg: DictConfig) -> None:
     multirun = hydra_cfg.mode == RunMode.MULTIRUN
     out_dir = Path(hydra_cfg.runtime.output_dir)
     config = OmegaConf.to_container(cfg, resolve=True)
+    try:
+        check_required_keys(config)  # `~seq_len`: no job can be recorded without it
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(2)
     if config["threads"] is None:
         config["threads"] = _threads_per_job(hydra_cfg)
     sweep_dir = Path(hydra_cfg.sweep.dir) if multirun else None
