@@ -40,6 +40,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from experiments.app import progress, tracking
+from experiments.config import check_writable_dir
 from experiments.records import record, store
 
 log = logging.getLogger("attnbench")
@@ -174,6 +175,7 @@ class SweepEnd(Callback):
         value = config.get("fail_on")
         try:
             fail_on = fail_on_statuses(None if value is None else list(value))
+            check_writable_dir("hydra.sweep.dir", config.hydra.sweep.dir)  # read-only: one line
         except ValueError as error:
             print(f"error: {error}", file=sys.stderr)
             sys.exit(2)
@@ -190,6 +192,13 @@ class SweepEnd(Callback):
                 raise Interrupted(multirun)
 
             signal.signal(signal.SIGINT, interrupt)
+
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        try:  # a single run's dir, as the multirun's above
+            check_writable_dir("hydra.run.dir", config.hydra.run.dir)
+        except ValueError as error:
+            print(f"error: {error}", file=sys.stderr)
+            sys.exit(2)
 
     def on_job_end(self, config: DictConfig, **kwargs: Any) -> None:
         if config.hydra.get("mode") != RunMode.MULTIRUN:
