@@ -39,7 +39,7 @@ from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from experiments.app import progress, tracking
+from experiments.app import interrupts, progress, tracking
 from experiments.config import check_writable_dir
 from experiments.records import record, store
 
@@ -187,11 +187,8 @@ class SweepEnd(Callback):
             [*(f"{k}={v}" for k, v in params.items()), *overrides]
         )
         if threading.current_thread() is threading.main_thread():  # where signals arrive
-
-            def interrupt(signum: int, frame: Any) -> None:
-                raise Interrupted(multirun)
-
-            signal.signal(signal.SIGINT, interrupt)
+            # Raised again if it lands where Python drops exceptions (a weakref callback).
+            signal.signal(signal.SIGINT, interrupts.raising(lambda: Interrupted(multirun)))
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         try:  # a single run's dir, as the multirun's above
