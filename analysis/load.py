@@ -32,6 +32,7 @@ online, the run's history through the W&B API.
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -40,6 +41,8 @@ from typing import Any
 import pandas as pd
 
 from experiments.records import history, record, store
+
+log = logging.getLogger("attnbench")
 
 # The columns every frame has, from the record schema (experiments/records/record.py).
 IDENTITY = record.names(record.IDENTITY)
@@ -111,6 +114,7 @@ def load_curves(frame: pd.DataFrame, metrics: Iterable[str] = CURVE_METRICS) -> 
     `row` is the frame's index label. A row's curve comes from its history file
     (`history_path`, whatever the logger was), else from its online W&B run (`wandb_path`);
     rows with neither (no training, or a results file copied without its job dirs) have none.
+    A history file that cannot be read (damaged) is named in one warning and its row has none.
     The result is empty when no row has one.
     """
     metrics = tuple(metrics)
@@ -119,7 +123,12 @@ def load_curves(frame: pd.DataFrame, metrics: Iterable[str] = CURVE_METRICS) -> 
         frame.index, frame["history_path"], frame["wandb_path"], strict=True
     ):
         if isinstance(path, str):
-            steps = history.read(Path(path))
+            try:
+                steps = history.read(Path(path))
+            except (OSError, ValueError, KeyError) as error:  # pyarrow's ArrowInvalid: damaged
+                reason = " ".join(f"{type(error).__name__}: {error}".split())[:200]
+                log.warning("unreadable history %s (%s); its curve is left out", path, reason)
+                continue
             steps = steps[steps["metric"].isin(metrics)]
             points += [(row, int(s), m, float(v)) for s, m, v in steps.itertuples(index=False)]
             continue

@@ -54,8 +54,11 @@ from __future__ import annotations
 import copy
 import dataclasses
 import difflib
+import os
+import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, TypeVar
 
 import variants
@@ -282,6 +285,13 @@ class JobConfig:
     def __post_init__(self):
         require_positive_int(OWNER, "seq_len", self.seq_len)
         require_positive_int(OWNER, "batch_size", self.batch_size)
+        if self.threads is not None and (
+            isinstance(self.threads, bool) or not isinstance(self.threads, int) or self.threads < 1
+        ):
+            raise ValueError(
+                f"{OWNER}: option 'threads' must be a positive integer or null (torch's "
+                f"default), got {self.threads!r}"
+            )
         unknown = sorted(set(self.model) - set(model_keys()))
         if unknown:
             raise ValueError(
@@ -301,6 +311,7 @@ class JobConfig:
         `+key=` (`added_keys`), refused (`check_added_keys`)."""
         resolved = config if isinstance(config, ResolvedConfig) else ResolvedConfig(config)
         tree = resolved.tree
+        check_required_keys(tree)  # `~seq_len`: a job cannot run without it
         check_added_keys(tree, added)  # `+seqlen=128`: a typo, not a setting
         return cls(
             seq_len=tree["seq_len"],
@@ -366,6 +377,58 @@ class JobConfig:
             block=self.block["name"],
             **self.model,
         )
+
+
+# The keys every job reads before any check (the record's identity and configuration columns,
+# the app's bookkeeping), so a config without one of them (`~seq_len` on the command line) is
+# refused at the door: `check_required_keys`.
+REQUIRED_KEYS = (
+    "sweep",
+    "resume",
+    "logger",
+    "seq_len",
+    "batch_size",
+    "seed",
+    "device",
+    "dtype",
+    "threads",
+    "attention.name",
+    "block.name",
+    "task.name",
+    "model.d_model",
+    "model.n_heads",
+    "model.depth",
+    "model.causal",
+    "model.shared_qk",
+    "train",
+    "measure",
+    "budget",
+)
+
+
+def check_required_keys(config: Mapping[str, Any]) -> None:
+    """`ValueError` naming the first of `REQUIRED_KEYS` that the resolved `config` lacks."""
+    for key in REQUIRED_KEYS:
+        node: Any = config
+        for part in key.split("."):
+            if not isinstance(node, Mapping) or part not in node:
+                raise ValueError(
+                    f"{OWNER}: option {key!r} is missing; every job needs it "
+                    f"(was it deleted with ~{key}?)"
+                )
+            node = node[part]
+
+
+def check_writable_dir(option: str, path: str | os.PathLike) -> None:
+    """`ValueError` naming `option` and `path` if the directory `path` cannot be created or
+    written to (a read-only file system, no permission): the app writes every record there."""
+    try:
+        Path(path).mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as error:
+        reason = error.strerror or type(error).__name__
+        raise ValueError(f"{OWNER}: option {option!r}: cannot write to {path} ({reason})") from None
 
 
 T = TypeVar("T")

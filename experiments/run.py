@@ -25,9 +25,9 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from experiments.app import job as jobs
-from experiments.app import progress, sweep
+from experiments.app import parent, progress, sweep
 from experiments.app.resolvers import register
-from experiments.config import added_keys
+from experiments.config import added_keys, check_required_keys
 from experiments.records import record, store
 from experiments.training import progress as training_progress
 
@@ -66,8 +66,14 @@ def app(cfg: DictConfig) -> jobs.NotWritten | None:
     """One job: the resolved config measured and recorded (`experiments.app.job.run_job`)."""
     hydra_cfg = HydraConfig.get()
     multirun = hydra_cfg.mode == RunMode.MULTIRUN
+    parent.exit_with_parent()  # in a launcher's worker process: not past the sweep's end
     out_dir = Path(hydra_cfg.runtime.output_dir)
     config = OmegaConf.to_container(cfg, resolve=True)
+    try:
+        check_required_keys(config)  # `~seq_len`: no job can be recorded without it
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(2)
     if config["threads"] is None:
         config["threads"] = _threads_per_job(hydra_cfg)
     sweep_dir = Path(hydra_cfg.sweep.dir) if multirun else None
@@ -111,6 +117,7 @@ def main() -> None:
     of `fail_on` (default: error; the end of the multirun exits so itself:
     experiments/app/sweep.py); 130 interrupted (Ctrl-C), after gathering what finished.
     """
+    parent.mark_launcher()  # jobs in other processes (joblib's workers) end with this one
     try:
         app()
         code = 0

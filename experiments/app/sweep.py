@@ -39,7 +39,8 @@ from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from experiments.app import progress, tracking
+from experiments.app import interrupts, progress, tracking
+from experiments.config import check_writable_dir
 from experiments.records import record, store
 
 log = logging.getLogger("attnbench")
@@ -185,6 +186,7 @@ class SweepEnd(Callback):
         value = config.get("fail_on")
         try:
             fail_on = fail_on_statuses(None if value is None else list(value))
+            check_writable_dir("hydra.sweep.dir", config.hydra.sweep.dir)  # read-only: one line
         except ValueError as error:
             print(f"error: {error}", file=sys.stderr)
             sys.exit(2)
@@ -196,11 +198,15 @@ class SweepEnd(Callback):
             [*(f"{k}={v}" for k, v in params.items()), *overrides]
         )
         if threading.current_thread() is threading.main_thread():  # where signals arrive
+            # Raised again if it lands where Python drops exceptions (a weakref callback).
+            signal.signal(signal.SIGINT, interrupts.raising(lambda: Interrupted(multirun)))
 
-            def interrupt(signum: int, frame: Any) -> None:
-                raise Interrupted(multirun)
-
-            signal.signal(signal.SIGINT, interrupt)
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        try:  # a single run's dir, as the multirun's above
+            check_writable_dir("hydra.run.dir", config.hydra.run.dir)
+        except ValueError as error:
+            print(f"error: {error}", file=sys.stderr)
+            sys.exit(2)
 
     def on_job_end(self, config: DictConfig, job_return: Any = None, **kwargs: Any) -> None:
         if config.hydra.get("mode") != RunMode.MULTIRUN:

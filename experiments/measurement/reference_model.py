@@ -197,21 +197,32 @@ def load_or_train(
     def build() -> dict[str, Any]:
         return _train(config)
 
-    saved = _cached(path, build, required=("state_dict", "eval_bits_per_byte"))
     model = variants.TransformerLM(config.model_config())
-    model.load_state_dict(saved["state_dict"])
+
+    def fill(saved: dict[str, Any]) -> None:
+        model.load_state_dict(saved["state_dict"])
+        float(saved["eval_bits_per_byte"])
+
+    saved = _cached(path, build, required=("state_dict", "eval_bits_per_byte"), load=fill)
     model.to(device).eval()
     for parameter in model.parameters():  # frozen: kernels are fitted to it, never it to them
         parameter.requires_grad_(False)
     return ReferenceModel(model, config, digest, saved["eval_bits_per_byte"], path)
 
 
-def _cached(path: Path, build: Callable[[], dict[str, Any]], required: tuple[str, ...]) -> dict:
-    """The dict saved at `path`, built by `build()` and saved first if missing or damaged.
+def _cached(
+    path: Path,
+    build: Callable[[], dict[str, Any]],
+    required: tuple[str, ...],
+    load: Callable[[dict[str, Any]], None],
+) -> dict:
+    """The dict saved at `path`, built by `build()` and saved first if missing or damaged;
+    `load(saved)` puts it into its model (a `load_state_dict`), and raises if it does not fit.
 
     Under an exclusive lock on `<path>.lock`, so concurrent jobs build it once. A file that
-    fails to load (truncated, not a dict of `required` keys) is renamed to
-    `<name>.damaged-<time>`, a warning names both paths, and it is rebuilt.
+    fails to load (truncated, not a dict of `required` keys, or tensors that do not fit the
+    model: missing or unexpected keys, other shapes) is renamed to `<name>.damaged-<time>`, a
+    warning names both paths, and it is rebuilt.
     """
     with _locked(path.with_suffix(".lock")):
         if path.exists():
@@ -219,6 +230,7 @@ def _cached(path: Path, build: Callable[[], dict[str, Any]], required: tuple[str
                 saved = torch.load(path, map_location="cpu", weights_only=True)
                 if not isinstance(saved, dict) or any(key not in saved for key in required):
                     raise ValueError(f"not a dict with keys {', '.join(required)}")
+                load(saved)
                 return saved
             except Exception as error:  # noqa: BLE001 — any failure to load means rebuild
                 aside = path.with_name(f"{path.name}.damaged-{time.strftime('%Y%m%d-%H%M%S')}")
@@ -231,6 +243,7 @@ def _cached(path: Path, build: Callable[[], dict[str, Any]], required: tuple[str
                     aside,
                 )
         saved = build()
+        load(saved)
         _save_durably(saved, path)
         return saved
 
@@ -497,8 +510,12 @@ def fitted_kernel(
         return kernel.eval(), 0, None
     key = kernel_key(kernel_config, length, config)
     path = reference.path.with_suffix("") / f"kernel-{key}.pt"
+    # A cached state that did not fit (`_cached`) may have been loaded in part: a fit starts
+    # from the state as initialised all the same.
+    initial = {k: v.clone() for k, v in kernel.state_dict().items()}
 
     def build() -> dict[str, Any]:
+        kernel.load_state_dict(initial)
         started = time.perf_counter()
         with torch.random.fork_rng():
             torch.manual_seed(config.seed)
@@ -522,8 +539,11 @@ def fitted_kernel(
             "kept_step": kept,
         }
 
-    saved = _cached(path, build, required=("state_dict", "kept_step"))
-    kernel.load_state_dict(saved["state_dict"])
+    def fill(saved: dict[str, Any]) -> None:
+        kernel.load_state_dict(saved["state_dict"])
+        int(saved["kept_step"])
+
+    saved = _cached(path, build, required=("state_dict", "kept_step"), load=fill)
     return kernel.eval(), int(saved["kept_step"]), length
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from analysis import load
+from analysis import load, report
 from experiments.records import history, record, store
 from tests.analysis.conftest import FIXTURE, fixture_records
 
@@ -119,6 +119,27 @@ def test_training_curves_come_from_each_records_history(trained_sweep, tmp_path)
     store.write_results(moved)
     from_table = load.load_results([moved / "results.parquet"])
     assert load.load_curves(from_table).equals(curves)
+
+
+def test_a_damaged_history_is_named_and_only_its_curve_is_left_out(trained_sweep, caplog):
+    frame = load.load_results([trained_sweep])
+    full_row = frame.index[frame["attention"] == "full"][0]
+    damaged = Path(frame.loc[full_row, "history_path"])
+    damaged.write_bytes(b"not a parquet file")  # as a crash or a bad copy could leave it
+    with caplog.at_level("WARNING", logger="attnbench"):
+        curves = load.load_curves(frame)
+    assert full_row not in set(curves["row"])
+    assert set(curves["row"]) == set(frame.index[frame["attention"] == "lsh"])  # the rest drawn
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warned) == 1 and str(damaged) in warned[0] and "\n" not in warned[0], warned
+
+    # The report of the sweep is drawn, that job's curve left out, and exits 0.
+    caplog.clear()
+    out = trained_sweep / "report"
+    with caplog.at_level("WARNING", logger="attnbench"):
+        assert report.main([str(trained_sweep), "--out", str(out)]) == 0
+    assert (out / "report.md").is_file() and (out / "training_curves.png").is_file()
+    assert [str(damaged) in r.getMessage() for r in caplog.records] == [True]
 
 
 class FakeRun:

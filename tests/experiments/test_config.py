@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
+import errno
+import os
 import subprocess
 import sys
 
 import pytest
 
 import variants
+from experiments import config as config_module
 from experiments.config import (
     BudgetConfig,
     JobConfig,
@@ -17,6 +20,8 @@ from experiments.config import (
     TrainConfig,
     added_keys,
     check_added_keys,
+    check_required_keys,
+    check_writable_dir,
 )
 from experiments.records import record
 from tests.experiments.conftest import ROOT
@@ -159,3 +164,72 @@ def test_config_and_curriculum_import_alone_without_a_cycle_or_torch():
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split() == ["False", "False"]
+
+
+@pytest.mark.parametrize("threads", [0, -3, 1.5, True, "4"])
+def test_threads_must_be_a_positive_integer_or_null(resolved_config, threads):
+    config = resolved_config()
+    config["threads"] = threads
+    with pytest.raises(ValueError, match=r"option 'threads' must be a positive integer or null"):
+        JobConfig.of(config)
+
+
+def test_threads_null_or_positive_is_accepted(job_config):
+    assert job_config("threads=null").threads is None
+    assert job_config("threads=2").threads == 2
+
+
+@pytest.mark.parametrize("key", ["seq_len", "model.depth", "dtype"])
+def test_a_deleted_required_key_is_named(resolved_config, key):
+    config = resolved_config(f"~{key}")
+    message = f"config: option '{key}' is missing; every job needs it (was it deleted with ~{key}?)"
+    with pytest.raises(ValueError) as refused:
+        check_required_keys(config)
+    assert str(refused.value) == message
+    with pytest.raises(ValueError, match="is missing"):
+        JobConfig.of(config)
+
+
+def test_a_directory_that_cannot_be_written_is_named(tmp_path, monkeypatch):
+    check_writable_dir("hydra.sweep.dir", tmp_path / "new" / "sweep")  # created
+    assert (tmp_path / "new" / "sweep").is_dir() and not list(
+        (tmp_path / "new" / "sweep").iterdir()
+    )
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with pytest.raises(ValueError) as refused:
+        check_writable_dir("hydra.sweep.dir", blocker / "sweep")
+    assert str(refused.value) == (
+        f"config: option 'hydra.sweep.dir': cannot write to {blocker / 'sweep'} (Not a directory)"
+    )
+
+    def read_only(*args, **kwargs):
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(tmp_path))
+
+    monkeypatch.setattr(config_module.tempfile, "TemporaryFile", read_only)
+    with pytest.raises(ValueError, match=r"cannot write to .* \(Read-only file system\)"):
+        check_writable_dir("hydra.run.dir", tmp_path)
+
+
+def _stderr_lines(done: subprocess.CompletedProcess) -> list[str]:
+    return [line for line in done.stderr.splitlines() if line.strip()]
+
+
+@pytest.mark.slow
+def test_the_cli_refuses_a_deleted_key_and_an_unwritable_sweep_dir_in_one_line(cli, tmp_path):
+    """`~seq_len` and a sweep dir that cannot be written (here: below a regular file, as a
+    read-only one for a user who is not root) each end the app with one line, exit 2."""
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    deleted = cli.start(*cli.sweep_args(tmp_path / "sweep", "~seq_len", "logger=none"))
+    unwritable = cli.start(*cli.sweep_args(blocker / "sweep", "logger=none"))
+    for process, words in (
+        (deleted, "error: config: option 'seq_len' is missing"),
+        (unwritable, f"error: config: option 'hydra.sweep.dir': cannot write to {blocker}"),
+    ):
+        stdout, stderr = process.communicate(timeout=120)
+        done = subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
+        lines = _stderr_lines(done)
+        assert done.returncode == 2 and len(lines) == 1, stderr[-2000:]
+        assert lines[0].startswith(words), lines
+    assert not list((tmp_path / "sweep").glob("*/result.json"))

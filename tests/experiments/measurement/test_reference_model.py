@@ -313,6 +313,51 @@ def test_a_damaged_cache_file_is_moved_aside_and_rebuilt(corpus, tmp_path, train
     assert len(trainings) == 3
 
 
+def test_a_cache_file_of_tensors_that_do_not_fit_is_moved_aside_and_rebuilt(
+    corpus, tmp_path, trainings, caplog
+):
+    """A file that loads but holds another model's tensors (missing keys, other shapes) is
+    damaged as a truncated one is: named, moved aside, rebuilt; so is a fitted kernel's."""
+    config = _config(corpus, fit_steps=3)
+    first = reference_model.load_or_train(config, CPU, tmp_path)
+    other = variants.TransformerLM(dataclasses.replace(config, depth=1).model_config())
+    torch.save({"state_dict": other.state_dict(), "eval_bits_per_byte": 1.0}, first.path)
+    with caplog.at_level("WARNING", logger="attnbench"):
+        second = reference_model.load_or_train(config, CPU, tmp_path)
+    assert len(trainings) == 2  # rebuilt
+    aside = list(first.path.parent.glob(f"{first.path.name}.damaged-*"))
+    assert len(aside) == 1 and str(first.path) in caplog.text and str(aside[0]) in caplog.text
+    assert "Missing key" in caplog.text
+    assert second.eval_bits_per_byte == pytest.approx(first.eval_bits_per_byte)
+    for a, b in zip(first.model.parameters(), second.model.parameters(), strict=True):
+        assert torch.equal(a, b)
+
+    kernel_config = variants.ModelConfig(
+        d_model=32, n_heads=2, max_seq_len=64, attention="compressed", causal=True
+    )
+    exact = variants.build_attention("full", causal=True)
+
+    def fitted():
+        return reference_model.fitted_kernel(
+            second, kernel_config, seq_len=64, device=CPU, directory=tmp_path, exact=exact
+        )
+
+    kernel, _, _ = fitted()
+    (path,) = (tmp_path / "reference" / second.digest).glob("kernel-*.pt")
+    # The keys, the first tensor of its shape (so it loads), the others of other shapes.
+    state = {name: torch.zeros(3) for name in kernel.state_dict()}
+    name, value = next(iter(kernel.state_dict().items()))
+    state[name] = torch.zeros_like(value)
+    torch.save({"state_dict": state, "kept_step": 1}, path)
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="attnbench"):
+        again, _, _ = fitted()
+    assert len(list(path.parent.glob(f"{path.name}.damaged-*"))) == 1
+    assert str(path) in caplog.text and "size mismatch" in caplog.text
+    for a, b in zip(kernel.parameters(), again.parameters(), strict=True):
+        assert torch.equal(a, b)  # fitted again from the state as initialised
+
+
 def test_the_cache_file_is_fsynced_before_its_rename(tmp_path, monkeypatch):
     events = []
     real_fsync, real_replace = reference_model.os.fsync, reference_model.os.replace

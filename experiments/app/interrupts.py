@@ -1,0 +1,94 @@
+"""Ctrl-C that is not lost: an interrupt raised where Python ignores exceptions is raised again.
+
+Python runs a signal's handler in the main thread between two bytecodes of whatever runs there,
+and that may be a weakref callback or a `__del__` run as an object is freed (under W&B, a
+finished thread leaving `threading._dangling`, a `WeakSet`), where an exception cannot
+propagate: Python prints `Exception ignored in: ...` and goes on. The sweep's `Interrupted`
+(experiments/app/sweep.py) was so dropped, and every job ran (issue 36: 4 of 19 Ctrl-Cs under
+the default logger). A handler made by `raising` is raised again until it propagates: the
+`sys.unraisablehook` installed with it takes such an interrupt (silently) and asks a helper
+thread to signal SIGINT to the main thread again (`_thread.interrupt_main`) every `RETRY_S`,
+until the handler raises it outside the hook (or `MAX_RETRIES`, or the handler changed, as the
+end of a multirun puts back the default one). Every other unraisable exception goes to the hook
+there was before.
+"""
+
+from __future__ import annotations
+
+import _thread
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable
+from types import FrameType
+from typing import Any
+
+RETRY_S = 0.05
+MAX_RETRIES = 200  # 10 s: an interrupt that is dropped every time is given up
+
+_pending = threading.Event()  # an interrupt was dropped and is to be raised again
+_lock = threading.Lock()
+_previous_hook: Callable[[Any], None] | None = None
+_helper: threading.Thread | None = None
+
+
+def raising(make: Callable[[], BaseException]) -> Callable[[int, FrameType | None], None]:
+    """A SIGINT handler that raises `make()`, raised again wherever Python would drop it."""
+
+    def on_sigint(signum: int, frame: FrameType | None) -> None:
+        if _in_hook(frame):
+            return  # `_pending` stays set: the helper signals again in RETRY_S
+        _pending.clear()
+        raise make()
+
+    on_sigint.raised_again = True  # type: ignore[attr-defined]
+    _install()
+    return on_sigint
+
+
+def _ours(handler: Any) -> bool:
+    return getattr(handler, "raised_again", False)
+
+
+def _hook(unraisable: Any) -> None:
+    """sys.unraisablehook: an interrupt of a `raising` handler is raised again, not printed."""
+    if isinstance(unraisable.exc_value, KeyboardInterrupt) and _ours(
+        signal.getsignal(signal.SIGINT)
+    ):
+        _pending.set()
+        return
+    (_previous_hook or sys.__unraisablehook__)(unraisable)
+
+
+def _in_hook(frame: FrameType | None) -> bool:
+    """Whether `frame` runs in `_hook`, where a raised exception would be dropped too."""
+    while frame is not None:
+        if frame.f_code is _hook.__code__:
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _retry() -> None:
+    """The helper thread: while an interrupt is pending, signal the main thread again."""
+    while True:
+        _pending.wait()
+        for _ in range(MAX_RETRIES):
+            if not (_pending.is_set() and _ours(signal.getsignal(signal.SIGINT))):
+                break
+            _thread.interrupt_main()
+            time.sleep(RETRY_S)
+        _pending.clear()
+
+
+def _install() -> None:
+    """The hook and the helper thread, once per process."""
+    global _previous_hook, _helper
+    with _lock:
+        if sys.unraisablehook is not _hook:
+            _previous_hook = sys.unraisablehook
+            sys.unraisablehook = _hook
+        if _helper is None:
+            _helper = threading.Thread(target=_retry, name="attnbench-interrupts", daemon=True)
+            _helper.start()
