@@ -178,9 +178,6 @@ class SweepEnd(Callback):
         # needs none of the multirun (and a job's Ctrl-C is its launcher's).
         return {"multirun": None}
 
-    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
-        _check_sweep_name(config)
-
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         _check_sweep_name(config)
         value = config.get("fail_on")
@@ -202,6 +199,7 @@ class SweepEnd(Callback):
             signal.signal(signal.SIGINT, interrupts.raising(lambda: Interrupted(multirun)))
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        _check_sweep_name(config)
         try:  # a single run's dir, as the multirun's above
             check_writable_dir("hydra.run.dir", config.hydra.run.dir)
         except ValueError as error:

@@ -342,7 +342,7 @@ def mixture_points(job: JobConfig, built: Setup, result, run: TrainingRun) -> It
     the job's config at that n_pairs). Nothing for other tasks."""
     counts = getattr(built.task, "train_pairs", None) or ()
     # The last validation at each point, in `validation_points`' order (the job's count first).
-    points = [p.n_pairs for p in validation_points(built.task)]
+    points = [p.n_pairs for p in validation_points(built.task)] if counts else []
     valid = dict(zip(points, result.valid or [], strict=False))  # none if it never trained
     for count in counts:
         if count == built.task.n_pairs:

@@ -32,7 +32,15 @@ ALWAYS = {
     "timing_warning",
     "kernel_path",
 }
-TRAINING = {"train_loss", "eval_loss", "eval_accuracy", "tokens_per_s"}
+TRAINING = {
+    "train_loss",
+    "eval_loss",
+    "eval_accuracy",
+    "tokens_per_s",
+    "train_stop",
+    "trained_steps",
+    "valid_loss",
+}
 KERNEL = {
     "attn_fwd_ms",
     "attn_fwd_iqr_ms",

@@ -79,7 +79,8 @@ def _capacity_sweep() -> dict[str, list[str]]:
 
 def test_every_job_of_the_capacity_preset_builds(resolved_config):
     sweep = _capacity_sweep()
-    assert set(sweep) == {"attention", "model.n_heads", "seed"}
+    assert set(sweep) == {"attention", "model.n_heads", "seed", "train.lr"}
+    assert len(sweep["train.lr"]) >= 3  # a learning-rate grid per variant
     assert len(sweep["seed"]) >= 2
     names = set()
     for attention in sweep["attention"]:
