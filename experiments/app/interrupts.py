@@ -7,7 +7,7 @@ propagate: Python prints `Exception ignored in: ...` and goes on. The sweep's `I
 (experiments/app/sweep.py) was so dropped, and every job ran (issue 36: 4 of 19 Ctrl-Cs under
 the default logger). A handler made by `raising` is raised again until it propagates: the
 `sys.unraisablehook` installed with it takes such an interrupt (silently) and asks a helper
-thread to signal SIGINT to the main thread again (`_thread.interrupt_main`) every `RETRY_S`,
+thread to send SIGINT to the main thread again (`signal.pthread_kill`) every `RETRY_S`,
 until the handler raises it outside the hook (or `MAX_RETRIES`, or the handler changed, as the
 end of a multirun puts back the default one). Every other unraisable exception goes to the hook
 there was before.
@@ -15,7 +15,6 @@ there was before.
 
 from __future__ import annotations
 
-import _thread
 import signal
 import sys
 import threading
@@ -77,7 +76,9 @@ def _retry() -> None:
         for _ in range(MAX_RETRIES):
             if not (_pending.is_set() and _ours(signal.getsignal(signal.SIGINT))):
                 break
-            _thread.interrupt_main()
+            # A real SIGINT to the main thread, which also ends a blocking call there (EINTR),
+            # as the user's did; `_thread.interrupt_main` would wait for that call to return.
+            signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
             time.sleep(RETRY_S)
         _pending.clear()
 
