@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e '.[dev]'
 	touch $@
 
-.PHONY: help setup run run-quality data report test test-gpu test-fast bench-micro lint clean
+.PHONY: help setup run run-quality capacity-seeds data report test test-gpu test-fast bench-micro lint clean
 help:  ## list targets
 	@grep -hE '^[a-zA-Z_%-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN{FS=":.*## "}{printf "  make %-12s %s\n",$$1,$$2}'
 
@@ -65,6 +65,16 @@ SWEEP ?= multirun/scaling
 report: $(STAMP)  ## gather a sweep's records again and redraw its report: make report SWEEP=multirun/scaling
 	$(PY) -m experiments.records.store $(SWEEP)
 	$(PY) -m analysis.report $(SWEEP) --out $(SWEEP)/report
+
+# The capacity preset's second half: after its learning-rate grid (head dim 16, seed 0), seed 1
+# and head dim 32 with each variant at the rate chosen on validation (analysis/tuning.py); the
+# grid's own jobs are found in the store and not run again.
+capacity-seeds: $(STAMP)  ## capacity: seed 1 and head dim 32 at each variant's chosen rate (after the grid)
+	$(PY) -m analysis.tuning multirun/capacity --overrides | while read -r chosen; do \
+		$(PY) -m experiments.run -m +experiment=capacity hydra/launcher=joblib $$chosen \
+			seed=0,1 model.n_heads=4,2 report=false || exit 1; \
+	done
+	$(PY) -m analysis.report multirun/capacity --out multirun/capacity/report
 
 sweep-%: $(STAMP)  ## run a preset sweep, e.g. make sweep-depth (smoke, scaling, depth, lsh, linformer)
 	$(PY) -m experiments.run -m +experiment=$*

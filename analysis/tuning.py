@@ -18,6 +18,9 @@ records carry no validation accuracy, is left as it is.
 
 from __future__ import annotations
 
+import json
+
+import numpy as np
 import pandas as pd
 
 from analysis.load import format_value
@@ -58,8 +61,7 @@ def choose_learning_rates(frame: pd.DataFrame, context: list[str]) -> pd.DataFra
         if len(rates) < 2 or family[VALID].isna().all():
             kept.append(family)
             continue
-        ok = family["status"] == "ok" if "status" in family else True
-        score = family[VALID].where(ok).fillna(0.0).groupby(family[LR]).mean()
+        score = rate_scores(family)
         best = min(rates, key=lambda r: (-score.get(r, 0.0), r))
         learned = family[ACCURACY].fillna(0) >= LEARNED
         if "learned" in family:
@@ -70,6 +72,64 @@ def choose_learning_rates(frame: pd.DataFrame, context: list[str]) -> pd.DataFra
             )
         )
     return pd.concat(kept) if kept else frame
+
+
+def rate_scores(family: pd.DataFrame) -> pd.Series:
+    """Each learning rate's score in one family: the mean `valid_accuracy` of its records (a job
+    not ended ok scores 0), over the seeds that ran every rate of the grid (the tuning seeds),
+    so that seeds added later at the chosen rate alone cannot move the choice."""
+    rates = family[LR].dropna().unique()
+    if "seed" in family:
+        seeds = [s for s, runs in family.groupby("seed") if set(runs[LR].dropna()) >= set(rates)]
+        family = family[family["seed"].isin(seeds)] if seeds else family
+    ok = family["status"] == "ok" if "status" in family else True
+    return family[VALID].where(ok).fillna(0.0).groupby(family[LR]).mean()
+
+
+def chosen_rates(frame: pd.DataFrame, context: list[str]) -> pd.DataFrame:
+    """One row per family of `frame` that ran a grid: its columns (`family_columns`), `lr_grid`,
+    `lr_chosen`, `lr_any_learned`, the chosen rate's mean validation accuracy and its
+    `overrides`: `attention=` with its options and `train.lr=` the chosen rate, the Hydra
+    overrides that run the variant at that rate in the same preset, for more seeds or head
+    dims (the preset sets the rest; a family's context columns are in the row)."""
+    chosen = choose_learning_rates(frame, context)
+    if "lr_chosen" not in chosen:
+        return pd.DataFrame()
+    columns = family_columns(frame, context)
+    rows = []
+    for _, family in chosen.dropna(subset=["lr_chosen"]).groupby(columns, sort=False, dropna=False):
+        first = family.iloc[0]
+        keys = [c for c in columns if c.startswith("attention.") and c != "attention.name"]
+        overrides = [f"attention={first['attention']}"]
+        overrides += [f"{c}={override_value(first[c])}" for c in keys if _given(first[c])]
+        overrides.append(f"{LR}={format_value(first['lr_chosen'])}")
+        rows.append(
+            {
+                "variant": first.get("variant", first["attention"]),
+                **{c: first[c] for c in columns},
+                "lr_grid": first["lr_grid"],
+                "lr_chosen": first["lr_chosen"],
+                "lr_any_learned": first["lr_any_learned"],
+                VALID: family[VALID].mean(),
+                "overrides": " ".join(overrides),
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def override_value(value) -> str:
+    """A record's option value as one Hydra override token (no spaces): lists as [a,b]."""
+    if isinstance(value, str) and value.startswith("["):
+        value = json.loads(value)
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(override_value(v) for v in value) + "]"
+    if isinstance(value, (bool, np.bool_)):
+        return "true" if value else "false"
+    return format_value(value)
+
+
+def _given(value) -> bool:
+    return not (value is None or (isinstance(value, float) and np.isnan(value)))
 
 
 def protocol_line(records: pd.DataFrame) -> str:
@@ -95,3 +155,32 @@ def protocol_line(records: pd.DataFrame) -> str:
     if "seed" in records:
         parts.append(f"{records['seed'].nunique()} seed(s), each shown in its range")
     return "Protocol: " + "; ".join(parts) + "."
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`python -m analysis.tuning SWEEP_DIR... [--overrides]`: the learning rate chosen per
+    family, or (--overrides) one line of Hydra overrides per family, to run more seeds or head
+    dims at the chosen rate (`make capacity-seeds`)."""
+    import argparse
+
+    from analysis.load import load_results
+    from analysis.series import context_columns
+
+    parser = argparse.ArgumentParser(prog="python -m analysis.tuning", description=main.__doc__)
+    parser.add_argument("paths", nargs="+", help="sweep dirs or results files")
+    parser.add_argument("--overrides", action="store_true", help="print Hydra overrides only")
+    args = parser.parse_args(argv)
+    frame = load_results(args.paths)
+    rates = chosen_rates(frame, context_columns(frame)) if len(frame) else pd.DataFrame()
+    if rates.empty:
+        raise SystemExit(f"no family with a learning-rate grid and validation in {args.paths}")
+    if args.overrides:
+        print("\n".join(rates["overrides"]))
+        return
+    context = [c for c in context_columns(rates) if c in rates and rates[c].nunique() > 1]
+    shown = ["variant", *context, "lr_grid", "lr_chosen", "lr_any_learned", VALID]
+    print(rates[shown].to_string(index=False))
+
+
+if __name__ == "__main__":
+    main()

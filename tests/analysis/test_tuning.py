@@ -119,3 +119,41 @@ def test_the_protocol_line_without_a_grid_names_the_rate_and_no_stop():
         "Protocol: lr 0.01; cap 500 steps (the final stage's); no early stop; "
         "1 seed(s), each shown in its range."
     )
+
+
+def test_seeds_added_at_the_chosen_rate_alone_do_not_move_the_choice():
+    # seed 0 ran the whole grid; seeds 1 and 2 ran only linear's chosen 1e-2, and did badly
+    # there: averaged in, they would make 3e-3 (0.4) look better than 1e-2 ((0.95 + 0 + 0) / 3)
+    frame = _grid_sweep({"linear": VALID["linear"]}, {"linear": VALID["linear"]}, seeds=(0,))
+    zero = {"linear": {r: 0.0 for r in RATES}}
+    later = _grid_sweep(zero, {"linear": VALID["linear"]}, seeds=(1, 2))
+    later = later[later["train.lr"] == 1e-2]
+    both = pd.concat([frame, later], ignore_index=True)
+    chosen = tuning.choose_learning_rates(both, series.context_columns(both))
+    assert set(chosen["train.lr"]) == {1e-2}
+    assert set(chosen["seed"]) == {0, 1, 2}  # the later seeds are kept, and shown
+
+
+def test_chosen_rates_give_the_overrides_that_run_each_variant_at_its_rate():
+    frame = _grid_sweep(VALID, VALID, seeds=(0,))
+    frame["attention.block_size"] = 16.0
+    frame["attention.parts"] = '["local", "global"]'
+    rates = tuning.chosen_rates(frame, series.context_columns(frame))
+    lines = dict(zip(rates["attention"], rates["overrides"], strict=True))
+    assert lines["full"] == (
+        "attention=full attention.block_size=16 attention.parts=[local,global] train.lr=0.003"
+    )
+    assert lines["linear"].endswith("train.lr=0.01")
+    assert all(" " not in token for line in lines.values() for token in line.split())
+
+
+def test_the_command_line_prints_one_override_line_per_variant(tmp_path, capsys):
+    frame = _grid_sweep(VALID, VALID, seeds=(0,))
+    path = tmp_path / "results.csv"
+    frame.drop(columns=["variant"], errors="ignore").to_csv(path, index=False)
+    tuning.main([str(path), "--overrides"])
+    lines = capsys.readouterr().out.splitlines()
+    assert sorted(lines) == ["attention=full train.lr=0.003", "attention=linear train.lr=0.01"]
+    tuning.main([str(path)])
+    table = capsys.readouterr().out
+    assert "lr_chosen" in table and "linear" in table

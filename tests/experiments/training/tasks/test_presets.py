@@ -10,6 +10,8 @@ from experiments.config import JobConfig
 from experiments.measurement import measure
 from tests.experiments.conftest import CONF
 
+ROOT = CONF.parent
+
 # preset -> the sweep values of its one swept key
 PRESETS = {
     "reformer_table2": ("train_as", ["full", "lsh-1", "lsh-2", "lsh-4"]),
@@ -81,10 +83,13 @@ def test_every_job_of_the_capacity_preset_builds(resolved_config):
     sweep = _capacity_sweep()
     assert set(sweep) == {"attention", "model.n_heads", "seed", "train.lr"}
     assert len(sweep["train.lr"]) >= 3  # a learning-rate grid per variant
-    assert len(sweep["seed"]) >= 2
+    # The grid runs at one seed and head dim; `make capacity-seeds` adds seed 1 and head dim 32
+    # at each variant's chosen rate.
+    second_half = (ROOT / "Makefile").read_text().split("capacity-seeds:")[1].split("\n\n")[0]
+    assert "seed=0,1 model.n_heads=4,2" in second_half
     names = set()
     for attention in sweep["attention"]:
-        for heads in sweep["model.n_heads"]:
+        for heads in ("4", "2"):
             config = resolved_config(
                 "+experiment=capacity", f"attention={attention}", f"model.n_heads={heads}"
             )
