@@ -59,11 +59,15 @@ def context_columns(frame: pd.DataFrame) -> list[str]:
     """The configuration columns that set series apart: every hashed config key of the frame
     (`experiments.records.record.config_keys`: the model, block, task, training, threads, ...) but
     the attention's own (in `variant`), the seed, and `measure.*`, which decides which quantities
-    are taken and for how long the clock runs, not the configuration they are taken of."""
+    are taken and for how long the clock runs, not the configuration they are taken of. The
+    learning rate is left out too: a grid of it is tuning, not a configuration (quality rows are
+    each variant's chosen rate, `trained_quality`), and it changes no time or memory, so a
+    variant's jobs at every rate of its grid are one series of speed and memory."""
     return [
         c
         for c in config_keys(frame.columns, hashed_only=True)
-        if c not in ("attention", "seed") and not c.startswith(("attention.", "measure."))
+        if c not in ("attention", "seed", tuning.LR)
+        and not c.startswith(("attention.", "measure."))
     ]
 
 
