@@ -6,6 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import variants
 from experiments.measurement.memory import peak_memory_bytes
 from tests.reference import causal_mask, dense_attention, shared_qk_reference
 from variants.config import ModelConfig
@@ -232,3 +233,52 @@ def test_positions_option_is_checked():
         ModelConfig(positions="alibi")
     with pytest.raises(ValueError, match="'positions'='rotary' needs an even head_dim"):
         ModelConfig(d_model=9, n_heads=3, positions="rotary")
+
+
+# --- MultiheadAttention: the layer from its sizes ----------------------------------------------
+
+
+def test_multihead_attention_is_the_layer_from_its_sizes():
+    torch.manual_seed(0)
+    layer = variants.MultiheadAttention(24, 3, attention="full").double()
+    assert isinstance(layer, SelfAttention) and layer.kernel.causal
+    x = torch.randn(2, 11, 24, dtype=torch.float64)
+    torch.testing.assert_close(layer(x), _reference_self_attention(layer, x, causal=True))
+
+
+def test_multihead_attention_owns_the_gates_and_the_kernels_extras():
+    layer = variants.MultiheadAttention(
+        16, 2, "deltanet", bias=False, chunk_size=4, short_conv=3, output_norm=True
+    )
+    assert layer.gates.out_features == 2 and layer.qkv.bias is None  # beta per head and token
+    names = {name for name, _ in layer.named_parameters()}
+    assert {"kernel.conv.weight", "kernel.norm_weight", "gates.weight"} <= names
+    assert layer(torch.randn(2, 9, 16)).shape == (2, 9, 16)
+
+
+@pytest.mark.parametrize(
+    ("attention", "options"),
+    [("blockwise", {"block_size": 4}), ("deltanet", {"chunk_size": 4, "short_conv": 3})],
+)
+def test_multihead_attention_prefill_and_decode_equal_its_forward(attention, options):
+    torch.manual_seed(0)
+    layer = variants.MultiheadAttention(16, 2, attention, **options).double().eval()
+    x = torch.randn(2, 13, 16, dtype=torch.float64)
+    cache = layer.init_cache(2, max_len=13)
+    with torch.no_grad():
+        expected = layer(x)
+    got = torch.cat([layer.prefill(x[:, :6], cache), layer.decode(x[:, 6:], cache)], dim=1)
+    torch.testing.assert_close(got, expected)
+    assert cache.length == 13
+
+
+def test_multihead_attention_errors_name_the_option():
+    with pytest.raises(ValueError, match="unknown attention variant 'nope'; available: full"):
+        variants.MultiheadAttention(16, 2, "nope")
+    with pytest.raises(ValueError, match="no option 'size'; its options are: causal, block_size"):
+        variants.MultiheadAttention(16, 2, "blockwise", size=4)
+    with pytest.raises(ValueError, match="MultiheadAttention: option 'd_model'=16 must be"):
+        variants.MultiheadAttention(16, 3, "full")
+    layer = variants.MultiheadAttention(16, 2, "linear")
+    with pytest.raises(ValueError, match="decode needs a prefilled cache"):
+        layer.decode(torch.randn(1, 1, 16), layer.init_cache(1, max_len=4))
