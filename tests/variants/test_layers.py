@@ -272,6 +272,41 @@ def test_multihead_attention_prefill_and_decode_equal_its_forward(attention, opt
     assert cache.length == 13
 
 
+LANDED = {  # the kernel contract's masks and grouped KV heads (issue 38's first item)
+    "padding": getattr(variants.attention_spec("full"), "supports_padding_mask", False),
+    "gqa": "n_kv_heads" in ModelConfig.__dataclass_fields__,
+}
+
+
+@pytest.mark.skipif(not LANDED["padding"], reason="the kernels' key_padding_mask has not landed")
+@pytest.mark.parametrize("attention", ["full", "linear"])
+def test_multihead_attention_padded_rows_equal_the_rows_alone(attention):
+    """Right padding under a causal layer: a row's real positions are the row run alone."""
+    torch.manual_seed(0)
+    layer = variants.MultiheadAttention(16, 2, attention).double()
+    x = torch.randn(2, 9, 16, dtype=torch.float64)
+    keep = torch.ones(2, 9, dtype=torch.bool)
+    keep[1, 6:] = False
+    y = layer(x, key_padding_mask=keep)
+    torch.testing.assert_close(y[1, :6], layer(x[1:, :6])[0])
+    torch.testing.assert_close(y[0], layer(x[:1])[0])
+
+
+@pytest.mark.skipif(not LANDED["gqa"], reason="model.n_kv_heads has not landed")
+def test_multihead_attention_projects_keys_and_values_to_fewer_heads():
+    torch.manual_seed(0)
+    layer = variants.MultiheadAttention(16, 4, "full", n_kv_heads=1, bias=False).double()
+    full = variants.MultiheadAttention(16, 4, "full", bias=False)
+    projections = sum(p.numel() for p in layer.parameters())
+    assert projections == sum(p.numel() for p in full.parameters()) - 2 * 16 * 12  # k, v: 4 -> 1
+    x = torch.randn(2, 7, 16, dtype=torch.float64)
+    cache = layer.init_cache(2, max_len=7)
+    with torch.no_grad():
+        expected = layer(x)
+    got = torch.cat([layer.prefill(x[:, :3], cache), layer.decode(x[:, 3:], cache)], dim=1)
+    torch.testing.assert_close(got, expected)
+
+
 def test_multihead_attention_errors_name_the_option():
     with pytest.raises(ValueError, match="unknown attention variant 'nope'; available: full"):
         variants.MultiheadAttention(16, 2, "nope")
