@@ -110,8 +110,8 @@ def unsupported_reason(spec: AttentionSpec) -> str | None:
     None (parameters are found when the kernel is built)."""
     if spec.n_gates:
         return (
-            f"it takes {spec.n_gates} gates per token, projected from the layer's input, "
-            "which an attention function never receives"
+            f"it takes gates per token ({spec.n_gates} per head), projected from the layer's "
+            "input, which an attention function never receives"
         )
     if spec.shared_qk_required:
         return "it requires shared QK (its keys are the normalised queries)"
