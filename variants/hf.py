@@ -176,11 +176,10 @@ def _attention_function(name: str):
         causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
         _check_call(name, query, key, attention_mask, dropout, scaling, causal, kwargs)
         kernel = _kernel(name, query, causal=bool(causal)).train(module.training)
-        spec = attention_spec(name)
-        key, value = _grouped(spec, query, key), _grouped(spec, query, value)
+        key, value = _grouped(kernel, query, key), _grouped(kernel, query, value)
         extras = {}
         if attention_mask is not None:
-            if not getattr(spec, "supports_padding_mask", False):
+            if not getattr(kernel, "supports_padding_mask", False):
                 raise UnsupportedCombination(
                     f"hf: attention {name!r} does not support padding masks "
                     "(option 'key_padding_mask')"
@@ -261,10 +260,10 @@ def _kernel(name: str, query: torch.Tensor, *, causal: bool) -> Attention:
     return _KERNELS[key]
 
 
-def _grouped(spec: AttentionSpec, query: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+def _grouped(kernel: Attention, query: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     """Keys or values x (B, H_kv, L, D) for queries (B, H, L_q, D): as they are for a kernel
     that takes grouped KV heads, else each KV head repeated for its H / H_kv query heads."""
     groups = query.shape[1] // x.shape[1]
-    if groups == 1 or getattr(spec, "supports_gqa", False):
+    if groups == 1 or getattr(kernel, "supports_gqa", False):
         return x
     return x.repeat_interleave(groups, dim=1)  # (B, H, L, D)

@@ -273,7 +273,7 @@ def test_multihead_attention_prefill_and_decode_equal_its_forward(attention, opt
 
 
 LANDED = {  # the kernel contract's masks and grouped KV heads (issue 38's first item)
-    "padding": getattr(variants.attention_spec("full"), "supports_padding_mask", False),
+    "padding": getattr(variants.attention_spec("full").cls, "supports_padding_mask", False),
     "gqa": "n_kv_heads" in ModelConfig.__dataclass_fields__,
 }
 
