@@ -70,6 +70,7 @@ def cached_kernels(model, batch_size: int, max_len: int) -> Iterator[None]:
                 max_len=max_len,
                 device=weight.device,
                 dtype=weight.dtype,
+                n_kv_heads=config.kv_heads,
             ),
         )
         for layer in layers
