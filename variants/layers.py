@@ -45,9 +45,23 @@ def build_kernel(
             f"(its keys are the normalised queries)"
         )
     model_options = config.model_options()
-    return spec.build(
+    kernel = spec.build(
         **kernel_options(options or {}), **{k: model_options[k] for k in spec.model_options}
     )
+    if config.kv_heads != config.n_heads:
+        if config.shared_qk:
+            raise UnsupportedCombination(
+                f"{OWNER}: option 'n_kv_heads'={config.n_kv_heads} cannot combine with "
+                "'shared_qk'=True (the keys are the queries, one per query head)"
+            )
+        if config.attention_chunks > 1:
+            raise UnsupportedCombination(
+                f"{OWNER}: option 'n_kv_heads'={config.n_kv_heads} cannot combine with "
+                f"'attention_chunks'={config.attention_chunks} (groups of query heads would "
+                "need their share of the key heads)"
+            )
+        kernel.refuse_unsupported("n_kv_heads")
+    return kernel
 
 
 MULTIHEAD = "MultiheadAttention"
@@ -98,6 +112,9 @@ class SelfAttention(nn.Module):
     With `positions="rotary"` the queries and keys are rotated by their positions (`rotary`)
     before the kernel, so every kernel scores position-relative queries and keys.
 
+    Grouped KV heads (`config.n_kv_heads`): the key and value projections have n_kv_heads
+    heads each, passed to the kernel as (B, H_kv, L, head_dim) (`Attention.forward`).
+
     Dropout is applied to the output projection (residual dropout); kernels have no attention-
     probability dropout.
 
@@ -118,10 +135,13 @@ class SelfAttention(nn.Module):
         self.config = config
         self.n_heads = config.n_heads
         self.head_dim = config.head_dim
+        self.kv_heads = config.kv_heads
         self.kernel = build_kernel(config)
         n_projections = 2 if config.shared_qk else 3  # (q, v) or (q, k, v)
         bias = config.projection_bias
-        self.qkv = nn.Linear(config.d_model, n_projections * config.d_model, bias=bias)
+        kv_width = self.kv_heads * self.head_dim  # = d_model without grouped KV heads
+        width = config.d_model + (n_projections - 1) * kv_width
+        self.qkv = nn.Linear(config.d_model, width, bias=bias)
         self.out = nn.Linear(config.d_model, config.d_model, bias=bias)
         self.dropout = nn.Dropout(config.dropout)
         n_gates = config.spec.n_gates
@@ -159,8 +179,10 @@ class SelfAttention(nn.Module):
         if self.head_groups > 1 and self.kernel.independent_heads:
             return self.dropout(self._by_head_groups(x, masks))
         batch, length, d_model = x.shape
-        q, k, v = self._queries_keys_values(self.qkv(x))  # each (B, L, d_model)
-        q, k, v = self._heads(q), self._heads(k), self._heads(v)  # each (B, H, L, head_dim)
+        q, k, v = self._queries_keys_values(self.qkv(x))  # (B, L, d_model), k, v (B, L, kv)
+        kv_heads = self.kv_heads
+        q, k, v = self._heads(q), self._heads(k, kv_heads), self._heads(v, kv_heads)
+        # q (B, H, L, head_dim); k, v (B, H_kv, L, head_dim)
         if self.config.positions == "rotary":
             # Rotated after the shared-QK keys are derived: a rotation keeps norms, so the keys
             # stay the unit keys of the rotated queries, and k = q stays k = q.
@@ -192,6 +214,7 @@ class SelfAttention(nn.Module):
             max_len=max_len,
             device=weight.device if device is None else device,
             dtype=weight.dtype if dtype is None else dtype,
+            n_kv_heads=self.kv_heads,
         )
 
     def prefill(self, x: torch.Tensor, cache) -> torch.Tensor:
@@ -276,6 +299,9 @@ class SelfAttention(nn.Module):
         n_heads = self.n_heads if n_heads is None else n_heads
         d_model = n_heads * self.head_dim
         if not self.config.shared_qk:
+            if n_heads == self.n_heads and self.kv_heads != n_heads:  # grouped KV heads
+                kv_width = self.kv_heads * self.head_dim
+                return projected.split([d_model, kv_width, kv_width], dim=-1)
             return projected.split(d_model, dim=-1)
         q, v = projected.split(d_model, dim=-1)  # (B, L, d_model) each
         if self.kernel.applies_shared_qk:
@@ -327,7 +353,6 @@ class MultiheadAttention(SelfAttention):
         require_positive_int(MULTIHEAD, "d_model", d_model)
         require_positive_int(MULTIHEAD, "n_heads", n_heads)
         require_divisible(MULTIHEAD, "d_model", d_model, "n_heads", n_heads)
-        grouped = {} if n_kv_heads is None else {"n_kv_heads": n_kv_heads}
         config = ModelConfig(
             d_model=d_model,
             n_heads=n_heads,
@@ -338,7 +363,7 @@ class MultiheadAttention(SelfAttention):
             projection_bias=bias,
             dropout=dropout,
             max_seq_len=max_seq_len,
-            **grouped,
+            n_kv_heads=n_kv_heads,
         )
         super().__init__(config)
 
