@@ -353,6 +353,9 @@ class MultiheadAttention(SelfAttention):
         require_positive_int(MULTIHEAD, "d_model", d_model)
         require_positive_int(MULTIHEAD, "n_heads", n_heads)
         require_divisible(MULTIHEAD, "d_model", d_model, "n_heads", n_heads)
+        if n_kv_heads is not None:
+            require_positive_int(MULTIHEAD, "n_kv_heads", n_kv_heads)
+            require_divisible(MULTIHEAD, "n_heads", n_heads, "n_kv_heads", n_kv_heads)
         config = ModelConfig(
             d_model=d_model,
             n_heads=n_heads,

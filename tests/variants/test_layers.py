@@ -9,6 +9,7 @@ import torch.nn.functional as F
 import variants
 from experiments.measurement.memory import peak_memory_bytes
 from tests.reference import causal_mask, dense_attention, shared_qk_reference
+from variants.checks import UnsupportedCombination
 from variants.config import ModelConfig
 from variants.layers import FeedForward, SelfAttention, rotary
 
@@ -314,6 +315,10 @@ def test_multihead_attention_errors_name_the_option():
         variants.MultiheadAttention(16, 2, "blockwise", size=4)
     with pytest.raises(ValueError, match="MultiheadAttention: option 'd_model'=16 must be"):
         variants.MultiheadAttention(16, 3, "full")
+    with pytest.raises(ValueError, match="MultiheadAttention: option 'n_heads'=4 must be"):
+        variants.MultiheadAttention(16, 4, "full", n_kv_heads=3)
+    with pytest.raises(UnsupportedCombination, match="'n_kv_heads'=2 cannot combine with 'sha"):
+        variants.MultiheadAttention(16, 4, "lsh", n_kv_heads=2)
     layer = variants.MultiheadAttention(16, 2, "linear")
     with pytest.raises(ValueError, match="decode needs a prefilled cache"):
         layer.decode(torch.randn(1, 1, 16), layer.init_cache(1, max_len=4))
