@@ -77,18 +77,27 @@ def require_divisible(owner: str, option: str, value: int, divisor_option: str, 
 
 
 def check_qkv(owner: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-    """Check q, k, v are (batch, heads, seq_len, head_dim) tensors of one shape and one floating
-    dtype (integer inputs would fail deep in a kernel, or come back as integers)."""
+    """Check q (batch, heads, seq_len, head_dim) and k, v (batch, kv_heads, seq_len, head_dim)
+    are tensors of one floating dtype (integer inputs would fail deep in a kernel, or come back
+    as integers), k and v of one shape, and kv_heads a divisor of heads (grouped KV heads: query
+    head h reads key head h // (heads / kv_heads); kv_heads = heads is plain multi-head)."""
     for label, t in (("q", q), ("k", k), ("v", v)):
         if t.dim() != 4:
             raise ValueError(
                 f"{owner}: input {label} must have shape (batch, heads, seq_len, head_dim), "
                 f"got {tuple(t.shape)}"
             )
-    if not q.shape == k.shape == v.shape:
+    same_but_heads = q.shape[0] == k.shape[0] and q.shape[2:] == k.shape[2:]
+    if k.shape != v.shape or not same_but_heads:
         raise ValueError(
             f"{owner}: q, k and v must have the same shape (batch, heads, seq_len, head_dim), "
-            f"got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}"
+            f"but for k and v's heads (kv_heads dividing q's heads), got q {tuple(q.shape)}, "
+            f"k {tuple(k.shape)}, v {tuple(v.shape)}"
+        )
+    if k.shape[1] == 0 or q.shape[1] % k.shape[1]:
+        raise ValueError(
+            f"{owner}: k and v's heads ({k.shape[1]}) must divide q's heads ({q.shape[1]}) "
+            "(grouped KV heads)"
         )
     if q.shape[2] == 0:
         raise ValueError(f"{owner}: seq_len must be positive, got 0")
@@ -98,3 +107,51 @@ def check_qkv(owner: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> 
         )
     if not q.dtype.is_floating_point:
         raise ValueError(f"{owner}: q, k, v must be floating point, got {q.dtype}")
+
+
+def check_key_padding_mask(owner: str, mask: Any, q: torch.Tensor) -> None:
+    """Check `key_padding_mask` is a (batch, seq_len) bool tensor on q's device, True = a real
+    token (the flash-attention / Hugging Face convention; PyTorch's MultiheadAttention uses the
+    opposite)."""
+    import torch
+
+    wanted = (q.shape[0], q.shape[2])
+    if (
+        not isinstance(mask, torch.Tensor)
+        or mask.dtype != torch.bool
+        or tuple(mask.shape) != wanted
+    ):
+        got = f"{mask.dtype} {tuple(mask.shape)}" if isinstance(mask, torch.Tensor) else repr(mask)
+        raise ValueError(
+            f"{owner}: option 'key_padding_mask' must be a bool tensor of shape (batch, seq_len)"
+            f" = {wanted} with True = a real token (keep), False = padding; got {got}"
+        )
+    if mask.device != q.device:
+        raise ValueError(f"{owner}: option 'key_padding_mask' is on {mask.device}, q on {q.device}")
+
+
+def check_segment_ids(owner: str, ids: Any, q: torch.Tensor) -> None:
+    """Check `segment_ids` is a (batch, seq_len) integer tensor on q's device, non-decreasing
+    along the sequence (each document one contiguous run of positions)."""
+    import torch
+
+    wanted = (q.shape[0], q.shape[2])
+    if (
+        not isinstance(ids, torch.Tensor)
+        or ids.dtype.is_floating_point
+        or ids.dtype.is_complex
+        or ids.dtype == torch.bool
+        or tuple(ids.shape) != wanted
+    ):
+        got = f"{ids.dtype} {tuple(ids.shape)}" if isinstance(ids, torch.Tensor) else repr(ids)
+        raise ValueError(
+            f"{owner}: option 'segment_ids' must be an integer tensor of shape (batch, seq_len)"
+            f" = {wanted} (document ids of packed sequences); got {got}"
+        )
+    if ids.device != q.device:
+        raise ValueError(f"{owner}: option 'segment_ids' is on {ids.device}, q on {q.device}")
+    if bool((ids[:, 1:] < ids[:, :-1]).any()):
+        raise ValueError(
+            f"{owner}: option 'segment_ids' must be non-decreasing along seq_len (each "
+            "document one contiguous run of positions)"
+        )

@@ -68,6 +68,10 @@ class ModelConfig:
     - `positions`: `sinusoidal` (absolute, added to the embedding) or `rotary` (RoPE: q and k
       rotated by their position in every layer, so scores depend on offsets only and carry to
       lengths never trained on); rotary needs an even head_dim.
+    - `n_kv_heads`: grouped KV heads (GQA): the keys and values have this many heads, each
+      shared by n_heads / n_kv_heads query heads; None (default) = n_heads, plain multi-head.
+      Refused (`UnsupportedCombination`, when the layers are built) with shared QK (the keys
+      are the queries), with `attention_chunks` > 1, and by a variant without `supports_gqa`.
     - `loss_chunks`, `attention_chunks`: memory switches for very long sequences, 1 (off) by
       default so that no default step changes: the LM loss computed over `loss_chunks` pieces of
       the sequence under checkpointing (`TransformerLM.loss`), and the attention sublayer run
@@ -93,6 +97,7 @@ class ModelConfig:
     positions: str = "sinusoidal"
     loss_chunks: int = 1
     attention_chunks: int = 1
+    n_kv_heads: int | None = None
 
     def __post_init__(self):
         for name in (
@@ -108,6 +113,9 @@ class ModelConfig:
             require_positive_int(OWNER, name, getattr(self, name))
         require_divisible(OWNER, "d_model", self.d_model, "n_heads", self.n_heads)
         require_positive_int(OWNER, "max_seq_len", self.max_seq_len)
+        if self.n_kv_heads is not None:
+            require_positive_int(OWNER, "n_kv_heads", self.n_kv_heads)
+            require_divisible(OWNER, "n_heads", self.n_heads, "n_kv_heads", self.n_kv_heads)
         set_field = object.__setattr__  # frozen: normalised once, here
         set_field(self, "dropout", require_probability(OWNER, "dropout", self.dropout))
         for name in ("causal", "token_shift", "projection_bias"):
@@ -132,6 +140,11 @@ class ModelConfig:
     def head_dim(self) -> int:
         """Width of one head: d_model / n_heads."""
         return self.d_model // self.n_heads
+
+    @property
+    def kv_heads(self) -> int:
+        """Heads of the keys and values: `n_kv_heads`, or n_heads when None."""
+        return self.n_heads if self.n_kv_heads is None else self.n_kv_heads
 
     def model_options(self) -> dict[str, Any]:
         """The values of the model options (`registry.MODEL_OPTIONS`) a kernel may declare."""

@@ -3,7 +3,7 @@ at a time (`TransformerLM.generate` calls `generate` here).
 
 Only attention mixes positions; embeddings, blocks' feed-forwards, norms and the head are
 position-wise. So a step runs the model's own modules on the new positions alone, with every
-layer's kernel temporarily wrapped (`CachedKernel`) so that the layer's q, k, v go to the
+layer's kernel temporarily wrapped (`layers.CachedKernel`) so that the layer's q, k, v go to the
 kernel's `prefill` (the prompt, empty cache) or `decode` (one new position) instead of its
 forward. The sinusoidal positions are those of the tokens' places in the whole sequence and
 the token shift (if on) takes the previous position's embedding, kept between steps.
@@ -16,61 +16,22 @@ from contextlib import contextmanager
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
-from variants.attention.base import Attention, evaluating
+from variants.attention.base import evaluating
 from variants.config import OWNER
-from variants.layers import kernels_swapped
-
-
-class CachedKernel(nn.Module):
-    """A layer's kernel bound to its decoding cache: q, k, v (B, H, T, D) of the next T
-    positions -> (B, H, T, D); the prompt (empty cache) by `prefill`, then one position at a
-    time by `decode`."""
-
-    def __init__(self, kernel: Attention, cache):
-        super().__init__()
-        self.inner = kernel
-        self.cache = cache
-
-    @property
-    def applies_shared_qk(self) -> bool:  # the layer asks its kernel (layers.SelfAttention)
-        return self.inner.applies_shared_qk
-
-    def forward(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gates: torch.Tensor | None = None
-    ) -> torch.Tensor:
-        """gates (B, H, T, n_gates): a gated kernel's, from the positions' tokens (the layer
-        computes them), handed to `prefill` and `decode` with their positions."""
-        if self.cache.length == 0:
-            return self.inner.prefill(q, k, v, self.cache, gates)
-        pieces = []
-        for t in range(q.shape[2]):
-            at = slice(t, t + 1)
-            gate = None if gates is None else gates[:, :, at]  # (B, H, 1, n_gates)
-            pieces.append(
-                self.inner.decode(q[:, :, at], k[:, :, at], v[:, :, at], self.cache, gate)
-            )
-        return torch.cat(pieces, dim=2)  # (B, H, T, D)
+from variants.layers import CachedKernel, kernels_swapped
 
 
 @contextmanager
 def cached_kernels(model, batch_size: int, max_len: int) -> Iterator[None]:
     """Within the block every attention layer of `model` runs its kernel through a fresh cache
     of `max_len` positions; the kernels come back on leaving it, also on an error."""
-    config, weight = model.config, model.head.weight
+    weight = model.head.weight
     layers = list(model._attention_layers())
     wrapped = [
         CachedKernel(
             layer.kernel,
-            layer.kernel.init_cache(
-                batch_size,
-                config.n_heads,
-                config.head_dim,
-                max_len=max_len,
-                device=weight.device,
-                dtype=weight.dtype,
-            ),
+            layer.init_cache(batch_size, max_len=max_len, device=weight.device, dtype=weight.dtype),
         )
         for layer in layers
     ]

@@ -16,8 +16,12 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from variants.attention.base import Attention, replaying, shared_qk_keys
-from variants.checks import UnsupportedCombination
+from variants.attention.base import Attention, evaluating, replaying, shared_qk_keys
+from variants.checks import (
+    UnsupportedCombination,
+    require_divisible,
+    require_positive_int,
+)
 from variants.config import OWNER, ModelConfig, kernel_options
 from variants.registry import AttentionSpec
 
@@ -41,11 +45,26 @@ def build_kernel(
             f"(its keys are the normalised queries)"
         )
     model_options = config.model_options()
-    return spec.build(
+    kernel = spec.build(
         **kernel_options(options or {}), **{k: model_options[k] for k in spec.model_options}
     )
+    if config.kv_heads != config.n_heads:
+        if config.shared_qk:
+            raise UnsupportedCombination(
+                f"{OWNER}: option 'n_kv_heads'={config.n_kv_heads} cannot combine with "
+                "'shared_qk'=True (the keys are the queries, one per query head)"
+            )
+        if config.attention_chunks > 1:
+            raise UnsupportedCombination(
+                f"{OWNER}: option 'n_kv_heads'={config.n_kv_heads} cannot combine with "
+                f"'attention_chunks'={config.attention_chunks} (groups of query heads would "
+                "need their share of the key heads)"
+            )
+        kernel.refuse_unsupported("n_kv_heads")
+    return kernel
 
 
+MULTIHEAD = "MultiheadAttention"
 ROTARY_BASE = 10000.0
 
 
@@ -93,6 +112,9 @@ class SelfAttention(nn.Module):
     With `positions="rotary"` the queries and keys are rotated by their positions (`rotary`)
     before the kernel, so every kernel scores position-relative queries and keys.
 
+    Grouped KV heads (`config.n_kv_heads`): the key and value projections have n_kv_heads
+    heads each, passed to the kernel as (B, H_kv, L, head_dim) (`Attention.forward`).
+
     Dropout is applied to the output projection (residual dropout); kernels have no attention-
     probability dropout.
 
@@ -113,10 +135,13 @@ class SelfAttention(nn.Module):
         self.config = config
         self.n_heads = config.n_heads
         self.head_dim = config.head_dim
+        self.kv_heads = config.kv_heads
         self.kernel = build_kernel(config)
         n_projections = 2 if config.shared_qk else 3  # (q, v) or (q, k, v)
         bias = config.projection_bias
-        self.qkv = nn.Linear(config.d_model, n_projections * config.d_model, bias=bias)
+        kv_width = self.kv_heads * self.head_dim  # = d_model without grouped KV heads
+        width = config.d_model + (n_projections - 1) * kv_width
+        self.qkv = nn.Linear(config.d_model, width, bias=bias)
         self.out = nn.Linear(config.d_model, config.d_model, bias=bias)
         self.dropout = nn.Dropout(config.dropout)
         n_gates = config.spec.n_gates
@@ -139,13 +164,25 @@ class SelfAttention(nn.Module):
         reference = self.out.weight
         return kernel.to(device=reference.device, dtype=reference.dtype).train(self.training)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x: (B, L, d_model) -> (B, L, d_model)."""
+    def forward(
+        self,
+        x: torch.Tensor,
+        key_padding_mask: torch.Tensor | None = None,
+        segment_ids: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """x: (B, L, d_model) -> (B, L, d_model).
+
+        key_padding_mask (B, L) bool, True = a real token, and segment_ids (B, L) int document
+        ids of packed sequences: handed to the kernel (`Attention.forward`), which refuses
+        them with `UnsupportedCombination` where its spec does not support them."""
+        masks = _masks(key_padding_mask, segment_ids)
         if self.head_groups > 1 and self.kernel.independent_heads:
-            return self.dropout(self._by_head_groups(x))
+            return self.dropout(self._by_head_groups(x, masks))
         batch, length, d_model = x.shape
-        q, k, v = self._queries_keys_values(self.qkv(x))  # each (B, L, d_model)
-        q, k, v = self._heads(q), self._heads(k), self._heads(v)  # each (B, H, L, head_dim)
+        q, k, v = self._queries_keys_values(self.qkv(x))  # (B, L, d_model), k, v (B, L, kv)
+        kv_heads = self.kv_heads
+        q, k, v = self._heads(q), self._heads(k, kv_heads), self._heads(v, kv_heads)
+        # q (B, H, L, head_dim); k, v (B, H_kv, L, head_dim)
         if self.config.positions == "rotary":
             # Rotated after the shared-QK keys are derived: a rotation keeps norms, so the keys
             # stay the unit keys of the rotated queries, and k = q stays k = q.
@@ -153,13 +190,65 @@ class SelfAttention(nn.Module):
         gates = None
         if self.gates is not None:
             gates = torch.sigmoid(self._heads(self.gates(x)))  # (B, H, L, n_gates)
-        y = self.kernel(q, k, v, gates=gates)  # (B, H, L, head_dim)
+        y = self.kernel(q, k, v, gates=gates, **masks)  # (B, H, L, head_dim)
         y = y.transpose(1, 2).reshape(batch, length, d_model)  # (B, L, d_model)
         return self.dropout(self.out(y))
 
-    def _by_head_groups(self, x: torch.Tensor) -> torch.Tensor:
+    # --- decoding: the kernel's cache API on (B, T, d_model) inputs --------------------------
+    def init_cache(
+        self,
+        batch_size: int,
+        *,
+        max_len: int,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ):
+        """An empty decoding cache of this layer's kernel for up to `max_len` positions, on the
+        device and dtype of the layer's weights unless given; raises as `Attention.init_cache`
+        (a kernel that cannot decode, a bidirectional layer)."""
+        weight = self.out.weight
+        return self.kernel.init_cache(
+            batch_size,
+            self.n_heads,
+            self.head_dim,
+            max_len=max_len,
+            device=weight.device if device is None else device,
+            dtype=weight.dtype if dtype is None else dtype,
+            n_kv_heads=self.kv_heads,
+        )
+
+    def prefill(self, x: torch.Tensor, cache) -> torch.Tensor:
+        """The layer over a prompt, x (B, T, d_model) -> (B, T, d_model) as the causal forward,
+        leaving the empty `cache` (`init_cache`) as if the prompt had been decoded."""
+        if cache.length:
+            raise ValueError(
+                f"{type(self).__name__}: prefill needs an empty cache, it holds {cache.length}"
+            )
+        return self._cached(x, cache)
+
+    def decode(self, x: torch.Tensor, cache) -> torch.Tensor:
+        """The T positions after the cache's, x (B, T, d_model) -> (B, T, d_model), decoded one
+        at a time (each appended to `cache`)."""
+        if not cache.length:
+            raise ValueError(
+                f"{type(self).__name__}: decode needs a prefilled cache; prefill the prompt first"
+            )
+        return self._cached(x, cache)
+
+    def _cached(self, x: torch.Tensor, cache) -> torch.Tensor:
+        """The layer with its kernel bound to `cache`, without autograd and in eval mode."""
+        if self.config.positions == "rotary":
+            # Each call sees only its new positions: rotary would need the cache's offset.
+            raise ValueError(
+                f"{type(self).__name__}: option 'positions'='rotary' is not supported in decoding"
+            )
+        bound = CachedKernel(self.kernel, cache)
+        with torch.no_grad(), evaluating(self), kernels_swapped([self], [bound]):
+            return self(x)
+
+    def _by_head_groups(self, x: torch.Tensor, masks: Mapping[str, torch.Tensor]) -> torch.Tensor:
         """The attention before dropout, one group of heads at a time under checkpointing:
-        x (B, L, d_model) -> (B, L, d_model)."""
+        x (B, L, d_model) -> (B, L, d_model); `masks` as the kernel takes them."""
         heads = torch.arange(self.n_heads, device=x.device)
         out = None
         for group in torch.tensor_split(heads, self.head_groups):
@@ -168,15 +257,18 @@ class SelfAttention(nn.Module):
                     self._head_group,
                     x,
                     group,
+                    masks,
                     use_reentrant=False,
                     context_fn=_replay_on_recompute,
                 )
             else:
-                part = self._head_group(x, group)
+                part = self._head_group(x, group, masks)
             out = part if out is None else out + part  # (B, L, d_model)
         return out + self.out.bias
 
-    def _head_group(self, x: torch.Tensor, group: torch.Tensor) -> torch.Tensor:
+    def _head_group(
+        self, x: torch.Tensor, group: torch.Tensor, masks: Mapping[str, torch.Tensor]
+    ) -> torch.Tensor:
         """Heads `group` (indices): their projection, kernel and share of the output
         projection (without its bias), x (B, L, d_model) -> (B, L, d_model)."""
         batch, length, d_model = x.shape
@@ -197,7 +289,7 @@ class SelfAttention(nn.Module):
             ).flatten()
             gated = F.linear(x, self.gates.weight[gate_rows], self.gates.bias[gate_rows])
             gates = torch.sigmoid(self._heads(gated, len(group)))  # (B, G, L, n_gates)
-        y = self.kernel(q, k, v, gates=gates)  # (B, G, L, head_dim)
+        y = self.kernel(q, k, v, gates=gates, **masks)  # (B, G, L, head_dim)
         y = y.transpose(1, 2).reshape(batch, length, -1)  # (B, L, G*head_dim)
         return F.linear(y, self.out.weight[:, columns])  # (B, L, d_model)
 
@@ -207,6 +299,9 @@ class SelfAttention(nn.Module):
         n_heads = self.n_heads if n_heads is None else n_heads
         d_model = n_heads * self.head_dim
         if not self.config.shared_qk:
+            if n_heads == self.n_heads and self.kv_heads != n_heads:  # grouped KV heads
+                kv_width = self.kv_heads * self.head_dim
+                return projected.split([d_model, kv_width, kv_width], dim=-1)
             return projected.split(d_model, dim=-1)
         q, v = projected.split(d_model, dim=-1)  # (B, L, d_model) each
         if self.kernel.applies_shared_qk:
@@ -218,6 +313,101 @@ class SelfAttention(nn.Module):
     def _heads(self, x: torch.Tensor, n_heads: int | None = None) -> torch.Tensor:
         # (B, L, H * E) -> (B, H, L, E), H all heads or `n_heads` (a group's)
         return x.unflatten(-1, (n_heads or self.n_heads, -1)).transpose(1, 2)
+
+
+class MultiheadAttention(SelfAttention):
+    """Multi-head self-attention on any registered variant, for use in a model of one's own:
+    `SelfAttention` built from its sizes instead of a whole `ModelConfig`.
+
+    x (batch, seq_len, d_model) -> (batch, seq_len, d_model), with optional `key_padding_mask`
+    (B, L) bool (True = a real token) and `segment_ids` (B, L) document ids. It owns its q, k,
+    v and output projections (k and v to `n_kv_heads` heads, default `n_heads`) and, for a
+    gated variant (NSA, DeltaNet), the projection of the token to its gates; `options` are the
+    kernel's own (`variants.attention_spec(attention).options`, e.g. DeltaNet's
+    `short_conv`). Positions are the caller's (none are added here). Decoding:
+    `init_cache(batch_size, max_len=...)`, `prefill(x, cache)`, `decode(x, cache)`.
+
+    - `shared_qk`: None is what the variant requires (True for LSH and routing).
+    - `bias`: biases in the projections (the published DeltaNet layer has none).
+    - `dropout`: on the output (kernels have no attention dropout).
+    - `max_seq_len`: the longest sequence, a hard limit only for Linformer.
+
+    Errors are `ValueError`s naming the option: an unknown variant lists the variants, an
+    unknown option the variant's options.
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        attention: str = "lsh",
+        n_kv_heads: int | None = None,
+        causal: bool = True,
+        *,
+        shared_qk: bool | None = None,
+        bias: bool = True,
+        dropout: float = 0.0,
+        max_seq_len: int = 4096,
+        **options: Any,
+    ):
+        require_positive_int(MULTIHEAD, "d_model", d_model)
+        require_positive_int(MULTIHEAD, "n_heads", n_heads)
+        require_divisible(MULTIHEAD, "d_model", d_model, "n_heads", n_heads)
+        if n_kv_heads is not None:
+            require_positive_int(MULTIHEAD, "n_kv_heads", n_kv_heads)
+            require_divisible(MULTIHEAD, "n_heads", n_heads, "n_kv_heads", n_kv_heads)
+        config = ModelConfig(
+            d_model=d_model,
+            n_heads=n_heads,
+            attention=attention,
+            attention_options=options,
+            causal=causal,
+            shared_qk=shared_qk,
+            projection_bias=bias,
+            dropout=dropout,
+            max_seq_len=max_seq_len,
+            n_kv_heads=n_kv_heads,
+        )
+        super().__init__(config)
+
+
+class CachedKernel(nn.Module):
+    """A layer's kernel bound to its decoding cache: q, k, v (B, H, T, D) of the next T
+    positions -> (B, H, T, D); the prompt (empty cache) by `prefill`, then one position at a
+    time by `decode`."""
+
+    def __init__(self, kernel: Attention, cache):
+        super().__init__()
+        self.inner = kernel
+        self.cache = cache
+
+    @property
+    def applies_shared_qk(self) -> bool:  # the layer asks its kernel (`SelfAttention`)
+        return self.inner.applies_shared_qk
+
+    def forward(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gates: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """gates (B, H, T, n_gates): a gated kernel's, from the positions' tokens (the layer
+        computes them), handed to `prefill` and `decode` with their positions."""
+        if self.cache.length == 0:
+            return self.inner.prefill(q, k, v, self.cache, gates)
+        pieces = []
+        for t in range(q.shape[2]):
+            at = slice(t, t + 1)
+            gate = None if gates is None else gates[:, :, at]  # (B, H, 1, n_gates)
+            pieces.append(
+                self.inner.decode(q[:, :, at], k[:, :, at], v[:, :, at], self.cache, gate)
+            )
+        return torch.cat(pieces, dim=2)  # (B, H, T, D)
+
+
+def _masks(
+    key_padding_mask: torch.Tensor | None, segment_ids: torch.Tensor | None
+) -> dict[str, torch.Tensor]:
+    """The masks a layer was given, as the kernel's keyword arguments (only those given)."""
+    given = {"key_padding_mask": key_padding_mask, "segment_ids": segment_ids}
+    return {name: mask for name, mask in given.items() if mask is not None}
 
 
 @contextlib.contextmanager

@@ -46,6 +46,13 @@ class AttentionSpec:
     # Heads computed independently (`Attention.independent_heads`): `model.attention_chunks`
     # may run groups of heads as separate calls.
     independent_heads: bool = False
+    # The kernel contract's optional inputs (`Attention.forward`): a key padding mask, document
+    # ids of packed sequences, and k, v with fewer heads than q (`native_gqa`: without
+    # repeating them).
+    supports_padding_mask: bool = False
+    supports_segments: bool = False
+    supports_gqa: bool = True
+    native_gqa: bool = False
 
     @property
     def variant(self) -> str:
@@ -123,6 +130,10 @@ def _spec(name: str, cls: type, preset: dict[str, Any], summary: str | None) -> 
         decode_matches_forward=cls.decode_matches_forward,
         preset=preset,
         independent_heads=cls.independent_heads,
+        supports_padding_mask=cls.supports_padding_mask,
+        supports_segments=cls.supports_segments,
+        supports_gqa=cls.supports_gqa,
+        native_gqa=cls.native_gqa,
     )
 
 
@@ -147,11 +158,20 @@ def build_attention(name: str, **options: Any):
     return attention_spec(name).build(**options)
 
 
+def _yes(flag: bool) -> str:
+    return "yes" if flag else "no"
+
+
 def registry_table() -> str:
-    """The README's registry table (markdown), generated from the specs so it cannot drift."""
+    """The README's registry table (markdown), generated from the specs so it cannot drift.
+
+    `padding`, `documents`: whether the variant takes a key padding mask and segment ids
+    (`Attention.forward`); `GQA`: grouped KV heads, `native` (the repeated keys never
+    materialised), `repeated` (the keys repeated to q's heads first) or `no`."""
     rows = [
-        "| variant | options (defaults) | time | memory | causal | exact |",
-        "|---|---|---|---|---|---|",
+        "| variant | options (defaults) | time | memory | causal | exact | padding | documents "
+        "| GQA |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for name in attention_names():
         spec = attention_spec(name)
@@ -170,8 +190,10 @@ def registry_table() -> str:
         exact = "exact" if spec.exact else "approximate"
         if spec.shared_qk_required:
             exact += " (shared QK)"
+        gqa = ("native" if spec.native_gqa else "repeated") if spec.supports_gqa else "no"
         rows.append(
             f"| `{name}` | {options} | {spec.time_complexity} | {spec.memory_complexity} "
-            f"| {causal} | {exact} |"
+            f"| {causal} | {exact} | {_yes(spec.supports_padding_mask)} "
+            f"| {_yes(spec.supports_segments)} | {gqa} |"
         )
     return "\n".join(rows)

@@ -387,6 +387,7 @@ HASH_NEUTRAL_DEFAULTS = {
     "attention.feature_map": "identity",
     "attention.output_norm": False,
     "model.projection_bias": True,
+    "model.n_kv_heads": None,
 }
 
 

@@ -6,8 +6,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import variants
 from experiments.measurement.memory import peak_memory_bytes
 from tests.reference import causal_mask, dense_attention, shared_qk_reference
+from variants.checks import UnsupportedCombination
 from variants.config import ModelConfig
 from variants.layers import FeedForward, SelfAttention, rotary
 
@@ -232,3 +234,91 @@ def test_positions_option_is_checked():
         ModelConfig(positions="alibi")
     with pytest.raises(ValueError, match="'positions'='rotary' needs an even head_dim"):
         ModelConfig(d_model=9, n_heads=3, positions="rotary")
+
+
+# --- MultiheadAttention: the layer from its sizes ----------------------------------------------
+
+
+def test_multihead_attention_is_the_layer_from_its_sizes():
+    torch.manual_seed(0)
+    layer = variants.MultiheadAttention(24, 3, attention="full").double()
+    assert isinstance(layer, SelfAttention) and layer.kernel.causal
+    x = torch.randn(2, 11, 24, dtype=torch.float64)
+    torch.testing.assert_close(layer(x), _reference_self_attention(layer, x, causal=True))
+
+
+def test_multihead_attention_owns_the_gates_and_the_kernels_extras():
+    layer = variants.MultiheadAttention(
+        16, 2, "deltanet", bias=False, chunk_size=4, short_conv=3, output_norm=True
+    )
+    assert layer.gates.out_features == 2 and layer.qkv.bias is None  # beta per head and token
+    names = {name for name, _ in layer.named_parameters()}
+    assert {"kernel.conv.weight", "kernel.norm_weight", "gates.weight"} <= names
+    assert layer(torch.randn(2, 9, 16)).shape == (2, 9, 16)
+
+
+@pytest.mark.parametrize(
+    ("attention", "options"),
+    [("blockwise", {"block_size": 4}), ("deltanet", {"chunk_size": 4, "short_conv": 3})],
+)
+def test_multihead_attention_prefill_and_decode_equal_its_forward(attention, options):
+    torch.manual_seed(0)
+    layer = variants.MultiheadAttention(16, 2, attention, **options).double().eval()
+    x = torch.randn(2, 13, 16, dtype=torch.float64)
+    cache = layer.init_cache(2, max_len=13)
+    with torch.no_grad():
+        expected = layer(x)
+    got = torch.cat([layer.prefill(x[:, :6], cache), layer.decode(x[:, 6:], cache)], dim=1)
+    torch.testing.assert_close(got, expected)
+    assert cache.length == 13
+
+
+LANDED = {  # the kernel contract's masks and grouped KV heads (issue 38's first item)
+    "padding": getattr(variants.attention_spec("full").cls, "supports_padding_mask", False),
+    "gqa": "n_kv_heads" in ModelConfig.__dataclass_fields__,
+}
+
+
+@pytest.mark.skipif(not LANDED["padding"], reason="the kernels' key_padding_mask has not landed")
+@pytest.mark.parametrize("attention", ["full", "linear"])
+def test_multihead_attention_padded_rows_equal_the_rows_alone(attention):
+    """Right padding under a causal layer: a row's real positions are the row run alone."""
+    torch.manual_seed(0)
+    layer = variants.MultiheadAttention(16, 2, attention).double()
+    x = torch.randn(2, 9, 16, dtype=torch.float64)
+    keep = torch.ones(2, 9, dtype=torch.bool)
+    keep[1, 6:] = False
+    y = layer(x, key_padding_mask=keep)
+    torch.testing.assert_close(y[1, :6], layer(x[1:, :6])[0])
+    torch.testing.assert_close(y[0], layer(x[:1])[0])
+
+
+@pytest.mark.skipif(not LANDED["gqa"], reason="model.n_kv_heads has not landed")
+def test_multihead_attention_projects_keys_and_values_to_fewer_heads():
+    torch.manual_seed(0)
+    layer = variants.MultiheadAttention(16, 4, "full", n_kv_heads=1, bias=False).double()
+    full = variants.MultiheadAttention(16, 4, "full", bias=False)
+    projections = sum(p.numel() for p in layer.parameters())
+    assert projections == sum(p.numel() for p in full.parameters()) - 2 * 16 * 12  # k, v: 4 -> 1
+    x = torch.randn(2, 7, 16, dtype=torch.float64)
+    cache = layer.init_cache(2, max_len=7)
+    with torch.no_grad():
+        expected = layer(x)
+    got = torch.cat([layer.prefill(x[:, :3], cache), layer.decode(x[:, 3:], cache)], dim=1)
+    torch.testing.assert_close(got, expected)
+
+
+def test_multihead_attention_errors_name_the_option():
+    with pytest.raises(ValueError, match="unknown attention variant 'nope'; available: full"):
+        variants.MultiheadAttention(16, 2, "nope")
+    with pytest.raises(ValueError, match="no option 'size'; its options are: causal, block_size"):
+        variants.MultiheadAttention(16, 2, "blockwise", size=4)
+    with pytest.raises(ValueError, match="MultiheadAttention: option 'd_model'=16 must be"):
+        variants.MultiheadAttention(16, 3, "full")
+    with pytest.raises(ValueError, match="MultiheadAttention: option 'n_heads'=4 must be"):
+        variants.MultiheadAttention(16, 4, "full", n_kv_heads=3)
+    with pytest.raises(UnsupportedCombination, match="'n_kv_heads'=2 cannot combine with 'sha"):
+        variants.MultiheadAttention(16, 4, "lsh", n_kv_heads=2)
+    layer = variants.MultiheadAttention(16, 2, "linear")
+    with pytest.raises(ValueError, match="decode needs a prefilled cache"):
+        layer.decode(torch.randn(1, 1, 16), layer.init_cache(1, max_len=4))

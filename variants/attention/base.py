@@ -24,6 +24,21 @@ whose decode cannot equal its forward (LSH: later tokens move chunk boundaries) 
 `decode_matches_forward = False` and documents its decode rule; one that cannot decode at
 all (Linformer: its projection mixes positions) leaves `supports_decode = False` and says why
 in `decode_reason`.
+
+Masks and grouped KV heads (`variants.attention.masking`). `forward` takes
+`key_padding_mask` (B, L) bool, **True = a real token**, and `segment_ids` (B, L) document ids
+of packed sequences, each only where the class says `supports_padding_mask` /
+`supports_segments` (else `UnsupportedCombination`, naming the option and the class's
+`padding_mask_reason` / `segments_reason`); a variant whose support depends on its options
+(impl="flex") overrides `unsupported_input`. `attend` then receives the given masks as keyword
+arguments (`key_padding_mask=`, `segment_ids=`; neither is passed when not given, so the
+calls without masks are exactly those of before), and the rows of padded queries of its output
+are set to zero here. k and v may have fewer heads than q (H_kv dividing H): a `native_gqa`
+kernel receives them as they are, the others receive them repeated to H heads (`repeat_kv`);
+`supports_gqa = False` (shared-QK kernels, whose keys are the queries) refuses them. In
+decoding, a `native_gqa_decode` variant's cache holds `init_cache(..., n_kv_heads=)` heads;
+the others' hold all H heads, the new keys repeated before the hooks. Prefill and decode take
+no masks.
 """
 
 from __future__ import annotations
@@ -38,7 +53,15 @@ import torch.nn.functional as F
 from torch import nn
 
 from variants.attention import flash, flex
-from variants.checks import check_qkv, require_bool, require_positive_int
+from variants.attention.masking import repeat_kv, zero_padded_queries
+from variants.checks import (
+    UnsupportedCombination,
+    check_key_padding_mask,
+    check_qkv,
+    check_segment_ids,
+    require_bool,
+    require_positive_int,
+)
 from variants.patterns import Pattern
 
 # Useful FLOPs of forward+backward as a multiple of forward FLOPs. Backward of softmax(QK^T)V
@@ -78,6 +101,15 @@ class Attention(nn.Module):
     # `flash.attend`: fused where `flash.path` says so), "sdpa" (PyTorch's fused SDPA), or None
     # (no fused attention kernel: explicit matmuls of its own). Read by `kernel_path`.
     softmax_kernels: ClassVar[str | None] = None
+    # Masks (`forward`'s key_padding_mask, segment_ids) and grouped KV heads: module docstring.
+    supports_padding_mask: ClassVar[bool] = False
+    padding_mask_reason: ClassVar[str] = "its kernel takes no key padding mask yet"
+    supports_segments: ClassVar[bool] = False
+    segments_reason: ClassVar[str] = "its kernel takes no document mask yet"
+    supports_gqa: ClassVar[bool] = True
+    gqa_reason: ClassVar[str] = ""
+    native_gqa: ClassVar[bool] = False  # attend takes k, v of H_kv heads (else: repeated)
+    native_gqa_decode: ClassVar[bool] = False  # its cache holds H_kv heads (else: H)
 
     def __init__(self, *, causal: bool = False):
         super().__init__()
@@ -101,11 +133,26 @@ class Attention(nn.Module):
         k: torch.Tensor,
         v: torch.Tensor,
         gates: torch.Tensor | None = None,
+        *,
+        key_padding_mask: torch.Tensor | None = None,
+        segment_ids: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """q, k, v: (batch, heads, seq_len, head_dim) -> (batch, heads, seq_len, head_dim).
+        """q: (batch, heads, seq_len, head_dim), k, v: (batch, kv_heads, seq_len, head_dim)
+        with kv_heads dividing heads (grouped KV heads; kv_heads = heads by default) ->
+        (batch, heads, seq_len, head_dim).
 
         gates: (batch, heads, seq_len, n_gates) in (0, 1), required by (and only by) a variant
         with `n_gates` > 0, which then receives them as `attend(q, k, v, gates)`.
+
+        key_padding_mask: (batch, seq_len) bool, **True = a real token (keep), False =
+        padding** (flash-attention's and Hugging Face's convention, the opposite of PyTorch's
+        MultiheadAttention). Padded keys are never attended to; the outputs at padded queries
+        are zeros (and pass no gradient).
+        segment_ids: (batch, seq_len) integer document ids of packed sequences, non-decreasing
+        along seq_len: no query attends a key of another document.
+        Either raises `UnsupportedCombination` on a variant that cannot take it
+        (`supports_padding_mask`, `supports_segments`, `unsupported_input`), and `ValueError`
+        if mis-shaped or of the wrong dtype.
 
         q, k, v must be floating point (`check_qkv`). An empty batch (batch 0) never reaches
         `attend`: its output is empty (`empty_batch_output`), and backward goes through it.
@@ -117,9 +164,51 @@ class Attention(nn.Module):
                 f"{self.name}: seq_len {q.shape[2]} exceeds option 'max_seq_len'={limit}"
             )
         gated = self._gated(q, gates)
+        masks = self._masks(q, k, key_padding_mask, segment_ids)
         if q.shape[0] == 0:
             return empty_batch_output(q, k, v, *gated)
-        return self.attend(q, k, v, *gated)
+        if not self.native_gqa:
+            k, v = repeat_kv(k, q.shape[1]), repeat_kv(v, q.shape[1])  # (B, H, L, D) each
+        out = self.attend(q, k, v, *gated, **masks)  # (B, H, L, D)
+        return zero_padded_queries(out, key_padding_mask)
+
+    def unsupported_input(self, option: str) -> str | None:
+        """Why this instance cannot take input `option` (key_padding_mask, segment_ids or
+        grouped KV heads, "n_kv_heads"), or None if it can: the class flags by default."""
+        supported, reason = {
+            "key_padding_mask": (self.supports_padding_mask, self.padding_mask_reason),
+            "segment_ids": (self.supports_segments, self.segments_reason),
+            "n_kv_heads": (self.supports_gqa and not self.applies_shared_qk, self.gqa_reason),
+        }[option]
+        if supported:
+            return None
+        if option == "n_kv_heads" and self.applies_shared_qk:
+            return "under shared QK its keys are the queries, one per query head"
+        return reason
+
+    def refuse_unsupported(self, option: str) -> None:
+        """`UnsupportedCombination` naming this variant and `option` if it cannot take it."""
+        reason = self.unsupported_input(option)
+        if reason is not None:
+            raise UnsupportedCombination(
+                f"attention {self.name!r} does not support option {option!r}: {reason}"
+            )
+
+    def _masks(self, q, k, key_padding_mask, segment_ids) -> dict[str, torch.Tensor]:
+        """The masks given, checked, as `attend`'s keyword arguments; raises for an input this
+        variant cannot take (grouped KV heads included)."""
+        if k.shape[1] != q.shape[1]:
+            self.refuse_unsupported("n_kv_heads")
+        masks = {}
+        if key_padding_mask is not None:
+            check_key_padding_mask(self.name, key_padding_mask, q)
+            self.refuse_unsupported("key_padding_mask")
+            masks["key_padding_mask"] = key_padding_mask
+        if segment_ids is not None:
+            check_segment_ids(self.name, segment_ids, q)
+            self.refuse_unsupported("segment_ids")
+            masks["segment_ids"] = segment_ids
+        return masks
 
     def _gated(self, q: torch.Tensor, gates: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
         """The extra arguments of `attend` and the decoding hooks: (gates,) for a gated
@@ -154,8 +243,13 @@ class Attention(nn.Module):
         max_len: int,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
+        n_kv_heads: int | None = None,
     ):
         """An empty decoding cache for up to `max_len` positions (`variants.attention.cache`).
+
+        `n_heads` is the queries' heads; `n_kv_heads` (default n_heads) the keys' (grouped KV
+        heads), which the cache of a `native_gqa_decode` variant holds (the others hold
+        n_heads, the keys repeated).
 
         `ValueError` if this variant cannot decode (`decode_reason`), is not causal, or
         `batch_size` is not positive (a cache of no sequences: the forward takes an empty
@@ -168,6 +262,15 @@ class Attention(nn.Module):
         if not self.causal:
             raise ValueError(f"{self.name}: decode needs option causal=True")
         require_positive_int(self.name, "batch_size", batch_size)
+        if n_kv_heads is not None and n_kv_heads != n_heads:
+            require_positive_int(self.name, "n_kv_heads", n_kv_heads)
+            if n_heads % n_kv_heads:
+                raise ValueError(
+                    f"{self.name}: option 'n_kv_heads'={n_kv_heads} must divide 'n_heads'={n_heads}"
+                )
+            self.refuse_unsupported("n_kv_heads")
+            if self.native_gqa_decode:
+                n_heads = n_kv_heads
         return self.new_cache(
             batch_size, n_heads, head_dim, max_len=max_len, device=device, dtype=dtype
         )
@@ -185,6 +288,7 @@ class Attention(nn.Module):
         (B, H, T, n_gates): as the forward's, for (and only for) a gated variant."""
         check_qkv(self.name, q, k, v)
         gated = self._gated(q, gates)
+        k, v = self._decoding_heads(q, k, v)
         if cache.length:
             raise ValueError(f"{self.name}: prefill needs an empty cache, it holds {cache.length}")
         with torch.no_grad(), evaluating(self):
@@ -204,8 +308,20 @@ class Attention(nn.Module):
         if q.shape[2] != 1:
             raise ValueError(f"{self.name}: decode takes one position, got seq_len {q.shape[2]}")
         gated = self._gated(q, gates)
+        k, v = self._decoding_heads(q, k, v)
         with torch.no_grad(), evaluating(self):
             return self.decode_step(q, k, v, cache, *gated)
+
+    def _decoding_heads(self, q, k, v) -> tuple[torch.Tensor, torch.Tensor]:
+        """k, v as the decoding hooks take them: grouped for a `native_gqa_decode` variant,
+        else repeated to q's heads; `UnsupportedCombination` where grouped heads are not
+        taken."""
+        if k.shape[1] == q.shape[1]:
+            return k, v
+        self.refuse_unsupported("n_kv_heads")
+        if self.native_gqa_decode:
+            return k, v
+        return repeat_kv(k, q.shape[1]), repeat_kv(v, q.shape[1])
 
     def new_cache(self, batch_size, n_heads, head_dim, *, max_len, device, dtype):
         raise NotImplementedError

@@ -53,6 +53,10 @@ class LinformerAttention(Attention):
     memory_complexity = "O(L k)"
     softmax_kernels = "sdpa"
     causal_supported = False
+    padding_mask_reason = segments_reason = (
+        "its learned projection along the sequence mixes every position into each projected "
+        "key, so no key of a padded position or of another document can be left out"
+    )
     causal_reason = (
         "its projection along the sequence mixes future positions into every projected key, "
         "so no query can be kept from seeing the future"

@@ -105,6 +105,8 @@ class LSHAttention(Attention):
     memory_complexity = "O(n_hashes L m)"
     softmax_kernels = "flash"
     shared_qk_required = True
+    supports_gqa = False
+    gqa_reason = "its keys are the unit-normalised queries (shared QK), one per query head"
     supports_decode = True
     decode_matches_forward = False
 

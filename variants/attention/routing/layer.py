@@ -84,6 +84,8 @@ class RoutingAttention(Attention):
     memory_complexity = "O(L w)"
     softmax_kernels = "flash"
     shared_qk_required = True
+    supports_gqa = False
+    gqa_reason = "its keys are the unit-normalised queries (shared QK), one per query head"
     supports_decode = True
 
     def __init__(

@@ -1,0 +1,126 @@
+"""Padding masks, document (segment) masks and grouped KV heads: the pieces kernels share.
+
+The kernel contract (`Attention.forward`) takes two optional masks, both (B, L):
+
+  key_padding_mask  bool, **True = a real token (keep)**, False = padding: the flash-attention /
+                    Hugging Face convention (PyTorch's MultiheadAttention uses the opposite).
+                    Padded keys are never attended to; padded queries' outputs are zeros.
+  segment_ids       integer document ids of packed sequences, non-decreasing along L: no query
+                    attends a key of another document.
+
+Pattern variants fold both into their predicate as one more condition on a (query, key) pair,
+`document_mask`: same document, and the key real or the query itself. The last clause keeps a
+padded query's row non-empty (its own key), so fused kernels never see a row with no key (a
+NaN on some paths); the row's output is zeroed afterwards (`zero_padded_queries`) and, its
+gradient being zero, its key gets no gradient from it. A real query always keeps its own key.
+
+Variants whose output does not depend on absolute positions (linear, performer, deltanet: a
+state over the sequence) run each document's real positions as a sequence of its own
+(`per_document`): the state restarts at every boundary and padding never enters it.
+
+Grouped KV heads: k and v have H_kv heads dividing q's H; query head h reads key head
+h // (H / H_kv), as PyTorch's `enable_gqa` and Hugging Face's `repeat_kv`. Kernels that can use
+the grouping directly say `native_gqa`; the others get repeated keys (`repeat_kv`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+
+def repeat_kv(x: torch.Tensor, n_heads: int) -> torch.Tensor:
+    """(B, H_kv, L, D) -> (B, n_heads, L, D), head h a copy of head h // (n_heads / H_kv)."""
+    batch, kv_heads, length, dim = x.shape
+    if kv_heads == n_heads:
+        return x
+    group = n_heads // kv_heads
+    return (
+        x[:, :, None]
+        .expand(batch, kv_heads, group, length, dim)
+        .reshape(batch, n_heads, length, dim)
+    )
+
+
+def document_mask(
+    key_padding_mask: torch.Tensor | None,
+    segment_ids: torch.Tensor | None,
+    query: torch.Tensor,
+    key: torch.Tensor,
+) -> torch.Tensor:
+    """Bool (B, *pairs): True where the query at position `query` may attend the key at `key`
+    as far as documents and padding go (same document; key real, or the query itself).
+
+    key_padding_mask, segment_ids: (B, L) or None (not both). query, key: integer positions
+    broadcastable against each other (e.g. (n, b, 1) and (n, 1, w)); positions outside [0, L)
+    are allowed here (the kernel's own mask removes them).
+    """
+    some = key_padding_mask if key_padding_mask is not None else segment_ids
+    length = some.shape[1]
+    query, key = torch.broadcast_tensors(query, key)
+    q_at, k_at = query.clamp(0, length - 1), key.clamp(0, length - 1)
+    allowed = torch.ones((some.shape[0], *query.shape), dtype=torch.bool, device=some.device)
+    if segment_ids is not None:
+        allowed &= _at(segment_ids, q_at) == _at(segment_ids, k_at)
+    if key_padding_mask is not None:
+        allowed &= _at(key_padding_mask, k_at) | (query == key)
+    return allowed
+
+
+def _at(per_token: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """per_token (B, L) read at `positions` (any shape of indices): (B, *positions.shape)."""
+    return per_token[:, positions.reshape(-1)].view(per_token.shape[0], *positions.shape)
+
+
+def zero_padded_queries(out: torch.Tensor, key_padding_mask: torch.Tensor | None) -> torch.Tensor:
+    """out (B, H, L, D) with the rows of padded queries (mask False) set to 0; no gradient
+    flows through them."""
+    if key_padding_mask is None:
+        return out
+    return out.masked_fill(~key_padding_mask[:, None, :, None], 0.0)
+
+
+def documents(
+    key_padding_mask: torch.Tensor | None, segment_ids: torch.Tensor | None, batch: int, length: int
+) -> list[list[torch.Tensor]]:
+    """Per sequence, its documents' real positions: a list (B) of lists of (n,) int64 tensors,
+    in position order, documents with no real token left out."""
+    device = (key_padding_mask if key_padding_mask is not None else segment_ids).device
+    positions = torch.arange(length, device=device)
+    out = []
+    for b in range(batch):
+        if segment_ids is None:
+            runs = [positions]
+        else:
+            _, counts = torch.unique_consecutive(segment_ids[b], return_counts=True)
+            runs = list(positions.split(counts.tolist()))
+        if key_padding_mask is not None:
+            runs = [run[key_padding_mask[b, run]] for run in runs]
+        out.append([run for run in runs if len(run)])
+    return out
+
+
+def per_document(
+    fn: Callable[..., torch.Tensor],
+    *inputs: torch.Tensor,
+    key_padding_mask: torch.Tensor | None = None,
+    segment_ids: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """`fn(*inputs)` on every document's real positions as a sequence of its own, the outputs
+    put back at their positions; padded positions' outputs are 0.
+
+    inputs: (B, H, L, *) each (q, k, v, gates; k, v with q's heads); fn maps the (1, H, n, *)
+    slices to (1, H, n, D). A state kernel so restarts at every document boundary and never
+    takes a padded key in. One call per document: the cost is a Python loop over documents.
+    """
+    batch, heads, length = inputs[0].shape[:3]
+    rows = []
+    for b, runs in enumerate(documents(key_padding_mask, segment_ids, batch, length)):
+        shape = (heads, length, inputs[2].shape[-1])
+        row = inputs[0].new_zeros(shape)  # (H, L, D)
+        if runs:
+            pieces = [fn(*(x[b : b + 1, :, run] for x in inputs))[0] for run in runs]
+            row = row.index_copy(1, torch.cat(runs), torch.cat(pieces, dim=1))
+        rows.append(row)
+    return torch.stack(rows)  # (B, H, L, D)

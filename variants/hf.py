@@ -1,0 +1,269 @@
+"""Hugging Face models on attnbench variants: `register()` adds each variant to transformers'
+attention interface and to its mask interface as `attnbench_<name>`.
+
+    import variants.hf
+    variants.hf.register()  # every variant, default options
+    model = LlamaForCausalLM(LlamaConfig(..., attn_implementation="attnbench_linear"))
+
+The optional extra `pip install -e .[hf]` installs transformers (5.x); nothing else in
+`variants` imports this module.
+
+Why both interfaces: a model asks `AttentionMaskInterface[config._attn_implementation]` for
+its masks and, for a name that interface does not know, builds no mask at all, so an
+attention function registered alone never sees causal or padding masks (transformers
+#45811). Ours (`padding_mask`) passes on only the padding, (B, 1, 1, L_kv) bool with True = a
+real token, or None: the kernel is built causal where the attention module is
+(`is_causal`, as HF's SDPA path reads it) and masks padded keys itself, so no (L, L) mask is
+ever built.
+
+Decoding: HF keeps its own KV cache and calls the attention function with the new queries
+and every cached key (L_q < L_kv). The kernel then runs its causal forward over L_kv
+positions with the new queries in the last L_q of them (zeros before, whose outputs are
+dropped), one kernel forward per step; the kernels' own decode caches are not used. This is
+exact because every variant allowed here computes a query's row from that query and the keys
+alone.
+
+Unsupported (an `UnsupportedCombination` naming the reason, at the first forward):
+- gated variants (nsa, deltanet): their gates are projections of the layer's input, which an
+  attention function never receives;
+- variants that require shared QK (lsh, routing): their keys are the normalised queries, and
+  an HF layer has a key projection of its own;
+- variants with parameters (compressed, linformer): kernels are shared between layers and
+  calls (built once per variant, options, causal, heads, head dim, device and dtype, as
+  building one per call is too slow), so their parameters would belong to no model and never
+  be trained or saved;
+- a softmax scale other than 1/sqrt(head_dim) (the kernels' own), attention dropout, and
+  masks other than causal or bidirectional plus padding (sliding windows, packed sequences,
+  custom mask functions, prepared 4-D masks, static caches).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import torch
+from torch import nn
+from transformers import AttentionInterface
+from transformers.masking_utils import (
+    AttentionMaskInterface,
+    bidirectional_mask_function,
+    causal_mask_function,
+    prepare_padding_mask,
+)
+
+from variants.attention.base import Attention
+from variants.checks import UnsupportedCombination
+from variants.registry import AttentionSpec, attention_names, attention_spec
+
+PREFIX = "attnbench_"
+
+# Options of each registered variant, by variant name (`register`).
+_OPTIONS: dict[str, dict[str, Any]] = {}
+# Kernels built so far, by (variant, options, model options, device, dtype).
+_KERNELS: dict[tuple, Attention] = {}
+# Keyword arguments some models pass that change the attention itself: refused when set.
+_REFUSED_KWARGS = ("softcap", "sliding_window", "s_aux", "position_bias")
+
+
+def register(
+    names: Iterable[str] | None = None,
+    options: Mapping[str, Mapping[str, Any]] | None = None,
+) -> list[str]:
+    """Register variants `names` (default every one) with transformers as
+    `attnbench_<name>`, each with its `options[name]` (default the variant's defaults).
+
+    Returns the `attn_implementation` names registered. `ValueError` for an unknown variant
+    (listing the names) or option (listing the variant's options). Registering a name again
+    replaces its options and drops the kernels built with the old ones.
+    """
+    options = dict(options or {})
+    names = attention_names() if names is None else list(names)
+    for name in [*names, *options]:
+        attention_spec(name)  # unknown -> lists the names
+    stray = sorted(set(options) - set(names))
+    if stray:
+        raise ValueError(f"hf: option 'options' names {stray[0]!r}, which is not registered here")
+    registered = []
+    for name in names:
+        spec = attention_spec(name)
+        own = dict(options.get(name, {}))
+        unknown = sorted(set(own) - set(spec.options))
+        if unknown:
+            raise ValueError(
+                f"attention {name!r} has no option {unknown[0]!r}; "
+                f"its options are: {', '.join(spec.options) or 'none'}"
+            )
+        _OPTIONS[name] = own
+        for key in [key for key in _KERNELS if key[0] == name]:
+            del _KERNELS[key]
+        implementation = PREFIX + name
+        AttentionInterface.register(implementation, _attention_function(name))
+        AttentionMaskInterface.register(implementation, padding_mask)
+        registered.append(implementation)
+    return registered
+
+
+def unsupported_reason(spec: AttentionSpec) -> str | None:
+    """Why variant `spec` cannot run inside an HF model, known before any kernel is built, or
+    None (parameters are found when the kernel is built)."""
+    if spec.n_gates:
+        return (
+            f"it takes gates per token ({spec.n_gates} per head), projected from the layer's "
+            "input, which an attention function never receives"
+        )
+    if spec.shared_qk_required:
+        return "it requires shared QK (its keys are the normalised queries)"
+    return None
+
+
+def padding_mask(
+    batch_size: int,
+    q_length: int,
+    kv_length: int,
+    q_offset: int | torch.Tensor = 0,
+    kv_offset: int = 0,
+    mask_function=causal_mask_function,
+    attention_mask: torch.Tensor | None = None,
+    **kwargs: Any,
+) -> torch.Tensor | None:
+    """The mask interface's function for every attnbench variant (the signature of
+    `transformers.masking_utils.sdpa_mask`): the padding alone, (B, 1, 1, kv_length) bool,
+    True = a real token, or None when no key is padded. Causality is the kernel's.
+
+    attention_mask: (B, >= kv_offset + kv_length) bool, the model's 2-D padding mask.
+    `UnsupportedCombination` for another pattern than causal or bidirectional, or for keys that
+    do not end where the queries end (a static or sliding cache)."""
+    if (
+        mask_function is not causal_mask_function
+        and mask_function is not bidirectional_mask_function
+    ):
+        raise UnsupportedCombination(
+            f"hf: mask function {getattr(mask_function, '__name__', mask_function)!r} is not "
+            "supported: attnbench kernels take causal or bidirectional masks with padding "
+            "(no sliding windows, packed sequences or custom mask functions)"
+        )
+    if int(q_offset) + q_length != kv_offset + kv_length:
+        raise UnsupportedCombination(
+            f"hf: queries at {int(q_offset)}..{int(q_offset) + q_length} over keys at "
+            f"{kv_offset}..{kv_offset + kv_length}: the keys must end with the queries "
+            "(no static or sliding caches; the default DynamicCache does)"
+        )
+    if attention_mask is None or bool(attention_mask.all()):
+        return None
+    keep = prepare_padding_mask(attention_mask, kv_length, kv_offset)
+    keep = keep[:, kv_offset : kv_offset + kv_length].bool()  # (B, L_kv)
+    return keep[:, None, None, :]  # (B, 1, 1, L_kv)
+
+
+def _attention_function(name: str):
+    """The attention function of variant `name`, as transformers calls one."""
+
+    def attention(
+        module: nn.Module,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        dropout: float = 0.0,
+        scaling: float | None = None,
+        is_causal: bool | None = None,
+        **kwargs: Any,
+    ) -> tuple[torch.Tensor, None]:
+        """query (B, H, L_q, D), key and value (B, H_kv, L_kv, D), H_kv dividing H ->
+        ((B, L_q, H, D), None), the layout HF's attention functions return."""
+        causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
+        _check_call(name, query, key, attention_mask, dropout, scaling, causal, kwargs)
+        kernel = _kernel(name, query, causal=bool(causal)).train(module.training)
+        key, value = _grouped(kernel, query, key), _grouped(kernel, query, value)
+        extras = {}
+        if attention_mask is not None:
+            if not getattr(kernel, "supports_padding_mask", False):
+                raise UnsupportedCombination(
+                    f"hf: attention {name!r} does not support padding masks "
+                    "(option 'key_padding_mask')"
+                )
+            extras["key_padding_mask"] = attention_mask[:, 0, 0, :]  # (B, L_kv)
+        q_length, kv_length = query.shape[2], key.shape[2]
+        if q_length < kv_length:  # decoding: the new queries are the last positions
+            before = query.new_zeros(*query.shape[:2], kv_length - q_length, query.shape[-1])
+            query = torch.cat([before, query], dim=2)  # (B, H, L_kv, D)
+        out = kernel(query, key, value, **extras)[:, :, -q_length:]  # (B, H, L_q, D)
+        return out.transpose(1, 2).contiguous(), None  # (B, L_q, H, D)
+
+    attention.__name__ = f"{PREFIX}{name}_attention"
+    return attention
+
+
+def _check_call(name, query, key, attention_mask, dropout, scaling, causal, kwargs) -> None:
+    """`UnsupportedCombination` for what the variant's kernel cannot compute as asked."""
+    reason = unsupported_reason(attention_spec(name))
+    if reason:
+        raise UnsupportedCombination(f"hf: attention {name!r} is not supported: {reason}")
+    head_dim = query.shape[-1]
+    if scaling is not None and not math.isclose(scaling, head_dim**-0.5, rel_tol=1e-6):
+        raise UnsupportedCombination(
+            f"hf: attention {name!r}: option 'scaling'={scaling} is not 1/sqrt(head_dim) = "
+            f"{head_dim**-0.5:.6g}, the kernels' softmax scale"
+        )
+    if dropout:
+        raise UnsupportedCombination(
+            f"hf: attention {name!r}: option 'dropout'={dropout}: kernels have no attention "
+            "dropout (set attention_dropout=0)"
+        )
+    for option in _REFUSED_KWARGS:
+        if kwargs.get(option) is not None:
+            raise UnsupportedCombination(
+                f"hf: attention {name!r}: option {option!r} is not supported"
+            )
+    if attention_mask is not None and (
+        attention_mask.dtype != torch.bool
+        or attention_mask.dim() != 4
+        or attention_mask.shape[2] != 1
+    ):
+        raise UnsupportedCombination(
+            f"hf: attention {name!r}: a prepared attention mask of shape "
+            f"{tuple(attention_mask.shape)} and dtype {attention_mask.dtype} is not supported; "
+            "pass the 2-D padding mask (attention_mask=(batch, seq_len))"
+        )
+    if query.shape[2] != key.shape[2] and not causal:
+        raise UnsupportedCombination(
+            f"hf: attention {name!r}: {query.shape[2]} queries over {key.shape[2]} keys needs a "
+            "causal layer (cross-attention is not supported)"
+        )
+
+
+def _kernel(name: str, query: torch.Tensor, *, causal: bool) -> Attention:
+    """Variant `name`'s kernel for queries shaped as `query` (B, H, L, D), built once and kept
+    (`_KERNELS`); `UnsupportedCombination` if it has parameters."""
+    spec = attention_spec(name)
+    n_heads, head_dim = query.shape[1], query.shape[-1]
+    model = {"causal": causal, "n_heads": n_heads, "head_dim": head_dim, "shared_qk": False}
+    model = {k: v for k, v in model.items() if k in spec.model_options}
+    options = _OPTIONS.get(name, {})
+    key = (
+        name,
+        repr(sorted(options.items())),
+        repr(sorted(model.items())),
+        query.device,
+        query.dtype,
+    )
+    if key not in _KERNELS:
+        kernel = spec.build(**options, **model)
+        if any(True for _ in kernel.parameters()):
+            raise UnsupportedCombination(
+                f"hf: attention {name!r} is not supported: its kernel has parameters, which "
+                "would belong to no model (kernels are shared between layers)"
+            )
+        _KERNELS[key] = kernel.to(device=query.device, dtype=query.dtype)
+    return _KERNELS[key]
+
+
+def _grouped(kernel: Attention, query: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """Keys or values x (B, H_kv, L, D) for queries (B, H, L_q, D): as they are for a kernel
+    that takes grouped KV heads, else each KV head repeated for its H / H_kv query heads."""
+    groups = query.shape[1] // x.shape[1]
+    if groups == 1 or getattr(kernel, "supports_gqa", False):
+        return x
+    return x.repeat_interleave(groups, dim=1)  # (B, H, L, D)
