@@ -11,8 +11,10 @@ from matplotlib.figure import Figure
 from analysis import fit, scaling, series
 from analysis.columns import (
     ATTN_FWD_BWD_GFLOPS_PER_S,
+    ATTN_FWD_BWD_MATMUL_FRACTION,
     ATTN_FWD_BWD_MS,
     ATTN_FWD_GFLOPS_PER_S,
+    MATMUL_FRACTION_WARNING,
     MATMUL_PEAK_GFLOPS_PER_S,
     SEQ_LEN,
     SPEEDUP_VS_SDPA,
@@ -156,13 +158,22 @@ def _crossover_note(c: fit.Crossover) -> str:
 
 
 def flops_fraction(frame: pd.DataFrame) -> Figure:
-    """Achieved attention GFLOP/s as a fraction of the machine's measured matmul rate."""
+    """Achieved attention GFLOP/s as a fraction of the machine's measured matmul rate.
+
+    Forward+backward is the recorded fraction (per round against the matmul timed in the same
+    round, `attn_fwd_bwd_matmul_fraction`) where a record has it; forward divides by the job's
+    matmul rate. A fraction the job flagged (`matmul_fraction_warning`: above 1.05, a timing
+    gone wrong) is drawn as a hollow marker, so it is not read as a kernel beating the machine.
+    """
+    rate = frame[MATMUL_PEAK_GFLOPS_PER_S]
+    fwd_bwd = frame[ATTN_FWD_BWD_GFLOPS_PER_S] / rate
+    if ATTN_FWD_BWD_MATMUL_FRACTION in frame:
+        fwd_bwd = frame[ATTN_FWD_BWD_MATMUL_FRACTION].astype(float).fillna(fwd_bwd)
     with_fraction = frame.assign(
-        fwd_fraction=frame[ATTN_FWD_GFLOPS_PER_S] / frame[MATMUL_PEAK_GFLOPS_PER_S],
-        fwd_bwd_fraction=frame[ATTN_FWD_BWD_GFLOPS_PER_S] / frame[MATMUL_PEAK_GFLOPS_PER_S],
+        fwd_fraction=frame[ATTN_FWD_GFLOPS_PER_S] / rate, fwd_bwd_fraction=fwd_bwd
     )
     labelled, _ = series.with_series(with_fraction, x=SEQ_LEN)
-    peak = frame[MATMUL_PEAK_GFLOPS_PER_S].median()
+    peak = rate.median()
     peak_note = f"{peak:.0f} GFLOP/s" if np.isfinite(peak) else "not measured"
     fig, axes = style.new_figure(2, f"Achieved useful FLOP/s ÷ measured matmul rate ({peak_note})")
     for ax, (name, metric) in zip(
@@ -171,7 +182,41 @@ def flops_fraction(frame: pd.DataFrame) -> Figure:
         xs = style.draw_series(ax, labelled, SEQ_LEN, metric, min_points=2)
         if xs:
             ax.axhline(1.0, color="grey", linestyle=":", linewidth=1)
+            if name == "fwd+bwd":
+                _hollow_flagged(ax, labelled)
         style.label_axes(
             ax, _PASS_TITLES[name], SEQ_LEN, "fraction of matmul rate", log=(True, False), xs=xs
         )
     return fig
+
+
+def _hollow_flagged(ax: Axes, labelled: pd.DataFrame) -> None:
+    """A hollow marker over each flagged forward+backward fraction (`matmul_fraction_warning`),
+    and one line of legend saying what it means."""
+    if MATMUL_FRACTION_WARNING not in labelled:
+        return
+    flagged = labelled[labelled[MATMUL_FRACTION_WARNING].fillna(False).astype(bool)]
+    if flagged.empty:
+        return
+    styles = style.series_styles(labelled)
+    for name, rows in flagged.groupby("series", sort=False):
+        ax.plot(
+            rows[SEQ_LEN],
+            rows["fwd_bwd_fraction"],
+            linestyle="none",
+            marker=styles[name]["marker"],
+            markersize=9,
+            markerfacecolor="white",
+            markeredgecolor=styles[name]["color"],
+            markeredgewidth=1.5,
+            zorder=6,
+        )
+    ax.text(
+        0.01,
+        0.99,
+        "hollow: above 1.05 of the matmul, a timing warning (not a real rate)",
+        transform=ax.transAxes,
+        fontsize=7,
+        va="top",
+        color="dimgrey",
+    )

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -25,9 +26,12 @@ from experiments.measurement.decode import measure_decode
 from experiments.measurement.diagnostics import kernel_input_columns
 from experiments.measurement.memory import peak_memory_bytes, peak_rss_bytes
 from experiments.measurement.timing import (
+    FRACTION_WARNING,
+    SPREAD_WARNING,
+    YARDSTICK_S,
     Timing,
-    matmul_gflops_per_s,
-    matmul_timing,
+    matmul_call,
+    matmul_flops,
     round_timer,
     spread_warnings,
     time_call,
@@ -136,7 +140,7 @@ def measure(
         "threads": torch.get_num_threads(),
         "n_parameters": sum(p.numel() for p in model.parameters()),
         "kernel_path": kernel.kernel_path(device, dtype),
-        "matmul_peak_gflops_per_s": matmul_gflops_per_s(str(device), dtype, m_cfg.matmul_size),
+        "matmul_peak_gflops_per_s": None,  # measured in the kernel's rounds, if it is timed
     }
 
     # Training first, on the freshly seeded model, so every variant starts from the same state;
@@ -206,15 +210,12 @@ def measure(
         else (None, None)
     )
     if m_cfg.kernel:
-        with precision.autocast():
-            if m_cfg.speedup_vs:  # interleaved with exact attention: times and speed-ups
-                kernel_times, speedups = speedup_timings(
-                    kernel, kernel_fwd, kernel_fwd_bwd, shape, device, dtype, m_cfg
-                )
-                timings.update(kernel_times)
-                columns.update(speedups)
-            else:
-                timings.update(_kernel_timings(kernel_fwd, kernel_fwd_bwd, device, timing))
+        with precision.autocast():  # interleaved with exact attention and the matmul
+            kernel_times, in_rounds = round_timings(
+                kernel, kernel_fwd, kernel_fwd_bwd, shape, device, dtype, m_cfg
+            )
+        timings.update(kernel_times)
+        columns.update(in_rounds)
         columns.update(_timing_columns(timings))
         if "attn_fwd_bwd_ms" not in timings:  # a forward-only kernel (impl=flex on CPU)
             columns.update(attn_fwd_bwd_ms=None, attn_fwd_bwd_iqr_ms=None)  # not measured
@@ -226,18 +227,15 @@ def measure(
             columns["attn_fwd_bwd_gflops_per_s"] = (
                 columns["attn_fwd_bwd_flops"] / columns["attn_fwd_bwd_ms"] / 1e6
             )
-            columns["attn_fwd_bwd_matmul_fraction"] = (
-                columns["attn_fwd_bwd_gflops_per_s"] / columns["matmul_peak_gflops_per_s"]
-            )
 
     step = _training_step(model, task, device, precision)
     if m_cfg.step:
         timings["step_ms"] = time_call(step, device, **timing)
         columns.update(_timing_columns({"step_ms": timings["step_ms"]}))
-    # A figure whose blocks spread widely is flagged, not silently recorded as a fact.
-    # The matmul rate every achieved rate is divided by is a timing like the others.
-    matmul = matmul_timing(str(device), dtype, m_cfg.matmul_size)
-    columns["timing_warning"] = spread_warnings({**timings, "matmul_peak_gflops_per_s": matmul})
+    # A figure whose blocks spread widely is flagged, not silently recorded as a fact; so are
+    # the matmul rate's spread and a FLOP fraction above the machine's matmul (round_timings).
+    warnings = (spread_warnings(timings), columns.pop("_matmul_warning", None))
+    columns["timing_warning"] = "; ".join(w for w in warnings if w) or None
     if m_cfg.memory:
         step()  # optimiser state exists before the measured step, as in steady-state training
         columns["peak_memory_bytes"] = peak_memory_bytes(step, device)
@@ -468,15 +466,7 @@ def _kernel_calls(kernel, shape, device, dtype) -> tuple[Callable, Callable | No
     return fwd, fwd_bwd
 
 
-def _kernel_timings(fwd, fwd_bwd, device, timing) -> dict[str, Timing]:
-    """Forward and (when there is one) forward+backward times of the kernel alone."""
-    timings = {"attn_fwd_ms": time_call(fwd, device, **timing)}
-    if fwd_bwd is not None:
-        timings["attn_fwd_bwd_ms"] = time_call(fwd_bwd, device, **timing)
-    return timings
-
-
-def speedup_timings(
+def round_timings(
     kernel: Attention,
     fwd: Callable[[], None],
     fwd_bwd: Callable[[], None] | None,
@@ -484,41 +474,94 @@ def speedup_timings(
     device: torch.device,
     dtype: torch.dtype,
     m_cfg: MeasureConfig,
-) -> tuple[dict[str, Timing], dict[str, float]]:
+    clock: Callable[[], float] = time.perf_counter,
+) -> tuple[dict[str, Timing], dict[str, Any]]:
     """The kernel's forward and forward+backward, each timed in `m_cfg.rounds` rounds that
     alternate with exact attention (`full`) at the same shape (batch, heads, seq_len,
     head_dim), device, dtype and threads: its `sdpa` form in both passes and every other
-    `m_cfg.speedup_vs` form (`math`: explicit L×L scores) in forward+backward.
+    `m_cfg.speedup_vs` form (`math`: explicit L×L scores) in forward+backward (none with
+    `speedup_vs` empty); the last pass also with the machine's matmul (`m_cfg.matmul_size`,
+    `YARDSTICK_S` per round) right after the kernel in every round.
 
     Exact attention is causal iff the kernel is, so a bidirectional job is compared with
     bidirectional SDPA. A shared-QK kernel (lsh, routing) is compared with plain SDPA of the
     same shape, not with shared-QK exact attention: the question is what the kernel costs
     against the fused kernel a model would otherwise call. Each round gives every contender
-    `m_cfg.warmup` untimed calls, then `m_cfg.min_run_time_s / m_cfg.rounds` seconds (one
-    block at least). Returns the kernel's timings (`attn_fwd_ms`, `attn_fwd_bwd_ms`: median
-    and IQR over rounds) and the columns `[fwd_]speedup_vs_<impl>` (median over rounds of
-    exact's time / the kernel's in the same round), their `_iqr` and `speedup_rounds`.
+    `m_cfg.warmup` untimed calls the first time, then `m_cfg.min_run_time_s / m_cfg.rounds`
+    seconds (one block at least). Returns the kernel's timings (`attn_fwd_ms`,
+    `attn_fwd_bwd_ms`: median and IQR over rounds) and the columns `[fwd_]speedup_vs_<impl>`
+    (median over rounds of exact's time / the kernel's in the same round), their `_iqr`,
+    `speedup_rounds`, `matmul_peak_gflops_per_s` (the matmul's median over rounds),
+    `attn_fwd_bwd_matmul_fraction` (median over rounds of the kernel's useful FLOP/s / the
+    matmul's in that round) and `matmul_fraction_warning`. `clock` (seconds) is for tests.
     """
     time_one = round_timer(
-        device, min_run_time_s=(m_cfg.min_run_time_s or 0.0) / m_cfg.rounds, warmup=m_cfg.warmup
+        device,
+        min_run_time_s=(m_cfg.min_run_time_s or 0.0) / m_cfg.rounds,
+        warmup=m_cfg.warmup,
+        clock=clock,
     )
+    time_yardstick = round_timer(device, min_run_time_s=YARDSTICK_S, warmup=1, clock=clock)
     passes = [("attn_fwd_ms", "fwd_", fwd, [i for i in m_cfg.speedup_vs if i == "sdpa"])]
     if fwd_bwd is not None:
         passes.append(("attn_fwd_bwd_ms", "", fwd_bwd, list(m_cfg.speedup_vs)))
-    timings, columns = {}, {"speedup_rounds": m_cfg.rounds}
-    for name, prefix, mine, impls in passes:
+    timings: dict[str, Timing] = {}
+    columns: dict[str, Any] = {"speedup_rounds": m_cfg.rounds} if m_cfg.speedup_vs else {}
+    for number, (name, prefix, mine, impls) in enumerate(passes):
         references = {}
         for impl in impls:
             exact = variants.build_attention("full", causal=kernel.causal, impl=impl).to(device)
             exact_fwd, exact_fwd_bwd = _kernel_calls(exact, shape, device, dtype)
             references[impl] = exact_fwd if prefix else exact_fwd_bwd
-        timings[name], ratios = timed_against(
-            mine, references, rounds=m_cfg.rounds, time_one=time_one
+        # A fresh matmul in every job, timed in its rounds: no rate is kept across jobs.
+        last = number == len(passes) - 1
+        yardstick = matmul_call(m_cfg.matmul_size, device, dtype) if last else None
+        timings[name], ratios, matmul = timed_against(
+            mine,
+            references,
+            rounds=m_cfg.rounds,
+            time_one=time_one,
+            yardstick=yardstick,
+            time_yardstick=time_yardstick,
+            clock=clock,
         )
         for impl, r in ratios.items():
             columns[f"{prefix}speedup_vs_{impl}"] = r.median
             columns[f"{prefix}speedup_vs_{impl}_iqr"] = r.iqr
+        if matmul is not None:
+            columns.update(_fraction_columns(kernel, shape, matmul, m_cfg.matmul_size, prefix))
     return timings, columns
+
+
+def _fraction_columns(kernel, shape, matmul, size: int, prefix: str) -> dict[str, Any]:
+    """The matmul rate of the kernel's rounds (GFLOP/s) and, for forward+backward (`prefix`
+    ""), the FLOP fraction: per round (kernel FLOPs / its time) / (matmul FLOPs / its time),
+    which is the round's time ratio matmul / kernel times the FLOP ratio, so its median is that
+    ratio's median scaled. A wide matmul spread or a fraction above `FRACTION_WARNING` leaves
+    a warning in `_matmul_warning` (measure joins it into `timing_warning`)."""
+    timing = matmul.timing
+    columns: dict[str, Any] = {
+        "matmul_peak_gflops_per_s": matmul_flops(size) / timing.median_ms / 1e6
+    }
+    notes = []
+    if timing.spread > SPREAD_WARNING:
+        notes.append(
+            f"matmul_peak_gflops_per_s IQR {timing.spread:.0%} of its median over "
+            f"{timing.blocks} rounds"
+        )
+    if not prefix:  # forward+backward: a forward-only kernel has no fraction
+        flops = kernel.flops(*shape) * FWD_BWD_FLOP_FACTOR
+        fraction = matmul.per_kernel.median * flops / matmul_flops(size)
+        columns["attn_fwd_bwd_matmul_fraction"] = fraction
+        columns["matmul_fraction_warning"] = bool(fraction > FRACTION_WARNING)
+        if fraction > FRACTION_WARNING:
+            notes.append(
+                f"attn_fwd_bwd_matmul_fraction {fraction:.2f} > {FRACTION_WARNING} of the matmul "
+                "timed in the same rounds: a kernel cannot outrun the machine's matmul"
+            )
+    if notes:
+        columns["_matmul_warning"] = "; ".join(notes)
+    return columns
 
 
 def _timing_columns(timings: dict[str, Timing]) -> dict[str, float]:

@@ -9,11 +9,15 @@ A ratio of two calls' times (a kernel against exact attention) is taken in round
 contender once in turn (`time_in_rounds`), as the median of the per-round ratios (`ratio`): a
 change in the machine's load between rounds moves both times of a round alike, so it cancels
 in the ratio instead of landing on whichever contender ran while the machine was busy.
+
+The machine's matmul rate, which achieved FLOP/s are divided by, is such a contender too (the
+`yardstick` of `timed_against`): timed in the kernel's own rounds, right after the kernel, never
+once per process, so a worker whose first matmul ran while the machine was busy cannot lend that
+rate to every later job.
 """
 
 from __future__ import annotations
 
-import functools
 import gc
 import math
 import statistics
@@ -27,6 +31,10 @@ MIN_BLOCKS = 5
 BLOCK_MIN_S = 0.01
 MAX_CALLS_PER_BLOCK = 10**6
 SPREAD_WARNING = 0.5  # flag a figure whose IQR is more than this fraction of its median
+# Flag a FLOP fraction above this: a kernel's useful FLOP/s cannot beat the matmul's by more
+# than the two timings' noise, so past it one of them is off (a stall, a load change).
+FRACTION_WARNING = 1.05
+YARDSTICK_S = 0.03  # the matmul's time budget per round: a few calls, the median of them
 
 
 @dataclass(frozen=True)
@@ -188,22 +196,55 @@ def round_timer(
     return time_one
 
 
+@dataclass(frozen=True)
+class Yardstick:
+    """The matmul timed in a kernel's rounds: its time per call (median and IQR over rounds)
+    and, per round, the matmul's time over the kernel's (`ratio`), the kernel's speed in
+    units of the machine's at that moment."""
+
+    timing: Timing
+    per_kernel: Ratio
+
+
+YARDSTICK = "matmul"  # the yardstick's name among a round's contenders
+
+
 def timed_against(
     mine: Callable[[], object],
     references: Mapping[str, Callable[[], object]],
     *,
     rounds: int,
     time_one: Callable[[Callable[[], object]], float],
+    yardstick: Callable[[], object] | None = None,
+    time_yardstick: Callable[[Callable[[], object]], float] | None = None,
     clock: Callable[[], float] = time.perf_counter,
-) -> tuple[Timing, dict[str, Ratio]]:
+) -> tuple[Timing, dict[str, Ratio], Yardstick | None]:
     """`mine` and each of `references` timed in `rounds` alternating rounds (mine, ref 1,
     ref 2, mine, ref 1, ...; `time_one` per call, e.g. `round_timer`). Returns mine's time
-    (median and IQR over the rounds) and, per reference, the speed-up reference / mine."""
-    calls = {"": mine, **references}
-    times, _ = time_in_rounds(calls, rounds, time_one, clock=clock)
-    q1, median, q3 = quartiles(times[""])
-    own = Timing(median * 1e3, (q3 - q1) * 1e3, len(times[""]), 0)
-    return own, {name: ratio(times[name], times[""]) for name in references}
+    (median and IQR over the rounds), per reference the speed-up reference / mine and, with a
+    `yardstick` (`matmul_call`), the yardstick timed right after mine in every round
+    (`time_yardstick`, default `time_one`), else None."""
+    calls = {"": mine}
+    if yardstick is not None:
+        calls[YARDSTICK] = yardstick
+    calls.update(references)
+    timer_of_yardstick = time_yardstick or time_one
+
+    def timed(fn: Callable[[], object]) -> float:
+        return timer_of_yardstick(fn) if fn is yardstick else time_one(fn)
+
+    times, _ = time_in_rounds(calls, rounds, timed, clock=clock)
+    own = _over_rounds(times[""])
+    measured = None
+    if yardstick is not None:
+        measured = Yardstick(_over_rounds(times[YARDSTICK]), ratio(times[YARDSTICK], times[""]))
+    return own, {name: ratio(times[name], times[""]) for name in references}, measured
+
+
+def _over_rounds(seconds: Sequence[float]) -> Timing:
+    """One time per round (seconds) as a `Timing` in ms: one block per round."""
+    q1, median, q3 = quartiles(seconds)
+    return Timing(median * 1e3, (q3 - q1) * 1e3, len(seconds), 0)
 
 
 def spread_warnings(timings: Mapping[str, Timing], limit: float = SPREAD_WARNING) -> str | None:
@@ -225,18 +266,23 @@ def matmul_call(
     return lambda: a @ b
 
 
-@functools.cache
 def matmul_timing(device: str, dtype: torch.dtype, size: int = 1024) -> Timing:
-    """The time of one `size` x `size` matmul for `dtype` on `device`, measured once per process
-    (its spread is flagged with the job's other timings)."""
+    """The time of one `size` x `size` matmul for `dtype` on `device`, measured now (0.3 s).
+    Not cached: a job's FLOP fraction takes its matmul from its own rounds (`timed_against`);
+    this is for a banner (benchmarks/targets.py)."""
     dev = torch.device(device)
     return time_call(matmul_call(size, dev, dtype), dev, min_run_time_s=0.3, warmup=2)
 
 
+def matmul_flops(size: int) -> int:
+    """FLOPs of one `size` x `size` matmul (`matmul_call`)."""
+    return 2 * size**3
+
+
 def matmul_gflops_per_s(device: str, dtype: torch.dtype, size: int = 1024) -> float:
-    """The machine's dense matmul rate (GFLOP/s) for `dtype` on `device`, measured once per process.
+    """The machine's dense matmul rate (GFLOP/s) for `dtype` on `device`, measured now.
 
     The yardstick for achieved FLOP/s: attention is matmul-bound, so a variant's useful FLOP/s
     over this rate says how close it runs to what the hardware gives.
     """
-    return 2 * size**3 / (matmul_timing(device, dtype, size).median_ms * 1e-3) / 1e9
+    return matmul_flops(size) / (matmul_timing(device, dtype, size).median_ms * 1e-3) / 1e9

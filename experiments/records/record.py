@@ -122,8 +122,26 @@ SCHEMA: tuple[Column, ...] = (
     _measured(
         "attn_fwd_bwd_gflops_per_s", float, "GFLOP/s", "achieved rate, fwd+bwd", scaling=True
     ),
-    _measured("attn_fwd_bwd_matmul_fraction", float, "fraction", "that rate / the matmul rate"),
-    _measured("matmul_peak_gflops_per_s", float, "GFLOP/s", "the machine's matmul rate"),
+    _measured(
+        "attn_fwd_bwd_matmul_fraction",
+        float,
+        "fraction",
+        "that rate / the matmul's in the same round, median over the kernel's rounds",
+    ),
+    _measured(
+        "matmul_fraction_warning",
+        bool,
+        "",
+        "attn_fwd_bwd_matmul_fraction above 1.05: the kernel or the matmul was timed wrong "
+        "(timing_warning says so too)",
+        optional=True,
+    ),
+    _measured(
+        "matmul_peak_gflops_per_s",
+        float,
+        "GFLOP/s",
+        "the machine's matmul rate, timed in the kernel's rounds (median over them)",
+    ),
     _measured(
         "approx_rel_error",
         float,

@@ -171,3 +171,24 @@ def test_training_curve_legend_says_how_train_and_eval_are_drawn(frame):
     legend = [t.get_text() for t in figure.axes[0].get_legend().get_texts()]
     assert legend[-2:] == ["train loss (every step)", "eval loss"]
     assert figure.axes[0].get_title() == "per step"
+
+
+def test_a_flagged_flop_fraction_is_drawn_hollow(frame):
+    flagged = frame.assign(
+        matmul_peak_gflops_per_s=100.0,
+        attn_fwd_gflops_per_s=50.0,
+        attn_fwd_bwd_gflops_per_s=50.0,
+        attn_fwd_bwd_matmul_fraction=0.5,
+        matmul_fraction_warning=False,
+    )
+    at = (flagged["attention"] == "lsh") & (flagged["seq_len"] == 1024)
+    flagged.loc[at, ["attn_fwd_bwd_matmul_fraction", "matmul_fraction_warning"]] = [1.4, True]
+    figure = figures.flops_fraction(flagged)
+    hollow = [
+        line
+        for line in figure.axes[1].get_lines()
+        if line.get_markerfacecolor() in ("white", (1.0, 1.0, 1.0, 1.0))
+    ]
+    assert len(hollow) == 1  # lsh's two seeds at 1024, nothing else
+    assert set(hollow[0].get_xdata()) == {1024} and set(hollow[0].get_ydata()) == {1.4}
+    assert any(t.startswith("hollow: above 1.05") for t in texts(figure))

@@ -27,7 +27,7 @@ ALWAYS = {
     "precision",
     "threads",
     "n_parameters",
-    "matmul_peak_gflops_per_s",
+    "matmul_peak_gflops_per_s",  # None unless the kernel is timed (in its rounds)
     "peak_rss_bytes",
     "timing_warning",
     "kernel_path",
@@ -51,6 +51,7 @@ KERNEL = {
     "attn_fwd_gflops_per_s",
     "attn_fwd_bwd_gflops_per_s",
     "attn_fwd_bwd_matmul_fraction",
+    "matmul_fraction_warning",
 }
 # measure.speedup_vs=[sdpa] (the default): the kernel against SDPA in alternating rounds.
 SPEEDUPS = {
@@ -101,9 +102,11 @@ def test_measure_returns_every_column_with_consistent_units(job_config):
     assert columns["attn_fwd_gflops_per_s"] == pytest.approx(
         columns["attn_fwd_flops"] / (columns["attn_fwd_ms"] * 1e-3) / 1e9
     )
+    # The fraction is the median of per-round ratios, not the ratio of the medians: close.
     assert columns["attn_fwd_bwd_matmul_fraction"] == pytest.approx(
-        columns["attn_fwd_bwd_gflops_per_s"] / columns["matmul_peak_gflops_per_s"]
+        columns["attn_fwd_bwd_gflops_per_s"] / columns["matmul_peak_gflops_per_s"], rel=0.5
     )
+    assert columns["matmul_fraction_warning"] is (columns["attn_fwd_bwd_matmul_fraction"] > 1.05)
     assert 0 < columns["approx_rel_error"] < 1  # a query sees 2 blocks of 16 of up to 64 keys
     assert columns["approx_rel_error_gaussian"] > 0
     assert columns["approx_reference_bits_per_byte"] > 0
@@ -367,21 +370,15 @@ def test_a_widely_spread_figure_is_flagged():
     assert warning.startswith("step_ms IQR") and "attn_fwd_ms" not in warning
 
 
-def test_matmul_rate_is_positive_and_measured_once_per_process():
-    first = timing.matmul_gflops_per_s("cpu", torch.float32, 64)
-    assert first > 0 and timing.matmul_gflops_per_s("cpu", torch.float32, 64) == first
+def test_matmul_rate_is_positive_and_measured_afresh():
+    assert timing.matmul_gflops_per_s("cpu", torch.float32, 64) > 0
+    assert not hasattr(timing.matmul_timing, "cache_info")  # never one rate per process
 
 
-def test_a_widely_spread_matmul_rate_is_flagged_like_every_timing(job_config, monkeypatch):
-    """Scenario 9: the matmul rate every achieved rate is divided by was timed once and its
-    spread never flagged."""
-    noisy = timing.Timing(median_ms=1.0, iqr_ms=0.9, blocks=5, calls_per_block=1)
-    monkeypatch.setattr(measure, "matmul_timing", lambda *args: noisy)
+def test_nothing_timed_no_matmul_rate(job_config):
     config = job_config(*TINY, "train.steps=0", *conftest.MEASURE_NOTHING)
     columns = measure.measure(config, measure.setup(config))
-    assert (
-        columns["timing_warning"] == "matmul_peak_gflops_per_s IQR 90% of its median over 5 blocks"
-    )
+    assert columns["matmul_peak_gflops_per_s"] is None and columns["timing_warning"] is None
 
 
 def test_a_float16_job_checks_its_gradients_every_step_and_records_a_warning(
