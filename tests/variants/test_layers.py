@@ -232,3 +232,36 @@ def test_positions_option_is_checked():
         ModelConfig(positions="alibi")
     with pytest.raises(ValueError, match="'positions'='rotary' needs an even head_dim"):
         ModelConfig(d_model=9, n_heads=3, positions="rotary")
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_grouped_kv_heads_project_fewer_keys_and_match_a_dense_reference(causal):
+    torch.manual_seed(0)
+    layer = attention_layer(24, 4, causal=causal, n_kv_heads=2).double()
+    assert layer.qkv.out_features == 24 + 2 * 2 * 6  # q of 4 heads, k and v of 2 heads of 6
+    x = torch.randn(2, 9, 24, dtype=torch.float64)
+    q, k, v = F.linear(x, layer.qkv.weight, layer.qkv.bias).split([24, 12, 12], dim=-1)
+    q = q.unflatten(-1, (4, 6)).transpose(1, 2)  # (B, 4, L, 6)
+    k, v = (t.unflatten(-1, (2, 6)).transpose(1, 2).repeat_interleave(2, dim=1) for t in (k, v))
+    y = dense_attention(q, k, v, mask=causal_mask(9) if causal else None)
+    expected = F.linear(y.transpose(1, 2).reshape(2, 9, 24), layer.out.weight, layer.out.bias)
+    torch.testing.assert_close(layer(x), expected)
+
+
+@pytest.mark.parametrize(
+    "fields, words",
+    [
+        ({"attention": "lsh"}, "'n_kv_heads'=2 cannot combine with 'shared_qk'=True"),
+        ({"attention_chunks": 2}, "'attention_chunks'=2"),
+    ],
+)
+def test_grouped_kv_heads_refused_where_they_cannot_be_taken(fields, words):
+    from variants.checks import UnsupportedCombination
+
+    with pytest.raises(UnsupportedCombination, match=words):
+        attention_layer(16, 4, n_kv_heads=2, **fields)
+
+
+def test_kv_heads_must_divide_the_heads():
+    with pytest.raises(ValueError, match="'n_heads'=4 must be divisible by 'n_kv_heads'=3"):
+        ModelConfig(d_model=16, n_heads=4, n_kv_heads=3)
