@@ -247,16 +247,54 @@ class Gated(torch.nn.Module):
         self.kernel = kernel
         self.seed = seed
 
-    def forward(self, q, k, v):
+    def forward(self, q, k, v, **masks):
         if not self.kernel.n_gates:
-            return self.kernel(q, k, v)
+            return self.kernel(q, k, v, **masks)
         g = torch.Generator().manual_seed(self.seed)
         noise = torch.randn(*q.shape[:3], self.kernel.n_gates, generator=g, dtype=torch.float64)
         gates = torch.sigmoid(noise).to(device=q.device, dtype=q.dtype)
-        return self.kernel(q, k, v, gates=gates)
+        return self.kernel(q, k, v, gates=gates, **masks)
 
     def __getattr__(self, name):
         try:
             return super().__getattr__(name)
         except AttributeError:
             return getattr(self._modules["kernel"], name)
+
+
+def document_reference_mask(keep, segments):
+    """(B, 1, L, L) bool: True where query i may attend key j as far as padding and documents
+    go, written out directly: key j real (`keep` (B, L) bool, True = real) and in i's document
+    (`segments` (B, L)); either may be None. Rows of padded queries allow every key (their
+    outputs are zeroed afterwards: any row keeps their gradients zero)."""
+    some = keep if keep is not None else segments
+    batch, length = some.shape
+    mask = torch.ones(batch, length, length, dtype=torch.bool)
+    if segments is not None:
+        mask &= segments[:, :, None] == segments[:, None, :]
+    if keep is not None:
+        mask &= keep[:, None, :]
+        mask |= ~keep[:, :, None]
+    return mask[:, None]
+
+
+def padded_zero(out, keep):
+    """out (B, H, L, D) with padded queries' rows (keep False) set to 0."""
+    return out if keep is None else out * keep[:, None, :, None]
+
+
+def padding_and_documents(batch=2, length=24, seed=0):
+    """A key padding mask (True = real; a padded tail and a padded run inside) and segment
+    ids of three or four documents per sequence, (B, L) each."""
+    g = torch.Generator().manual_seed(seed)
+    keep = torch.ones(batch, length, dtype=torch.bool)
+    keep[0, -5:] = False
+    if batch > 1:
+        keep[1, 7:10] = False
+    cuts = torch.sort(torch.randperm(length - 2, generator=g)[:3] + 1).values
+    segments = torch.zeros(batch, length, dtype=torch.int64)
+    for cut in cuts.tolist():
+        segments[0, cut:] += 1
+    if batch > 1:
+        segments[1, length // 2 :] = 1
+    return keep, segments

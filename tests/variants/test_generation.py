@@ -90,3 +90,10 @@ def test_generation_refuses_what_it_cannot_do():
     with pytest.raises(ValueError, match="linformer: cannot decode"):
         bidirectional.generate(torch.zeros(1, 3, dtype=torch.long), 3)
     assert [k.name for k in model.kernels()] == ["full", "full"]  # kernels restored
+
+
+@pytest.mark.parametrize("attention", [a for a in EXACT_DECODERS if attention_spec(a).supports_gqa])
+def test_generation_with_grouped_kv_heads_equals_recomputing_the_forward(attention):
+    model = _model(attention, n_kv_heads=1)  # both query heads read one key head
+    prompt = torch.randint(0, 11, (2, 5), generator=torch.Generator().manual_seed(1))
+    assert torch.equal(model.generate(prompt, 6), _recomputed(model, prompt, 6))

@@ -62,10 +62,6 @@ def test_causal_masking_reaches_the_kernel():
     torch.testing.assert_close(before[:, :-1], after[:, :-1], rtol=0, atol=0)
 
 
-@pytest.mark.skipif(
-    not getattr(hf.attention_spec("full").cls, "supports_padding_mask", False),
-    reason="the kernels' key_padding_mask has not landed yet",
-)
 @pytest.mark.parametrize("side", ["left", "right"])
 def test_full_matches_sdpa_on_a_padded_batch(side):
     tokens, mask = _padded_batch(side)

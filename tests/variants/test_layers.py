@@ -273,13 +273,6 @@ def test_multihead_attention_prefill_and_decode_equal_its_forward(attention, opt
     assert cache.length == 13
 
 
-LANDED = {  # the kernel contract's masks and grouped KV heads (issue 38's first item)
-    "padding": getattr(variants.attention_spec("full").cls, "supports_padding_mask", False),
-    "gqa": "n_kv_heads" in ModelConfig.__dataclass_fields__,
-}
-
-
-@pytest.mark.skipif(not LANDED["padding"], reason="the kernels' key_padding_mask has not landed")
 @pytest.mark.parametrize("attention", ["full", "linear"])
 def test_multihead_attention_padded_rows_equal_the_rows_alone(attention):
     """Right padding under a causal layer: a row's real positions are the row run alone."""
@@ -293,7 +286,6 @@ def test_multihead_attention_padded_rows_equal_the_rows_alone(attention):
     torch.testing.assert_close(y[0], layer(x[:1])[0])
 
 
-@pytest.mark.skipif(not LANDED["gqa"], reason="model.n_kv_heads has not landed")
 def test_multihead_attention_projects_keys_and_values_to_fewer_heads():
     torch.manual_seed(0)
     layer = variants.MultiheadAttention(16, 4, "full", n_kv_heads=1, bias=False).double()
@@ -322,3 +314,36 @@ def test_multihead_attention_errors_name_the_option():
     layer = variants.MultiheadAttention(16, 2, "linear")
     with pytest.raises(ValueError, match="decode needs a prefilled cache"):
         layer.decode(torch.randn(1, 1, 16), layer.init_cache(1, max_len=4))
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_grouped_kv_heads_project_fewer_keys_and_match_a_dense_reference(causal):
+    torch.manual_seed(0)
+    layer = attention_layer(24, 4, causal=causal, n_kv_heads=2).double()
+    assert layer.qkv.out_features == 24 + 2 * 2 * 6  # q of 4 heads, k and v of 2 heads of 6
+    x = torch.randn(2, 9, 24, dtype=torch.float64)
+    q, k, v = F.linear(x, layer.qkv.weight, layer.qkv.bias).split([24, 12, 12], dim=-1)
+    q = q.unflatten(-1, (4, 6)).transpose(1, 2)  # (B, 4, L, 6)
+    k, v = (t.unflatten(-1, (2, 6)).transpose(1, 2).repeat_interleave(2, dim=1) for t in (k, v))
+    y = dense_attention(q, k, v, mask=causal_mask(9) if causal else None)
+    expected = F.linear(y.transpose(1, 2).reshape(2, 9, 24), layer.out.weight, layer.out.bias)
+    torch.testing.assert_close(layer(x), expected)
+
+
+@pytest.mark.parametrize(
+    "fields, words",
+    [
+        ({"attention": "lsh"}, "'n_kv_heads'=2 cannot combine with 'shared_qk'=True"),
+        ({"attention_chunks": 2}, "'attention_chunks'=2"),
+    ],
+)
+def test_grouped_kv_heads_refused_where_they_cannot_be_taken(fields, words):
+    from variants.checks import UnsupportedCombination
+
+    with pytest.raises(UnsupportedCombination, match=words):
+        attention_layer(16, 4, n_kv_heads=2, **fields)
+
+
+def test_kv_heads_must_divide_the_heads():
+    with pytest.raises(ValueError, match="'n_heads'=4 must be divisible by 'n_kv_heads'=3"):
+        ModelConfig(d_model=16, n_heads=4, n_kv_heads=3)

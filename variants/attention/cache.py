@@ -345,11 +345,13 @@ class DeltaCache(Cache):
 
 def attend_prefix(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale=None):
     """Softmax attention of new queries over held keys: q (B, H, T, D), keys and values
-    (B, H, n, D) (views are fine: the fused CPU kernel reads them in place) -> (B, H, T, D).
-    n = 0 gives zeros (a softmax over nothing, as `combined` takes it)."""
+    (B, H_kv, n, D) with H_kv dividing H (views are fine: the fused CPU kernel reads them in
+    place) -> (B, H, T, D). n = 0 gives zeros (a softmax over nothing, as `combined` takes
+    it)."""
     if keys.shape[2] == 0:
         return torch.zeros_like(q)
-    return F.scaled_dot_product_attention(q, keys, values, scale=scale)
+    gqa = {"enable_gqa": True} if keys.shape[1] != q.shape[1] else {}
+    return F.scaled_dot_product_attention(q, keys, values, scale=scale, **gqa)
 
 
 def attend_allowed(

@@ -90,6 +90,10 @@ class CompressedAttention(Attention):
     supports_decode = True
     softmax_kernels = "flash"
     independent_heads = True
+    padding_mask_reason = segments_reason = (
+        "its keys are summaries of whole blocks, which would have to leave padded "
+        "positions and other documents out; not implemented yet"
+    )
 
     def __init__(
         self, *, causal: bool = False, factor: int = 4, method: str = "conv", head_dim: int = 64

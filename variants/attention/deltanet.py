@@ -48,6 +48,7 @@ from torch import nn
 
 from variants.attention.base import Attention
 from variants.attention.cache import DeltaCache
+from variants.attention.masking import per_document
 from variants.checks import (
     require_bool,
     require_choice,
@@ -76,6 +77,7 @@ class DeltaNetAttention(Attention):
     n_gates = 1
     supports_decode = True
     independent_heads = True
+    supports_padding_mask = supports_segments = True  # one document at a time
 
     def __init__(
         self,
@@ -104,7 +106,12 @@ class DeltaNetAttention(Attention):
             self.conv = nn.Conv1d(channels, channels, self.short_conv, groups=channels, bias=False)
         self.norm_weight = nn.Parameter(torch.ones(head_dim)) if self.output_norm else None
 
-    def attend(self, q, k, v, gates) -> torch.Tensor:
+    def attend(self, q, k, v, gates, **masks) -> torch.Tensor:
+        """With a key padding mask or segment ids (`masks`), each document's real positions
+        run as a sequence of their own (`masking.per_document`): the state (and the short
+        convolution's window) restarts at every boundary and never takes a padded token in."""
+        if masks:
+            return per_document(self.attend, q, k, v, gates, **masks)
         q, k, v = self._inputs(q, k, v, self.convolved(q, k, v))
         return self._normed(self._chunked(q, k, v, gates)[0])
 

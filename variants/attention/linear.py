@@ -8,6 +8,10 @@ O(L d^2), memory O(L d + d^2): the sums are one state per head, built in chunks 
 (`kernelized`, shared with `performer`). Not an approximation of softmax attention but a
 different attention: its `approx_rel_error` against exact attention does not shrink with any
 option, and it has none beyond `causal`.
+
+With a key padding mask or segment ids each document's real positions run as a sequence of
+their own (`masking.per_document`): the sums restart at every document boundary and never
+hold a padded key.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import torch.nn.functional as F
 from variants.attention import kernelized
 from variants.attention.base import Attention
 from variants.attention.cache import StateCache
+from variants.attention.masking import per_document
 from variants.registry import register_attention
 
 
@@ -31,8 +36,11 @@ class LinearAttention(Attention):
     memory_complexity = "O(L d + d^2)"
     supports_decode = True
     independent_heads = True
+    supports_padding_mask = supports_segments = True  # one document at a time
 
-    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **masks) -> torch.Tensor:
+        if masks:  # key_padding_mask and/or segment_ids
+            return per_document(self.attend, q, k, v, **masks)
         phi_q, phi_k = F.elu(q) + 1, F.elu(k) + 1  # (B, H, L, D) each, positive
         return kernelized.feature_attention(phi_q, phi_k, v, causal=self.causal)
 

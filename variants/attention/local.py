@@ -15,6 +15,7 @@ from torch.autograd.function import once_differentiable
 
 from variants import patterns
 from variants.attention.base import pad_to_multiple, without_self
+from variants.attention.masking import document_mask
 
 
 def to_blocks(x: torch.Tensor, block_size: int) -> torch.Tensor:
@@ -95,8 +96,12 @@ def window_mask(
     *,
     exclude_self: bool = False,
     device: torch.device | None = None,
+    key_padding_mask: torch.Tensor | None = None,
+    segment_ids: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Which window keys each query may attend: bool (n, block_size, w * block_size).
+    """Which window keys each query may attend: bool (n, block_size, w * block_size), or
+    (B, n, block_size, w * block_size) with a key padding mask or segment ids ((B, L) each:
+    `masking.document_mask`, applied before the shared-QK rule).
 
     True where `pattern` allows the pair (query i, window key j) and j is a real position
     (0 <= j < seq_len: missing edge blocks and padding are masked); with `exclude_self`, j != i
@@ -122,6 +127,10 @@ def window_mask(
     # Which keys exist depends only on the block: edge windows and padding miss some.
     real_key = (key_pos >= 0) & (key_pos < seq_len)  # (n, 1, w*b)
     allowed = allowed & real_key  # (n, b, w*b)
+    if key_padding_mask is not None or segment_ids is not None:
+        query_pos = (block_start + query_offset[:, 0])[:, :, None]  # (n, b, 1)
+        documents = document_mask(key_padding_mask, segment_ids, query_pos, key_pos)
+        allowed = allowed & documents  # (B, n, b, w*b)
     if exclude_self:
         is_self = key_offset - query_offset == 0  # (b, w*b)
         allowed = without_self(allowed, is_self)  # (n, b, w*b)

@@ -54,7 +54,7 @@ def document_mask(
 
     key_padding_mask, segment_ids: (B, L) or None (not both). query, key: integer positions
     broadcastable against each other (e.g. (n, b, 1) and (n, 1, w)); positions outside [0, L)
-    are allowed here (the kernel's own mask removes them).
+    are read at the nearest position (the kernel's own mask removes them).
     """
     some = key_padding_mask if key_padding_mask is not None else segment_ids
     length = some.shape[1]
@@ -64,7 +64,7 @@ def document_mask(
     if segment_ids is not None:
         allowed &= _at(segment_ids, q_at) == _at(segment_ids, k_at)
     if key_padding_mask is not None:
-        allowed &= _at(key_padding_mask, k_at) | (query == key)
+        allowed &= _at(key_padding_mask, k_at) | (q_at == k_at)
     return allowed
 
 

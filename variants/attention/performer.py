@@ -50,6 +50,7 @@ from torch.utils.checkpoint import checkpoint
 from variants.attention import kernelized
 from variants.attention.base import Attention, is_replaying
 from variants.attention.cache import StateCache
+from variants.attention.masking import per_document
 from variants.checks import require_non_negative_int, require_positive_int
 from variants.registry import register_attention
 
@@ -90,6 +91,7 @@ class PerformerAttention(Attention):
     memory_complexity = "O(L m + m d)"
     supports_decode = True
     independent_heads = True
+    supports_padding_mask = supports_segments = True  # one document at a time
 
     def __init__(
         self,
@@ -133,7 +135,10 @@ class PerformerAttention(Attention):
         self.draws += 1
         self.features.copy_(self._draw(self.features.dtype))
 
-    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **masks) -> torch.Tensor:
+        """With a key padding mask or segment ids (`masks`) the features' attention runs on
+        each document's real positions alone (`masking.per_document`): the sums restart at
+        every boundary, and the key stabiliser is the document's (one draw, one call)."""
         if q.shape[-1] != self.head_dim:
             raise ValueError(
                 f"{self.name}: option 'head_dim'={self.head_dim} must equal the inputs' "
@@ -151,6 +156,8 @@ class PerformerAttention(Attention):
         if dtype in HALF_TYPES:
             q, k, v = q.float(), k.float(), v.float()
         batch, heads, length, _ = q.shape
+        if masks:
+            return per_document(self._features_attention, q, k, v, **masks).to(dtype)
         if heads == 1 or batch * heads * length * self.n_features * 4 <= HEAD_BY_HEAD_BYTES:
             return self._features_attention(q, k, v).to(dtype)  # (B, H, L, D)
         # One head at a time (under checkpointing when training): the features of all heads

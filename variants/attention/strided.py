@@ -44,6 +44,10 @@ class StridedAttention(Attention):
     supports_decode = True
     softmax_kernels = "flash"
     independent_heads = True
+    padding_mask_reason = segments_reason = (
+        "its local and column parts run with one bias shared by batch and heads "
+        "(LocalAndColumns); per-sequence masks are not implemented yet"
+    )
 
     def __init__(self, *, causal: bool = False, stride: int | str = "auto", impl: str = "native"):
         super().__init__(causal=causal)

@@ -246,3 +246,13 @@ def test_a_full_disk_between_jobs_is_one_line_naming_the_file_and_the_sweep_ends
     hidden = {p.name for p in sweep_dir.glob("**/.*") if ".hydra" not in p.parts}
     assert hidden <= {".job.lock", ".multirun.json", ".results.lock", ".claims"}  # no temp file
     assert not lost.exists() and not (sweep_dir / "1" / "history.parquet").exists()
+
+
+def test_grouped_kv_heads_a_variant_cannot_take_are_skipped_naming_the_option(
+    resolved_config, tmp_path
+):
+    """`model.n_kv_heads` on LSH, whose keys are the queries (shared QK): skipped, not error."""
+    config = resolved_config(*TINY, *QUICK, "attention=lsh", "model.n_kv_heads=1")
+    rec = run_job(config, tmp_path / "0", job="0", sweep_dir=None)
+    assert rec["status"] == "skipped", rec["error"]
+    assert "n_kv_heads" in rec["error"] and "shared_qk" in rec["error"]

@@ -75,6 +75,10 @@ class CombinedAttention(Attention):
     supports_decode = True
     softmax_kernels = "flash"
     independent_heads = True
+    padding_mask_reason = segments_reason = (
+        "its tile plan and masks are shared by batch and heads; per-sequence masks are "
+        "not implemented yet"
+    )
 
     def __init__(
         self,

@@ -108,6 +108,10 @@ class LSHAttention(Attention):
     supports_gqa = False
     gqa_reason = "its keys are the unit-normalised queries (shared QK), one per query head"
     supports_decode = True
+    padding_mask_reason = segments_reason = (
+        "its hashed chunks gather positions from the whole sequence and attend within "
+        "fixed-size chunks; per-sequence masks inside the chunks are not implemented"
+    )
     decode_matches_forward = False
 
     def __init__(

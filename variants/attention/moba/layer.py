@@ -56,6 +56,10 @@ class MoBAAttention(Attention):
     softmax_kernels = "flash"
     supports_decode = True
     independent_heads = True
+    padding_mask_reason = segments_reason = (
+        "it selects key blocks by their mean key, which would have to leave padded "
+        "positions and other documents out; not implemented yet"
+    )
 
     def __init__(self, *, causal: bool = False, block_size: int = 128, top_k: int = 4):
         super().__init__(causal=causal)

@@ -75,6 +75,10 @@ class NSAAttention(Attention):
     n_gates = 3
     supports_decode = True
     independent_heads = True
+    padding_mask_reason = segments_reason = (
+        "its compressed and selected branches score whole blocks, which would have to "
+        "leave padded positions and other documents out; not implemented yet"
+    )
 
     def __init__(
         self,

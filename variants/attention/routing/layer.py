@@ -87,6 +87,10 @@ class RoutingAttention(Attention):
     supports_gqa = False
     gqa_reason = "its keys are the unit-normalised queries (shared QK), one per query head"
     supports_decode = True
+    padding_mask_reason = segments_reason = (
+        "its clusters gather positions from the whole sequence into fixed-size windows; "
+        "per-sequence masks inside the windows are not implemented"
+    )
 
     def __init__(
         self,
