@@ -19,6 +19,7 @@ records carry no validation accuracy, is left as it is.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -49,8 +50,10 @@ def grid_text(rates) -> str:
 
 def choose_learning_rates(frame: pd.DataFrame, context: list[str]) -> pd.DataFrame:
     """`frame` with, per family of more than one `train.lr`, only the chosen rate's records (the
-    module doc), each with `lr_grid`, `lr_chosen` and `lr_any_learned`. `context`: the
-    frame's context columns (`analysis.series.context_columns`)."""
+    module doc), each with `lr_grid`, `lr_chosen` and `lr_any_learned`; a family that ran one
+    rate where others ran another (a preset at tuned rates, conf/tuned/) keeps its records with
+    that rate as `lr_chosen` and no `lr_grid`. `context`: the frame's context columns
+    (`analysis.series.context_columns`)."""
     if LR not in frame or VALID not in frame or frame[LR].dropna().nunique() < 2:
         return frame
     columns = family_columns(frame, context)
@@ -58,7 +61,10 @@ def choose_learning_rates(frame: pd.DataFrame, context: list[str]) -> pd.DataFra
     kept = []
     for _, family in frame.groupby(keys, sort=False):
         rates = sorted(family[LR].dropna().unique())
-        if len(rates) < 2 or family[VALID].isna().all():
+        if len(rates) == 1:
+            kept.append(family.assign(lr_chosen=rates[0]))
+            continue
+        if not rates or family[VALID].isna().all():
             kept.append(family)
             continue
         score = rate_scores(family)
@@ -140,7 +146,9 @@ def protocol_line(records: pd.DataFrame) -> str:
         grids = ", ".join(records["lr_grid"].dropna().unique())
         parts.append(f"lr per variant from {grids}, chosen on the validation split")
     elif LR in records and records[LR].notna().any():
-        parts.append(f"lr {', '.join(format_value(r) for r in sorted(records[LR].unique()))}")
+        rates = ", ".join(format_value(r) for r in sorted(records[LR].dropna().unique()))
+        per_variant = "lr_chosen" in records and records[LR].nunique() > 1
+        parts.append(f"lr per variant, fixed (one each: {rates})" if per_variant else f"lr {rates}")
     if "train.steps" in records and records["train.steps"].notna().any():
         caps = "/".join(format_value(s) for s in sorted(records["train.steps"].dropna().unique()))
         parts.append(f"cap {caps} steps (the final stage's)")
@@ -157,10 +165,42 @@ def protocol_line(records: pd.DataFrame) -> str:
     return "Protocol: " + "; ".join(parts) + "."
 
 
+def rate_table(rates: pd.DataFrame, records: pd.DataFrame, source: str) -> str:
+    """`rates` (`chosen_rates`) as the YAML a preset reads with `${tuned_lr:TABLE,...}`
+    (experiments/app/resolvers.py): one `attention: rate` line per variant, under a header that
+    says where the rates come from (the sweep, its commits and dates, the grid, what no rate
+    learned). A variant tuned twice (two families, e.g. two option sets) at two different rates
+    is an error: the table keys by attention name only."""
+    by_name: dict[str, float] = {}
+    for _, row in rates.iterrows():
+        name, rate = row["attention"], float(row["lr_chosen"])
+        if by_name.get(name, rate) != rate:
+            raise ValueError(
+                f"{name!r} has two families with different chosen rates ({by_name[name]} and "
+                f"{rate}): a tuned table keys by attention name; tune one family per sweep"
+            )
+        by_name[name] = rate
+    commits = sorted({str(c)[:7] for c in records.get("git_commit", pd.Series()).dropna()})
+    stamps = records.get("timestamp", pd.Series(dtype=str)).dropna().sort_values()
+    dates = f"{stamps.iloc[0][:10]} … {stamps.iloc[-1][:10]}" if len(stamps) else "unknown"
+    unlearned = sorted(rates.loc[~rates["lr_any_learned"].astype(bool), "attention"].unique())
+    lines = [
+        "# Learning rates chosen on the validation split of a grid (analysis/tuning.py),",
+        f"# written by `python -m analysis.tuning {source} --write <this file>`.",
+        f"# Grid: {', '.join(sorted(rates['lr_grid'].unique()))}; records: commit "
+        f"{', '.join(commits) or 'unknown'}, {dates}.",
+        f"# Learned at no rate of the grid: {', '.join(unlearned) or 'none'}",
+        "# (their rate is the grid's best all the same: the tables say 'not learned').",
+        *(f"{name}: {format_value(rate)}" for name, rate in sorted(by_name.items())),
+    ]
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str] | None = None) -> None:
-    """`python -m analysis.tuning SWEEP_DIR... [--overrides]`: the learning rate chosen per
-    family, or (--overrides) one line of Hydra overrides per family, to run more seeds or head
-    dims at the chosen rate (`make capacity-seeds`)."""
+    """`python -m analysis.tuning SWEEP_DIR... [--overrides | --write FILE]`: the learning rate
+    chosen per family; or (--overrides) one line of Hydra overrides per family, to run more
+    seeds or head dims at the chosen rate (`make capacity-seeds`); or (--write) the rates as
+    the table a preset reads (`conf/tuned/<preset>.yaml`, `${tuned_lr:...}`)."""
     import argparse
 
     from analysis.load import load_results
@@ -169,6 +209,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m analysis.tuning", description=main.__doc__)
     parser.add_argument("paths", nargs="+", help="sweep dirs or results files")
     parser.add_argument("--overrides", action="store_true", help="print Hydra overrides only")
+    parser.add_argument("--write", metavar="FILE", help="write the rates as a tuned table")
     args = parser.parse_args(argv)
     frame = load_results(args.paths)
     rates = chosen_rates(frame, context_columns(frame)) if len(frame) else pd.DataFrame()
@@ -176,6 +217,10 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"no family with a learning-rate grid and validation in {args.paths}")
     if args.overrides:
         print("\n".join(rates["overrides"]))
+        return
+    if args.write:
+        Path(args.write).write_text(rate_table(rates, frame, " ".join(args.paths)))
+        print(f"wrote {args.write}: {len(rates)} rates")
         return
     context = [c for c in context_columns(rates) if c in rates and rates[c].nunique() > 1]
     shown = ["variant", *context, "lr_grid", "lr_chosen", "lr_any_learned", VALID]

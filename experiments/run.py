@@ -26,19 +26,12 @@ from omegaconf import DictConfig, OmegaConf
 
 from experiments.app import job as jobs
 from experiments.app import parent, progress, sweep
-from experiments.app.resolvers import register
+from experiments.app.resolvers import config_dir, register
 from experiments.config import added_keys, check_required_keys
 from experiments.records import record, store
 from experiments.training import progress as training_progress
 
 register()
-
-
-def config_dir() -> Path:
-    """The Hydra configs: `conf/` of the checkout, which an install puts in `experiments/conf/`."""
-    here = Path(__file__).resolve().parent
-    installed = here / "conf"
-    return installed if (installed / "config.yaml").is_file() else here.parent / "conf"
 
 
 def _parallel_jobs(hydra_cfg) -> int:

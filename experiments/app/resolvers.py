@@ -5,6 +5,9 @@ configs may use, and the W&B logger's structured config.
     ${causal_only:${attention.name}}       true if the variant cannot be bidirectional
     ${timing_workers:${device}}            jobs side by side in a timing sweep: one per free
                                            CPU core at launch, 1 on CUDA (experiments/app/cores.py)
+    ${tuned_lr:TABLE,${attention.name}}    the learning rate a tuning grid chose for the variant,
+                                           from conf/tuned/TABLE.yaml (`python -m analysis.tuning
+                                           SWEEP --write conf/tuned/TABLE.yaml` writes it)
 
 so a preset can train every variant causally where it can be and bidirectionally where it
 cannot (Linformer), instead of recording the latter as skipped. The logger's schema
@@ -16,6 +19,8 @@ registry is looked up when a resolver is called, not before.
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
@@ -34,6 +39,29 @@ def causal_only(name: str) -> bool:
     return not variants.attention_spec(name).bidirectional_supported
 
 
+def config_dir() -> Path:
+    """The Hydra configs: `conf/` of the checkout, which an install puts in `experiments/conf/`."""
+    package = Path(__file__).resolve().parents[1]
+    installed = package / "conf"
+    return installed if (installed / "config.yaml").is_file() else package.parent / "conf"
+
+
+def tuned_lr(table: str, name: str) -> float:
+    """The learning rate that `conf/tuned/<table>.yaml` holds for attention variant `name`: the
+    rate a preset's grid chose on validation (`analysis.tuning --write`). A variant the table
+    lacks is an error naming both and how to get a rate: a guessed rate would be untuned."""
+    path = config_dir() / "tuned" / f"{table}.yaml"
+    if not path.is_file():
+        raise ValueError(f"tuned_lr: no table {table!r} ({path} does not exist)")
+    rates = OmegaConf.to_container(OmegaConf.load(path))
+    if name not in rates:
+        raise ValueError(
+            f"tuned_lr: {path.name} has no learning rate for attention {name!r} (it has: "
+            f"{', '.join(rates)}); run its grid (train.lr=1e-3,3e-3,1e-2) or set train.lr="
+        )
+    return float(rates[name])
+
+
 def register() -> None:
     """Register the resolvers and the logger's schema with Hydra (idempotent); the app calls it
     when it loads, before Hydra composes the config."""
@@ -43,5 +71,7 @@ def register() -> None:
         OmegaConf.register_new_resolver("causal_only", causal_only)
     if not OmegaConf.has_resolver("timing_workers"):
         OmegaConf.register_new_resolver("timing_workers", cores.timing_workers)
+    if not OmegaConf.has_resolver("tuned_lr"):
+        OmegaConf.register_new_resolver("tuned_lr", tuned_lr)
     # Stored outside the `logger` group, so that `--help` does not offer it as a logger.
     ConfigStore.instance().store(name="wandb_logger_schema", node=tracking.WandbLogger)

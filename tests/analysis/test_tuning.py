@@ -157,3 +157,31 @@ def test_the_command_line_prints_one_override_line_per_variant(tmp_path, capsys)
     tuning.main([str(path)])
     table = capsys.readouterr().out
     assert "lr_chosen" in table and "linear" in table
+
+
+def test_the_written_table_is_what_the_preset_reads(tmp_path, monkeypatch):
+    """`--write` from a grid, read back through `${tuned_lr:...}`: each variant's chosen rate."""
+    from experiments.app import resolvers
+
+    sweep = _grid_sweep(VALID, VALID)
+    rates = tuning.chosen_rates(sweep, series.context_columns(sweep))
+    (tmp_path / "tuned").mkdir()
+    (tmp_path / "tuned" / "demo.yaml").write_text(tuning.rate_table(rates, sweep, "multirun/x"))
+    monkeypatch.setattr(resolvers, "config_dir", lambda: tmp_path)
+    assert resolvers.tuned_lr("demo", "full") == 3e-3
+    assert resolvers.tuned_lr("demo", "linear") == 1e-2
+    assert "multirun/x" in (tmp_path / "tuned" / "demo.yaml").read_text()
+
+
+def test_a_run_at_fixed_rates_per_variant_is_labelled_fixed_not_chosen():
+    """The preset at its tuned rates: one rate per variant, no grid in the records."""
+    sweep = _grid_sweep(VALID, VALID)
+    fixed = sweep[
+        ((sweep["attention"] == "full") & (sweep["train.lr"] == 3e-3))
+        | ((sweep["attention"] == "linear") & (sweep["train.lr"] == 1e-2))
+    ]
+    trained = series.trained_quality(fixed)
+    assert trained["lr_chosen"].tolist() == trained["train.lr"].tolist()
+    assert "lr_grid" not in trained or trained["lr_grid"].isna().all()
+    line = tuning.protocol_line(trained)
+    assert "fixed (one each: 0.003, 0.01)" in line and "chosen" not in line

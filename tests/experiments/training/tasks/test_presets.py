@@ -122,3 +122,18 @@ def test_block_selection_in_the_capacity_preset_does_not_see_every_key(
     config = resolved_config("+experiment=capacity", f"attention={setting}")
     assert seen(config["attention"]) <= config["seq_len"] // 3
     assert setting in _capacity_sweep()["attention"]
+
+
+@pytest.mark.parametrize("attention", variants.attention_names())
+def test_long_range_quick_trains_each_variant_at_the_rate_its_grid_chose(
+    resolved_config, attention
+):
+    """The main job's quality half reads conf/tuned/long_range_quick.yaml (written from the
+    grid by `analysis.tuning --write`): every variant has a rate in it, one of the grid's."""
+    table = OmegaConf.to_container(OmegaConf.load(CONF / "tuned" / "long_range_quick.yaml"))
+    config = resolved_config("+experiment=long_range_quick", f"attention={attention}")
+    name = config["attention"]["name"]
+    assert config["train"]["lr"] == table[name]
+    assert table[name] in (1e-3, 3e-3, 1e-2)
+    # The grid stays one override away, and wins over the table.
+    assert resolved_config("+experiment=long_range_quick", "train.lr=0.01")["train"]["lr"] == 0.01
