@@ -56,7 +56,8 @@ FIGURES: dict[str, tuple[Callable[[pd.DataFrame], Figure], str]] = {
     ),
     "training_curves": (
         figures.training_curves,
-        "Training and eval loss per step (from the W&B runs) and final losses.",
+        "Training and eval loss per step (from the W&B runs) and final losses, of the runs "
+        "that trained 100 steps or more on a task with a quality signal.",
     ),
     "accuracy_vs_seq_len": (
         figures.accuracy_vs_seq_len,
@@ -90,6 +91,7 @@ FIGURES: dict[str, tuple[Callable[[pd.DataFrame], Figure], str]] = {
 
 # Figures drawn only when the results hold what they show: name -> (frame -> why not, or None).
 WHEN: dict[str, Callable[[pd.DataFrame], str | None]] = {
+    "training_curves": figures.why_no_curves,
     "accuracy_vs_seq_len": lambda frame: (
         None
         if series.trained_quality(frame)["seq_len"].nunique() > 1

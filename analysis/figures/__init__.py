@@ -11,7 +11,7 @@ style          the drawing kit they share (and `analysis.capacity`, `analysis.de
 
 from analysis.figures.approximation import error_vs_knob, error_vs_seq_len, error_vs_time
 from analysis.figures.memory import depth, memory_vs_seq_len
-from analysis.figures.quality import accuracy_vs_seq_len, training_curves
+from analysis.figures.quality import accuracy_vs_seq_len, training_curves, why_no_curves
 from analysis.figures.scaling import flops_fraction, time_vs_seq_len
 from analysis.figures.style import nothing_drawn, series_styles, variant_color
 from analysis.figures.tradeoff import tradeoff, tradeoff_quality
@@ -30,5 +30,6 @@ __all__ = [
     "tradeoff",
     "tradeoff_quality",
     "training_curves",
+    "why_no_curves",
     "variant_color",
 ]

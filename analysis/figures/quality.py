@@ -10,18 +10,56 @@ from matplotlib.lines import Line2D
 from matplotlib.ticker import MaxNLocator
 
 from analysis import accuracy, load, series
-from analysis.columns import EVAL_ACCURACY, EVAL_LOSS, SEQ_LEN, STATUS, TRAIN_LOSS
+from analysis.columns import (
+    EVAL_ACCURACY,
+    EVAL_LOSS,
+    SEQ_LEN,
+    STATUS,
+    TASK,
+    TRAIN_LOSS,
+    TRAIN_STEPS,
+    TRAINED_STEPS,
+)
 from analysis.figures import style
+
+# A loss curve of fewer steps shows the noise of its first batches, not learning (the main
+# job's timing runs train 3 steps of a random-token LM: every variant within 0.05 nats).
+MIN_CURVE_STEPS = 100
+
+
+def curve_records(frame: pd.DataFrame) -> pd.DataFrame:
+    """The records whose loss curve says something: a task with a quality signal (never random
+    tokens) trained `MIN_CURVE_STEPS` steps or more (`trained_steps`; `train.steps` for records
+    from before it)."""
+    if TRAIN_LOSS not in frame or TASK not in frame:
+        return frame.iloc[0:0]
+    steps = frame[TRAINED_STEPS] if TRAINED_STEPS in frame else pd.Series(float("nan"), frame.index)
+    if TRAIN_STEPS in frame:
+        steps = steps.fillna(frame[TRAIN_STEPS])
+    quality = ~frame[TASK].isin(series.NO_QUALITY_TASKS)
+    return frame[quality & (steps >= MIN_CURVE_STEPS)]
+
+
+def why_no_curves(frame: pd.DataFrame) -> str | None:
+    """Why `training_curves` is not drawn for `frame`, or None when it is."""
+    if not curve_records(frame).empty:
+        return None
+    return (
+        f"no run trained {MIN_CURVE_STEPS} steps or more on a task with a quality signal: a "
+        "curve of a few random-token steps shows noise, not learning"
+    )
 
 
 def training_curves(
     frame: pd.DataFrame, curves: pd.DataFrame | None = None, seq_len: float | None = None
 ) -> Figure:
-    """Training (solid) and eval (dashed) loss per step, and the final losses per series.
+    """Training (solid) and eval (dashed) loss per step, and the final losses per series, of
+    the runs whose curve says something (`curve_records`).
 
     Curves come from the records' histories (`load.load_curves`), at one seq_len (default:
     the most common among records with a training loss, the longest on a tie).
     """
+    frame = curve_records(frame)
     seq_len = style.pick_length(frame, TRAIN_LOSS) if seq_len is None else seq_len
     at_length = frame[frame[SEQ_LEN] == seq_len] if seq_len is not None else frame
     labelled, _ = series.with_series(at_length, x=SEQ_LEN)

@@ -159,7 +159,18 @@ def test_error_vs_knob_is_left_out_when_no_knob_was_swept(frame):
     assert figures.nothing_drawn(figures.error_vs_knob(swept)) is None
 
 
+def test_curves_of_a_few_random_token_steps_are_not_drawn_and_the_report_says_why(frame):
+    """The fixture's jobs train 3 steps of a random-token LM: noise, not learning."""
+    assert "no run trained 100 steps or more" in figures.why_no_curves(frame)
+    assert figures.why_no_curves(frame.assign(task="recall", trained_steps=99)) is not None
+    learned = frame.assign(task="recall", trained_steps=100)
+    assert figures.why_no_curves(learned) is None
+    long_random = frame.assign(trained_steps=1000)  # random tokens stay noise at any length
+    assert figures.why_no_curves(long_random) is not None
+
+
 def test_training_curve_legend_says_how_train_and_eval_are_drawn(frame):
+    frame = frame.assign(task="recall", trained_steps=200)  # a run whose curve means something
     at_256 = frame[(frame["seq_len"] == 256) & (frame["seed"] == 0)]
     first = at_256.index[0]
     curves = pd.DataFrame(

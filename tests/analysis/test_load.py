@@ -68,7 +68,7 @@ def trained_sweep(tmp_path) -> Path:
     history.parquet (experiments/records/history.py), per-step losses for the two that trained; the
     lsh configuration was recorded twice, and the older record's history must not be used."""
     picked = [
-        r
+        {**r, "task": "text", "task.name": "text", "trained_steps": 100}  # curves worth drawing
         for r in fixture_records()
         if r["sweep"] == "scaling"
         and r["seq_len"] == 512
