@@ -44,7 +44,7 @@ def capacity_records(frame: pd.DataFrame) -> pd.DataFrame:
     smallest = trained.groupby("job_key")[PAIRS].transform("min")
     control = trained[trained[PAIRS] == smallest].groupby("job_key")[EVAL_ACCURACY].mean()
     trained["control_accuracy"] = trained["job_key"].map(control)
-    return trained.assign(head_dim=(trained[D_MODEL] // trained[N_HEADS]).astype(int))
+    return trained.copy().assign(head_dim=(trained[D_MODEL] // trained[N_HEADS]).astype(int))
 
 
 def _mixture_note(records: pd.DataFrame) -> str:

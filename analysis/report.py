@@ -20,7 +20,7 @@ from pathlib import Path
 import pandas as pd
 from matplotlib.figure import Figure
 
-from analysis import capacity, decode, figures, headline, load, series, tables
+from analysis import capacity, decode, figures, headline, load, published, series, tables
 from experiments.records.store import Unreadable
 
 # name -> (figure function, caption). A figure is left out of the report when WHEN says these
@@ -126,6 +126,7 @@ TABLES: list[Callable[[pd.DataFrame], tables.Table | None]] = [
     tables.quality_by_length,
     capacity.capacity,
     capacity.accuracy_by_pairs,
+    published.published,
     tables.error_by_knob,
     decode.decode_table,
 ]
@@ -133,7 +134,7 @@ TABLES: list[Callable[[pd.DataFrame], tables.Table | None]] = [
 # With a separate quality frame (`quality=`; the main job trains a reduced long-range run beside
 # its scaling sweep), these figures and tables are drawn from it, the others from the cost frame.
 QUALITY_FIGURES = ("accuracy_vs_seq_len", "tradeoff")
-QUALITY_TABLES = (tables.quality, tables.quality_by_length)
+QUALITY_TABLES = (tables.quality, tables.quality_by_length, published.published)
 # With a separate decode frame (`decode=`; the main job's reduced decode series), these come
 # from it.
 DECODE_FIGURES = ("decode_vs_context",)

@@ -17,7 +17,6 @@ from analysis.columns import (
     STATUS,
     TASK,
     TRAIN_LOSS,
-    TRAIN_STEPS,
     TRAINED_STEPS,
 )
 from analysis.figures import style
@@ -25,6 +24,7 @@ from analysis.figures import style
 # A loss curve of fewer steps shows the noise of its first batches, not learning (the main
 # job's timing runs train 3 steps of a random-token LM: every variant within 0.05 nats).
 MIN_CURVE_STEPS = 100
+TRAIN_STEPS = "train.steps"  # the cap, for records from before trained_steps
 
 
 def curve_records(frame: pd.DataFrame) -> pd.DataFrame:

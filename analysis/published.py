@@ -1,0 +1,210 @@
+"""Published results beside ours: each row a result the suite reproduces, its source, our
+number read from the records at hand, and a verdict (holds / does not hold / not comparable).
+
+Every check reads the same rows the report's quality tables read (`series.trained_quality`:
+each variant at its chosen learning rate) and returns nothing when the records cannot test it
+(no capacity sweep, no long-range lengths), so the table holds only what was measured here.
+
+    python -m analysis.published multirun/capacity multirun/long_range_quick
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import pandas as pd
+
+from analysis import capacity, series
+from analysis.columns import ATTENTION, EVAL_ACCURACY, SEQ_LEN, TASK
+from analysis.load import format_value
+from analysis.tables import Table
+
+HOLDS, FAILS, NOT_COMPARABLE = "holds", "does not hold", "not comparable"
+SOLVED = 0.95  # "solves the task": exact attention's level the capacity table also asks for
+FALLS = 0.10  # a fall of more than 10 points from the fewest pairs to the most
+LONG_RANGE_TASKS = ("long_recall",)
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A published result and how to test it: `check(frame)` -> (ours, verdict) or None."""
+
+    result: str
+    source: str
+    check: Callable[[pd.DataFrame], tuple[str, str] | None]
+
+
+def _pct(value: float) -> str:
+    return f"{value * 100:.1f} %"
+
+
+def _capacity_means(frame: pd.DataFrame) -> pd.DataFrame | None:
+    """Mean accuracy per (attention, head_dim, n_pairs) of a capacity sweep, and whether each
+    variant's jobs learned; None if `frame` holds none."""
+    if TASK not in frame:
+        return None
+    records = capacity.capacity_records(frame[frame[TASK] == "recall"])  # not long_recall's lengths
+    if records.empty:
+        return None
+    means = records.groupby([ATTENTION, "head_dim", capacity.PAIRS])[EVAL_ACCURACY].mean()
+    learned = records.groupby([ATTENTION, "head_dim"])["job_learned"].any()
+    return means.reset_index().join(learned, on=[ATTENTION, "head_dim"])
+
+
+def attention_solves_mqar(frame: pd.DataFrame) -> tuple[str, str] | None:
+    means = _capacity_means(frame)
+    if means is None or series.REFERENCE not in set(means[ATTENTION]):
+        return None
+    exact = means[means[ATTENTION] == series.REFERENCE]
+    parts = [
+        f"head dim {d}: lowest {_pct(rows[EVAL_ACCURACY].min())} over "
+        f"{format_value(rows[capacity.PAIRS].min())}–"
+        f"{format_value(rows[capacity.PAIRS].max())} pairs"
+        for d, rows in exact.groupby("head_dim")
+    ]
+    verdict = HOLDS if exact[EVAL_ACCURACY].min() >= SOLVED else FAILS
+    return "exact attention, " + "; ".join(parts), verdict
+
+
+def state_falls_with_pairs(frame: pd.DataFrame) -> tuple[str, str] | None:
+    means = _capacity_means(frame)
+    if means is None or "linear" not in set(means[ATTENTION]):
+        return None
+    linear = means[means[ATTENTION] == "linear"]
+    parts, falls, learned = [], [], []
+    for d, rows in linear.sort_values(capacity.PAIRS).groupby("head_dim"):
+        first, last = rows[EVAL_ACCURACY].iloc[0], rows[EVAL_ACCURACY].iloc[-1]
+        parts.append(f"head dim {d}: {_pct(first)} → {_pct(last)}")
+        falls.append(first - last > FALLS)
+        learned.append(bool(rows["job_learned"].iloc[0]))
+    ours = "linear attention from the fewest pairs to the most, " + "; ".join(parts)
+    if not any(learned):
+        return ours + " (not learned)", NOT_COMPARABLE
+    return ours, HOLDS if all(f for f, ok in zip(falls, learned, strict=True) if ok) else FAILS
+
+
+def delta_rule_recalls_at_least_as_well(frame: pd.DataFrame) -> tuple[str, str] | None:
+    """On capacity (mean over the pair counts, per head dim) and on long-range recall (at the
+    longest length), whichever the records hold; holds if DeltaNet is within a point or above
+    wherever both were trained."""
+    parts, holds = [], []
+    means = _capacity_means(frame)
+    if means is not None and {"deltanet", "linear"} <= set(means[ATTENTION]):
+        by = means.groupby([ATTENTION, "head_dim"])[EVAL_ACCURACY].mean()
+        learned = means.groupby([ATTENTION, "head_dim"])["job_learned"].any()
+        for d in sorted(set(by["deltanet"].index) & set(by["linear"].index)):
+            note = "" if learned["linear"][d] else " (not learned)"
+            parts.append(
+                f"capacity at head dim {d}, mean over the counts: DeltaNet "
+                f"{_pct(by['deltanet'][d])}, linear {_pct(by['linear'][d])}{note}"
+            )
+            holds.append(by["deltanet"][d] >= by["linear"][d] - 0.01)
+    trained = _long_range(frame)
+    if trained is not None and {"deltanet", "linear"} <= set(trained[ATTENTION]):
+        longest = trained[SEQ_LEN].max()
+        at = trained[trained[SEQ_LEN] == longest].groupby(ATTENTION)[EVAL_ACCURACY].mean()
+        parts.append(
+            f"long-range recall at {format_value(longest)} tokens: DeltaNet "
+            f"{_pct(at['deltanet'])}, linear {_pct(at['linear'])}"
+        )
+        holds.append(at["deltanet"] >= at["linear"] - 0.01)
+    if not parts:
+        return None
+    return "; ".join(parts), HOLDS if all(holds) else FAILS
+
+
+def windows_lose_beyond_reach(frame: pd.DataFrame) -> tuple[str, str] | None:
+    trained = _long_range(frame)
+    if trained is None or "blockwise" not in set(trained[ATTENTION]):
+        return None
+    block = trained[trained[ATTENTION] == "blockwise"].groupby(SEQ_LEN)[EVAL_ACCURACY].mean()
+    short, long = block.index.min(), block.index.max()
+    ours = (
+        f"blockwise (a 128-token block back): {_pct(block[short])} at {format_value(short)} "
+        f"tokens, {_pct(block[long])} at {format_value(long)}"
+    )
+    if block[short] < 0.9:
+        return ours + " (control not learned)", NOT_COMPARABLE
+    return ours, HOLDS if block[short] - block[long] > 0.5 else FAILS
+
+
+def _long_range(frame: pd.DataFrame) -> pd.DataFrame | None:
+    trained = series.trained_quality(frame)
+    if trained.empty or TASK not in trained:
+        return None
+    trained = trained[trained[TASK].isin(LONG_RANGE_TASKS)]
+    return trained if trained[SEQ_LEN].nunique() > 1 else None
+
+
+CLAIMS = (
+    Claim(
+        "Attention solves multi-query associative recall at every number of pairs",
+        "Zoology (Arora et al. 2023, arXiv 2312.04927)",
+        attention_solves_mqar,
+    ),
+    Claim(
+        "Fixed-state models lose recall as the pairs outgrow the state",
+        "Zoology; Based (Arora et al. 2024, arXiv 2402.18668)",
+        state_falls_with_pairs,
+    ),
+    Claim(
+        "The delta rule recalls at least as well as linear attention",
+        "Schlag et al. 2021 (arXiv 2102.11174); Yang et al. 2024 (arXiv 2406.06484)",
+        delta_rule_recalls_at_least_as_well,
+    ),
+    Claim(
+        "A fixed local window cannot recall keys beyond its reach",
+        "Based (Arora et al. 2024): sliding-window attention's recall falls with the distance",
+        windows_lose_beyond_reach,
+    ),
+)
+
+
+def published(frame: pd.DataFrame) -> Table | None:
+    """The claims these records can test, each with our number and a verdict; None if none."""
+    rows = []
+    for claim in CLAIMS:
+        checked = claim.check(frame)
+        if checked is not None:
+            ours, verdict = checked
+            rows.append(
+                {
+                    "published result": claim.result,
+                    "source": claim.source,
+                    "ours": ours,
+                    "verdict": verdict,
+                }
+            )
+    if not rows:
+        return None
+    untested = len(CLAIMS) - len(rows)
+    note = (
+        "Each row read from these records at each variant's chosen learning rate (the quality "
+        "tables' rows). Holds: our number agrees in direction and level ("
+        f"exact attention ≥ {SOLVED:.0%}; a fall of more than {FALLS * 100:.0f} points; DeltaNet "
+        "within a point of linear attention or above; a window's recall down by more than 50 "
+        "points beyond its reach); not comparable: a control not learned."
+        + (
+            f" {untested} more published result(s) need records these do not hold."
+            if untested
+            else ""
+        )
+    )
+    return Table("Published results, checked", pd.DataFrame(rows), note)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`python -m analysis.published SWEEP_DIR...`: the table, as Markdown."""
+    import argparse
+
+    from analysis.load import load_results
+
+    parser = argparse.ArgumentParser(prog="python -m analysis.published", description=main.__doc__)
+    parser.add_argument("paths", nargs="+", help="sweep dirs or results files")
+    table = published(load_results(parser.parse_args(argv).paths))
+    print(table.markdown() if table else "no published result can be checked on these records")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,75 @@
+"""Published results beside ours (analysis/published.py): each verdict read from records."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from analysis import load, published
+from tests.analysis.conftest import synthetic_records
+
+
+def _capacity(accuracy: dict[str, dict[int, float]]) -> pd.DataFrame:
+    """One job per variant at head dim 16, recorded at each number of pairs."""
+    rows = []
+    for job, (attention, by_pairs) in enumerate(accuracy.items()):
+        for pairs, value in by_pairs.items():
+            rows.append(
+                {
+                    "sweep": "capacity",
+                    "job": str(job) if pairs == 4 else f"{job}/n_pairs={pairs}",
+                    "status": "ok",
+                    "attention": attention,
+                    "task": "recall",
+                    "task.n_pairs": pairs,
+                    "seq_len": 256,
+                    "d_model": 64,
+                    "n_heads": 4,
+                    "seed": 0,
+                    "eval_accuracy": value,
+                    "learned": by_pairs[4] >= 0.9,
+                }
+            )
+    return load.tidy(pd.DataFrame(rows))
+
+
+def _verdicts(frame: pd.DataFrame) -> dict[str, str]:
+    table = published.published(frame)
+    return dict(zip(table.frame["published result"], table.frame["verdict"], strict=True))
+
+
+EXACT = {4: 1.0, 16: 0.99, 64: 0.98}
+
+
+def test_each_claim_holds_or_not_by_the_numbers():
+    agreeing = _capacity(
+        {
+            "full": EXACT,
+            "linear": {4: 0.98, 16: 0.7, 64: 0.3},
+            "deltanet": {4: 1.0, 16: 0.9, 64: 0.5},
+        }
+    )
+    verdicts = _verdicts(agreeing)
+    assert set(verdicts.values()) == {"holds"}
+    assert len(verdicts) == 3  # the window claim needs long-range lengths: left out
+
+    contradicting = _capacity(
+        {
+            "full": {4: 1.0, 16: 0.9, 64: 0.5},
+            "linear": {4: 0.98, 16: 0.97, 64: 0.95},
+            "deltanet": {4: 0.95, 16: 0.5, 64: 0.2},
+        }
+    )
+    verdicts = _verdicts(contradicting)
+    assert set(verdicts.values()) == {"does not hold"}
+
+
+def test_a_state_model_that_never_learned_is_not_comparable():
+    verdicts = _verdicts(_capacity({"full": EXACT, "linear": {4: 0.05, 16: 0.02, 64: 0.01}}))
+    assert verdicts["Fixed-state models lose recall as the pairs outgrow the state"] == (
+        "not comparable"
+    )
+
+
+def test_records_that_test_nothing_give_no_table():
+    timing = load.tidy(pd.DataFrame(synthetic_records()))  # random-token timing runs
+    assert published.published(timing) is None
