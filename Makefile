@@ -46,7 +46,7 @@ RUN_REPORT := $(PY) -m analysis.report multirun/scaling --decode multirun/decode
 	$$(test -d multirun/long_range_quick && echo --quality multirun/long_range_quick) \
 	--out multirun/report
 
-run: $(STAMP)  ## the main job: what each variant costs (scaling, O(L²) and bidirectional series, decode), one report
+run: $(STAMP)  ## the main job: what each variant costs (scaling, O(L²) and bidirectional series, decode, quality at tuned rates), one report
 	$(SCALING) $(NO_REPORT)
 	$(SCALING) $(NO_REPORT) attention=full attention.impl=math measure.approx_error=false
 	$(SCALING) $(NO_REPORT) attention=full,linformer model.causal=false 'measure.speedup_vs=[sdpa,math]' \
