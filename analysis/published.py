@@ -94,12 +94,14 @@ def delta_rule_recalls_at_least_as_well(frame: pd.DataFrame) -> tuple[str, str] 
         by = means.groupby([ATTENTION, "head_dim"])[EVAL_ACCURACY].mean()
         learned = means.groupby([ATTENTION, "head_dim"])["job_learned"].any()
         for d in sorted(set(by["deltanet"].index) & set(by["linear"].index)):
-            note = "" if learned["linear"][d] else " (not learned)"
+            both = learned["deltanet"][d] and learned["linear"][d]
             parts.append(
                 f"capacity at head dim {d}, mean over the counts: DeltaNet "
-                f"{_pct(by['deltanet'][d])}, linear {_pct(by['linear'][d])}{note}"
+                f"{_pct(by['deltanet'][d])}, linear {_pct(by['linear'][d])}"
+                + ("" if both else " (not both learned: not counted)")
             )
-            holds.append(by["deltanet"][d] >= by["linear"][d] - 0.01)
+            if both:  # an unlearned pair of rows tells the budget, not the method
+                holds.append(by["deltanet"][d] >= by["linear"][d] - 0.01)
     trained = _long_range(frame)
     if trained is not None and {"deltanet", "linear"} <= set(trained[ATTENTION]):
         longest = trained[SEQ_LEN].max()
@@ -111,6 +113,8 @@ def delta_rule_recalls_at_least_as_well(frame: pd.DataFrame) -> tuple[str, str] 
         holds.append(at["deltanet"] >= at["linear"] - 0.01)
     if not parts:
         return None
+    if not holds:
+        return "; ".join(parts), NOT_COMPARABLE
     return "; ".join(parts), HOLDS if all(holds) else FAILS
 
 
