@@ -145,7 +145,8 @@ def _is_baseline(labelled: pd.DataFrame, name: str, baseline: str) -> bool:
     if rows["attention"].iloc[0] != series.REFERENCE:
         return False
     impl = rows["attention.impl"].iloc[0] if "attention.impl" in rows else None
-    return (impl if isinstance(impl, str) else series.FUSED) == baseline
+    impl = impl if isinstance(impl, str) else series.FUSED
+    return impl == baseline or (baseline == series.FUSED and impl in series.FUSED_PINNED)
 
 
 def _failed_lengths(failed: pd.DataFrame, name: str, measured: set) -> dict[float, str]:

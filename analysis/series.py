@@ -21,6 +21,10 @@ from experiments.records.store import short_names
 
 REFERENCE = "full"  # exact attention: what crossovers are measured against
 FUSED = "sdpa"  # its fused kernel (O(L) memory on every device): the default baseline
+# The same fused kernel with one SDPA backend pinned (`attention.impl=sdpa_<backend>`): it
+# stands in for FUSED where plain `sdpa` was not measured. Not `sdpa_math`: SDPA's math backend
+# holds the L×L scores, as QUADRATIC does.
+FUSED_PINNED = ("sdpa_flash", "sdpa_efficient", "sdpa_cudnn")
 QUADRATIC = "math"  # its textbook form, an L×L score matrix per head: the O(L²) baseline
 # Each approximate variant's knobs: error is drawn against the first. The error should fall as
 # the first knob grows, except for the knobs in SMALLER_IS_FINER (a finer approximation when
@@ -176,8 +180,11 @@ def reference_of(frame: pd.DataFrame, keys: Sequence[str], impl: str = FUSED) ->
     impls = exact["attention.impl"] if "attention.impl" in exact else None
     if impl != FUSED and (impls is None or not (impls == impl).any()):
         return {}
-    if impls is not None and (impls == impl).any():
-        exact = exact[impls == impl]
+    chosen = None if impls is None else impls == impl
+    if chosen is not None and impl == FUSED and not chosen.any():
+        chosen = impls.isin(FUSED_PINNED)  # a pinned fused backend for PyTorch's own choice
+    if chosen is not None and chosen.any():
+        exact = exact[chosen]
     # Shared QK is what a variant requires (LSH), not a setting it is compared under: exact
     # attention runs without it, and the kernel alone is timed on the same q, k, v either way.
     context = [k for k in keys[1:] if k != "shared_qk"]

@@ -94,7 +94,15 @@ def setup(job: JobConfig) -> Setup:
     model = variants.TransformerLM(job.model_config(task.vocab_size)).to(device=device)
     built = Setup(device, precision, task, model)
     check_backward(job, built.kernel, device)
+    # A pinned SDPA backend that cannot run the job's inputs here is refused (skipped) now,
+    # not after training.
+    built.kernel.sdpa_backend(kernel_shape(job, model), device, built.dtype)
     return built
+
+
+def kernel_shape(job: JobConfig, model: variants.TransformerLM) -> tuple[int, int, int, int]:
+    """The (batch, heads, seq_len, head_dim) of the q, k, v the kernel is timed on alone."""
+    return (job.batch_size, model.config.n_heads, job.seq_len, model.config.head_dim)
 
 
 def check_backward(job: JobConfig, kernel: Attention, device: torch.device) -> None:
@@ -134,12 +142,14 @@ def measure(
     """
     device, dtype, task, model = built.device, built.dtype, built.task, built.model
     precision, kernel, m_cfg = built.precision, built.kernel, job.measure
+    shape = kernel_shape(job, model)
     columns: dict[str, Any] = {
         "device": device.type,
         "precision": precision.label,
         "threads": torch.get_num_threads(),
         "n_parameters": sum(p.numel() for p in model.parameters()),
         "kernel_path": kernel.kernel_path(device, dtype),
+        "sdpa_backend": kernel.sdpa_backend(shape, device, dtype),  # None but for full's SDPA
         "matmul_peak_gflops_per_s": None,  # measured in the kernel's rounds, if it is timed
     }
 
@@ -200,8 +210,6 @@ def measure(
         )
 
     timing = {"min_run_time_s": m_cfg.min_run_time_s, "warmup": m_cfg.warmup}
-    config = model.config
-    shape = (job.batch_size, config.n_heads, job.seq_len, config.head_dim)
     timings: dict[str, Timing] = {}
     # The kernel's own inputs (and their gradients) only when something measures the kernel.
     kernel_fwd, kernel_fwd_bwd = (

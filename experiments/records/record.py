@@ -321,6 +321,18 @@ SCHEMA: tuple[Column, ...] = (
         "matmuls (`Attention.kernel_path`)",
         optional=True,
     ),
+    # issue 37: the exact baseline named. Full attention's `impl=sdpa_<backend>` pins it; plain
+    # `sdpa` is what PyTorch's own dispatcher chooses for the timed inputs.
+    _measured(
+        "sdpa_backend",
+        str,
+        "",
+        "math | flash | efficient | cudnn: the SDPA backend full attention ran on the job's "
+        "kernel inputs (`Attention.sdpa_backend`): the pinned one of `impl=sdpa_<backend>`, for "
+        "`impl=sdpa` PyTorch's choice (`torch._fused_sdp_choice`; `<fwd>/<fwd+bwd>` if they "
+        "differ, `auto` if this torch cannot say); empty for every other kernel and impl=math",
+        optional=True,
+    ),
     Column("git_commit", PROVENANCE, str, doc="HEAD of the checkout, +dirty if changed"),
     Column("torch_version", PROVENANCE, str),
     Column("device_name", PROVENANCE, str, doc="GPU or CPU model"),

@@ -56,3 +56,25 @@ def test_every_resolved_key_that_varies_sets_series_apart():
     assert keys[0] == "variant" and set(keys[1:]) == {"model.ff_chunks", "train.steps"}
     described = series.key_values(*series.with_series(frame, x="seq_len"))
     assert set(described.columns) == {"variant", "ff_chunks", "steps"} and len(described) == 2
+
+
+def test_a_pinned_fused_sdpa_backend_is_the_reference_where_plain_sdpa_was_not_measured():
+    # Exact attention measured as impl=sdpa_flash and impl=math only, beside a variant.
+    frame = records(**{"attention.impl": ["sdpa_flash", "math", None]})
+    frame.loc[frame["attention.impl"].isna(), "attention"] = "linear"
+    labelled, keys = series.with_series(load.tidy(frame), x="seq_len")
+    assert series.reference_of(labelled, keys) == {
+        "full impl=math": "full impl=sdpa_flash",
+        "linear": "full impl=sdpa_flash",
+    }
+    assert series.reference_of(labelled, keys, series.QUADRATIC)["linear"] == "full impl=math"
+
+
+def test_a_pinned_fused_backend_is_the_fused_baseline_itself_and_sdpa_math_is_not():
+    from analysis import scaling
+
+    frame = records(**{"attention.impl": ["sdpa_flash", "sdpa_math"]})
+    labelled, _ = series.with_series(frame, x="seq_len")
+    assert scaling._is_baseline(labelled, "full impl=sdpa_flash", series.FUSED)
+    assert not scaling._is_baseline(labelled, "full impl=sdpa_math", series.FUSED)
+    assert not scaling._is_baseline(labelled, "full impl=sdpa_flash", series.QUADRATIC)

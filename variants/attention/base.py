@@ -368,6 +368,15 @@ class Attention(nn.Module):
             return flash.FUSED if device_type == "cpu" or cuda_fused else flash.EXPLICIT
         return flash.path(device, dtype)
 
+    def sdpa_backend(
+        self, shape: tuple[int, int, int, int], device: torch.device | str, dtype: torch.dtype
+    ) -> str | None:
+        """Which of PyTorch's SDPA backends this kernel's attention runs on q, k, v of `shape`
+        (B, H, L, D) on `device` in `dtype` (`math`, `flash`, `efficient`, `cudnn`); None
+        unless it is exact attention through SDPA (`full`'s sdpa impls). Records say it per
+        job (`sdpa_backend`)."""
+        return None
+
     def flops(self, batch: int, heads: int, seq_len: int, head_dim: int) -> int:
         """Useful forward FLOPs (2 per multiply-add) of the score and value matmuls.
 

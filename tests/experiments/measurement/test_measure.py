@@ -13,6 +13,7 @@ from experiments.measurement import measure, timing
 from experiments.records import record
 from tests.experiments import conftest
 from variants.attention.base import FWD_BWD_FLOP_FACTOR, Attention
+from variants.checks import UnsupportedCombination
 
 CPU = torch.device("cpu")
 TINY = (
@@ -31,6 +32,7 @@ ALWAYS = {
     "peak_rss_bytes",
     "timing_warning",
     "kernel_path",
+    "sdpa_backend",
 }
 TRAINING = {
     "train_loss",
@@ -161,6 +163,29 @@ def test_the_record_says_which_path_the_kernel_ran(job_config, monkeypatch, cpu_
         "linear": "explicit",
         "full": "fused",  # SDPA
     }
+
+
+def test_the_record_names_the_sdpa_backend_of_full_attention_only(job_config):
+    off = ("train.steps=0", *conftest.MEASURE_NOTHING)
+    backends = {}
+    for attention in ("full", "full attention.impl=sdpa_math", "full attention.impl=math", "lsh"):
+        config = job_config(*TINY, *off, *f"attention={attention}".split())
+        backends[attention] = measure.measure(config, measure.setup(config))["sdpa_backend"]
+    assert backends == {
+        "full": "flash",  # PyTorch's choice on CPU for contiguous 4-d inputs, asked of PyTorch
+        "full attention.impl=sdpa_math": "math",  # pinned
+        "full attention.impl=math": None,  # no SDPA
+        "lsh": None,
+    }
+    assert record.column("sdpa_backend").part == record.MEASURED
+
+
+def test_setup_refuses_a_pinned_backend_that_cannot_run_here_as_unsupported(job_config):
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA build may have the efficient backend")
+    config = job_config(*TINY, "attention=full", "attention.impl=sdpa_efficient", "device=cpu")
+    with pytest.raises(UnsupportedCombination, match="attention.impl='sdpa_efficient' pins"):
+        measure.setup(config)  # the runner records it `skipped`, before any training
 
 
 def test_setup_builds_the_configured_model(job_config):
