@@ -133,7 +133,7 @@ TABLES: list[Callable[[pd.DataFrame], tables.Table | None]] = [
 
 # With a separate quality frame (`quality=`; the main job trains a reduced long-range run beside
 # its scaling sweep), these figures and tables are drawn from it, the others from the cost frame.
-QUALITY_FIGURES = ("accuracy_vs_seq_len", "tradeoff")
+QUALITY_FIGURES = ("accuracy_vs_seq_len", "tradeoff", "training_curves")
 QUALITY_TABLES = (tables.quality, tables.quality_by_length, published.published)
 # With a separate decode frame (`decode=`; the main job's reduced decode series), these come
 # from it.
