@@ -39,22 +39,14 @@ import torch.nn.functional as F
 from torch import nn
 from torch.autograd.function import once_differentiable
 
-from variants.attention import flash
-from variants.attention.base import Attention, pad_to_multiple
-from variants.attention.cache import PrefixCache, attend_prefix
+from variants.attention.common import flash
+from variants.attention.common.base import Attention, pad_to_multiple
+from variants.attention.common.cache import PrefixCache, attend_prefix
+from variants.attention.common.pooling import block_mean
 from variants.checks import require_choice, require_positive_int
 from variants.registry import register_attention
 
 METHODS = ("conv", "mean", "max")
-
-
-def block_mean(x: torch.Tensor, factor: int) -> torch.Tensor:
-    """Mean over each block of `factor` real positions: (B, H, L, D) -> (B, H, C, D)."""
-    length = x.shape[2]
-    blocks = pad_to_multiple(x, factor).unflatten(2, (-1, factor))  # (B, H, C, f, D)
-    starts = torch.arange(0, length, factor, device=x.device)  # (C,)
-    real_counts = (length - starts).clamp(max=factor).to(x.dtype)  # (C,) only the last may be < f
-    return blocks.sum(dim=3) / real_counts[:, None]  # (B, H, C, D)
 
 
 def block_max(x: torch.Tensor, factor: int) -> torch.Tensor:

@@ -46,9 +46,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from variants.attention.base import Attention
-from variants.attention.cache import DeltaCache
-from variants.attention.masking import per_document
+from variants.attention.common.base import Attention
+from variants.attention.common.cache import DeltaCache
+from variants.attention.common.masking import per_document
 from variants.checks import (
     require_bool,
     require_choice,

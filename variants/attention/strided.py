@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
 from variants import patterns
-from variants.attention import flash, flex
-from variants.attention.base import Attention, pad_to_multiple
-from variants.attention.cache import KVCache, attend_prefix
-from variants.attention.local import sum_windows, to_blocks, window_mask, windows_of
+from variants.attention.common import flash, flex
+from variants.attention.common.base import Attention, pad_to_multiple
+from variants.attention.common.cache import KVCache, attend_prefix
+from variants.attention.common.columns import from_columns, stride_at, to_columns
+from variants.attention.common.local import sum_windows, to_blocks, window_mask, windows_of
 from variants.checks import require_positive_int_or_auto
 from variants.registry import register_attention
 
@@ -122,11 +121,6 @@ class StridedAttention(Attention):
 
     def extra_repr(self) -> str:
         return f"causal={self.causal}, stride={self.stride}, impl={self.impl}"
-
-
-def stride_at(stride: int | str, seq_len: int) -> int:
-    """`stride`, or round(sqrt(seq_len)) (at least 1) if it is 'auto'."""
-    return max(1, round(math.sqrt(seq_len))) if stride == "auto" else stride
 
 
 def strided_parts(stride: int, causal: bool) -> tuple[patterns.Pattern, patterns.Pattern]:
@@ -293,17 +287,3 @@ class StridedParts:
             grad_q = F.pad(grad_q, (0, 0, *pad_q))
             grad_k, grad_v = (F.pad(g, (0, 0, *pad_kv)) for g in (grad_k, grad_v))
         return tuple(g[:, :, : self.length] for g in (grad_q, grad_k, grad_v))
-
-
-def to_columns(x: torch.Tensor, stride: int) -> torch.Tensor:
-    """(B, H, L, E) -> (B*H, s, rows, E), rows = ceil(L / s): column c holds positions c, c + s,
-    ... (zero-padded to rows * s), so (i - j) mod s == 0 pairs are the pairs of one column. A
-    view of x when L is a multiple of s."""
-    x = pad_to_multiple(x, stride)
-    return x.unflatten(2, (-1, stride)).transpose(2, 3).flatten(0, 1)
-
-
-def from_columns(x: torch.Tensor, batch: int, heads: int) -> torch.Tensor:
-    """(B*H, s, rows, E) -> (B, H, rows * s, E): undo `to_columns` (a view; padding kept)."""
-    x = x.unflatten(0, (batch, heads)).transpose(2, 3)  # (B, H, rows, s, E)
-    return x.flatten(2, 3)
