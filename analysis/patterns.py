@@ -21,7 +21,7 @@ from matplotlib.figure import Figure
 
 import variants
 from variants import patterns
-from variants.attention.base import Attention
+from variants.attention.common.base import Attention
 
 LENGTH = 64
 BLOCK = 8  # every block-sized option is drawn at this size

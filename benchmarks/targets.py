@@ -69,7 +69,7 @@ from experiments.measurement.decode import measure_decode
 from experiments.measurement.memory import peak_memory_bytes, peak_rss_bytes
 from experiments.measurement.timing import matmul_call, matmul_gflops_per_s, time_call
 from variants import ModelConfig, TransformerLM, build_attention
-from variants.attention.base import FWD_BWD_FLOP_FACTOR, sample_gates
+from variants.attention.common.base import FWD_BWD_FLOP_FACTOR, sample_gates
 from variants.layers import build_kernel
 
 BATCH, HEADS, HEAD_DIM = 1, 4, 64

@@ -67,7 +67,7 @@ def assert_causal(module, length=24, t=10, head_dim=8, seed=0, replay=False):
     replay=True runs the second call inside `replaying()`, so a stochastic kernel reuses the
     random choices (LSH buckets) of the first.
     """
-    from variants.attention.base import replaying
+    from variants.attention.common.base import replaying
 
     q, k, v = qkv(1, 2, length, head_dim, seed=seed)
     out = module(q, k, v)
@@ -87,7 +87,7 @@ def assert_layout_independent(attend, tensors, replay=False):
     tensors: (1, H, L, D) each (with batch 1, flattening B*H gives a strided view, not a copy).
     replay: as in `assert_causal`, for the second call.
     """
-    from variants.attention.base import replaying
+    from variants.attention.common.base import replaying
 
     views = [x.transpose(1, 2).contiguous().transpose(1, 2).requires_grad_() for x in tensors]
     dense = [x.detach().clone().requires_grad_() for x in tensors]

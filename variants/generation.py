@@ -17,7 +17,7 @@ from contextlib import contextmanager
 import torch
 import torch.nn.functional as F
 
-from variants.attention.base import evaluating
+from variants.attention.common.base import evaluating
 from variants.config import OWNER
 from variants.layers import CachedKernel, kernels_swapped
 

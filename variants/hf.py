@@ -53,7 +53,7 @@ from transformers.masking_utils import (
     prepare_padding_mask,
 )
 
-from variants.attention.base import Attention
+from variants.attention.common.base import Attention
 from variants.checks import UnsupportedCombination
 from variants.registry import AttentionSpec, attention_names, attention_spec
 

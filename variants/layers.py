@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from variants.attention.base import Attention, evaluating, replaying, shared_qk_keys
+from variants.attention.common.base import Attention, evaluating, replaying, shared_qk_keys
 from variants.checks import (
     UnsupportedCombination,
     require_divisible,

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from variants.attention.base import Attention
+from variants.attention.common.base import Attention
 from variants.blocks import block_names, build_block, build_stack
 from variants.checks import require_choice
 from variants.config import OWNER, ModelConfig

@@ -3,8 +3,8 @@
 A pattern says which key positions j a query position i may attend to. Each one here is a small
 predicate, `allows(i, j)`, on broadcastable integer tensors of positions, and patterns compose:
 `a | b` is their union, `a & b` their intersection, `~a` the complement. One predicate is the
-single source of a pattern's meaning: the kernels' element masks (`variants.attention.local`,
-`strided`, `combined`), FlexAttention's block masks (`variants.attention.flex`), the FLOP counts
+single source of a pattern's meaning: the kernels' element masks (`variants.attention.common.local`,
+`strided`, `combined`), FlexAttention's block masks (`common.flex`), the FLOP counts
 (allowed pairs) and the pictures (`analysis.patterns`) all evaluate it. The tests check every
 predicate against a dense mask written out by hand.
 

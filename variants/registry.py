@@ -1,6 +1,6 @@
 """The attention registry: variants by name, their options and their capabilities.
 
-Every attention variant is a subclass of `variants.attention.base.Attention` decorated with
+Every attention variant is a subclass of `variants.attention.common.base.Attention` decorated with
 `register_attention`. Its options are its constructor's keyword arguments, and their defaults are
 the code's defaults, which `conf/attention/<name>.yaml` mirrors (a test checks that they agree).
 A preset (`register_preset`) is a variant under another name with other defaults, e.g. `bigbird`

@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from experiments.measurement.memory import peak_memory_bytes
-from variants.attention.base import Attention, sample_gates
+from variants.attention.common.base import Attention, sample_gates
 
 
 def measure_decode(

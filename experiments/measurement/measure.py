@@ -48,7 +48,7 @@ from experiments.training.train import (
     training_loss,
     validation_points,
 )
-from variants.attention.base import FWD_BWD_FLOP_FACTOR, Attention, sample_gates
+from variants.attention.common.base import FWD_BWD_FLOP_FACTOR, Attention, sample_gates
 
 
 def resolve_device(name: str) -> torch.device:

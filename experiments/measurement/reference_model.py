@@ -50,7 +50,7 @@ from experiments.config import JobConfig, TrainConfig
 from experiments.training.tasks import build_task
 from experiments.training.tasks.text import read_corpus
 from experiments.training.train import evaluate, train
-from variants.attention.base import Attention, sample_gates, shared_qk_keys
+from variants.attention.common.base import Attention, sample_gates, shared_qk_keys
 from variants.checks import require_choice, require_non_negative_int, require_positive_int
 from variants.config import POSITIONS
 from variants.layers import SelfAttention, build_kernel, kernels_swapped

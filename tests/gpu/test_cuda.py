@@ -133,7 +133,7 @@ FLASH_KERNELS = ("lsh", "strided", "compressed", "longformer", "bigbird", "spars
 def test_flash_kernels_run_fused_on_cuda_and_match_the_cpu(name, monkeypatch):
     """The kernels that merge parts by logsumexp run CUDA's memory-efficient kernels (forward
     and backward, returning and taking the logsumexp) and agree with the CPU."""
-    from variants.attention import flash
+    from variants.attention.common import flash
 
     on_cpu = _kernel(name)
     assert on_cpu.kernel_path(CUDA, torch.float32) == "fused"

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from variants import TransformerLM, attention_spec
-from variants.attention import performer
+from variants.attention.performer import layer as performer
 
 VOCAB = 13
 

@@ -1,9 +1,15 @@
-"""Attention kernels, one module per variant; importing this package registers them all.
+"""Attention kernels, one package per variant; importing this package registers them all.
 
-The large ones are packages split by role, as flash-linear-attention splits a layer, its
-algorithm and its autograd function: `combined`, `lsh`, `routing`, `moba` and `nsa` each hold a
-`layer` module (the registry's entry: options, capabilities, decoding), a `function` module
-(the autograd function) and the helpers of their algorithm beside them.
+Every variant has one shape, as flash-linear-attention splits a layer from its kernel: a package
+`<name>/` whose `layer` module is the registry's entry (the `Attention` subclass: options,
+capabilities, pattern, decoding, FLOPs) and whose `function` module, where the variant has a
+kernel of its own, holds it (the autograd function, or DeltaNet's chunked recurrence); the large
+ones keep the helpers of their algorithm beside them (lsh: hashing, windows, masks; routing:
+windows; combined: plan, presets). Variants whose attention is SDPA's or a shared kernel's
+(full, blockwise, linformer, linear, performer, moba) are a layer alone.
+
+What variants share lives in `common/` (its docstring lists it); no variant imports another
+variant's module (tests/variants/attention/test_layout.py).
 
 Imported in the order the registry lists them: the exact reference first, then fixed patterns,
 their combinations (with the Longformer, BigBird and Sparse Transformer presets), learnable

@@ -7,7 +7,7 @@ from contextlib import nullcontext
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from variants.attention.base import replaying
+from variants.attention.common.base import replaying
 from variants.blocks.residual import ResidualBlock
 
 

@@ -25,7 +25,7 @@ import torch
 from torch import nn
 from torch.autograd.function import once_differentiable
 
-from variants.attention.base import replaying
+from variants.attention.common.base import replaying
 from variants.config import ModelConfig
 from variants.layers import pre_norm_sublayers
 

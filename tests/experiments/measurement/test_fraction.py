@@ -9,7 +9,7 @@ import torch
 import variants
 from experiments.config import MeasureConfig
 from experiments.measurement import measure, timing
-from variants.attention.base import FWD_BWD_FLOP_FACTOR
+from variants.attention.common.base import FWD_BWD_FLOP_FACTOR
 
 CPU = torch.device("cpu")
 SHAPE = (1, 2, 128, 16)  # (B, H, L, D)

@@ -12,7 +12,7 @@ import variants
 from experiments.measurement import measure, timing
 from experiments.records import record
 from tests.experiments import conftest
-from variants.attention.base import FWD_BWD_FLOP_FACTOR, Attention
+from variants.attention.common.base import FWD_BWD_FLOP_FACTOR, Attention
 from variants.checks import UnsupportedCombination
 
 CPU = torch.device("cpu")
@@ -149,7 +149,7 @@ def test_kernel_memory_shows_the_score_matrix_of_the_quadratic_kernel_only(job_c
 
 @pytest.mark.parametrize("cpu_fused", [True, False])
 def test_the_record_says_which_path_the_kernel_ran(job_config, monkeypatch, cpu_fused):
-    from variants.attention import flash
+    from variants.attention.common import flash
 
     monkeypatch.setattr(flash, "FUSED_CPU_KERNELS", cpu_fused)
     quiet = ("train.steps=0", "measure.kernel=false", "measure.step=false")
@@ -230,7 +230,7 @@ def test_setup_refuses_to_train_a_forward_only_kernel_naming_the_options(job_con
 
 @pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
 def test_a_forward_only_kernel_is_timed_forward(job_config, monkeypatch):
-    from variants.attention import flex
+    from variants.attention.common import flex
 
     monkeypatch.setattr(flex, "COMPILE", False)  # eager: the same function, no compile time
     config = job_config(

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from variants.attention import flash
+from variants.attention.common import flash
 
 
 @pytest.fixture(params=[True, False], ids=["fused", "explicit"])
 def flash_kernels(request, monkeypatch):
-    """Both paths of `variants.attention.flash`: PyTorch's fused CPU flash kernels and the
+    """Both paths of `variants.attention.common.flash`: PyTorch's fused CPU flash kernels and the
     explicit matmuls that other devices run."""
     monkeypatch.setattr(flash, "FUSED_CPU_KERNELS", request.param)
     return request.param
@@ -21,7 +21,7 @@ def eager_flex(monkeypatch):
     per shape on CPU), its warning about the unfused path silenced."""
     import warnings
 
-    from variants.attention import flex
+    from variants.attention.common import flex
 
     monkeypatch.setattr(flex, "COMPILE", False)
     with warnings.catch_warnings():

@@ -18,7 +18,7 @@ from tests.reference import (
     union_rule,
 )
 from variants import patterns
-from variants.attention import flash
+from variants.attention.common import flash
 from variants.registry import build_attention
 
 # Part sets with their options; block sizes 4-5 so that the lengths below are not multiples.

@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 
 from tests.reference import causal_mask, dense_attention, qkv, shared_qk_reference
-from variants.attention.full import PINNED
+from variants.attention.full.layer import PINNED
 from variants.checks import UnsupportedCombination
 from variants.registry import build_attention
 

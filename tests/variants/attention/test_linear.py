@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 from tests.reference import assert_causal, causal_mask, qkv
 from variants import build_attention
-from variants.attention import kernelized
+from variants.attention.common import kernelized
 
 
 def dense_linear_attention(q, k, v, causal):

@@ -16,8 +16,9 @@ from tests.reference import (
     shared_qk_reference,
 )
 from variants import attention_spec, build_attention
-from variants.attention.base import replaying
-from variants.attention.lsh import buffers, hashing, masks, windows
+from variants.attention.common import buffers
+from variants.attention.common.base import replaying
+from variants.attention.lsh import hashing, masks, windows
 
 REPO = Path(__file__).resolve().parents[3]
 

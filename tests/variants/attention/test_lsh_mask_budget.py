@@ -8,8 +8,9 @@ import torch
 
 from tests.reference import qkv
 from variants import build_attention
-from variants.attention.base import replaying
-from variants.attention.lsh import buffers, masks
+from variants.attention.common import buffers
+from variants.attention.common.base import replaying
+from variants.attention.lsh import masks
 
 
 def test_the_budget_chooses_the_path(monkeypatch):

@@ -7,7 +7,7 @@ import torch
 
 from tests.reference import assert_causal, dense_attention, moba_mask, qkv
 from variants import UnsupportedCombination, build_attention
-from variants.attention.moba import function as moba_function
+from variants.attention.common import selected_blocks
 
 
 def _grads(out, inputs, weights):
@@ -51,12 +51,12 @@ def test_moba_running_merge_over_chunks_and_far_apart_parts(
     running reference, which is then raised). Tiles of two rows leave unused rows wherever a
     block has an odd number of queries; with whole blocks the key gradients are added in place.
     Forward and gradients as the dense reference."""
-    monkeypatch.setattr(moba_function, "TILE_ROWS", 2)
+    monkeypatch.setattr(selected_blocks, "TILE_ROWS", 2)
     q, k, v = qkv(1, 2, length, 8, seed=5)
     k[:, :, 8:12] += 12 * q[:, :, 20:21]  # block 2 scores high with the queries near 20
     k[:, :, 16:20] -= 12 * q[:, :, 25:26]
     for chunk_tiles in (1, 2):
-        monkeypatch.setattr(moba_function, "CHUNK_BYTES", chunk_tiles * (2 * 4 + 2 * 2) * 8 * 8)
+        monkeypatch.setattr(selected_blocks, "CHUNK_BYTES", chunk_tiles * (2 * 4 + 2 * 2) * 8 * 8)
         x = [t.clone().requires_grad_() for t in (q, k, v)]
         out = build_attention("moba", causal=causal, block_size=4, top_k=3)(*x)
         expected = dense_attention(*x, moba_mask(q, k, 4, 3, causal))

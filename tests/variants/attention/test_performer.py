@@ -7,8 +7,8 @@ import torch
 
 from tests.reference import assert_causal, causal_mask, dense_attention, qkv
 from variants import build_attention
-from variants.attention import performer
-from variants.attention.base import replaying
+from variants.attention.common.base import replaying
+from variants.attention.performer import layer as performer
 
 
 def relative_error(causal, n_features, seeds=3, scale=0.5, eps=0.0):

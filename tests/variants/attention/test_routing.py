@@ -14,8 +14,8 @@ from tests.reference import (
     shared_qk_reference,
 )
 from variants import build_attention
-from variants.attention.base import replaying
-from variants.attention.lsh import buffers
+from variants.attention.common import buffers
+from variants.attention.common.base import replaying
 
 
 def build(causal=False, heads=2, head_dim=8, **options):

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from variants.attention.base import is_replaying
+from variants.attention.common.base import is_replaying
 from variants.blocks import build_block, build_stack
 
 

@@ -6,7 +6,7 @@ import torch.nn.functional as F
 
 from experiments.measurement.memory import peak_memory_bytes
 from variants import TransformerLM, build_block
-from variants.attention.base import replaying
+from variants.attention.common.base import replaying
 from variants.blocks import build_stack
 
 

@@ -7,14 +7,14 @@ from __future__ import annotations
 import torch
 from torch.autograd.function import once_differentiable
 
-from variants.attention import flash
 from variants.attention.combined.plan import Plan
-from variants.attention.local import to_blocks
-from variants.attention.strided import from_columns, to_columns
+from variants.attention.common import flash
+from variants.attention.common.columns import from_columns, to_columns
+from variants.attention.common.local import to_blocks
 
 # The tiles run over ranges of query blocks whose gathered keys and values take about this
 # much: temporaries of a few MiB are reused between calls, where larger ones come back as fresh
-# pages on every call (lsh/buffers.py says why).
+# pages on every call (common/buffers.py says why).
 CHUNK_BYTES = 8 * 2**20
 
 

@@ -16,7 +16,7 @@ and merged with the others by logsumexp (`flash.merge_into`):
            block once, gathered into one key sequence and fed to the fused kernels with query
            blocks as heads; an element mask only where a tile is PARTIAL (the predicate,
            evaluated inside those tiles), no mask at all where every tile is FULL
-  strided  every (i - j) mod stride == 0 pair, in the column layout of `strided.to_columns`
+  strided  every (i - j) mod stride == 0 pair, in the column layout of `common.columns.to_columns`
            (causal: the kernels' causal flag, no mask); the tiles leave those pairs out
   summary  the summary columns of other blocks: gathered once into one short key sequence;
            causally query block c sees exactly its first c * n_summary keys, a prefix
@@ -35,12 +35,12 @@ from __future__ import annotations
 import torch
 
 from variants import patterns
-from variants.attention import flex
-from variants.attention.base import Attention
-from variants.attention.cache import WindowCache, attend_allowed
 from variants.attention.combined.function import CombinedPieces
 from variants.attention.combined.plan import Plan
-from variants.attention.strided import stride_at
+from variants.attention.common import flex
+from variants.attention.common.base import Attention
+from variants.attention.common.cache import WindowCache, attend_allowed
+from variants.attention.common.columns import stride_at
 from variants.checks import (
     require_non_negative_int,
     require_positive_int,

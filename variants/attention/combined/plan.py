@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from variants import patterns
-from variants.attention import flash
+from variants.attention.common import flash
 
 if TYPE_CHECKING:
     from variants.attention.combined.layer import CombinedAttention

@@ -8,9 +8,9 @@ from __future__ import annotations
 import torch
 from torch.autograd.function import once_differentiable
 
-from variants.attention import flash
-from variants.attention.base import norm_floor
-from variants.attention.lsh.buffers import ScratchBuffer, chunk_pieces, sequence_slices
+from variants.attention.common import flash
+from variants.attention.common.base import norm_floor
+from variants.attention.common.buffers import ScratchBuffer, chunk_pieces, sequence_slices
 from variants.attention.lsh.masks import RoundMasks, round_mask
 from variants.attention.lsh.windows import SortedRound, WindowGradient, window_bias
 

@@ -11,7 +11,7 @@ import math
 
 import torch
 
-from variants.attention.lsh import buffers
+from variants.attention.common import buffers
 
 # Up to this many buckets the hash is one angular hash, as in the paper; beyond, see hash_factors.
 SINGLE_HASH_MAX_BUCKETS = 128
@@ -69,9 +69,3 @@ def angular_hash(
                 bucket = factor_bucket if bucket is None else bucket.mul_(n).add_(factor_bucket)
             buckets[start : start + block] = bucket
     return buckets.view(*lead, rounds).transpose(-1, -2).contiguous()  # (B, H, R, L)
-
-
-def index_dtype(count: int) -> torch.dtype:
-    """The narrowest integer type for indices 0 .. count - 1 (int16 or int32): the pairwise
-    comparisons of positions and chunk indices run on it."""
-    return torch.int16 if count - 1 <= torch.iinfo(torch.int16).max else torch.int32

@@ -29,7 +29,7 @@ Choices where published implementations differ:
   default count: at 32K that is 4.5x the attention's own forward+backward FLOPs. The pair
   costs O(L d sqrt(L / m)).
 - Self: a token attends to itself only when it has no other key. The paper (and trax)
-  subtract 1e5 from its score; we put it `windows.SELF_MARGIN` (100) below the lowest score
+  subtract 1e5 from its score; we put it `flash.SELF_MARGIN` (100) below the lowest score
   any other key can reach, -|q| (see `window_bias`): the same outputs, without float32 losing the
   digits of a score near -1e5 in the backward's exp(score - logsumexp).
 - How pairs that collide in several rounds are counted: with `dedup=True` (the default) a
@@ -73,16 +73,17 @@ import math
 
 import torch
 
-from variants.attention.base import (
+from variants.attention.common.base import (
     Attention,
     is_replaying,
     masked_attend,
     norm_floor,
     pad_to_multiple,
 )
-from variants.attention.cache import KVCache
+from variants.attention.common.buffers import index_dtype
+from variants.attention.common.cache import KVCache
 from variants.attention.lsh.function import RoundsWindowAttention
-from variants.attention.lsh.hashing import angular_hash, hash_factors, index_dtype
+from variants.attention.lsh.hashing import angular_hash, hash_factors
 from variants.attention.lsh.masks import hidden_keys
 from variants.checks import require_bool, require_non_negative_int, require_positive_int
 from variants.registry import register_attention

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import torch
 
-from variants.attention.lsh import buffers
-from variants.attention.lsh.hashing import index_dtype
+from variants.attention.common import buffers
+from variants.attention.common.buffers import index_dtype
 from variants.attention.lsh.windows import window_keys
 
 # Bytes of the whole uint8 window mask (B*H*n_hashes*L*2m) above which it is not held: each

@@ -10,12 +10,8 @@ from __future__ import annotations
 
 import torch
 
-from variants.attention import flash
-
-# How far below every other key a token's own score is put (see `window_bias`): finite, unlike
-# a masked score, so a row whose other keys are all masked falls back to the token itself, and
-# exp(-100) vanishes next to any real key (underflow in float32, 4e-44 in float64).
-SELF_MARGIN = 100.0
+from variants.attention.common import flash
+from variants.attention.common.flash import SELF_MARGIN
 
 
 class SortedRound:

@@ -1,6 +1,7 @@
 """MoBA, Mixture of Block Attention (Lu et al. 2025): each query attends to its top-k key blocks.
-The layer (`MoBAAttention`, the registry's entry); beside it `selection` (which blocks a query
-sees) and `function` (`SelectedBlocks`, the autograd function that attends to them).
+The layer (`MoBAAttention`, the registry's entry); NSA shares the rest, in `common`: `selection`
+(which blocks a query sees) and `selected_blocks` (`SelectedBlocks`, the autograd function that
+attends to them).
 
 Keys are cut into blocks of `block_size` (the last one may be shorter). Causally, a query at
 position i scores every block that ends before its own block (floor(i / b)) begins by
@@ -11,17 +12,17 @@ and discrete: no gradient flows through it (the block means get none). Bidirecti
 other block is a candidate (a short last block scored by the mean of its real keys) and the own
 block is seen whole.
 
-How it runs (`function.SelectedBlocks`), without any per-query gather of keys: the own block
+How it runs (`selected_blocks.SelectedBlocks`), without any per-query gather of keys: the own block
 is one blockwise attention (blocks as the batch, the fused kernel's causal flag). For the
 selected blocks MoBA's own implementation is turned around: every (query, selected block) pair
-is sorted by block, each block's queries are cut into tiles of `function.TILE_ROWS` rows, and
+is sorted by block, each block's queries are cut into tiles of `selected_blocks.TILE_ROWS` rows, and
 one fused attention runs each tile's queries against its block's keys (a batch of tiles,
 chunked to bound memory).
 Each chunk's parts are folded into per-query running sums as they come out (outputs weighted
 by exp(lse - reference), the own block's lse the first reference), so no per-part output is
 kept: the result is the logsumexp merge of the own block and up to top_k - 1 others. The
 backward runs each piece's attention backward given the merged output and logsumexp
-(`variants.attention.flash`). Memory O(L top_k d); time O(L top_k b d + L (L / b) d), the
+(`variants.attention.common.flash`). Memory O(L top_k d); time O(L top_k b d + L (L / b) d), the
 second term the routing scores.
 
 Decoding (causal): the cache (`cache.BlockKVCache`) holds every key and value, since a later
@@ -36,11 +37,11 @@ from __future__ import annotations
 
 import torch
 
-from variants.attention.base import Attention
-from variants.attention.cache import BlockKVCache
-from variants.attention.compressed import block_mean
-from variants.attention.moba.function import SelectedBlocks
-from variants.attention.moba.selection import attend_selected, block_select_pairs, top_blocks
+from variants.attention.common.base import Attention
+from variants.attention.common.cache import BlockKVCache
+from variants.attention.common.pooling import block_mean
+from variants.attention.common.selected_blocks import SelectedBlocks
+from variants.attention.common.selection import attend_selected, block_select_pairs, top_blocks
 from variants.checks import require_positive_int
 from variants.registry import register_attention
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 from torch.autograd.function import once_differentiable
 
-from variants.attention import flash
+from variants.attention.common import flash
 
 # Query rows per fused call of the compressed branch (its bias is rows x blocks).
 ROWS = 2048

@@ -26,17 +26,17 @@ Output g_cmp o_cmp + g_sel o_sel + g_win o_win with the gates `gates[..., 0]`, `
 `[..., 2]` in (0, 1) per head and position (the layer computes them from the token).
 
 Causal only: every branch is defined on the past. The selected branch is MoBA's kernel
-(`moba.function.SelectedBlocks`), the window one `function.WindowBranch` (query tiles against
-an overlapping view of the keys, one band bias) and the compressed one a fused attention over
-row ranges, each range against the compressed keys its last row may see, with a bias for the
-rest.
+(`common.selected_blocks.SelectedBlocks`), the window one `function.WindowBranch` (query tiles
+against an overlapping view of the keys, one band bias) and the compressed one a fused
+attention over row ranges, each range against the compressed keys its last row may see, with a
+bias for the rest.
 
 Decoding (`cache.BlockKVCache`): every raw key and value (a later query may select any block,
 and the window is the cache's last `window` positions) and the compressed key and value of
 every ended block, compressed when its last position arrives (that position's query already
 sees it). A new query at i: the compressed branch over the held summaries, the selected one
 over its own block and the n_select - 1 earlier blocks whose compressed key scores highest
-(`moba.selection.attend_selected`), the window over the last `window` positions, gated by the
+(`common.selection.attend_selected`), the window over the last `window` positions, gated by the
 gates the layer computed from its token. O((L / b + n b + w) d) per token, plus one block's
 compression every b tokens.
 """
@@ -47,11 +47,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from variants.attention.base import Attention, pad_to_multiple
-from variants.attention.cache import BlockKVCache, attend_prefix
-from variants.attention.compressed import block_mean
-from variants.attention.moba.function import SelectedBlocks
-from variants.attention.moba.selection import attend_selected, block_select_pairs, top_blocks
+from variants.attention.common.base import Attention, pad_to_multiple
+from variants.attention.common.cache import BlockKVCache, attend_prefix
+from variants.attention.common.pooling import block_mean
+from variants.attention.common.selected_blocks import SelectedBlocks
+from variants.attention.common.selection import attend_selected, block_select_pairs, top_blocks
 from variants.attention.nsa.function import CompressedBranch, GatedSum, WindowBranch
 from variants.checks import require_choice, require_positive_int
 from variants.registry import register_attention

@@ -6,8 +6,8 @@ from __future__ import annotations
 import torch
 from torch.autograd.function import once_differentiable
 
-from variants.attention import flash
-from variants.attention.base import norm_floor
+from variants.attention.common import flash
+from variants.attention.common.base import norm_floor
 from variants.attention.routing.windows import (
     chunk_ranges,
     sorted_rows,

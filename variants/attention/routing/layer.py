@@ -55,10 +55,10 @@ import math
 import torch
 import torch.nn.functional as F
 
-from variants.attention.base import Attention, is_replaying, masked_attend, norm_floor
-from variants.attention.cache import ClusterCache
-from variants.attention.lsh import buffers
-from variants.attention.lsh.hashing import index_dtype
+from variants.attention.common import buffers
+from variants.attention.common.base import Attention, is_replaying, masked_attend, norm_floor
+from variants.attention.common.buffers import index_dtype
+from variants.attention.common.cache import ClusterCache
 from variants.attention.routing.function import ClusterWindowAttention
 from variants.attention.routing.windows import ClusterLayout
 from variants.checks import require_non_negative_int, require_positive_int, require_probability

@@ -1,6 +1,6 @@
 """Routing attention's layout: positions sorted by (cluster, position), each sorted query's
 run of keys, the chunks' overlapping windows of rows and the score bias that hides keys outside
-a query's run; cut into ranges of chunks whose windows stay within `lsh.buffers.PIECE_BYTES`.
+a query's run; cut into ranges of chunks whose windows stay within `common.buffers.PIECE_BYTES`.
 """
 
 from __future__ import annotations
@@ -8,10 +8,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from variants.attention import flash
-from variants.attention.lsh import buffers
-from variants.attention.lsh.hashing import index_dtype
-from variants.attention.lsh.windows import SELF_MARGIN
+from variants.attention.common import buffers, flash
+from variants.attention.common.buffers import index_dtype
+from variants.attention.common.flash import SELF_MARGIN
 
 
 class ClusterLayout:

@@ -19,10 +19,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from variants.attention import kernelized
-from variants.attention.base import Attention
-from variants.attention.cache import StateCache
-from variants.attention.masking import per_document
+from variants.attention.common import kernelized
+from variants.attention.common.base import Attention
+from variants.attention.common.cache import StateCache
+from variants.attention.common.masking import per_document
 from variants.registry import register_attention
 
 

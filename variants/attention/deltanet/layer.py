@@ -46,9 +46,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from variants.attention.base import Attention
-from variants.attention.cache import DeltaCache
-from variants.attention.masking import per_document
+from variants.attention.common.base import Attention
+from variants.attention.common.cache import DeltaCache
+from variants.attention.common.masking import per_document
+from variants.attention.deltanet.function import chunked_delta_rule
 from variants.checks import (
     require_bool,
     require_choice,
@@ -214,45 +215,3 @@ class DeltaNetAttention(Attention):
             f"causal={self.causal}, chunk_size={self.chunk_size}, short_conv={self.short_conv}, "
             f"feature_map={self.feature_map}, output_norm={self.output_norm}"
         )
-
-
-def chunked_delta_rule(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, chunk: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The delta rule's outputs in the chunked WY / UT form (module docstring), and its final
-    state M = S^T.
-
-    q, k: (B, H, L, D) unit rows; v: (B, H, L, D); beta: (B, H, L). Returns (B, H, L, D) and
-    (B, H, D, D). Padding to a multiple of the chunk uses beta = 0 and zero keys: the state
-    is unchanged.
-    """
-    batch, heads, length, head_dim = q.shape
-    chunk = min(chunk, length)
-    pad = -length % chunk
-    if pad:
-        q, k, v = (F.pad(x, (0, 0, 0, pad)) for x in (q, k, v))
-        beta = F.pad(beta, (0, pad))
-    n_chunks = (length + pad) // chunk
-    q, k, v = (x.reshape(batch, heads, n_chunks, chunk, head_dim) for x in (q, k, v))
-    beta = beta.reshape(batch, heads, n_chunks, chunk, 1)
-    k_beta, v_beta = k * beta, v * beta  # (B, H, N, C, D)
-    upper = torch.ones(chunk, chunk, dtype=torch.bool, device=q.device).triu_()  # j >= i
-    strict = (k_beta @ k.transpose(-1, -2)).masked_fill(upper, 0)  # (B, H, N, C, C)
-    eye = torch.eye(chunk, dtype=q.dtype, device=q.device)
-    t = torch.linalg.solve_triangular(strict + eye, eye.expand_as(strict), upper=False)
-    w, u = t @ k_beta, t @ v_beta  # (B, H, N, C, D)
-    state = q.new_zeros(batch, heads, head_dim, head_dim)  # M = S^T: o = q M
-    starts, corrected = [], []
-    # unbind, not indexing: the backward of one index of a tensor is a zero tensor of its whole
-    # size, which made the loop's backward quadratic in the number of chunks.
-    for u_c, w_c, k_c in zip(u.unbind(2), w.unbind(2), k.unbind(2), strict=True):
-        u_c = u_c - w_c @ state  # (B, H, C, D)
-        starts.append(state)
-        corrected.append(u_c)
-        state = state + k_c.transpose(-1, -2) @ u_c
-    starts = torch.stack(starts, dim=2)  # (B, H, N, D, D)
-    corrected = torch.stack(corrected, dim=2)  # (B, H, N, C, D)
-    later = upper.triu(1)  # j > i
-    scores = (q @ k.transpose(-1, -2)).masked_fill(later, 0)  # (B, H, N, C, C)
-    out = q @ starts + scores @ corrected  # (B, H, N, C, D)
-    return out.reshape(batch, heads, -1, head_dim)[:, :, :length], state

@@ -8,10 +8,10 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from variants.attention import flash
-from variants.attention.base import Attention, masked_attend, shared_qk_keys, without_self
-from variants.attention.cache import KVCache, attend_prefix
-from variants.attention.masking import document_mask
+from variants.attention.common import flash
+from variants.attention.common.base import Attention, masked_attend, shared_qk_keys, without_self
+from variants.attention.common.cache import KVCache, attend_prefix
+from variants.attention.common.masking import document_mask
 from variants.checks import UnsupportedCombination, require_bool, require_choice
 from variants.registry import register_attention
 

@@ -57,3 +57,9 @@ class ScratchBuffer:
         if self.data is None or self.data.numel() < numel:
             self.data = self.like.new_empty(numel)
         return self.data[:numel].view(shape)
+
+
+def index_dtype(count: int) -> torch.dtype:
+    """The narrowest integer type for indices 0 .. count - 1 (int16 or int32): the pairwise
+    comparisons of positions and chunk indices run on it."""
+    return torch.int16 if count - 1 <= torch.iinfo(torch.int16).max else torch.int32

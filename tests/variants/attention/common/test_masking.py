@@ -1,4 +1,4 @@
-"""The kernel contract's masks and grouped KV heads (`variants.attention.masking`), on every
+"""The kernel contract's masks and grouped KV heads (`variants.attention.common.masking`), on every
 variant that claims them: outputs and gradients against independent fp64 references.
 
 - pattern variants: a dense (L, L) mask from the pattern and the padding / document mask

@@ -47,10 +47,10 @@ import math
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from variants.attention import kernelized
-from variants.attention.base import Attention, is_replaying
-from variants.attention.cache import StateCache
-from variants.attention.masking import per_document
+from variants.attention.common import kernelized
+from variants.attention.common.base import Attention, is_replaying
+from variants.attention.common.cache import StateCache
+from variants.attention.common.masking import per_document
 from variants.checks import require_non_negative_int, require_positive_int
 from variants.registry import register_attention
 

@@ -28,6 +28,10 @@ import torch
 # a part that has a real key. Next to any real score exp(MASKED_SCORE - lse) is exactly 0 in
 # every float type (float16 takes half its lowest value instead: see `masked_score`).
 MASKED_SCORE = -1e30
+# How far below every other key a token's own score is put (LSH's and routing's `window_bias`):
+# finite, unlike a masked score, so a row whose other keys are all masked falls back to the token
+# itself, and exp(-100) vanishes next to any real key (underflow in float32, 4e-44 in float64).
+SELF_MARGIN = 100.0
 # False forces the explicit path that other devices take (tests run both).
 FUSED_CPU_KERNELS = hasattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu_backward")
 FUSED_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)

@@ -37,46 +37,19 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.autograd.function import once_differentiable
 
-from variants.attention import flash
-from variants.attention.base import Attention, pad_to_multiple
-from variants.attention.cache import PrefixCache, attend_prefix
+from variants.attention.common.base import Attention
+from variants.attention.common.cache import PrefixCache, attend_prefix
+from variants.attention.common.pooling import block_mean
+from variants.attention.compressed.function import (
+    PastBlocksAndOwnBlock,
+    block_conv,
+    block_max,
+)
 from variants.checks import require_choice, require_positive_int
 from variants.registry import register_attention
 
 METHODS = ("conv", "mean", "max")
-
-
-def block_mean(x: torch.Tensor, factor: int) -> torch.Tensor:
-    """Mean over each block of `factor` real positions: (B, H, L, D) -> (B, H, C, D)."""
-    length = x.shape[2]
-    blocks = pad_to_multiple(x, factor).unflatten(2, (-1, factor))  # (B, H, C, f, D)
-    starts = torch.arange(0, length, factor, device=x.device)  # (C,)
-    real_counts = (length - starts).clamp(max=factor).to(x.dtype)  # (C,) only the last may be < f
-    return blocks.sum(dim=3) / real_counts[:, None]  # (B, H, C, D)
-
-
-def block_max(x: torch.Tensor, factor: int) -> torch.Tensor:
-    """Per-channel maximum over each block of `factor` positions: (B, H, L, D) -> (B, H, C, D)."""
-    pad = -x.shape[2] % factor
-    padded = F.pad(x, (0, 0, 0, pad), value=float("-inf"))  # (B, H, C*f, D); padding never wins
-    return padded.unflatten(2, (-1, factor)).amax(dim=3)  # (B, H, C, D)
-
-
-def block_conv(x: torch.Tensor, conv: nn.Conv1d) -> torch.Tensor:
-    """Strided convolution over each block (kernel = stride): (B, H, L, D) -> (B, H, C, D).
-
-    With kernel = stride the windows do not overlap, so the conv is one matmul of each flattened
-    block with the kernel, shared by all heads; that avoids the channels-first transposes and is
-    faster than Conv1d's own kernels at these shapes. The weights are cast to x's dtype (half
-    inputs meet float32 parameters when the kernel is called outside autocast).
-    """
-    factor = conv.stride[0]
-    blocks = pad_to_multiple(x, factor).unflatten(2, (-1, factor))  # (B, H, C, f, D); zero pad
-    kernel = conv.weight.permute(0, 2, 1).flatten(1)  # (D_out, f*D_in), matches blocks' order
-    bias = None if conv.bias is None else conv.bias.to(x.dtype)
-    return F.linear(blocks.flatten(3), kernel.to(x.dtype), bias)  # (B, H, C, D)
 
 
 @register_attention
@@ -193,108 +166,3 @@ class CompressedAttention(Attention):
 
     def extra_repr(self) -> str:
         return f"causal={self.causal}, factor={self.factor}, method={self.method}"
-
-
-class PastBlocksAndOwnBlock(torch.autograd.Function):
-    """Causal compressed attention: each query over the compressed blocks that ended before its
-    own block began, and exactly over its own block up to itself; the two parts merged.
-
-    Both parts are plain causal attentions in the right layout, so the fused kernels' causal
-    flag does all the masking and no mask tensor exists (O(L) memory on the fused path):
-      own   blocks as batch entries, (B, H*C, f, D) against the raw keys of the same block.
-      past  the t-th query of every block as a sequence, (B, H*f, C-1, D), for blocks 1..C-1:
-            block c' sees compressed keys c < c', i.e. key row c <= query row c' - 1, which is
-            the causal mask between those C-1 queries and compressed keys 0..C-2.
-    The parts are merged with their logsumexps, and the backward runs each part's attention
-    backward given the merged output and logsumexp (see `flash`).
-    """
-
-    @staticmethod
-    def forward(ctx, q, k, v, keys, values, factor):
-        """q, k, v: (B, H, L, D) raw; keys, values: (B, H, C, D) compressed, C = ceil(L / f).
-        Returns (B, H, L, D)."""
-        batch, heads, length, head_dim = q.shape
-        n_blocks, scale = keys.shape[2], head_dim**-0.5
-        blocked = (batch, heads, n_blocks, factor)
-        q_own, k_own, v_own = (own_blocks(x, factor) for x in (q, k, v))  # (B, H*C, f, D)
-        out, lse = flash.attend(q_own, k_own, v_own, scale=scale, causal=True)  # (B,H*C,f,[D])
-        out, lse = out.reshape(*blocked, head_dim), lse.reshape(blocked)  # (B, H, C, f, [D])
-        if n_blocks > 1:
-            q_past = past_queries(q_own.view(*blocked, head_dim))  # (B, H*f, C-1, D)
-            k_past, v_past = past_keys(keys, factor), past_keys(values, factor)  # (B,H*f,C-1,D)
-            out_past, lse_past = flash.attend(q_past, k_past, v_past, scale=scale, causal=True)
-            out_past = from_past(out_past, factor)  # (B, H, C-1, f, D)
-            lse_past = from_past(lse_past.unsqueeze(-1), factor)  # (B, H, C-1, f, 1)
-            flash.merge_into(out[:, :, 1:], lse.unsqueeze(-1)[:, :, 1:], out_past, lse_past)
-        ctx.factor = factor
-        ctx.save_for_backward(q, k, v, keys, values, out, lse)
-        return out.reshape(batch, heads, n_blocks * factor, head_dim)[:, :, :length]
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, grad_out):
-        q, k, v, keys, values, out, lse = ctx.saved_tensors
-        factor = ctx.factor
-        batch, heads, length, head_dim = q.shape
-        n_blocks, scale = keys.shape[2], head_dim**-0.5
-        blocked = (batch, heads, n_blocks, factor)
-        grad_out = own_blocks(grad_out, factor).view(*blocked, head_dim)  # padded rows get 0
-        q_own, k_own, v_own = (own_blocks(x, factor) for x in (q, k, v))  # (B, H*C, f, D)
-        grad_q, grad_k, grad_v = flash.attend_backward(
-            grad_out.flatten(1, 2),
-            q_own,
-            k_own,
-            v_own,
-            out.flatten(1, 2),
-            lse.flatten(1, 2),
-            scale=scale,
-            causal=True,
-        )  # (B, H*C, f, D) each
-        grad_q = grad_q.reshape(*blocked, head_dim)  # (B, H, C, f, D)
-        grad_keys, grad_values = torch.zeros_like(keys), torch.zeros_like(values)  # (B,H,C,D)
-        if n_blocks > 1:
-            q_past = past_queries(q_own.view(*blocked, head_dim))  # (B, H*f, C-1, D)
-            k_past, v_past = past_keys(keys, factor), past_keys(values, factor)  # (B,H*f,C-1,D)
-            grad_q_past, grad_k_past, grad_v_past = flash.attend_backward(
-                past_queries(grad_out),
-                q_past,
-                k_past,
-                v_past,
-                past_queries(out),
-                past_queries(lse.unsqueeze(-1)).squeeze(-1),
-                scale=scale,
-                causal=True,
-            )  # (B, H*f, C-1, D) each
-            grad_q[:, :, 1:] += from_past(grad_q_past, factor)
-            # Every one of the f query sequences saw the same compressed keys.
-            grad_keys[:, :, :-1] = grad_k_past.unflatten(1, (heads, factor)).sum(dim=2)
-            grad_values[:, :, :-1] = grad_v_past.unflatten(1, (heads, factor)).sum(dim=2)
-        grads = (
-            x.reshape(batch, heads, n_blocks * factor, head_dim)[:, :, :length]
-            for x in (grad_q, grad_k, grad_v)
-        )
-        return *grads, grad_keys, grad_values, None
-
-
-def own_blocks(x: torch.Tensor, factor: int) -> torch.Tensor:
-    """(B, H, L, E) -> (B, H*C, f, E), zero-padded to C*f positions; a copy only if needed."""
-    batch, heads, _, width = x.shape
-    return pad_to_multiple(x, factor).reshape(batch, -1, factor, width)
-
-
-def past_queries(x: torch.Tensor) -> torch.Tensor:
-    """(B, H, C, f, E) blocks -> (B, H*f, C-1, E): the t-th row of blocks 1..C-1, per t."""
-    return x[:, :, 1:].transpose(2, 3).flatten(1, 2).contiguous()
-
-
-def from_past(x: torch.Tensor, factor: int) -> torch.Tensor:
-    """The inverse of `past_queries` as a view: (B, H*f, C-1, E) -> (B, H, C-1, f, E)."""
-    return x.unflatten(1, (-1, factor)).transpose(2, 3)
-
-
-def past_keys(x: torch.Tensor, factor: int) -> torch.Tensor:
-    """Compressed keys 0..C-2 once per query sequence of `past_queries`: (B, H, C, D) ->
-    (B, H*f, C-1, D). The last compressed block ends after every query of the sequence."""
-    batch, heads, n_blocks, width = x.shape
-    shape = (batch, heads, factor, n_blocks - 1, width)
-    return x[:, :, :-1].unsqueeze(2).expand(shape).reshape(batch, heads * factor, -1, width)

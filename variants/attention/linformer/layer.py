@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from variants.attention.base import Attention
+from variants.attention.common.base import Attention
 from variants.checks import UnsupportedCombination, require_choice, require_positive_int
 from variants.registry import register_attention
 

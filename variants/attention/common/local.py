@@ -14,8 +14,8 @@ import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
 from variants import patterns
-from variants.attention.base import pad_to_multiple, without_self
-from variants.attention.masking import document_mask
+from variants.attention.common.base import pad_to_multiple, without_self
+from variants.attention.common.masking import document_mask
 
 
 def to_blocks(x: torch.Tensor, block_size: int) -> torch.Tensor:

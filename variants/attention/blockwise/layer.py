@@ -6,10 +6,10 @@ import torch
 import torch.nn.functional as F
 
 from variants import patterns
-from variants.attention import flex
-from variants.attention.base import Attention, shared_qk_keys
-from variants.attention.cache import WindowCache, attend_allowed
-from variants.attention.local import from_blocks, key_windows, to_blocks, window_mask
+from variants.attention.common import flex
+from variants.attention.common.base import Attention, shared_qk_keys
+from variants.attention.common.cache import WindowCache, attend_allowed
+from variants.attention.common.local import from_blocks, key_windows, to_blocks, window_mask
 from variants.checks import require_bool, require_non_negative_int, require_positive_int
 from variants.registry import register_attention
 
@@ -27,7 +27,7 @@ class BlockwiseAttention(Attention):
     With `shared_qk=True` (set by a shared-QK model) keys are unit-normalised and a query does
     not attend to itself unless it has no other key, as in `full`. The pattern is
     `patterns.Local` (intersected with `patterns.Causal`), whose predicate gives the window mask;
-    `impl="flex"` runs FlexAttention on the same pattern instead (`variants.attention.flex`).
+    `impl="flex"` runs FlexAttention on the same pattern instead (`variants.attention.common.flex`).
 
     A key padding mask and segment ids join the window mask (`local.window_mask`), which is
     then (B, n, b, w*b), repeated over heads for SDPA; `impl="flex"` takes neither yet.

@@ -4,7 +4,7 @@ A variant subclasses `Attention`, declares its capabilities as class attributes,
 options as keyword-only constructor arguments (their defaults are the registry's defaults) and
 implements `attend(q, k, v)` and `flops(...)`.
 
-Decoding (one new position at a time, with a cache; `variants.attention.cache`). A causal
+Decoding (one new position at a time, with a cache; `variants.attention.common.cache`). A causal
 variant that decodes sets `supports_decode = True` and implements three hooks:
 
   new_cache(batch, heads, head_dim, max_len=, device=, dtype=) -> a `cache.Cache`
@@ -25,7 +25,7 @@ whose decode cannot equal its forward (LSH: later tokens move chunk boundaries) 
 all (Linformer: its projection mixes positions) leaves `supports_decode = False` and says why
 in `decode_reason`.
 
-Masks and grouped KV heads (`variants.attention.masking`). `forward` takes
+Masks and grouped KV heads (`variants.attention.common.masking`). `forward` takes
 `key_padding_mask` (B, L) bool, **True = a real token**, and `segment_ids` (B, L) document ids
 of packed sequences, each only where the class says `supports_padding_mask` /
 `supports_segments` (else `UnsupportedCombination`, naming the option and the class's
@@ -52,8 +52,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from variants.attention import flash, flex
-from variants.attention.masking import repeat_kv, zero_padded_queries
+from variants.attention.common import flash, flex
+from variants.attention.common.masking import repeat_kv, zero_padded_queries
 from variants.checks import (
     UnsupportedCombination,
     check_key_padding_mask,
@@ -245,7 +245,7 @@ class Attention(nn.Module):
         dtype: torch.dtype | None = None,
         n_kv_heads: int | None = None,
     ):
-        """An empty decoding cache for up to `max_len` positions (`variants.attention.cache`).
+        """An empty decoding cache for up to `max_len` positions (`common.cache`).
 
         `n_heads` is the queries' heads; `n_kv_heads` (default n_heads) the keys' (grouped KV
         heads), which the cache of a `native_gqa_decode` variant holds (the others hold

@@ -30,7 +30,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from variants.attention.kernelized import padded_denominator
+from variants.attention.common.kernelized import padded_denominator
 
 
 class Cache:

@@ -1,13 +1,14 @@
-"""Which key blocks a MoBA query attends to besides its own: the `slots` blocks whose summary
-(mean key) scores highest with it, for a whole sequence (`top_blocks`) or the newest position
-of a decoding cache (`attend_selected`), and the analytic pair counts for `flops()`."""
+"""Which key blocks a MoBA (or NSA selected-branch) query attends to besides its own: the
+`slots` blocks whose summary (mean key) scores highest with it, for a whole sequence
+(`top_blocks`) or the newest position of a decoding cache (`attend_selected`), and the analytic
+pair counts for `flops()`."""
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
-from variants.attention.cache import BlockKVCache
+from variants.attention.common.cache import BlockKVCache
 
 # Queries scored against the block means at a time (the routing scores are (B, H, rows, n);
 # causally only the blocks before the rows' last own block: shorter ranges skip more).

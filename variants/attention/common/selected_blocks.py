@@ -1,14 +1,14 @@
-"""MoBA's autograd function: each query over its own block and the blocks `selection` chose,
-merged by logsumexp; the backward runs each piece's attention backward given the merged output
-and logsumexp (the layer's docstring says how the tiles run)."""
+"""MoBA's autograd function, also NSA's selected branch: each query over its own block and the
+blocks `selection` chose, merged by logsumexp; the backward runs each piece's attention backward
+given the merged output and logsumexp (MoBA's layer docstring says how the tiles run)."""
 
 from __future__ import annotations
 
 import torch
 from torch.autograd.function import once_differentiable
 
-from variants.attention import flash
-from variants.attention.local import to_blocks
+from variants.attention.common import flash
+from variants.attention.common.local import to_blocks
 
 # Bytes of gathered keys and values per fused call over tiles (as combined.function.CHUNK_BYTES).
 CHUNK_BYTES = 8 * 2**20

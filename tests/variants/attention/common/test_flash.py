@@ -8,7 +8,7 @@ import torch
 
 from tests.reference import qkv
 from variants import attention_names, build_attention
-from variants.attention import flash
+from variants.attention.common import flash
 
 
 def test_paths_by_device_and_dtype(monkeypatch):

@@ -1,0 +1,121 @@
+"""Strided attention (Sparse Transformer): a local window plus every stride-th earlier key."""
+
+from __future__ import annotations
+
+import torch
+
+from variants import patterns
+from variants.attention.common import flex
+from variants.attention.common.base import Attention
+from variants.attention.common.cache import KVCache, attend_prefix
+from variants.attention.common.columns import stride_at
+from variants.attention.strided.function import LocalAndColumns, strided_parts
+from variants.checks import require_positive_int_or_auto
+from variants.registry import register_attention
+
+# FlexAttention's tile for this pattern: every tile is partial (strided keys are everywhere), so
+# the tile only sets the kernel's work granularity; 128 is FlexAttention's default.
+FLEX_TILE = 128
+
+
+@register_attention
+class StridedAttention(Attention):
+    """Sparse Transformer strided pattern: the last `stride` keys plus every stride-th key.
+
+    Query i attends to key j if (i - j) mod stride == 0 (the strided part) or if j is one of the
+    `stride` nearest positions (the local part): i - stride < j <= i when causal, |i - j| < stride
+    otherwise; causal also drops every j > i from the strided part. With stride ~ sqrt(L) every
+    earlier position is reachable in two hops for O(L sqrt(L)) work. `stride="auto"` picks
+    round(sqrt(L)) per call. Each part is computed on its own layout, without any (L, L) tensor:
+    the local part as a sliding window of blocks of `stride`, the strided part by viewing the
+    sequence as (L / stride, stride) and attending along each column; the two are merged with
+    their logsumexps (`LocalAndColumns`). The query itself belongs to both parts and is counted
+    in the local one only. Both parts' masks come from `patterns.Band` and `patterns.Strided`
+    (`strided_parts`); `impl="flex"` runs FlexAttention on their union instead.
+    """
+
+    name = "strided"
+    exact = False
+    time_complexity = "O(L sqrt(L) d)"
+    memory_complexity = "O(L sqrt(L))"
+    supports_decode = True
+    softmax_kernels = "flash"
+    independent_heads = True
+    padding_mask_reason = segments_reason = (
+        "its local and column parts run with one bias shared by batch and heads "
+        "(LocalAndColumns); per-sequence masks are not implemented yet"
+    )
+
+    def __init__(self, *, causal: bool = False, stride: int | str = "auto", impl: str = "native"):
+        super().__init__(causal=causal)
+        self.stride = require_positive_int_or_auto(self.name, "stride", stride)
+        self.impl = flex.require_impl(self.name, impl)
+        self._flex_mask = None  # (seq_len, device, BlockMask) of the last flex call
+
+    def pattern(self, seq_len: int) -> patterns.Pattern:
+        """The allowed pairs at `seq_len`: the band of `stride` nearest keys or every stride-th
+        key, intersected with `Causal` if causal."""
+        local, columns = strided_parts(min(self.stride_for(seq_len), seq_len), self.causal)
+        return local | columns
+
+    def supports_backward(self, device: torch.device) -> bool:
+        return flex.supports_backward(self.impl, device)
+
+    def stride_for(self, seq_len: int) -> int:
+        """The stride used at `seq_len`: the option, or round(sqrt(seq_len)) if it is 'auto'."""
+        return stride_at(self.stride, seq_len)
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        # A stride beyond L gives the same pattern as stride L (the local part already covers
+        # every pair), without padding the sequence to the larger multiple.
+        seq_len = q.shape[2]
+        stride = min(self.stride_for(seq_len), seq_len)
+        if self.impl == "flex":
+            if self._flex_mask is None or self._flex_mask[:2] != (seq_len, q.device):
+                mask = flex.block_mask(self.pattern(seq_len), seq_len, FLEX_TILE, q.device)
+                self._flex_mask = (seq_len, q.device, mask)
+            return flex.attend(self.name, q, k, v, self._flex_mask[2])
+        return LocalAndColumns.apply(q, k, v, stride, self.causal)  # (B, H, L, D)
+
+    # --- decoding: every key (each is a column key of some later query), read sparsely ------
+    def new_cache(self, batch_size, n_heads, head_dim, *, max_len, device, dtype):
+        return KVCache(
+            self.name, batch_size, n_heads, head_dim, max_len=max_len, device=device, dtype=dtype
+        )
+
+    def prefill_attend(self, q, k, v, cache: KVCache) -> torch.Tensor:
+        # The stride of the whole cache (auto: round(sqrt(max_len))), as decoding uses.
+        stride = min(self.stride_for(cache.max_len), cache.max_len, q.shape[2])
+        return LocalAndColumns.apply(q, k, v, stride, True)  # (B, H, T, D)
+
+    def cache_prompt(self, q, k, v, cache: KVCache) -> None:
+        cache.append(k, v)
+
+    def decode_step(self, q, k, v, cache: KVCache) -> torch.Tensor:
+        """Reads s + i / s keys of the cache: the s nearest (itself included) and its column,
+        positions i - s, i - 2s, ... >= 0, as a strided view."""
+        cache.append(k, v)
+        position, stride = cache.length - 1, min(self.stride_for(cache.max_len), cache.max_len)
+        near = slice(max(0, position - stride + 1), position + 1)
+        column = slice(position % stride, max(0, position - stride + 1), stride)
+        keys = torch.cat([cache.keys_buffer[:, :, column], cache.keys_buffer[:, :, near]], 2)
+        values = torch.cat([cache.values_buffer[:, :, column], cache.values_buffer[:, :, near]], 2)
+        return attend_prefix(q, keys, values)  # (B, H, 1, D)
+
+    def flops(self, batch: int, heads: int, seq_len: int, head_dim: int) -> int:
+        # Counted in closed form: the pattern has no sparse block form (stride-th keys fall in
+        # every tile), so `pattern(L).pairs` would evaluate the predicate on all L^2 pairs.
+        stride = min(self.stride_for(seq_len), seq_len)
+        before = torch.arange(seq_len, dtype=torch.int64)  # positions before query i
+        if self.causal:
+            local = before.clamp(max=stride - 1) + 1
+            strided = before // stride
+        else:
+            after = seq_len - 1 - before  # positions after query i
+            local = before.clamp(max=stride - 1) + after.clamp(max=stride - 1) + 1
+            strided = before // stride + after // stride
+        pairs = int((local + strided).sum())
+        return 4 * batch * heads * pairs * head_dim
+
+    def extra_repr(self) -> str:
+        return f"causal={self.causal}, stride={self.stride}, impl={self.impl}"
