@@ -46,7 +46,8 @@ from typing import Any
 import torch
 
 import variants
-from experiments.config import JobConfig, TrainConfig
+from experiments.config import JobConfig
+from experiments.training.train_config import TrainConfig
 from experiments.training.tasks import build_task
 from experiments.training.tasks.text import read_corpus
 from experiments.training.train import evaluate, train

@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from experiments.config import TrainConfig
+from experiments.training.train_config import TrainConfig
 from experiments.training.precision import FLOAT32, Precision
 from experiments.training.tasks import Batch, Task
 

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from experiments.config import TrainConfig
+from experiments.training.train_config import TrainConfig
 from experiments.training.tasks import Batch, generator
 from experiments.training.train import (
     Diverged,

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import variants
-from experiments.config import TrainConfig
+from experiments.training.train_config import TrainConfig
 from experiments.measurement import measure
 from experiments.training.precision import FLOAT32
 from experiments.training.tasks import build_task
