@@ -47,10 +47,10 @@ import torch
 
 import variants
 from experiments.config import JobConfig
-from experiments.training.train_config import TrainConfig
 from experiments.training.tasks import build_task
 from experiments.training.tasks.text import read_corpus
 from experiments.training.train import evaluate, train
+from experiments.training.train_config import TrainConfig
 from variants.attention.base import Attention, sample_gates, shared_qk_keys
 from variants.checks import require_choice, require_non_negative_int, require_positive_int
 from variants.config import POSITIONS
