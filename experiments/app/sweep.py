@@ -23,8 +23,9 @@ which gathers and reports the jobs that finished, says how to continue and retur
 
 The report is drawn by analysis, a floor above, which this module does not import: the callback
 is given its `report_step` (a `ReportStep`), named in conf/config.yaml
-(`hydra.callbacks.sweep_end.report_step`: analysis/sweep_report.py's `update`), and hands it the
-sweep dir, the logger's settings and `summarize`, which logs the W&B sweep-summary run (tracking.py).
+(`hydra.callbacks.sweep_end.report_step`: analysis/sweep_report.py's `update`), and hands it
+the sweep dir, the logger's settings and `summarize`, which logs the W&B sweep-summary run
+(tracking.py).
 """
 
 from __future__ import annotations
