@@ -2,7 +2,7 @@
 
 `SweepEnd` is the app's one Hydra callback (conf/config.yaml, `hydra.callbacks.sweep_end`):
 - at the multirun's start it checks `fail_on` (an unknown status: one line, exit 2), starts the
-  sweep's clock (progress.py) and stamps the records already there: any other at the end (or
+  sweep's clock (sweep_clock.py) and stamps the records already there: any other at the end (or
   one written again) is this multirun's.
   From then on Ctrl-C raises `Interrupted`, a KeyboardInterrupt that carries the multirun;
 - as each job ends it gathers the store, so even a killed sweep keeps results.csv;
@@ -45,7 +45,7 @@ from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from experiments.app import interrupts, progress, tracking
+from experiments.app import interrupts, sweep_clock, tracking
 from experiments.config import check_writable_dir
 from experiments.records import record, store
 
@@ -207,7 +207,7 @@ class SweepEnd(Callback):
         )
         params = OmegaConf.select(config, "hydra.sweeper.params", default=None) or {}
         overrides = OmegaConf.select(config, "hydra.overrides.task", default=None) or []
-        progress.SweepClock(multirun.sweep_dir).start(
+        sweep_clock.SweepClock(multirun.sweep_dir).start(
             [*(f"{k}={v}" for k, v in params.items()), *overrides]
         )
         if threading.current_thread() is threading.main_thread():  # where signals arrive
