@@ -43,7 +43,9 @@ overrides and `check_added_keys` refuses them, naming the nearest known key; `+g
 
 The OmegaConf resolvers the configs may use (`${supports_causal:...}`, ...) and the logger's
 schema are the app's: experiments/app/resolvers.py registers them when the app loads. This
-module imports only the floors below it (records, training, variants).
+module imports only the floors below it (records, training, variants), none of which imports it
+back (training's `TrainConfig` lives in training/train_config.py and is re-exported here;
+tests/experiments/test_packages.py checks both directions).
 
 Importing this module starts no torch (`python -m experiments.run --help` imports it): the
 registry is looked up when a config is checked or resolved, not before.
