@@ -27,7 +27,7 @@ setup: $(STAMP)  ## create .venv and install torch, the project and its dev extr
 # (the scaling preset's launcher), each job timing its kernel in rounds
 # alternating with SDPA (the crossovers) and measuring its approximation error on a trained
 # reference; the O(L²) form once per length, timed the same way against SDPA, with its memory
-# (every variant's speed-up over it is chained through that job: analysis/scaling.py CHAINED);
+# (every variant's speed-up over it is chained through that job: analysis/scaling_fits.py CHAINED);
 # a bidirectional series (Linformer, its O(L²) form timed in its own jobs; its error, which needs
 # a fit at every length, is the linformer preset's) beside them in one sweep dir; a reduced
 # decode series; the quality half (QUALITY_QUICK); and one report (multirun/report). The scaling preset itself goes to 16384;

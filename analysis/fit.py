@@ -1,6 +1,6 @@
 """Scaling laws from measured points: power-law exponents and crossover lengths.
 
-Pure functions of arrays (no DataFrames): `analysis.scaling` applies them per variant.
+Pure functions of arrays (no DataFrames): `analysis.scaling_fits` applies them per variant.
 
 - Exponent: the least-squares slope of log(cost) against log(seq_len), so cost ≈ c·L^α.
   Exact attention is α = 2 asymptotically; overheads flatten the short-length end, hence the

@@ -6,7 +6,7 @@
 
 Per variant, from the same functions the report uses, so the two agree:
 - L* vs SDPA: where its kernel's forward+backward overtakes exact attention's fused kernel
-  (`scaling.scaling_fits`, as the headline and "Per variant" tables);
+  (`scaling_fits.scaling_fits`, as the headline and "Per variant" tables);
 - kernel memory against the O(L²) form at the longest length both measured
   (`headline.memory_factor`);
 - recall at the longest trained length, with the key-blind floor and chance in the header; a
@@ -15,7 +15,7 @@ Per variant, from the same functions the report uses, so the two agree:
 - with `--busy`, the L* of the same scaling sweep run beside a CPU-bound process, and its
   ratio to the first where both crossed (how far the crossovers move with the machine's load);
 - capacity per head dim (`capacity.capacity`) and decode cost at the longest context
-  (`decode.per_context`), where such records exist.
+  (`decode_report.per_context`), where such records exist.
 A cell with nothing measured says "—". Above the table: the sweeps, the newest record's date,
 the machine and the git commit, from the records themselves. `--write FILE` replaces the text
 between BEGIN and END in FILE; without it the table is printed.
@@ -30,7 +30,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from analysis import accuracy, capacity, decode, fit, headline, load, scaling, series
+from analysis import accuracy, capacity, decode_report, fit, headline, load, scaling_fits, series
 from analysis.columns import (
     ATTENTION,
     CAUSAL,
@@ -126,7 +126,7 @@ def _label(variant: str, name: str) -> str:
 def _crossovers(cost: pd.DataFrame, rows: dict[str, str]) -> dict[str, fit.Crossover]:
     """Variant -> its L* against SDPA from the in-job speed-ups (the headline's)."""
     labelled, keys = series.with_series(cost, x=SEQ_LEN)
-    fits = scaling.scaling_fits(labelled, keys, headline.TIME, baseline=series.FUSED)
+    fits = scaling_fits.scaling_fits(labelled, keys, headline.TIME, baseline=series.FUSED)
     found = {v: fits[name].crossover for v, name in rows.items() if name in fits}
     return {v: c for v, c in found.items() if c is not None}
 
@@ -230,20 +230,21 @@ def _capacity(frame: pd.DataFrame | None) -> dict[str, str]:
 def _decode(frame: pd.DataFrame | None) -> tuple[str, dict[str, str]]:
     """The decode column's title (the longest context, the batch) and its cells."""
     title = "decode: ms/token · cache"
-    means, batch = (None, None) if frame is None else decode.per_context(frame)
+    means, batch = (None, None) if frame is None else decode_report.per_context(frame)
     if means is None or means.empty:
         return title, {}
-    longest = decode.at_longest(means)
+    longest = decode_report.at_longest(means)
     context = longest[SEQ_LEN].max()
-    title = f"decode @ {decode.context_text(context)}"
+    title = f"decode @ {decode_report.context_text(context)}"
     if batch is not None:
         title += f", batch {format_value(batch)}"
     title += ": ms/token · cache"
     cells = {}
     for _, row in longest.iterrows():
-        cell = f"{row[decode.TIME]:.3g} ms · {decode.cache_text(row[decode.CACHE])}"
+        cache = decode_report.cache_text(row[decode_report.CACHE])
+        cell = f"{row[decode_report.TIME]:.3g} ms · {cache}"
         if row[SEQ_LEN] != context:
-            cell += f" (at {decode.context_text(row[SEQ_LEN])})"
+            cell += f" (at {decode_report.context_text(row[SEQ_LEN])})"
         cells[str(row[ATTENTION])] = cell
     return title, cells
 

@@ -3,7 +3,7 @@
 Three answers per efficient variant, from the same functions the tables use, so they agree:
 - speed: the length from which its kernel's forward+backward is faster than exact attention's
   fused kernel (SDPA), and than its O(L²) form (`impl=math`) where that was measured, from
-  the speed-ups each job measured against them in alternating rounds (`analysis.scaling`);
+  the speed-ups each job measured against them in alternating rounds (`analysis.scaling_fits`);
   "≈ L* (uncertain: timing spread)" where the rounds' spread around L* straddles 1;
 - memory: its kernel's own forward+backward peak at the longest length it reached, as a
   factor against SDPA and the O(L²) form at that length (or where those stopped);
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from analysis import accuracy, capacity, scaling, series
+from analysis import accuracy, capacity, scaling_fits, series
 from analysis.columns import (
     ATTENTION,
     ATTN_FWD_BWD_MS,
@@ -48,7 +48,7 @@ def headline(cost: pd.DataFrame, quality: pd.DataFrame | None = None) -> list[st
     quality = cost if quality is None else quality
     labelled, keys = series.with_series(cost, x=SEQ_LEN)
     speed = {
-        baseline: scaling.scaling_fits(labelled, keys, TIME, baseline=baseline)
+        baseline: scaling_fits.scaling_fits(labelled, keys, TIME, baseline=baseline)
         for baseline in (series.FUSED, series.QUADRATIC)
     }
     references = {

@@ -35,12 +35,14 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Iterable, Mapping
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
 from experiments.records import history, record, store
+from experiments.records.values import bool_or_none, text_or_none
 
 log = logging.getLogger("attnbench")
 
@@ -290,8 +292,8 @@ def _typed(name: str, values: pd.Series) -> pd.Series:
         numbers = pd.to_numeric(values.map(_number_or_none).astype(object), errors="coerce")
         return numbers.astype(float) if column.part == record.MEASURED else numbers
     if column.type is bool:
-        return values.map(_bool_or_none).astype(object)
-    return values.map(_text_or_none).astype(object)
+        return values.map(partial(bool_or_none, read_back=True)).astype(object)
+    return values.map(partial(text_or_none, read_back=True)).astype(object)
 
 
 def _number_or_none(value: Any) -> float | int | None:
@@ -300,22 +302,6 @@ def _number_or_none(value: Any) -> float | int | None:
     if isinstance(value, str):
         return pd.to_numeric(value, errors="coerce")
     return value
-
-
-def _bool_or_none(value: Any) -> bool | None:
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, str) and value in ("True", "False", "true", "false"):
-        return value in ("True", "true")
-    return None
-
-
-def _text_or_none(value: Any) -> str | None:
-    if value is None or (isinstance(value, float) and math.isnan(value)) or value is pd.NA:
-        return None
-    if isinstance(value, float) and value.is_integer():  # a CSV's number column: "3", not "3.0"
-        return str(int(value))
-    return str(value)
 
 
 def _read_text(values: pd.Series) -> pd.Series:

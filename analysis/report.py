@@ -20,7 +20,7 @@ from pathlib import Path
 import pandas as pd
 from matplotlib.figure import Figure
 
-from analysis import capacity, decode, figures, headline, load, published, series, tables
+from analysis import capacity, decode_report, figures, headline, load, published, series, tables
 from experiments.records.store import Unreadable
 
 # name -> (figure function, caption). A figure is left out of the report when WHEN says these
@@ -83,7 +83,7 @@ FIGURES: dict[str, tuple[Callable[[pd.DataFrame], Figure], str]] = {
         "Achieved useful GFLOP/s of the kernel as a fraction of the measured matmul rate.",
     ),
     "decode_vs_context": (
-        decode.decode_vs_context,
+        decode_report.decode_vs_context,
         "Decoding: the kernel's time per token appended to a cache of L tokens, and the cache's "
         "size after the prefill, against the context L (log-log; measure.decode).",
     ),
@@ -103,7 +103,7 @@ WHEN: dict[str, Callable[[pd.DataFrame], str | None]] = {
         else "no trained accuracy over several n_pairs at one length (the capacity preset)"
     ),
     "decode_vs_context": lambda frame: (
-        None if decode.has_decode(frame) else "no decode measurements (measure.decode=true)"
+        None if decode_report.has_decode(frame) else "no decode measurements (measure.decode=true)"
     ),
     "tradeoff": lambda frame: (
         None
@@ -128,7 +128,7 @@ TABLES: list[Callable[[pd.DataFrame], tables.Table | None]] = [
     capacity.accuracy_by_pairs,
     published.published,
     tables.error_by_knob,
-    decode.decode_table,
+    decode_report.decode_table,
 ]
 
 # With a separate quality frame (`quality=`; the main job trains a reduced long-range run beside
@@ -138,7 +138,7 @@ QUALITY_TABLES = (tables.quality, tables.quality_by_length, published.published)
 # With a separate decode frame (`decode=`; the main job's reduced decode series), these come
 # from it.
 DECODE_FIGURES = ("decode_vs_context",)
-DECODE_TABLES = (decode.decode_table,)
+DECODE_TABLES = (decode_report.decode_table,)
 
 FORMATS = ("png", "svg")
 PNG_DPI = 120
@@ -373,7 +373,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-decode_headline = decode.headline
+decode_headline = decode_report.headline
 
 
 def _load(args: argparse.Namespace) -> tuple[pd.DataFrame, list[str], list[Unreadable]]:

@@ -1,8 +1,10 @@
 """A sweep's report and W&B summary at its end: both redone only when its records changed.
 
 `update` draws `<sweep dir>/report/` (figures + report.md), then hands the records and figures
-to the app, which logs the sweep's W&B summary run with them; the app's end-of-sweep step calls
-it (experiments/app/sweep.py) after the store is gathered. A digest of every record and history file
+to the app, which logs the sweep's W&B summary run with them. It is the report step of the app's
+end-of-sweep callback (experiments/app/sweep.py `SweepEnd`), named there by conf/config.yaml
+(`hydra.callbacks.sweep_end.report_step`), so experiments imports nothing of analysis; the
+step calls it after the store is gathered. A digest of every record and history file
 of the sweep (`records_digest`) is kept beside the report, so re-running a fully recorded sweep
 does not redraw an unchanged report (which takes longer than the resume itself).
 """

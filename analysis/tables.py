@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from analysis import accuracy, scaling, series, tuning
+from analysis import accuracy, scaling_fits, series, tuning
 from analysis.columns import (
     APPROX_REL_ERROR,
     ATTENTION,
@@ -115,14 +115,16 @@ def variant_summary(frame: pd.DataFrame) -> Table | None:
     if labelled.empty:
         return None
     fits = {
-        name: scaling.scaling_fits(labelled, keys, metric)
-        for name, metric in scaling.TIME_METRICS.items()
+        name: scaling_fits.scaling_fits(labelled, keys, metric)
+        for name, metric in scaling_fits.TIME_METRICS.items()
     }
-    quadratic = scaling.scaling_fits(labelled, keys, ATTN_FWD_BWD_MS, baseline=series.QUADRATIC)
+    quadratic = scaling_fits.scaling_fits(
+        labelled, keys, ATTN_FWD_BWD_MS, baseline=series.QUADRATIC
+    )
     at_longest = [spec for spec in AT_LONGEST if spec[0] in labelled]  # older records lack some
     at = {
         metric: (
-            scaling.longest_common_length(labelled, metric),
+            scaling_fits.longest_common_length(labelled, metric),
             series.mean_spread(labelled, SEQ_LEN, metric),
         )
         for metric, *_ in at_longest
@@ -136,7 +138,7 @@ def variant_summary(frame: pd.DataFrame) -> Table | None:
             "series": name,
             "α fwd": str(fwd.power_law),
             "α fwd+bwd": str(fwd_bwd.power_law),
-            f"α fwd+bwd, longest {scaling.TAIL} L": str(fwd_bwd.tail_power_law),
+            f"α fwd+bwd, longest {scaling_fits.TAIL} L": str(fwd_bwd.tail_power_law),
             "L* fwd": _crossover(fwd, name),
             "L* fwd+bwd": _crossover(fwd_bwd, name),
         }
@@ -156,7 +158,7 @@ def variant_summary(frame: pd.DataFrame) -> Table | None:
     if any(c.startswith("α") for c in table):
         notes.append(
             "α: least-squares slope of log(kernel time) against log(seq_len), over the mean per "
-            f"length (all lengths, and the {scaling.TAIL} longest: the asymptotic regime)."
+            f"length (all lengths, and the {scaling_fits.TAIL} longest: the asymptotic regime)."
         )
     if any(c.startswith("L*") for c in table):
         notes.append(
@@ -202,7 +204,7 @@ def speedups(frame: pd.DataFrame) -> Table | None:
         "L* vs O(L²)": (ATTN_FWD_BWD_MS, series.QUADRATIC),
     }
     fits = {
-        title: scaling.scaling_fits(labelled, keys, metric, baseline=baseline)
+        title: scaling_fits.scaling_fits(labelled, keys, metric, baseline=baseline)
         for title, (metric, baseline) in against.items()
     }
     lengths = sorted(median[SEQ_LEN].unique())
@@ -627,7 +629,7 @@ def timing_warnings(frame: pd.DataFrame) -> Table | None:
             rows.append({"series": rec["series"], JOB: rec[JOB], "warning": rec[TIMING_WARNING]})
     options = sorted(c for c in ok.columns if c.startswith("attention."))
     inputs = [c for c in (ATTENTION, *options, *KERNEL_INPUTS) if c in ok]
-    for metric in scaling.TIME_METRICS.values():
+    for metric in scaling_fits.TIME_METRICS.values():
         timed = ok[ok[metric].notna()]
         if timed.empty:
             continue
@@ -698,7 +700,7 @@ def _informative(table: pd.DataFrame, also_empty: Sequence[str] = ()) -> pd.Data
     return table[[c for c in table if not table[c].map(lambda v: str(v) in empty).all()]]
 
 
-def _crossover(f: scaling.SeriesFit, name: str) -> str:
+def _crossover(f: scaling_fits.SeriesFit, name: str) -> str:
     if f.crossover is not None:
         return str(f.crossover)
     # No crossover: exact attention is the reference itself; any other series had no

@@ -14,7 +14,7 @@ the budgets and the model read fields instead of string keys:
       .block, .task    {"name": ..., **options}            (the block and task registries)
       .model           the `variants.ModelConfig` fields of `model:` (d_model, n_heads, ...);
                        `model_config(vocab_size)` is the model's one config object
-      .train           TrainConfig: what experiments/training/train.py trains with
+      .train           TrainConfig (experiments/training/train_config.py): what training trains with
       .measure         MeasureConfig: what measurement/measure.py measures, and how long
       .budget          BudgetConfig: experiments/measurement/budget.py's limits
       .eval_attention  label -> attention config, the kernels a trained model is also evaluated with
@@ -43,7 +43,9 @@ overrides and `check_added_keys` refuses them, naming the nearest known key; `+g
 
 The OmegaConf resolvers the configs may use (`${supports_causal:...}`, ...) and the logger's
 schema are the app's: experiments/app/resolvers.py registers them when the app loads. This
-module imports only the floors below it (records, training, variants).
+module imports only the floors below it (records, training, variants), none of which imports it
+back (training's `TrainConfig` lives in training/train_config.py and is re-exported here;
+tests/experiments/test_packages.py checks both directions).
 
 Importing this module starts no torch (`python -m experiments.run --help` imports it): the
 registry is looked up when a config is checked or resolved, not before.
@@ -64,6 +66,7 @@ from typing import Any, TypeVar
 import variants
 from experiments.records import record
 from experiments.training import curriculum
+from experiments.training.train_config import TrainConfig
 from variants.checks import require_non_negative_int, require_positive_int
 
 OWNER = "config"
@@ -84,59 +87,6 @@ def _require_positive_or_null(key: str, value: Any) -> None:
         raise ValueError(
             f"{OWNER}: option {key!r} must be a positive number or null, got {value!r}"
         )
-
-
-@dataclass(frozen=True)
-class TrainConfig:
-    """AdamW steps with warmup then cosine decay, gradient clipping, evaluation every
-    `eval_every` steps on `eval_batches` batches (a stage's last evaluation on more, until
-    `eval_pairs` distinct pairs of a recall task were answered); `curriculum`: shorter stages first
-    (experiments/training/curriculum.py); `progress`: a progress bar over the steps and a line per
-    job of a sweep (None: when stderr is a terminal; experiments/training/progress.py).
-
-    Train until learned: `steps` (a stage's `steps`) is the cap. `stop_accuracy` ends a stage at
-    the first evaluation whose validation accuracy reaches it at every point the run is
-    validated on; `patience` ends it, once the task is learned, after that many evaluations in
-    a row without a new best (by `train.PLATEAU_DELTA`) mean validation accuracy: converged
-    (None: never). A run that has not learned goes on to its cap."""
-
-    steps: int
-    lr: float
-    warmup: int
-    weight_decay: float
-    grad_clip: float
-    eval_every: int
-    eval_batches: int
-    curriculum: tuple[Any, ...] | list[Any] = ()
-    progress: bool | None = None
-    eval_pairs: int = 0
-    stop_accuracy: float | None = None
-    patience: int | None = None
-
-    def __post_init__(self):
-        for key in ("steps", "warmup", "eval_every", "eval_pairs"):
-            require_non_negative_int(OWNER, f"train.{key}", getattr(self, key))
-        require_positive_int(OWNER, "train.eval_batches", self.eval_batches)
-        if self.patience is not None:
-            require_positive_int(OWNER, "train.patience", self.patience)
-        stop = self.stop_accuracy
-        if stop is not None and (
-            isinstance(stop, bool) or not isinstance(stop, (int, float)) or not 0 < stop <= 1
-        ):
-            raise ValueError(
-                f"{OWNER}: option 'train.stop_accuracy' must be a fraction in (0, 1] or null, "
-                f"got {stop!r}"
-            )
-        if (stop is not None or self.patience is not None) and not self.eval_every:
-            raise ValueError(
-                f"{OWNER}: options 'train.stop_accuracy' and 'train.patience' need "
-                "'train.eval_every' > 0 (they are read at the evaluations)"
-            )
-        if self.progress is not None and not isinstance(self.progress, bool):
-            raise ValueError(
-                f"{OWNER}: option 'train.progress' must be true, false or null, "
-                f"got {self.progress!r}"
-            )
 
 
 # The forms of exact attention a kernel's speed-up can be measured against: `full`'s impls.

@@ -25,11 +25,11 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from experiments.app import job as jobs
-from experiments.app import parent, progress, sweep
+from experiments.app import parent, sweep, sweep_clock
 from experiments.app.resolvers import config_dir, register
 from experiments.config import added_keys, check_required_keys
 from experiments.records import record, store
-from experiments.training import progress as training_progress
+from experiments.training import progress
 
 register()
 
@@ -71,8 +71,8 @@ def app(cfg: DictConfig) -> jobs.NotWritten | None:
         config["threads"] = _threads_per_job(hydra_cfg)
     sweep_dir = Path(hydra_cfg.sweep.dir) if multirun else None
     job = str(hydra_cfg.job.num) if multirun else out_dir.name
-    if multirun and training_progress.enabled(config["train"].get("progress")):
-        line = progress.SweepClock(sweep_dir).line(job, list(hydra_cfg.overrides.task))
+    if multirun and progress.enabled(config["train"].get("progress")):
+        line = sweep_clock.SweepClock(sweep_dir).line(job, list(hydra_cfg.overrides.task))
         if line:
             print(f"sweep: {line}", file=sys.stderr, flush=True)
     added = added_keys(list(hydra_cfg.overrides.task), hydra_cfg.runtime.choices.keys())

@@ -30,7 +30,7 @@ from experiments.app import tracking
 from experiments.config import JobConfig, ResolvedConfig
 from experiments.measurement import budget
 from experiments.measurement.provenance import provenance
-from experiments.records import history, record, store
+from experiments.records import files, history, record, store
 from experiments.training import curriculum
 from variants.checks import UnsupportedCombination
 
@@ -101,12 +101,12 @@ def claimed(out_dir: Path, sweep_dir: Path | None, digest: str):
     try:
         if sweep_dir is not None:
             stack.enter_context(
-                store.file_lock(
+                files.file_lock(
                     Path(sweep_dir) / CLAIMS / f"{digest}.lock",
                     waiting(f"configuration {digest}"),
                 )
             )
-        stack.enter_context(store.file_lock(Path(out_dir) / JOB_LOCK, waiting(str(out_dir))))
+        stack.enter_context(files.file_lock(Path(out_dir) / JOB_LOCK, waiting(str(out_dir))))
     except BaseException:
         stack.close()
         raise

@@ -2,14 +2,14 @@
 
 `SweepEnd` is the app's one Hydra callback (conf/config.yaml, `hydra.callbacks.sweep_end`):
 - at the multirun's start it checks `fail_on` (an unknown status: one line, exit 2), starts the
-  sweep's clock (progress.py) and stamps the records already there: any other at the end (or
+  sweep's clock (sweep_clock.py) and stamps the records already there: any other at the end (or
   one written again) is this multirun's.
   From then on Ctrl-C raises `Interrupted`, a KeyboardInterrupt that carries the multirun;
 - as each job ends it gathers the store, so even a killed sweep keeps results.csv;
 - at the multirun's end it runs `Multirun.end`, which does, in this order: gather the sweep's
   records into results.csv/.parquet and print them (the store could not be written: one line,
   and the exit code is 1); draw the report and log the W&B sweep-summary run, unless
-  `report=false` (analysis/sweep_report.py; both only when the records changed); print one
+  `report=false` (both only when the records changed); print one
   table of this multirun's jobs that did not end ok (status, the keys that vary in the sweep,
   the one-line reason); return the exit code: 1 when one of them ended in a status of
   `fail_on` (default: error, i.e. an invalid option or a crash), else 0 — skipped (an
@@ -20,6 +20,12 @@ the process right there (`SystemExit`, which Hydra lets through; ending the mult
 thing Hydra does), and 0 lets the app return. On Ctrl-C the interrupt itself carries the
 multirun: `experiments.run.main` catches `Interrupted` and calls its `end(interrupted=True)`,
 which gathers and reports the jobs that finished, says how to continue and returns 130.
+
+The report is drawn by analysis, a floor above, which this module does not import: the callback
+is given its `report_step` (a `ReportStep`), named in conf/config.yaml
+(`hydra.callbacks.sweep_end.report_step`: analysis/sweep_report.py's `update`), and hands it
+the sweep dir, the logger's settings and `summarize`, which logs the W&B sweep-summary run
+(tracking.py).
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ import signal
 import sys
 import threading
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,7 +45,7 @@ from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from experiments.app import interrupts, progress, tracking
+from experiments.app import interrupts, sweep_clock, tracking
 from experiments.config import check_writable_dir
 from experiments.records import record, store
 
@@ -48,6 +54,11 @@ log = logging.getLogger("attnbench")
 DEFAULT_FAIL_ON = (record.ERROR,)
 INTERRUPTED = 130  # the shell's exit code for a process ended by SIGINT
 REASON_CHARS = 160
+
+# What draws a sweep's report: `(sweep_dir, logger_cfg, summarize)`, where `summarize(records,
+# figures)` logs the W&B summary run (analysis.sweep_report.update, named in conf/config.yaml).
+Summarize = Callable[[pd.DataFrame, dict[str, Path]], None]
+ReportStep = Callable[[Path, Mapping[str, Any], Summarize], None]
 
 
 def fail_on_statuses(value: Any) -> tuple[str, ...]:
@@ -69,11 +80,13 @@ def fail_on_statuses(value: Any) -> tuple[str, ...]:
 class Multirun:
     """One multirun of the app: its config (Hydra's, the sweep's keys and `hydra.*`), the
     records found at its start (`store.record_stamps`: any other record at its end, or one
-    rewritten since, is its own) and its `fail_on` statuses."""
+    rewritten since, is its own), its `fail_on` statuses and what draws its report (None: no
+    report, whatever `report` says)."""
 
     config: DictConfig
     earlier: set[store.Stamp]
     fail_on: tuple[str, ...]
+    report_step: ReportStep | None = None
     not_written: list[str] = field(default_factory=list)  # jobs whose record could not be written
 
     @property
@@ -91,7 +104,7 @@ class Multirun:
         if interrupted:
             print("\ninterrupted: gathering the jobs that finished", file=sys.stderr)
         gathered = _part("gather", lambda: store.gather_at_end(self.sweep_dir), default=None)
-        if self.config.get("report", True):
+        if self.config.get("report", True) and self.report_step is not None:
             _part("report", self.report, default=None)
         code = _part("outcome", lambda: self._outcome(gathered), default=1)
         if not interrupted:
@@ -104,11 +117,10 @@ class Multirun:
         return INTERRUPTED
 
     def report(self) -> None:
-        """The sweep's report and its W&B summary run, redone when its records changed."""
-        # The app's one step into analysis, imported only here: the plotting stack would add
-        # about a second to every run's start, and a sweep run with report=false never needs it.
-        from analysis import sweep_report
-
+        """The sweep's report (`report_step`) and its W&B summary run, redone when its records
+        changed."""
+        if self.report_step is None:
+            return
         logger_cfg = OmegaConf.to_container(self.config.logger, resolve=True)
 
         def summarize(records: pd.DataFrame, figures: dict[str, Path]) -> None:
@@ -124,7 +136,7 @@ class Multirun:
             if run_dir is not None:
                 print(f"W&B sweep summary run: {run_dir}")
 
-        sweep_report.update(self.sweep_dir, logger_cfg, summarize)
+        self.report_step(self.sweep_dir, logger_cfg, summarize)
 
     def _outcome(self, gathered: pd.DataFrame | None) -> int:
         """Print this multirun's jobs that did not end ok; the exit code (also 1 when the store
@@ -168,15 +180,17 @@ class Interrupted(KeyboardInterrupt):
 
 class SweepEnd(Callback):
     """Hydra callback: the multirun's start, the store gathered as each job ends, and the one
-    end-of-sweep step (`Multirun.end`); see the module docstring."""
+    end-of-sweep step (`Multirun.end`); see the module docstring. `report_step` draws the
+    report (conf/config.yaml names analysis's); None: no report."""
 
-    def __init__(self) -> None:
+    def __init__(self, report_step: ReportStep | None = None) -> None:
+        self.report_step = report_step
         self.multirun: Multirun | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         # Launchers ship the callbacks to each job's process, where only on_job_end runs; it
-        # needs none of the multirun (and a job's Ctrl-C is its launcher's).
-        return {"multirun": None}
+        # needs none of the multirun (and a job's Ctrl-C is its launcher's) nor the report.
+        return {"multirun": None, "report_step": None}
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         _check_sweep_name(config)
@@ -188,10 +202,12 @@ class SweepEnd(Callback):
             print(f"error: {error}", file=sys.stderr)
             sys.exit(2)
         sweep_dir = Path(config.hydra.sweep.dir)
-        self.multirun = multirun = Multirun(config, store.record_stamps(sweep_dir), fail_on)
+        self.multirun = multirun = Multirun(
+            config, store.record_stamps(sweep_dir), fail_on, self.report_step
+        )
         params = OmegaConf.select(config, "hydra.sweeper.params", default=None) or {}
         overrides = OmegaConf.select(config, "hydra.overrides.task", default=None) or []
-        progress.SweepClock(multirun.sweep_dir).start(
+        sweep_clock.SweepClock(multirun.sweep_dir).start(
             [*(f"{k}={v}" for k, v in params.items()), *overrides]
         )
         if threading.current_thread() is threading.main_thread():  # where signals arrive

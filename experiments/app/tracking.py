@@ -61,7 +61,7 @@ _disabled_reason: str | None = None
 
 @dataclass
 class WandbLogger:
-    """The schema of `conf/logger/wandb.yaml` (registered with Hydra by `experiments.config`):
+    """The schema of `conf/logger/wandb.yaml` (registered with Hydra by resolvers.py `register`):
     its types are checked when Hydra composes the config, the values are the YAML's.
     `scaling_metrics` defaults to the record schema's (`record.SCALING_METRICS`)."""
 

@@ -5,7 +5,8 @@
 the whole training step, takes the step's peak memory, the kernel's analytic FLOPs, its
 approximation error against exact attention and, with `measure.decode`, what decoding costs
 (experiments/measurement/decode.py). It returns the measurement
-columns of the record; `experiments.run` adds identity, status and provenance.
+columns of the record; the job (experiments/app/job.py `run_job`) adds identity, status and
+provenance.
 """
 
 from __future__ import annotations
@@ -90,7 +91,7 @@ def setup(job: JobConfig) -> Setup:
         torch.set_num_threads(int(job.threads))
     torch.manual_seed(job.seed)
     task = build_task(job.task, seq_len=job.seq_len, batch_size=job.batch_size, seed=job.seed)
-    # float32 master weights whatever the dtype: half types are autocast (experiments/precision).
+    # float32 master weights whatever the dtype: half types are autocast (training/precision.py).
     model = variants.TransformerLM(job.model_config(task.vocab_size)).to(device=device)
     built = Setup(device, precision, task, model)
     check_backward(job, built.kernel, device)

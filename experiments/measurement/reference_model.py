@@ -21,24 +21,23 @@ Models and fitted kernels are cached under the user's cache directory (`$ATTNBEN
 else `$XDG_CACHE_HOME/attnbench`, else `~/.cache/attnbench`) as `reference/<digest>.pt` and
 `reference/<digest>/kernel-<key>.pt`. The digest covers every setting that shapes the model
 (`ReferenceConfig` and the corpus's size), the key every setting that shapes the fitted kernel,
-so a changed config trains a new one; concurrent jobs wait on a file lock (opened without
-following symlinks) instead of training twice. Files are fsynced before their atomic rename,
-and a cached file that fails to load is moved aside (a warning names it) and rebuilt.
+so a changed config trains a new one; concurrent jobs wait on a file lock (the project's one,
+experiments/records/files.py: opened without following symlinks) instead of training twice.
+Files are written by the project's one atomic write, durably (fsynced before their rename), and
+a cached file that fails to load is moved aside (a warning names it) and rebuilt.
 """
 
 from __future__ import annotations
 
 import copy
 import dataclasses
-import fcntl
 import hashlib
 import json
 import logging
 import math
 import os
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -46,16 +45,20 @@ from typing import Any
 import torch
 
 import variants
-from experiments.config import JobConfig, TrainConfig
+from experiments.config import JobConfig
+from experiments.records import files
 from experiments.training.tasks import build_task
 from experiments.training.tasks.text import read_corpus
 from experiments.training.train import evaluate, train
+from experiments.training.train_config import TrainConfig
 from variants.attention.common.base import Attention, sample_gates, shared_qk_keys
 from variants.checks import require_choice, require_non_negative_int, require_positive_int
 from variants.config import POSITIONS
 from variants.layers import SelfAttention, build_kernel, kernels_swapped
 
 log = logging.getLogger("attnbench")
+
+CACHE_LOCK_MODE = 0o600  # the cache's lock files: private to the user (less the umask)
 
 # Bump when the training recipe below changes what a cached model is.
 RECIPE_VERSION = 2
@@ -224,7 +227,7 @@ def _cached(
     model: missing or unexpected keys, other shapes) is renamed to `<name>.damaged-<time>`, a
     warning names both paths, and it is rebuilt.
     """
-    with _locked(path.with_suffix(".lock")):
+    with files.file_lock(path.with_suffix(".lock"), mode=CACHE_LOCK_MODE):
         if path.exists():
             try:
                 saved = torch.load(path, map_location="cpu", weights_only=True)
@@ -244,29 +247,8 @@ def _cached(
                 )
         saved = build()
         load(saved)
-        _save_durably(saved, path)
+        files.write_atomic(path, lambda tmp: torch.save(saved, tmp), durable=True)
         return saved
-
-
-def _save_durably(obj: dict[str, Any], path: Path) -> None:
-    """torch.save `obj` to `path` atomically: a file beside it, fsynced, renamed over it, and
-    the directory fsynced, so a crash leaves the old file or the whole new one."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
-    try:
-        with open(partial, "wb") as handle:
-            torch.save(obj, handle)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(partial, path)
-    except BaseException:
-        partial.unlink(missing_ok=True)
-        raise
-    directory = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(directory)
-    finally:
-        os.close(directory)
 
 
 class _StagedText:
@@ -598,20 +580,3 @@ def swap_bits_per_byte(
     with kernels_swapped(layers, [kernel] * len(layers)):
         swapped_loss = evaluate(reference.model, task, device, n_batches).loss
     return exact_loss / math.log(2), swapped_loss / math.log(2)
-
-
-@contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    """An exclusive lock on `path` (created 0600 if missing, never truncated), so one process
-    trains at a time. O_NOFOLLOW: a symlink planted at `path` in a shared cache directory is
-    refused (OSError) rather than followed to another file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fd, fcntl.LOCK_UN)
-    finally:
-        os.close(fd)

@@ -17,7 +17,7 @@ import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from experiments.records import record
+from experiments.records import files
 
 if TYPE_CHECKING:  # pandas is imported when a history is written or read, not for `--help`
     import pandas as pd
@@ -62,7 +62,7 @@ class History:
             path.unlink(missing_ok=True)
             return
         frame = pd.DataFrame(self._rows, columns=list(COLUMNS))
-        record.write_atomic(path, lambda tmp: frame.to_parquet(tmp, index=False))
+        files.write_atomic(path, lambda tmp: frame.to_parquet(tmp, index=False))
 
 
 def read(path: Path) -> pd.DataFrame:

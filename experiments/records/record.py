@@ -15,11 +15,12 @@ import hashlib
 import json
 import math
 import os
-import tempfile
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
+
+from experiments.records.files import write_atomic
 
 # --- The schema: every column a record has, with its type and unit -----------------------------
 #
@@ -503,35 +504,3 @@ def write_json_atomic(path: Path, record: dict[str, Any]) -> None:
             os.fsync(f.fileno())
 
     write_atomic(path, dump)
-
-
-def write_atomic(path: Path, write: Callable[[Path], object]) -> None:
-    """Create or replace `path` whole: `write(tmp)` writes a file beside it, which is then
-    renamed over it, so a reader never sees a partial file. If it fails, the file beside it is
-    removed; an `OSError` that names no file (a full disk: `[Errno 28]` from a write) is raised
-    again naming `path`."""
-    path = Path(path)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    except OSError as error:
-        _raise_naming(error, path)
-    try:
-        umask = os.umask(0)
-        os.umask(umask)
-        os.fchmod(fd, 0o666 & ~umask)  # mkstemp makes 0600; follow the umask like any other file
-        os.close(fd)
-        write(Path(tmp))
-        os.replace(tmp, path)
-    except BaseException as error:
-        Path(tmp).unlink(missing_ok=True)
-        if isinstance(error, OSError):
-            _raise_naming(error, path)
-        raise
-
-
-def _raise_naming(error: OSError, path: Path) -> NoReturn:
-    """Raise `error` again, as an OSError of the same kind naming `path` if it names no file."""
-    if error.filename is not None or error.errno is None:
-        raise error
-    raise OSError(error.errno, error.strerror or str(error), str(path)) from error

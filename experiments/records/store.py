@@ -18,15 +18,12 @@ disk, a symlink planted as the lock) says so in one line and exits 1 (`gather_at
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import json
 import logging
-import math
-import os
 import re
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,7 +31,9 @@ from typing import Any
 import pandas as pd
 
 from experiments.records import record
-from experiments.records.record import config_keys, write_atomic
+from experiments.records.files import file_lock, write_atomic
+from experiments.records.record import config_keys
+from experiments.records.values import bool_or_none, text_or_none
 
 log = logging.getLogger("attnbench")
 
@@ -164,32 +163,6 @@ def results_lock(sweep_dir: Path) -> Iterator[None]:
         yield
 
 
-@contextlib.contextmanager
-def file_lock(path: Path, on_wait: Callable[[], object] | None = None) -> Iterator[bool]:
-    """Hold an exclusive flock on `path` (released when the holder ends, even killed); yields
-    whether another holder had to be waited for (`on_wait()` is called before waiting).
-
-    The lock file is opened without following a symlink, never truncated, created with the
-    umask's permissions like any other file of the sweep; its parent is created if missing.
-    """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
-    fd = os.open(path, flags, 0o666)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            waited = False
-        except BlockingIOError:
-            if on_wait is not None:
-                on_wait()
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            waited = True
-        yield waited
-    finally:
-        os.close(fd)  # closing releases the lock
-
-
 _PLAIN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 
 
@@ -228,15 +201,15 @@ def parquet_frame(frame: pd.DataFrame) -> pd.DataFrame:
         values = typed[name]
         if column is None:
             if values.dtype == object and _mixed(values):
-                typed[name] = values.map(_text_or_none)
+                typed[name] = values.map(text_or_none)
         elif column.type is int:
             typed[name] = pd.array(pd.to_numeric(values, errors="coerce"), dtype="Int64")
         elif column.type is float:
             typed[name] = pd.to_numeric(values, errors="coerce").astype(float)
         elif column.type is bool:
-            typed[name] = pd.array(values.map(_bool_or_none), dtype="boolean")
+            typed[name] = pd.array(values.map(bool_or_none), dtype="boolean")
         else:
-            typed[name] = values.map(_text_or_none)
+            typed[name] = values.map(text_or_none)
     return typed
 
 
@@ -251,16 +224,6 @@ def _mixed(values: pd.Series) -> bool:
     return values.dropna().map(kind).nunique() > 1
 
 
-def _bool_or_none(value: Any) -> bool | None:
-    return value if isinstance(value, bool) else None
-
-
-def _text_or_none(value: Any) -> str | None:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return None
-    return value if isinstance(value, str) else str(value)
-
-
 def varying_keys(frame: pd.DataFrame) -> list[str]:
     """The configuration keys (`record.config_keys`) that take more than one value in `frame`.
 
@@ -270,7 +233,7 @@ def varying_keys(frame: pd.DataFrame) -> list[str]:
     return [
         key
         for key in config_keys(frame.columns)
-        if frame[key].dropna().map(_text_or_none).nunique() > 1
+        if frame[key].dropna().map(text_or_none).nunique() > 1
     ]
 
 

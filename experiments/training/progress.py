@@ -4,7 +4,7 @@
 curriculum: one bar), with the loss, the stage's length and the ETA. It is on by default in a
 terminal and quiet when the output is not one (CI, log files, `make test`); `train.progress=
 true|false` overrides either way (`enabled`), for this bar and for the sweep's line per job
-(experiments/app/progress.py).
+(experiments/app/sweep_clock.py).
 """
 
 from __future__ import annotations

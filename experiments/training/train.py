@@ -25,9 +25,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from experiments.config import TrainConfig
 from experiments.training.precision import FLOAT32, Precision
 from experiments.training.tasks import Batch, Task
+from experiments.training.train_config import TrainConfig
 
 # An evaluation at or above this accuracy, at any stage, means the job learned the task.
 LEARNED = 0.9

@@ -19,7 +19,10 @@ ANALYSIS = Path(__file__).resolve().parents[2] / "analysis"
 FIGURE_AND_TABLE_MODULES = sorted(
     [
         *(p for p in (ANALYSIS / "figures").glob("*.py") if p.name != "__init__.py"),
-        *(ANALYSIS / name for name in ("tables.py", "capacity.py", "decode.py", "headline.py")),
+        *(
+            ANALYSIS / name
+            for name in ("tables.py", "capacity.py", "decode_report.py", "headline.py")
+        ),
         ANALYSIS / "glance.py",
     ]
 )

@@ -91,16 +91,16 @@ def test_speedups_over_the_quadratic_form_chain_through_its_own_job(tmp_path, ca
     # narrower than its distance from 1, so the crossing is certain.
     assert cells[" L* vs O(L²) "].strip() == "512"
     assert cells[" L* vs SDPA "].strip() == ">1,024"
-    from analysis import load, scaling, series
+    from analysis import load, scaling_fits, series
 
     labelled, keys = series.with_series(load.tidy(load.load_results([sweep])), x="seq_len")
-    chained = scaling.with_chained_speedups(labelled, keys)
+    chained = scaling_fits.with_chained_speedups(labelled, keys)
     mine = chained[chained["attention"] == "blockwise"].set_index("seq_len")
     assert mine["speedup_vs_math"].tolist() == pytest.approx([0.5, 2.0])
     assert mine["speedup_vs_math_iqr"].tolist() == pytest.approx([0.0, 2.0 * (0.1 + 0.1)])
     # A value the job measured itself is kept, and the O(L²) series gets none.
     labelled.loc[labelled["attention"] == "blockwise", "speedup_vs_math"] = 3.0
-    kept = scaling.with_chained_speedups(labelled, keys)
+    kept = scaling_fits.with_chained_speedups(labelled, keys)
     assert (kept.loc[kept["attention"] == "blockwise", "speedup_vs_math"] == 3.0).all()
     math_rows = chained[chained.get("attention.impl") == "math"]
     assert math_rows["speedup_vs_math"].isna().all()

@@ -9,7 +9,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.text import Text
 
-from analysis import figures, load, report, scaling, series, tables
+from analysis import figures, load, report, scaling_fits, series, tables
 from tests.analysis.conftest import synthetic_records
 
 
@@ -26,7 +26,7 @@ def texts(figure: Figure) -> list[str]:
 
 def test_scaling_fits_recover_exponents_and_crossover(frame):
     labelled, keys = series.with_series(frame, x="seq_len")
-    fits = scaling.scaling_fits(labelled, keys, "attn_fwd_bwd_ms")
+    fits = scaling_fits.scaling_fits(labelled, keys, "attn_fwd_bwd_ms")
     assert fits["full"].power_law.exponent == pytest.approx(2.0, abs=1e-9)
     assert fits["lsh"].power_law.exponent == pytest.approx(1.0, abs=1e-9)
     assert fits["full"].crossover is None  # the reference itself

@@ -12,7 +12,7 @@ import pytest
 from analysis import glance, load, tables
 from tests.analysis.conftest import FIXTURE
 from tests.analysis.test_accuracy import _capacity, _long_range
-from tests.analysis.test_decode import decode_records
+from tests.analysis.test_decode_report import decode_records
 from tests.analysis.test_headline import _cost
 
 

@@ -71,10 +71,10 @@ def test_a_pinned_fused_sdpa_backend_is_the_reference_where_plain_sdpa_was_not_m
 
 
 def test_a_pinned_fused_backend_is_the_fused_baseline_itself_and_sdpa_math_is_not():
-    from analysis import scaling
+    from analysis import scaling_fits
 
     frame = records(**{"attention.impl": ["sdpa_flash", "sdpa_math"]})
     labelled, _ = series.with_series(frame, x="seq_len")
-    assert scaling._is_baseline(labelled, "full impl=sdpa_flash", series.FUSED)
-    assert not scaling._is_baseline(labelled, "full impl=sdpa_math", series.FUSED)
-    assert not scaling._is_baseline(labelled, "full impl=sdpa_flash", series.QUADRATIC)
+    assert scaling_fits._is_baseline(labelled, "full impl=sdpa_flash", series.FUSED)
+    assert not scaling_fits._is_baseline(labelled, "full impl=sdpa_math", series.FUSED)
+    assert not scaling_fits._is_baseline(labelled, "full impl=sdpa_flash", series.QUADRATIC)

@@ -7,7 +7,7 @@ import json
 
 from omegaconf import OmegaConf
 
-from analysis import report
+from analysis import report, sweep_report
 from experiments.app import sweep, tracking
 from experiments.records import history, record, store
 from tests import wandb_runs
@@ -18,7 +18,10 @@ def update(sweep_dir, logger):
     """The report part of the end of a multirun of sweep `fixture` over `sweep_dir` (the app's
     step, experiments/app/sweep.py, which also logs the W&B summary run)."""
     config = {"hydra": {"sweep": {"dir": str(sweep_dir)}}, "sweep": "fixture", "logger": logger}
-    sweep.Multirun(OmegaConf.create(config), earlier=set(), fail_on=("error",)).report()
+    multirun = sweep.Multirun(
+        OmegaConf.create(config), earlier=set(), fail_on=("error",), report_step=sweep_report.update
+    )
+    multirun.report()
 
 
 def test_report_and_wandb_summary_of_a_sweep(small_sweep, wandb_home, capsys, monkeypatch):

@@ -107,8 +107,8 @@ def test_a_job_waits_for_the_process_measuring_into_its_dir(resolved_config, tmp
         [
             sys.executable,
             "-c",
-            "import sys, time; from experiments.records import store\n"
-            f"with store.file_lock({str(out_dir / job.JOB_LOCK)!r}):\n"
+            "import sys, time; from experiments.records import files\n"
+            f"with files.file_lock({str(out_dir / job.JOB_LOCK)!r}):\n"
             "    print('held', flush=True); time.sleep(1.5)\n",
         ],
         stdout=subprocess.PIPE,

@@ -10,6 +10,7 @@ import os
 import pickle
 import signal
 import time
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -117,17 +118,14 @@ def test_a_sweep_whose_results_could_not_be_gathered_fails_with_one_line(tmp_pat
     assert end() == 0 and len(pd.read_csv(sweep_dir / "results.csv")) == 1
 
 
-def test_the_step_runs_in_order_gather_report_outcome(tmp_path, capsys, monkeypatch):
-    from analysis import sweep_report
-
+def test_the_step_runs_in_order_gather_report_outcome(tmp_path, capsys):
     drawn = []
 
     def update(sweep_dir, logger_cfg, summarize):
         drawn.append((sweep_dir, logger_cfg))
         print("REPORT")
 
-    monkeypatch.setattr(sweep_report, "update", update)
-    callback = sweep.SweepEnd()
+    callback = sweep.SweepEnd(report_step=update)
     callback.on_multirun_start(multirun_config(tmp_path, report=True))
     put(tmp_path, 0, {"job": "0", **rec("a", status="error")})
     assert callback.multirun.end() == 1
@@ -137,11 +135,40 @@ def test_the_step_runs_in_order_gather_report_outcome(tmp_path, capsys, monkeypa
     assert gathered < reported < listed
 
 
-def test_report_false_draws_no_report(tmp_path, monkeypatch):
-    from analysis import sweep_report
+def test_report_false_draws_no_report(tmp_path):
+    callback = sweep.SweepEnd(report_step=lambda *a, **k: pytest.fail("report drawn"))
+    callback.on_multirun_start(multirun_config(tmp_path, report=False))
+    put(tmp_path, 0, {"job": "0", **rec("a")})
+    assert callback.multirun.end() == 0
 
-    monkeypatch.setattr(sweep_report, "update", lambda *a, **k: pytest.fail("report drawn"))
-    assert end_multirun(tmp_path, [rec("a")]) == 0  # multirun_config: report=False
+
+def test_the_report_step_is_analysis_named_in_the_config_not_imported():
+    """Issue 39: experiments imports nothing of analysis; conf/config.yaml names the report step
+    the end-of-sweep callback is built with (tests/experiments/test_packages.py: no import)."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.utils import instantiate
+
+    from analysis import sweep_report
+    from experiments.app import resolvers
+
+    resolvers.register()
+    GlobalHydra.instance().clear()
+    conf = Path(__file__).resolve().parents[3] / "conf"
+    with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
+        config = compose(config_name="config", return_hydra_config=True)
+    GlobalHydra.instance().clear()
+    callback = instantiate(config.hydra.callbacks.sweep_end)
+    assert isinstance(callback, sweep.SweepEnd)
+    assert callback.report_step is sweep_report.update
+
+
+def test_without_a_report_step_no_report_is_drawn(tmp_path):
+    callback = sweep.SweepEnd()
+    callback.on_multirun_start(multirun_config(tmp_path, report=True))
+    put(tmp_path, 0, {"job": "0", **rec("a")})
+    assert callback.multirun.end() == 0
+    assert (tmp_path / "results.csv").is_file() and not (tmp_path / "report").exists()
 
 
 def test_the_exit_code_ends_the_process_at_the_multiruns_end(tmp_path):
@@ -172,9 +199,10 @@ def test_ctrl_c_carries_the_multirun_whose_end_gathers_and_says_how_to_continue(
 
 
 def test_the_callback_goes_to_each_jobs_process_without_the_multirun(tmp_path):
-    callback = sweep.SweepEnd()
+    callback = sweep.SweepEnd(report_step=lambda *a: None)  # a lambda: no pickling it
     callback.on_multirun_start(multirun_config(tmp_path))
-    assert pickle.loads(pickle.dumps(callback)).multirun is None  # as launchers ship it
+    shipped = pickle.loads(pickle.dumps(callback))  # as launchers ship it
+    assert shipped.multirun is None and shipped.report_step is None
 
 
 @pytest.mark.parametrize("name", ["../../x", "/tmp/x", "a/../../x", ".."])

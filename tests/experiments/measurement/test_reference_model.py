@@ -358,6 +358,11 @@ def test_a_cache_file_of_tensors_that_do_not_fit_is_moved_aside_and_rebuilt(
         assert torch.equal(a, b)  # fitted again from the state as initialised
 
 
+def _cache(path):
+    """The reference cache's `_cached` on a one-tensor dict (built, saved, loaded as is)."""
+    return reference_model._cached(path, lambda: {"x": torch.ones(3)}, ("x",), lambda saved: None)
+
+
 def test_the_cache_file_is_fsynced_before_its_rename(tmp_path, monkeypatch):
     events = []
     real_fsync, real_replace = reference_model.os.fsync, reference_model.os.replace
@@ -369,10 +374,10 @@ def test_the_cache_file_is_fsynced_before_its_rename(tmp_path, monkeypatch):
         "replace",
         lambda a, b: (events.append(("replace", Path(b).name)), real_replace(a, b))[1],
     )
-    reference_model._save_durably({"x": torch.ones(3)}, tmp_path / "m.pt")
-    assert events[:2] == ["fsync", ("replace", "m.pt")]
+    _cache(tmp_path / "m.pt")
+    assert events == ["fsync", ("replace", "m.pt"), "fsync"]  # the file, then its directory
     assert torch.equal(torch.load(tmp_path / "m.pt", weights_only=True)["x"], torch.ones(3))
-    assert not list(tmp_path.glob("*.partial"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.lock", "m.pt"]  # nothing beside
 
 
 def test_the_lock_file_does_not_follow_symlinks(tmp_path):
@@ -382,9 +387,8 @@ def test_the_lock_file_does_not_follow_symlinks(tmp_path):
     lock.parent.mkdir()
     lock.symlink_to(precious)
     with pytest.raises(OSError):
-        with reference_model._locked(lock):
-            pass
+        _cache(tmp_path / "reference" / "abc.pt")
     assert precious.read_text() == "keep me"
-    fresh = tmp_path / "reference" / "new.lock"
-    with reference_model._locked(fresh):
-        assert fresh.stat().st_mode & 0o777 == 0o600
+    assert not (tmp_path / "reference" / "abc.pt").exists()
+    _cache(tmp_path / "reference" / "new.pt")
+    assert (tmp_path / "reference" / "new.lock").stat().st_mode & 0o777 == 0o600

@@ -9,7 +9,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from experiments.config import TrainConfig
 from experiments.training.tasks import Batch, generator
 from experiments.training.train import (
     Diverged,
@@ -19,6 +18,7 @@ from experiments.training.train import (
     masked_loss_and_hits,
     train,
 )
+from experiments.training.train_config import TrainConfig
 
 CPU = torch.device("cpu")
 VOCAB = 8

@@ -8,11 +8,11 @@ import pytest
 import torch
 
 import variants
-from experiments.config import TrainConfig
 from experiments.measurement import measure
 from experiments.training.precision import FLOAT32
 from experiments.training.tasks import build_task
 from experiments.training.train import evaluate, train
+from experiments.training.train_config import TrainConfig
 from tests.experiments.conftest import MEASURE_NOTHING
 
 CPU = torch.device("cpu")

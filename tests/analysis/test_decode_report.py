@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from analysis import decode, figures, load, report
+from analysis import decode_report, figures, load, report
 from experiments.records.record import MIB
 from tests.analysis.conftest import FIXTURE
 
@@ -50,7 +50,7 @@ def frame() -> pd.DataFrame:
 
 
 def test_the_table_gives_time_and_cache_per_context():
-    table = decode.decode_table(frame())
+    table = decode_report.decode_table(frame())
     assert table is not None and table.title == "Decoding"
     rows = table.frame.set_index("variant")
     assert rows.loc["full", "L=65,536"] == "65.5 ms · 128 MiB"
@@ -60,7 +60,7 @@ def test_the_table_gives_time_and_cache_per_context():
 
 
 def test_the_headline_has_one_clause_per_variant_against_exact():
-    text = "\n".join(decode.headline(frame()))
+    text = "\n".join(decode_report.headline(frame()))
     assert "## Decoding" in text
     assert "**full** at 64K: 65.5 ms/token, cache 128 MiB" in text
     assert "**linear** at 64K: 0.2 ms/token, cache 65 KiB vs exact 128 MiB" in text
@@ -68,7 +68,7 @@ def test_the_headline_has_one_clause_per_variant_against_exact():
 
 
 def test_the_figure_draws_time_and_cache_and_the_report_leaves_it_out_without_decode():
-    figure = decode.decode_vs_context(frame())
+    figure = decode_report.decode_vs_context(frame())
     assert figures.nothing_drawn(figure) is None
     cache_panel = figure.axes[1]
     ys = [y for line in cache_panel.get_lines() for y in line.get_ydata()]
@@ -77,4 +77,4 @@ def test_the_figure_draws_time_and_cache_and_the_report_leaves_it_out_without_de
     assert "measure.decode" in report.not_applicable(
         "decode_vs_context", load.load_results([FIXTURE])
     )
-    assert decode.decode_table(load.tidy(load.load_results([FIXTURE]))) is None
+    assert decode_report.decode_table(load.tidy(load.load_results([FIXTURE]))) is None

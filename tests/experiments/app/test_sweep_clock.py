@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from experiments.app import progress
+from experiments.app import sweep_clock
 
 
 @pytest.mark.parametrize(
@@ -21,17 +21,17 @@ from experiments.app import progress
     ],
 )
 def test_the_sweep_size_is_the_product_of_the_swept_values(overrides, size, keys):
-    assert progress.sweep_size(overrides) == (size, keys)
+    assert sweep_clock.sweep_size(overrides) == (size, keys)
 
 
 def test_each_job_says_how_far_the_sweep_is_and_what_is_left(tmp_path, monkeypatch):
-    clock = progress.SweepClock(tmp_path)
+    clock = sweep_clock.SweepClock(tmp_path)
     job = ["attention=full", "seq_len=64"]
     assert clock.line("0", job) is None  # no multirun started here
     now = time.time()
-    monkeypatch.setattr(progress.time, "time", lambda: now)
+    monkeypatch.setattr(sweep_clock.time, "time", lambda: now)
     clock.start(["attention=full,lsh", "seq_len=64", "seed=0,1"])
-    monkeypatch.setattr(progress.time, "time", lambda: now + 90)
+    monkeypatch.setattr(sweep_clock.time, "time", lambda: now + 90)
     assert clock.line("0", [*job, "seed=0"]) == (
         "job 1 of 4 (attention=full seed=0): 0 done in 1:30"
     )
@@ -49,6 +49,6 @@ def test_each_job_says_how_far_the_sweep_is_and_what_is_left(tmp_path, monkeypat
 
 @pytest.mark.parametrize("text", ["[]", "{}", '{"started": "soon"}', "nul"])
 def test_a_damaged_sweep_clock_gives_no_line_and_no_failure(tmp_path, text):
-    clock = progress.SweepClock(tmp_path)
+    clock = sweep_clock.SweepClock(tmp_path)
     clock.path.write_text(text)
     assert clock.line("0", ["seed=0"]) is None
