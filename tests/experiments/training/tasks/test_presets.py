@@ -61,6 +61,13 @@ def test_long_range_trains_every_registered_variant_with_two_seeds_or_more():
     assert len(swept["seed"]) >= 2
 
 
+def test_long_range_quick_reorders_the_variants_but_keeps_every_one_once():
+    # its list is ordered slowest first (a scheduling choice); it must stay the whole registry
+    quick = _swept("long_range_quick")["attention"]
+    assert sorted(quick) == sorted(variants.attention_names())
+    assert len(quick) == len(set(quick))
+
+
 @pytest.mark.parametrize("attention", variants.attention_names())
 def test_every_long_range_job_builds_causal_where_its_variant_can_be(job_config, attention):
     job = job_config("+experiment=long_range", f"attention={attention}")
