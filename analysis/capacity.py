@@ -16,7 +16,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
 from analysis import accuracy, series, tuning
-from analysis.columns import ATTENTION, D_MODEL, EVAL_ACCURACY, N_HEADS, SEQ_LEN
+from analysis.columns import ATTENTION, D_MODEL, EVAL_ACCURACY, HEAD_DIM, N_HEADS, SEQ_LEN
 from analysis.figures import style
 from analysis.load import format_value
 from analysis.tables import Table
@@ -37,14 +37,14 @@ def capacity_records(frame: pd.DataFrame) -> pd.DataFrame:
         or trained[PAIRS].nunique() < 2
         or trained[SEQ_LEN].nunique() != 1
     ):
-        return trained.iloc[0:0].assign(head_dim=pd.Series(dtype=int))  # columns stay readable
+        return trained.iloc[0:0].assign(**{HEAD_DIM: pd.Series(dtype=int)})  # columns stay readable
     trained = accuracy.with_learned(trained)
     # The control is the smallest count a job was evaluated at (every state holds it), not
     # its shortest length: a capacity job has one length.
     smallest = trained.groupby("job_key")[PAIRS].transform("min")
     control = trained[trained[PAIRS] == smallest].groupby("job_key")[EVAL_ACCURACY].mean()
     trained["control_accuracy"] = trained["job_key"].map(control)
-    return trained.copy().assign(head_dim=(trained[D_MODEL] // trained[N_HEADS]).astype(int))
+    return trained.copy().assign(**{HEAD_DIM: (trained[D_MODEL] // trained[N_HEADS]).astype(int)})
 
 
 def _mixture_note(records: pd.DataFrame) -> str:
@@ -60,7 +60,7 @@ def _mixture_note(records: pd.DataFrame) -> str:
 
 def _means(records: pd.DataFrame) -> pd.DataFrame:
     """Mean, min, max and count of accuracy per (attention, head_dim, n_pairs)."""
-    grouped = records.groupby([ATTENTION, "head_dim", PAIRS])[EVAL_ACCURACY]
+    grouped = records.groupby([ATTENTION, HEAD_DIM, PAIRS])[EVAL_ACCURACY]
     return grouped.agg(["mean", "min", "max", "count"]).reset_index()
 
 
@@ -78,9 +78,9 @@ def accuracy_by_pairs(frame: pd.DataFrame) -> Table | None:
     means = _means(records)
     pairs = sorted(records[PAIRS].unique())
     rows = []
-    for head_dim in sorted(records["head_dim"].unique()):
+    for head_dim in sorted(records[HEAD_DIM].unique()):
         for name in _order(records):
-            mine = records[(records[ATTENTION] == name) & (records["head_dim"] == head_dim)]
+            mine = records[(records[ATTENTION] == name) & (records[HEAD_DIM] == head_dim)]
             if mine.empty:
                 continue
             row = {"variant": name, "head dim": int(head_dim)}
@@ -148,7 +148,7 @@ def _cells(records: pd.DataFrame) -> dict[str, dict[int, str]]:
     if records.empty:
         return {}
     means = _means(records)
-    head_dims = sorted(int(d) for d in records["head_dim"].unique())
+    head_dims = sorted(int(d) for d in records[HEAD_DIM].unique())
     return {
         name: {d: _capacity_cell(means, records, name, d) for d in head_dims}
         for name in _order(records)
@@ -169,7 +169,7 @@ def capacity(frame: pd.DataFrame) -> Table | None:
         if "lr_chosen" in records:
             mine = records[records[ATTENTION] == name]
             row["lr per head dim"] = " / ".join(
-                _lr(mine[mine["head_dim"] == d]) for d in sorted(by_dim)
+                _lr(mine[mine[HEAD_DIM] == d]) for d in sorted(by_dim)
             )
         rows.append(row)
     note = (
@@ -182,11 +182,11 @@ def capacity(frame: pd.DataFrame) -> Table | None:
 
 
 def _capacity_cell(means, records, name, head_dim) -> str:
-    mine = means[(means[ATTENTION] == name) & (means["head_dim"] == head_dim)]
-    exact = means[(means[ATTENTION] == series.REFERENCE) & (means["head_dim"] == head_dim)]
+    mine = means[(means[ATTENTION] == name) & (means[HEAD_DIM] == head_dim)]
+    exact = means[(means[ATTENTION] == series.REFERENCE) & (means[HEAD_DIM] == head_dim)]
     if mine.empty or exact.empty:
         return "—"
-    jobs = records[(records[ATTENTION] == name) & (records["head_dim"] == head_dim)]
+    jobs = records[(records[ATTENTION] == name) & (records[HEAD_DIM] == head_dim)]
     if not jobs["job_learned"].any():
         return accuracy.not_learned_text(jobs)
     exact_at = exact.set_index(PAIRS)["mean"]
@@ -212,8 +212,7 @@ def _exact_note(means: pd.DataFrame) -> str:
     if low.empty:
         return "Exact attention reached ≥ 95 % at every point: the setup measures."
     points = ", ".join(
-        f"{format_value(r[PAIRS])} pairs at head dim {format_value(r['head_dim'])} "
-        f"({r['mean']:.1%})"
+        f"{format_value(r[PAIRS])} pairs at head dim {format_value(r[HEAD_DIM])} ({r['mean']:.1%})"
         for _, r in low.iterrows()
     )
     return f"WARNING: exact attention stayed below 95 % at {points}; retune before reading."
@@ -239,7 +238,7 @@ def accuracy_vs_pairs(frame: pd.DataFrame) -> Figure:
     """Trained accuracy against n_pairs (log 2), one panel per head dim, a line per variant
     (mean over seeds, band min–max); dashed: chance, dash-dotted: the key-blind floor."""
     records = capacity_records(frame)
-    head_dims = sorted(records["head_dim"].unique())
+    head_dims = sorted(records[HEAD_DIM].unique())
     fig, axes = style.new_figure(max(1, len(head_dims)), "Recall capacity: accuracy vs pairs")
     if records.empty:
         style.message(axes[0], "no trained accuracy over several n_pairs at one length")
@@ -247,10 +246,10 @@ def accuracy_vs_pairs(frame: pd.DataFrame) -> Figure:
     means = _means(records)
     for ax, head_dim in zip(axes, head_dims, strict=False):
         for name in _order(records):
-            mine = means[(means[ATTENTION] == name) & (means["head_dim"] == head_dim)]
+            mine = means[(means[ATTENTION] == name) & (means[HEAD_DIM] == head_dim)]
             if mine.empty:
                 continue
-            jobs = records[(records[ATTENTION] == name) & (records["head_dim"] == head_dim)]
+            jobs = records[(records[ATTENTION] == name) & (records[HEAD_DIM] == head_dim)]
             label = name
             if not jobs["job_learned"].any():
                 label += f" ({accuracy.not_learned_text(jobs)})"
@@ -262,7 +261,7 @@ def accuracy_vs_pairs(frame: pd.DataFrame) -> Figure:
                 ax.fill_between(
                     mine[PAIRS], mine["min"] * 100, mine["max"] * 100, color=color, alpha=0.2
                 )
-        _lines(ax, records[records["head_dim"] == head_dim])
+        _lines(ax, records[records[HEAD_DIM] == head_dim])
         ax.set_xscale("log", base=2)
         ax.set_xticks(sorted(records[PAIRS].unique()))
         ax.get_xaxis().set_major_formatter(style.plain_number)

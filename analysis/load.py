@@ -162,11 +162,28 @@ def tidy(frame: pd.DataFrame) -> pd.DataFrame:
         frame["shared_qk"] = frame["shared_qk"].where(
             frame["shared_qk"].notna(), _typed("shared_qk", frame["model.shared_qk"])
         )
+    frame = _heads_of_old_records(frame)
     frame = frame.copy()  # one block per dtype again after the column-by-column conversion
     frame["variant"] = variant_labels(frame)
     order = [c for c in _SORT if frame[c].notna().any()]
     frame = frame.sort_values(order, kind="stable", na_position="last") if order else frame
     return frame.reset_index(drop=True)
+
+
+def _heads_of_old_records(frame: pd.DataFrame) -> pd.DataFrame:
+    """Records written before `head_dim` and `n_kv_heads` were columns: d_model / n_heads and
+    n_heads (they had no grouped KV heads), so that they are one series with newer records."""
+    old = frame["head_dim"].isna() & frame["d_model"].notna() & frame["n_heads"].notna()
+    if old.any():
+        frame.loc[old, "head_dim"] = frame.loc[old, "d_model"] // frame.loc[old, "n_heads"]
+    old = frame["n_kv_heads"].isna() & frame["n_heads"].notna()
+    if "model.n_kv_heads" in frame:
+        old &= frame["model.n_kv_heads"].isna()
+    if old.any():
+        frame.loc[old, "n_kv_heads"] = frame.loc[old, "n_heads"]
+    for name in ("head_dim", "n_kv_heads"):
+        frame[name] = _typed(name, frame[name])
+    return frame
 
 
 def _gaussian_error_of_old_records(frame: pd.DataFrame) -> pd.DataFrame:

@@ -102,7 +102,8 @@ def setup(job: JobConfig) -> Setup:
 
 
 def kernel_shape(job: JobConfig, model: variants.TransformerLM) -> tuple[int, int, int, int]:
-    """The (batch, heads, seq_len, head_dim) of the q, k, v the kernel is timed on alone."""
+    """The (batch, heads, seq_len, head_dim) of the q the kernel is timed on alone; its k and v
+    have `model.config.kv_heads` heads (grouped KV heads, `model.n_kv_heads`)."""
     return (job.batch_size, model.config.n_heads, job.seq_len, model.config.head_dim)
 
 
@@ -213,15 +214,16 @@ def measure(
     timing = {"min_run_time_s": m_cfg.min_run_time_s, "warmup": m_cfg.warmup}
     timings: dict[str, Timing] = {}
     # The kernel's own inputs (and their gradients) only when something measures the kernel.
+    kv_heads = model.config.kv_heads  # k, v of fewer heads than q under model.n_kv_heads
     kernel_fwd, kernel_fwd_bwd = (
-        _kernel_calls(kernel, shape, device, dtype)
+        _kernel_calls(kernel, shape, device, dtype, kv_heads)
         if m_cfg.kernel or m_cfg.memory
         else (None, None)
     )
     if m_cfg.kernel:
         with precision.autocast():  # interleaved with exact attention and the matmul
             kernel_times, in_rounds = round_timings(
-                kernel, kernel_fwd, kernel_fwd_bwd, shape, device, dtype, m_cfg
+                kernel, kernel_fwd, kernel_fwd_bwd, shape, device, dtype, m_cfg, kv_heads=kv_heads
             )
         timings.update(kernel_times)
         columns.update(in_rounds)
@@ -450,11 +452,16 @@ def evaluate_with_kernel(
     return columns
 
 
-def _kernel_calls(kernel, shape, device, dtype) -> tuple[Callable, Callable | None]:
-    """The kernel alone on random q, k, v of `shape`: a forward (no grad) and, unless the kernel
-    runs forward only on `device` (impl=flex on CPU), a forward+backward that also allocates
-    the inputs' gradients, as a training step does."""
-    q, k, v = (torch.randn(shape, device=device, dtype=dtype) for _ in range(3))
+def _kernel_calls(
+    kernel, shape, device, dtype, kv_heads: int | None = None
+) -> tuple[Callable, Callable | None]:
+    """The kernel alone on random q of `shape` and k, v of `kv_heads` heads (default q's):
+    a forward (no grad) and, unless the kernel runs forward only on `device` (impl=flex on
+    CPU), a forward+backward that also allocates the inputs' gradients, as a training step
+    does."""
+    kv_shape = (shape[0], shape[1] if kv_heads is None else kv_heads, *shape[2:])
+    q = torch.randn(shape, device=device, dtype=dtype)
+    k, v = (torch.randn(kv_shape, device=device, dtype=dtype) for _ in range(2))
     gates = sample_gates(kernel, q)  # None unless the kernel is gated (NSA, DeltaNet)
 
     def fwd():
@@ -463,7 +470,7 @@ def _kernel_calls(kernel, shape, device, dtype) -> tuple[Callable, Callable | No
 
     if not kernel.supports_backward(device):
         return fwd, None
-    qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
+    qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))  # k, v: (B, H_kv, L, D)
     grad_out = torch.randn(shape, device=device, dtype=dtype)
 
     def fwd_bwd():
@@ -484,6 +491,7 @@ def round_timings(
     dtype: torch.dtype,
     m_cfg: MeasureConfig,
     clock: Callable[[], float] = time.perf_counter,
+    kv_heads: int | None = None,
 ) -> tuple[dict[str, Timing], dict[str, Any]]:
     """The kernel's forward and forward+backward, each timed in `m_cfg.rounds` rounds that
     alternate with exact attention (`full`) at the same shape (batch, heads, seq_len,
@@ -503,6 +511,8 @@ def round_timings(
     `speedup_rounds`, `matmul_peak_gflops_per_s` (the matmul's median over rounds),
     `attn_fwd_bwd_matmul_fraction` (median over rounds of the kernel's useful FLOP/s / the
     matmul's in that round) and `matmul_fraction_warning`. `clock` (seconds) is for tests.
+    `kv_heads`: the heads of the kernel's k and v (grouped KV heads; default q's): exact
+    attention runs on the same grouped inputs (SDPA's `enable_gqa`), as a model would call it.
     """
     time_one = round_timer(
         device,
@@ -520,7 +530,7 @@ def round_timings(
         references = {}
         for impl in impls:
             exact = variants.build_attention("full", causal=kernel.causal, impl=impl).to(device)
-            exact_fwd, exact_fwd_bwd = _kernel_calls(exact, shape, device, dtype)
+            exact_fwd, exact_fwd_bwd = _kernel_calls(exact, shape, device, dtype, kv_heads)
             references[impl] = exact_fwd if prefix else exact_fwd_bwd
         # A fresh matmul in every job, timed in its rounds: no rate is kept across jobs.
         last = number == len(passes) - 1

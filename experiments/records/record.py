@@ -46,7 +46,8 @@ class Column:
     tasks only, a note of newer records). `shown`: in the table a job and a sweep print;
     `task_metric`: a task's quality figure, printed after those, whose `<name>@<label>` columns
     are the same figure with another kernel (`eval.attention`); `scaling`: logged against
-    seq_len in W&B unless `logger.scaling_metrics` says otherwise.
+    seq_len in W&B unless `logger.scaling_metrics` says otherwise. `derived`: a resolved config
+    column computed from other keys (`head_dim` = d_model / n_heads), with no key of its own.
     """
 
     name: str
@@ -60,6 +61,7 @@ class Column:
     shown: bool = False
     task_metric: bool = False
     scaling: bool = False
+    derived: bool = False
 
     @property
     def numeric(self) -> bool:
@@ -87,6 +89,14 @@ SCHEMA: tuple[Column, ...] = (
     _config("batch_size", int, "sequences per step"),
     _config("d_model", int, "model width", "model.d_model"),
     _config("n_heads", int, "attention heads", "model.n_heads"),
+    _config("head_dim", int, "width of one head: d_model / n_heads", resolved=True, derived=True),
+    _config(
+        "n_kv_heads",
+        int,
+        "key/value heads (grouped KV heads; null resolved: n_heads)",
+        "model.n_kv_heads",
+        resolved=True,
+    ),
     _config("depth", int, "layers", "model.depth"),
     _config("causal", bool, "causal attention", "model.causal"),
     _config("dtype", str, "float32 | bfloat16 | float16"),
@@ -449,15 +459,31 @@ def config_hash(config: dict[str, Any]) -> str:
 
 
 def config_columns(config: dict[str, Any]) -> dict[str, Any]:
-    """The configuration part of a record: short aliases plus every flattened config key."""
+    """The configuration part of a record: short aliases, `head_dim` and `n_kv_heads` resolved
+    (`_heads`), plus every flattened config key."""
     flat = flatten(config)
     columns = {alias: flat[key] for alias, key in ALIASES.items()}
+    columns.update(_heads(flat))
     # Every other resolved key too (e.g. a preset's `train_as`, `eval.attention.*`), so a
     # record says everything that made it; the logger's settings are not measurement.
     for key, value in flat.items():
         if not key.startswith("logger."):
             columns.setdefault(key, value)
     return columns
+
+
+def _heads(flat: dict[str, Any]) -> dict[str, Any]:
+    """The resolved `head_dim` (d_model / n_heads; None if they do not divide: the job's check
+    says why) and `n_kv_heads` (null: n_heads, plain multi-head attention)."""
+    d_model, n_heads = flat.get("model.d_model"), flat.get("model.n_heads")
+    whole = all(
+        isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in (d_model, n_heads)
+    )
+    n_kv_heads = flat.get("model.n_kv_heads")
+    return {
+        "head_dim": d_model // n_heads if whole and d_model % n_heads == 0 else None,
+        "n_kv_heads": n_heads if n_kv_heads is None else n_kv_heads,
+    }
 
 
 def config_keys(columns: Iterable[str], *, hashed_only: bool = False) -> list[str]:

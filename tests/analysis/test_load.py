@@ -193,6 +193,13 @@ def test_an_error_recorded_before_trained_activations_is_read_as_the_gaussian_on
     assert pd.isna(frame.loc[0, "approx_rel_error"]) and frame.loc[1, "approx_rel_error"] == 0.2
 
 
+def test_records_before_the_heads_columns_get_them_from_d_model_and_n_heads():
+    old = {"status": "ok", "attention": "full", "d_model": 256, "n_heads": 4}
+    grouped = {**old, "n_heads": 8, "head_dim": 32, "n_kv_heads": 2, "model.n_kv_heads": 2}
+    frame = load.tidy(pd.DataFrame([old, grouped]))
+    assert frame["head_dim"].tolist() == [64, 32] and frame["n_kv_heads"].tolist() == [4, 2]
+
+
 def _stringified_like_the_old_store(frame: pd.DataFrame) -> pd.DataFrame:
     """results.parquet as the store wrote it before the record schema typed it: every object
     column as text, missing values None."""

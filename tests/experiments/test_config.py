@@ -143,6 +143,21 @@ def test_the_typed_job_resolves_shared_qk_as_its_model_does(job_config):
         assert job.shared_qk is job.model_config(vocab_size=256).shared_qk
 
 
+@pytest.mark.parametrize(
+    "overrides, head_dim, n_kv_heads",
+    [
+        ((), 64, 4),  # conf/config.yaml: d_model 256, 4 heads, n_kv_heads null
+        (("model.n_heads=8", "model.n_kv_heads=2"), 32, 2),
+        (("model.n_heads=3",), None, 3),  # 256 / 3: the job's check says why
+    ],
+)
+def test_head_dim_and_kv_heads_are_resolved_columns(
+    resolved_config, overrides, head_dim, n_kv_heads
+):
+    columns = ResolvedConfig(resolved_config(*overrides)).columns()
+    assert (columns["head_dim"], columns["n_kv_heads"]) == (head_dim, n_kv_heads)
+
+
 def test_an_added_key_is_refused_when_the_job_is_typed(resolved_config):
     config = resolved_config("+seqlen=128")
     JobConfig.of(config)  # not named as added: a key like any other

@@ -1,0 +1,345 @@
+"""Masks and grouped KV heads: what each costs a kernel, as a ratio to the same kernel without.
+
+    python -m benchmarks.masks                          # 16K tokens, every variant that can
+    python -m benchmarks.masks --seq-len 4096 --kernels full,blockwise --markdown out.md
+
+For every variant whose spec takes the input (`supports_padding_mask`, `supports_segments`,
+`supports_gqa`; shared-QK variants take no grouped heads), the kernel's forward+backward
+(gradients of q, k, v, and of its own parameters) at batch 1, fp32, causal where the variant
+can be (Linformer cannot), one thread by default, each variant at its registry defaults:
+
+  padding    a key padding mask with the last 25 % of the keys padded, against no mask
+             (H=4, head_dim 64: d_model 256, as `+experiment=scaling`);
+  documents  8 documents of L/8 tokens packed (`segment_ids`), against none (same shape);
+  GQA        H=8 query heads on H_kv=2 key/value heads, against H_kv=8 (head_dim 64).
+
+The contenders of a row are timed in interleaved rounds (no mask, padding, documents, no mask,
+...; H_kv=8, H_kv=2, ...) by `experiments.measurement.timing.time_in_rounds` with
+`round_timer` (one untimed call the first time a contender runs), and each ratio is the median
+over rounds of the with-input time over the without-input time of the same round
+(`timing.ratio`): above 1, the input costs time. A ratio above `BOUND` (1.3, issue 38) on a
+kernel that can skip whole blocks (`BLOCK_SKIPPING`) is flagged in the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import math
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from experiments.measurement.timing import Ratio, quartiles, ratio, round_timer, time_in_rounds
+from variants import ModelConfig, attention_names
+from variants.attention.base import sample_gates
+from variants.layers import build_kernel
+from variants.registry import AttentionSpec, attention_spec
+
+CPU = torch.device("cpu")
+SEQ_LEN = 16384
+HEAD_DIM = 64
+MASK_HEADS = 4  # d_model 256, as the scaling preset
+GQA_HEADS, GQA_KV_HEADS = 8, 2
+PADDED_FRACTION = 0.25
+DOCUMENTS = 8
+BOUND = 1.3  # a mask must not cost more than this where the kernel can skip whole blocks
+# Kernels whose work is a set of (query block, key block) pairs, so a mask that empties a block
+# could drop it: exact attention through SDPA and the fixed / selected block patterns.
+BLOCK_SKIPPING = frozenset(
+    {
+        "full",
+        "blockwise",
+        "strided",
+        "compressed",
+        "combined",
+        "longformer",
+        "bigbird",
+        "sparse_fixed",
+        "moba",
+        "nsa",
+    }
+)
+FEATURES = ("padding", "documents", "gqa")
+COLUMNS = {
+    "padding": f"padding {PADDED_FRACTION:.0%} / none",
+    "documents": f"{DOCUMENTS} documents / none",
+    "gqa": f"H_kv={GQA_KV_HEADS} / H_kv={GQA_HEADS}",
+}
+
+
+@dataclass(frozen=True)
+class Cost:
+    """One input's cost on one kernel: the ratio with / without (median and IQR over rounds)
+    and the time without it (ms, median over rounds); or why it was not measured."""
+
+    ratio: Ratio | None = None
+    base_ms: float | None = None
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class Row:
+    variant: str
+    costs: dict[str, Cost]  # feature -> cost; a feature the variant does not take is absent
+
+    def flagged(self, feature: str) -> bool:
+        """True if `feature` is a mask whose ratio exceeds BOUND on a block-skipping kernel."""
+        cost = self.costs.get(feature)
+        return (
+            feature != "gqa"
+            and self.variant in BLOCK_SKIPPING
+            and cost is not None
+            and cost.ratio is not None
+            and cost.ratio.median > BOUND
+        )
+
+
+def supports(spec: AttentionSpec, feature: str) -> bool:
+    """Whether the variant of `spec` takes `feature` at its defaults."""
+    if feature == "padding":
+        return spec.supports_padding_mask
+    if feature == "documents":
+        return spec.supports_segments
+    return spec.supports_gqa and not spec.shared_qk_required
+
+
+def kernel(name: str, length: int, n_heads: int, n_kv_heads: int | None = None):
+    """Variant `name` at its registry defaults, as a layer of a (n_heads x HEAD_DIM)-wide
+    model builds it; causal unless the variant cannot be."""
+    spec = attention_spec(name)
+    config = ModelConfig(
+        d_model=n_heads * HEAD_DIM,
+        n_heads=n_heads,
+        n_kv_heads=n_kv_heads,
+        depth=1,
+        max_seq_len=length,
+        attention=name,
+        causal=spec.causal_supported,
+    )
+    return build_kernel(config)
+
+
+def fwd_bwd(attn, heads: int, kv_heads: int, length: int, **masks) -> Callable[[], None]:
+    """One forward+backward of `attn` on fixed random q (1, heads, L, D) and k, v
+    (1, kv_heads, L, D), with `masks` (key_padding_mask, segment_ids) passed through."""
+    q = torch.randn(1, heads, length, HEAD_DIM, requires_grad=True)
+    k, v = (torch.randn(1, kv_heads, length, HEAD_DIM, requires_grad=True) for _ in range(2))
+    grad_out = torch.randn(1, heads, length, HEAD_DIM)
+    gates = sample_gates(attn, q)  # None unless gated (NSA, DeltaNet)
+
+    def call():
+        for t in (q, k, v):
+            t.grad = None
+        attn.zero_grad(set_to_none=True)
+        attn(q, k, v, gates=gates, **masks).backward(grad_out)
+
+    return call
+
+
+def padding_mask(length: int) -> torch.Tensor:
+    """(1, L) bool, True = real: the last PADDED_FRACTION of the positions padded (a right-padded
+    sequence, as a batch of unequal lengths gives)."""
+    return (torch.arange(length) < length - int(length * PADDED_FRACTION))[None]
+
+
+def segment_ids(length: int) -> torch.Tensor:
+    """(1, L) document ids: DOCUMENTS documents of L / DOCUMENTS tokens each."""
+    return (torch.arange(length) * DOCUMENTS // length)[None]
+
+
+def timed(
+    calls: dict[str, Callable[[], None]], rounds: int, min_round_s: float
+) -> dict[str, list[float]]:
+    """Seconds per call of each contender, once per round in turn (`time_in_rounds`)."""
+    time_one = round_timer(CPU, min_run_time_s=min_round_s, warmup=1)
+    times, _ = time_in_rounds(calls, rounds, time_one)
+    return times
+
+
+def median_ms(seconds: list[float]) -> float:
+    return quartiles(seconds)[1] * 1e3
+
+
+def measure_masks(
+    name: str, length: int, features: list[str], rounds: int, min_round_s: float
+) -> dict[str, Cost]:
+    """Padding and documents (those in `features`) against no mask, in the same rounds."""
+    try:
+        attn = kernel(name, length, MASK_HEADS)
+        calls = {"none": fwd_bwd(attn, MASK_HEADS, MASK_HEADS, length)}
+        inputs = {"padding": {"key_padding_mask": padding_mask(length)}}
+        inputs["documents"] = {"segment_ids": segment_ids(length)}
+        for feature in features:
+            calls[feature] = fwd_bwd(attn, MASK_HEADS, MASK_HEADS, length, **inputs[feature])
+        times = timed(calls, rounds, min_round_s)
+    except Exception as error:  # noqa: BLE001 - a failure is a cell of the table, not the end
+        return {feature: Cost(error=_one_line(error)) for feature in features}
+    base = median_ms(times["none"])
+    return {f: Cost(ratio(times[f], times["none"]), base) for f in features}
+
+
+def measure_gqa(name: str, length: int, rounds: int, min_round_s: float) -> Cost:
+    """H=8 on H_kv=2 against H_kv=8 (each kernel built from the same seed)."""
+    try:
+        calls = {}
+        for kv_heads in (GQA_HEADS, GQA_KV_HEADS):
+            torch.manual_seed(0)  # the same random parameters (features, projections) in both
+            attn = kernel(name, length, GQA_HEADS, kv_heads)
+            calls[kv_heads] = fwd_bwd(attn, GQA_HEADS, kv_heads, length)
+        times = timed(calls, rounds, min_round_s)
+    except Exception as error:  # noqa: BLE001
+        return Cost(error=_one_line(error))
+    return Cost(ratio(times[GQA_KV_HEADS], times[GQA_HEADS]), median_ms(times[GQA_HEADS]))
+
+
+def _one_line(error: Exception) -> str:
+    return f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"[:120]
+
+
+def measure(
+    names: list[str],
+    length: int,
+    rounds: int,
+    min_round_s: float,
+    features: tuple[str, ...] = FEATURES,
+    log: Callable[[str], None] = print,
+) -> list[Row]:
+    """One row per variant of `names` that takes at least one of `features`."""
+    rows = []
+    for name in names:
+        spec = attention_spec(name)
+        taken = [f for f in features if supports(spec, f)]
+        if not taken:
+            continue
+        costs = {}
+        masks = [f for f in taken if f != "gqa"]
+        if masks:
+            costs.update(measure_masks(name, length, masks, rounds, min_round_s))
+        if "gqa" in taken:
+            costs["gqa"] = measure_gqa(name, length, rounds, min_round_s)
+        row = Row(name, costs)
+        log(f"{name}: " + ", ".join(f"{f} {cell(row, f)}" for f in costs))
+        rows.append(row)
+    return rows
+
+
+def cell(row: Row, feature: str) -> str:
+    """A table cell: `1.07× (IQR 0.02)`, flagged `**2.10×** (IQR ...) ⚠` past the bound;
+    `—` for an input the variant does not take."""
+    cost = row.costs.get(feature)
+    if cost is None:
+        return "—"
+    if cost.ratio is None:
+        return f"error: {cost.error}"
+    value = f"{cost.ratio.median:.2f}×"
+    if row.flagged(feature):
+        value = f"**{value}** ⚠"
+    return f"{value} (IQR {cost.ratio.iqr:.2f})"
+
+
+def base_cell(row: Row, features: tuple[str, ...]) -> str:
+    cost = next((row.costs[f] for f in features if f in row.costs), None)
+    return "—" if cost is None or cost.base_ms is None else f"{cost.base_ms:.0f}"
+
+
+def table(rows: list[Row]) -> str:
+    """The markdown table: one row per variant, the ratios and the times without the inputs."""
+    lines = [
+        f"| variant | no mask ms (H={MASK_HEADS}) | {COLUMNS['padding']} "
+        f"| {COLUMNS['documents']} | H_kv={GQA_HEADS} ms (H={GQA_HEADS}) | {COLUMNS['gqa']} |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for row in rows:
+        lines.append(
+            f"| `{row.variant}` | {base_cell(row, ('padding', 'documents'))} "
+            f"| {cell(row, 'padding')} | {cell(row, 'documents')} "
+            f"| {base_cell(row, ('gqa',))} | {cell(row, 'gqa')} |"
+        )
+    return "\n".join(lines)
+
+
+def git_commit() -> str:
+    try:
+        return subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            check=True,
+            cwd=Path(__file__).parent,
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def header(length: int, rounds: int, threads: int) -> str:
+    """The settings a table was measured with, one paragraph."""
+    today = datetime.date.today().isoformat()
+    return (
+        f"Measured {today} at commit `{git_commit()}`: L={length}, batch 1, head_dim "
+        f"{HEAD_DIM}, fp32, {threads} thread(s), forward+backward, at least {rounds} "
+        f"interleaved rounds per row (`python -m benchmarks.masks --seq-len {length}`). "
+        f"Ratios are medians over rounds of with / without in the same round; **bold ⚠**: a "
+        f"mask above {BOUND}× on a kernel that can skip whole blocks."
+    )
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seq-len", type=int, default=SEQ_LEN)
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds per row")
+    parser.add_argument(
+        "--min-round-s",
+        type=float,
+        default=0.2,
+        help="seconds each contender is timed for in a round (one call at least)",
+    )
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--kernels", help="comma-separated registry variants (default: all)")
+    parser.add_argument(
+        "--features", default=",".join(FEATURES), help=f"subset of {','.join(FEATURES)}"
+    )
+    parser.add_argument("--markdown", type=Path, help="also write the table (and settings) here")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> list[Row]:
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    names = args.kernels.split(",") if args.kernels else attention_names()
+    unknown = sorted(set(names) - set(attention_names()))
+    features = tuple(args.features.split(","))
+    if unknown or not set(features) <= set(FEATURES):
+        bad = unknown[0] if unknown else features
+        raise SystemExit(f"unknown kernel or feature {bad!r}; kernels: {attention_names()}")
+    print(
+        f"L={args.seq_len}, threads {torch.get_num_threads()}, {args.rounds} rounds, "
+        f"{args.min_round_s:g} s per contender and round",
+        flush=True,
+    )
+    log = lambda line: print(line, flush=True)  # noqa: E731
+    rows = measure(names, args.seq_len, args.rounds, args.min_round_s, features, log)
+    text = table(rows)
+    print("\n" + text)
+    if args.markdown is not None:
+        args.markdown.write_text(
+            header(args.seq_len, args.rounds, torch.get_num_threads()) + "\n\n" + text + "\n"
+        )
+    return rows
+
+
+def finite_positive(rows: list[Row]) -> bool:
+    """Every measured ratio positive and finite (for tests and a quick check)."""
+    return all(
+        c.ratio is not None and math.isfinite(c.ratio.median) and c.ratio.median > 0
+        for row in rows
+        for c in row.costs.values()
+    )
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

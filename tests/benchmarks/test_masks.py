@@ -1,0 +1,44 @@
+"""The masks-and-GQA cost benchmark at a toy length: its table's shape and its ratios."""
+
+from __future__ import annotations
+
+import math
+
+from benchmarks import masks
+from experiments.measurement.timing import Ratio
+
+
+def test_toy_run_writes_a_row_per_variant_with_positive_finite_ratios(tmp_path, capsys):
+    out = tmp_path / "masks.md"
+    rows = masks.main(
+        ["--seq-len", "256", "--kernels", "full,strided", "--rounds", "1"]
+        + ["--min-round-s", "0", "--markdown", str(out)]
+    )
+    assert [row.variant for row in rows] == ["full", "strided"]
+    assert set(rows[0].costs) == {"padding", "documents", "gqa"}
+    assert set(rows[1].costs) == {"gqa"}  # strided takes no masks: only grouped heads
+    assert masks.finite_positive(rows)
+    text = out.read_text()
+    assert "L=256" in text and "1 thread(s)" in text and "commit" in text
+    lines = [line for line in text.splitlines() if line.startswith("|")]
+    assert len(lines) == 2 + 2  # header, rule, one line per variant
+    cells = [[c.strip() for c in line.split("|")[1:-1]] for line in lines[2:]]
+    assert all(len(row) == 6 for row in cells)
+    full, strided = cells
+    assert full[0] == "`full`" and strided[0] == "`strided`"
+    for value in (*full[1:], strided[4], strided[5]):
+        number = float(value.strip("*").split("×")[0].strip("*"))
+        assert number > 0 and math.isfinite(number)
+    assert strided[1:4] == ["—", "—", "—"]
+    assert text.split("\n\n", 1)[1].strip() in capsys.readouterr().out
+
+
+def test_only_a_mask_past_the_bound_on_a_block_skipping_kernel_is_flagged():
+    def row(variant, feature, value):
+        return masks.Row(variant, {feature: masks.Cost(Ratio(value, 0.0, 3), 1.0)})
+
+    assert row("blockwise", "padding", 1.5).flagged("padding")
+    assert not row("blockwise", "padding", 1.2).flagged("padding")
+    assert not row("linear", "documents", 2.0).flagged("documents")  # no blocks to skip
+    assert not row("full", "gqa", 2.0).flagged("gqa")  # the bound is the masks'
+    assert "⚠" in masks.cell(row("full", "documents", 1.5), "documents")
