@@ -6,13 +6,3 @@
 
 `python -m analysis.report multirun/scaling --out report/` writes every figure and the tables.
 """
-
-
-def __getattr__(name: str):
-    """`analysis.scaling`, the old name of `analysis.scaling_fits` (issue 39: three scaling.py),
-    for analysis/figures/memory.py and scaling.py until they import the new name; then this goes."""
-    if name == "scaling":
-        from analysis import scaling_fits
-
-        return scaling_fits
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

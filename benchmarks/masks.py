@@ -36,7 +36,7 @@ import torch
 
 from experiments.measurement.timing import Ratio, quartiles, ratio, round_timer, time_in_rounds
 from variants import ModelConfig, attention_names
-from variants.attention.base import sample_gates
+from variants.attention.common.base import sample_gates
 from variants.layers import build_kernel
 from variants.registry import AttentionSpec, attention_spec
 

@@ -6,7 +6,7 @@ memory         peak memory against sequence length; memory and step time against
 approximation  approximation error against length, each variant's knob, and kernel time
 quality        training curves and final losses; trained accuracy against length
 tradeoff       quality against speed against memory at one length
-style          the drawing kit they share (and `analysis.capacity`, `analysis.decode` use)
+style          the drawing kit they share (and `analysis.capacity`, `analysis.decode_report` use)
 """
 
 from analysis.figures.approximation import error_vs_knob, error_vs_seq_len, error_vs_time

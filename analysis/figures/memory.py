@@ -6,7 +6,8 @@ from __future__ import annotations
 import pandas as pd
 from matplotlib.figure import Figure
 
-from analysis import scaling, series
+from analysis import scaling_fits as scaling
+from analysis import series
 from analysis.columns import ATTN_FWD_BWD_PEAK_BYTES, DEPTH, PEAK_MEMORY_BYTES, SEQ_LEN, STEP_MS
 from analysis.figures import style
 from experiments.records.record import MIB

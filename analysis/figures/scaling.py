@@ -8,7 +8,8 @@ import pandas as pd
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
-from analysis import fit, scaling, series
+from analysis import fit, series
+from analysis import scaling_fits as scaling
 from analysis.columns import (
     ATTN_FWD_BWD_GFLOPS_PER_S,
     ATTN_FWD_BWD_MATMUL_FRACTION,
