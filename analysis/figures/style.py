@@ -1,6 +1,7 @@
 """The report's drawing kit, shared by every figure (`analysis.figures`,
-`analysis.capacity`, `analysis.decode_report`): colours and styles per series, figures and axes, lines with bands, failure
-markers at the wall, legends, and the marker of a panel with nothing to draw.
+`analysis.capacity`, `analysis.decode_report`): colours and styles per series, figures and
+axes, lines with bands, failure markers at the wall, legends, and the marker of a panel with
+nothing to draw.
 
 Conventions shared by every figure:
   - one fixed colour per attention variant in every report (`variant_color`: registry order,
