@@ -4,12 +4,12 @@ relative ones resolved), as tests/experiments/test_packages.py reads the floors.
 
 from __future__ import annotations
 
-import ast
 from pathlib import Path
 
 import pytest
 
 import variants
+from tests.experiments.test_packages import module_imports
 
 ATTENTION = Path(__file__).resolve().parents[3] / "variants" / "attention"
 PACKAGE = "variants.attention"
@@ -24,22 +24,13 @@ def module_name(path: Path) -> str:
 
 
 def imported(path: Path, source: str | None = None) -> set[str]:
-    """Every module `path` (or `source` read as if at `path`) imports, as full dotted names
-    (`from a import b` gives a and a.b)."""
-    here = module_name(path).split(".")
-    if path.name != "__init__.py":
-        here = here[:-1]  # the package a relative import starts from
-    names = set()
-    for node in ast.walk(ast.parse(path.read_text() if source is None else source)):
-        if isinstance(node, ast.Import):
-            names |= {alias.name for alias in node.names}
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                anchor = here[: len(here) - node.level + 1]
-                base = ".".join([*anchor, base] if base else anchor)
-            names |= {base, *(f"{base}.{alias.name}" for alias in node.names)}
-    return names
+    """Every module `path` (or `source` read as if at `path`) imports, as full dotted names,
+    read by the floors test's reader (imports inside functions, relative and named ones)."""
+    return module_imports(
+        path.read_text() if source is None else source,
+        module_name(path),
+        package=path.name == "__init__.py",
+    )
 
 
 def owner(name: str) -> str | None:
