@@ -3,9 +3,18 @@
 `peak_memory_bytes` is the peak of bytes held by tensors allocated while `fn` runs, above what was
 live before it started. On CUDA it is the caching allocator's peak after a reset; on CPU the
 allocator keeps no such counter, so we replay the profiler's allocation and free events in time
-order and take the running maximum, which is the same quantity. The profiler's own chatter on
-stderr (its start and stop lines, and that blocks allocated before it started have no known
-size, which is expected: only what `fn` allocates counts) is kept off the console.
+order and take the running maximum, which is the same quantity when `fn` frees nothing that was
+live before it started (the suite's measured calls release their gradients at their end, not at
+their start: `experiments/measurement/measure.py`).
+
+The replay counts a free only of a block it saw allocated, with the size it saw. The size the
+profiler reports with a free comes from c10's table of CPU block sizes, which is filled only while
+a profiler runs and emptied only by frees seen while one runs: a block freed between two
+profilings leaves its entry behind, and a later block at the same address, allocated while no
+profiler ran, is then freed with the dead block's size. Summing those sizes made the same
+configuration's peak depend on which jobs the worker process had run before (Linformer at 4096:
+17.0 or 33.8 MB, issue 37). The profiler's own chatter on stderr (its start and stop lines, and
+that blocks allocated before it started have no known size) is kept off the console.
 """
 
 from __future__ import annotations
@@ -15,10 +24,11 @@ import re
 import resource
 import sys
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 
 import torch
+from torch._C._profiler import _EventType
 from torch.profiler import ProfilerActivity, profile
 
 # What the CPU profiler writes to the process's stderr (fd 2, from C++) on every use.
@@ -42,13 +52,37 @@ def peak_memory_bytes(fn: Callable[[], object], device: torch.device | str = "cp
         profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof,
     ):
         fn()
-    events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
-    events.sort(key=lambda e: e.start_ns())
+    return replayed_peak(_allocation_events(prof.profiler.kineto_results.experimental_event_tree()))
+
+
+def replayed_peak(events: Iterable[tuple[int, int, int]]) -> int:
+    """The running maximum of live bytes over (time_ns, address, bytes) events, bytes positive
+    for an allocation and negative for a free, in any order (replayed in time order). A free
+    counts only if its address was allocated in `events` and counts that allocation's size:
+    blocks live before the events began are not known, so their frees are not subtracted."""
+    live_blocks: dict[int, int] = {}
     live = peak = 0
-    for event in events:
-        live += event.nbytes()  # positive for an allocation, negative for a free
-        peak = max(peak, live)
+    for _, address, nbytes in sorted(events, key=lambda event: event[0]):  # stable on ties
+        if nbytes > 0:
+            live += nbytes - live_blocks.get(address, 0)  # a missed free at a reused address
+            live_blocks[address] = nbytes
+            peak = max(peak, live)
+        else:
+            live -= live_blocks.pop(address, 0)
     return int(peak)
+
+
+def _allocation_events(roots) -> list[tuple[int, int, int]]:
+    """(time_ns, address, bytes) of every allocation and free under the profiler's event tree,
+    on every thread (intra-op workers' scratch included), in the tree's order."""
+    events, stack = [], list(reversed(roots))
+    while stack:
+        event = stack.pop()
+        if event.tag == _EventType.Allocation:
+            fields = event.extra_fields
+            events.append((event.start_time_ns, fields.ptr, fields.alloc_size))
+        stack.extend(reversed(event.children))
+    return events
 
 
 @contextmanager
