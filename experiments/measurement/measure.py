@@ -453,7 +453,8 @@ def evaluate_with_kernel(
 def _kernel_calls(kernel, shape, device, dtype) -> tuple[Callable, Callable | None]:
     """The kernel alone on random q, k, v of `shape`: a forward (no grad) and, unless the kernel
     runs forward only on `device` (impl=flex on CPU), a forward+backward that also allocates
-    the inputs' gradients, as a training step does."""
+    the inputs' gradients, as a training step does, and releases them (and the kernel's
+    parameters' gradients) before it returns."""
     q, k, v = (torch.randn(shape, device=device, dtype=dtype) for _ in range(3))
     gates = sample_gates(kernel, q)  # None unless the kernel is gated (NSA, DeltaNet)
 
@@ -467,10 +468,12 @@ def _kernel_calls(kernel, shape, device, dtype) -> tuple[Callable, Callable | No
     grad_out = torch.randn(shape, device=device, dtype=dtype)
 
     def fwd_bwd():
+        kernel(qg, kg, vg, gates=gates).backward(grad_out)
+        # Released at the end, not the start: a call frees nothing that was live before it, so
+        # its peak memory is the same quantity on CPU and CUDA (memory.py).
         for t in (qg, kg, vg):
             t.grad = None
         kernel.zero_grad(set_to_none=True)
-        kernel(qg, kg, vg, gates=gates).backward(grad_out)
 
     return fwd, fwd_bwd
 
@@ -582,13 +585,13 @@ def _timing_columns(timings: dict[str, Timing]) -> dict[str, float]:
 
 
 def _training_step(model, task, device, precision: Precision = FLOAT32) -> Callable[[], None]:
-    """One full optimiser step (forward, loss, backward, AdamW update) on a fixed batch."""
+    """One full optimiser step (forward, loss, backward, AdamW update) on a fixed batch; it
+    releases its gradients before it returns."""
     batch = task.batch("train", 0).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     scaler = precision.grad_scaler()
 
     def step():
-        optimizer.zero_grad(set_to_none=True)
         with precision.autocast():
             loss = training_loss(model, batch)
         if scaler is None:
@@ -598,6 +601,7 @@ def _training_step(model, task, device, precision: Precision = FLOAT32) -> Calla
             scaler.scale(loss).backward()
             scaler.step(optimizer)
             scaler.update()
+        optimizer.zero_grad(set_to_none=True)  # at the end, as the kernel's calls (_kernel_calls)
 
     return step
 
