@@ -458,7 +458,7 @@ def _kernel_calls(
     """The kernel alone on random q of `shape` and k, v of `kv_heads` heads (default q's):
     a forward (no grad) and, unless the kernel runs forward only on `device` (impl=flex on
     CPU), a forward+backward that also allocates the inputs' gradients, as a training step
-    does."""
+    does, and releases them (and the kernel's parameters' gradients) before it returns."""
     kv_shape = (shape[0], shape[1] if kv_heads is None else kv_heads, *shape[2:])
     q = torch.randn(shape, device=device, dtype=dtype)
     k, v = (torch.randn(kv_shape, device=device, dtype=dtype) for _ in range(2))
@@ -474,10 +474,12 @@ def _kernel_calls(
     grad_out = torch.randn(shape, device=device, dtype=dtype)
 
     def fwd_bwd():
+        kernel(qg, kg, vg, gates=gates).backward(grad_out)
+        # Released at the end, not the start: a call frees nothing that was live before it, so
+        # its peak memory is the same quantity on CPU and CUDA (memory.py).
         for t in (qg, kg, vg):
             t.grad = None
         kernel.zero_grad(set_to_none=True)
-        kernel(qg, kg, vg, gates=gates).backward(grad_out)
 
     return fwd, fwd_bwd
 
@@ -598,7 +600,6 @@ def _training_step(model, task, device, precision: Precision = FLOAT32) -> Calla
     scaler = precision.grad_scaler()
 
     def step():
-        optimizer.zero_grad(set_to_none=True)
         with precision.autocast():
             loss = training_loss(model, batch)
         if scaler is None:
@@ -608,6 +609,7 @@ def _training_step(model, task, device, precision: Precision = FLOAT32) -> Calla
             scaler.scale(loss).backward()
             scaler.step(optimizer)
             scaler.update()
+        optimizer.zero_grad(set_to_none=True)  # at the end, as the kernel's calls (_kernel_calls)
 
     return step
 

@@ -74,7 +74,7 @@ def replayed_peak(events: Iterable[tuple[int, int, int]]) -> int:
 
 def _allocation_events(roots) -> list[tuple[int, int, int]]:
     """(time_ns, address, bytes) of every allocation and free under the profiler's event tree,
-    on every thread (intra-op workers' scratch included), in the tree's order."""
+    in the tree's order."""
     events, stack = [], list(reversed(roots))
     while stack:
         event = stack.pop()
