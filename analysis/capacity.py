@@ -242,7 +242,7 @@ def accuracy_vs_pairs(frame: pd.DataFrame) -> Figure:
     fig, axes = style.new_figure(max(1, len(head_dims)), "Recall capacity: accuracy vs pairs")
     if records.empty:
         style.message(axes[0], "no trained accuracy over several n_pairs at one length")
-        return fig
+        return style.finish(fig)
     means = _means(records)
     for ax, head_dim in zip(axes, head_dims, strict=False):
         for name in _order(records):
@@ -269,8 +269,8 @@ def accuracy_vs_pairs(frame: pd.DataFrame) -> Figure:
         ax.set_ylabel("accuracy (%)")
         ax.set_ylim(-2, 102)
         ax.set_title(f"head dim {int(head_dim)}", fontsize=9)
-        ax.legend(fontsize=7, loc="lower left", frameon=False)
-    return fig
+        style.legend_below(ax, ncol=1 if len(ax.get_legend_handles_labels()[0]) < 8 else 2)
+    return style.finish(fig)
 
 
 def _lines(ax: Axes, records: pd.DataFrame) -> None:

@@ -61,7 +61,7 @@ def decode_vs_context(frame: pd.DataFrame) -> Figure:
             labelled = labelled.assign(**{column: float("nan")})
         xs = style.draw_series(ax, labelled, SEQ_LEN, column, min_points=2)
         style.label_axes(ax, title, "context (tokens)", unit, log=(True, True), xs=xs)
-    return fig
+    return style.finish(fig)
 
 
 def decode_table(frame: pd.DataFrame) -> Table | None:

@@ -47,7 +47,7 @@ def error_vs_seq_len(frame: pd.DataFrame) -> Figure:
             log=(True, False),
             xs=xs,
         )
-    return fig
+    return style.finish(fig)
 
 
 def error_vs_knob(frame: pd.DataFrame) -> Figure:
@@ -90,7 +90,7 @@ def error_vs_knob(frame: pd.DataFrame) -> Figure:
         style.label_axes(ax, attention, knob.split(".", 1)[1], "relative error", log=(False, False))
         ax.set_xticks(range(len(values)), [load.format_value(v) for v in values])
         ax.set_xlim(-0.5, len(values) - 0.5)
-    return fig
+    return style.finish(fig)
 
 
 def error_vs_time(frame: pd.DataFrame, seq_len: float | None = None) -> Figure:
@@ -113,9 +113,9 @@ def error_vs_time(frame: pd.DataFrame, seq_len: float | None = None) -> Figure:
         style.label_axes(
             ax, "", "forward+backward kernel time (ms)", "relative error", log=(False, False)
         )
-        return fig
+        return style.finish(fig)
     styles = style.series_styles(labelled)
-    handles = []
+    handles, labels = [], []
     for attention in dict.fromkeys(ok[ATTENTION]):
         rows = ok[ok[ATTENTION] == attention]
         knobs = _knobs(rows, attention)
@@ -150,7 +150,7 @@ def error_vs_time(frame: pd.DataFrame, seq_len: float | None = None) -> Figure:
             )
             handles.append(handle)
             for value, point in points.iterrows():
-                ax.annotate(
+                label = ax.annotate(
                     load.format_value(value),
                     (point[x], point[y]),
                     fontsize=7,
@@ -158,11 +158,16 @@ def error_vs_time(frame: pd.DataFrame, seq_len: float | None = None) -> Figure:
                     xytext=(4, 3),
                     textcoords="offset points",
                 )
-    style.legend_below(ax, handles, y=-0.12)
+                labels.append((label, style.AROUND_POINT))
+    style.legend_below(ax, handles)
     style.label_axes(
         ax, "", "forward+backward kernel time (ms)", "relative error", log=(True, False)
     )
     ax.margins(0.12)
+    style.finish(fig)
+    if style.place_labels(ax, labels):
+        ax.set_title("(knob values left out where they would overlap)", fontsize=8)
+        style.finish(fig)
     return fig
 
 

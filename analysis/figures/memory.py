@@ -35,7 +35,7 @@ def memory_vs_seq_len(frame: pd.DataFrame) -> Figure:
         style.label_axes(
             ax, title, SEQ_LEN, "peak memory (MiB, live tensors)", log=(True, True), xs=xs
         )
-    return fig
+    return style.finish(fig)
 
 
 def depth(frame: pd.DataFrame) -> Figure:
@@ -61,7 +61,7 @@ def depth(frame: pd.DataFrame) -> Figure:
             style.message(ax, "depth was not swept in these results: run +experiment=depth")
         xs = style.draw_series(ax, labelled, DEPTH, metric) if len(labelled) else []
         style.label_axes(ax, "", "depth (layers)", ylabel, log=(False, False), xs=xs)
-    return fig
+    return style.finish(fig)
 
 
 def _with_mib(frame: pd.DataFrame) -> pd.DataFrame:

@@ -68,7 +68,7 @@ def training_curves(
     curves = load.load_curves(labelled) if curves is None else curves
     _draw_curves(curve_ax, labelled, curves)
     _draw_final_losses(final_ax, labelled)
-    return fig
+    return style.finish(fig)
 
 
 def _draw_curves(ax: Axes, labelled: pd.DataFrame, curves: pd.DataFrame) -> None:
@@ -177,7 +177,7 @@ def accuracy_vs_seq_len(frame: pd.DataFrame) -> Figure:
     _chance_and_floor(ax, labelled, SEQ_LEN)
     style.label_axes(ax, "", SEQ_LEN, "accuracy (%)", log=(True, False), xs=xs)
     ax.set_ylim(-2, 102)
-    return fig
+    return style.finish(fig)
 
 
 def _learned_notes(labelled: pd.DataFrame) -> dict[str, str]:

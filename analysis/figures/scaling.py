@@ -7,6 +7,8 @@ import numpy as np
 import pandas as pd
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+from matplotlib.transforms import ScaledTranslation
 
 from analysis import fit, series
 from analysis import scaling_fits as scaling
@@ -23,7 +25,8 @@ from analysis.columns import (
 )
 from analysis.figures import style
 
-_LABEL_STEP = 0.05  # axes-fraction stagger between crossover labels
+_LABEL_ROWS = 3  # rows of crossover labels along the bottom of a panel, at most
+_LABEL_ROW_PT = 14  # their height: a label of 7 points in its box, and a gap
 
 
 _PASS_TITLES = {"fwd": "forward", "fwd+bwd": "forward + backward"}
@@ -39,6 +42,7 @@ def time_vs_seq_len(frame: pd.DataFrame) -> Figure:
     labelled, keys = series.with_series(frame, x=SEQ_LEN)
     speedups = SPEEDUP_VS_SDPA in labelled and labelled[SPEEDUP_VS_SDPA].notna().any()
     fig, axes = style.new_figure(3 if speedups else 2, "Attention kernel time vs sequence length")
+    marked = []
     for ax, (name, metric) in zip(axes[:2], scaling.TIME_METRICS.items(), strict=True):
         fits = scaling.scaling_fits(labelled, keys, metric)
         notes = {s: _fit_note(f) for s, f in fits.items()}
@@ -49,11 +53,22 @@ def time_vs_seq_len(frame: pd.DataFrame) -> Figure:
             if f.crossover is not None and f.crossover.kind == fit.CROSSED
         }
         if xs:
-            _mark_crossovers(ax, labelled, metric, crossed)
+            marked.append((ax, _mark_crossovers(ax, labelled, metric, crossed)))
         style.label_axes(ax, _PASS_TITLES[name], SEQ_LEN, "time (ms)", log=(True, True), xs=xs)
     if speedups:
         _draw_speedups(axes[2], labelled, scaling.scaling_fits(labelled, keys, ATTN_FWD_BWD_MS))
-    return fig
+    style.finish(fig)
+    noted = False
+    for ax, (labels, stars) in marked:
+        left_out = style.place_labels(ax, labels, avoid=stars)
+        if left_out:
+            ax.set_title(
+                f"{ax.get_title()}\n({len(left_out)} of {len(labels)} L* labels left out for "
+                "room: every L* is in the legend)",
+                fontsize=9,
+            )
+            noted = True
+    return style.finish(fig) if noted else fig
 
 
 def _draw_speedups(ax: Axes, labelled: pd.DataFrame, fits: dict[str, scaling.SeriesFit]) -> None:
@@ -120,30 +135,44 @@ def _draw_speedups(ax: Axes, labelled: pd.DataFrame, fits: dict[str, scaling.Ser
 
 def _mark_crossovers(
     ax: Axes, labelled: pd.DataFrame, metric: str, crossed: dict[str, float]
-) -> None:
-    """A star on each series' curve at its crossover length, and its "L*≈…" label in a row of
-    its own near the bottom of the panel (shortest crossover lowest), joined to the star by a
-    dotted line: labels of nearby crossovers cannot overlap."""
+) -> tuple[list, list]:
+    """A star on each series' curve at its crossover length, and its "L*≈…" label under it along
+    the bottom of the panel, joined to the star by a dotted line. Returns the labels, each with
+    its places (the lowest of `_LABEL_ROWS` rows first), and the stars, for `style.place_labels`
+    to keep a label only where it overlaps no other label and no star."""
     styles = style.series_styles(labelled)
-    wall = ax.get_xaxis_transform()  # x in data, y in axes fraction
-    for row, (name, length) in enumerate(sorted(crossed.items(), key=lambda item: item[1])):
+    labels, stars = [], []
+    for name, length in sorted(crossed.items(), key=lambda item: item[1]):
         points = series.mean_spread(labelled[labelled["series"] == name], SEQ_LEN, metric)
         x, y = np.log(points[SEQ_LEN].astype(float)), np.log(points["mean"].astype(float))
         at = float(np.exp(np.interp(np.log(length), x, y)))
         color = styles[name]["color"]
-        ax.plot(length, at, "*", color=color, markersize=14, markeredgecolor="black", zorder=5)
-        ax.annotate(
+        (star,) = ax.plot(
+            length, at, "*", color=color, markersize=14, markeredgecolor="black", zorder=5
+        )
+        label = ax.annotate(
             f"L*≈{length:,.0f}",
             xy=(length, at),
-            xytext=(length, 0.04 + row * _LABEL_STEP),
-            textcoords=wall,
+            xytext=(length, 0),
+            textcoords=_row(ax, 0),
             fontsize=7,
             color=color,
             ha="center",
-            va="center",
+            va="bottom",
             bbox={"boxstyle": "round,pad=0.15", "facecolor": "white", "edgecolor": color},
             arrowprops={"arrowstyle": "-", "color": color, "linestyle": ":", "linewidth": 0.8},
         )
+        rows = [((length, 0), _row(ax, row), "center", "bottom") for row in range(_LABEL_ROWS)]
+        labels.append((label, rows))
+        stars.append(star)
+    return labels, stars
+
+
+def _row(ax: Axes, row: int):
+    """x in data, y `row` label rows up from the panel's lower edge (in points: rows keep their
+    height whatever size the panel is laid out at)."""
+    up = (4 + row * _LABEL_ROW_PT) / 72
+    return ax.get_xaxis_transform() + ScaledTranslation(0, up, ax.figure.dpi_scale_trans)
 
 
 def _fit_note(f: scaling.SeriesFit) -> str:
@@ -180,25 +209,41 @@ def flops_fraction(frame: pd.DataFrame) -> Figure:
     for ax, (name, metric) in zip(
         axes, (("fwd", "fwd_fraction"), ("fwd+bwd", "fwd_bwd_fraction")), strict=True
     ):
-        xs = style.draw_series(ax, labelled, SEQ_LEN, metric, min_points=2)
+        flagged = _flagged(labelled) if name == "fwd+bwd" else labelled.iloc[0:0]
+        extra = [_hollow_handle()] if len(flagged) else []
+        xs = style.draw_series(ax, labelled, SEQ_LEN, metric, min_points=2, extra_handles=extra)
         if xs:
             ax.axhline(1.0, color="grey", linestyle=":", linewidth=1)
-            if name == "fwd+bwd":
-                _hollow_flagged(ax, labelled)
+            _hollow(ax, labelled, flagged)
         style.label_axes(
             ax, _PASS_TITLES[name], SEQ_LEN, "fraction of matmul rate", log=(True, False), xs=xs
         )
-    return fig
+    return style.finish(fig)
 
 
-def _hollow_flagged(ax: Axes, labelled: pd.DataFrame) -> None:
-    """A hollow marker over each flagged forward+backward fraction (`matmul_fraction_warning`),
-    and one line of legend saying what it means."""
+def _hollow_handle() -> Line2D:
+    """The legend's line for a flagged fraction's hollow marker."""
+    return Line2D(
+        [],
+        [],
+        linestyle="none",
+        marker="o",
+        markerfacecolor="white",
+        markeredgecolor="dimgrey",
+        label="hollow: above 1.05 of the matmul, a timing warning (not a real rate)",
+    )
+
+
+def _flagged(labelled: pd.DataFrame) -> pd.DataFrame:
+    """The records whose forward+backward fraction the job flagged (`matmul_fraction_warning`)."""
     if MATMUL_FRACTION_WARNING not in labelled:
-        return
-    flagged = labelled[labelled[MATMUL_FRACTION_WARNING].fillna(False).astype(bool)]
-    if flagged.empty:
-        return
+        return labelled.iloc[0:0]
+    return labelled[labelled[MATMUL_FRACTION_WARNING].fillna(False).astype(bool)]
+
+
+def _hollow(ax: Axes, labelled: pd.DataFrame, flagged: pd.DataFrame) -> None:
+    """A hollow marker over each flagged forward+backward fraction (its legend line:
+    `_hollow_handle`)."""
     styles = style.series_styles(labelled)
     for name, rows in flagged.groupby("series", sort=False):
         ax.plot(
@@ -212,12 +257,3 @@ def _hollow_flagged(ax: Axes, labelled: pd.DataFrame) -> None:
             markeredgewidth=1.5,
             zorder=6,
         )
-    ax.text(
-        0.01,
-        0.99,
-        "hollow: above 1.05 of the matmul, a timing warning (not a real rate)",
-        transform=ax.transAxes,
-        fontsize=7,
-        va="top",
-        color="dimgrey",
-    )

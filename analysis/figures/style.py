@@ -1,7 +1,7 @@
-"""The report's drawing kit, shared by every figure (`analysis.figures`,
-`analysis.capacity`, `analysis.decode_report`): colours and styles per series, figures and
-axes, lines with bands, failure markers at the wall, legends, and the marker of a panel with
-nothing to draw.
+"""The report's drawing kit, shared by every figure (`analysis.figures`, `analysis.capacity`,
+`analysis.decode_report`): colours and styles per series, figures and axes, lines with bands,
+failure markers at the wall, legends, the layout pass every figure ends with, labels placed
+only where they fit, and the marker of a panel with nothing to draw.
 
 Conventions shared by every figure:
   - one fixed colour per attention variant in every report (`variant_color`: registry order,
@@ -12,6 +12,14 @@ Conventions shared by every figure:
     the top wall of the panel, labelled with its status: failures are data, never dropped;
   - a panel with nothing to draw says why (`message`); a figure with nothing drawn in any panel
     is one that `nothing_drawn` names, and the report leaves it out.
+  - every legend is `legend_below` its panel, under the x tick labels and label; every figure
+    function returns through `finish`, which puts the legends there and grows the figure until
+    each panel keeps `_MIN_PANEL_INCHES` and nothing drawn is clipped; long titles and axis labels
+    wrap;
+  - labels drawn on a panel (crossover L*, point names, knob values) go through `place_labels`:
+    a label is drawn only where it overlaps no other and no marker it must not hide, and the
+    panel's title says how many were left out and where their text is instead (the legend).
+  tests/analysis/test_figure_layout.py checks all of this by bounding box for every figure.
 Figures are built with `matplotlib.figure.Figure`, not pyplot: no global state and no GUI, so
 saving uses Agg (PNG) and the SVG backend whatever the session's backend is; in a notebook a
 returned Figure displays inline.
@@ -19,6 +27,8 @@ returned Figure displays inline.
 
 from __future__ import annotations
 
+import textwrap
+import warnings
 import zlib
 from collections.abc import Sequence
 
@@ -26,15 +36,22 @@ import numpy as np
 import pandas as pd
 from matplotlib import colormaps
 from matplotlib.axes import Axes
+from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.colors import to_rgb
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
+from matplotlib.text import Annotation, Text
 from matplotlib.ticker import FuncFormatter, NullFormatter
+from matplotlib.transforms import Bbox, ScaledTranslation, Transform
 
 from analysis import load, series
 from analysis.columns import ATTENTION, BLOCK, SEQ_LEN, STATUS
 
 _WALL_STEP = 0.045  # axes-fraction stagger between failure markers of different series
+
+
+# Longer axis labels and titles wrap (a y label runs along a panel at least 3 inches tall).
+_LABEL_CHARS, _YLABEL_CHARS = 70, 40
 
 
 _EMPTY = "attnbench-nothing-drawn"  # gid of a panel that only says why it is empty
@@ -130,8 +147,14 @@ def new_figure(panels: int, title: str, ncols: int = 2) -> tuple[Figure, list[Ax
     axes = list(fig.subplots(rows, cols, squeeze=False).flat)
     for extra in axes[panels:]:
         extra.remove()
-    fig.suptitle(title, fontsize=11)
+    # At 11 points a character is about 0.09 inches: a long title wraps instead of being cut.
+    fig.suptitle(_wrap(title, int(6.2 * cols / 0.09)), fontsize=11)
     return fig, axes[:panels]
+
+
+def _wrap(text: str, width: int) -> str:
+    """`text` with each of its lines wrapped at `width` characters."""
+    return "\n".join(textwrap.fill(line, width) for line in str(text).split("\n"))
 
 
 def label_axes(
@@ -166,9 +189,9 @@ def label_axes(
         if len(values) <= 10:  # label the measured lengths themselves, not powers of ten
             ax.set_xticks(values, [load.format_value(v) for v in values])
             ax.xaxis.set_minor_formatter(NullFormatter())
-    ax.set_title(title, fontsize=9)
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
+    ax.set_title(_wrap(title, _LABEL_CHARS), fontsize=9)
+    ax.set_xlabel(_wrap(xlabel, _LABEL_CHARS))
+    ax.set_ylabel(_wrap(ylabel, _YLABEL_CHARS))
     ax.grid(True, which="major", alpha=0.3)
 
 
@@ -200,18 +223,155 @@ def message(ax: Axes, text: str) -> None:
     )
 
 
-def legend_below(ax: Axes, handles: list | None = None, *, y: float = -0.14, **options) -> None:
-    """Every figure's legend: under the panel (its top at axes fraction `y`), centred, small and
-    unframed; `handles` None takes the panel's labelled artists. `options` (ncol, handlelength,
-    markerscale...) go to `Axes.legend`."""
-    ax.legend(
+_LEGEND_GAP_PT = 6  # between the x axis' tick labels and label and the legend under them
+_MIN_PANEL_INCHES = (4.2, 3.0)  # a panel never shrinks below this to make room for legends
+_GROW_ROUNDS = 4
+
+
+def legend_below(ax: Axes, handles: list | None = None, **options) -> None:
+    """Every figure's legend: under the panel, below its x tick labels and x label, centred,
+    small and unframed; `handles` None takes the panel's labelled artists. `options` (ncol,
+    handlelength, markerscale...) go to `Axes.legend`. Where exactly "below" is depends on how
+    tall the x axis' labels are drawn: `finish` moves the legend there and makes room for it
+    (and draws it in one column where two would be wider than the panel's share of the figure)."""
+    legend = ax.legend(
         handles=handles,
         fontsize=7,
         loc="upper center",
-        bbox_to_anchor=(0.5, y),
+        bbox_to_anchor=(0.5, 0.0),
+        bbox_transform=_below(ax, 36.0),
         frameon=False,
         **options,
     )
+    legend._attnbench_below = (handles, options)  # to draw it again in one column
+
+
+def _below(ax: Axes, points: float) -> Transform:
+    """Axes fractions moved down by `points`: a place that keeps its distance from the panel's
+    lower edge whatever size the panel is laid out at (and at any dpi)."""
+    return ax.transAxes + ScaledTranslation(0, -points / 72, ax.figure.dpi_scale_trans)
+
+
+def finish(figure: Figure) -> Figure:
+    """Lay `figure` out so that nothing overlaps or is clipped: each panel's legend (`legend_below`)
+    sits under that panel's x tick labels and x label, and the figure grows until every panel
+    keeps at least `_MIN_PANEL_INCHES` and everything drawn (legends, labels, titles) fits the
+    canvas. Every figure function returns its figure through here."""
+    FigureCanvasAgg(figure)  # measuring text needs a renderer; savefig swaps canvases as needed
+    with warnings.catch_warnings():  # a legend too big for the first size: grown below
+        warnings.filterwarnings("ignore", "constrained_layout not applied")
+        for _ in range(_GROW_ROUNDS):
+            figure.draw_without_rendering()
+            if _place_legends(figure, _renderer(figure)):
+                figure.draw_without_rendering()
+            width, height = figure.get_size_inches()
+            grow_w, grow_h = _room_needed(figure, _renderer(figure))
+            if grow_w <= 0.01 and grow_h <= 0.01:
+                break
+            figure.set_size_inches(width + grow_w, height + grow_h)
+    return figure
+
+
+def _place_legends(figure: Figure, renderer) -> bool:
+    """Move each panel's legend just under its x axis' drawn labels; whether any moved."""
+    moved = False
+    spec = figure.axes[0].get_subplotspec() if figure.axes else None
+    cols = spec.get_gridspec().ncols if spec is not None else 1
+    for ax in figure.axes:
+        legend = ax.get_legend()
+        if legend is None or not hasattr(legend, "_attnbench_below"):
+            continue  # not one of legend_below's
+        handles, options = legend._attnbench_below
+        share = figure.bbox.width / cols
+        if options.get("ncol", 1) > 1 and legend.get_window_extent(renderer).width > share:
+            legend_below(ax, handles, **{**options, "ncol": 1})
+            legend = ax.get_legend()
+            moved = True
+        drawn = ax.xaxis.get_tightbbox(renderer)
+        depth = max(ax.bbox.y0 - drawn.y0, 0.0) if drawn is not None else 0.0
+        points = depth * 72 / figure.dpi + _LEGEND_GAP_PT
+        if abs(getattr(legend, "_attnbench_gap", -1.0) - points) > 0.5:
+            legend.set_bbox_to_anchor((0.5, 0.0), transform=_below(ax, points))
+            legend._attnbench_gap = points
+            moved = True
+    return moved
+
+
+def _room_needed(figure: Figure, renderer) -> tuple[float, float]:
+    """Inches to add to the figure's width and height: what drawn artists overhang the canvas
+    by, or what the narrowest / shortest panel lacks of `_MIN_PANEL_INCHES` per grid column/row."""
+    dpi = figure.dpi
+    drawn = figure.get_tightbbox(renderer)  # inches
+    width, height = figure.get_size_inches()
+    over_w = max(drawn.x1, width) - min(drawn.x0, 0.0) - width
+    over_h = max(drawn.y1, height) - min(drawn.y0, 0.0) - height
+    spec = figure.axes[0].get_subplotspec() if figure.axes else None
+    if spec is None:
+        return max(over_w, 0.0), max(over_h, 0.0)
+    rows, cols = spec.get_gridspec().get_geometry()
+    short_w = _MIN_PANEL_INCHES[0] - min(ax.bbox.width for ax in figure.axes) / dpi
+    short_h = _MIN_PANEL_INCHES[1] - min(ax.bbox.height for ax in figure.axes) / dpi
+    return max(over_w, short_w * cols, 0.0), max(over_h, short_h * rows, 0.0)
+
+
+# A point's label: upper right of it, else lower right, upper left, lower left.
+AROUND_POINT = tuple(
+    ((dx, dy), "offset points", ha, va)
+    for dx, dy, ha, va in (
+        (4, 3, "left", "bottom"),
+        (4, -3, "left", "top"),
+        (-4, 3, "right", "bottom"),
+        (-4, -3, "right", "top"),
+    )
+)
+
+
+def place_labels(
+    ax: Axes, labels: Sequence[tuple[Annotation, Sequence[tuple]]], avoid: Sequence = ()
+) -> list[Annotation]:
+    """Labels drawn on a panel only where they fit: each label, in order, takes the first of its
+    candidate places — (xytext, textcoords, ha, va) — where it lies inside the panel and overlaps
+    no label kept before it and no artist of `avoid` (markers); a label with no such place is
+    removed. Returns the removed ones, for the figure to say where their text went instead.
+    Call it on a `finish`ed figure: it measures the layout drawn there."""
+    renderer = _renderer(ax.figure)
+    inside = ax.bbox
+    taken = [artist.get_window_extent(renderer) for artist in avoid]
+    left_out = []
+    for label, candidates in labels:
+        for xytext, textcoords, ha, va in candidates:
+            label.xyann = xytext
+            label.set(anncoords=textcoords, horizontalalignment=ha, verticalalignment=va)
+            box = _label_extent(label, renderer)
+            fits = (
+                inside.x0 <= box.x0
+                and box.x1 <= inside.x1
+                and inside.y0 <= box.y0
+                and box.y1 <= inside.y1
+            )
+            if fits and not any(box.overlaps(other) for other in taken):
+                taken.append(box)
+                break
+        else:
+            label.remove()
+            left_out.append(label)
+    return left_out
+
+
+def _renderer(figure: Figure):
+    canvas = figure.canvas
+    return (canvas if hasattr(canvas, "get_renderer") else FigureCanvasAgg(figure)).get_renderer()
+
+
+def _label_extent(label: Annotation, renderer) -> Bbox:
+    """A label's text with its box (if any) around it, where it is drawn now."""
+    label.update_positions(renderer)
+    box = Text.get_window_extent(label, renderer)
+    patch = label.get_bbox_patch()
+    if patch is not None:
+        pad = patch.get_boxstyle().pad * label.get_size() * renderer.points_to_pixels(1)
+        box = box.padded(pad + 1)
+    return box
 
 
 def nothing_drawn(figure: Figure) -> str | None:
@@ -229,8 +389,10 @@ def draw_series(
     y: str,
     notes: dict[str, str] | None = None,
     min_points: int = 1,
+    extra_handles: Sequence = (),
 ) -> list[float]:
-    """Mean line with min..max band per series, failures at the top wall, a legend below.
+    """Mean line with min..max band per series, failures at the top wall, a legend below
+    (ending with `extra_handles`: what else the panel marks).
 
     With `min_points` 2 (a curve over seq_len), a panel where no series has two points says
     so instead of drawing lone dots. Returns every x drawn (values and failures), for `label_axes`
@@ -290,6 +452,7 @@ def draw_series(
     if not handles:
         message(ax, f"no {y} in these results")
         return []
+    handles += list(extra_handles)
     legend_below(ax, handles, ncol=1 if len(handles) < 8 else 2, handlelength=3)
     return [float(v) for v in (*stats[x], *failed[x])]
 

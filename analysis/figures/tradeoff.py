@@ -80,7 +80,7 @@ def tradeoff(frame: pd.DataFrame, seq_len: float | None = None) -> Figure:
     points = ok.groupby("series")[[cost, quality, "peak_memory_mib"]].mean()
     points = points[points[cost].notna() & points[quality].notna()]
     largest = points["peak_memory_mib"].max()
-    handles = []
+    handles, labels = [], []
     for name in order:
         if name not in points.index:
             statuses = style.status_text(labelled[labelled["series"] == name]) or "not measured"
@@ -110,9 +110,10 @@ def tradeoff(frame: pd.DataFrame, seq_len: float | None = None) -> Figure:
                 label=f"{name} ({memory:.1f} MiB)" if measured else f"{name} (memory not measured)",
             )
         )
-        ax.annotate(
+        label = ax.annotate(
             name, (v[cost], v[quality]), fontsize=7, xytext=(5, 5), textcoords="offset points"
         )
+        labels.append((label, style.AROUND_POINT))
     if points.empty:
         style.message(ax, "no quality with a time at one length in these results")
     elif quality == EVAL_ACCURACY:
@@ -128,7 +129,7 @@ def tradeoff(frame: pd.DataFrame, seq_len: float | None = None) -> Figure:
             if handle.get_label().split()[0] in never:
                 handle.set_label(handle.get_label() + " — not learned")
     if handles:
-        style.legend_below(ax, handles, y=-0.12, markerscale=0.5)
+        style.legend_below(ax, handles, markerscale=0.5)
     xlabel = (
         "attention kernel, forward + backward (ms)"
         if cost == ATTN_FWD_BWD_MS
@@ -136,4 +137,8 @@ def tradeoff(frame: pd.DataFrame, seq_len: float | None = None) -> Figure:
     )
     style.label_axes(ax, "", xlabel, ylabel, log=(not points.empty, False))
     ax.margins(0.15)
+    style.finish(fig)
+    if style.place_labels(ax, labels):  # the legend names every point by its colour
+        ax.set_title("(names left out where they would overlap: see the legend)", fontsize=8)
+        style.finish(fig)
     return fig
