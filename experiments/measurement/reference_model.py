@@ -543,11 +543,16 @@ def fit_length(attention: str, seq_len: int, config: ReferenceConfig) -> int:
 def kernel_key(kernel_config: variants.ModelConfig, seq_len: int, config: ReferenceConfig) -> str:
     """12 hex digits naming a fitted kernel: its variant and options, the model options it
     is built with, the length it is fitted at and the fitting settings."""
+    model = kernel_config.model_options()
+    # The length bound shapes learned state only where it is per position (Linformer); left in
+    # the key elsewhere it gave each job length a fit of its own at the same `seq_len`.
+    if not variants.attention_spec(kernel_config.attention).bounded_length:
+        del model["max_seq_len"]
     blob = json.dumps(
         {
             "attention": kernel_config.attention,
             "options": dict(kernel_config.attention_options),
-            "model": kernel_config.model_options(),
+            "model": model,
             "seq_len": seq_len,
             "fit": {name: getattr(config, name) for name in _FIT_FIELDS},
             "recipe": FIT_VERSION,

@@ -392,3 +392,19 @@ def test_the_lock_file_does_not_follow_symlinks(tmp_path):
     assert not (tmp_path / "reference" / "abc.pt").exists()
     _cache(tmp_path / "reference" / "new.pt")
     assert (tmp_path / "reference" / "new.lock").stat().st_mode & 0o777 == 0o600
+
+
+@pytest.mark.parametrize("attention, causal", [("nsa", True), ("linformer", False)])
+def test_one_fit_serves_every_job_length_unless_the_state_is_per_position(attention, causal):
+    """Jobs at 2048 and 4096 tokens fit NSA at the same 1024 tokens: one key, one fit (each
+    length had its own before, as the job's length bound was in the key). Linformer's E, F
+    span max_seq_len: a fit per length."""
+    config = ReferenceConfig(d_model=32, n_heads=2)
+    keys = set()
+    for seq_len in (2048, 4096):
+        kernel_config = variants.ModelConfig(
+            d_model=32, n_heads=2, max_seq_len=seq_len, attention=attention, causal=causal
+        )
+        length = reference_model.fit_length(attention, seq_len, config)
+        keys.add(reference_model.kernel_key(kernel_config, length, config))
+    assert len(keys) == (1 if attention == "nsa" else 2)
