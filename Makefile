@@ -39,7 +39,7 @@ setup: $(STAMP)  ## create .venv and install torch, the project and its dev extr
 # a bidirectional series (Linformer, its O(L²) form timed in its own jobs; its error, which needs
 # a fit at every length, is the linformer preset's) beside them in one sweep dir; a reduced
 # decode series; the quality half (QUALITY_QUICK); and one report (multirun/report). Lengths to
-# 2048: 4096 cost about 4 of the job's minutes (docs/running.md) and 12 of 14 crossovers lie
+# 2048: 4096 cost about 4 of the job's minutes (docs/running.md) and 11–12 of 14 crossovers lie
 # below 2048; `make run RUN_SEQ_LENS=256,512,1024,2048,4096` adds it, and the scaling preset
 # itself goes to 16384 (re-running adds only what is missing).
 RUN_SEQ_LENS ?= 256,512,1024,2048

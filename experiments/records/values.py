@@ -23,15 +23,14 @@ def bool_or_none(value: Any, *, read_back: bool = False) -> bool | None:
 
 
 def text_or_none(value: Any, *, read_back: bool = False) -> str | None:
-    """None for a missing value (None, NaN), else `value` as text (a str as itself).
-    `read_back` (a value read back from a file): `pd.NA` is missing too, and a whole float is an
-    int's text (a CSV's number column: "3", not "3.0")."""
-    if value is None or (isinstance(value, float) and math.isnan(value)):
+    """None for a missing value (None, NaN, `pd.NA`), else `value` as text (a str as itself).
+    `read_back` (a value read back from a file): a whole float is an int's text (a CSV's number
+    column: "3", not "3.0"). The store once wrote `pd.NA` (a nullable column's gap) as the
+    text "<NA>", a value no job recorded."""
+    if value is None or value is pd.NA or (isinstance(value, float) and math.isnan(value)):
         return None
     if not read_back:
         return value if isinstance(value, str) else str(value)
-    if value is pd.NA:
-        return None
     if isinstance(value, float) and value.is_integer():
         return str(int(value))
     return str(value)

@@ -264,3 +264,19 @@ def test_records_unchanged_since_a_stamp_are_left_out_moved_or_not(tmp_path):
         ("rewritten", "ok"),
     ]
     assert len(store.read_records(tmp_path)[0]) == 4
+
+
+def test_a_gap_of_a_nullable_column_stays_a_gap_not_the_text_na():
+    """Records gathered with a frame read back (nullable dtypes: a gap is pd.NA) keep the gap
+    missing in a text column, in the schema's and in a mixed config key's, never "<NA>"."""
+    frame = pd.DataFrame(
+        {
+            "attention": pd.array(["lsh", pd.NA], dtype="string").astype(object),
+            "attention.stride": ["auto", pd.NA],  # mixed kinds: written as text
+        }
+    )
+    frame.loc[2] = ["full", 64]
+    typed = store.parquet_frame(frame)
+    for name in ("attention", "attention.stride"):
+        assert typed[name].isna().tolist() == [False, True, False], typed[name].tolist()
+        assert "<NA>" not in typed[name].dropna().tolist()
