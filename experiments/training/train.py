@@ -31,8 +31,8 @@ from experiments.training.train_config import TrainConfig
 
 # An evaluation at or above this accuracy, at any stage, means the job learned the task.
 LEARNED = 0.9
-# `train.patience`: an evaluation whose mean validation accuracy (a task without accuracy: minus
-# its loss, in nats) beats the best so far by less than this is no progress.
+# `train.patience`: an evaluation in which no validated point's accuracy (a task without
+# accuracy: minus its loss, in nats) beats that point's best so far by this much is no progress.
 PLATEAU_DELTA = 0.01
 # Why a stage's training ended: its steps ran out, `train.stop_accuracy`, `train.patience`.
 CAP, STOP_ACCURACY, PLATEAU = "cap", "accuracy", "plateau"
@@ -127,13 +127,16 @@ class Stopper:
     """`train.stop_accuracy` and `train.patience`, read at each validation: `check` returns
     why the stage should end (STOP_ACCURACY, PLATEAU) or None. Patience counts only once the
     task is learned (its own point at `LEARNED` accuracy; a task without accuracy: always):
-    a run that has not learned goes on to its cap."""
+    a run that has not learned goes on to its cap. Progress is read per validated point, so a
+    mixture's hardest count still rising keeps the run going while the easy ones sit at their
+    ceiling (a mean over the counts stopped DeltaNet's capacity run at 1550 of 3000 steps with
+    64 pairs still climbing: 59.3 % there, 73.9 % at the cap)."""
 
     def __init__(self, settings: TrainConfig, has_accuracy: bool):
         self.stop_accuracy = settings.stop_accuracy if has_accuracy else None
         self.patience = settings.patience
         self.has_accuracy = has_accuracy
-        self.best: float | None = None
+        self.best: list[float] | None = None  # per validated point
         self.stale = 0
 
     def check(self, results: list[EvalResult]) -> str | None:
@@ -148,11 +151,21 @@ class Stopper:
             # (routing: 19 % at step 500, 83 % at 550), so a plateau before it is no end.
             return None
         scores = [r.accuracy if self.has_accuracy else -r.loss for r in results]
-        score = sum(scores) / len(scores)
-        if self.best is None or score >= self.best + PLATEAU_DELTA:
-            self.best, self.stale = score, 0
+        progress = self.best is None or any(
+            score >= best + PLATEAU_DELTA for score, best in zip(scores, self.best)
+        )
+        if self.best is None:
+            self.best = scores
+        elif progress:
+            # A point's best moves only when it gains a full delta (as Keras's `min_delta`), so
+            # slow gains add up: half a point per evaluation is progress every second one.
+            self.best = [
+                score if score >= best + PLATEAU_DELTA else best
+                for score, best in zip(scores, self.best)
+            ]
+        if progress:
+            self.stale = 0
             return None
-        self.best = max(self.best, score)
         self.stale += 1
         return PLATEAU if self.stale >= self.patience else None
 
