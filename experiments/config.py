@@ -248,6 +248,11 @@ class JobConfig:
                 f"{OWNER}: option 'model.{unknown[0]}' is unknown; "
                 f"model options: {', '.join(model_keys())}"
             )
+        if self.eval_attention and self.model.get("family", "attnbench") != "attnbench":
+            raise ValueError(
+                f"{OWNER}: option 'eval.attention' (evaluating with other kernels) needs "
+                f"'model.family'='attnbench', got {self.model['family']!r}"
+            )
         # A bad schedule is a config error, before anything is built.
         stages = curriculum.stages(
             self.seq_len, self.batch_size, self.train.steps, self.train.curriculum

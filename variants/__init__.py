@@ -22,6 +22,7 @@ _HOMES = {
     "ModelConfig": "variants.config",
     "resolve_shared_qk": "variants.config",
     "TransformerLM": "variants.model",
+    "build_lm": "variants.model",
     "MultiheadAttention": "variants.layers",
     "UnsupportedCombination": "variants.checks",
 }

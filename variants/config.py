@@ -23,6 +23,20 @@ from variants.registry import MODEL_OPTIONS, AttentionSpec, attention_spec
 
 OWNER = "TransformerLM"
 POSITIONS = ("sinusoidal", "rotary")
+# Which model the config builds (`variants.build_lm`): ours, or transformers' Llama with the
+# variant as its attention implementation (variants/hf.py, the `hf` extra).
+FAMILIES = ("attnbench", "hf_llama")
+# What a Llama is regardless of the config: the fields it cannot vary, at the one value it has.
+HF_LLAMA_FIXED = {
+    "block": "residual",
+    "positions": "rotary",
+    "causal": True,
+    "token_shift": False,
+    "dropout": 0.0,
+    "ff_chunks": 1,
+    "loss_chunks": 1,
+    "attention_chunks": 1,
+}
 
 
 def resolve_shared_qk(attention: str | AttentionSpec, shared_qk: bool | None) -> bool:
@@ -72,6 +86,10 @@ class ModelConfig:
       shared by n_heads / n_kv_heads query heads; None (default) = n_heads, plain multi-head.
       Refused (`UnsupportedCombination`, when the layers are built) with shared QK (the keys
       are the queries), with `attention_chunks` > 1, and by a variant without `supports_gqa`.
+    - `family`: `attnbench` (`TransformerLM`) or `hf_llama` (transformers' LlamaForCausalLM,
+      SwiGLU of width ff_mult * d_model, RMSNorm, its own rotary positions, the variant
+      registered as its attention; `variants.hf.LlamaLM`); the fields a Llama cannot vary
+      (`HF_LLAMA_FIXED`) must be at its value, a `ValueError` naming the field otherwise.
     - `loss_chunks`, `attention_chunks`: memory switches for very long sequences, 1 (off) by
       default so that no default step changes: the LM loss computed over `loss_chunks` pieces of
       the sequence under checkpointing (`TransformerLM.loss`), and the attention sublayer run
@@ -98,6 +116,7 @@ class ModelConfig:
     loss_chunks: int = 1
     attention_chunks: int = 1
     n_kv_heads: int | None = None
+    family: str = "attnbench"
 
     def __post_init__(self):
         for name in (
@@ -121,6 +140,14 @@ class ModelConfig:
         for name in ("causal", "token_shift", "projection_bias"):
             require_bool(OWNER, name, getattr(self, name))
         require_choice(OWNER, "positions", self.positions, POSITIONS)
+        require_choice(OWNER, "family", self.family, FAMILIES)
+        if self.family == "hf_llama":
+            for name, value in HF_LLAMA_FIXED.items():
+                if getattr(self, name) != value:
+                    raise ValueError(
+                        f"{OWNER}: option {name!r}={getattr(self, name)!r} is not available "
+                        f"with 'family'='hf_llama': transformers' Llama has {name}={value!r}"
+                    )
         if self.positions == "rotary" and self.head_dim % 2:
             raise ValueError(
                 f"{OWNER}: option 'positions'='rotary' needs an even head_dim "

@@ -235,20 +235,31 @@ def _check_call(name, query, key, attention_mask, dropout, scaling, causal, kwar
 
 
 def _kernel(name: str, query: torch.Tensor, *, causal: bool) -> Attention:
-    """Variant `name`'s kernel for queries shaped as `query` (B, H, L, D), built once and kept
-    (`_KERNELS`); `UnsupportedCombination` if it has parameters."""
+    """Variant `name`'s kernel for queries shaped as `query` (B, H, L, D)."""
+    return kernel_for(
+        name, query.shape[1], query.shape[-1], causal=causal, device=query.device,
+        dtype=query.dtype,
+    )  # fmt: skip
+
+
+def kernel_for(
+    name: str,
+    n_heads: int,
+    head_dim: int,
+    *,
+    causal: bool,
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype = torch.float32,
+) -> Attention:
+    """The kernel registered variant `name` runs for `n_heads` query heads of `head_dim`,
+    built once and kept (`_KERNELS`), shared by every layer and call; `UnsupportedCombination`
+    if it has parameters."""
     spec = attention_spec(name)
-    n_heads, head_dim = query.shape[1], query.shape[-1]
     model = {"causal": causal, "n_heads": n_heads, "head_dim": head_dim, "shared_qk": False}
     model = {k: v for k, v in model.items() if k in spec.model_options}
     options = _OPTIONS.get(name, {})
-    key = (
-        name,
-        repr(sorted(options.items())),
-        repr(sorted(model.items())),
-        query.device,
-        query.dtype,
-    )
+    device = torch.device(device)
+    key = (name, repr(sorted(options.items())), repr(sorted(model.items())), device, dtype)
     if key not in _KERNELS:
         kernel = spec.build(**options, **model)
         if any(True for _ in kernel.parameters()):
@@ -256,7 +267,7 @@ def _kernel(name: str, query: torch.Tensor, *, causal: bool) -> Attention:
                 f"hf: attention {name!r} is not supported: its kernel has parameters, which "
                 "would belong to no model (kernels are shared between layers)"
             )
-        _KERNELS[key] = kernel.to(device=query.device, dtype=query.dtype)
+        _KERNELS[key] = kernel.to(device=device, dtype=dtype)
     return _KERNELS[key]
 
 
@@ -267,3 +278,71 @@ def _grouped(kernel: Attention, query: torch.Tensor, x: torch.Tensor) -> torch.T
     if groups == 1 or getattr(kernel, "supports_gqa", False):
         return x
     return x.repeat_interleave(groups, dim=1)  # (B, H, L, D)
+
+
+class LlamaLM(nn.Module):
+    """transformers' LlamaForCausalLM, randomly initialised from a `ModelConfig` with
+    `family="hf_llama"`, its attention the config's variant (registered here with the config's
+    attention options): the swap a user makes in their own HF model, trained from scratch.
+
+    forward(tokens (B, L) int64) -> logits (B, L, vocab_size), as `TransformerLM`'s. The Llama:
+    hidden d_model, `depth` layers, n_heads query heads over `kv_heads` key/value heads, a
+    SwiGLU of width ff_mult * d_model, RMSNorm, rotary positions up to max_seq_len, biases in
+    the attention projections as `projection_bias`, an untied head. `config` is the
+    `ModelConfig`, `kernels()` yields the attention kernel once per layer (one kernel serves
+    every layer, `kernel_for`). A variant HF cannot run (`unsupported_reason`, a kernel with
+    parameters) raises `UnsupportedCombination` here, before anything is trained.
+    """
+
+    def __init__(self, config):
+        super().__init__()
+        from transformers import LlamaConfig, LlamaForCausalLM
+
+        if config.family != "hf_llama":
+            raise ValueError(
+                f"hf: LlamaLM builds option 'family'='hf_llama', got {config.family!r}"
+            )
+        reason = unsupported_reason(config.spec)
+        if reason:
+            raise UnsupportedCombination(
+                f"hf: attention {config.attention!r} is not supported: {reason}"
+            )
+        register([config.attention], {config.attention: dict(config.attention_options)})
+        self.config = config
+        llama = LlamaConfig(
+            vocab_size=config.vocab_size,
+            hidden_size=config.d_model,
+            intermediate_size=config.ff_mult * config.d_model,
+            num_hidden_layers=config.depth,
+            num_attention_heads=config.n_heads,
+            num_key_value_heads=config.kv_heads,
+            max_position_embeddings=config.max_seq_len,
+            attention_bias=config.projection_bias,
+            attention_dropout=0.0,
+            tie_word_embeddings=False,
+            use_cache=False,
+            attn_implementation=PREFIX + config.attention,
+        )
+        self.lm = LlamaForCausalLM(llama)
+        next(self.kernels())  # a kernel with parameters is refused now, not at the first step
+
+    def kernels(self):
+        """The attention kernel, once per layer (the same kernel: HF layers share it), for the
+        device the model is on."""
+        device = next(self.lm.parameters()).device
+        kernel = kernel_for(
+            self.config.attention, self.config.n_heads, self.config.head_dim, causal=True,
+            device=device,
+        )  # fmt: skip
+        return (kernel for _ in range(self.config.depth))
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        """tokens: (B, L) int64 -> logits (B, L, vocab_size)."""
+        if tokens.dim() != 2:
+            raise ValueError(
+                f"LlamaLM: tokens must have shape (batch, seq_len), got {tuple(tokens.shape)}"
+            )
+        length, limit = tokens.shape[1], self.config.max_seq_len
+        if length > limit:
+            raise ValueError(f"LlamaLM: seq_len {length} exceeds option 'max_seq_len'={limit}")
+        return self.lm(input_ids=tokens, use_cache=False).logits  # (B, L, vocab_size)

@@ -20,6 +20,23 @@ from variants.layers import SelfAttention, kernels_swapped
 from variants.registry import attention_spec
 
 
+def build_lm(config: ModelConfig) -> nn.Module:
+    """The language model `config` describes: a `TransformerLM`, or with
+    `family="hf_llama"` transformers' Llama on the variant (`variants.hf.LlamaLM`; `ImportError`
+    naming the extra when transformers is not installed). Both take tokens (B, L) int64 to
+    logits (B, L, vocab_size) and carry `config` and `kernels()`."""
+    if config.family == "hf_llama":
+        try:
+            from variants.hf import LlamaLM
+        except ModuleNotFoundError as error:
+            raise ImportError(
+                f"{OWNER}: option 'family'='hf_llama' needs transformers: "
+                "pip install -e .[hf]"
+            ) from error
+        return LlamaLM(config)
+    return TransformerLM(config)
+
+
 class TransformerLM(nn.Module):
     """Token embedding + sinusoidal positions -> `depth` blocks -> LayerNorm -> linear head.
 
@@ -57,6 +74,11 @@ class TransformerLM(nn.Module):
         elif fields:
             raise TypeError("TransformerLM: pass a ModelConfig or its fields, not both")
         require_choice(OWNER, "block", config.block, tuple(block_names()))
+        if config.family != "attnbench":
+            raise ValueError(
+                f"{OWNER}: option 'family'={config.family!r} is not this model's "
+                "(attnbench); build it with variants.build_lm"
+            )
         self.config = config
         self.embed = nn.Embedding(config.vocab_size, config.d_model)
         self.shift = (

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch import nn
 
 import variants
 from experiments.config import JobConfig, MeasureConfig
@@ -70,7 +71,7 @@ class Setup:
     device: torch.device
     precision: Precision
     task: Task
-    model: variants.TransformerLM
+    model: nn.Module  # variants.build_lm's: a TransformerLM, or a Llama on the variant
 
     @property
     def dtype(self) -> torch.dtype:
@@ -92,7 +93,7 @@ def setup(job: JobConfig) -> Setup:
     torch.manual_seed(job.seed)
     task = build_task(job.task, seq_len=job.seq_len, batch_size=job.batch_size, seed=job.seed)
     # float32 master weights whatever the dtype: half types are autocast (training/precision.py).
-    model = variants.TransformerLM(job.model_config(task.vocab_size)).to(device=device)
+    model = variants.build_lm(job.model_config(task.vocab_size)).to(device=device)
     built = Setup(device, precision, task, model)
     check_backward(job, built.kernel, device)
     # A pinned SDPA backend that cannot run the job's inputs here is refused (skipped) now,
@@ -101,7 +102,7 @@ def setup(job: JobConfig) -> Setup:
     return built
 
 
-def kernel_shape(job: JobConfig, model: variants.TransformerLM) -> tuple[int, int, int, int]:
+def kernel_shape(job: JobConfig, model: nn.Module) -> tuple[int, int, int, int]:
     """The (batch, heads, seq_len, head_dim) of the q the kernel is timed on alone; its k and v
     have `model.config.kv_heads` heads (grouped KV heads, `model.n_kv_heads`)."""
     return (job.batch_size, model.config.n_heads, job.seq_len, model.config.head_dim)

@@ -120,3 +120,68 @@ def test_another_softmax_scale_is_refused():
         layer.self_attn.scaling = 0.5
     with pytest.raises(UnsupportedCombination, match="option 'scaling'=0.5"):
         model(torch.zeros(1, 4, dtype=torch.long))
+
+
+def _llama_config(attention: str, **fields):
+    from variants.config import ModelConfig
+
+    options = dict(vocab_size=100, d_model=64, n_heads=4, n_kv_heads=2, depth=2, ff_mult=2,
+                   max_seq_len=64, attention=attention, family="hf_llama", positions="rotary")  # fmt: skip
+    return ModelConfig(**{**options, **fields})
+
+
+def test_build_lm_gives_the_llama_of_the_config_on_the_variant():
+    """`model.family=hf_llama`: the same Llama as transformers builds from the mapped config,
+    with the variant as its attention; full on it gives SDPA's logits for the same weights."""
+    import variants
+
+    model = variants.build_lm(_llama_config("full", projection_bias=False)).eval()
+    assert isinstance(model, hf.LlamaLM)
+    llama = model.lm.config
+    assert (llama.hidden_size, llama.num_hidden_layers, llama.intermediate_size) == (64, 2, 128)
+    assert (llama.num_attention_heads, llama.num_key_value_heads) == (4, 2)
+    assert llama._attn_implementation == "attnbench_full"
+    reference = _llama("sdpa")
+    reference.load_state_dict(model.lm.state_dict())
+    tokens, _ = _padded_batch("left")
+    with torch.no_grad():
+        torch.testing.assert_close(model(tokens), reference(tokens).logits, rtol=0, atol=1e-5)
+    kernels = list(model.kernels())
+    assert len(kernels) == 2 and kernels[0] is kernels[1]  # one kernel serves every layer
+
+
+def test_a_llama_on_a_state_variant_trains():
+    import variants
+
+    model = variants.build_lm(_llama_config("linear"))
+    tokens, _ = _padded_batch("left")
+    logits = model(tokens)
+    assert logits.shape == (3, 10, 100)
+    logits.logsumexp(-1).mean().backward()
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters())
+
+
+def test_a_llama_refuses_what_hf_cannot_run_before_training():
+    import variants
+
+    with pytest.raises(UnsupportedCombination, match="shared QK"):
+        variants.build_lm(_llama_config("lsh"))
+    with pytest.raises(UnsupportedCombination, match="has parameters"):
+        variants.build_lm(_llama_config("compressed"))
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("positions", "sinusoidal"), ("block", "reversible"), ("token_shift", True),
+     ("dropout", 0.1), ("causal", False)],
+)  # fmt: skip
+def test_a_llama_config_names_the_field_it_cannot_vary(field, value):
+    with pytest.raises(ValueError, match=f"option '{field}'=.* with 'family'='hf_llama'"):
+        _llama_config("full", **{field: value})
+
+
+def test_transformer_lm_refuses_another_family():
+    import variants
+
+    with pytest.raises(ValueError, match="option 'family'='hf_llama' is not this model's"):
+        variants.TransformerLM(_llama_config("full"))
