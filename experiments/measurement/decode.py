@@ -42,24 +42,29 @@ def measure_decode(
     *,
     steps: int,
     warmup: int,
+    kv_heads: int | None = None,
 ) -> dict[str, Any]:
     """The decode columns of `kernel` at shape (B, H, context, D); `steps` timed decode steps
-    after `warmup` untimed ones. `ValueError` if the kernel cannot decode."""
+    after `warmup` untimed ones. `kv_heads` (default H): the heads of k and v (grouped KV heads,
+    `model.n_kv_heads`), which the cache of a `native_gqa_decode` variant holds, so
+    `cache_bytes` and the read per token are the grouped cache's. `ValueError` if the kernel
+    cannot decode; `UnsupportedCombination` if it takes no grouped KV heads."""
     if not kernel.supports_decode or not kernel.causal:
         reason = kernel.decode_reason if not kernel.supports_decode else "it is not causal"
         raise ValueError(
             f"attention {kernel.name!r}: option measure.decode=true, but it cannot decode: {reason}"
         )
     batch, heads, context, head_dim = shape
+    kv_heads = heads if kv_heads is None else kv_heads
     new = warmup + steps
     max_len = context + new
     generator = torch.Generator(device="cpu").manual_seed(0)
 
     def draw(length):
         q, k, v = (
-            torch.randn(batch, heads, length, head_dim, generator=generator).to(device, dtype)
-            for _ in range(3)
-        )
+            torch.randn(batch, n, length, head_dim, generator=generator).to(device, dtype)
+            for n in (heads, kv_heads, kv_heads)
+        )  # q (B, H, length, D); k, v (B, H_kv, length, D)
         gates = sample_gates(kernel, q, generator)  # (B, H, length, n_gates) or None
         return ((q, q, v) if kernel.applies_shared_qk else (q, k, v)), gates
 
@@ -67,8 +72,9 @@ def measure_decode(
 
     def prefill():
         cache = kernel.init_cache(
-            batch, heads, head_dim, max_len=max_len, device=device, dtype=dtype
-        )
+            batch, heads, head_dim, max_len=max_len, device=device, dtype=dtype,
+            n_kv_heads=kv_heads,
+        )  # fmt: skip
         kernel.prefill(*prompt, cache, prompt_gates)
         return cache
 

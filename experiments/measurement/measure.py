@@ -263,8 +263,9 @@ def measure(
         with precision.autocast():
             columns.update(
                 measure_decode(
-                    kernel, shape, device, dtype, steps=m_cfg.decode_steps, warmup=m_cfg.warmup
-                )
+                    kernel, shape, device, dtype, steps=m_cfg.decode_steps,
+                    warmup=m_cfg.warmup, kv_heads=kv_heads,
+                )  # fmt: skip
             )
     columns["peak_rss_bytes"] = peak_rss_bytes()
     return columns

@@ -81,3 +81,20 @@ def test_fixed_state_caches_do_not_grow_with_the_context(name, state_bytes):
         for length in (16, 64)
     ]
     assert sizes[0] == sizes[1] == state_bytes
+
+
+def test_a_grouped_heads_job_decodes_over_a_cache_of_n_kv_heads(job_config):
+    """model.n_kv_heads=1 under 2 query heads: exact attention's cache holds one head's keys
+    and values (its decode takes grouped heads natively), half the plain cache."""
+    plain = job_config(*DECODE_ONLY, "attention=full")
+    grouped = job_config(*DECODE_ONLY, "attention=full", "model.n_kv_heads=1")
+    sizes = [measure.measure(c, measure.setup(c))["cache_bytes"] for c in (plain, grouped)]
+    assert sizes == [2 * 1 * 2 * 48 * 16 * 4, 2 * 1 * 1 * 48 * 16 * 4]
+
+
+def test_a_variant_that_repeats_kv_heads_decodes_grouped_inputs_as_repeated_ones():
+    kernel = variants.build_attention("blockwise", causal=True, block_size=8)
+    shape = (1, 4, 16, 8)
+    grouped = measure_decode(kernel, shape, CPU, torch.float32, steps=2, warmup=0, kv_heads=2)
+    plain = measure_decode(kernel, shape, CPU, torch.float32, steps=2, warmup=0)
+    assert grouped["cache_bytes"] == plain["cache_bytes"]  # its cache holds the repeated heads
