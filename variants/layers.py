@@ -36,18 +36,18 @@ def build_kernel(
     n_heads, head_dim, max_seq_len, shared_qk) it declares, from `config`. `ValueError` for
     options it cannot take; `UnsupportedCombination` for a variant that needs shared QK the
     config does not have."""
-    if spec is None:
-        spec = config.spec
-        options = config.attention_options if options is None else options
+    if spec is None and options is None:  # the config's own, checked when it was built
+        spec, options = config.spec, config.attention_options
+    else:  # a replacement's (`replacement_kernel`), checked here, once
+        spec = config.spec if spec is None else spec
+        options = kernel_options(options or {})
     if spec.shared_qk_required and not config.shared_qk:
         raise UnsupportedCombination(
             f"{OWNER}: attention {spec.name!r} requires option 'shared_qk'=True "
             f"(its keys are the normalised queries)"
         )
     model_options = config.model_options()
-    kernel = spec.build(
-        **kernel_options(options or {}), **{k: model_options[k] for k in spec.model_options}
-    )
+    kernel = spec.build(**options, **{k: model_options[k] for k in spec.model_options})
     if config.kv_heads != config.n_heads:
         if config.shared_qk:
             raise UnsupportedCombination(
