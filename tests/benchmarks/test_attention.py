@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 # The same shapes and kernels as the target table, over a wider range of lengths.
-from benchmarks.targets import BATCH, HEAD_DIM, HEADS, KERNELS, kernel
+from benchmarks.targets.kernels import BATCH, HEAD_DIM, HEADS, KERNELS, kernel
 
 LENGTHS = [1024, 2048, 4096, 8192, 16384, 32768]
 

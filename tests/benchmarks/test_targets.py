@@ -7,29 +7,30 @@ import types
 
 import pytest
 
-from benchmarks import targets
+from benchmarks.targets import __main__ as cli
+from benchmarks.targets import decode, flex, kernels, million, steps, timing
 
 
 def test_kernels_are_the_layers_of_the_targets_model():
-    for name in targets.KERNELS:
-        kernel = targets.kernel(name, 512)
-        layer_kernel = next(targets.model(name, 512).kernels())
+    for name in kernels.KERNELS:
+        kernel = kernels.kernel(name, 512)
+        layer_kernel = next(kernels.model(name, 512).kernels())
         assert type(kernel) is type(layer_kernel) and kernel.causal == (name != "linformer")
         assert kernel.extra_repr() == layer_kernel.extra_repr(), name
-    assert targets.kernel("blockwise-6x64", 512).look_backward == 5
+    assert kernels.kernel("blockwise-6x64", 512).look_backward == 5
 
 
 def test_toy_run_prints_a_row_per_target(monkeypatch, capsys):
-    monkeypatch.setattr(targets, "LENGTHS", (256, 512))
+    monkeypatch.setattr(cli, "LENGTHS", (256, 512))
     # Decoding at toy contexts too (64K by default): the rows, not the machine, are tested.
-    monkeypatch.setattr(targets, "DECODE_SHORT", 256)
-    monkeypatch.setattr(targets, "DECODE_WINDOWED", 256)
+    monkeypatch.setattr(decode, "DECODE_SHORT", 256)
+    monkeypatch.setattr(decode, "DECODE_WINDOWED", 256)
     # One call per timing, not 0.3 s of them: the table's arithmetic is what is tested.
-    timed = targets.seconds_per_call
-    monkeypatch.setattr(targets, "seconds_per_call", lambda fn: timed(fn, min_time_s=0))
+    timed = timing.seconds_per_call
+    monkeypatch.setattr(timing, "seconds_per_call", lambda fn: timed(fn, min_time_s=0))
     # Compiled FlexAttention at the first length only: each length compiles every pattern anew
     # (most of this test's time), and one length shows the rows and the length filter.
-    targets.main(
+    cli.main(
         ["--rounds", "1", "--min-seconds", "0", "--threads", "1", "--skip-memory", "--skip-depth"]
         + ["--decode-len", "512", "--flex-max-len", "256"]
     )
@@ -41,9 +42,9 @@ def test_toy_run_prints_a_row_per_target(monkeypatch, capsys):
     assert "bigbird time / blockwise-6x64 time, L=512" in rows
     assert "longformer scaling exponent 256->512" in rows
     assert "full decode bandwidth fraction, L=512" in rows
-    flex = [row for row in rows if row.startswith("compiled flex fwd / ")]
-    assert sorted(flex) == sorted(
-        f"compiled flex fwd / {name} fwd, L=256" for name in targets.FLEX_KERNELS
+    flex_rows = [row for row in rows if row.startswith("compiled flex fwd / ")]
+    assert sorted(flex_rows) == sorted(
+        f"compiled flex fwd / {name} fwd, L=256" for name in flex.FLEX_KERNELS
     )
     assert all(math.isfinite(float(value)) for value in rows.values())
     # The 32K targets are not judged at toy lengths: those rows carry no bound.
@@ -59,9 +60,9 @@ def test_toy_run_prints_a_row_per_target(monkeypatch, capsys):
 def test_each_contender_is_measured_against_the_yardstick_timed_around_it(monkeypatch):
     # Scripted seconds per call: the yardstick slows down by 2x after every contender.
     clock = iter([1.0, 10.0, 2.0, 20.0, 4.0, 1.0, 11.0, 2.0, 21.0, 4.0])
-    monkeypatch.setattr(targets, "seconds_per_call", lambda fn: next(clock))
+    monkeypatch.setattr(timing, "seconds_per_call", lambda fn: next(clock))
     calls = {"a": lambda: None, "b": lambda: None}
-    times, yardsticks = targets.time_in_rounds(calls, 2, lambda: None)
+    times, yardsticks = timing.time_in_rounds(calls, 2, lambda: None)
     assert times == {"a": [10.0, 11.0], "b": [20.0, 21.0]}
     # Geometric means of the yardstick just before and just after each contender's call.
     assert yardsticks["a"] == pytest.approx([math.sqrt(2), math.sqrt(2)])
@@ -75,43 +76,41 @@ def test_rounds_continue_until_the_minimum_time_is_spent(monkeypatch):
         now[0] += 1.0
         return 1.0
 
-    monkeypatch.setattr(targets, "seconds_per_call", one_second_call)
-    monkeypatch.setattr(targets, "time", types.SimpleNamespace(perf_counter=lambda: now[0]))
+    monkeypatch.setattr(timing, "seconds_per_call", one_second_call)
+    monkeypatch.setattr(timing, "time", types.SimpleNamespace(perf_counter=lambda: now[0]))
     calls = {"a": lambda: None}
     # A round is the yardstick, the contender and the yardstick again: 3 s.
-    times, _ = targets.time_in_rounds(calls, 2, lambda: None, min_seconds=10)
+    times, _ = timing.time_in_rounds(calls, 2, lambda: None, min_seconds=10)
     assert len(times["a"]) == 4  # 3, 6, 9 s: still under 10 after the third round
-    times, _ = targets.time_in_rounds(calls, 2, lambda: None)
+    times, _ = timing.time_in_rounds(calls, 2, lambda: None)
     assert len(times["a"]) == 2
 
 
 def test_million_rows_run_each_step_in_its_own_process(capsys):
-    rows = targets.million_rows(256, "blockwise,sparse_fixed")
+    rows = million.million_rows(256, "blockwise,sparse_fixed")
     ran, left_out = rows
     assert ran.seconds > 0 and ran.peak_rss_bytes > 2**20
     assert 0 < ran.cpu_seconds  # the step's process time, every thread
-    assert ran.bound_bytes == targets.MILLION_LIMIT_BYTES
+    assert ran.bound_bytes == million.MILLION_LIMIT_BYTES
     assert left_out.seconds is None and "quadratic" in left_out.note
-    failed = targets.run_step_row("broken", "no-such-variant", 256, 1, "residual", 256)
+    failed = steps.run_step_row("broken", "no-such-variant", 256, 1, "residual", 256)
     assert failed.seconds is None and "no-such-variant" in failed.note
-    targets.print_step_table([*rows, failed])
+    steps.print_step_table([*rows, failed])
     table = capsys.readouterr().out
     assert "| blockwise, 1 layer, L=256 |" in table and "| < 16 GB | yes |" in table
     assert "| broken | | | | | failed (exit 1)" in table
 
 
 def test_the_memory_bound_is_16_gb_to_a_million_tokens_and_20_beyond():
-    assert targets.million_bound(2**20) == 16 * 10**9
-    assert targets.million_bound(2**21) == 20 * 10**9
+    assert million.million_bound(2**20) == 16 * 10**9
+    assert million.million_bound(2**21) == 20 * 10**9
 
 
 def test_a_step_row_trains_the_switched_model_once(monkeypatch):
     built = []
-    real = targets.TransformerLM
-    monkeypatch.setattr(
-        targets, "TransformerLM", lambda config: built.append(config) or real(config)
-    )
-    row = targets.step_row("lsh", "128", "2", "reversible", "64")
+    real = steps.TransformerLM
+    monkeypatch.setattr(steps, "TransformerLM", lambda config: built.append(config) or real(config))
+    row = steps.step_row("lsh", "128", "2", "reversible", "64")
     assert row["seconds"] > 0 and row["peak_rss_bytes"] > 0
     (config,) = built
     assert (config.depth, config.block, config.d_model, config.max_seq_len) == (
@@ -120,4 +119,4 @@ def test_a_step_row_trains_the_switched_model_once(monkeypatch):
         64,
         128,
     )
-    assert {k: getattr(config, k) for k in targets.MILLION_SWITCHES} == targets.MILLION_SWITCHES
+    assert {k: getattr(config, k) for k in steps.MILLION_SWITCHES} == steps.MILLION_SWITCHES

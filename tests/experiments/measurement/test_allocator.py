@@ -28,10 +28,11 @@ import MODULE
 THEN
 print("torch never imported")
 """
-# The app's import starts no torch (`--help` needs none): a job's measuring modules do.
+# The app's import starts no torch (`--help` needs none): a job's measuring modules do. `python
+# -m benchmarks.targets` imports the package, then runs its `__main__`, whose imports start torch.
 THEN = {
     "experiments.run": "experiments.app.job.import_for_measuring()",
-    "benchmarks.targets": "",
+    "benchmarks.targets": "import benchmarks.targets.__main__",
 }
 CASES = {  # (module, the variable in the environment or None) -> value seen at torch's import
     ("experiments.run", None): "1",
