@@ -269,7 +269,7 @@ def matmul_call(
 def matmul_timing(device: str, dtype: torch.dtype, size: int = 1024) -> Timing:
     """The time of one `size` x `size` matmul for `dtype` on `device`, measured now (0.3 s).
     Not cached: a job's FLOP fraction takes its matmul from its own rounds (`timed_against`);
-    this is for a banner (benchmarks/targets.py)."""
+    this is for a banner (benchmarks/targets/__main__.py)."""
     dev = torch.device(device)
     return time_call(matmul_call(size, dev, dtype), dev, min_run_time_s=0.3, warmup=2)
 
