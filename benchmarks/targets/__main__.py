@@ -78,8 +78,10 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    # prog as before the script became a package (argparse would say `__main__.py`).
-    parser = argparse.ArgumentParser(prog="targets.py", description=__doc__.splitlines()[0])
+    # argparse would name the package's `__main__.py`; the command is what a user types.
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.targets", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--max-len", type=int, default=LENGTHS[-1], help="longest kernel length")
     parser.add_argument(
         "--rounds",
