@@ -13,6 +13,7 @@ from variants.attention.common import flash
 from variants.attention.common.base import pad_to_multiple
 from variants.attention.common.columns import from_columns, to_columns
 from variants.attention.common.local import sum_windows, to_blocks, window_mask, windows_of
+from variants.attention.common.masking import document_mask
 
 
 def strided_parts(stride: int, causal: bool) -> tuple[patterns.Pattern, patterns.Pattern]:
@@ -43,9 +44,11 @@ class LocalAndColumns(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, q, k, v, stride, causal):
-        """q, k, v: (B, H, L, D); stride s <= L. Returns (B, H, L, D)."""
-        parts = StridedParts(q, stride, causal)
+    def forward(ctx, q, k, v, stride, causal, key_padding_mask=None, segment_ids=None):
+        """q, k, v: (B, H, L, D); stride s <= L; key_padding_mask, segment_ids: (B, L) or
+        None (`masking.document_mask`, folded into both parts' biases, which are then per
+        sequence). Returns (B, H, L, D)."""
+        parts = StridedParts(q, stride, causal, key_padding_mask, segment_ids)
         local_out, local_lse = flash.attend(*parts.local_inputs(q, k, v), **parts.local_options)
         out = parts.from_blocks(local_out)  # (B, H, Lp, D)
         lse = parts.from_blocks(local_lse.unsqueeze(-1))  # (B, H, Lp, 1)
@@ -88,7 +91,7 @@ class LocalAndColumns(torch.autograd.Function):
             )  # (B, H, L, D) each
             for grad, column_grad in zip((grad_q, grad_k, grad_v), column_grads, strict=True):
                 grad += column_grad
-        return grad_q, grad_k, grad_v, None, None
+        return grad_q, grad_k, grad_v, None, None, None, None
 
 
 class StridedParts:
@@ -98,29 +101,52 @@ class StridedParts:
     layouts cover only the rows that have column keys (rows 1.. causally, all unmasked).
     """
 
-    def __init__(self, q: torch.Tensor, stride: int, causal: bool):
+    def __init__(
+        self,
+        q: torch.Tensor,
+        stride: int,
+        causal: bool,
+        key_padding_mask: torch.Tensor | None = None,
+        segment_ids: torch.Tensor | None = None,
+    ):
         self.batch, self.heads, self.length, head_dim = q.shape
         self.stride, self.causal = stride, causal
         self.rows = -(-self.length // stride)
         self.look_forward = 0 if causal else 1
         scale = head_dim**-0.5
+        masks = {"key_padding_mask": key_padding_mask, "segment_ids": segment_ids}
+        masked = key_padding_mask is not None or segment_ids is not None
         local, columns = strided_parts(stride, causal)
         allowed = window_mask(
-            local, self.length, stride, 1, self.look_forward, device=q.device
-        )  # (n, s, w*s)
-        self.local_options = {"scale": scale, "bias": flash.hidden_bias(~allowed, q.dtype)[None]}
-        if causal:
+            local, self.length, stride, 1, self.look_forward, device=q.device, **masks
+        )  # (n, s, w*s), or (B, n, s, w*s) with masks
+        self.local_options = {"scale": scale, "bias": self._bias(~allowed, q.dtype)}
+        if causal and not masked:
             # Row r of a column against the rows before it: `columns` (i - j a positive
             # multiple of s) in the layout `column_inputs` sets up, with the kernels' own
             # causal flag and no mask tensor (the tests check it against the pattern).
             self.column_options = {"scale": scale, "causal": True}
+            return
+        row = torch.arange(self.rows, device=q.device)
+        position = row[None, :] * stride + torch.arange(stride, device=q.device)[:, None]
+        if causal:  # the layout of `column_inputs`: queries rows 1.., keys rows ..-2
+            query, key = position[:, 1:, None], position[:, None, :-1]  # (s, r, 1), (s, 1, r)
         else:
-            row = torch.arange(self.rows, device=q.device)
-            position = row[None, :] * stride + torch.arange(stride, device=q.device)[:, None]
             query, key = position[:, :, None], position[:, None, :]  # (s, rows, 1), (s, 1, rows)
-            allowed = columns.allows(query, key) & (key < self.length)  # (s, rows, rows)
-            bias = flash.hidden_bias(~allowed, q.dtype)[None]  # (1, s, rows, rows)
-            self.column_options = {"scale": scale, "bias": bias}
+        allowed = columns.allows(query, key) & (key < self.length)  # (s, rows', rows_k)
+        if masked:
+            allowed = allowed & document_mask(key_padding_mask, segment_ids, query, key)
+        # A query row may now have no column key at all: its finite logsumexp weighs 0 in the
+        # merge (`flash.masked_score`), and its local part always holds the query itself.
+        self.column_options = {"scale": scale, "bias": self._bias(~allowed, q.dtype)}
+
+    def _bias(self, hidden: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """The additive bias of a part from its hidden pairs: (1, ...) shared by batch and
+        heads, or, for a per-sequence (B, ...) mask, (B*H, ...) in the parts' batch layout."""
+        bias = flash.hidden_bias(hidden, dtype)
+        if hidden.dim() == 3:
+            return bias[None]  # (1, n or s, ., .)
+        return bias[:, None].expand(self.batch, self.heads, *bias.shape[1:]).flatten(0, 1)
 
     # --- local part ---------------------------------------------------------------------------
     def to_blocks(self, x: torch.Tensor) -> torch.Tensor:

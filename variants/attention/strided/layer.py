@@ -41,10 +41,7 @@ class StridedAttention(Attention):
     supports_decode = True
     softmax_kernels = "flash"
     independent_heads = True
-    padding_mask_reason = segments_reason = (
-        "its local and column parts run with one bias shared by batch and heads "
-        "(LocalAndColumns); per-sequence masks are not implemented yet"
-    )
+    supports_padding_mask = supports_segments = True
 
     def __init__(self, *, causal: bool = False, stride: int | str = "auto", impl: str = "native"):
         super().__init__(causal=causal)
@@ -65,7 +62,20 @@ class StridedAttention(Attention):
         """The stride used at `seq_len`: the option, or round(sqrt(seq_len)) if it is 'auto'."""
         return stride_at(self.stride, seq_len)
 
-    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    def unsupported_input(self, option: str) -> str | None:
+        if self.impl == "flex" and option in ("key_padding_mask", "segment_ids"):
+            return "impl='flex' takes no per-sequence masks yet; use impl='native'"
+        return super().unsupported_input(option)
+
+    def attend(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        *,
+        key_padding_mask: torch.Tensor | None = None,
+        segment_ids: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         # A stride beyond L gives the same pattern as stride L (the local part already covers
         # every pair), without padding the sequence to the larger multiple.
         seq_len = q.shape[2]
@@ -75,7 +85,9 @@ class StridedAttention(Attention):
                 mask = flex.block_mask(self.pattern(seq_len), seq_len, FLEX_TILE, q.device)
                 self._flex_mask = (seq_len, q.device, mask)
             return flex.attend(self.name, q, k, v, self._flex_mask[2])
-        return LocalAndColumns.apply(q, k, v, stride, self.causal)  # (B, H, L, D)
+        return LocalAndColumns.apply(
+            q, k, v, stride, self.causal, key_padding_mask, segment_ids
+        )  # (B, H, L, D)
 
     # --- decoding: every key (each is a column key of some later query), read sparsely ------
     def new_cache(self, batch_size, n_heads, head_dim, *, max_len, device, dtype):

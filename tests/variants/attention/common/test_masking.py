@@ -70,6 +70,9 @@ PATTERN_CASES = [
     ("blockwise", {"block_size": 8}),
     ("blockwise", {"block_size": 5, "look_forward": 0}),  # L not a multiple of the block
     ("blockwise", {"block_size": 8, "shared_qk": True}),
+    ("strided", {"stride": 4}),
+    ("strided", {"stride": 5}),  # L not a multiple of the stride
+    ("strided", {"stride": "auto"}),
 ]
 
 
