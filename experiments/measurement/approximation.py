@@ -29,8 +29,8 @@ from variants.layers import SelfAttention, kernels_swapped
 
 
 class Built(Protocol):
-    """What `approx_columns` reads of a job's `measure.Setup` (typed by its shape here, as
-    measure.py imports this module, not this module it)."""
+    """What `approx_columns` reads of a job's `measure.Setup`: typed by what it reads, as
+    measure.py imports this module and this module does not import measure.py."""
 
     @property
     def device(self) -> torch.device: ...
