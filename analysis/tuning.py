@@ -28,6 +28,7 @@ from analysis.load import format_value
 
 LR = "train.lr"
 VALID = "valid_accuracy"
+VALID_LOSS = "valid_loss"  # a task without accuracy: chosen on its held-out loss
 ACCURACY = "eval_accuracy"
 LEARNED = 0.9
 # The columns a job's records differ in among themselves: not part of a family.
@@ -54,7 +55,7 @@ def choose_learning_rates(frame: pd.DataFrame, context: list[str]) -> pd.DataFra
     rate where others ran another (a preset at tuned rates, conf/tuned/) keeps its records with
     that rate as `lr_chosen` and no `lr_grid`. `context`: the frame's context columns
     (`analysis.series.context_columns`)."""
-    if LR not in frame or VALID not in frame or frame[LR].dropna().nunique() < 2:
+    if LR not in frame or not _validated(frame) or frame[LR].dropna().nunique() < 2:
         return frame
     columns = family_columns(frame, context)
     keys = frame[columns].apply(lambda row: "|".join(map(format_value, row)), axis=1)
@@ -64,7 +65,7 @@ def choose_learning_rates(frame: pd.DataFrame, context: list[str]) -> pd.DataFra
         if len(rates) == 1:
             kept.append(family.assign(lr_chosen=rates[0]))
             continue
-        if not rates or family[VALID].isna().all():
+        if not rates or not _validated(family):
             kept.append(family)
             continue
         score = rate_scores(family)
@@ -80,21 +81,30 @@ def choose_learning_rates(frame: pd.DataFrame, context: list[str]) -> pd.DataFra
     return pd.concat(kept) if kept else frame
 
 
+def _validated(frame: pd.DataFrame) -> bool:
+    """Whether `frame` has held-out validation to choose on: accuracy, or a byte task's loss."""
+    return any(c in frame and frame[c].notna().any() for c in (VALID, VALID_LOSS))
+
+
 def rate_scores(family: pd.DataFrame) -> pd.Series:
     """Each learning rate's score in one family: the mean `valid_accuracy` of its records (a job
     not ended ok scores 0), over the seeds that ran every rate of the grid (the tuning seeds),
-    so that seeds added later at the chosen rate alone cannot move the choice."""
+    so that seeds added later at the chosen rate alone cannot move the choice. A task without
+    accuracy (bits per byte) scores minus its mean `valid_loss` (a job not ended ok: -inf)."""
     rates = family[LR].dropna().unique()
     if "seed" in family:
         seeds = [s for s, runs in family.groupby("seed") if set(runs[LR].dropna()) >= set(rates)]
         family = family[family["seed"].isin(seeds)] if seeds else family
     ok = family["status"] == "ok" if "status" in family else True
+    if VALID not in family or family[VALID].isna().all():
+        loss = family[VALID_LOSS].where(ok).fillna(np.inf)
+        return -loss.groupby(family[LR]).mean()
     return family[VALID].where(ok).fillna(0.0).groupby(family[LR]).mean()
 
 
 def chosen_rates(frame: pd.DataFrame, context: list[str]) -> pd.DataFrame:
     """One row per family of `frame` that ran a grid: its columns (`family_columns`), `lr_grid`,
-    `lr_chosen`, `lr_any_learned`, the chosen rate's mean validation accuracy and its
+    `lr_chosen`, `lr_any_learned`, the chosen rate's mean validation accuracy (or loss) and its
     `overrides`: `attention=` with its options and `train.lr=` the chosen rate, the Hydra
     overrides that run the variant at that rate in the same preset, for more seeds or head
     dims (the preset sets the rest; a family's context columns are in the row)."""
@@ -116,7 +126,7 @@ def chosen_rates(frame: pd.DataFrame, context: list[str]) -> pd.DataFrame:
                 "lr_grid": first["lr_grid"],
                 "lr_chosen": first["lr_chosen"],
                 "lr_any_learned": first["lr_any_learned"],
-                VALID: family[VALID].mean(),
+                **{c: family[c].mean() for c in (VALID, VALID_LOSS) if c in family},
                 "overrides": " ".join(overrides),
             }
         )
@@ -223,8 +233,8 @@ def main(argv: list[str] | None = None) -> None:
         print(f"wrote {args.write}: {len(rates)} rates")
         return
     context = [c for c in context_columns(rates) if c in rates and rates[c].nunique() > 1]
-    shown = ["variant", *context, "lr_grid", "lr_chosen", "lr_any_learned", VALID]
-    print(rates[shown].to_string(index=False))
+    shown = ["variant", *context, "lr_grid", "lr_chosen", "lr_any_learned", VALID, VALID_LOSS]
+    print(rates[[c for c in shown if c in rates]].to_string(index=False))
 
 
 if __name__ == "__main__":

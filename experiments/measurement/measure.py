@@ -311,7 +311,10 @@ def _training_columns(result, task: Task, run: TrainingRun) -> dict[str, Any]:
         "tokens_per_s": result.tokens_per_s,
         "train_stop": result.stop,
     }
-    if result.valid:  # the last validation at this record's point (what a grid chooses on)
+    # The last validation at this record's point (what a grid chooses on), recorded only where
+    # it is held out from what is reported (a byte task without `valid_fraction` validates on
+    # its eval split).
+    if result.valid and getattr(task, "validation_split", "valid") != "eval":
         columns["valid_loss"] = result.valid[0].loss
         if task.has_accuracy:
             columns["valid_accuracy"] = result.valid[0].accuracy

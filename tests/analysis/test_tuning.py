@@ -185,3 +185,35 @@ def test_a_run_at_fixed_rates_per_variant_is_labelled_fixed_not_chosen():
     assert "lr_grid" not in trained or trained["lr_grid"].isna().all()
     line = tuning.protocol_line(trained)
     assert "fixed (one each: 0.003, 0.01)" in line and "chosen" not in line
+
+
+def _byte_sweep(valid_loss, reported_bpb, status=None) -> pd.DataFrame:
+    """One job per (variant, lr) of a byte task: held-out `valid_loss` (nats) and reported
+    `eval_bits_per_byte`, variant -> lr -> value; status: (variant, lr) -> not ok."""
+    rows = []
+    for job, (attention, rate) in enumerate(
+        (a, r) for a in valid_loss for r in RATES
+    ):  # fmt: skip
+        ok = (status or {}).get((attention, rate), "ok") == "ok"
+        rows.append(
+            {
+                "sweep": "swap", "job": str(job), "status": "ok" if ok else "diverged",
+                "attention": attention, "task": "text", "train.lr": rate, "seq_len": 1024,
+                "d_model": 128, "n_heads": 4, "seed": 0, "trained_steps": 400,
+                "valid_loss": valid_loss[attention][rate] if ok else None,
+                "eval_bits_per_byte": reported_bpb[attention][rate] if ok else None,
+            }
+        )  # fmt: skip
+    return load.tidy(pd.DataFrame(rows))
+
+
+def test_a_byte_task_keeps_the_rate_lowest_in_held_out_loss_not_in_reported_bits():
+    valid = {"full": {1e-3: 1.95, 3e-3: 1.90, 1e-2: 2.30}, "linear": {1e-3: 2.4, 3e-3: 2.5, 1e-2: 2.6}}
+    reported = {"full": {1e-3: 2.70, 3e-3: 2.80, 1e-2: 2.60}, "linear": {1e-3: 3.6, 3e-3: 3.4, 1e-2: 3.3}}
+    trained = series.trained_quality(_byte_sweep(valid, reported), "eval_bits_per_byte")
+    chosen = dict(zip(trained["attention"], trained["train.lr"], strict=True))
+    assert chosen == {"full": 3e-3, "linear": 1e-3}
+    # A rate whose job did not end ok can never be chosen, however low the others' loss is.
+    sweep = _byte_sweep(valid, reported, status={("full", 3e-3): "diverged"})
+    trained = series.trained_quality(sweep, "eval_bits_per_byte")
+    assert set(trained.loc[trained["attention"] == "full", "train.lr"]) == {1e-3}

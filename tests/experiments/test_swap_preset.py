@@ -36,6 +36,13 @@ def test_a_swap_job_records_bits_per_byte_and_step_time(resolved_config, tmp_pat
     assert rec["status"] == "ok", rec["error"]
     assert rec["eval_bits_per_byte"] > 0 and rec["step_ms"] > 0
     assert rec["model.family"] == "hf_llama" and rec["n_kv_heads"] == 2
+    # The rate is chosen on held-out bytes: validated on them, so valid_loss is recorded ...
+    assert rec["task.valid_fraction"] > 0 and rec["valid_loss"] > 0
+    # ... and never on the eval split it reports (no held-out bytes: no valid_loss).
+    config = resolved_config(*FAST, "attention=linear", "task.valid_fraction=0.0")
+    rec = run_job(config, tmp_path / "2", job="2", sweep_dir=None)
+    assert rec["status"] == "ok", rec["error"]
+    assert rec.get("valid_loss") is None
     # A variant HF cannot run is a skipped record that says why.
     rec = run_job(resolved_config(*FAST, "attention=deltanet"), tmp_path / "1", job="1", sweep_dir=None)
     assert rec["status"] == "skipped" and "gates per token" in rec["error"]

@@ -84,14 +84,21 @@ class ByteTask(SeededTask):
     # a byte task here, so nothing is tuned on what is reported).
     validation_split = "eval"
 
-    def use_splits(self, train: torch.Tensor, eval: torch.Tensor) -> None:
-        for split, data in (("train", train), ("eval", eval)):
+    def use_splits(
+        self, train: torch.Tensor, eval: torch.Tensor, valid: torch.Tensor | None = None
+    ) -> None:
+        """The splits; with `valid`, a third one held out from both, which the periodic
+        evaluations then read (`validation_split`), so a learning rate can be chosen on it."""
+        splits = {"train": train, "eval": eval, **({} if valid is None else {"valid": valid})}
+        for split, data in splits.items():
             if len(data) <= self.seq_len:
                 raise ValueError(
                     f"{self.owner}: the {split} split has {len(data)} bytes, fewer than "
                     f"option 'seq_len' + 1 = {self.seq_len + 1}"
                 )
-        self.splits = {"train": train, "eval": eval}
+        self.splits = splits
+        if valid is not None:
+            self.validation_split = "valid"
 
     def batch(self, split: str, index: int) -> Batch:
         data = self.splits[split]
@@ -118,12 +125,25 @@ class Text(ByteTask):
         path: str | None = None,
         pattern: str = "*.py",
         eval_fraction: float = 0.05,
+        valid_fraction: float = 0.0,
     ):
         super().__init__(seq_len=seq_len, batch_size=batch_size, seed=seed)
-        if isinstance(eval_fraction, bool) or not 0 < eval_fraction < 1:
+        for option, value in (("eval_fraction", eval_fraction), ("valid_fraction", valid_fraction)):
+            low_ok = value > 0 if option == "eval_fraction" else value >= 0
+            if isinstance(value, bool) or not (low_ok and value < 1):
+                bound = "(0, 1)" if option == "eval_fraction" else "[0, 1)"
+                raise ValueError(f"{OWNER}: option {option!r} must be in {bound}, got {value!r}")
+        if eval_fraction + valid_fraction >= 1:
             raise ValueError(
-                f"{OWNER}: option 'eval_fraction' must be in (0, 1), got {eval_fraction!r}"
+                f"{OWNER}: options 'eval_fraction' + 'valid_fraction' must be below 1, got "
+                f"{eval_fraction} + {valid_fraction}"
             )
         corpus = read_corpus(path, pattern)  # (n,) uint8
         n_train = int(len(corpus) * (1 - eval_fraction))
-        self.use_splits(corpus[:n_train], corpus[n_train:])
+        if not valid_fraction:
+            self.use_splits(corpus[:n_train], corpus[n_train:])
+            return
+        # The validation bytes come just before the eval split, so eval is the same bytes
+        # with or without them; training loses them.
+        n_fit = n_train - int(len(corpus) * valid_fraction)
+        self.use_splits(corpus[:n_fit], corpus[n_train:], valid=corpus[n_fit:n_train])

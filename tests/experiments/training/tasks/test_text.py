@@ -100,3 +100,27 @@ def test_bad_options_are_value_errors_naming_them(tree, options, match):
 def test_missing_path_is_a_value_error(tmp_path):
     with pytest.raises(ValueError, match="'path'"):
         _task(str(tmp_path / "nope"))
+
+
+def test_a_valid_fraction_is_held_out_before_the_eval_split_which_stays_the_same(tree):
+    # 120 bytes: eval the last 30, valid the 30 before them (bytes 60-90), train the first 60.
+    plain = _task(str(tree), eval_fraction=0.25, batch_size=16)
+    held = _task(str(tree), eval_fraction=0.25, valid_fraction=0.25, batch_size=16)
+    assert plain.validation_split == "eval" and held.validation_split == "valid"
+    assert torch.equal(held.splits["eval"], plain.splits["eval"])
+    corpus = read_corpus(str(tree), "*.py")
+    assert torch.equal(held.splits["valid"], corpus[60:90])
+    assert torch.equal(held.splits["train"], corpus[:60])
+    assert held.batch("valid", 0).inputs.shape == (16, 8)
+
+
+@pytest.mark.parametrize(
+    "options, match",
+    [
+        ({"valid_fraction": -0.1}, r"'valid_fraction' must be in \[0, 1\)"),
+        ({"valid_fraction": 0.8}, "'eval_fraction' \\+ 'valid_fraction' must be below 1"),
+    ],
+)
+def test_a_bad_valid_fraction_is_named(tree, options, match):
+    with pytest.raises(ValueError, match=match):
+        _task(str(tree), **options)
