@@ -30,8 +30,7 @@ def build_lm(config: ModelConfig) -> nn.Module:
             from variants.hf import LlamaLM
         except ModuleNotFoundError as error:
             raise ImportError(
-                f"{OWNER}: option 'family'='hf_llama' needs transformers: "
-                "pip install -e .[hf]"
+                f"{OWNER}: option 'family'='hf_llama' needs transformers: pip install -e .[hf]"
             ) from error
         return LlamaLM(config)
     return TransformerLM(config)

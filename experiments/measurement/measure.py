@@ -263,9 +263,14 @@ def measure(
         with precision.autocast():
             columns.update(
                 measure_decode(
-                    kernel, shape, device, dtype, steps=m_cfg.decode_steps,
-                    warmup=m_cfg.warmup, kv_heads=kv_heads,
-                )  # fmt: skip
+                    kernel,
+                    shape,
+                    device,
+                    dtype,
+                    steps=m_cfg.decode_steps,
+                    warmup=m_cfg.warmup,
+                    kv_heads=kv_heads,
+                )
             )
     columns["peak_rss_bytes"] = peak_rss_bytes()
     return columns

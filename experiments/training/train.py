@@ -152,7 +152,7 @@ class Stopper:
             return None
         scores = [r.accuracy if self.has_accuracy else -r.loss for r in results]
         progress = self.best is None or any(
-            score >= best + PLATEAU_DELTA for score, best in zip(scores, self.best)
+            score >= best + PLATEAU_DELTA for score, best in zip(scores, self.best, strict=True)
         )
         if self.best is None:
             self.best = scores
@@ -161,7 +161,7 @@ class Stopper:
             # slow gains add up: half a point per evaluation is progress every second one.
             self.best = [
                 score if score >= best + PLATEAU_DELTA else best
-                for score, best in zip(scores, self.best)
+                for score, best in zip(scores, self.best, strict=True)
             ]
         if progress:
             self.stale = 0

@@ -208,8 +208,14 @@ def _byte_sweep(valid_loss, reported_bpb, status=None) -> pd.DataFrame:
 
 
 def test_a_byte_task_keeps_the_rate_lowest_in_held_out_loss_not_in_reported_bits():
-    valid = {"full": {1e-3: 1.95, 3e-3: 1.90, 1e-2: 2.30}, "linear": {1e-3: 2.4, 3e-3: 2.5, 1e-2: 2.6}}
-    reported = {"full": {1e-3: 2.70, 3e-3: 2.80, 1e-2: 2.60}, "linear": {1e-3: 3.6, 3e-3: 3.4, 1e-2: 3.3}}
+    valid = {
+        "full": {1e-3: 1.95, 3e-3: 1.90, 1e-2: 2.30},
+        "linear": {1e-3: 2.4, 3e-3: 2.5, 1e-2: 2.6},
+    }
+    reported = {
+        "full": {1e-3: 2.70, 3e-3: 2.80, 1e-2: 2.60},
+        "linear": {1e-3: 3.6, 3e-3: 3.4, 1e-2: 3.3},
+    }
     trained = series.trained_quality(_byte_sweep(valid, reported), "eval_bits_per_byte")
     chosen = dict(zip(trained["attention"], trained["train.lr"], strict=True))
     assert chosen == {"full": 3e-3, "linear": 1e-3}

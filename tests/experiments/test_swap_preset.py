@@ -32,7 +32,8 @@ def test_the_preset_trains_a_grouped_llama_on_text_at_1024_over_an_lr_grid(resol
 
 
 def test_a_swap_job_records_bits_per_byte_and_step_time(resolved_config, tmp_path):
-    rec = run_job(resolved_config(*FAST, "attention=linear"), tmp_path / "0", job="0", sweep_dir=None)
+    config = resolved_config(*FAST, "attention=linear")
+    rec = run_job(config, tmp_path / "0", job="0", sweep_dir=None)
     assert rec["status"] == "ok", rec["error"]
     assert rec["eval_bits_per_byte"] > 0 and rec["step_ms"] > 0
     assert rec["model.family"] == "hf_llama" and rec["n_kv_heads"] == 2
@@ -44,7 +45,8 @@ def test_a_swap_job_records_bits_per_byte_and_step_time(resolved_config, tmp_pat
     assert rec["status"] == "ok", rec["error"]
     assert rec.get("valid_loss") is None
     # A variant HF cannot run is a skipped record that says why.
-    rec = run_job(resolved_config(*FAST, "attention=deltanet"), tmp_path / "1", job="1", sweep_dir=None)
+    config = resolved_config(*FAST, "attention=deltanet")
+    rec = run_job(config, tmp_path / "1", job="1", sweep_dir=None)
     assert rec["status"] == "skipped" and "gates per token" in rec["error"]
 
 
