@@ -39,6 +39,7 @@ from analysis.columns import (
     LEARNED,
     N_HEADS,
     PEAK_MEMORY_BYTES,
+    SEED,
     SEQ_LEN,
     SHARED_QK,
     SPEEDUP_VS_SDPA,
@@ -339,13 +340,14 @@ def quality(frame: pd.DataFrame) -> Table | None:
     k and LSH rounds): one row per series (`series.with_series`: the variant plus whichever of
     block, shared_qk, task, ... vary), mean over seeds, and the relative difference of the first
     quality metric from the first row's. Records of tasks without a quality signal (random_lm)
-    and of jobs that did not train are left out.
+    and of jobs that did not train are left out. Of a learning-rate grid, each series' chosen
+    rate's records only (`series.trained_quality`), the rate and its grid in the row.
     """
     trained = frame[(frame[STATUS] == "ok") & ~frame[TASK].isin(series.NO_QUALITY_TASKS)]
     metrics = [m for m in QUALITY if m in trained and trained[m].notna().any()]
     if trained.empty or not metrics:
         return None
-    trained = trained[trained[metrics[0]].notna()]
+    trained = series.trained_quality(frame, metrics[0])
     if trained[SEQ_LEN].nunique() > 1:
         return None  # one row per length and series: `quality_by_length`
     labelled, keys = series.with_series(trained)
@@ -362,7 +364,11 @@ def quality(frame: pd.DataFrame) -> Table | None:
     relative = (means[primary] / means.loc[base, primary] - 1) * 100
     rows = []
     for name, values in means.iterrows():
-        row = {"series": name, "seeds": int((labelled["series"] == name).sum())}
+        own = labelled[labelled["series"] == name]
+        row = {"series": name, "seeds": int(own[SEED].nunique() if SEED in own else len(own))}
+        if "lr_grid" in own and own["lr_grid"].notna().any():
+            chosen, grid = own["lr_chosen"].iloc[0], own["lr_grid"].iloc[0]
+            row["lr (grid)"] = f"{format_value(chosen)} of {grid}"
         for m in metrics + evaluations:
             row[_metric_title(m)] = _format_metric(m, values[m])
         row[f"Δ {QUALITY[primary]} vs {base}"] = "—" if name == base else f"{relative[name]:+.1f} %"

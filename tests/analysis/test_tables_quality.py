@@ -125,3 +125,24 @@ def test_summary_leaves_out_columns_with_nothing_to_say_and_shows_the_swept_knob
         ["2", "64"],
     ]
     assert list(table["fwd+bwd (ms) @ L=4,096"]) == ["30", "30", "60", "60"]
+
+
+def test_a_learning_rate_grid_shows_each_variants_chosen_rate_only():
+    """The row is the rate lowest in held-out loss (`valid_loss`), not the mean of the grid and
+    not the rate best in the reported bits/byte."""
+    grid = [
+        ("full", 1e-3, 1.90, 2.75), ("full", 3e-3, 1.97, 2.60),
+        ("linear", 1e-3, 2.40, 3.45), ("linear", 3e-3, 2.35, 3.50),
+    ]  # fmt: skip
+    frame = _records(
+        *(
+            {"attention": a, "seed": 0, "train.lr": lr, "valid_loss": v, "eval_bits_per_byte": e}
+            for a, lr, v, e in grid
+        )
+    )
+    rows = tables.quality(frame).frame.to_dict("records")
+    assert [(r["variant"], r["eval bits/byte"], r["seeds"]) for r in rows] == [
+        ("full", "2.7500", 1), ("linear", "3.5000", 1),
+    ]  # fmt: skip
+    assert rows[0]["lr (grid)"] == "0.001 of {0.001, 0.003}"
+    assert rows[1]["lr (grid)"] == "0.003 of {0.001, 0.003}"
