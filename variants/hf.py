@@ -55,6 +55,7 @@ from transformers.masking_utils import (
 
 from variants.attention.common.base import Attention
 from variants.checks import UnsupportedCombination
+from variants.model import check_tokens
 from variants.registry import AttentionSpec, attention_names, attention_spec
 
 PREFIX = "attnbench_"
@@ -338,11 +339,5 @@ class LlamaLM(nn.Module):
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         """tokens: (B, L) int64 -> logits (B, L, vocab_size)."""
-        if tokens.dim() != 2:
-            raise ValueError(
-                f"LlamaLM: tokens must have shape (batch, seq_len), got {tuple(tokens.shape)}"
-            )
-        length, limit = tokens.shape[1], self.config.max_seq_len
-        if length > limit:
-            raise ValueError(f"LlamaLM: seq_len {length} exceeds option 'max_seq_len'={limit}")
+        check_tokens("LlamaLM", tokens, self.config.max_seq_len)
         return self.lm(input_ids=tokens, use_cache=False).logits  # (B, L, vocab_size)

@@ -119,13 +119,8 @@ class TransformerLM(nn.Module):
     def hidden(self, tokens: torch.Tensor) -> torch.Tensor:
         """tokens: (B, L) int64 -> the last block's output (B, L, d_model), before the final
         norm and the head."""
-        if tokens.dim() != 2:
-            raise ValueError(
-                f"TransformerLM: tokens must have shape (batch, seq_len), got {tuple(tokens.shape)}"
-            )
-        length, limit = tokens.shape[1], self.config.max_seq_len
-        if length > limit:
-            raise ValueError(f"{OWNER}: seq_len {length} exceeds option 'max_seq_len'={limit}")
+        check_tokens(OWNER, tokens, self.config.max_seq_len)
+        length = tokens.shape[1]
         x = self.embed(tokens)  # (B, L, d_model)
         if self.config.positions == "sinusoidal":  # rotary positions live in the layers
             x = x + sinusoidal_positions(length, self.config.d_model, x.device, x.dtype)
@@ -198,6 +193,19 @@ class TransformerLM(nn.Module):
         from variants.generation import generate
 
         return generate(self, prompt, max_new_tokens, temperature=temperature, seed=seed)
+
+
+def check_tokens(owner: str, tokens: torch.Tensor, max_seq_len: int) -> None:
+    """`ValueError` naming `owner` unless tokens are (batch, seq_len) with seq_len at most
+    option `max_seq_len`."""
+    if tokens.dim() != 2:
+        raise ValueError(
+            f"{owner}: tokens must have shape (batch, seq_len), got {tuple(tokens.shape)}"
+        )
+    if tokens.shape[1] > max_seq_len:
+        raise ValueError(
+            f"{owner}: seq_len {tokens.shape[1]} exceeds option 'max_seq_len'={max_seq_len}"
+        )
 
 
 def _at_least_float32(logits: torch.Tensor) -> torch.Tensor:

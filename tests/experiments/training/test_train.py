@@ -353,14 +353,20 @@ def test_a_mixture_is_validated_at_every_count_and_stops_only_when_all_reach_it(
     assert stopper.check([EvalResult(0.0, 1.0), EvalResult(0.0, 0.99)]) == "accuracy"
 
 
-def test_patience_reads_each_count_so_the_hardest_still_rising_keeps_a_mixture_going():
-    from experiments.training.train import PLATEAU, EvalResult, Stopper
+def _patient_stopper(patience: int):
+    from experiments.training.train import Stopper
 
     settings = TrainConfig(
         steps=4, lr=0.05, warmup=0, weight_decay=0.0, grad_clip=1.0, eval_every=2,
-        eval_batches=1, patience=2,
+        eval_batches=1, patience=patience,
     )  # fmt: skip
-    stopper = Stopper(settings, has_accuracy=True)
+    return Stopper(settings, has_accuracy=True)
+
+
+def test_patience_reads_each_count_so_the_hardest_still_rising_keeps_a_mixture_going():
+    from experiments.training.train import PLATEAU, EvalResult
+
+    stopper = _patient_stopper(patience=2)
     # Four counts at their ceiling, the fifth gaining 2 points per evaluation: the mean gains
     # 0.4 points, under the 1-point delta, yet the run is still learning.
     for hardest in (0.50, 0.52, 0.54, 0.56, 0.58):
@@ -373,12 +379,8 @@ def test_patience_reads_each_count_so_the_hardest_still_rising_keeps_a_mixture_g
 
 
 def test_patience_waits_until_the_task_is_learned():
-    from experiments.training.train import EvalResult, Stopper
+    from experiments.training.train import EvalResult
 
-    settings = TrainConfig(
-        steps=4, lr=0.05, warmup=0, weight_decay=0.0, grad_clip=1.0, eval_every=2,
-        eval_batches=1, patience=1,
-    )  # fmt: skip
-    stopper = Stopper(settings, has_accuracy=True)
+    stopper = _patient_stopper(patience=1)
     stuck = [EvalResult(0.0, 0.2), EvalResult(0.0, 0.1)]
     assert all(stopper.check(stuck) is None for _ in range(5))

@@ -37,6 +37,14 @@ def supports_backward(impl: str, device: torch.device) -> bool:
     return not (impl == "flex" and torch.device(device).type == "cpu")
 
 
+def mask_reason(impl: str, option: str) -> str | None:
+    """Why `impl` cannot take input `option` (key_padding_mask, segment_ids), or None: the
+    compiled FlexAttention path is built per pattern, not per sequence."""
+    if impl == "flex" and option in ("key_padding_mask", "segment_ids"):
+        return "impl='flex' takes no per-sequence masks yet; use impl='native'"
+    return None
+
+
 def block_mask(pattern: patterns.Pattern, seq_len: int, tile: int, device: torch.device):
     """FlexAttention's `BlockMask` of `pattern` at `seq_len` with square tiles of `tile`: the
     pattern's FULL tiles as full blocks, its PARTIAL ones with the predicate as `mask_mod`."""

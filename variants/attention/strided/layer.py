@@ -63,9 +63,7 @@ class StridedAttention(Attention):
         return stride_at(self.stride, seq_len)
 
     def unsupported_input(self, option: str) -> str | None:
-        if self.impl == "flex" and option in ("key_padding_mask", "segment_ids"):
-            return "impl='flex' takes no per-sequence masks yet; use impl='native'"
-        return super().unsupported_input(option)
+        return flex.mask_reason(self.impl, option) or super().unsupported_input(option)
 
     def attend(
         self,
