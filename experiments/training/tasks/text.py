@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 
 from experiments.training.tasks import Batch, SeededTask, generator, register_task
+from variants.checks import require_probability
 
 OWNER = "task text"
 VOCAB_SIZE = 256  # bytes
@@ -128,11 +129,11 @@ class Text(ByteTask):
         valid_fraction: float = 0.0,
     ):
         super().__init__(seq_len=seq_len, batch_size=batch_size, seed=seed)
-        for option, value in (("eval_fraction", eval_fraction), ("valid_fraction", valid_fraction)):
-            low_ok = value > 0 if option == "eval_fraction" else value >= 0
-            if isinstance(value, bool) or not (low_ok and value < 1):
-                bound = "(0, 1)" if option == "eval_fraction" else "[0, 1)"
-                raise ValueError(f"{OWNER}: option {option!r} must be in {bound}, got {value!r}")
+        if isinstance(eval_fraction, bool) or not 0 < eval_fraction < 1:
+            raise ValueError(
+                f"{OWNER}: option 'eval_fraction' must be in (0, 1), got {eval_fraction!r}"
+            )
+        valid_fraction = require_probability(OWNER, "valid_fraction", valid_fraction)
         if eval_fraction + valid_fraction >= 1:
             raise ValueError(
                 f"{OWNER}: options 'eval_fraction' + 'valid_fraction' must be below 1, got "
