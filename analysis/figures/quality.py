@@ -9,7 +9,7 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.ticker import MaxNLocator
 
-from analysis import accuracy, load, series
+from analysis import accuracy, load, series, tuning
 from analysis.columns import (
     EVAL_ACCURACY,
     EVAL_LOSS,
@@ -59,7 +59,8 @@ def training_curves(
     Curves come from the records' histories (`load.load_curves`), at one seq_len (default:
     the most common among records with a training loss, the longest on a tie).
     """
-    frame = curve_records(frame)
+    # Of a learning-rate grid, each series' chosen rate, as the quality table shows.
+    frame = curve_records(tuning.choose_learning_rates(frame, series.context_columns(frame)))
     seq_len = style.pick_length(frame, TRAIN_LOSS) if seq_len is None else seq_len
     at_length = frame[frame[SEQ_LEN] == seq_len] if seq_len is not None else frame
     labelled, _ = series.with_series(at_length, x=SEQ_LEN)
@@ -145,13 +146,16 @@ def _draw_final_losses(ax: Axes, labelled: pd.DataFrame) -> None:
             )
         if ok[[TRAIN_LOSS, EVAL_LOSS]].isna().all().all():
             ax.plot(i, 0.97, "v", color=colors[name], transform=ax.get_xaxis_transform())
-            ax.annotate(
+            ax.annotate(  # upright under its marker: neighbouring failures' labels never meet
                 style.status_text(rows) or "not trained",
                 (i, 0.97),
                 fontsize=7,
                 xycoords=ax.get_xaxis_transform(),
-                xytext=(4, -2),
+                xytext=(0, -6),
                 textcoords="offset points",
+                rotation=90,
+                ha="center",
+                va="top",
                 color=colors[name],
             )
     ax.set_xticks(range(len(order)), order, rotation=30, ha="right", fontsize=7)

@@ -203,3 +203,25 @@ def test_a_flagged_flop_fraction_is_drawn_hollow(frame):
     assert len(hollow) == 1  # lsh's two seeds at 1024, nothing else
     assert set(hollow[0].get_xdata()) == {1024} and set(hollow[0].get_ydata()) == {1.4}
     assert any(t.startswith("hollow: above 1.05") for t in texts(figure))
+
+
+def test_training_curves_draw_each_variants_chosen_rate_of_a_grid_only():
+    """The final-loss panel shows the rate chosen on held-out loss, as the quality table does:
+    no whisker spanning the grid's rates."""
+    rows = [
+        {"attention": a, "train.lr": lr, "valid_loss": v, "train_loss": t, "eval_loss": e}
+        for a, lr, v, t, e in (
+            ("full", 1e-3, 1.9, 2.0, 1.95), ("full", 1e-2, 2.3, 2.4, 2.35),
+            ("linear", 1e-3, 2.5, 2.6, 2.55), ("linear", 1e-2, 2.4, 2.5, 2.45),
+        )
+    ]  # fmt: skip
+    base = {"status": "ok", "task": "text", "seq_len": 256, "seed": 0, "trained_steps": 400}
+    frame = load.tidy(pd.DataFrame([{**base, **row} for row in rows]))
+    figure = figures.training_curves(frame, curves=pd.DataFrame(), seq_len=256)
+    final_ax = figure.axes[1]
+    drawn = sorted(
+        round(float(line.get_ydata()[0]), 6)
+        for line in final_ax.lines
+        if line.get_marker() in ("o", "s") and len(line.get_ydata()) == 1
+    )
+    assert drawn == [1.95, 2.0, 2.45, 2.5]  # full at 1e-3, linear at 1e-2
