@@ -424,6 +424,7 @@ HASH_NEUTRAL_DEFAULTS = {
     "train.stop_accuracy": None,
     "train.patience": None,
     "task.query_format": "repeated",
+    "task.train_lengths": None,
     "attention.short_conv": 0,
     "attention.feature_map": "identity",
     "attention.output_norm": False,

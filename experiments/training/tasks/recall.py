@@ -22,6 +22,12 @@ draws its number of pairs from the list (its queries fill the rest); evaluation 
 (experiments/measurement/measure.py records each as its own configuration), and learns sooner than
 at the largest count alone: the small counts bootstrap the lookup the large ones need.
 
+A mixture of lengths (`train_lengths`, one per count of `train_pairs`; Zoology's MQAR trains 4
+pairs at 64 tokens, 8 at 128, more at 256): each training batch draws one count and is built at
+that count's length, so a step over few pairs costs a fraction of a full-length one. Evaluation
+(and validation) stays at `seq_len`: what is measured is recall at the job's length, reached
+from training that saw it only for some counts.
+
 Two query formats (`query_format`):
 
 - `repeated` (the default): as above, queries fill the sequence, each key drawn with
@@ -149,6 +155,7 @@ class Recall(RecallScoring, SeededTask):
         distinct_values: bool = True,
         train_pairs: list[int] | None = None,
         query_format: str = "repeated",
+        train_lengths: list[int] | None = None,
     ):
         super().__init__(seq_len=seq_len, batch_size=batch_size, seed=seed)
         self.n_pairs, self.n_keys, self.n_values = check_pairs(OWNER, n_pairs, n_keys, n_values)
@@ -161,18 +168,20 @@ class Recall(RecallScoring, SeededTask):
         self.query_format = query_format
         self._check_fits("n_pairs", n_pairs)
         self.train_pairs = self._checked_mixture(train_pairs)
+        self.train_lengths = self._checked_lengths(train_lengths)
         self.n_queries = (seq_len - 2 * n_pairs) // 2
         self.vocab_size = 1 + n_keys + n_values
 
-    def _check_fits(self, option: str, n_pairs: int) -> None:
-        if self.query_format == "zoology" and 4 * n_pairs > self.seq_len:
+    def _check_fits(self, option: str, n_pairs: int, length: int | None = None) -> None:
+        length, named = (self.seq_len, "'seq_len'") if length is None else (length, "the length")
+        if self.query_format == "zoology" and 4 * n_pairs > length:
             raise ValueError(
-                f"{OWNER}: option 'seq_len'={self.seq_len} must be at least 4 * '{option}' "
+                f"{OWNER}: option {named}={length} must be at least 4 * '{option}' "
                 f"= {4 * n_pairs} with query_format=zoology (the pairs and a query slot per key)"
             )
-        if 2 * n_pairs + 2 > self.seq_len:
+        if 2 * n_pairs + 2 > length:
             raise ValueError(
-                f"{OWNER}: option 'seq_len'={self.seq_len} must be at least 2 * '{option}' + 2 "
+                f"{OWNER}: option {named}={length} must be at least 2 * '{option}' + 2 "
                 f"= {2 * n_pairs + 2} (the pairs and one query)"
             )
 
@@ -201,6 +210,39 @@ class Recall(RecallScoring, SeededTask):
                 ) from None
         return counts
 
+    def _checked_lengths(self, train_lengths) -> tuple[int, ...] | None:
+        """`train_lengths` as a tuple, one length per count of `train_pairs`, each at most
+        `seq_len` and long enough for its count; None: every count at `seq_len`."""
+        if train_lengths is None:
+            return None
+        if self.train_pairs is None:
+            raise ValueError(
+                f"{OWNER}: option 'train_lengths' needs 'train_pairs' (a length per count)"
+            )
+        if isinstance(train_lengths, (str, bytes)) or not hasattr(train_lengths, "__iter__"):
+            raise ValueError(f"{OWNER}: option 'train_lengths' must be a list of lengths or null")
+        lengths = tuple(train_lengths)
+        if len(lengths) != len(self.train_pairs):
+            raise ValueError(
+                f"{OWNER}: option 'train_lengths'={list(lengths)} must have one length per count "
+                f"of 'train_pairs'={list(self.train_pairs)}"
+            )
+        for count, length in zip(self.train_pairs, lengths, strict=True):
+            require_positive_int(OWNER, "train_lengths", length)
+            if length > self.seq_len:
+                raise ValueError(
+                    f"{OWNER}: option 'train_lengths'={list(lengths)}: each length must be at most "
+                    f"'seq_len'={self.seq_len}"
+                )
+            try:
+                self._check_fits("n_pairs", count, length)
+            except ValueError as error:
+                reason = str(error).removeprefix(f"{OWNER}: option ")
+                raise ValueError(
+                    f"{OWNER}: option 'train_lengths'={list(lengths)}: at {count} pairs, {reason}"
+                ) from None
+        return lengths
+
     def at_pairs(self, n_pairs: int) -> Recall:
         """The same task (mixture included) evaluated at `n_pairs`."""
         return Recall(
@@ -213,12 +255,17 @@ class Recall(RecallScoring, SeededTask):
             distinct_values=self.distinct_values,
             train_pairs=None if self.train_pairs is None else list(self.train_pairs),
             query_format=self.query_format,
+            train_lengths=None if self.train_lengths is None else list(self.train_lengths),
         )
 
     def batch(self, split: str, index: int) -> Batch:
         g = generator(self.seed, split, index)
         if split != "train" or self.train_pairs is None:  # evaluated at n_pairs
-            return self._rows(g, self.batch_size, self.n_pairs)
+            return self._rows(g, self.batch_size, self.n_pairs, self.seq_len)
+        if self.train_lengths is not None:  # one count, at its own length, for the whole batch
+            which = int(torch.randint(len(self.train_pairs), (), generator=g))
+            pairs, length = self.train_pairs[which], self.train_lengths[which]
+            return self._rows(g, self.batch_size, pairs, length)
         # A mixture: each sequence's count drawn from train_pairs, rows of one count built
         # together (in the list's order, so the batch depends only on the generator).
         which = torch.randint(len(self.train_pairs), (self.batch_size,), generator=g)  # (B,)
@@ -228,7 +275,7 @@ class Recall(RecallScoring, SeededTask):
         for i, count in enumerate(self.train_pairs):
             rows = (which == i).nonzero().flatten()
             if len(rows):
-                part = self._rows(g, len(rows), count)
+                part = self._rows(g, len(rows), count, self.seq_len)
                 inputs[rows], targets[rows], loss_mask[rows] = (
                     part.inputs,
                     part.targets,
@@ -236,11 +283,11 @@ class Recall(RecallScoring, SeededTask):
                 )
         return Batch(inputs, targets, loss_mask)
 
-    def _rows(self, g: torch.Generator, batch: int, pairs: int) -> Batch:
-        """`batch` sequences of `pairs` pairs in the task's query format."""
+    def _rows(self, g: torch.Generator, batch: int, pairs: int, length: int) -> Batch:
+        """`batch` sequences of `pairs` pairs and `length` tokens in the task's query format."""
         if self.query_format == "zoology":
-            return self._zoology_rows(g, batch, pairs)
-        queries = (self.seq_len - 2 * pairs) // 2
+            return self._zoology_rows(g, batch, pairs, length)
+        queries = (length - 2 * pairs) // 2
         keys, values = draw_pairs(
             g, batch, pairs, self.n_keys, self.n_values, self.distinct_values
         )  # (B, P) each
@@ -253,7 +300,7 @@ class Recall(RecallScoring, SeededTask):
         pair_at = 2 * torch.arange(pairs)  # (P,) each pair's key; its value follows
         query_at = 2 * (pairs + torch.arange(queries))  # (Q,) each query's key; its answer next
         tokens = place(
-            self.seq_len + 1,
+            length + 1,
             batch,
             (pair_at, keys),
             (pair_at + 1, values),
@@ -261,22 +308,22 @@ class Recall(RecallScoring, SeededTask):
             (query_at + 1, answers),
             fill=PAD,
         )  # (B, L + 1)
-        loss_mask = place(self.seq_len, batch, (query_at, True), fill=False)  # (B, L)
+        loss_mask = place(length, batch, (query_at, True), fill=False)  # (B, L)
         return Batch(tokens[:, :-1], tokens[:, 1:], loss_mask)
 
-    def _zoology_rows(self, g: torch.Generator, batch: int, pairs: int) -> Batch:
+    def _zoology_rows(self, g: torch.Generator, batch: int, pairs: int, length: int) -> Batch:
         """Each key queried once at power-law slots, its answer only in the targets."""
         keys, values = draw_pairs(
             g, batch, pairs, self.n_keys, self.n_values, self.distinct_values
         )  # (B, P) each
-        slots = (self.seq_len - 2 * pairs) // 2  # query slots after the pairs
+        slots = (length - 2 * pairs) // 2  # query slots after the pairs
         weights = torch.arange(1, slots + 1, dtype=torch.float64) ** (POWER_A - 1)  # (S,)
         chosen = torch.multinomial(weights.expand(batch, slots), pairs, generator=g)  # (B, P)
         query_at = 2 * pairs + 2 * chosen  # (B, P) key i's query position, in key order
         pair_at = 2 * torch.arange(pairs)  # (P,)
         inputs = place(
-            self.seq_len, batch, (pair_at, keys), (pair_at + 1, values), (query_at, keys), fill=PAD
+            length, batch, (pair_at, keys), (pair_at + 1, values), (query_at, keys), fill=PAD
         )  # (B, L): the answers are not in the input
-        targets = place(self.seq_len, batch, (query_at, values), fill=PAD)  # (B, L)
-        loss_mask = place(self.seq_len, batch, (query_at, True), fill=False)  # (B, L)
+        targets = place(length, batch, (query_at, values), fill=PAD)  # (B, L)
+        loss_mask = place(length, batch, (query_at, True), fill=False)  # (B, L)
         return Batch(inputs, targets, loss_mask)

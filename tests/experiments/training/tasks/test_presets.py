@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 from omegaconf import OmegaConf
 
 import variants
@@ -110,6 +111,11 @@ def test_every_job_of_the_capacity_preset_builds(resolved_config):
             task = built.task
             assert task.train_pairs == (4, 8, 16, 32, 64) and task.n_pairs == 4
             assert task.n_values >= 256
+            # Zoology's mixture of lengths: every kernel trains at each count's own length.
+            assert task.train_lengths == (64, 128, 256, 256, 256)
+            for length in sorted(set(task.train_lengths)):
+                tokens = torch.randint(task.vocab_size, (2, length))
+                built.model(tokens).sum().backward()  # runs at that length: no shape constraint
     assert names >= {"full", "lsh", "routing", "compressed", "linear", "performer"}
     assert names >= {"deltanet", "moba", "nsa"}
 

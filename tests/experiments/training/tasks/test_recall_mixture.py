@@ -149,3 +149,60 @@ def test_each_count_is_recorded_as_the_job_config_at_that_n_pairs(resolved_confi
     assert records[0]["config_hash"] == record.config_hash(at_two)
     gathered = store.gather(tmp_path)
     assert sorted(gathered["task.n_pairs"]) == [2, 3, 5]
+
+
+LENGTHS = [8, 12, 20]  # one per count of MIXTURE (2, 3, 5 pairs): each fits 2 P + 2 tokens
+
+
+def test_with_train_lengths_each_training_batch_is_one_count_at_its_length():
+    task = _task(train_lengths=LENGTHS)
+    lengths = {}
+    for index in range(12):
+        batch = task.batch("train", index)
+        counts = {pairs for pairs, *_ in _rows(batch)}
+        assert len(counts) == 1  # one count for the whole batch
+        (pairs,) = counts
+        length = batch.inputs.shape[1]
+        assert lengths.setdefault(pairs, length) == length == LENGTHS[MIXTURE.index(pairs)]
+        for _, table, row, scored in _rows(batch):
+            assert len(table) == pairs and all(table[row[i]] == row[i + 1] for i in scored)
+    assert set(lengths) == set(MIXTURE)  # 12 batches over three counts: each drawn
+    # Evaluation and validation stay at seq_len; at_pairs keeps the lengths.
+    assert task.batch("eval", 0).inputs.shape == (12, 20)
+    assert task.batch("valid", 0).inputs.shape == (12, 20)
+    assert task.at_pairs(3).train_lengths == tuple(LENGTHS)
+
+
+def test_train_lengths_in_zoology_format_hide_the_answers_at_every_length():
+    task = _task(
+        train_lengths=[8, 12, 20], query_format="zoology", n_pairs=3, train_pairs=[2, 3, 5]
+    )
+    for index in range(8):
+        batch = task.batch("train", index)
+        pairs = int(batch.loss_mask.sum(dim=1)[0])  # each key queried once
+        assert batch.inputs.shape[1] == LENGTHS[MIXTURE.index(pairs)]
+        assert not (batch.inputs[batch.loss_mask.roll(1, dims=1)] > 8).any()  # no answer after
+
+
+@pytest.mark.parametrize(
+    "lengths, extra, match",
+    [
+        ([8, 12], {}, r"'train_lengths'=\[8, 12\] must have one length per count of 'train_pairs'"),
+        (
+            [8, 12, 24],
+            {},
+            r"'train_lengths'=\[8, 12, 24\]: each length must be at most 'seq_len'=20",
+        ),
+        (
+            [8, 7, 20],
+            {},
+            r"'train_lengths'=\[8, 7, 20\]: at 3 pairs, the length=7 must be at least",
+        ),
+        ([8, 12, 20], {"train_pairs": None}, "'train_lengths' needs 'train_pairs'"),
+        ("8,12,20", {}, "'train_lengths' must be a list"),
+        ([8, 0, 20], {}, "train_lengths"),
+    ],
+)
+def test_bad_train_lengths_are_refused_naming_the_option(lengths, extra, match):
+    with pytest.raises(ValueError, match=match):
+        _task(train_lengths=lengths, **extra)
