@@ -1,6 +1,7 @@
 """What the report says about decoding (records of `measure.decode`,
-experiments/measurement/decode.py): a figure of per-token time and cache memory against the context,
-a table of both per variant and context, and one headline clause per variant at the longest context.
+experiments/measurement/decode_cost.py): a figure of per-token time and cache memory against
+the context, a table of both per variant and context, and one headline clause per variant at the
+longest context.
 
 A series is a variant plus the context columns that differ (batch size, ...), as in every
 other figure (`series.with_series`); the x axis is the job's seq_len, the context the tokens

@@ -103,7 +103,7 @@ class MeasureConfig:
     (`sdpa`, `math`: `full`'s impls) the kernel is timed against in `rounds` alternating
     rounds (experiments/measurement/measure.py); empty: the kernel is timed alone. `decode`: measure
     decoding (prefill the seq_len context, then `decode_steps` timed tokens;
-    experiments/measurement/decode.py)."""
+    experiments/measurement/decode_cost.py)."""
 
     kernel: bool
     step: bool

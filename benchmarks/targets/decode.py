@@ -2,7 +2,7 @@
 bandwidth (>= 0.5), linear, Performer and DeltaNet's ms/token flat from 1K to 64K (within 1.5x:
 a fixed state), and the window caches (blockwise, longformer) no larger at 64K than at 4K.
 
-`--skip-decode` leaves these rows out; `experiments.measurement.decode.measure_decode` is the
+`--skip-decode` leaves these rows out; `experiments.measurement.decode_cost.measure_decode` is the
 same measurement as `measure.decode`.
 """
 
@@ -14,7 +14,7 @@ import torch
 
 from benchmarks.targets.kernels import BATCH, CPU, HEAD_DIM, HEADS, kernel
 from benchmarks.targets.table import Target, at_least, at_most
-from experiments.measurement.decode import measure_decode
+from experiments.measurement.decode_cost import measure_decode
 
 DECODE_LENGTH = 65536
 DECODE_SHORT = 1024  # the flat-time targets compare against this context

@@ -4,7 +4,7 @@
 `measure(job, built)` trains the model on the task, then times the attention kernel alone and
 the whole training step, takes the step's peak memory, the kernel's analytic FLOPs, its
 approximation error against exact attention (experiments/measurement/approximation.py) and,
-with `measure.decode`, what decoding costs (experiments/measurement/decode.py). It returns the
+with `measure.decode`, what decoding costs (experiments/measurement/decode_cost.py). It returns the
 measurement columns of the record; the job (experiments/app/job.py `run_job`) adds identity,
 status and provenance.
 """
@@ -24,7 +24,7 @@ from torch import nn
 import variants
 from experiments.config import JobConfig, MeasureConfig
 from experiments.measurement.approximation import approx_columns
-from experiments.measurement.decode import measure_decode
+from experiments.measurement.decode_cost import measure_decode
 from experiments.measurement.diagnostics import kernel_input_columns
 from experiments.measurement.memory import peak_memory_bytes, peak_rss_bytes
 from experiments.measurement.timing import (

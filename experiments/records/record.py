@@ -293,8 +293,8 @@ SCHEMA: tuple[Column, ...] = (
         "optimiser steps from the start to the first evaluation at 90 %",
         optional=True,
     ),
-    # Decoding (measure.decode, experiments/measurement/decode.py): the kernel alone at the job's
-    # shape.
+    # Decoding (measure.decode, experiments/measurement/decode_cost.py): the kernel alone at the
+    # job's shape.
     _measured("decode_prefill_ms", float, "ms", "prefill of seq_len tokens into a cache"),
     _measured("decode_prefill_peak_bytes", int, "bytes", "peak live tensors of the prefill"),
     _measured("cache_bytes", int, "bytes", "the decoding cache after the prefill"),

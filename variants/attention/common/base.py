@@ -66,7 +66,7 @@ from variants.patterns import Pattern
 
 # Useful FLOPs of forward+backward as a multiple of forward FLOPs. Backward of softmax(QK^T)V
 # needs dV, dP, dQ, dK (4 matmuls) plus one recompute of QK^T in fused kernels: (2 + 5) / 2.
-# This is the convention of ../shared/docs/methods.md and of FlashAttention's reported figures.
+# This is the convention of FlashAttention's reported figures (docs/measurements.md, FLOPs).
 FWD_BWD_FLOP_FACTOR = 3.5
 # Shared-QK keys are k / max(|k|, eps), as F.normalize: padded (zero) positions give zero keys.
 SHARED_QK_NORM_EPS = 1e-12

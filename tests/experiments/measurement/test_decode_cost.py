@@ -9,7 +9,7 @@ import torch
 
 import variants
 from experiments.measurement import measure
-from experiments.measurement.decode import measure_decode
+from experiments.measurement.decode_cost import measure_decode
 from experiments.records import record
 from tests.experiments import conftest
 
