@@ -43,7 +43,7 @@ class CombinedPieces(torch.autograd.Function):
             pieces.rows_forward(q, k, v, view_out, view_lse)
         # A row no piece gave a key has an lse of about MASKED_SCORE: its softmax is over
         # nothing, taken to be 0 (and no gradient flows through it). Masks can empty a row
-        # only where the pattern leaves out the query itself (no local part).
+        # only where the pattern leaves out the query itself (neither local nor strided).
         empty = view_lse[..., 0] < flash.masked_score(q.dtype) / 2  # (B, H, L)
         pieces.empty = empty if bool(empty.any()) else None
         if pieces.empty is not None:

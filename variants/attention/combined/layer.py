@@ -76,7 +76,8 @@ class CombinedAttention(Attention):
     ones included: a global token attends and is attended only within its own document and
     never to padding (a padded query keeps only itself, if the pattern holds it, and its
     output is zero). A query whose pattern keys are all masked away gets a zero output; that
-    needs a pattern without the query itself (no `local` part). `impl="flex"` takes neither.
+    needs a pattern without the query itself (neither `local` nor `strided`). `impl="flex"`
+    takes neither.
     """
 
     name = "combined"
