@@ -1,6 +1,7 @@
 """The combined pattern's autograd function: the pieces of a `plan.Plan` attended on the fused
 kernels and merged by logsumexp, and each piece's backward given the merged output and
-logsumexp."""
+logsumexp. With a key padding mask or segment ids every piece's bias also hides the pairs
+`masking.document_mask` refuses (`Documents`), which makes it per sequence."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from variants.attention.combined.plan import Plan
 from variants.attention.common import flash
 from variants.attention.common.columns import from_columns, to_columns
 from variants.attention.common.local import to_blocks
+from variants.attention.common.masking import document_mask
 
 # The tiles run over ranges of query blocks whose gathered keys and values take about this
 # much: temporaries of a few MiB are reused between calls, where larger ones come back as fresh
@@ -24,9 +26,13 @@ class CombinedPieces(torch.autograd.Function):
     saved: q, k, v, the output and its logsumexp (O(L d))."""
 
     @staticmethod
-    def forward(ctx, q, k, v, plan: Plan):
-        """q, k, v: (B, H, L, D). Returns (B, H, L, D)."""
-        pieces = Pieces(plan, q)
+    def forward(ctx, q, k, v, plan: Plan, key_padding_mask=None, segment_ids=None):
+        """q, k, v: (B, H, L, D); key_padding_mask, segment_ids: (B, L) or None (folded into
+        every piece's bias: `Documents`). Returns (B, H, L, D)."""
+        documents = None
+        if key_padding_mask is not None or segment_ids is not None:
+            documents = Documents(key_padding_mask, segment_ids)
+        pieces = Pieces(plan, q, documents)
         out, lse = pieces.tiles_forward(q, k, v)  # (B, H, n*b, D), (B, H, n*b)
         view_out, view_lse = out[:, :, : plan.seq_len], lse[:, :, : plan.seq_len, None]
         if plan.stride is not None:
@@ -36,7 +42,8 @@ class CombinedPieces(torch.autograd.Function):
         if plan.global_rows:
             pieces.rows_forward(q, k, v, view_out, view_lse)
         # A row no piece gave a key has an lse of about MASKED_SCORE: its softmax is over
-        # nothing, taken to be 0 (and no gradient flows through it).
+        # nothing, taken to be 0 (and no gradient flows through it). Masks can empty a row
+        # only where the pattern leaves out the query itself (neither local nor strided).
         empty = view_lse[..., 0] < flash.masked_score(q.dtype) / 2  # (B, H, L)
         pieces.empty = empty if bool(empty.any()) else None
         if pieces.empty is not None:
@@ -65,21 +72,45 @@ class CombinedPieces(torch.autograd.Function):
             pieces.summary_backward(sparse, q, k, v, view_out, view_lse, grads)
         if rows:
             pieces.rows_backward(grad_out, q, k, v, view_out, view_lse, grads)
-        return *grads, None
+        return *grads, None, None, None
+
+
+class Documents:
+    """One call's key padding mask and segment ids ((B, L) each, either None), as one more
+    condition on a piece's pairs: `masking.document_mask` (same document; key real or the
+    query itself), for every pair of every piece, global rows and columns included."""
+
+    def __init__(self, key_padding_mask: torch.Tensor | None, segment_ids: torch.Tensor | None):
+        self.key_padding_mask, self.segment_ids = key_padding_mask, segment_ids
+
+    def hide(self, hidden: torch.Tensor, query: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
+        """A piece's hidden pairs (uint8 or bool, nonzero = hidden, broadcastable to the pairs
+        of positions `query` x `key`) with the refused pairs added: uint8 (B, *pairs)."""
+        allowed = document_mask(self.key_padding_mask, self.segment_ids, query, key)
+        return (~allowed).to(torch.uint8).bitwise_or_(hidden.to(torch.uint8))
 
 
 class Pieces:
     """Each piece's forward (merging into the running output and logsumexp) and backward
-    (adding into the gradients), for one call's shapes."""
+    (adding into the gradients), for one call's shapes. With `documents`, each piece's bias
+    is per sequence ((B, ...), or (B*H, ...) where a piece runs batch and heads flattened)."""
 
-    def __init__(self, plan: Plan, q: torch.Tensor):
+    def __init__(self, plan: Plan, q: torch.Tensor, documents: Documents | None = None):
         self.plan = plan
+        self.documents = documents
         self.batch, self.heads, _, self.head_dim = q.shape
         self.scale = self.head_dim**-0.5
         self.empty = None
         slots = max(plan.tiles.shape[1], 1)
         per_block = 2 * self.batch * self.heads * slots * plan.block * self.head_dim
+        if documents is not None:  # and the block's bias, per sequence and head
+            per_block += self.batch * self.heads * plan.block * slots * plan.block
         self.chunk = max(1, CHUNK_BYTES // (per_block * q.element_size()))
+
+    def _per_head(self, bias: torch.Tensor) -> torch.Tensor:
+        """A per-sequence bias (B, ...) as (B*H, ...), the batch layout of the pieces that
+        flatten batch and heads (a copy: that dim cannot broadcast from B)."""
+        return bias[:, None].expand(self.batch, self.heads, *bias.shape[1:]).flatten(0, 1)
 
     # --- tiles -----------------------------------------------------------------------------
     def _chunks(self):
@@ -103,6 +134,15 @@ class Pieces:
         """(B, H, n, b, E) -> blocks [first, end) as (B*H, m, b, E)."""
         return x[:, :, first:end].reshape(self.batch * self.heads, end - first, *x.shape[3:])
 
+    def _tile_bias(self, first: int, end: int, dtype: torch.dtype) -> torch.Tensor | None:
+        """The bias of query blocks [first, end) against their tiles: the plan's (1, m, b, K*b)
+        or None, or with documents (B*H, m, b, K*b) (FULL slots then masked too)."""
+        if self.documents is None:
+            return self.plan.tile_bias(first, end, dtype)
+        query, key = self.plan.tile_positions(first, end)  # (m, b, 1), (m, 1, K*b)
+        hidden = self.documents.hide(self.plan.hidden[first:end], query, key)  # (B, m, b, K*b)
+        return self._per_head(flash.hidden_bias(hidden, dtype))
+
     def tiles_forward(self, q, k, v):
         """The tile piece over the padded length: out (B, H, n*b, D), lse (B, H, n*b)."""
         plan, b = self.plan, self.plan.block
@@ -123,7 +163,7 @@ class Pieces:
                 self._gather(k_flat, first, end),
                 self._gather(v_flat, first, end),
                 scale=self.scale,
-                bias=plan.tile_bias(first, end, q.dtype),
+                bias=self._tile_bias(first, end, q.dtype),
             )  # (B*H, m, b, D), (B*H, m, b)
             shape = (self.batch, self.heads, end - first, b)
             out_blocks[:, :, first:end] = chunk_out.view(*shape, self.head_dim)
@@ -149,7 +189,7 @@ class Pieces:
                 self._query_blocks(out_blocks, first, end),
                 self._query_blocks(lse_blocks, first, end).squeeze(-1),
                 scale=self.scale,
-                bias=plan.tile_bias(first, end, q.dtype),
+                bias=self._tile_bias(first, end, q.dtype),
             )  # (B*H, m, b, D), (B*H, m, K*b, D) twice
             m = end - first
             grad_q[:, :, first:end] = chunk_q.view(self.batch, self.heads, m, b, self.head_dim)
@@ -166,16 +206,34 @@ class Pieces:
     # --- strided -----------------------------------------------------------------------------
     def _strided_options(self, q):
         plan, stride = self.plan, self.plan.stride
+        if self.documents is not None:
+            return {"scale": self.scale, "bias": self._strided_bias(q)}
         if plan.causal:
             return {"scale": self.scale, "causal": True}
         rows = -(-plan.seq_len // stride)
         if rows * stride == plan.seq_len:
             return {"scale": self.scale}
         # Unmasked, a column's query sees every real row of it: hide the padded keys.
-        position = torch.arange(rows, device=q.device) * stride
-        position = position[None, :] + torch.arange(stride, device=q.device)[:, None]
+        position = self._column_positions(q.device)
         hidden = (position >= plan.seq_len)[None, :, None, :]  # (1, s, 1, rows)
         return {"scale": self.scale, "bias": flash.hidden_bias(hidden, q.dtype)}
+
+    def _column_positions(self, device) -> torch.Tensor:
+        """(s, rows): the position of row r of column c, r * s + c (L and beyond: padding)."""
+        stride, rows = self.plan.stride, -(-self.plan.seq_len // self.plan.stride)
+        position = torch.arange(rows, device=device) * stride
+        return position[None, :] + torch.arange(stride, device=device)[:, None]
+
+    def _strided_bias(self, q) -> torch.Tensor:
+        """The strided piece's bias with documents: (B*H, s, rows, rows), hiding padding rows,
+        later rows when causal, and the pairs `Documents` refuses."""
+        position = self._column_positions(q.device)
+        query, key = position[:, :, None], position[:, None, :]  # (s, rows, 1), (s, 1, rows)
+        hidden = key >= self.plan.seq_len  # (s, 1, rows)
+        if self.plan.causal:
+            hidden = hidden | (key > query)  # (s, rows, rows)
+        hidden = self.documents.hide(hidden, query, key)  # (B, s, rows, rows)
+        return self._per_head(flash.hidden_bias(hidden, q.dtype))
 
     def strided_forward(self, q, k, v, out, lse):
         stride, length = self.plan.stride, self.plan.seq_len
@@ -196,7 +254,28 @@ class Pieces:
     # --- summary -----------------------------------------------------------------------------
     def _summary_calls(self, q):
         """Per query block of the summary pattern: (its rows, how many summary keys from the
-        start it sees, a bias hiding its own block's keys or None)."""
+        start it sees, their bias: (1, 1, 1, C) hiding its own block's keys, or None; with
+        documents (B, 1, r, C))."""
+        for rows, count, hidden in self._summary_blocks(q):
+            yield rows, count, self._summary_bias(q, rows, count, hidden)
+
+    def _summary_bias(self, q, rows: slice, count: int, hidden: torch.Tensor | None):
+        """The bias of one query block's summary call from its hidden keys (bool (C,) or
+        None): see `_summary_calls`."""
+        if self.documents is None:
+            if hidden is None:
+                return None
+            return flash.hidden_bias(hidden, q.dtype).view(1, 1, 1, count)
+        if hidden is None:
+            hidden = torch.zeros(count, dtype=torch.bool, device=q.device)
+        query = torch.arange(rows.start, rows.stop, device=q.device)[:, None]  # (r, 1)
+        key = self.plan.summary_keys[None, :count]  # (1, C)
+        hidden = self.documents.hide(hidden, query, key)  # (B, r, C)
+        return flash.hidden_bias(hidden, q.dtype)[:, None]  # (B, 1, r, C), broadcast over H
+
+    def _summary_blocks(self, q):
+        """Per query block of the summary pattern: (its rows, how many summary keys from the
+        start it sees, which of them are its own block's (bool (C,), hidden) or None)."""
         plan, summary = self.plan, self.plan.summary
         block, n_keys = summary.block_size, len(plan.summary_keys)
         for first in range(0, plan.seq_len, block):
@@ -211,7 +290,7 @@ class Pieces:
                 continue
             hidden = torch.zeros(n_keys, dtype=torch.bool, device=q.device)
             hidden[before : before + own] = True
-            yield rows, n_keys, flash.hidden_bias(hidden, q.dtype).view(1, 1, 1, n_keys)
+            yield rows, n_keys, hidden
 
     def summary_forward(self, q, k, v, out, lse):
         keys, values = (x.index_select(2, self.plan.summary_keys) for x in (k, v))
@@ -243,10 +322,22 @@ class Pieces:
         grads[2].index_add_(2, index, grad_values)
 
     # --- global rows -------------------------------------------------------------------------
+    def _rows_bias(self, q) -> torch.Tensor | None:
+        """The global rows' bias: None (every key), or with documents (B, 1, n_global, L):
+        a global query, too, sees only its document's real keys."""
+        if self.documents is None:
+            return None
+        positions = torch.arange(self.plan.seq_len, device=q.device)
+        query, key = positions[: self.plan.global_rows, None], positions[None, :]  # (g, 1), (1, L)
+        hidden = torch.zeros((), dtype=torch.uint8, device=q.device)
+        return flash.hidden_bias(self.documents.hide(hidden, query, key), q.dtype)[:, None]
+
     def rows_forward(self, q, k, v, out, lse):
         rows = self.plan.global_rows
-        part_out, part_lse = flash.attend(q[:, :, :rows], k, v, scale=self.scale)
-        out[:, :, :rows] = part_out  # these rows see every key: nothing to merge
+        part_out, part_lse = flash.attend(
+            q[:, :, :rows], k, v, scale=self.scale, bias=self._rows_bias(q)
+        )  # (B, H, g, D), (B, H, g)
+        out[:, :, :rows] = part_out  # every key these rows may see: nothing to merge
         lse[:, :, :rows, 0] = part_lse
 
     def rows_backward(self, grad, q, k, v, out, lse, grads):
@@ -259,6 +350,7 @@ class Pieces:
             out[:, :, :rows].contiguous(),
             lse[:, :, :rows].contiguous(),
             scale=self.scale,
+            bias=self._rows_bias(q),
         )
         grads[0][:, :, :rows] += grad_q
         grads[1] += grad_k

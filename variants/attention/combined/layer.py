@@ -28,6 +28,11 @@ No (L, L) tensor exists: the tiles' mask is O(L * keys per query) bytes (uint8, 
 length), turned into a float bias per range of query blocks as it is needed.
 Rows that no piece gives a key (e.g. causal `random` alone in the first block) are zero, as a
 softmax over nothing is taken to be (the tests' dense reference does the same).
+
+Masks: a key padding mask and segment ids are one more condition on every pair of every piece
+(`masking.document_mask`, in `function.Documents`): the plan stays the one of the length,
+shared by batch and heads, and each piece's bias becomes per sequence (FULL tiles then get a
+bias too). No piece is skipped, even where the masks leave a tile no key.
 """
 
 from __future__ import annotations
@@ -66,6 +71,13 @@ class CombinedAttention(Attention):
     blocks, fixed for its life, as in BigBird. `strided` and `summary` cannot be combined (the
     Sparse Transformer's two alternatives). Options of parts not named are ignored.
     `impl="flex"` runs FlexAttention with the block mask of the same pattern.
+
+    A key padding mask and segment ids (`forward`) restrict every pair of the pattern, global
+    ones included: a global token attends and is attended only within its own document and
+    never to padding (a padded query keeps only itself, if the pattern holds it, and its
+    output is zero). A query whose pattern keys are all masked away gets a zero output; that
+    needs a pattern without the query itself (neither `local` nor `strided`). `impl="flex"`
+    takes neither.
     """
 
     name = "combined"
@@ -75,10 +87,7 @@ class CombinedAttention(Attention):
     supports_decode = True
     softmax_kernels = "flash"
     independent_heads = True
-    padding_mask_reason = segments_reason = (
-        "its tile plan and masks are shared by batch and heads; per-sequence masks are "
-        "not implemented yet"
-    )
+    supports_padding_mask = supports_segments = True
 
     def __init__(
         self,
@@ -166,7 +175,18 @@ class CombinedAttention(Attention):
     def supports_backward(self, device: torch.device) -> bool:
         return flex.supports_backward(self.impl, device)
 
-    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    def unsupported_input(self, option: str) -> str | None:
+        return flex.mask_reason(self.impl, option) or super().unsupported_input(option)
+
+    def attend(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        *,
+        key_padding_mask: torch.Tensor | None = None,
+        segment_ids: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         seq_len = q.shape[2]
         if self.impl == "flex":
             tile = min(self.block_size, seq_len)
@@ -177,7 +197,8 @@ class CombinedAttention(Attention):
                 lambda: flex.block_mask(self.pattern(seq_len), seq_len, tile, q.device),
             )
             return flex.attend(self.name, q, k, v, mask)
-        return CombinedPieces.apply(q, k, v, self.plan(seq_len, q.device))  # (B, H, L, D)
+        plan = self.plan(seq_len, q.device)  # shared by batch and heads, masks or not
+        return CombinedPieces.apply(q, k, v, plan, key_padding_mask, segment_ids)  # (B, H, L, D)
 
     def flops(self, batch: int, heads: int, seq_len: int, head_dim: int) -> int:
         return 4 * batch * heads * self.plan(seq_len).pairs() * head_dim

@@ -109,6 +109,15 @@ class Plan:
             return None
         return flash.hidden_bias(self.hidden[first:end], dtype)[None]
 
+    def tile_positions(self, first: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The positions of query blocks [first, end) and of their gathered keys, (m, b, 1)
+        and (m, 1, K * b): the pairs of `hidden[first:end]` (padding and EMPTY slots are
+        hidden there already)."""
+        offset = torch.arange(self.block, device=self.tiles.device)
+        query = torch.arange(first, end, device=offset.device)[:, None] * self.block + offset
+        key = self.tiles[first:end, :, None] * self.block + offset  # (m, K, b)
+        return query[:, :, None], key.flatten(1)[:, None, :]
+
     def pairs(self) -> int:
         """Allowed pairs of the whole pattern, counted piece by piece (the pieces are
         disjoint): the tiles' visible keys per row, the strided and summary pieces in closed

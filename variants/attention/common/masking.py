@@ -58,9 +58,12 @@ def document_mask(
     """
     some = key_padding_mask if key_padding_mask is not None else segment_ids
     length = some.shape[1]
-    query, key = torch.broadcast_tensors(query, key)
-    q_at, k_at = query.clamp(0, length - 1), key.clamp(0, length - 1)
-    allowed = torch.ones((some.shape[0], *query.shape), dtype=torch.bool, device=some.device)
+    shape = torch.broadcast_shapes(query.shape, key.shape)
+    # Positions are read unbroadcast (e.g. (n, b, 1) and (n, 1, w), not twice (n, b, w)) and
+    # broadcast only where compared: the reads were most of the mask's cost.
+    q_at, k_at = (x.reshape((1,) * (len(shape) - x.dim()) + x.shape) for x in (query, key))
+    q_at, k_at = q_at.clamp(0, length - 1), k_at.clamp(0, length - 1)
+    allowed = torch.ones((some.shape[0], *shape), dtype=torch.bool, device=some.device)
     if segment_ids is not None:
         allowed &= _at(segment_ids, q_at) == _at(segment_ids, k_at)
     if key_padding_mask is not None:

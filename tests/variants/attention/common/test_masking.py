@@ -24,6 +24,7 @@ from tests.reference import (
     qkv,
     shared_qk_reference,
 )
+from variants.attention.common import flash
 from variants.checks import UnsupportedCombination
 
 MASKS = ["padding", "documents", "both"]
@@ -62,6 +63,22 @@ def _assert_same(fn, reference, inputs, seed=1):
         torch.testing.assert_close(grad, expected_grad)
 
 
+# Combined patterns with strided columns, and with summary keys and random blocks; each with
+# global rows (non-causal) over more than one block, blocks and strides that do not divide L.
+COMBINED_STRIDED = (
+    "combined",
+    {"parts": ("local", "strided", "global"), "block_size": 4, "stride": 5, "n_global": 6},
+)
+COMBINED_SUMMARY = (
+    "combined",
+    {
+        "parts": ("summary", "global", "random"),
+        "block_size": 5,
+        "n_summary": 2,
+        "n_global": 6,
+        "seed": 0,
+    },
+)
 PATTERN_CASES = [
     ("full", {"impl": "sdpa"}),
     ("full", {"impl": "math"}),
@@ -73,6 +90,15 @@ PATTERN_CASES = [
     ("strided", {"stride": 4}),
     ("strided", {"stride": 5}),  # L not a multiple of the stride
     ("strided", {"stride": "auto"}),
+    ("combined", {"parts": ("local", "global"), "block_size": 5, "n_global": 3}),
+    COMBINED_STRIDED,
+    COMBINED_SUMMARY,
+    ("combined", {"parts": ("strided",), "block_size": 8, "stride": 5}),
+    # No part holds the query itself: masks can leave a row no key (its output is then zero).
+    ("combined", {"parts": ("random",), "block_size": 4, "n_random": 2, "seed": 3}),
+    ("longformer", {"block_size": 5, "n_global": 2}),
+    ("bigbird", {"block_size": 4, "n_global": 4, "n_random": 2, "seed": 0}),
+    ("sparse_fixed", {"block_size": 5, "n_summary": 2}),
 ]
 
 
@@ -84,6 +110,23 @@ PATTERN_CASES = [
     ids=[f"{n}-{'-'.join(map(str, o.values()))}" for n, o in PATTERN_CASES],
 )
 def test_pattern_variants_match_a_dense_masked_reference(name, options, causal, which):
+    _assert_matches_dense_masked_reference(name, options, causal, which)
+
+
+# The combined pieces' biases on the explicit matmuls that other devices take (the cases above
+# run PyTorch's fused CPU kernels): tiles, global rows, strided columns and summary keys.
+@pytest.mark.parametrize("causal", [False, True], ids=["bidir", "causal"])
+@pytest.mark.parametrize(
+    "name, options", [COMBINED_STRIDED, COMBINED_SUMMARY], ids=["strided", "summary"]
+)
+def test_combined_masks_on_the_explicit_kernels(name, options, causal, monkeypatch):
+    monkeypatch.setattr(flash, "FUSED_CPU_KERNELS", False)
+    _assert_matches_dense_masked_reference(name, options, causal, "both")
+
+
+def _assert_matches_dense_masked_reference(name, options, causal, which):
+    """`name`'s outputs and gradients with the masks `which` equal softmax attention over
+    its dense pattern and `document_reference_mask`, padded query rows zeroed."""
     kernel = variants.build_attention(name, causal=causal, **options)
     keep, segments = _masks(which)
     pattern = kernel.pattern(LENGTH)  # None for full: every pair, or the causal ones
@@ -252,9 +295,10 @@ def test_unsupported_masks_raise_naming_variant_and_option(option, flag):
         assert "\n" not in str(e.value)
 
 
-def test_flex_refuses_masks_until_it_takes_them():
+@pytest.mark.parametrize("name", ["blockwise", "strided", "bigbird"])
+def test_flex_refuses_masks_until_it_takes_them(name):
     q, k, v = qkv(length=16)
-    kernel = variants.build_attention("blockwise", impl="flex", block_size=8)
+    kernel = variants.build_attention(name, impl="flex")
     with pytest.raises(UnsupportedCombination, match="'key_padding_mask': impl='flex'"):
         kernel(q, k, v, key_padding_mask=torch.ones(2, 16, dtype=torch.bool))
 
