@@ -304,3 +304,68 @@ def test_masks_that_mask_nothing_change_nothing():
         segment_ids=torch.zeros(2, 16, dtype=torch.int64),
     )
     torch.testing.assert_close(masked, plain)
+
+
+# --- block-selection variants (MoBA, NSA): per-query references of the masked rules ----------
+def _real_and_documents(keep, segments, batch):
+    """keep and segments as tensors (B, L) even where not given: all real, one document."""
+    real = torch.ones(batch, LENGTH, dtype=torch.bool) if keep is None else keep
+    docs = torch.zeros(batch, LENGTH, dtype=torch.int64) if segments is None else segments
+    return real, docs
+
+
+def moba_document_mask(q, k, block, top_k, causal, keep, segments):
+    """(B, H, L, L) bool: MoBA's keys per query under masks, written from the rule: query i
+    scores each candidate block (causal: before its own; else every other) by q_i . (mean of
+    the block's real keys of i's document), skips blocks with none, keeps the top_k - 1 and
+    its own block (causal: up to i); every pair then passes the padding / document mask."""
+    batch, heads, length, _ = q.shape
+    real, docs = _real_and_documents(keep, segments, batch)
+    n_blocks = -(-length // block)
+    mask = torch.zeros(batch, heads, length, length, dtype=torch.bool)
+    for b in range(batch):
+        for i in range(length):
+            own = i // block
+            same = real[b] & (docs[b] == docs[b, i])  # (L,) real keys of i's document
+            pieces = {}
+            for c in range(n_blocks):
+                if c < own if causal else c != own:
+                    keys = [j for j in range(c * block, min((c + 1) * block, length)) if same[j]]
+                    if keys:
+                        pieces[c] = keys
+            for h in range(heads):
+                scores = {
+                    c: float(q[b, h, i] @ k[b, h, keys].mean(dim=0)) for c, keys in pieces.items()
+                }
+                for c in sorted(scores, key=scores.get, reverse=True)[: top_k - 1]:
+                    mask[b, h, i, c * block : (c + 1) * block] = True
+                end = i + 1 if causal else (own + 1) * block
+                mask[b, h, i, own * block : end] = True
+    return mask & document_reference_mask(keep, segments)
+
+
+MOBA_CASES = [
+    {"block_size": 4, "top_k": 3},
+    {"block_size": 5, "top_k": 2},
+    {"block_size": 7, "top_k": 4},
+]
+
+
+@pytest.mark.parametrize("which", MASKS)
+@pytest.mark.parametrize("causal", [False, True], ids=["bidir", "causal"])
+@pytest.mark.parametrize("options", MOBA_CASES, ids=lambda o: f"b{o['block_size']}-k{o['top_k']}")
+def test_moba_matches_a_per_query_masked_reference(options, causal, which, flash_kernels):
+    kernel = variants.build_attention("moba", causal=causal, **options)
+    keep, segments = _masks(which)
+    q, k, v = qkv(length=LENGTH, seed=10)
+    allowed = moba_document_mask(
+        q, k, options["block_size"], options["top_k"], causal, keep, segments
+    )
+
+    def fn(q, k, v):
+        return kernel(q, k, v, **_kwargs(keep, segments))
+
+    def reference(q, k, v):
+        return padded_zero(dense_attention(q, k, v, allowed), keep)
+
+    _assert_same(fn, reference, (q, k, v))
