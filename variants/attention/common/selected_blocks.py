@@ -146,6 +146,8 @@ class _Plan:
         offset = torch.arange(self.block, device=device)
         query, key = start + offset[:, None], start + offset[None, :]  # (n, b, 1), (n, 1, b)
         rule = key <= query if self.causal else key < self.length  # (n, b, b)
+        # Positions in the flattened masks (b L + i); the last block's positions past L read
+        # the next sequence's, but `rule` hides them from every real query.
         batch = torch.arange(self.batch, device=device)[:, None, None, None] * self.length
         documents = document_mask(**self.masks, query=batch + query, key=batch + key)[0]
         allowed = rule & documents  # (B, n, b, b)
