@@ -9,6 +9,7 @@ from torch.autograd.function import once_differentiable
 
 from variants.attention.common import flash
 from variants.attention.common.local import to_blocks
+from variants.attention.common.masking import document_mask
 
 # Bytes of gathered keys and values per fused call over tiles (as combined.function.CHUNK_BYTES).
 CHUNK_BYTES = 8 * 2**20
@@ -31,11 +32,17 @@ class SelectedBlocks(torch.autograd.Function):
     q, k, v: (B, H, L, D); selected: (B, H, L, S) int64 block indices (-1: none), each other
     than the query's own block and, when causal, before it. Returns (B, H, L, D). Saves q, k,
     v, the selection, the merged output and its logsumexp: O(L (S + d)).
+
+    key_padding_mask, segment_ids: (B, L) or None (`masking`): every (query, key) pair, in the
+    own block and in the selected ones, must also pass `masking.document_mask`; the own block
+    then runs with its causal rule in the bias (one per sequence and head) instead of the
+    kernels' causal flag. A selected block should hold at least one such key (the routing's
+    job): a part without any weighs 0 in the merge.
     """
 
     @staticmethod
-    def forward(ctx, q, k, v, selected, block, causal):
-        plan = _Plan(q, selected, block, causal)
+    def forward(ctx, q, k, v, selected, block, causal, key_padding_mask=None, segment_ids=None):
+        plan = _Plan(q, selected, block, causal, key_padding_mask, segment_ids)
         out, lse = plan.own_forward(q, k, v)  # (B, H, L, D), (B, H, L)
         if plan.n_entries:
             out, lse = plan.tiles_forward(q, k, v, out, lse)
@@ -52,16 +59,30 @@ class SelectedBlocks(torch.autograd.Function):
         grads = plan.own_backward(grad_out, q, k, v, out, lse)
         if plan.n_entries:
             plan.tiles_backward(grad_out, q, k, v, out, lse, grads)
-        return *grads, None, None, None
+        return *grads, None, None, None, None, None
 
 
 class _Plan:
     """The tiles of one call: every valid (query, selected block) pair, sorted by (sequence,
     block), each block's queries cut into tiles of `block` rows."""
 
-    def __init__(self, q: torch.Tensor, selected: torch.Tensor, block: int, causal: bool):
+    def __init__(
+        self,
+        q: torch.Tensor,
+        selected: torch.Tensor,
+        block: int,
+        causal: bool,
+        key_padding_mask: torch.Tensor | None = None,
+        segment_ids: torch.Tensor | None = None,
+    ):
         self.batch, self.heads, self.length, self.head_dim = q.shape
         self.block, self.causal = block, causal
+        self.masks = None  # the masks flattened to (1, B*L): positions b*L + i (`_tile_hidden`)
+        if key_padding_mask is not None or segment_ids is not None:
+            self.masks = {
+                "key_padding_mask": _flat(key_padding_mask),
+                "segment_ids": _flat(segment_ids),
+            }
         self.n_blocks = -(-self.length // block)
         self.scale = self.head_dim**-0.5
         n_seq = self.batch * self.heads
@@ -109,12 +130,29 @@ class _Plan:
         return blocks.reshape(-1, 1, self.block, x.shape[-1])
 
     def _own_bias(self, dtype, device):
+        if self.masks is not None:
+            return self._own_document_bias(dtype, device)
         if self.causal or self.length % self.block == 0:
             return None  # causally a padded key comes after every real query
         pad = torch.arange(self.n_blocks * self.block, device=device) >= self.length
         hidden = pad.view(self.n_blocks, 1, self.block).expand(-1, self.block, -1)
         hidden = hidden.repeat(self.batch * self.heads, 1, 1)[:, None]  # (B*H*n, 1, b, b)
         return flash.hidden_bias(hidden, dtype)
+
+    def _own_document_bias(self, dtype, device):
+        """The own blocks' bias under masks: hidden unless `document_mask` and the block's
+        rule (causal: key <= query; else a real position) allow the pair, (B*H*n, 1, b, b)."""
+        start = torch.arange(self.n_blocks, device=device)[:, None, None] * self.block
+        offset = torch.arange(self.block, device=device)
+        query, key = start + offset[:, None], start + offset[None, :]  # (n, b, 1), (n, 1, b)
+        rule = key <= query if self.causal else key < self.length  # (n, b, b)
+        # Positions in the flattened masks (b L + i); the last block's positions past L read
+        # the next sequence's, but `rule` hides them from every real query.
+        batch = torch.arange(self.batch, device=device)[:, None, None, None] * self.length
+        documents = document_mask(**self.masks, query=batch + query, key=batch + key)[0]
+        allowed = rule & documents  # (B, n, b, b)
+        hidden = (~allowed)[:, None].expand(-1, self.heads, -1, -1, -1)  # (B, H, n, b, b)
+        return flash.hidden_bias(hidden.reshape(-1, 1, self.block, self.block), dtype)
 
     def own_forward(self, q, k, v):
         out, lse = flash.attend(
@@ -123,7 +161,7 @@ class _Plan:
             self._own(v),
             scale=self.scale,
             bias=self._own_bias(q.dtype, q.device),
-            causal=self.causal,
+            causal=self.causal and self.masks is None,
         )  # (B*H*n, 1, b, D), (B*H*n, 1, b)
         shape = (self.batch, self.heads, self.n_blocks * self.block)
         out = out.reshape(*shape, self.head_dim)[:, :, : self.length]
@@ -140,7 +178,7 @@ class _Plan:
             self._own(lse.unsqueeze(-1)).squeeze(-1),
             scale=self.scale,
             bias=self._own_bias(q.dtype, q.device),
-            causal=self.causal,
+            causal=self.causal and self.masks is None,
         )  # (B*H*n, 1, b, D) each
         shape = (self.batch, self.heads, self.n_blocks * self.block, self.head_dim)
         return [g.reshape(shape)[:, :, : self.length].contiguous() for g in grads]
@@ -173,9 +211,29 @@ class _Plan:
         return blocks.index_select(0, self.tile_group[first:end]).unsqueeze(1)  # (m, 1, b, D)
 
     def _tile_bias(self, first: int, end: int, dtype):
-        if self.hidden is None:
+        hidden = None if self.hidden is None else self.hidden[first:end, None, None, :]
+        if self.masks is not None:
+            documents = self._tile_hidden(first, end)  # (m, 1, rows, b)
+            hidden = documents if hidden is None else documents | hidden.bool()
+        if hidden is None:
             return None
-        return flash.hidden_bias(self.hidden[first:end, None, None, :], dtype)  # (m, 1, 1, b)
+        return flash.hidden_bias(hidden, dtype)  # (m, 1, 1 or rows, b)
+
+    def _tile_hidden(self, first: int, end: int) -> torch.Tensor:
+        """Tiles [first, end)'s pairs that `document_mask` hides (or past the last key):
+        (m, 1, rows, b) bool. Positions are taken in the flattened masks, sequence b's
+        position i at b L + i: a tile's queries and keys are of one sequence."""
+        heads_and_length = self.heads * self.length
+        row = self.row_query[first * self.rows : end * self.rows].view(-1, self.rows)
+        query = row // heads_and_length * self.length + row % self.length  # (m, rows)
+        group = self.tile_group[first:end]  # (m,) key block of sequence b * H + h
+        sequence_start = group // self.n_blocks // self.heads * self.length  # (m,) b L
+        key = group % self.n_blocks * self.block  # (m,) the block's first key
+        key = key[:, None] + torch.arange(self.block, device=key.device)  # (m, b)
+        beyond = key >= self.length  # the short last block's padding
+        key = key.clamp(max=self.length - 1) + sequence_start[:, None]
+        allowed = document_mask(**self.masks, query=query[:, :, None], key=key[:, None, :])[0]
+        return (~allowed | beyond[:, None, :])[:, None]  # (m, 1, rows, b)
 
     def tiles_forward(self, q, k, v, out, lse):
         """The own-block result `out` (B, H, L, D) and `lse` (B, H, L) merged with every
@@ -277,3 +335,9 @@ def _raise_ref(acc, norm, ref, index, part_lse) -> None:
     factor = (old[raised] - new[raised]).exp_()
     acc[rows] = acc[rows] * factor[:, None]
     norm[rows] = norm[rows] * factor
+
+
+def _flat(per_token: torch.Tensor | None) -> torch.Tensor | None:
+    """(B, L) -> (1, B*L): one sequence of every sequence's positions, for `document_mask`
+    (positions b L + i); None stays None."""
+    return None if per_token is None else per_token.reshape(1, -1)

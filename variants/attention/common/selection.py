@@ -1,14 +1,24 @@
 """Which key blocks a MoBA (or NSA selected-branch) query attends to besides its own: the
 `slots` blocks whose summary (mean key) scores highest with it, for a whole sequence
 (`top_blocks`) or the newest position of a decoding cache (`attend_selected`), and the analytic
-pair counts for `flops()`."""
+pair counts for `flops()`. Under the kernel contract's masks (`masking`), `DocumentBlocks` says
+where the blocks lie among the documents and padding, and `DocumentRouting` is MoBA's routing
+over the query's own document's real keys (`top_blocks`' `adjust`)."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 
 from variants.attention.common.cache import BlockKVCache
+from variants.attention.common.pooling import (
+    block_counts,
+    piece_mean,
+    real_block_mean,
+    real_weight,
+)
 
 # Queries scored against the block means at a time (the routing scores are (B, H, rows, n);
 # causally only the blocks before the rows' last own block: shorter ranges skip more).
@@ -38,16 +48,26 @@ def block_select_pairs(seq_len: int, block: int, top_k: int, causal: bool) -> tu
     return pairs, candidates
 
 
+Adjust = Callable[[slice, torch.Tensor], torch.Tensor]
+
+
 def top_blocks(
-    q: torch.Tensor, summaries: torch.Tensor, block: int, slots: int, causal: bool
+    q: torch.Tensor,
+    summaries: torch.Tensor,
+    block: int,
+    slots: int,
+    causal: bool,
+    adjust: Adjust | None = None,
 ) -> torch.Tensor:
     """The `slots` highest-scoring other blocks per query, no autograd.
 
     q: (B, H, L, D); summaries: (B, H, n, D), one vector per key block (mean key, compressed
     key). Candidates: causally the blocks before the query's own block (c < floor(i / b)),
     else every block but its own. Score q_i . summary_c (a softmax over the same scores ranks
-    the same). Returns (B, H, L, slots) int64 block indices, best first, -1 in slots beyond the
-    query's number of candidates.
+    the same). `adjust(rows, scores)`, if given, returns a range of rows' scores (B, H, r, c)
+    changed before the rule above applies (masks: other documents' and empty blocks at -inf,
+    `DocumentBlocks.hide_outside`, `DocumentRouting.adjust`). Returns (B, H, L, slots) int64
+    block indices, best first, -1 in slots beyond the query's number of candidates.
     """
     batch, heads, length, _ = q.shape
     n_blocks = summaries.shape[2]
@@ -64,6 +84,8 @@ def top_blocks(
         if take <= 0:
             continue
         scores = q[:, :, rows] @ summaries[:, :, :count].transpose(-1, -2)  # (B, H, r, c)
+        if adjust is not None:
+            scores = adjust(rows, scores)
         own = (torch.arange(rows.start, rows.stop, device=q.device) // block)[:, None]  # (r, 1)
         block_ids = torch.arange(count, device=q.device)
         hidden = block_ids >= own if causal else block_ids == own  # (r, c)
@@ -99,3 +121,83 @@ def attend_selected(
     picked_keys = torch.cat([keys.gather(2, index), own_keys], dim=2)
     picked_values = torch.cat([values.gather(2, index), own_values], dim=2)
     return F.scaled_dot_product_attention(q, picked_keys, picked_values)  # (B, H, 1, D)
+
+
+class DocumentBlocks:
+    """Where a call's key blocks of `block` lie among its documents and padding.
+
+    key_padding_mask, segment_ids: (B, L) or None (not both; `masking`). Per block (B, n): the
+    document of its first and of its last position, and its number of real positions.
+    """
+
+    def __init__(self, key_padding_mask, segment_ids, length: int, block: int):
+        some = key_padding_mask if key_padding_mask is not None else segment_ids
+        device = some.device
+        if segment_ids is None:
+            segment_ids = torch.zeros(some.shape, dtype=torch.long, device=device)
+        self.segments = segment_ids  # (B, L)
+        starts = torch.arange(0, length, block, device=device)  # (n,)
+        last = (starts + block).clamp(max=length) - 1
+        self.first_doc, self.last_doc = segment_ids[:, starts], segment_ids[:, last]  # (B, n)
+        weight = real_weight(key_padding_mask, some.shape[0], length, torch.float32, device)
+        self.real = block_counts(weight, block)  # (B, n)
+
+    def whole(self, rows: slice, count: int) -> torch.Tensor:
+        """(B, r, count) bool: block c (of the first `count`) lies wholly in the document of
+        query i (of `rows`) and holds a real key."""
+        doc = self.segments[:, rows, None]  # (B, r, 1)
+        first, last = self.first_doc[:, None, :count], self.last_doc[:, None, :count]
+        return (first == doc) & (last == doc) & (self.real[:, None, :count] > 0)
+
+    def hide_outside(self, rows: slice, scores: torch.Tensor) -> torch.Tensor:
+        """`top_blocks`' adjust: scores (B, H, r, c) at -inf but for the blocks `whole`."""
+        inside = self.whole(rows, scores.shape[-1])[:, None]  # (B, 1, r, c)
+        return scores.masked_fill_(~inside, float("-inf"))
+
+
+class DocumentRouting:
+    """MoBA's routing under masks: query i scores block c by the mean of the block's real keys
+    of i's own document, and never picks a block without one.
+
+    A block wholly inside i's document is scored by its real keys' mean (`summaries`, one per
+    block). The only other blocks holding keys of i's document are the two where that document
+    starts and ends; for those `adjust` puts in q_i . (mean of the document's real keys in the
+    block), a piece mean per query (`pooling.piece_mean`). So a document's routing never reads
+    another document's keys or a padded key.
+
+    q, k: (B, H, L, D); key_padding_mask, segment_ids: (B, L) or None (not both).
+    """
+
+    def __init__(self, q, k, block: int, key_padding_mask=None, segment_ids=None):
+        self.docs = DocumentBlocks(key_padding_mask, segment_ids, k.shape[2], block)
+        self.summaries, _ = real_block_mean(k, block, key_padding_mask)  # (B, H, n, D)
+        self.block = block
+        self.edges = []  # per edge: its block (B, L), q_i . piece mean (B, H, L), real (B, L)
+        if segment_ids is not None:
+            means, counts = piece_mean(k, block, key_padding_mask, segment_ids)
+            for at in _document_edges(segment_ids):  # (B, L) positions each
+                index = at[:, None, :, None].expand(-1, k.shape[1], -1, k.shape[3])
+                mean = means.gather(2, index)  # (B, H, L, D): each query's edge piece mean
+                score = (q * mean).sum(dim=-1)  # (B, H, L)
+                self.edges.append((at // block, score, counts.gather(1, at) > 0))
+
+    def adjust(self, rows: slice, scores: torch.Tensor) -> torch.Tensor:
+        """`top_blocks`' adjust: scores (B, H, r, c) with the edge blocks' piece scores in
+        and every block without a real key of the query's document at -inf."""
+        count = scores.shape[-1]
+        allowed = self.docs.whole(rows, count)  # (B, r, c)
+        column = torch.arange(count, device=scores.device)
+        for block, score, real in self.edges:
+            at = column == block[:, rows, None]  # (B, r, c)
+            scores = torch.where(at[:, None], score[:, :, rows, None], scores)
+            allowed = allowed | (at & real[:, rows, None])
+        return scores.masked_fill_(~allowed[:, None], float("-inf"))
+
+
+def _document_edges(segment_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per position, the first and the last position of its document: (B, L) int64 each
+    (segment_ids (B, L) non-decreasing)."""
+    ids = segment_ids.contiguous()
+    first = torch.searchsorted(ids, ids, right=False)
+    last = torch.searchsorted(ids, ids, right=True) - 1
+    return first, last

@@ -31,6 +31,16 @@ i scores the finished blocks before its own by <q_i, mean>, takes the top_k - 1 
 attends over their keys and its own block's keys up to itself: the forward's rule, O(L d / b +
 top_k b d) per token. A block's mean is taken when its last position arrives (the open block's
 mean is never scored: it is always the query's own block).
+
+Masks (`key_padding_mask`, `segment_ids`; the predicate route of `masking`): query i's gate
+scores block c by the mean of the block's real keys of i's own document (a block wholly inside
+the document: its real keys' mean; the two blocks where the document starts and ends: the
+mean of that document's real keys in them), and a block with no real key of i's document is
+never a candidate (`selection.DocumentRouting`). Inside the selected blocks and the own block
+every (query, key) pair must also pass `masking.document_mask` (same document; key real or the
+query itself). So no query attends, or routes by, a key of another document or a padded key;
+padded queries' outputs are 0 (the base class). The blocks stay at absolute positions: a
+document's output depends on where it starts modulo block_size, not on the other documents.
 """
 
 from __future__ import annotations
@@ -41,7 +51,12 @@ from variants.attention.common.base import Attention
 from variants.attention.common.cache import BlockKVCache
 from variants.attention.common.pooling import block_mean
 from variants.attention.common.selected_blocks import SelectedBlocks
-from variants.attention.common.selection import attend_selected, block_select_pairs, top_blocks
+from variants.attention.common.selection import (
+    DocumentRouting,
+    attend_selected,
+    block_select_pairs,
+    top_blocks,
+)
 from variants.checks import require_positive_int
 from variants.registry import register_attention
 
@@ -57,26 +72,35 @@ class MoBAAttention(Attention):
     softmax_kernels = "flash"
     supports_decode = True
     independent_heads = True
-    padding_mask_reason = segments_reason = (
-        "it selects key blocks by their mean key, which would have to leave padded "
-        "positions and other documents out; not implemented yet"
-    )
+    supports_padding_mask = supports_segments = True  # module docstring: the routing's rule
 
     def __init__(self, *, causal: bool = False, block_size: int = 128, top_k: int = 4):
         super().__init__(causal=causal)
         self.block_size = require_positive_int(self.name, "block_size", block_size)
         self.top_k = require_positive_int(self.name, "top_k", top_k)
 
-    def selection(self, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    def selection(self, q: torch.Tensor, k: torch.Tensor, **masks) -> torch.Tensor:
         """Each query's selected other blocks: (B, H, L, S) int64 block indices, -1 where there
-        are fewer candidates than S = top_k - 1 slots."""
+        are fewer candidates than S = top_k - 1 slots. masks: `key_padding_mask`,
+        `segment_ids` (B, L), if given (module docstring)."""
+        slots = self.top_k - 1
         with torch.no_grad():
-            means = block_mean(k, self.block_size)  # (B, H, n, D)
-            return top_blocks(q, means, self.block_size, self.top_k - 1, self.causal)
+            if not masks:
+                means = block_mean(k, self.block_size)  # (B, H, n, D)
+                return top_blocks(q, means, self.block_size, slots, self.causal)
+            routing = DocumentRouting(q, k, self.block_size, **masks)
+            return top_blocks(
+                q, routing.summaries, self.block_size, slots, self.causal, routing.adjust
+            )
 
-    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        selected = self.selection(q, k)  # (B, H, L, S)
-        return SelectedBlocks.apply(q, k, v, selected, self.block_size, self.causal)
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **masks) -> torch.Tensor:
+        """q, k, v: (B, H, L, D) -> (B, H, L, D); masks: `key_padding_mask`, `segment_ids`
+        (B, L), if given (the call without them is MoBA's of before)."""
+        selected = self.selection(q, k, **masks)  # (B, H, L, S)
+        if not masks:
+            return SelectedBlocks.apply(q, k, v, selected, self.block_size, self.causal)
+        keep, segments = masks.get("key_padding_mask"), masks.get("segment_ids")
+        return SelectedBlocks.apply(q, k, v, selected, self.block_size, self.causal, keep, segments)
 
     # --- decoding: every key and value, and the mean key of every finished block ------------
     def new_cache(self, batch_size, n_heads, head_dim, *, max_len, device, dtype):

@@ -8,6 +8,7 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from variants.attention.common import flash
+from variants.attention.common.masking import document_mask
 
 # Query rows per fused call of the compressed branch (its bias is rows x blocks).
 ROWS = 2048
@@ -30,19 +31,25 @@ class CompressedBranch(torch.autograd.Function):
     q: (B, H, L, D); keys, values: (B, H, n, D). Returns (B, H, L, D). Rows run in ranges of
     ROWS, each against the first m of its last row (fused attention with a bias hiding the
     blocks a row may not see yet); the backward is the same calls' attention backward.
+
+    docs: a `selection.DocumentBlocks` under the masks, or None: then block c is read by query
+    i only if it also lies wholly in i's document and holds a real key (`whole`); a row left
+    without any block gives 0 (and passes no gradient).
     """
 
     @staticmethod
-    def forward(ctx, q, keys, values, block):
+    def forward(ctx, q, keys, values, block, docs=None):
         out = torch.zeros_like(q, memory_format=torch.contiguous_format)
         lse_dtype = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
         lse = torch.zeros(q.shape[:3], dtype=lse_dtype, device=q.device)
-        for rows, count, bias in _row_ranges(q, block):
+        for rows, count, bias, empty in _row_ranges(q, block, docs):
             part_out, part_lse = flash.attend(
                 q[:, :, rows], keys[:, :, :count], values[:, :, :count], scale=_scale(q), bias=bias
             )
+            if empty is not None:  # all hidden: the kernel's average of hidden values, not 0
+                part_out = part_out.masked_fill(empty, 0.0)
             out[:, :, rows], lse[:, :, rows] = part_out, part_lse
-        ctx.block = block
+        ctx.block, ctx.docs = block, docs
         ctx.save_for_backward(q, keys, values, out, lse)
         return out
 
@@ -52,9 +59,12 @@ class CompressedBranch(torch.autograd.Function):
         q, keys, values, out, lse = ctx.saved_tensors
         grad_q = torch.zeros_like(q, memory_format=torch.contiguous_format)
         grad_keys, grad_values = torch.zeros_like(keys), torch.zeros_like(values)
-        for rows, count, bias in _row_ranges(q, ctx.block):
+        for rows, count, bias, empty in _row_ranges(q, ctx.block, ctx.docs):
+            grad_rows = grad_out[:, :, rows]
+            if empty is not None:  # rows that read no block: their output is a constant 0
+                grad_rows = grad_rows.masked_fill(empty, 0.0)
             dq, dk, dv = flash.attend_backward(
-                grad_out[:, :, rows].contiguous(),
+                grad_rows.contiguous(),
                 q[:, :, rows],
                 keys[:, :, :count],
                 values[:, :, :count],
@@ -66,17 +76,19 @@ class CompressedBranch(torch.autograd.Function):
             grad_q[:, :, rows] = dq
             grad_keys[:, :, :count] += dk
             grad_values[:, :, :count] += dv
-        return grad_q, grad_keys, grad_values, None
+        return grad_q, grad_keys, grad_values, None, None
 
 
 def _scale(q: torch.Tensor) -> float:
     return q.shape[-1] ** -0.5
 
 
-def _row_ranges(q: torch.Tensor, block: int):
-    """(rows, m, bias): ranges of at most ROWS query rows that see at least one block, the
-    blocks the range's last row sees, and the bias hiding block c from row i where
-    c >= floor((i + 1) / b) (None when every row sees all m)."""
+def _row_ranges(q: torch.Tensor, block: int, docs=None):
+    """(rows, m, bias, empty): ranges of at most ROWS query rows that see at least one block,
+    the blocks the range's last row sees, and the bias hiding block c from row i where
+    c >= floor((i + 1) / b) (None when every row sees all m); empty is None. With `docs`
+    (`CompressedBranch`) the bias (B, 1, r, m) also hides the blocks not `docs.whole` for the
+    row, and empty (B, 1, r, 1) says which rows then read no block."""
     length = q.shape[2]
     for first in range(block - 1, length, ROWS):  # rows before b - 1 see nothing: output 0
         rows = slice(first, min(first + ROWS, length))
@@ -84,8 +96,13 @@ def _row_ranges(q: torch.Tensor, block: int):
         position = torch.arange(rows.start, rows.stop, device=q.device)
         blocks = torch.arange(count, device=q.device)
         hidden = blocks[None, :] >= ((position + 1) // block)[:, None]  # (r, m)
+        if docs is not None:
+            hidden = hidden | ~docs.whole(rows, count)  # (B, r, m)
+            empty = hidden.all(dim=-1)[:, None, :, None]  # (B, 1, r, 1)
+            yield rows, count, flash.hidden_bias(hidden[:, None], q.dtype), empty
+            continue
         bias = flash.hidden_bias(hidden, q.dtype)[None, None] if bool(hidden.any()) else None
-        yield rows, count, bias
+        yield rows, count, bias, None
 
 
 class WindowBranch(torch.autograd.Function):
@@ -97,13 +114,14 @@ class WindowBranch(torch.autograd.Function):
     back where the tiles overlap.
 
     q, k, v: (B, H, L, D); returns (B, H, L, D). Saves q, k, v, the output and logsumexp:
-    O(L d).
+    O(L d). key_padding_mask, segment_ids: (B, L) or None (`masking`): every pair must also
+    pass `masking.document_mask`, the calls' biases then one per sequence and head.
     """
 
     @staticmethod
-    def forward(ctx, q, k, v, window):
+    def forward(ctx, q, k, v, window, key_padding_mask=None, segment_ids=None):
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-        tiles = _WindowTiles(q, window)
+        tiles = _WindowTiles(q, window, key_padding_mask, segment_ids)
         out = torch.empty_like(q)  # (B, H, L, D)
         lse_dtype = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
         lse = torch.empty(q.shape[:3], dtype=lse_dtype, device=q.device)  # (B, H, L)
@@ -138,7 +156,7 @@ class WindowBranch(torch.autograd.Function):
             call.rows(grad_q).copy_(dq)
             call.add_keys(grad_k, dk)
             call.add_keys(grad_v, dv)
-        return grad_q, grad_k, grad_v, None
+        return grad_q, grad_k, grad_v, None, None, None
 
 
 class _WindowTiles:
@@ -147,10 +165,15 @@ class _WindowTiles:
     h = min(L, ceil(w / r) r), against keys [0, h); then chunks of full tiles, tile t holding
     queries [t r, (t + 1) r) and keys [t r - w, (t + 1) r), which start at or after 0 since
     t r >= h >= w; then the last L mod r queries against the w keys before them and
-    themselves."""
+    themselves. Under masks (`WindowBranch`) each call's band also hides the pairs
+    `masking.document_mask` does."""
 
-    def __init__(self, q: torch.Tensor, window: int):
+    def __init__(self, q: torch.Tensor, window: int, key_padding_mask=None, segment_ids=None):
         batch, heads, self.length, head_dim = q.shape
+        self.heads = heads
+        self.masks = None
+        if key_padding_mask is not None or segment_ids is not None:
+            self.masks = {"key_padding_mask": key_padding_mask, "segment_ids": segment_ids}
         self.window = min(window, self.length)
         self.rows = min(WINDOW_ROWS, self.length)
         self.head = min(self.length, -(-self.window // self.rows) * self.rows)
@@ -163,15 +186,29 @@ class _WindowTiles:
     def calls(self):
         """The calls in position order: each a `_WindowCall`."""
         w, r = self.window, self.rows
-        yield _WindowCall(0, 1, self.head, 0, self.head, self._band(self.head, self.head, 0))
+        yield self._call(0, 1, self.head, 0, self.head, self._band(self.head, self.head, 0))
         full_end = self.length // r * r
         band = self._band(r, w + r, w)
         for first in range(self.head, full_end, self.chunk * r):
             n_tiles = min(self.chunk, (full_end - first) // r)
-            yield _WindowCall(first, n_tiles, r, -w, w + r, band)
+            yield self._call(first, n_tiles, r, -w, w + r, band)
         if self.head < self.length and full_end < self.length:
             tail = self.length - full_end
-            yield _WindowCall(full_end, 1, tail, -w, w + tail, self._band(tail, w + tail, w))
+            yield self._call(full_end, 1, tail, -w, w + tail, self._band(tail, w + tail, w))
+
+    def _call(self, first, n_tiles, n_rows, offset, width, band) -> _WindowCall:
+        """A `_WindowCall` with the `band` bias (1, 1, rows, width), or under masks its own
+        bias: the band's hidden pairs and those `document_mask` hides, (B*H, m, rows, width)."""
+        call = _WindowCall(first, n_tiles, n_rows, offset, width, band)
+        if self.masks is None:
+            return call
+        tile_first = first + torch.arange(n_tiles, device=self.device)[:, None, None] * n_rows
+        query = tile_first + torch.arange(n_rows, device=self.device)[:, None]  # (m, rows, 1)
+        key = tile_first + offset + torch.arange(width, device=self.device)  # (m, 1, width)
+        hidden = ~document_mask(**self.masks, query=query, key=key)  # (B, m, rows, width)
+        bias = torch.minimum(flash.hidden_bias(hidden, self.dtype), band[0])  # either hides
+        call.bias = bias[:, None].expand(-1, self.heads, -1, -1, -1).flatten(0, 1)
+        return call
 
     def _band(self, rows: int, width: int, offset: int) -> torch.Tensor:
         """Bias hiding, from query row i (position first + i), key column c (position first -

@@ -39,6 +39,26 @@ over its own block and the n_select - 1 earlier blocks whose compressed key scor
 (`common.selection.attend_selected`), the window over the last `window` positions, gated by the
 gates the layer computed from its token. O((L / b + n b + w) d) per token, plus one block's
 compression every b tokens.
+
+Masks (`key_padding_mask`, `segment_ids`; the predicate route of `masking`; prefill and decode
+take none):
+
+  compressed  block c is read by query i only if, besides having ended, it lies wholly in i's
+              document and holds at least one real key (`selection.DocumentBlocks.whole`): a
+              block summary is not split by documents. Summaries leave padding out: `mean`
+              averages the block's real keys (values), `mlp` sees padded positions as zeros
+              (as the short last block's padding). A query left with no such block gets 0.
+  selected    its candidates are the blocks its compressed branch reads (the ranking is that
+              branch's scores), so a block where i's document starts mid-block is selected
+              only as the own block; inside the own and the selected blocks every (query, key)
+              pair must also pass `masking.document_mask` (same document; key real or the
+              query itself).
+  window      the pairs of the window that pass `masking.document_mask`.
+
+So no branch reads a key of another document or a padded key; padded queries' outputs are 0
+(the base class). Blocks stay at absolute positions (a document's blocks depend on where it
+starts modulo block_size). The masked call builds per-sequence biases for every branch (the
+mask-free call is NSA's of before).
 """
 
 from __future__ import annotations
@@ -49,9 +69,14 @@ from torch import nn
 
 from variants.attention.common.base import Attention, pad_to_multiple
 from variants.attention.common.cache import BlockKVCache, attend_prefix
-from variants.attention.common.pooling import block_mean
+from variants.attention.common.pooling import block_mean, real_block_mean
 from variants.attention.common.selected_blocks import SelectedBlocks
-from variants.attention.common.selection import attend_selected, block_select_pairs, top_blocks
+from variants.attention.common.selection import (
+    DocumentBlocks,
+    attend_selected,
+    block_select_pairs,
+    top_blocks,
+)
 from variants.attention.nsa.function import CompressedBranch, GatedSum, WindowBranch
 from variants.checks import require_choice, require_positive_int
 from variants.registry import register_attention
@@ -75,10 +100,7 @@ class NSAAttention(Attention):
     n_gates = 3
     supports_decode = True
     independent_heads = True
-    padding_mask_reason = segments_reason = (
-        "its compressed and selected branches score whole blocks, which would have to "
-        "leave padded positions and other documents out; not implemented yet"
-    )
+    supports_padding_mask = supports_segments = True  # module docstring: each branch's rule
 
     def __init__(
         self,
@@ -116,8 +138,23 @@ class NSAAttention(Attention):
                 f"{head_dim} (the mlp compression maps blocks of head_dim channels)"
             )
 
-    def attend(self, q, k, v, gates) -> torch.Tensor:
+    def real_compressed(
+        self, x: torch.Tensor, mlp: BlockMLP | None, key_padding_mask: torch.Tensor | None
+    ) -> torch.Tensor:
+        """`compressed` with padding left out: the mean of each block's real positions, or
+        the MLP on x with padded positions zeroed. (B, H, L, D) -> (B, H, ceil(L / b), D)."""
+        if key_padding_mask is None:
+            return self.compressed(x, mlp)
+        if mlp is None:
+            return real_block_mean(x, self.block_size, key_padding_mask)[0]
+        return mlp(x * key_padding_mask[:, None, :, None].to(x.dtype))
+
+    def attend(self, q, k, v, gates, **masks) -> torch.Tensor:
+        """q, k, v: (B, H, L, D), gates (B, H, L, 3) -> (B, H, L, D); masks:
+        `key_padding_mask`, `segment_ids` (B, L), if given (module docstring)."""
         self._check_head_dim(q.shape[-1])
+        if masks:
+            return self._attend_masked(q, k, v, gates, **masks)
         keys = self.compressed(k, self.key_mlp)  # (B, H, n, D)
         values = self.compressed(v, self.value_mlp)  # (B, H, n, D)
         out_cmp = CompressedBranch.apply(q, keys, values, self.block_size)  # (B, H, L, D)
@@ -125,6 +162,21 @@ class NSAAttention(Attention):
             selected = top_blocks(q, keys, self.block_size, self.n_select - 1, causal=True)
         out_sel = SelectedBlocks.apply(q, k, v, selected, self.block_size, True)
         out_win = WindowBranch.apply(q, k, v, self.window)
+        return GatedSum.apply(gates.to(q.dtype), out_cmp, out_sel, out_win)
+
+    def _attend_masked(self, q, k, v, gates, key_padding_mask=None, segment_ids=None):
+        """`attend` under masks: each branch's rule of the module docstring."""
+        block = self.block_size
+        docs = DocumentBlocks(key_padding_mask, segment_ids, q.shape[2], block)
+        keys = self.real_compressed(k, self.key_mlp, key_padding_mask)  # (B, H, n, D)
+        values = self.real_compressed(v, self.value_mlp, key_padding_mask)  # (B, H, n, D)
+        out_cmp = CompressedBranch.apply(q, keys, values, block, docs)  # (B, H, L, D)
+        with torch.no_grad():
+            slots = self.n_select - 1
+            selected = top_blocks(q, keys, block, slots, True, docs.hide_outside)
+        masks = (key_padding_mask, segment_ids)
+        out_sel = SelectedBlocks.apply(q, k, v, selected, block, True, *masks)
+        out_win = WindowBranch.apply(q, k, v, self.window, *masks)
         return GatedSum.apply(gates.to(q.dtype), out_cmp, out_sel, out_win)
 
     # --- decoding: every key and value, and the compressed key and value of ended blocks ----

@@ -18,12 +18,14 @@ from tests.reference import (
     Gated,
     causal_mask,
     dense_attention,
+    dense_softmax_row,
     document_reference_mask,
     padded_zero,
     padding_and_documents,
     qkv,
     shared_qk_reference,
 )
+from tests.variants.attention.test_nsa import mlp_blocks
 from variants.attention.common import flash
 from variants.checks import UnsupportedCombination
 
@@ -348,3 +350,158 @@ def test_masks_that_mask_nothing_change_nothing():
         segment_ids=torch.zeros(2, 16, dtype=torch.int64),
     )
     torch.testing.assert_close(masked, plain)
+
+
+# --- block-selection variants (MoBA, NSA): per-query references of the masked rules ----------
+def _real_and_documents(keep, segments, batch):
+    """keep and segments as tensors (B, L) even where not given: all real, one document."""
+    real = torch.ones(batch, LENGTH, dtype=torch.bool) if keep is None else keep
+    docs = torch.zeros(batch, LENGTH, dtype=torch.int64) if segments is None else segments
+    return real, docs
+
+
+def moba_document_mask(q, k, block, top_k, causal, keep, segments):
+    """(B, H, L, L) bool: MoBA's keys per query under masks, written from the rule: query i
+    scores each candidate block (causal: before its own; else every other) by q_i . (mean of
+    the block's real keys of i's document), skips blocks with none, keeps the top_k - 1 and
+    its own block (causal: up to i); every pair then passes the padding / document mask."""
+    batch, heads, length, _ = q.shape
+    real, docs = _real_and_documents(keep, segments, batch)
+    n_blocks = -(-length // block)
+    mask = torch.zeros(batch, heads, length, length, dtype=torch.bool)
+    for b in range(batch):
+        for i in range(length):
+            own = i // block
+            same = real[b] & (docs[b] == docs[b, i])  # (L,) real keys of i's document
+            pieces = {}
+            for c in range(n_blocks):
+                if c < own if causal else c != own:
+                    keys = [j for j in range(c * block, min((c + 1) * block, length)) if same[j]]
+                    if keys:
+                        pieces[c] = keys
+            for h in range(heads):
+                scores = {
+                    c: float(q[b, h, i] @ k[b, h, keys].mean(dim=0)) for c, keys in pieces.items()
+                }
+                for c in sorted(scores, key=scores.get, reverse=True)[: top_k - 1]:
+                    mask[b, h, i, c * block : (c + 1) * block] = True
+                end = i + 1 if causal else (own + 1) * block
+                mask[b, h, i, own * block : end] = True
+    return mask & document_reference_mask(keep, segments)
+
+
+MOBA_CASES = [
+    {"block_size": 4, "top_k": 3},
+    {"block_size": 5, "top_k": 2},
+    {"block_size": 7, "top_k": 4},
+]
+
+
+@pytest.mark.parametrize("which", MASKS)
+@pytest.mark.parametrize("causal", [False, True], ids=["bidir", "causal"])
+@pytest.mark.parametrize("options", MOBA_CASES, ids=lambda o: f"b{o['block_size']}-k{o['top_k']}")
+def test_moba_matches_a_per_query_masked_reference(options, causal, which, flash_kernels):
+    kernel = variants.build_attention("moba", causal=causal, **options)
+    keep, segments = _masks(which)
+    q, k, v = qkv(length=LENGTH, seed=10)
+    allowed = moba_document_mask(
+        q, k, options["block_size"], options["top_k"], causal, keep, segments
+    )
+
+    def fn(q, k, v):
+        return kernel(q, k, v, **_kwargs(keep, segments))
+
+    def reference(q, k, v):
+        return padded_zero(dense_attention(q, k, v, allowed), keep)
+
+    _assert_same(fn, reference, (q, k, v))
+
+
+def nsa_document_reference(q, k, v, gates, options, compress, keep, segments):
+    """NSA under masks, per query, written from the rules: compressed over the ended blocks
+    lying wholly in the query's document with a real key (`compress`: the keys' and the
+    values' summaries, padding left out); selected over its own block and the n_select - 1 of
+    those blocks (its own excluded) with the highest compressed score; window i - w < j <= i;
+    the selected and window keys only where real (or i itself) and of i's document; gated
+    sum, padded queries' rows 0."""
+    block, n_select, window = options["block_size"], options["n_select"], options["window"]
+    batch, heads, length, dim = q.shape
+    real, docs = _real_and_documents(keep, segments, batch)
+    ck, cv = compress[0](k), compress[1](v)  # (B, H, n, D)
+    out = torch.zeros_like(q)
+    for b in range(batch):
+        for i in range(length):
+            doc, own = docs[b, i], i // block
+            may = real[b] & (docs[b] == doc)
+            may[i] = True  # a query keeps its own key
+            readable = [
+                c
+                for c in range(ck.shape[2])
+                if (c + 1) * block - 1 <= i
+                and bool((docs[b, c * block : (c + 1) * block] == doc).all())
+                and bool(real[b, c * block : (c + 1) * block].any())
+            ]
+            for h in range(heads):
+                qi = q[b, h, i]
+                o_cmp = torch.zeros_like(qi)
+                scores = {}
+                if readable:
+                    s = torch.stack([qi @ ck[b, h, c] for c in readable]) * dim**-0.5
+                    o_cmp = torch.softmax(s, dim=0) @ cv[b, h, readable]
+                    scores = {c: float(s[n].detach()) for n, c in enumerate(readable) if c != own}
+                chosen = sorted(scores, key=scores.get, reverse=True)[: n_select - 1]
+                keys = [j for c in chosen for j in range(c * block, (c + 1) * block)]
+                keys = [j for j in keys + list(range(own * block, i + 1)) if may[j]]
+                o_sel = dense_softmax_row(qi, k[b, h, keys], v[b, h, keys], dim**-0.5)
+                keys = [j for j in range(max(0, i - window + 1), i + 1) if may[j]]
+                o_win = dense_softmax_row(qi, k[b, h, keys], v[b, h, keys], dim**-0.5)
+                g = gates[b, h, i]
+                out[b, h, i] = g[0] * o_cmp + g[1] * o_sel + g[2] * o_win
+    return padded_zero(out, keep)
+
+
+def _real_summaries(kernel, block, keep):
+    """The block summaries of keys and of values with padding left out, written out: the mean
+    of each block's real positions, or the module's MLPs on the inputs with padded positions
+    zeroed."""
+    weight = None if keep is None else keep[:, None, :, None].to(torch.float64)
+
+    def mean(x):
+        w = torch.ones_like(x[..., :1]) if weight is None else weight
+        starts = range(0, x.shape[2], block)
+        sums = [(x * w)[:, :, s : s + block].sum(dim=2) for s in starts]
+        counts = [w[:, :, s : s + block].sum(dim=2).clamp(min=1) for s in starts]
+        return torch.stack([s / c for s, c in zip(sums, counts, strict=True)], dim=2)
+
+    def mlp(module):
+        return lambda x: mlp_blocks(module, block)(x if weight is None else x * weight)
+
+    if kernel.compress == "mean":
+        return mean, mean
+    return mlp(kernel.key_mlp), mlp(kernel.value_mlp)
+
+
+NSA_CASES = [
+    {"block_size": 4, "n_select": 3, "window": 5},
+    {"block_size": 5, "n_select": 2, "window": 7},  # L not a multiple of the block
+]
+
+
+@pytest.mark.parametrize("which", MASKS)
+@pytest.mark.parametrize("compress", ["mean", "mlp"])
+@pytest.mark.parametrize("options", NSA_CASES, ids=lambda o: f"b{o['block_size']}")
+def test_nsa_matches_a_per_query_masked_reference(options, compress, which, flash_kernels):
+    torch.manual_seed(0)
+    kernel = variants.build_attention("nsa", compress=compress, head_dim=8, **options).double()
+    keep, segments = _masks(which)
+    q, k, v = qkv(length=LENGTH, seed=11)
+    gates = torch.rand(*q.shape[:3], 3, generator=torch.Generator().manual_seed(12), dtype=q.dtype)
+    summaries = _real_summaries(kernel, options["block_size"], keep)
+
+    def fn(q, k, v, gates):
+        return kernel(q, k, v, gates=gates, **_kwargs(keep, segments))
+
+    def reference(q, k, v, gates):
+        return nsa_document_reference(q, k, v, gates, options, summaries, keep, segments)
+
+    _assert_same(fn, reference, (q, k, v, gates))
