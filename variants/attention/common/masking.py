@@ -17,6 +17,7 @@ gradient being zero, its key gets no gradient from it. A real query always keeps
 Variants whose output does not depend on absolute positions (linear, performer, deltanet: a
 state over the sequence) run each document's real positions as a sequence of its own
 (`per_document`): the state restarts at every boundary and padding never enters it.
+Compressed attention does the same, so its blocks start at each document's first real token.
 
 Grouped KV heads: k and v have H_kv heads dividing q's H; query head h reads key head
 h // (H / H_kv), as PyTorch's `enable_gqa` and Hugging Face's `repeat_kv`. Kernels that can use
