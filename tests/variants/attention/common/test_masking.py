@@ -6,7 +6,8 @@ variant that claims them: outputs and gradients against independent fp64 referen
 - state variants (linear, performer, deltanet): each document's real positions run alone,
   the outputs put back (padded rows zero);
 - compressed: each document's real positions compressed and attended alone (test_compressed's
-  loop reference);
+  loop reference); Linformer: each document alone, padded keys and values zeroed, projected by
+  the first columns;
 - grouped KV heads: the same kernel on explicitly repeated k, v.
 """
 
@@ -159,7 +160,7 @@ def test_state_variants_equal_each_document_run_alone(name, options, which):
     _assert_same(fn, reference, inputs)
 
 
-# --- compressed: each document alone, written out from its definition -------------------------
+# --- compressed and Linformer: each document alone, written out from their definitions --------
 COMPRESSED_CASES = [("mean", 4), ("mean", 5), ("max", 4), ("conv", 5)]
 
 
@@ -184,6 +185,34 @@ def test_compressed_equals_each_document_compressed_alone(method, factor, causal
         return each_document_alone(partial(compressed_reference, kernel), (q, k, v), keep, segments)
 
     _assert_same(fn, reference, qkv(length=LENGTH, seed=10), params=list(kernel.parameters()))
+
+
+@pytest.mark.parametrize("which", MASKS)
+@pytest.mark.parametrize("share", ["none", "kv"])
+def test_linformer_zeroes_padding_and_projects_each_document_alone(share, which):
+    """A document's positions (padded ones included, their keys and values zero) projected by
+    the first n columns of E and F; the projections' gradients too (none at padded columns)."""
+    torch.manual_seed(0)
+    kernel = variants.build_attention(
+        "linformer", k=6, share=share, n_heads=3, max_seq_len=32
+    ).double()
+    keep, segments = _masks(which)
+
+    def projected(q, k, v, real):
+        n = q.shape[2]
+        key_proj = kernel.key_proj[:, :, :n]  # (H or 1, k, n)
+        value_proj = key_proj if kernel.value_proj is None else kernel.value_proj[:, :, :n]
+        real = real[:, None].to(k.dtype)  # (n, 1)
+        return dense_attention(q, key_proj @ (k * real), value_proj @ (v * real))
+
+    def fn(q, k, v):
+        return kernel(q, k, v, **_kwargs(keep, segments))
+
+    def reference(q, k, v):
+        out = each_document_alone(projected, (q, k, v), keep, segments, with_padding=True)
+        return padded_zero(out, keep)
+
+    _assert_same(fn, reference, qkv(length=LENGTH, seed=11), params=list(kernel.parameters()))
 
 
 # --- grouped KV heads: every variant against itself on repeated keys -------------------------
