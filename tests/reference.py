@@ -298,3 +298,28 @@ def padding_and_documents(batch=2, length=24, seed=0):
     if batch > 1:
         segments[1, length // 2 :] = 1
     return keep, segments
+
+
+def each_document_alone(fn, inputs, keep, segments, with_padding=False):
+    """(B, H, L, D): fn run on every document of every sequence alone, the outputs put back at
+    the document's positions, every other row 0.
+
+    inputs: (B, H, L, *) each, sliced to (1, H, n, *) at a document's positions; `segments`
+    (B, L) ids and `keep` (B, L) bool (True = real), either None. with_padding=False: a
+    document is its real positions only, fn(*slices); True: all of its positions, and fn also
+    gets `real`, their (n,) bool of keep.
+    """
+    some = keep if keep is not None else segments
+    batch, length = some.shape
+    out = torch.zeros_like(inputs[0])
+    for b in range(batch):
+        ids = torch.zeros(length, dtype=torch.int64) if segments is None else segments[b]
+        real = torch.ones(length, dtype=torch.bool) if keep is None else keep[b]
+        for doc in ids.unique():
+            where = ((ids == doc) & (real | with_padding)).nonzero().squeeze(-1)
+            if not real[where].any():
+                continue
+            one = [x[b : b + 1, :, where] for x in inputs]
+            extra = {"real": real[where]} if with_padding else {}
+            out[b : b + 1, :, where] = fn(*one, **extra)
+    return out

@@ -17,6 +17,9 @@ gradient being zero, its key gets no gradient from it. A real query always keeps
 Variants whose output does not depend on absolute positions (linear, performer, deltanet: a
 state over the sequence) run each document's real positions as a sequence of its own
 (`per_document`): the state restarts at every boundary and padding never enters it.
+Compressed attention does the same, so its blocks start at each document's first real token.
+Linformer zeroes padded keys and values before its length projection and projects each
+document as a sequence of its own (`per_document` over all its positions).
 
 Grouped KV heads: k and v have H_kv heads dividing q's H; query head h reads key head
 h // (H / H_kv), as PyTorch's `enable_gqa` and Hugging Face's `repeat_kv`. Kernels that can use
@@ -81,7 +84,12 @@ def zero_padded_queries(out: torch.Tensor, key_padding_mask: torch.Tensor | None
     flows through them."""
     if key_padding_mask is None:
         return out
-    return out.masked_fill(~key_padding_mask[:, None, :, None], 0.0)
+    return zero_padded_positions(out, key_padding_mask)
+
+
+def zero_padded_positions(x: torch.Tensor, key_padding_mask: torch.Tensor) -> torch.Tensor:
+    """x (B, H, L, E) with the padded positions (mask False) set to 0; they pass no gradient."""
+    return x.masked_fill(~key_padding_mask[:, None, :, None], 0.0)
 
 
 def documents(

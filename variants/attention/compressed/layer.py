@@ -28,6 +28,20 @@ from real positions for mean and max; conv sees the zero padding (and adds its b
 acceptable because that block is a learned summary anyway. Causally it is never visible: it ends
 after the last real position.
 
+Masks (`key_padding_mask`, `segment_ids`): each document's real positions run as a sequence of
+their own (`masking.per_document`), so the blocks are counted from the document's first real
+token and every summary pools real keys of one document only (a summary of no real key does not
+exist); causally the exact part is the query's own block of that sequence, up to itself. A
+packed document is thus compressed exactly as it would be alone, and a right-padded sequence
+exactly as the sequence without its padding; a padded run inside a sequence is cut out (the
+tokens after it move up into its blocks). Summaries aligned to absolute positions instead would
+straddle document boundaries: pooling each straddling block per document gives a summary set
+that depends on the query's document, and dropping the blocks not wholly inside a document
+hides a document's first keys from its own bidirectional queries; either also needs a mask in
+both causal parts, where now the fused kernels' causal flag alone masks (no mask tensor, see
+`PastBlocksAndOwnBlock`). Without masks the call is the unmasked one of before. The cost is a
+Python loop over the batch's documents.
+
 Unlike a public implementation, masked scores are -inf (not +inf) and there is no dropout on the
 scores before the softmax.
 """
@@ -40,6 +54,7 @@ from torch import nn
 
 from variants.attention.common.base import Attention
 from variants.attention.common.cache import PrefixCache, attend_prefix
+from variants.attention.common.masking import per_document
 from variants.attention.common.pooling import block_mean
 from variants.attention.compressed.function import (
     PastBlocksAndOwnBlock,
@@ -54,7 +69,11 @@ METHODS = ("conv", "mean", "max")
 
 @register_attention
 class CompressedAttention(Attention):
-    """Memory-compressed attention: keys and values shortened f-fold (strided conv, mean or max)."""
+    """Memory-compressed attention: keys and values shortened f-fold (strided conv, mean or max).
+
+    Masks: each document's real positions attend as a sequence of their own, blocks counted
+    from its first real token (`per_document`; why in the module docstring).
+    """
 
     name = "compressed"
     exact = False
@@ -63,10 +82,7 @@ class CompressedAttention(Attention):
     supports_decode = True
     softmax_kernels = "flash"
     independent_heads = True
-    padding_mask_reason = segments_reason = (
-        "its keys are summaries of whole blocks, which would have to leave padded "
-        "positions and other documents out; not implemented yet"
-    )
+    supports_padding_mask = supports_segments = True  # each document alone (module docstring)
 
     def __init__(
         self, *, causal: bool = False, factor: int = 4, method: str = "conv", head_dim: int = 64
@@ -89,7 +105,21 @@ class CompressedAttention(Attention):
             return block_max(x, self.factor)
         return block_conv(x, conv)
 
-    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    def attend(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        *,
+        key_padding_mask: torch.Tensor | None = None,
+        segment_ids: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """q, k, v (B, H, L, D) -> (B, H, L, D); with masks, each document's real positions
+        attend as a sequence of their own (module docstring)."""
+        if key_padding_mask is not None or segment_ids is not None:
+            return per_document(
+                self.attend, q, k, v, key_padding_mask=key_padding_mask, segment_ids=segment_ids
+            )
         if self.method == "conv" and q.shape[-1] != self.head_dim:
             raise ValueError(
                 f"{self.name}: option 'head_dim'={self.head_dim} must equal the inputs' head_dim "

@@ -12,6 +12,18 @@ Sharing modes (`share`), with parameters per layer for H heads:
   layerwise  like kv, and all layers use the first layer's projection (the model calls
              `tie_to`), so k N for the whole model.
 
+Masks. `key_padding_mask`: padded keys and values are zeroed before the length projection, so
+each projected key and value is a mix of real positions only, through the columns of their
+absolute positions; all k projected slots stay and keep their meaning (slot j is still
+sum_l E[j, l] k_l, over the real l). A right-padded sequence of n real tokens so gets exactly
+what it gets alone (the first n columns of E and F); a padded run inside a sequence or on the
+left leaves its columns unused (the later tokens keep theirs). `segment_ids`: each document runs
+as a sequence of its own (`masking.per_document` over its positions, padded ones included and
+zeroed), so its projection starts at column 0 and mixes no other document's positions; a
+document is thus projected exactly as it would be alone. A padded query's output is zero (the
+base class). Without masks the call is the unmasked one of before; documents cost a Python loop
+over the batch's documents, padding alone one masked fill.
+
 Initialisation follows the paper's fairseq code: xavier-uniform over each (k, N) matrix with gain
 1/sqrt(2), i.e. U(-b, b) with b = sqrt(3 / (k + N)); a projected key then has about L / (k + N)
 times the variance of a key, never more.
@@ -26,6 +38,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from variants.attention.common.base import Attention
+from variants.attention.common.masking import per_document, zero_padded_positions
 from variants.checks import UnsupportedCombination, require_choice, require_positive_int
 from variants.registry import register_attention
 
@@ -45,7 +58,11 @@ def sequence_projection(copies: int, proj_len: int, max_seq_len: int) -> nn.Para
 
 @register_attention
 class LinformerAttention(Attention):
-    """Linformer: keys and values projected along the sequence to k rows by learned E and F."""
+    """Linformer: keys and values projected along the sequence to k rows by learned E and F.
+
+    Masks: padded keys and values zeroed before the projection (columns stay at their absolute
+    positions); each document projected as a sequence of its own (module docstring).
+    """
 
     name = "linformer"
     exact = False
@@ -53,10 +70,7 @@ class LinformerAttention(Attention):
     memory_complexity = "O(L k)"
     softmax_kernels = "sdpa"
     causal_supported = False
-    padding_mask_reason = segments_reason = (
-        "its learned projection along the sequence mixes every position into each projected "
-        "key, so no key of a padded position or of another document can be left out"
-    )
+    supports_padding_mask = supports_segments = True  # module docstring
     causal_reason = (
         "its projection along the sequence mixes future positions into every projected key, "
         "so no query can be kept from seeing the future"
@@ -113,7 +127,23 @@ class LinformerAttention(Attention):
             )
         self.key_proj = first.key_proj
 
-    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    def attend(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        *,
+        key_padding_mask: torch.Tensor | None = None,
+        segment_ids: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """q, k, v (B, H, L, D) -> (B, H, L, D); padded keys and values zeroed before the
+        projection, each document projected as a sequence of its own (module docstring)."""
+        if key_padding_mask is not None:
+            # Zeroed, padded keys and values add nothing to any projected slot.
+            k = zero_padded_positions(k, key_padding_mask)  # (B, H, L, D)
+            v = zero_padded_positions(v, key_padding_mask)
+        if segment_ids is not None:
+            return per_document(self.attend, q, k, v, segment_ids=segment_ids)
         heads, length = q.shape[1], q.shape[2]
         if self.key_proj.shape[0] not in (1, heads):
             raise ValueError(

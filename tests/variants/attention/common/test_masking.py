@@ -5,10 +5,15 @@ variant that claims them: outputs and gradients against independent fp64 referen
   (written out in `tests.reference`), plain softmax attention, padded query rows zeroed;
 - state variants (linear, performer, deltanet): each document's real positions run alone,
   the outputs put back (padded rows zero);
+- compressed: each document's real positions compressed and attended alone (test_compressed's
+  loop reference); Linformer: each document alone, padded keys and values zeroed, projected by
+  the first columns;
 - grouped KV heads: the same kernel on explicitly repeated k, v.
 """
 
 from __future__ import annotations
+
+from functools import partial
 
 import pytest
 import torch
@@ -20,11 +25,13 @@ from tests.reference import (
     dense_attention,
     dense_softmax_row,
     document_reference_mask,
+    each_document_alone,
     padded_zero,
     padding_and_documents,
     qkv,
     shared_qk_reference,
 )
+from tests.variants.attention.test_compressed import reference_output as compressed_reference
 from tests.variants.attention.test_nsa import mlp_blocks
 from variants.attention.common import flash
 from variants.checks import UnsupportedCombination
@@ -47,19 +54,21 @@ def _kwargs(keep, segments):
     return masks
 
 
-def _outputs_and_grads(fn, inputs, weight):
+def _outputs_and_grads(fn, inputs, weight, params=()):
     inputs = [x.detach().clone().requires_grad_() for x in inputs]
     out = fn(*inputs)
-    grads = torch.autograd.grad((out * weight).sum(), inputs)
+    grads = torch.autograd.grad((out * weight).sum(), [*inputs, *params])
     return out, grads
 
 
-def _assert_same(fn, reference, inputs, seed=1):
+def _assert_same(fn, reference, inputs, seed=1, params=()):
+    """fn and reference agree on outputs and on the gradients of `inputs` and `params` (the
+    kernel's own parameters, which both read)."""
     weight = torch.randn(
         inputs[0].shape, generator=torch.Generator().manual_seed(seed), dtype=inputs[0].dtype
     )
-    out, grads = _outputs_and_grads(fn, inputs, weight)
-    expected, expected_grads = _outputs_and_grads(reference, inputs, weight)
+    out, grads = _outputs_and_grads(fn, inputs, weight, params)
+    expected, expected_grads = _outputs_and_grads(reference, inputs, weight, params)
     torch.testing.assert_close(out, expected)
     for grad, expected_grad in zip(grads, expected_grads, strict=True):
         torch.testing.assert_close(grad, expected_grad)
@@ -186,20 +195,69 @@ def test_state_variants_equal_each_document_run_alone(name, options, which):
         gates = {"gates": x[3]} if kernel.n_gates else {}
         return kernel(*x[:3], **gates, **_kwargs(keep, segments))
 
+    def alone(*x):
+        gates = {"gates": x[3]} if kernel.n_gates else {}
+        return kernel(*x[:3], **gates)
+
     def reference(*x):
-        out = torch.zeros_like(x[0])
-        for b in range(q.shape[0]):
-            ids = torch.zeros(LENGTH, dtype=torch.int64) if segments is None else segments[b]
-            real = torch.ones(LENGTH, dtype=torch.bool) if keep is None else keep[b]
-            for doc in ids.unique():
-                where = ((ids == doc) & real).nonzero().squeeze(-1)
-                if len(where):
-                    one = [t[b : b + 1, :, where] for t in x]
-                    gates = {"gates": one[3]} if kernel.n_gates else {}
-                    out[b : b + 1, :, where] = kernel(*one[:3], **gates)
-        return out
+        return each_document_alone(alone, x, keep, segments)
 
     _assert_same(fn, reference, inputs)
+
+
+# --- compressed and Linformer: each document alone, written out from their definitions --------
+COMPRESSED_CASES = [("mean", 4), ("mean", 5), ("max", 4), ("conv", 5)]
+
+
+@pytest.mark.parametrize("which", MASKS)
+@pytest.mark.parametrize("causal", [False, True], ids=["bidir", "causal"])
+@pytest.mark.parametrize(
+    "method, factor", COMPRESSED_CASES, ids=[f"{m}-{f}" for m, f in COMPRESSED_CASES]
+)
+def test_compressed_equals_each_document_compressed_alone(method, factor, causal, which):
+    """Blocks counted from each document's first real token: documents of 2 to 13 real tokens,
+    mostly not a multiple of the factor. The convs' gradients too."""
+    torch.manual_seed(0)
+    kernel = variants.build_attention(
+        "compressed", causal=causal, factor=factor, method=method, head_dim=8
+    ).double()
+    keep, segments = _masks(which)
+
+    def fn(q, k, v):
+        return kernel(q, k, v, **_kwargs(keep, segments))
+
+    def reference(q, k, v):
+        return each_document_alone(partial(compressed_reference, kernel), (q, k, v), keep, segments)
+
+    _assert_same(fn, reference, qkv(length=LENGTH, seed=10), params=list(kernel.parameters()))
+
+
+@pytest.mark.parametrize("which", MASKS)
+@pytest.mark.parametrize("share", ["none", "kv"])
+def test_linformer_zeroes_padding_and_projects_each_document_alone(share, which):
+    """A document's positions (padded ones included, their keys and values zero) projected by
+    the first n columns of E and F; the projections' gradients too (none at padded columns)."""
+    torch.manual_seed(0)
+    kernel = variants.build_attention(
+        "linformer", k=6, share=share, n_heads=3, max_seq_len=32
+    ).double()
+    keep, segments = _masks(which)
+
+    def projected(q, k, v, real):
+        n = q.shape[2]
+        key_proj = kernel.key_proj[:, :, :n]  # (H or 1, k, n)
+        value_proj = key_proj if kernel.value_proj is None else kernel.value_proj[:, :, :n]
+        real = real[:, None].to(k.dtype)  # (n, 1)
+        return dense_attention(q, key_proj @ (k * real), value_proj @ (v * real))
+
+    def fn(q, k, v):
+        return kernel(q, k, v, **_kwargs(keep, segments))
+
+    def reference(q, k, v):
+        out = each_document_alone(projected, (q, k, v), keep, segments, with_padding=True)
+        return padded_zero(out, keep)
+
+    _assert_same(fn, reference, qkv(length=LENGTH, seed=11), params=list(kernel.parameters()))
 
 
 # --- grouped KV heads: every variant against itself on repeated keys -------------------------
