@@ -6,6 +6,9 @@ variant that claims them: outputs and gradients against independent fp64 referen
 - state variants (linear, performer, deltanet): each document's real positions run alone,
   the outputs put back (padded rows zero);
 - grouped KV heads: the same kernel on explicitly repeated k, v.
+
+LSH and routing, whose pairs depend on their buckets and clusters, are tested in their own
+modules against the same document mask.
 """
 
 from __future__ import annotations
@@ -16,9 +19,11 @@ import torch
 import variants
 from tests.reference import (
     Gated,
+    assert_same_outputs_and_grads,
     causal_mask,
     dense_attention,
     document_reference_mask,
+    mask_kwargs,
     padded_zero,
     padding_and_documents,
     qkv,
@@ -33,33 +38,6 @@ LENGTH = 24
 def _masks(which):
     keep, segments = padding_and_documents(length=LENGTH)
     return (None if which == "documents" else keep), (None if which == "padding" else segments)
-
-
-def _kwargs(keep, segments):
-    masks = {}
-    if keep is not None:
-        masks["key_padding_mask"] = keep
-    if segments is not None:
-        masks["segment_ids"] = segments
-    return masks
-
-
-def _outputs_and_grads(fn, inputs, weight):
-    inputs = [x.detach().clone().requires_grad_() for x in inputs]
-    out = fn(*inputs)
-    grads = torch.autograd.grad((out * weight).sum(), inputs)
-    return out, grads
-
-
-def _assert_same(fn, reference, inputs, seed=1):
-    weight = torch.randn(
-        inputs[0].shape, generator=torch.Generator().manual_seed(seed), dtype=inputs[0].dtype
-    )
-    out, grads = _outputs_and_grads(fn, inputs, weight)
-    expected, expected_grads = _outputs_and_grads(reference, inputs, weight)
-    torch.testing.assert_close(out, expected)
-    for grad, expected_grad in zip(grads, expected_grads, strict=True):
-        torch.testing.assert_close(grad, expected_grad)
 
 
 PATTERN_CASES = [
@@ -97,7 +75,7 @@ def test_pattern_variants_match_a_dense_masked_reference(name, options, causal, 
         inputs = (q, v)
 
         def fn(q, v):
-            return kernel(q, q, v, **_kwargs(keep, segments))
+            return kernel(q, q, v, **mask_kwargs(keep, segments))
 
         def reference(q, v):
             return padded_zero(shared_qk_reference(q, v, allowed), keep)
@@ -105,12 +83,12 @@ def test_pattern_variants_match_a_dense_masked_reference(name, options, causal, 
         inputs = (q, k, v)
 
         def fn(q, k, v):
-            return kernel(q, k, v, **_kwargs(keep, segments))
+            return kernel(q, k, v, **mask_kwargs(keep, segments))
 
         def reference(q, k, v):
             return padded_zero(dense_attention(q, k, v, allowed), keep)
 
-    _assert_same(fn, reference, inputs)
+    assert_same_outputs_and_grads(fn, reference, inputs)
 
 
 STATE_CASES = [
@@ -139,7 +117,7 @@ def test_state_variants_equal_each_document_run_alone(name, options, which):
 
     def fn(*x):
         gates = {"gates": x[3]} if kernel.n_gates else {}
-        return kernel(*x[:3], **gates, **_kwargs(keep, segments))
+        return kernel(*x[:3], **gates, **mask_kwargs(keep, segments))
 
     def reference(*x):
         out = torch.zeros_like(x[0])
@@ -154,7 +132,7 @@ def test_state_variants_equal_each_document_run_alone(name, options, which):
                     out[b : b + 1, :, where] = kernel(*one[:3], **gates)
         return out
 
-    _assert_same(fn, reference, inputs)
+    assert_same_outputs_and_grads(fn, reference, inputs)
 
 
 # --- grouped KV heads: every variant against itself on repeated keys -------------------------
@@ -198,7 +176,7 @@ def test_grouped_kv_heads_equal_the_kernel_on_repeated_keys(name, causal):
     def repeated(q, k, v):
         return kernel(q, k.repeat_interleave(2, dim=1), v.repeat_interleave(2, dim=1))
 
-    _assert_same(kernel, repeated, (q, k, v))
+    assert_same_outputs_and_grads(kernel, repeated, (q, k, v))
 
 
 @pytest.mark.parametrize("impl", ["sdpa", "math"])
