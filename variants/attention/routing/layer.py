@@ -53,7 +53,9 @@ itself), tested on the sorted positions of each chunk's window (`windows.WindowD
 so no query attends across a document boundary or to a padded key. Tokens the key padding
 mask pads join the extra last cluster of the alignment padding: they take no place in a real
 cluster's window, and they do not move the centroids (their routing vectors are computed,
-their clusters ignored). Documents are routed together: a cluster's window may hold members
+their clusters ignored); so padding alone takes no window mask, only documents do (a padded
+query's row, zeroed afterwards, may then hold other padded tokens: that changes no real
+output nor gradient). Documents are routed together: a cluster's window may hold members
 of other documents, which are masked, so a query at a document's edge has fewer keys than
 without documents. A query left with no allowed key but itself attends to itself alone
 (output its own value), the self rule's fallback; it is always defined, never NaN.
@@ -155,7 +157,9 @@ class RoutingAttention(Attention):
         padded = -(-length // m) * m
         layout = ClusterLayout(clusters, self.n_clusters, padded, self.window, self.causal)
         documents = None
-        if key_padding_mask is not None or segment_ids is not None:
+        # Padding alone needs no window mask: the padding cluster keeps every real query off
+        # padded keys (a padded query's row, zeroed afterwards, may see padded tokens).
+        if segment_ids is not None:
             masks = SequenceDocuments(key_padding_mask, segment_ids, heads)
             windows = 2 if self.causal else 3
             documents = WindowDocuments(masks, layout.order_rows, padded, m, windows)
