@@ -86,11 +86,10 @@ class RoundMasks:
     """The window keys a sorted query must not see, per slice of sequences and round.
 
     order, slot: (S, R, Lp) as in `LSHAttention.attend`; documents: the forward's masks, or
-    None. `fill` writes one round of a group of
-    sequences into a (g, C, m, W*m) uint8 mask; `round` builds one. `LSHAttention._hidden_keys`
-    fills its whole mask with `fill`; above MASK_BYTES the attention takes this object instead
-    and builds each slice and round's part when it attends to it (twice per step: forward and
-    backward), so only one slice-round of mask is live.
+    None. `fill` writes one round of a group of sequences into a (g, C, m, W*m) uint8 mask;
+    `round` builds one. `hidden_keys` fills its whole mask with `fill`; above MASK_BYTES the
+    attention takes this object instead and builds each slice and round's part when it attends
+    to it (twice per step: forward and backward), so only one slice-round of mask is live.
     """
 
     def __init__(
