@@ -99,13 +99,13 @@ def test_masks_keep_every_window_within_its_document_and_off_padded_keys(
         (None if which == "documents" else keep),
         (None if which == "padding" else segments),
     )
-    masks = mask_kwargs(keep, segments)
+    given = mask_kwargs(keep, segments)
     q, _, v = qkv(2, 2, 22, 8, seed=n_hashes)
     q = q * 3  # sharper scores: a pair with a wrong weight shows clearly
     module = build_attention(
         "lsh", causal=causal, n_hashes=n_hashes, bucket_size=4, n_buckets=6, dedup=dedup, seed=4
     )
-    module(q, q, v, **masks)  # hashes: the reference reads its buckets
+    module(q, q, v, **given)  # hashes: the reference reads its buckets
     buckets = module.last_buckets
     if keep is not None:
         assert (buckets[..., :22].long() == 6).eq(~keep[:, None, None]).all()
@@ -116,7 +116,7 @@ def test_masks_keep_every_window_within_its_document_and_off_padded_keys(
 
     def lsh(q, v):
         with replaying():
-            return module(q, q, v, **masks)
+            return module(q, q, v, **given)
 
     def reference(q, v):
         out = shared_qk_reference(q, v, allowed, multiplicity=None if dedup else counts)
