@@ -323,3 +323,34 @@ def each_document_alone(fn, inputs, keep, segments, with_padding=False):
             extra = {"real": real[where]} if with_padding else {}
             out[b : b + 1, :, where] = fn(*one, **extra)
     return out
+
+
+def assert_same_outputs_and_grads(fn, reference, inputs, seed=1, params=()):
+    """fn(*inputs) and reference(*inputs) give the same outputs and the same gradients of
+    (out * w).sum() for a random w of the output's shape (drawn from `seed`), with respect to
+    `inputs` and to `params` (a kernel's own parameters, which both read)."""
+    weight = torch.randn(
+        inputs[0].shape, generator=torch.Generator().manual_seed(seed), dtype=inputs[0].dtype
+    )
+    out, grads = _outputs_and_grads(fn, inputs, weight, params)
+    expected, expected_grads = _outputs_and_grads(reference, inputs, weight, params)
+    torch.testing.assert_close(out, expected)
+    for grad, expected_grad in zip(grads, expected_grads, strict=True):
+        torch.testing.assert_close(grad, expected_grad)
+
+
+def _outputs_and_grads(fn, inputs, weight, params=()):
+    inputs = [x.detach().clone().requires_grad_() for x in inputs]
+    out = fn(*inputs)
+    grads = torch.autograd.grad((out * weight).sum(), [*inputs, *params])
+    return out, grads
+
+
+def mask_kwargs(keep, segments):
+    """The forward's mask keywords for a key padding mask and segment ids, either None."""
+    masks = {}
+    if keep is not None:
+        masks["key_padding_mask"] = keep
+    if segments is not None:
+        masks["segment_ids"] = segments
+    return masks

@@ -11,12 +11,12 @@ from experiments.measurement.timing import Ratio
 def test_toy_run_writes_a_row_per_variant_with_positive_finite_ratios(tmp_path, capsys):
     out = tmp_path / "masks.md"
     rows = masks.main(
-        ["--seq-len", "256", "--kernels", "full,moba", "--rounds", "1"]
+        ["--seq-len", "256", "--kernels", "full,lsh", "--rounds", "1"]
         + ["--min-round-s", "0", "--markdown", str(out)]
     )
-    assert [row.variant for row in rows] == ["full", "moba"]
+    assert [row.variant for row in rows] == ["full", "lsh"]
     assert set(rows[0].costs) == {"padding", "documents", "gqa"}
-    assert set(rows[1].costs) == {"gqa"}  # moba takes no masks: only grouped heads
+    assert set(rows[1].costs) == {"padding", "documents"}  # lsh (shared QK): no grouped heads
     assert masks.finite_positive(rows)
     text = out.read_text()
     assert "L=256" in text and "1 thread(s)" in text and "commit" in text
@@ -24,12 +24,12 @@ def test_toy_run_writes_a_row_per_variant_with_positive_finite_ratios(tmp_path, 
     assert len(lines) == 2 + 2  # header, rule, one line per variant
     cells = [[c.strip() for c in line.split("|")[1:-1]] for line in lines[2:]]
     assert all(len(row) == 6 for row in cells)
-    full, moba = cells
-    assert full[0] == "`full`" and moba[0] == "`moba`"
-    for value in (*full[1:], moba[4], moba[5]):
+    full, lsh = cells
+    assert full[0] == "`full`" and lsh[0] == "`lsh`"
+    for value in (*full[1:], *lsh[1:4]):
         number = float(value.strip("*").split("×")[0].strip("*"))
         assert number > 0 and math.isfinite(number)
-    assert moba[1:4] == ["—", "—", "—"]
+    assert lsh[4:6] == ["—", "—"]
     assert text.split("\n\n", 1)[1].strip() in capsys.readouterr().out
 
 

@@ -11,7 +11,12 @@ import yaml
 from tests.reference import (
     assert_causal,
     assert_layout_independent,
+    assert_same_outputs_and_grads,
     causal_mask,
+    document_reference_mask,
+    mask_kwargs,
+    padded_zero,
+    padding_and_documents,
     qkv,
     shared_qk_reference,
 )
@@ -77,6 +82,66 @@ def test_rounds_combine_over_the_union_of_windows(dedup, causal, n_hashes, lengt
         allowed = allowed & causal_mask(length)
     expected = shared_qk_reference(q, v, allowed, multiplicity=None if dedup else counts)
     torch.testing.assert_close(out, expected)
+
+
+@pytest.mark.parametrize("which", ["padding", "documents", "both"])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize(("n_hashes", "dedup"), [(1, True), (3, True), (3, False)])
+def test_masks_keep_every_window_within_its_document_and_off_padded_keys(
+    which, causal, n_hashes, dedup, flash_kernels
+):
+    # L=22, m=4: six chunks (the last padded), so windows differ between rounds. A window's
+    # pair stays only where the document mask allows it too; padded tokens go to the padding
+    # bucket, and the reference's windows come from the kernel's buckets (hence with them).
+    # Rows left with only the query itself attend to it (the self rule's fallback).
+    keep, segments = padding_and_documents(length=22, seed=1)
+    keep, segments = (
+        (None if which == "documents" else keep),
+        (None if which == "padding" else segments),
+    )
+    given = mask_kwargs(keep, segments)
+    q, _, v = qkv(2, 2, 22, 8, seed=n_hashes)
+    q = q * 3  # sharper scores: a pair with a wrong weight shows clearly
+    module = build_attention(
+        "lsh", causal=causal, n_hashes=n_hashes, bucket_size=4, n_buckets=6, dedup=dedup, seed=4
+    )
+    module(q, q, v, **given)  # hashes: the reference reads its buckets
+    buckets = module.last_buckets
+    if keep is not None:
+        assert (buckets[..., :22].long() == 6).eq(~keep[:, None, None]).all()
+    counts = window_counts(buckets, 22, bucket_size=4)
+    allowed = (counts > 0) & document_reference_mask(keep, segments)
+    if causal:
+        allowed = allowed & causal_mask(22)
+
+    def lsh(q, v):
+        with replaying():
+            return module(q, q, v, **given)
+
+    def reference(q, v):
+        out = shared_qk_reference(q, v, allowed, multiplicity=None if dedup else counts)
+        return padded_zero(out, keep)
+
+    assert_same_outputs_and_grads(lsh, reference, (q, v))
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_masks_rebuilt_per_slice_and_round_change_nothing(causal, monkeypatch):
+    # Above MASK_BYTES the window masks, documents included, are rebuilt per slice of
+    # sequences and round, in forward and again in backward (`masks.RoundMasks`).
+    keep, segments = padding_and_documents(length=22, seed=2)
+    given = mask_kwargs(keep, segments)
+    q, _, v = qkv(2, 2, 22, 8, seed=5, requires_grad=True)
+    module = build_attention("lsh", causal=causal, n_hashes=3, bucket_size=4, seed=6)
+    out = module(q, q, v, **given)
+    grads = torch.autograd.grad(out.square().sum(), (q, v))
+    monkeypatch.setattr(masks, "MASK_BYTES", 1)
+    monkeypatch.setattr(buffers, "SLICE_BYTES", 1)
+    with replaying():
+        rebuilt = module(q, q, v, **given)
+        rebuilt_grads = torch.autograd.grad(rebuilt.square().sum(), (q, v))
+    torch.testing.assert_close(rebuilt, out)
+    torch.testing.assert_close(rebuilt_grads, grads)
 
 
 def test_padded_positions_are_never_keys():

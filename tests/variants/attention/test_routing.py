@@ -9,7 +9,12 @@ import torch.nn.functional as F
 from tests.reference import (
     assert_causal,
     assert_layout_independent,
+    assert_same_outputs_and_grads,
     causal_mask,
+    document_reference_mask,
+    mask_kwargs,
+    padded_zero,
+    padding_and_documents,
     qkv,
     shared_qk_reference,
 )
@@ -66,6 +71,53 @@ def test_each_query_sees_its_clusters_members_within_the_window(
     assert clusters.unique().numel() == 3  # every cluster in use, so the pattern is real
     expected = shared_qk_reference(q, v, allowed_pairs(clusters, window, causal))
     torch.testing.assert_close(out, expected)
+
+
+@pytest.mark.parametrize("which", ["padding", "documents", "both"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_masks_keep_every_run_within_its_document_and_off_padded_keys(which, causal, flash_kernels):
+    # L=26, window 4: seven chunks (the last padded), three clusters. A pair of the query's run
+    # stays only where the document mask allows it too; padded tokens join the padding
+    # cluster, so the reference's runs (from the kernel's clusters) leave them out. Rows left
+    # with only the query itself attend to it (the self rule's fallback).
+    keep, segments = padding_and_documents(length=26, seed=1)
+    keep, segments = (
+        (None if which == "documents" else keep),
+        (None if which == "padding" else segments),
+    )
+    masks = mask_kwargs(keep, segments)
+    q, _, v = qkv(2, 2, 26, 8, seed=2)
+    module = build(causal)
+    module(q, q, v, **masks)  # routes (and trains): the reference reads its clusters
+    clusters = module.last_clusters.long()
+    if keep is not None:
+        assert (clusters == 3).eq(~keep[:, None]).all()
+    allowed = allowed_pairs(clusters, 4, causal) & document_reference_mask(keep, segments)
+
+    def routing(q, v):
+        with replaying():
+            return module(q, q, v, **masks)
+
+    def reference(q, v):
+        return padded_zero(shared_qk_reference(q, v, allowed), keep)
+
+    assert_same_outputs_and_grads(routing, reference, (q, v))
+
+
+def test_padded_tokens_move_no_centroid_and_reach_no_real_output():
+    keep, segments = padding_and_documents(length=26, seed=1)
+    q, _, v = qkv(2, 2, 26, 8, seed=3)
+    changed_q, changed_v = q.clone(), v.clone()
+    changed_q[~keep[:, None].expand(-1, 2, -1)] *= -5  # padded tokens only
+    changed_v[~keep[:, None].expand(-1, 2, -1)] += 1
+    first, second, plain = build(decay=0.9), build(decay=0.9), build(decay=0.9)
+    out = first(q, q, v, key_padding_mask=keep, segment_ids=segments)
+    changed = second(changed_q, changed_q, changed_v, key_padding_mask=keep, segment_ids=segments)
+    plain(q, q, v)
+    assert torch.equal(first.centroid_sums, second.centroid_sums)
+    assert torch.equal(first.centroid_counts, second.centroid_counts)
+    assert not torch.equal(first.centroid_counts, plain.centroid_counts)
+    torch.testing.assert_close(out, changed)  # padded rows are zeros in both
 
 
 def test_clusters_are_the_nearest_centroids_of_the_layer_normed_queries():
@@ -134,15 +186,17 @@ def test_gradcheck_with_replayed_clusters(causal, flash_kernels):
         assert torch.autograd.gradcheck(lambda a, b: module(a, a, b), (q, v), fast_mode=True)
 
 
+@pytest.mark.parametrize("masked", [False, True])
 @pytest.mark.parametrize("causal", [False, True])
-def test_one_chunk_per_call_changes_nothing(causal, monkeypatch):
+def test_one_chunk_per_call_changes_nothing(causal, masked, monkeypatch):
     q, _, v = qkv(2, 2, 30, 8, seed=3, requires_grad=True)
+    masks = mask_kwargs(*padding_and_documents(length=30)) if masked else {}
     module = build(causal)
-    out = module(q, q, v)
+    out = module(q, q, v, **masks)
     grads = torch.autograd.grad(out.square().sum(), (q, v))
     monkeypatch.setattr(buffers, "PIECE_BYTES", 1)  # routing's budget too
     with replaying():
-        sliced = module(q, q, v)
+        sliced = module(q, q, v, **masks)
         sliced_grads = torch.autograd.grad(sliced.square().sum(), (q, v))
     torch.testing.assert_close(sliced, out)
     torch.testing.assert_close(sliced_grads, grads)

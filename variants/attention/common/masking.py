@@ -74,6 +74,38 @@ def document_mask(
     return allowed
 
 
+class SequenceDocuments:
+    """`document_mask` for kernels that reorder every sequence their own way (LSH's sorted
+    rounds, routing's clusters): S = B * heads sequences, B*H flattened (sequence s is batch
+    row s // heads), each with its own positions at each sorted slot.
+
+    key_padding_mask, segment_ids: (B, L) or None (not both), as `document_mask` takes them.
+    """
+
+    def __init__(
+        self, key_padding_mask: torch.Tensor | None, segment_ids: torch.Tensor | None, heads: int
+    ):
+        some = key_padding_mask if key_padding_mask is not None else segment_ids
+        self.batch, self.length = some.shape
+        self.heads = heads
+        # One row of B*L tokens: position p of batch row b is token b*L + p. A query and its
+        # keys are always of one sequence, so documents never need telling apart across rows.
+        self.flat = [
+            None if x is None else x.reshape(1, -1) for x in (key_padding_mask, segment_ids)
+        ]
+
+    def allowed(self, sequences: slice, query: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
+        """Bool (s, *pairs) for the sequences `sequences` (a slice of range(S)): query, key
+        integer positions (s, ...) broadcastable against each other (any integer dtype);
+        positions outside [0, L) are read at the nearest position, as `document_mask`."""
+        rows = torch.arange(self.batch * self.heads, device=query.device)[sequences]  # (s,)
+        trailing = (1,) * (max(query.dim(), key.dim()) - 1)
+        start = (rows // self.heads * self.length).view(-1, *trailing)  # (s, 1, ...)
+        q_at = query.clamp(0, self.length - 1).long() + start  # (s, ...)
+        k_at = key.clamp(0, self.length - 1).long() + start  # (s, ...)
+        return document_mask(*self.flat, q_at, k_at)[0]
+
+
 def _at(per_token: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     """per_token (B, L) read at `positions` (any shape of indices): (B, *positions.shape)."""
     return per_token[:, positions.reshape(-1)].view(per_token.shape[0], *positions.shape)

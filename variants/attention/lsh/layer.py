@@ -62,6 +62,17 @@ attention itself (benchmarks/README.md, "LSH works on one round of a few sequenc
 A length that is not a multiple of m is padded; padded positions hash into an extra last bucket
 (so they sort to the end of every round), are never keys, and their outputs are dropped.
 
+Masks (`masking`: `key_padding_mask`, `segment_ids`): a (query, key) pair a round's window
+offers is kept only if `masking.document_mask` allows it too (same document; key real or the
+query itself), tested on the sorted positions with the causal and dedup masks (`masks`), so no
+query attends across a document boundary or to a padded key. Tokens the key padding mask pads
+go to the extra last bucket as the alignment padding does (their vectors are still projected,
+their buckets ignored): they sort to the end and take no slot in the chunks of real tokens.
+Documents are hashed and sorted together: a window may hold keys of other documents, which are
+masked, so a query near few keys of its own document has fewer keys than without documents.
+A query whose window (in every round) holds no allowed key but itself attends to itself alone
+(output its own value), the self rule's fallback; it is always defined, never NaN.
+
 Hashing (no gradient) costs n_hashes * L * d * (sum of the factors' bucket counts / 2)
 multiply-adds: below the attention's own matmuls at every length. `flops` counts only the
 attention matmuls.
@@ -82,6 +93,7 @@ from variants.attention.common.base import (
 )
 from variants.attention.common.buffers import index_dtype
 from variants.attention.common.cache import KVCache
+from variants.attention.common.masking import SequenceDocuments
 from variants.attention.lsh.function import RoundsWindowAttention
 from variants.attention.lsh.hashing import angular_hash, hash_factors
 from variants.attention.lsh.masks import hidden_keys
@@ -109,10 +121,7 @@ class LSHAttention(Attention):
     supports_gqa = False
     gqa_reason = "its keys are the unit-normalised queries (shared QK), one per query head"
     supports_decode = True
-    padding_mask_reason = segments_reason = (
-        "its hashed chunks gather positions from the whole sequence and attend within "
-        "fixed-size chunks; per-sequence masks inside the chunks are not implemented"
-    )
+    supports_padding_mask = supports_segments = True  # masked inside the windows
     decode_matches_forward = False
 
     def __init__(
@@ -140,13 +149,26 @@ class LSHAttention(Attention):
         self.dedup = require_bool(self.name, "dedup", dedup)
         self.last_buckets: torch.Tensor | None = None
 
-    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    def attend(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        *,
+        key_padding_mask: torch.Tensor | None = None,
+        segment_ids: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """q, v: (B, H, L, D) -> (B, H, L, D); masks (B, L) as `Attention.forward` takes them
+        (module docstring: masked inside the windows, padded tokens in the padding bucket)."""
         batch, heads, length, head_dim = q.shape
         q = pad_to_multiple(q, self.bucket_size)  # (B, H, Lp, D)
         v = pad_to_multiple(v, self.bucket_size)  # (B, H, Lp, D)
         padded = q.shape[2]
+        documents = None
+        if key_padding_mask is not None or segment_ids is not None:
+            documents = SequenceDocuments(key_padding_mask, segment_ids, heads)
 
-        buckets = self._buckets(q, length)  # (B, H, R, Lp)
+        buckets = self._buckets(q, length, key_padding_mask)  # (B, H, R, Lp)
         # Buckets are < n_buckets + 1 and positions < Lp, so this key orders by bucket and then
         # by position with a single argsort (its keys are unique, so stability is moot).
         positions = torch.arange(padded, device=q.device)
@@ -154,17 +176,26 @@ class LSHAttention(Attention):
         slot = torch.empty_like(order).scatter_(-1, order, positions.expand_as(order))  # (B,H,R,Lp)
         order, slot = order.flatten(0, 1), slot.flatten(0, 1)  # (B*H, R, Lp) each
         hidden = hidden_keys(
-            order, slot, length, self.bucket_size, causal=self.causal, dedup=self.dedup
+            order,
+            slot,
+            length,
+            self.bucket_size,
+            causal=self.causal,
+            dedup=self.dedup,
+            documents=documents,
         )  # (B*H, R, C, m or 1, W*m), a RoundMasks, or None
         out = RoundsWindowAttention.apply(
             q.flatten(0, 1), v.flatten(0, 1), hidden, order, slot, self.bucket_size
         )  # (B*H, Lp, D)
         return out.view(batch, heads, padded, head_dim)[:, :, :length]  # (B, H, L, D)
 
-    def _buckets(self, q: torch.Tensor, length: int) -> torch.Tensor:
+    def _buckets(
+        self, q: torch.Tensor, length: int, key_padding_mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """Bucket of every position in every round, (B, H, R, Lp) int64; cached for replays.
 
-        q: (B, H, Lp, D), zero-padded after `length`. Padded positions get bucket n_buckets.
+        q: (B, H, Lp, D), zero-padded after `length`. Padded positions (after `length`, and
+        where key_padding_mask (B, L) is False) get bucket n_buckets.
         """
         batch, heads, padded, head_dim = q.shape
         n_buckets = self.n_buckets or 2 * padded // self.bucket_size
@@ -182,6 +213,9 @@ class LSHAttention(Attention):
         # product overshoots, which keeps similar vectors adjacent in the sort.
         buckets = buckets * n_buckets // math.prod(factors)
         buckets[..., length:] = n_buckets
+        if key_padding_mask is not None:
+            padding = ~key_padding_mask[:, None, None, :]  # (B, 1, 1, L)
+            buckets[..., :length].masked_fill_(padding, n_buckets)
         # Kept in the narrowest integer type: every layer holds its buckets until its backward,
         # so at depth 12 int64 buckets were a quarter of a reversible stack's growth over depth 1.
         self.last_buckets = buckets.to(index_dtype(n_buckets + 1))

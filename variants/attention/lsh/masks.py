@@ -1,4 +1,5 @@
-"""The window keys an LSH query must not see: later keys (causal), padding, and with `dedup` the
+"""The window keys an LSH query must not see: later keys (causal), padding, keys outside its
+document or padded (`masking.document_mask`, when the forward has masks), and with `dedup` the
 pairs an earlier round already offers. uint8 masks (1 = hidden) laid out as `windows.window_view`
 lays out the keys; whole when they fit MASK_BYTES, else built per slice of sequences and round
 (`RoundMasks`) each time forward and backward need them.
@@ -10,6 +11,7 @@ import torch
 
 from variants.attention.common import buffers
 from variants.attention.common.buffers import index_dtype
+from variants.attention.common.masking import SequenceDocuments
 from variants.attention.lsh.windows import window_keys
 
 # Bytes of the whole uint8 window mask (B*H*n_hashes*L*2m) above which it is not held: each
@@ -20,12 +22,20 @@ MASK_BYTES = 256 * 2**20
 
 
 def hidden_keys(
-    order: torch.Tensor, slot: torch.Tensor, length: int, m: int, *, causal: bool, dedup: bool
+    order: torch.Tensor,
+    slot: torch.Tensor,
+    length: int,
+    m: int,
+    *,
+    causal: bool,
+    dedup: bool,
+    documents: SequenceDocuments | None = None,
 ) -> torch.Tensor | RoundMasks | None:
     """Mask of the window keys each sorted query must not see (uint8, 1 = hidden), or None.
 
     order, slot: (S, R, Lp), S = B*H, as in `LSHAttention.attend`; m: the chunk length. Hides
-    later keys (`causal`) or padded keys (positions >= `length`), and with `dedup` pairs an
+    later keys (`causal`) or padded keys (positions >= `length`), the pairs `documents`
+    (the forward's key padding mask and segment ids) does not allow, and with `dedup` pairs an
     earlier round already offers. Shape (S, R, C, m, W*m),
     or (S, R, C, 1, W*m) when only padding is hidden, laid out as `window_view`'s keys
     (previous chunk, then own). A whole (S, R, C, m, W*m) mask of more than MASK_BYTES is
@@ -39,13 +49,13 @@ def hidden_keys(
     # With one or two chunks every window is the whole sequence in every round: every pair
     # counts n_hashes times, which cancels in the softmax and in the round weights.
     dedup = dedup and rounds > 1 and n_chunks > 2
-    if not (causal or dedup):
+    if not (causal or dedup) and documents is None:
         if length == padded:
             return None
         pos = order.view(n_seq, rounds, n_chunks, m).to(index_dtype(padded))  # (S,R,C,m)
         return window_keys(pos).ge(length).to(torch.uint8)  # (S, R, C, 1, W*m)
     window = 1 if n_chunks == 1 else 2
-    masks = RoundMasks(order, slot, length, m, causal=causal, dedup=dedup)
+    masks = RoundMasks(order, slot, length, m, causal=causal, dedup=dedup, documents=documents)
     if n_seq * rounds * padded * window * m > MASK_BYTES:
         return masks  # rebuilt per slice and round, in forward and again in backward
     hidden = torch.empty(
@@ -75,19 +85,29 @@ def round_mask(mask, part: slice, r: int) -> torch.Tensor | None:
 class RoundMasks:
     """The window keys a sorted query must not see, per slice of sequences and round.
 
-    order, slot: (S, R, Lp) as in `LSHAttention.attend`. `fill` writes one round of a group of
-    sequences into a (g, C, m, W*m) uint8 mask; `round` builds one. `LSHAttention._hidden_keys`
-    fills its whole mask with `fill`; above MASK_BYTES the attention takes this object instead
-    and builds each slice and round's part when it attends to it (twice per step: forward and
-    backward), so only one slice-round of mask is live.
+    order, slot: (S, R, Lp) as in `LSHAttention.attend`; documents: the forward's masks, or
+    None. `fill` writes one round of a group of sequences into a (g, C, m, W*m) uint8 mask;
+    `round` builds one. `hidden_keys` fills its whole mask with `fill`; above MASK_BYTES the
+    attention takes this object instead and builds each slice and round's part when it attends
+    to it (twice per step: forward and backward), so only one slice-round of mask is live.
     """
 
-    def __init__(self, order, slot, length: int, m: int, *, causal: bool, dedup: bool):
+    def __init__(
+        self,
+        order,
+        slot,
+        length: int,
+        m: int,
+        *,
+        causal: bool,
+        dedup: bool,
+        documents: SequenceDocuments | None = None,
+    ):
         n_seq, self.rounds, padded = order.shape
         self.order, self.length, self.m, self.padded = order, length, m, padded
         self.n_chunks = padded // m
         self.window = 1 if self.n_chunks == 1 else 2
-        self.causal, self.dedup = causal, dedup
+        self.causal, self.dedup, self.documents = causal, dedup, documents
         # Positions compare against `length` and chunk indices against n_chunks: the dtypes
         # must hold those too (int16 wraps 32768 around to -32768 without an error).
         self.positions = order.to(index_dtype(padded + 1))  # (S, R, Lp)
@@ -113,6 +133,11 @@ class RoundMasks:
             torch.ge(window_keys(pos).expand_as(mask), self.length, out=mask)
         else:
             mask.zero_()
+        if self.documents is not None:
+            # The document predicate on the positions the window holds; the padded slots
+            # (>= length) it reads at L - 1 are hidden above.
+            allowed = self.documents.allowed(group, pos.unsqueeze(-1), window_keys(pos))
+            mask |= allowed.logical_not_()  # (g, C, m, W*m)
         for earlier in range(r if self.dedup else 0):
             # Key j is in query i's window in round e iff chunk_e(i) is chunk_e(j) or the one
             # after it.

@@ -29,9 +29,10 @@ class ClusterWindowAttention(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, q, v, order_rows, slot_rows, low, high, m, causal):
+    def forward(ctx, q, v, order_rows, slot_rows, low, high, m, causal, documents=None):
         """q, v: (S, Lp, D) in position order; order_rows, slot_rows: (S*Lp,); low, high:
-        (S, Lp) key offsets of each sorted query; m: chunk length. Returns o (S, Lp, D)."""
+        (S, Lp) key offsets of each sorted query; m: chunk length; documents: a
+        `WindowDocuments` (the forward's masks) or None. Returns o (S, Lp, D)."""
         n_seq, padded, head_dim = q.shape
         windows = 2 if causal else 3
         q_rows, v_rows = (sorted_rows(x, order_rows, m, windows) for x in (q, v))
@@ -41,7 +42,8 @@ class ClusterWindowAttention(torch.autograd.Function):
         lse = None
         for s, chunks in chunk_ranges(n_seq, padded, m, windows, q.element_size()):
             query, keys, values = window_views(q_rows[s], unit[s], v_rows[s], chunks, m, windows)
-            bias = window_bias(low[s], high[s], norm[s], chunks, m, windows, q.dtype)
+            allowed = None if documents is None else documents.allowed(s, chunks)
+            bias = window_bias(low[s], high[s], norm[s], chunks, m, windows, q.dtype, allowed)
             out_c, lse_c = flash.attend(query, keys, values, bias=bias, scale=1.0)
             rows = slice(chunks.start * m, chunks.stop * m)
             out[s, rows] = out_c.reshape(-1, head_dim)
@@ -49,7 +51,7 @@ class ClusterWindowAttention(torch.autograd.Function):
                 lse = lse_c.new_empty(n_seq, padded)
             lse[s, rows] = lse_c.reshape(-1)
         del unit, norm  # recomputed by the backward; not held while the result is gathered
-        ctx.m, ctx.windows = m, windows
+        ctx.m, ctx.windows, ctx.documents = m, windows, documents
         ctx.save_for_backward(q_rows, v_rows, order_rows, slot_rows, low, high, out, lse)
         return out.view(-1, head_dim).index_select(0, slot_rows).view(n_seq, padded, head_dim)
 
@@ -57,7 +59,7 @@ class ClusterWindowAttention(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, grad_out):
         q_rows, v_rows, order_rows, slot_rows, low, high, out, lse = ctx.saved_tensors
-        m, windows = ctx.m, ctx.windows
+        m, windows, documents = ctx.m, ctx.windows, ctx.documents
         n_seq, padded, head_dim = out.shape
         grad_sorted = grad_out.reshape(-1, head_dim).index_select(0, order_rows)
         grad_sorted = grad_sorted.view(n_seq, padded, head_dim)
@@ -66,7 +68,8 @@ class ClusterWindowAttention(torch.autograd.Function):
         grad_q, grad_unit, grad_v = (torch.zeros_like(q_rows) for _ in range(3))  # (S, R, D)
         for s, chunks in chunk_ranges(n_seq, padded, m, windows, q_rows.element_size()):
             query, keys, values = window_views(q_rows[s], unit[s], v_rows[s], chunks, m, windows)
-            bias = window_bias(low[s], high[s], norm[s], chunks, m, windows, q_rows.dtype)
+            allowed = None if documents is None else documents.allowed(s, chunks)
+            bias = window_bias(low[s], high[s], norm[s], chunks, m, windows, q_rows.dtype, allowed)
             rows = slice(chunks.start * m, chunks.stop * m)
             shape = query.shape  # (1, c, m, D)
             grad_query, grad_keys, grad_values = flash.attend_backward(
@@ -97,4 +100,4 @@ class ClusterWindowAttention(torch.autograd.Function):
         for grad in (grad_q, grad_v):
             grads.append(grad[:, own].reshape(-1, head_dim).index_select(0, slot_rows))
         grad_q, grad_v = (g.view(n_seq, padded, head_dim) for g in grads)
-        return grad_q, grad_v, None, None, None, None, None, None
+        return grad_q, grad_v, None, None, None, None, None, None, None

@@ -46,6 +46,19 @@ bias hiding every key outside the query's own run of cluster members within the 
 windows run on PyTorch's fused CPU flash kernels (`flash.attend`) a few chunks at a time, and
 the backward is their flash backward; other devices take explicit matmuls. Routing costs
 O(L K d) (K = n_clusters, no gradient) and the attention O(L m d).
+
+Masks (`masking`: `key_padding_mask`, `segment_ids`): a (query, key) pair of the query's run
+is kept only if `masking.document_mask` allows it too (same document; key real or the query
+itself), tested on the sorted positions of each chunk's window (`windows.WindowDocuments`),
+so no query attends across a document boundary or to a padded key. Tokens the key padding
+mask pads join the extra last cluster of the alignment padding: they take no place in a real
+cluster's window, and they do not move the centroids (their routing vectors are computed,
+their clusters ignored); so padding alone takes no window mask, only documents do (a padded
+query's row, zeroed afterwards, may then hold other padded tokens: that changes no real
+output nor gradient). Documents are routed together: a cluster's window may hold members
+of other documents, which are masked, so a query at a document's edge has fewer keys than
+without documents. A query left with no allowed key but itself attends to itself alone
+(output its own value), the self rule's fallback; it is always defined, never NaN.
 """
 
 from __future__ import annotations
@@ -59,8 +72,9 @@ from variants.attention.common import buffers
 from variants.attention.common.base import Attention, is_replaying, masked_attend, norm_floor
 from variants.attention.common.buffers import index_dtype
 from variants.attention.common.cache import ClusterCache
+from variants.attention.common.masking import SequenceDocuments
 from variants.attention.routing.function import ClusterWindowAttention
-from variants.attention.routing.windows import ClusterLayout
+from variants.attention.routing.windows import ClusterLayout, WindowDocuments
 from variants.checks import require_non_negative_int, require_positive_int, require_probability
 from variants.registry import register_attention
 
@@ -87,10 +101,7 @@ class RoutingAttention(Attention):
     supports_gqa = False
     gqa_reason = "its keys are the unit-normalised queries (shared QK), one per query head"
     supports_decode = True
-    padding_mask_reason = segments_reason = (
-        "its clusters gather positions from the whole sequence into fixed-size windows; "
-        "per-sequence masks inside the windows are not implemented"
-    )
+    supports_padding_mask = supports_segments = True  # masked inside the windows
 
     def __init__(
         self,
@@ -123,7 +134,17 @@ class RoutingAttention(Attention):
         """(H, K, D): running sums over running counts."""
         return self.centroid_sums / self.centroid_counts.clamp_min(COUNT_EPS).unsqueeze(-1)
 
-    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    def attend(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        *,
+        key_padding_mask: torch.Tensor | None = None,
+        segment_ids: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """q, v: (B, H, L, D) -> (B, H, L, D); masks (B, L) as `Attention.forward` takes them
+        (module docstring: masked inside the windows, padded tokens in the padding cluster)."""
         batch, heads, length, head_dim = q.shape
         if (heads, head_dim) != (self.n_heads, self.head_dim):
             raise ValueError(
@@ -131,21 +152,40 @@ class RoutingAttention(Attention):
                 f"must equal the inputs' heads and head_dim {heads}, {head_dim} "
                 f"(the centroids are per head)"
             )
-        clusters = self._clusters(q)  # (B, H, L) int64
+        clusters = self._clusters(q, key_padding_mask)  # (B, H, L) int64
         m = min(self.window, length)
         padded = -(-length // m) * m
         layout = ClusterLayout(clusters, self.n_clusters, padded, self.window, self.causal)
+        documents = None
+        # Padding alone needs no window mask: the padding cluster keeps every real query off
+        # padded keys (a padded query's row, zeroed afterwards, may see padded tokens).
+        if segment_ids is not None:
+            masks = SequenceDocuments(key_padding_mask, segment_ids, heads)
+            windows = 2 if self.causal else 3
+            documents = WindowDocuments(masks, layout.order_rows, padded, m, windows)
         q = F.pad(q, (0, 0, 0, padded - length)).flatten(0, 1)  # (S, Lp, D), S = B*H
         v = F.pad(v, (0, 0, 0, padded - length)).flatten(0, 1)  # (S, Lp, D)
         out = ClusterWindowAttention.apply(
-            q, v, layout.order_rows, layout.slot_rows, layout.low, layout.high, m, self.causal
+            q,
+            v,
+            layout.order_rows,
+            layout.slot_rows,
+            layout.low,
+            layout.high,
+            m,
+            self.causal,
+            documents,
         )  # (S, Lp, D)
         return out.view(batch, heads, padded, head_dim)[:, :, :length]  # (B, H, L, D)
 
-    def _clusters(self, q: torch.Tensor) -> torch.Tensor:
+    def _clusters(
+        self, q: torch.Tensor, key_padding_mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """Each position's cluster, (B, H, L) int64; cached for replays, EMA-updated in training.
 
-        The nearest centroid by dot product to the query layer-normalised without scale.
+        The nearest centroid by dot product to the query layer-normalised without scale; where
+        key_padding_mask (B, L) is False, n_clusters (the padding cluster), kept out of the
+        centroids' update.
         """
         cached = self.last_clusters
         if is_replaying() and cached is not None and cached.shape == q.shape[:3]:
@@ -162,8 +202,10 @@ class RoutingAttention(Attention):
                 scores = x[:, :, start : start + rows] @ centroids  # (B, H, l, K)
                 clusters[:, :, start : start + rows] = scores.argmax(dim=-1)
             if self.training and not is_replaying():
-                self._update_centroids(x, clusters)
-        self.last_clusters = clusters.to(index_dtype(self.n_clusters))
+                self._update_centroids(x, clusters, key_padding_mask)
+            if key_padding_mask is not None:
+                clusters.masked_fill_(~key_padding_mask[:, None], self.n_clusters)
+        self.last_clusters = clusters.to(index_dtype(self.n_clusters + 1))
         return clusters
 
     # --- decoding: each cluster's window - 1 most recent members; centroids fixed (eval) ----
@@ -226,14 +268,21 @@ class RoutingAttention(Attention):
         cache.counts.scatter_add_(-1, cluster[..., None], torch.ones_like(count))
         return out
 
-    def _update_centroids(self, x: torch.Tensor, clusters: torch.Tensor) -> None:
+    def _update_centroids(
+        self, x: torch.Tensor, clusters: torch.Tensor, key_padding_mask: torch.Tensor | None
+    ) -> None:
         """One EMA step: counts and sums decay by `decay` and gain (1 - decay) times this
-        forward's members. x: (B, H, L, D) routing vectors; clusters: (B, H, L)."""
+        forward's members, padded tokens (key_padding_mask (B, L) False) not counted.
+        x: (B, H, L, D) routing vectors; clusters: (B, H, L)."""
         heads, n_clusters, head_dim = self.centroid_sums.shape
         head = torch.arange(heads, device=x.device).view(1, heads, 1)
         index = (head * n_clusters + clusters).flatten()  # (B*H*L,) into (H*K,)
+        vectors = x.flatten(0, 2)  # (B*H*L, D)
+        if key_padding_mask is not None:
+            real = key_padding_mask[:, None].expand_as(clusters).flatten()  # (B*H*L,)
+            index, vectors = index[real], vectors[real]
         counts = torch.bincount(index, minlength=heads * n_clusters)  # (H*K,)
-        sums = x.new_zeros(heads * n_clusters, head_dim).index_add_(0, index, x.flatten(0, 2))
+        sums = x.new_zeros(heads * n_clusters, head_dim).index_add_(0, index, vectors)
         rate = 1.0 - self.decay
         self.centroid_counts.mul_(self.decay).add_(counts.view(heads, n_clusters), alpha=rate)
         sums = sums.view(heads, n_clusters, head_dim).to(self.centroid_sums.dtype)

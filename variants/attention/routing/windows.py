@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from variants.attention.common import buffers, flash
 from variants.attention.common.buffers import index_dtype
 from variants.attention.common.flash import SELF_MARGIN
+from variants.attention.common.masking import SequenceDocuments
 
 
 class ClusterLayout:
@@ -85,11 +86,39 @@ def window_views(q_rows, unit_rows, v_rows, chunks: slice, m: int, windows: int)
     return query, window(unit_rows), window(v_rows)
 
 
-def window_bias(low, high, norm, chunks: slice, m: int, windows: int, dtype) -> torch.Tensor:
+class WindowDocuments:
+    """Which keys of each chunk's window a sorted query may attend as far as documents and
+    padding go (`masking.document_mask` on the positions the window rows hold), laid out as
+    `window_bias`'s.
+
+    documents: the forward's masks over the S sequences; order_rows: `ClusterLayout`'s (S*Lp,).
+    """
+
+    def __init__(self, documents: SequenceDocuments, order_rows, padded: int, m: int, windows):
+        n_seq = order_rows.numel() // padded
+        start = torch.arange(n_seq, device=order_rows.device).unsqueeze(-1) * padded  # (S, 1)
+        positions = order_rows.view(n_seq, padded) - start  # (S, Lp) position at each slot
+        # Laid out as `sorted_rows`; the zero rows read position 0, outside every query's run.
+        self.positions = F.pad(positions, (m, (windows - 2) * m))  # (S, (C + W - 1) m)
+        self.documents, self.m, self.windows = documents, m, windows
+
+    def allowed(self, s: int, chunks: slice) -> torch.Tensor:
+        """Bool (c, m, W m): sequence s's `chunks`, their queries against their windows' keys."""
+        m, rows = self.m, self.positions[s]
+        first, n = chunks.start * m, chunks.stop - chunks.start
+        query = rows[m + first : m + first + n * m].view(1, n, m, 1)
+        key = rows.unfold(0, self.windows * m, m)[chunks].view(1, n, 1, -1)  # window c: c m ..
+        return self.documents.allowed(slice(s, s + 1), query, key)[0]
+
+
+def window_bias(
+    low, high, norm, chunks: slice, m: int, windows: int, dtype, allowed=None
+) -> torch.Tensor:
     """Additive bias (1, c, m, W m) of one sequence's `chunks`: `flash.masked_score` on keys
-    outside each query's run [low, high] (offsets from its slot, (Lp,) each), and on the
-    query's own key -(2 |q| + SELF_MARGIN), so it attends to itself only when alone (as LSH's
-    `window_bias`: |q . k_hat| <= |q| for every other key). norm: (R, 1) row norms."""
+    outside each query's run [low, high] (offsets from its slot, (Lp,) each) or not `allowed`
+    ((c, m, W m) bool, `WindowDocuments`, or None), and on the query's own key
+    -(2 |q| + SELF_MARGIN), so it attends to itself only when alone (as LSH's `window_bias`:
+    |q . k_hat| <= |q| for every other key). norm: (R, 1) row norms."""
     rows = slice(chunks.start * m, chunks.stop * m)
     n = chunks.stop - chunks.start
     offsets = low.dtype
@@ -99,6 +128,8 @@ def window_bias(low, high, norm, chunks: slice, m: int, windows: int, dtype) -> 
     low_c = low[rows].view(n, m, 1)
     high_c = high[rows].view(n, m, 1)
     hidden = (relative < low_c) | (relative > high_c)  # (c, m, W m)
+    if allowed is not None:
+        hidden |= ~allowed
     bias = flash.hidden_bias(hidden, dtype)
     own_norm = norm[m + rows.start : m + rows.stop].view(n, m)
     bias[:, :, m : 2 * m].diagonal(dim1=-2, dim2=-1).copy_(own_norm.mul(-2).sub_(SELF_MARGIN))

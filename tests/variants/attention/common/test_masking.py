@@ -9,6 +9,9 @@ variant that claims them: outputs and gradients against independent fp64 referen
   loop reference); Linformer: each document alone, padded keys and values zeroed, projected by
   the first columns;
 - grouped KV heads: the same kernel on explicitly repeated k, v.
+
+LSH and routing, whose pairs depend on their buckets and clusters, are tested in their own
+modules against the same document mask.
 """
 
 from __future__ import annotations
@@ -21,11 +24,13 @@ import torch
 import variants
 from tests.reference import (
     Gated,
+    assert_same_outputs_and_grads,
     causal_mask,
     dense_attention,
     dense_softmax_row,
     document_reference_mask,
     each_document_alone,
+    mask_kwargs,
     padded_zero,
     padding_and_documents,
     qkv,
@@ -43,35 +48,6 @@ LENGTH = 24
 def _masks(which):
     keep, segments = padding_and_documents(length=LENGTH)
     return (None if which == "documents" else keep), (None if which == "padding" else segments)
-
-
-def _kwargs(keep, segments):
-    masks = {}
-    if keep is not None:
-        masks["key_padding_mask"] = keep
-    if segments is not None:
-        masks["segment_ids"] = segments
-    return masks
-
-
-def _outputs_and_grads(fn, inputs, weight, params=()):
-    inputs = [x.detach().clone().requires_grad_() for x in inputs]
-    out = fn(*inputs)
-    grads = torch.autograd.grad((out * weight).sum(), [*inputs, *params])
-    return out, grads
-
-
-def _assert_same(fn, reference, inputs, seed=1, params=()):
-    """fn and reference agree on outputs and on the gradients of `inputs` and `params` (the
-    kernel's own parameters, which both read)."""
-    weight = torch.randn(
-        inputs[0].shape, generator=torch.Generator().manual_seed(seed), dtype=inputs[0].dtype
-    )
-    out, grads = _outputs_and_grads(fn, inputs, weight, params)
-    expected, expected_grads = _outputs_and_grads(reference, inputs, weight, params)
-    torch.testing.assert_close(out, expected)
-    for grad, expected_grad in zip(grads, expected_grads, strict=True):
-        torch.testing.assert_close(grad, expected_grad)
 
 
 # Combined patterns with strided columns, and with summary keys and random blocks; each with
@@ -151,7 +127,7 @@ def _assert_matches_dense_masked_reference(name, options, causal, which):
         inputs = (q, v)
 
         def fn(q, v):
-            return kernel(q, q, v, **_kwargs(keep, segments))
+            return kernel(q, q, v, **mask_kwargs(keep, segments))
 
         def reference(q, v):
             return padded_zero(shared_qk_reference(q, v, allowed), keep)
@@ -159,12 +135,12 @@ def _assert_matches_dense_masked_reference(name, options, causal, which):
         inputs = (q, k, v)
 
         def fn(q, k, v):
-            return kernel(q, k, v, **_kwargs(keep, segments))
+            return kernel(q, k, v, **mask_kwargs(keep, segments))
 
         def reference(q, k, v):
             return padded_zero(dense_attention(q, k, v, allowed), keep)
 
-    _assert_same(fn, reference, inputs)
+    assert_same_outputs_and_grads(fn, reference, inputs)
 
 
 STATE_CASES = [
@@ -193,7 +169,7 @@ def test_state_variants_equal_each_document_run_alone(name, options, which):
 
     def fn(*x):
         gates = {"gates": x[3]} if kernel.n_gates else {}
-        return kernel(*x[:3], **gates, **_kwargs(keep, segments))
+        return kernel(*x[:3], **gates, **mask_kwargs(keep, segments))
 
     def alone(*x):
         gates = {"gates": x[3]} if kernel.n_gates else {}
@@ -202,7 +178,7 @@ def test_state_variants_equal_each_document_run_alone(name, options, which):
     def reference(*x):
         return each_document_alone(alone, x, keep, segments)
 
-    _assert_same(fn, reference, inputs)
+    assert_same_outputs_and_grads(fn, reference, inputs)
 
 
 # --- compressed and Linformer: each document alone, written out from their definitions --------
@@ -224,12 +200,14 @@ def test_compressed_equals_each_document_compressed_alone(method, factor, causal
     keep, segments = _masks(which)
 
     def fn(q, k, v):
-        return kernel(q, k, v, **_kwargs(keep, segments))
+        return kernel(q, k, v, **mask_kwargs(keep, segments))
 
     def reference(q, k, v):
         return each_document_alone(partial(compressed_reference, kernel), (q, k, v), keep, segments)
 
-    _assert_same(fn, reference, qkv(length=LENGTH, seed=10), params=list(kernel.parameters()))
+    assert_same_outputs_and_grads(
+        fn, reference, qkv(length=LENGTH, seed=10), params=list(kernel.parameters())
+    )
 
 
 @pytest.mark.parametrize("which", MASKS)
@@ -251,13 +229,15 @@ def test_linformer_zeroes_padding_and_projects_each_document_alone(share, which)
         return dense_attention(q, key_proj @ (k * real), value_proj @ (v * real))
 
     def fn(q, k, v):
-        return kernel(q, k, v, **_kwargs(keep, segments))
+        return kernel(q, k, v, **mask_kwargs(keep, segments))
 
     def reference(q, k, v):
         out = each_document_alone(projected, (q, k, v), keep, segments, with_padding=True)
         return padded_zero(out, keep)
 
-    _assert_same(fn, reference, qkv(length=LENGTH, seed=11), params=list(kernel.parameters()))
+    assert_same_outputs_and_grads(
+        fn, reference, qkv(length=LENGTH, seed=11), params=list(kernel.parameters())
+    )
 
 
 # --- grouped KV heads: every variant against itself on repeated keys -------------------------
@@ -301,7 +281,7 @@ def test_grouped_kv_heads_equal_the_kernel_on_repeated_keys(name, causal):
     def repeated(q, k, v):
         return kernel(q, k.repeat_interleave(2, dim=1), v.repeat_interleave(2, dim=1))
 
-    _assert_same(kernel, repeated, (q, k, v))
+    assert_same_outputs_and_grads(kernel, repeated, (q, k, v))
 
 
 @pytest.mark.parametrize("impl", ["sdpa", "math"])
@@ -467,12 +447,12 @@ def test_moba_matches_a_per_query_masked_reference(options, causal, which, flash
     )
 
     def fn(q, k, v):
-        return kernel(q, k, v, **_kwargs(keep, segments))
+        return kernel(q, k, v, **mask_kwargs(keep, segments))
 
     def reference(q, k, v):
         return padded_zero(dense_attention(q, k, v, allowed), keep)
 
-    _assert_same(fn, reference, (q, k, v))
+    assert_same_outputs_and_grads(fn, reference, (q, k, v))
 
 
 def nsa_document_reference(q, k, v, gates, options, compress, keep, segments):
@@ -557,9 +537,9 @@ def test_nsa_matches_a_per_query_masked_reference(options, compress, which, flas
     summaries = _real_summaries(kernel, options["block_size"], keep)
 
     def fn(q, k, v, gates):
-        return kernel(q, k, v, gates=gates, **_kwargs(keep, segments))
+        return kernel(q, k, v, gates=gates, **mask_kwargs(keep, segments))
 
     def reference(q, k, v, gates):
         return nsa_document_reference(q, k, v, gates, options, summaries, keep, segments)
 
-    _assert_same(fn, reference, (q, k, v, gates))
+    assert_same_outputs_and_grads(fn, reference, (q, k, v, gates))
