@@ -8,6 +8,12 @@ produces, so `approx_rel_error` is measured on the q, k, v of the reference mode
 (`trained_inputs`), with a kernel that has learned state fitted to it first
 (experiments/measurement/kernel_fit.py), and `swap_bits_per_byte` is the reference's held-out
 bits/byte with the kernel in every layer instead of exact attention.
+
+Grouped KV heads (`model.n_kv_heads` = H_kv < H): the reference model has the job's H_kv key
+heads, so its k, v are grouped, and the Gaussian k, v are drawn with H_kv heads; the kernel runs
+on those grouped k, v and exact attention on the same ones is grouped-head exact attention
+(query head h reads key head h // (H / H_kv), `variants.attention.common.masking.repeat_kv`,
+PyTorch's `enable_gqa`: `exact_attention`). `approx_reference_n_kv_heads` records H_kv.
 """
 
 from __future__ import annotations
@@ -56,7 +62,8 @@ def approx_columns(job: JobConfig, built: Built, shape) -> dict[str, Any]:
 
     The kernel measured is a fresh one of the job's config, fitted to the frozen reference first
     if it has learned state (`kernel_fit.fitted_kernel`); the reference is trained with
-    the job's shared QK. shape: the kernel's (batch, heads, seq_len, head_dim).
+    the job's shared QK and KV heads. shape: the kernel's q's (batch, heads, seq_len,
+    head_dim); its k, v have the job's `n_kv_heads` heads (`ReferenceConfig.kv_heads`).
     """
     device, dtype, precision, m_cfg = built.device, built.dtype, built.precision, job.measure
     seeds = m_cfg.approx_seeds
@@ -67,10 +74,11 @@ def approx_columns(job: JobConfig, built: Built, shape) -> dict[str, Any]:
         "approx_reference_digest": reference.digest,
         "approx_reference_bits_per_byte": reference.eval_bits_per_byte,
         "approx_reference_seq_len": config.trained_length,
+        "approx_reference_n_kv_heads": config.kv_heads,
     }
     with precision.autocast():
         columns["approx_rel_error_gaussian"] = approx_rel_error(
-            built.kernel, gaussian_inputs(shape, seeds), device, dtype
+            built.kernel, gaussian_inputs(shape, seeds, kv_heads=config.kv_heads), device, dtype
         )
     if job.seq_len > config.trained_length:
         columns.update(
@@ -81,9 +89,7 @@ def approx_columns(job: JobConfig, built: Built, shape) -> dict[str, Any]:
             "distribution",
         )
         return columns
-    exact = variants.build_attention(
-        "full", causal=built.kernel.causal, shared_qk=built.kernel.applies_shared_qk
-    )
+    exact = exact_attention(causal=built.kernel.causal, shared_qk=built.kernel.applies_shared_qk)
     kernel, fit_steps, fit_length = kernel_fit.fitted_kernel(
         reference,
         built.model.config,
@@ -144,6 +150,14 @@ def swap_bits_per_byte(
     return exact_loss / math.log(2), swapped_loss / math.log(2)
 
 
+def exact_attention(*, causal: bool, shared_qk: bool) -> Attention:
+    """What a kernel's error is measured against: the `full` kernel, causal iff the kernel is,
+    under shared QK iff the kernel applies it. On k, v of H_kv heads dividing q's H it is
+    grouped-head exact attention (query head h reads key head h // (H / H_kv)) without repeating
+    them (SDPA's `enable_gqa`, variants/attention/full/layer.py)."""
+    return variants.build_attention("full", causal=causal, shared_qk=shared_qk)
+
+
 @torch.no_grad()
 def approx_rel_error(
     kernel: Attention,
@@ -153,8 +167,10 @@ def approx_rel_error(
 ) -> float:
     """Mean over `inputs` of ||kernel(q,k,v) - exact|| / ||exact|| (Frobenius).
 
-    inputs: (q, k, v) triples of the kernel's shape (batch, heads, seq_len, head_dim). Exact
-    attention is the `full` kernel on the same inputs, causal iff the kernel is. A kernel
+    inputs: (q, k, v) triples, q of the kernel's shape (batch, heads, seq_len, head_dim), k, v
+    of (batch, kv_heads, seq_len, head_dim) with kv_heads dividing heads (grouped KV heads).
+    Exact attention is `exact_attention` on the same inputs, causal iff the kernel is (grouped-head
+    exact attention when kv_heads < heads, on the grouped k, v the kernel gets too). A kernel
     under the Reformer's shared-QK rule (LSH, or one built with `shared_qk=True`) gets k = q and
     is compared with exact shared-QK attention (unit keys, self masked unless alone), so the
     error is what hashing, chunking or the pattern cost, not the convention. Measured in eval
@@ -162,7 +178,7 @@ def approx_rel_error(
     gets sigmoid(N(0, 1)) gates, seeded per input.
     """
     shared_qk = kernel.applies_shared_qk
-    exact_kernel = variants.build_attention("full", causal=kernel.causal, shared_qk=shared_qk)
+    exact_kernel = exact_attention(causal=kernel.causal, shared_qk=shared_qk)
     was_training = kernel.training
     kernel.eval()
     errors = []
@@ -182,15 +198,22 @@ def approx_rel_error(
     return sum(errors) / len(errors)
 
 
-def gaussian_inputs(shape, seeds: int) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-    """`seeds` draws of q, k, v from N(0, 1) (CPU, float32), each of `shape`.
+def gaussian_inputs(
+    shape, seeds: int, kv_heads: int | None = None
+) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """`seeds` draws of q, k, v from N(0, 1) (CPU, float32): q of `shape` (batch, heads,
+    seq_len, head_dim), k and v of `kv_heads` heads (grouped KV heads; default heads).
 
     Only for `approx_rel_error_gaussian`: at realistic head sizes exact attention over such
     inputs is nearly uniform, so this error says little about trained models.
     """
+    kv_shape = (shape[0], shape[1] if kv_heads is None else kv_heads, *shape[2:])
     for seed in range(seeds):
         g = torch.Generator(device="cpu").manual_seed(10_000 + seed)
-        yield tuple(torch.randn(shape, generator=g) for _ in range(3))
+        q = torch.randn(shape, generator=g)  # (B, H, L, D)
+        # (B, H_kv, L, D) each; drawn after q as before, so without grouped heads the same.
+        k, v = (torch.randn(kv_shape, generator=g) for _ in range(2))
+        yield q, k, v
 
 
 def trained_inputs(
@@ -199,7 +222,8 @@ def trained_inputs(
     """q, k, v of every layer of the trained reference model on `seeds` held-out text batches.
 
     shape: the kernel's (batch, heads, seq_len, head_dim); the reference has the same heads
-    and head_dim (`ReferenceConfig.of_job`).
+    and head_dim, and the job's KV heads (`ReferenceConfig.of_job`): k, v are (batch,
+    kv_heads, seq_len, head_dim).
     """
     batch, _, seq_len, _ = shape
     for index in range(seeds):

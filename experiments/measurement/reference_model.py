@@ -62,19 +62,22 @@ _FIT_FIELDS = ("fit_steps", "fit_lr", "fit_batches", "fit_max_len")
 class ReferenceConfig:
     """How the reference model is built and trained, and how kernels are fitted to it.
 
-    d_model and n_heads follow the job, so its q, k, v have the shape (batch, n_heads, seq_len,
-    d_model / n_heads) the job's kernel takes; `shared_qk` follows the job's resolved model
-    option. Training: `steps` steps of `batch_size` sequences of `seq_len` tokens, then
-    `long_steps` steps at `long_seq_len` (0: none) with as many tokens per step (at least one
-    sequence), one AdamW and one warm-up/cosine schedule over both. `positions`: as
-    `model.positions`. Fitting (`kernel_fit.fit_kernel`): `fit_steps` Adam steps at `fit_lr`
-    cycling over `fit_batches` training-split batches of at most `fit_max_len` tokens (0: the
-    job's length) for kernels whose learned state does not depend on the length (all but
-    `bounded_length` ones such as Linformer, fitted at the job's length).
+    d_model, n_heads and n_kv_heads follow the job, so its q has the shape (batch, n_heads,
+    seq_len, d_model / n_heads) the job's kernel takes and its k, v have `kv_heads` heads
+    (grouped KV heads: the kernel is measured on grouped k, v as a GQA model gives them);
+    `shared_qk` follows the job's resolved model option. Training: `steps` steps of
+    `batch_size` sequences of `seq_len` tokens, then `long_steps` steps at `long_seq_len` (0:
+    none) with as many tokens per step (at least one sequence), one AdamW and one
+    warm-up/cosine schedule over both. `positions`: as `model.positions`. Fitting
+    (`kernel_fit.fit_kernel`): `fit_steps` Adam steps at `fit_lr` cycling over `fit_batches`
+    training-split batches of at most `fit_max_len` tokens (0: the job's length) for kernels
+    whose learned state does not depend on the length (all but `bounded_length` ones such as
+    Linformer, fitted at the job's length).
     """
 
     d_model: int
     n_heads: int
+    n_kv_heads: int | None = None  # None: n_heads (plain multi-head; n_heads is read as None)
     depth: int = 2
     seq_len: int = 256
     batch_size: int = 8
@@ -98,6 +101,9 @@ class ReferenceConfig:
             require_non_negative_int("measure.reference", name, getattr(self, name))
         require_positive_int("measure.reference", "fit_batches", self.fit_batches)
         require_choice("measure.reference", "positions", self.positions, POSITIONS)
+        if self.n_kv_heads == self.n_heads:
+            # One config (and one digest, one cached model) for plain multi-head, however said.
+            object.__setattr__(self, "n_kv_heads", None)
 
     @classmethod
     def of_job(cls, job: JobConfig) -> ReferenceConfig:
@@ -108,11 +114,17 @@ class ReferenceConfig:
             return cls(
                 d_model=job.model["d_model"],
                 n_heads=job.model["n_heads"],
+                n_kv_heads=job.model.get("n_kv_heads"),
                 shared_qk=job.shared_qk,
                 **options,
             )
         except TypeError as error:
             raise ValueError(f"config: measure.reference: {error}") from None
+
+    @property
+    def kv_heads(self) -> int:
+        """Heads of the reference's keys and values: `n_kv_heads`, or n_heads when None."""
+        return self.n_heads if self.n_kv_heads is None else self.n_kv_heads
 
     @property
     def trained_length(self) -> int:
@@ -126,6 +138,7 @@ class ReferenceConfig:
             vocab_size=256,
             d_model=self.d_model,
             n_heads=self.n_heads,
+            n_kv_heads=self.n_kv_heads,
             depth=self.depth,
             max_seq_len=2**24,
             attention="full",
@@ -151,6 +164,9 @@ class ReferenceConfig:
         """12 hex digits naming the model: the config, the corpus size and the recipe."""
         corpus_bytes = len(read_corpus(self.text_path, "*.py"))
         shaping = {k: v for k, v in dataclasses.asdict(self).items() if k not in _FIT_FIELDS}
+        if self.n_kv_heads is None:
+            # Left out without grouped heads: the digests (and caches) of before still hold.
+            del shaping["n_kv_heads"]
         blob = json.dumps(
             {**shaping, "corpus_bytes": corpus_bytes, "recipe": RECIPE_VERSION}, sort_keys=True
         )
@@ -304,7 +320,8 @@ def attention_inputs(
 ) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
     """q, k, v that each layer's kernel receives on held-out text: one (q, k, v) per layer.
 
-    Each tensor is (batch_size, n_heads, seq_len, head_dim), float32, on `device`; `index`
+    q is (batch_size, n_heads, seq_len, head_dim), k and v (batch_size, kv_heads, seq_len,
+    head_dim) (`ReferenceConfig.kv_heads`: grouped KV heads), float32, on `device`; `index`
     picks the batch of `split` (eval: different windows of the held-out split). Positions are
     applied (rotary q and k are rotated), and under shared QK k is q, as the kernel gets them.
     """

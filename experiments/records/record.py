@@ -169,6 +169,15 @@ SCHEMA: tuple[Column, ...] = (
     _measured(
         "approx_reference_seq_len", int, "tokens", "the reference's trained length", optional=True
     ),
+    # Grouped KV heads (issue 38): the error is against grouped-head exact attention on k, v of
+    # this many heads; empty in records from before, which measured plain multi-head attention.
+    _measured(
+        "approx_reference_n_kv_heads",
+        int,
+        "",
+        "key/value heads of the reference and of the k, v the error is measured on (n_kv_heads)",
+        optional=True,
+    ),
     _measured(
         "approx_kernel_fit_steps",
         int,

@@ -80,6 +80,7 @@ def test_measure_returns_every_column_with_consistent_units(job_config):
         "approx_reference_digest",
         "approx_reference_bits_per_byte",
         "approx_reference_seq_len",
+        "approx_reference_n_kv_heads",
         "approx_kernel_fit_steps",
         "approx_kernel_fit_seq_len",
         "swap_delta_bits_per_byte",
