@@ -18,7 +18,7 @@ The contenders of a row are timed in interleaved rounds (no mask, padding, docum
 `round_timer` (one untimed call the first time a contender runs), and each ratio is the median
 over rounds of the with-input time over the without-input time of the same round
 (`timing.ratio`): above 1, the input costs time. A ratio above `BOUND` (1.3, issue 38) on a
-kernel that can skip whole blocks (`BLOCK_SKIPPING`) is flagged in the table.
+kernel that can skip whole blocks (its spec's `block_sparse_work`) is flagged in the table.
 """
 
 from __future__ import annotations
@@ -48,22 +48,6 @@ GQA_HEADS, GQA_KV_HEADS = 8, 2
 PADDED_FRACTION = 0.25
 DOCUMENTS = 8
 BOUND = 1.3  # a mask must not cost more than this where the kernel can skip whole blocks
-# Kernels whose work is a set of (query block, key block) pairs, so a mask that empties a block
-# could drop it: exact attention through SDPA and the fixed / selected block patterns.
-BLOCK_SKIPPING = frozenset(
-    {
-        "full",
-        "blockwise",
-        "strided",
-        "compressed",
-        "combined",
-        "longformer",
-        "bigbird",
-        "sparse_fixed",
-        "moba",
-        "nsa",
-    }
-)
 FEATURES = ("padding", "documents", "gqa")
 COLUMNS = {
     "padding": f"padding {PADDED_FRACTION:.0%} / none",
@@ -92,7 +76,7 @@ class Row:
         cost = self.costs.get(feature)
         return (
             feature != "gqa"
-            and self.variant in BLOCK_SKIPPING
+            and attention_spec(self.variant).block_sparse_work
             and cost is not None
             and cost.ratio is not None
             and cost.ratio.median > BOUND

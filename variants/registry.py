@@ -53,6 +53,9 @@ class AttentionSpec:
     supports_segments: bool = False
     supports_gqa: bool = True
     native_gqa: bool = False
+    # The work is a set of (query block, key block) pairs (`Attention.block_sparse_work`):
+    # a mask that empties a block could skip it (benchmarks/masks.py's bound).
+    block_sparse_work: bool = False
 
     @property
     def variant(self) -> str:
@@ -134,6 +137,7 @@ def _spec(name: str, cls: type, preset: dict[str, Any], summary: str | None) -> 
         supports_segments=cls.supports_segments,
         supports_gqa=cls.supports_gqa,
         native_gqa=cls.native_gqa,
+        block_sparse_work=cls.block_sparse_work,
     )
 
 

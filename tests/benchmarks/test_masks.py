@@ -40,5 +40,7 @@ def test_only_a_mask_past_the_bound_on_a_block_skipping_kernel_is_flagged():
     assert row("blockwise", "padding", 1.5).flagged("padding")
     assert not row("blockwise", "padding", 1.2).flagged("padding")
     assert not row("linear", "documents", 2.0).flagged("documents")  # no blocks to skip
+    assert row("bigbird", "documents", 1.5).flagged("documents")  # a preset of combined
+    assert not row("lsh", "padding", 2.0).flagged("padding")  # sorted windows, no fixed blocks
     assert not row("full", "gqa", 2.0).flagged("gqa")  # the bound is the masks'
     assert "⚠" in masks.cell(row("full", "documents", 1.5), "documents")

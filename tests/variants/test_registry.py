@@ -51,6 +51,27 @@ def test_every_variant_and_preset_is_registered():
     assert {n for n in NAMES if variants.attention_spec(n).preset} == presets
 
 
+def test_block_sparse_work_is_the_classes_flag_and_a_preset_has_its_variants():
+    """The variants whose work is a set of (query block, key block) pairs (benchmarks/masks.py
+    holds a mask's cost on them to its bound); a preset is its variant's class, so its flag."""
+    flagged = {n for n in NAMES if variants.attention_spec(n).block_sparse_work}
+    assert flagged == {
+        "full",
+        "blockwise",
+        "strided",
+        "compressed",
+        "combined",
+        "longformer",
+        "bigbird",
+        "sparse_fixed",
+        "moba",
+        "nsa",
+    }
+    for name in NAMES:
+        spec = variants.attention_spec(name)
+        assert spec.block_sparse_work == spec.cls.block_sparse_work
+
+
 def composed(stem: str) -> dict:
     """conf/attention/<stem>.yaml as Hydra composes it (a preset's YAML extends its variant's)."""
     GlobalHydra.instance().clear()

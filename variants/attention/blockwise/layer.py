@@ -35,6 +35,7 @@ class BlockwiseAttention(Attention):
 
     name = "blockwise"
     exact = False
+    block_sparse_work = True
     time_complexity = "O(L b d)"
     memory_complexity = "O(L b)"
     supports_decode = True

@@ -82,6 +82,7 @@ class CombinedAttention(Attention):
 
     name = "combined"
     exact = False
+    block_sparse_work = True
     time_complexity = "O(L k d), k keys per query"
     memory_complexity = "O(L b)"
     supports_decode = True

@@ -97,6 +97,12 @@ class Attention(nn.Module):
     # parameters, state or per-call draws: the layer may then run groups of heads as separate
     # calls (`model.attention_chunks`) and get exactly the output of one call.
     independent_heads: ClassVar[bool] = False
+    # True if the kernel's work is a set of (query block, key block) pairs (exact attention
+    # through SDPA's tiles, the fixed and the selected block patterns), so a mask that empties a
+    # block could drop that block's work: benchmarks/masks.py holds what a mask costs such a
+    # kernel to its bound (issue 38), not a kernel whose work has no blocks to skip (a state
+    # over the sequence, LSH's or routing's sorted windows, Linformer's projection).
+    block_sparse_work: ClassVar[bool] = False
     # How its softmax attention runs: "flash" (parts merged by logsumexp through
     # `flash.attend`: fused where `flash.path` says so), "sdpa" (PyTorch's fused SDPA), or None
     # (no fused attention kernel: explicit matmuls of its own). Read by `kernel_path`.

@@ -77,6 +77,7 @@ class CompressedAttention(Attention):
 
     name = "compressed"
     exact = False
+    block_sparse_work = True
     time_complexity = "O(L^2 d / f)"
     memory_complexity = "O(L) fused, O(L^2 / f) explicit"
     supports_decode = True

@@ -60,6 +60,7 @@ class FullAttention(Attention):
 
     name = "full"
     exact = True
+    block_sparse_work = True
     time_complexity = "O(L^2 d)"
     memory_complexity = "O(L) sdpa, O(L^2) math, sdpa_math"
     supports_decode = True

@@ -67,6 +67,7 @@ class MoBAAttention(Attention):
 
     name = "moba"
     exact = False
+    block_sparse_work = True
     time_complexity = "O(L k b d + L^2 d / b)"
     memory_complexity = "O(L k d)"
     softmax_kernels = "flash"

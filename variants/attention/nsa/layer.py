@@ -90,6 +90,7 @@ class NSAAttention(Attention):
 
     name = "nsa"
     exact = False
+    block_sparse_work = True
     time_complexity = "O(L (n b + w + L / b) d)"
     memory_complexity = "O(L n d)"
     softmax_kernels = "flash"

@@ -36,6 +36,7 @@ class StridedAttention(Attention):
 
     name = "strided"
     exact = False
+    block_sparse_work = True
     time_complexity = "O(L sqrt(L) d)"
     memory_complexity = "O(L sqrt(L))"
     supports_decode = True
