@@ -21,6 +21,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from analysis import capacity, decode_report, figures, headline, load, published, series, tables
+from analysis.head_dims import crossovers_by_head_dim, grouped_kv_heads
 from experiments.records.store import Unreadable
 
 # name -> (figure function, caption). A figure is left out of the report when WHEN says these
@@ -117,6 +118,8 @@ WHEN: dict[str, Callable[[pd.DataFrame], str | None]] = {
 TABLES: list[Callable[[pd.DataFrame], tables.Table | None]] = [
     tables.variant_summary,
     tables.speedups,
+    crossovers_by_head_dim,  # these two: only for records of several head dims
+    grouped_kv_heads,
     tables.depth_table,
     tables.failures,
     tables.timing_warnings,
