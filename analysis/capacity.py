@@ -19,7 +19,7 @@ from analysis import accuracy, series, tuning
 from analysis.columns import ATTENTION, D_MODEL, EVAL_ACCURACY, HEAD_DIM, N_HEADS, SEQ_LEN
 from analysis.figures import style
 from analysis.load import format_value
-from analysis.tables import Table
+from analysis.markdown_table import Table
 
 PAIRS = "task.n_pairs"
 # The counts a mixture-trained job drew from (experiments/training/tasks/recall.py).

@@ -24,7 +24,7 @@ from analysis.columns import (
     STATUS,
 )
 from analysis.figures import style
-from analysis.tables import Table
+from analysis.markdown_table import Table
 from experiments.records.record import MIB
 
 TIME = DECODE_MS_PER_TOKEN

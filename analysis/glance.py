@@ -44,7 +44,8 @@ from analysis.columns import (
     TIMESTAMP,
 )
 from analysis.load import format_value
-from analysis.tables import CEILING, Table
+from analysis.markdown_table import Table
+from analysis.trained_quality import CEILING
 
 BEGIN = "<!-- glance:begin -->"
 END = "<!-- glance:end -->"

@@ -32,7 +32,7 @@ from analysis.columns import (
 )
 from analysis.fit import ALWAYS_FASTER, CROSSED, NEVER, REFERENCE_FAILED
 from analysis.load import format_value
-from analysis.tables import CEILING
+from analysis.trained_quality import CEILING
 from experiments.records.record import MIB
 
 TIME = ATTN_FWD_BWD_MS

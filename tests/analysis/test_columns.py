@@ -21,7 +21,17 @@ FIGURE_AND_TABLE_MODULES = sorted(
         *(p for p in (ANALYSIS / "figures").glob("*.py") if p.name != "__init__.py"),
         *(
             ANALYSIS / name
-            for name in ("tables.py", "capacity.py", "decode_report.py", "headline.py")
+            for name in (
+                "markdown_table.py",
+                "scaling_fits.py",
+                "trained_quality.py",
+                "memory_depth.py",
+                "knobs.py",
+                "provenance.py",
+                "capacity.py",
+                "decode_report.py",
+                "headline.py",
+            )
         ),
         ANALYSIS / "glance.py",
     ]
