@@ -16,7 +16,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
 from analysis import accuracy, series, tuning
-from analysis.columns import ATTENTION, D_MODEL, EVAL_ACCURACY, HEAD_DIM, N_HEADS, SEQ_LEN
+from analysis.column_names import ATTENTION, D_MODEL, EVAL_ACCURACY, HEAD_DIM, N_HEADS, SEQ_LEN
 from analysis.figures import style
 from analysis.load import format_value
 from analysis.markdown_table import Table

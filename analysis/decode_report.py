@@ -14,7 +14,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from analysis import series
-from analysis.columns import (
+from analysis.column_names import (
     ATTENTION,
     BATCH_SIZE,
     CACHE_BYTES,

@@ -31,7 +31,7 @@ from pathlib import Path
 import pandas as pd
 
 from analysis import accuracy, capacity, decode_report, fit, headline, load, scaling_fits, series
-from analysis.columns import (
+from analysis.column_names import (
     ATTENTION,
     CAUSAL,
     DEVICE,

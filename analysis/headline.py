@@ -22,7 +22,7 @@ from __future__ import annotations
 import pandas as pd
 
 from analysis import accuracy, capacity, scaling_fits, series
-from analysis.columns import (
+from analysis.column_names import (
     ATTENTION,
     ATTN_FWD_BWD_MS,
     ATTN_FWD_BWD_PEAK_BYTES,

@@ -1,6 +1,6 @@
 """report.md's knob table: whether each variant's approximation error on trained activations
 falls as its knob gets finer (`error_by_knob`). The approximation-error figures:
-`analysis.figures.approximation`; the knobs themselves: `series.KNOBS`.
+`analysis.figures.approximation_error`; the knobs themselves: `series.KNOBS`.
 """
 
 from __future__ import annotations
@@ -8,7 +8,13 @@ from __future__ import annotations
 import pandas as pd
 
 from analysis import series
-from analysis.columns import APPROX_REL_ERROR, ATTENTION, SEQ_LEN, STATUS, SWAP_DELTA_BITS_PER_BYTE
+from analysis.column_names import (
+    APPROX_REL_ERROR,
+    ATTENTION,
+    SEQ_LEN,
+    STATUS,
+    SWAP_DELTA_BITS_PER_BYTE,
+)
 from analysis.load import format_value
 from analysis.markdown_table import Table, format_length
 

@@ -6,7 +6,7 @@ their topic: kernel time and crossovers in `analysis.scaling_fits`, trained qual
 `analysis.trained_quality`, memory against depth in `analysis.memory_depth`, approximation error
 against each knob in `analysis.knobs`, recall capacity in `analysis.capacity`, published results
 in `analysis.published`, decoding in `analysis.decode_report`, and what was measured and what
-was not in `analysis.provenance`.
+was not in `analysis.measured`.
 
 A row of configurations starts with `variant` and one column per key that varies in the
 results (`series.key_values`: the attention's varying options, then block, depth, threads, ...),

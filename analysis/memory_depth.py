@@ -1,5 +1,5 @@
 """report.md's table of memory and step time against depth per block type (`depth_table`),
-the numbers of the depth figure (`analysis.figures.memory.depth`).
+the numbers of the depth figure (`analysis.figures.peak_memory.depth`).
 """
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pandas as pd
 
 from analysis import series
-from analysis.columns import DEPTH, PEAK_MEMORY_BYTES, STATUS, STEP_MS
+from analysis.column_names import DEPTH, PEAK_MEMORY_BYTES, STATUS, STEP_MS
 from analysis.load import format_value
 from analysis.markdown_table import Table, with_keys
 from experiments.records.record import MIB

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import pandas as pd
 
 from analysis import capacity, series
-from analysis.columns import ATTENTION, EVAL_ACCURACY, SEQ_LEN, TASK
+from analysis.column_names import ATTENTION, EVAL_ACCURACY, SEQ_LEN, TASK
 from analysis.load import format_value
 from analysis.markdown_table import Table
 

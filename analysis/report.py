@@ -27,8 +27,8 @@ from analysis import (
     headline,
     knobs,
     load,
+    measured,
     memory_depth,
-    provenance,
     published,
     scaling_fits,
     series,
@@ -133,7 +133,7 @@ TABLES: list[Callable[[pd.DataFrame], Table | None]] = [
     scaling_fits.variant_summary,
     scaling_fits.speedups,
     memory_depth.depth_table,
-    provenance.failures,
+    measured.failures,
     scaling_fits.timing_warnings,
     scaling_fits.explicit_path,
     trained_quality.cross_evaluation,
@@ -257,7 +257,7 @@ def markdown(
         *decode_headline(frame if decode is None else decode),
         f"Results: {', '.join(f'`{s}`' for s in sources) or 'unknown'}",
         "",
-        *provenance.provenance(both),
+        *measured.provenance(both),
         "",
     ]
     if unreadable:

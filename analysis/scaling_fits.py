@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import pandas as pd
 
 from analysis import fit, series
-from analysis.columns import (
+from analysis.column_names import (
     APPROX_REL_ERROR,
     ATTENTION,
     ATTN_FWD_BWD_MS,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pandas as pd
 
 from analysis import accuracy, series, tuning
-from analysis.columns import (
+from analysis.column_names import (
     ATTENTION,
     EVAL_ACCURACY,
     EVAL_BITS_PER_BYTE,

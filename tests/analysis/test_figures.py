@@ -9,7 +9,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.text import Text
 
-from analysis import figures, load, memory_depth, provenance, report, scaling_fits, series
+from analysis import figures, load, measured, memory_depth, report, scaling_fits, series
 from tests.analysis.conftest import synthetic_records
 
 
@@ -68,7 +68,7 @@ def test_summary_table_reports_exponent_crossover_reach_and_failures(frame):
     assert table.loc["lsh", "step memory (MiB) @ L=4,096"] == "16.0"
     assert table.loc["lsh", "rel. error @ L=4,096"] == "0.1"
     assert table.loc["lsh", "fwd+bwd (ms) @ L=4,096"] == "123"  # 3 · 1e-2 · 4096, mean of seeds
-    failures = provenance.failures(frame).frame
+    failures = measured.failures(frame).frame
     assert set(failures["status"]) == {"oom", "skipped"}
     assert memory_depth.depth_table(frame) is None  # depth was not swept
 

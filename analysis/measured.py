@@ -7,7 +7,7 @@ from __future__ import annotations
 import pandas as pd
 
 from analysis import series
-from analysis.columns import (
+from analysis.column_names import (
     DEVICE,
     DEVICE_NAME,
     ERROR,
