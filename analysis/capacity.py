@@ -16,10 +16,10 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
 from analysis import accuracy, series, tuning
-from analysis.columns import ATTENTION, D_MODEL, EVAL_ACCURACY, HEAD_DIM, N_HEADS, SEQ_LEN
+from analysis.column_names import ATTENTION, D_MODEL, EVAL_ACCURACY, HEAD_DIM, N_HEADS, SEQ_LEN
 from analysis.figures import style
 from analysis.load import format_value
-from analysis.tables import Table
+from analysis.markdown_table import Table
 
 PAIRS = "task.n_pairs"
 # The counts a mixture-trained job drew from (experiments/training/tasks/recall.py).

@@ -14,7 +14,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from analysis import series
-from analysis.columns import (
+from analysis.column_names import (
     ATTENTION,
     BATCH_SIZE,
     CACHE_BYTES,
@@ -24,7 +24,7 @@ from analysis.columns import (
     STATUS,
 )
 from analysis.figures import style
-from analysis.tables import Table
+from analysis.markdown_table import Table
 from experiments.records.record import MIB
 
 TIME = DECODE_MS_PER_TOKEN

@@ -31,7 +31,7 @@ from pathlib import Path
 import pandas as pd
 
 from analysis import accuracy, capacity, decode_report, fit, headline, load, scaling_fits, series
-from analysis.columns import (
+from analysis.column_names import (
     ATTENTION,
     CAUSAL,
     DEVICE,
@@ -44,7 +44,8 @@ from analysis.columns import (
     TIMESTAMP,
 )
 from analysis.load import format_value
-from analysis.tables import CEILING, Table
+from analysis.markdown_table import Table
+from analysis.trained_quality import CEILING
 
 BEGIN = "<!-- glance:begin -->"
 END = "<!-- glance:end -->"

@@ -19,8 +19,8 @@ import math
 
 import pandas as pd
 
-from analysis import fit, scaling_fits, series, tables
-from analysis.columns import (
+from analysis import fit, scaling_fits, series
+from analysis.column_names import (
     ATTENTION,
     ATTN_FWD_BWD_MS,
     ATTN_FWD_BWD_PEAK_BYTES,
@@ -31,6 +31,7 @@ from analysis.columns import (
     STATUS,
 )
 from analysis.load import format_value
+from analysis.markdown_table import Table
 
 # The series keys that are the heads themselves: a row of these tables is a variant (and any
 # other key that varies), its columns the head dims (and KV heads).
@@ -43,7 +44,7 @@ def has_head_dims(frame: pd.DataFrame) -> bool:
     return HEAD_DIM in frame and frame[HEAD_DIM].dropna().nunique() > 1
 
 
-def crossovers_by_head_dim(frame: pd.DataFrame) -> tables.Table | None:
+def crossovers_by_head_dim(frame: pd.DataFrame) -> Table | None:
     """Per variant: L* against exact attention (forward+backward) at each head dim, at
     n_kv_heads = n_heads, and its direction from the smallest head dim to the largest. None
     unless the records have more than one head dim, or without any efficient variant."""
@@ -94,10 +95,10 @@ def crossovers_by_head_dim(frame: pd.DataFrame) -> tables.Table | None:
         "the same bound at both; unresolved: the measured lengths do not order the two (e.g. "
         "≤4,096 and 3,000); (not monotone): a head dim between moves the other way."
     )
-    return tables.Table("Crossover against exact attention by head dim", pd.DataFrame(rows), note)
+    return Table("Crossover against exact attention by head dim", pd.DataFrame(rows), note)
 
 
-def grouped_kv_heads(frame: pd.DataFrame) -> tables.Table | None:
+def grouped_kv_heads(frame: pd.DataFrame) -> Table | None:
     """Per variant and head count (head dim ascending): kernel forward+backward time and
     kernel peak memory at each n_kv_heads below n_heads, over the same at n_kv_heads = n_heads,
     at each length (mean over repeats). None unless the records have more than one head dim
@@ -138,7 +139,7 @@ def grouped_kv_heads(frame: pd.DataFrame) -> tables.Table | None:
         "cancelled, as it is in the in-job speed-ups). = H: that H_kv is plain multi-head at "
         f"this head count; {NOT_RUN}: no record; skipped etc.: the jobs' status."
     )
-    return tables.Table("Grouped KV heads: cost against H_kv = H", pd.DataFrame(rows), note)
+    return Table("Grouped KV heads: cost against H_kv = H", pd.DataFrame(rows), note)
 
 
 def direction(crossovers: dict[int, fit.Crossover]) -> str:

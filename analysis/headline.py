@@ -22,7 +22,7 @@ from __future__ import annotations
 import pandas as pd
 
 from analysis import accuracy, capacity, scaling_fits, series
-from analysis.columns import (
+from analysis.column_names import (
     ATTENTION,
     ATTN_FWD_BWD_MS,
     ATTN_FWD_BWD_PEAK_BYTES,
@@ -32,7 +32,7 @@ from analysis.columns import (
 )
 from analysis.fit import ALWAYS_FASTER, CROSSED, NEVER, REFERENCE_FAILED
 from analysis.load import format_value
-from analysis.tables import CEILING
+from analysis.trained_quality import CEILING
 from experiments.records.record import MIB
 
 TIME = ATTN_FWD_BWD_MS

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 import pandas as pd
 
 from analysis import capacity, series
-from analysis.columns import ATTENTION, EVAL_ACCURACY, SEQ_LEN, TASK
+from analysis.column_names import ATTENTION, EVAL_ACCURACY, SEQ_LEN, TASK
 from analysis.load import format_value
-from analysis.tables import Table
+from analysis.markdown_table import Table
 
 HOLDS, FAILS, NOT_COMPARABLE = "holds", "does not hold", "not comparable"
 SOLVED = 0.95  # "solves the task": exact attention's level the capacity table also asks for

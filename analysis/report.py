@@ -20,8 +20,22 @@ from pathlib import Path
 import pandas as pd
 from matplotlib.figure import Figure
 
-from analysis import capacity, decode_report, figures, headline, load, published, series, tables
+from analysis import (
+    capacity,
+    decode_report,
+    figures,
+    headline,
+    knobs,
+    load,
+    measured,
+    memory_depth,
+    published,
+    scaling_fits,
+    series,
+    trained_quality,
+)
 from analysis.head_dims import crossovers_by_head_dim, grouped_kv_heads
+from analysis.markdown_table import Table
 from experiments.records.store import Unreadable
 
 # name -> (figure function, caption). A figure is left out of the report when WHEN says these
@@ -114,30 +128,31 @@ WHEN: dict[str, Callable[[pd.DataFrame], str | None]] = {
     ),
 }
 
+
 # Each builder: frame -> Table, or None when these results hold nothing for it.
-TABLES: list[Callable[[pd.DataFrame], tables.Table | None]] = [
-    tables.variant_summary,
-    tables.speedups,
+TABLES: list[Callable[[pd.DataFrame], Table | None]] = [
+    scaling_fits.variant_summary,
+    scaling_fits.speedups,
     crossovers_by_head_dim,  # these two: only for records of several head dims
     grouped_kv_heads,
-    tables.depth_table,
-    tables.failures,
-    tables.timing_warnings,
-    tables.explicit_path,
-    tables.cross_evaluation,
-    tables.quality,
-    tables.quality_by_length,
+    memory_depth.depth_table,
+    measured.failures,
+    scaling_fits.timing_warnings,
+    scaling_fits.explicit_path,
+    trained_quality.cross_evaluation,
+    trained_quality.quality,
+    trained_quality.quality_by_length,
     capacity.capacity,
     capacity.accuracy_by_pairs,
     published.published,
-    tables.error_by_knob,
+    knobs.error_by_knob,
     decode_report.decode_table,
 ]
 
 # With a separate quality frame (`quality=`; the main job trains a reduced long-range run beside
 # its scaling sweep), these figures and tables are drawn from it, the others from the cost frame.
 QUALITY_FIGURES = ("accuracy_vs_seq_len", "tradeoff", "training_curves")
-QUALITY_TABLES = (tables.quality, tables.quality_by_length, published.published)
+QUALITY_TABLES = (trained_quality.quality, trained_quality.quality_by_length, published.published)
 # With a separate decode frame (`decode=`; the main job's reduced decode series), these come
 # from it.
 DECODE_FIGURES = ("decode_vs_context",)
@@ -245,7 +260,7 @@ def markdown(
         *decode_headline(frame if decode is None else decode),
         f"Results: {', '.join(f'`{s}`' for s in sources) or 'unknown'}",
         "",
-        *tables.provenance(both),
+        *measured.provenance(both),
         "",
     ]
     if unreadable:
@@ -279,7 +294,7 @@ def markdown(
 
 def markdown_tables(
     frame: pd.DataFrame,
-    builders: Iterable[Callable[[pd.DataFrame], tables.Table | None]] = TABLES,
+    builders: Iterable[Callable[[pd.DataFrame], Table | None]] = TABLES,
     *,
     quality: pd.DataFrame | None = None,
     decode: pd.DataFrame | None = None,
@@ -366,10 +381,10 @@ def main(argv: list[str] | None = None) -> int:
         sources=sources,
         unreadable=unreadable,
     )
-    summary = tables.variant_summary(frame)
+    summary = scaling_fits.variant_summary(frame)
     if summary is not None:
         print(summary.markdown())
-    warned = tables.timing_warnings(frame)
+    warned = scaling_fits.timing_warnings(frame)
     if warned is not None:
         print(f"warning: {len(warned.frame)} timing warning(s): see report.md", file=sys.stderr)
     print(f"report: {args.out / 'report.md'} ({len(frame)} records, {len(pngs)} figures)")

@@ -66,7 +66,7 @@ def update(
         return
     # Imported here, only when the report is drawn: the plotting stack (matplotlib) takes about
     # a second, which a no-op resume of an unchanged sweep does not need.
-    from analysis import load, report, tables
+    from analysis import load, report, scaling_fits
 
     try:
         frame = load.load_results([sweep_dir])
@@ -85,7 +85,7 @@ def update(
         )
         print(f"report: {out_dir / 'report.md'}")
         drawn = True
-        warned = tables.timing_warnings(frame)
+        warned = scaling_fits.timing_warnings(frame)
         if warned is not None:
             print(f"warning: {len(warned.frame)} timing warning(s): see {out_dir / 'report.md'}")
     except Exception:  # the records are safe on disk; the report can be redrawn

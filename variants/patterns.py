@@ -5,8 +5,8 @@ predicate, `allows(i, j)`, on broadcastable integer tensors of positions, and pa
 `a | b` is their union, `a & b` their intersection, `~a` the complement. One predicate is the
 single source of a pattern's meaning: the kernels' element masks (`variants.attention.common.local`,
 `strided`, `combined`), FlexAttention's block masks (`common.flex`), the FLOP counts
-(allowed pairs) and the pictures (`analysis.patterns`) all evaluate it. The tests check every
-predicate against a dense mask written out by hand.
+(allowed pairs) and the pictures (`analysis.pattern_pictures`) all evaluate it. The tests check
+every predicate against a dense mask written out by hand.
 
 Each pattern also has a block form for execution: cut queries and keys into tiles of `tile`
 positions; `tile_states` says for every (query tile, key tile) whether no pair is allowed

@@ -1,17 +1,18 @@
 """The report's figures, grouped by what they show; each takes a results frame (`analysis.load`)
 and returns a matplotlib Figure.
 
-kernel_time    kernel time, crossovers and speed-ups over SDPA; achieved FLOP rate
-memory         peak memory against sequence length; memory and step time against depth
-approximation  approximation error against length, each variant's knob, and kernel time
-quality        training curves and final losses; trained accuracy against length
-tradeoff       quality against speed against memory at one length
-style          the drawing kit they share (and `analysis.capacity`, `analysis.decode_report` use)
+kernel_time          kernel time, crossovers and speed-ups over SDPA; achieved FLOP rate
+peak_memory          peak memory against sequence length; memory and step time against depth
+approximation_error  approximation error against length, each variant's knob, and kernel time
+quality              training curves and final losses; trained accuracy against length
+tradeoff             quality against speed against memory at one length
+style                the drawing kit they share (and `analysis.capacity`,
+                     `analysis.decode_report` use)
 """
 
-from analysis.figures.approximation import error_vs_knob, error_vs_seq_len, error_vs_time
+from analysis.figures.approximation_error import error_vs_knob, error_vs_seq_len, error_vs_time
 from analysis.figures.kernel_time import flops_fraction, time_vs_seq_len
-from analysis.figures.memory import depth, memory_vs_seq_len
+from analysis.figures.peak_memory import depth, memory_vs_seq_len
 from analysis.figures.quality import accuracy_vs_seq_len, training_curves, why_no_curves
 from analysis.figures.style import nothing_drawn, series_styles, variant_color
 from analysis.figures.tradeoff import tradeoff, tradeoff_quality

@@ -12,7 +12,7 @@ from matplotlib.transforms import ScaledTranslation
 
 from analysis import fit, series
 from analysis import scaling_fits as scaling
-from analysis.columns import (
+from analysis.column_names import (
     ATTN_FWD_BWD_GFLOPS_PER_S,
     ATTN_FWD_BWD_MATMUL_FRACTION,
     ATTN_FWD_BWD_MS,

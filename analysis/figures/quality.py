@@ -10,7 +10,7 @@ from matplotlib.lines import Line2D
 from matplotlib.ticker import MaxNLocator
 
 from analysis import accuracy, load, series, tuning
-from analysis.columns import (
+from analysis.column_names import (
     EVAL_ACCURACY,
     EVAL_LOSS,
     SEQ_LEN,

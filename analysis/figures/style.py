@@ -45,7 +45,7 @@ from matplotlib.ticker import FuncFormatter, NullFormatter
 from matplotlib.transforms import Bbox, ScaledTranslation, Transform
 
 from analysis import load, series
-from analysis.columns import ATTENTION, BLOCK, SEQ_LEN, STATUS
+from analysis.column_names import ATTENTION, BLOCK, SEQ_LEN, STATUS
 
 _WALL_STEP = 0.045  # axes-fraction stagger between failure markers of different series
 

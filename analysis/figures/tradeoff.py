@@ -9,7 +9,7 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
 from analysis import accuracy, load, series
-from analysis.columns import (
+from analysis.column_names import (
     APPROX_REL_ERROR,
     ATTENTION,
     ATTN_FWD_BWD_MS,

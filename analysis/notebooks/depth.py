@@ -21,14 +21,14 @@
 # %matplotlib inline
 from IPython.display import Markdown
 
-from analysis import figures, load, report, tables
+from analysis import figures, load, measured, memory_depth, report
 
 # %% tags=["parameters"]
 RESULTS = ["../../multirun/depth"]  # paths relative to this notebook's folder
 
 # %%
 frame = load.load_results(RESULTS)
-Markdown(report.markdown_tables(frame, [tables.depth_table, tables.failures]))
+Markdown(report.markdown_tables(frame, [memory_depth.depth_table, measured.failures]))
 
 # %%
 figures.depth(frame)

@@ -22,14 +22,14 @@
 # %matplotlib inline
 from IPython.display import Markdown
 
-from analysis import figures, load, report, tables
+from analysis import figures, load, measured, report, scaling_fits
 
 # %% tags=["parameters"]
 RESULTS = ["../../multirun/scaling"]  # paths relative to this notebook's folder
 
 # %%
 frame = load.load_results(RESULTS)
-Markdown(report.markdown_tables(frame, [tables.variant_summary, tables.failures]))
+Markdown(report.markdown_tables(frame, [scaling_fits.variant_summary, measured.failures]))
 
 # %%
 figures.time_vs_seq_len(frame)

@@ -1,18 +1,18 @@
 """The performance targets, outside the Hydra app: `python -m benchmarks.targets` (`__main__`)
 measures them and prints one table. One module per role, read top-down:
 
-table     a row of the table (`Target`), the bounds it is judged by, and the table printed
-kernels   the shape every target measures at, the kernel settings it names, the model
-timing    how a call is timed: fixed random inputs, one untimed call, rounds and the yardstick
-peers     the public implementations the kernels are compared with (the `compare` extra)
-speed     speed-ups over SDPA, FLOP rates, scaling exponents, ratios to the peers (4K-32K)
-flex      each fixed pattern's forward against compiled FlexAttention
-memory    one-layer training-step peak at 64K
-depth     reversible depth 12 / 1 peak memory and reversible / residual step time
-decode    exact decode's bandwidth, the fixed states' flat time, the window caches' size
-steps     one training step per process: its wall and CPU time and peak RSS (`--step-row`)
-million   one layer at 2^20 tokens per O(L) variant (`--million`)
-reformer  12 LSH layers at 64K, reversible against residual (`--reformer`)
+table            a row of the table (`Target`), the bounds it is judged by, and the table printed
+kernels          the shape every target measures at, the kernel settings it names, the model
+call_timing      how a call is timed: fixed random inputs, one untimed call, rounds, the yardstick
+peers            the public implementations the kernels are compared with (the `compare` extra)
+speed            speed-ups over SDPA, FLOP rates, scaling exponents, ratios to the peers (4K-32K)
+flex_compare     each fixed pattern's forward against compiled FlexAttention
+step_memory      one-layer training-step peak at 64K
+reversible_depth reversible depth 12 / 1 peak memory and reversible / residual step time
+decode           exact decode's bandwidth, the fixed states' flat time, the window caches' size
+steps            one training step per process: its wall and CPU time and peak RSS (`--step-row`)
+million          one layer at 2^20 tokens per O(L) variant (`--million`)
+reformer         12 LSH layers at 64K, reversible against residual (`--reformer`)
 
 The project's own parts measure: kernels and models are built from one `variants.ModelConfig`
 (d_model 256, 4 heads) as a model's layers build them, each call is timed by

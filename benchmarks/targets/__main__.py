@@ -18,17 +18,17 @@ import os
 
 import torch
 
+from benchmarks.targets.call_timing import YARDSTICK
 from benchmarks.targets.decode import DECODE_LENGTH, decode_targets
-from benchmarks.targets.depth import depth_targets
-from benchmarks.targets.flex import FLEX_MAX_LENGTH, flex_targets
+from benchmarks.targets.flex_compare import FLEX_MAX_LENGTH, flex_targets
 from benchmarks.targets.kernels import HEAD_DIM, HEADS, KERNELS
-from benchmarks.targets.memory import MEMORY_LENGTH, memory_targets
 from benchmarks.targets.million import MILLION_LENGTH, million_rows
 from benchmarks.targets.reformer import REFORMER_LENGTH, reformer_rows
+from benchmarks.targets.reversible_depth import depth_targets
 from benchmarks.targets.speed import LENGTHS, kernel_targets, time_kernels
+from benchmarks.targets.step_memory import MEMORY_LENGTH, memory_targets
 from benchmarks.targets.steps import ROW_PREFIX, print_step_table, step_row
 from benchmarks.targets.table import print_table
-from benchmarks.targets.timing import YARDSTICK
 from experiments.measurement.timing import matmul_gflops_per_s
 
 

@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from analysis.fit import fit_power_law
+from benchmarks.targets.call_timing import YARDSTICK, forward_backward, time_in_rounds
 from benchmarks.targets.kernels import BATCH, HEAD_DIM, HEADS, KERNELS, kernel
 from benchmarks.targets.peers import (
     PEER_CLASSES,
@@ -32,7 +33,6 @@ from benchmarks.targets.peers import (
     ROUTING_TRANSFORMER,
 )
 from benchmarks.targets.table import Target, at_least, at_most, info
-from benchmarks.targets.timing import YARDSTICK, forward_backward, time_in_rounds
 from experiments.measurement.timing import matmul_call, ratio
 from variants.attention.common.base import FWD_BWD_FLOP_FACTOR
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from analysis import accuracy, capacity, figures, headline, load, tables
+from analysis import accuracy, capacity, figures, headline, load, trained_quality
 
 
 def _long_range():
@@ -70,7 +70,7 @@ def test_the_headline_says_not_learned_and_prints_no_difference_for_it():
 
 
 def test_the_length_table_states_steps_learned_chance_floor_and_intervals():
-    table = tables.quality_by_length(_long_range())
+    table = trained_quality.quality_by_length(_long_range())
     rows = {r["variant"]: r for r in table.frame.to_dict("records")}
     assert (
         "L=64 (400 steps)" in table.frame.columns and "L=1,024 (550 steps)" in table.frame.columns

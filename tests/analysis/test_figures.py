@@ -9,7 +9,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.text import Text
 
-from analysis import figures, load, report, scaling_fits, series, tables
+from analysis import figures, load, measured, memory_depth, report, scaling_fits, series
 from tests.analysis.conftest import synthetic_records
 
 
@@ -56,7 +56,7 @@ def test_seeds_are_drawn_as_a_band(frame):
 
 
 def test_summary_table_reports_exponent_crossover_reach_and_failures(frame):
-    table = tables.variant_summary(frame).frame.set_index("variant")
+    table = scaling_fits.variant_summary(frame).frame.set_index("variant")
     assert table.loc["lsh", "α fwd+bwd"] == "1.00"
     assert table.loc["full", "α fwd"] == "2.00"
     assert table.loc["lsh", "L* fwd"] == table.loc["lsh", "L* fwd+bwd"] == "1,000"
@@ -68,9 +68,9 @@ def test_summary_table_reports_exponent_crossover_reach_and_failures(frame):
     assert table.loc["lsh", "step memory (MiB) @ L=4,096"] == "16.0"
     assert table.loc["lsh", "rel. error @ L=4,096"] == "0.1"
     assert table.loc["lsh", "fwd+bwd (ms) @ L=4,096"] == "123"  # 3 · 1e-2 · 4096, mean of seeds
-    failures = tables.failures(frame).frame
+    failures = measured.failures(frame).frame
     assert set(failures["status"]) == {"oom", "skipped"}
-    assert tables.depth_table(frame) is None  # depth was not swept
+    assert memory_depth.depth_table(frame) is None  # depth was not swept
 
 
 def test_every_figure_draws_for_results_without_any_measurement(frame, tmp_path):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pandas as pd
 from matplotlib.figure import Figure
 
-from analysis import figures, load, report, series, tables
+from analysis import figures, load, report, series, trained_quality
 
 LENGTHS = (256, 512, 1024, 2048)
 ACCURACY = {  # variant -> accuracy at each length, seed 0; seed 1 is 0.02 lower
@@ -50,7 +50,7 @@ def long_range_records(exact=ACCURACY["full"]) -> pd.DataFrame:
 
 
 def test_the_table_has_a_row_per_variant_and_a_column_per_length():
-    table = tables.quality_by_length(long_range_records())
+    table = trained_quality.quality_by_length(long_range_records())
     rows = {r["variant"]: r for r in table.frame.to_dict("records")}
     assert list(rows) == ["full", "blockwise", "linformer (bidirectional)", "chance"]
     lengths = ["L=256", "L=512", "L=1,024", "L=2,048"]
@@ -63,16 +63,16 @@ def test_the_table_has_a_row_per_variant_and_a_column_per_length():
 
 
 def test_the_note_warns_where_exact_attention_missed_the_ceiling():
-    table = tables.quality_by_length(long_range_records(exact=(1.0, 0.95, 0.6, 0.3)))
+    table = trained_quality.quality_by_length(long_range_records(exact=(1.0, 0.95, 0.6, 0.3)))
     assert "WARNING: exact attention stayed below 90% at L=1,024, 2,048" in table.note
 
 
 def test_single_length_results_have_no_length_table_and_random_tokens_are_not_quality():
     one_length = long_range_records()
     one_length = one_length[one_length["seq_len"] == 2048]
-    assert tables.quality_by_length(one_length) is None
+    assert trained_quality.quality_by_length(one_length) is None
     random_tokens = long_range_records().assign(task="random_lm")
-    assert tables.quality_by_length(random_tokens) is None
+    assert trained_quality.quality_by_length(random_tokens) is None
     assert series.trained_quality(random_tokens).empty
 
 
@@ -107,34 +107,3 @@ def test_without_accuracy_the_chart_uses_the_error_on_trained_activations():
     assert figures.tradeoff_quality(frame)[0] == "approx_rel_error"
     (ax,) = figures.tradeoff(frame).axes
     assert "trained activations" in ax.get_ylabel()
-
-
-def test_error_by_knob_says_whether_the_error_falls_as_the_approximation_gets_finer():
-    rows = []
-    for knob, values, errors, attention in (
-        ("attention.n_hashes", (1, 2, 4), (0.4, 0.3, 0.2), "lsh"),
-        ("attention.block_size", (32, 64, 128), (0.3, 0.35, 0.2), "blockwise"),
-        ("attention.factor", (2, 4, 8), (0.1, 0.2, 0.3), "compressed"),
-        # 1.12 -> 1.09 -> 1.10: under 5 % from end to end, no step over 5 %: flat, not "falls".
-        ("attention.n_features", (64, 128, 256), (1.12, 1.09, 1.10), "performer"),
-    ):
-        for value, error in zip(values, errors, strict=True):
-            rows.append(
-                {
-                    "status": "ok",
-                    "attention": attention,
-                    "task": "random_lm",
-                    "seq_len": 1024,
-                    knob: value,
-                    "approx_rel_error": error,
-                    "approx_reference_digest": "abc123",
-                }
-            )
-    rows.append({**rows[0], "seq_len": 256, "approx_rel_error": 9.0})  # shorter: not read
-    table = tables.error_by_knob(load.tidy(pd.DataFrame(rows)))
-    verdict = dict(zip(table.frame["variant"], table.frame["falls"], strict=True))
-    assert verdict == {"lsh": "yes", "blockwise": "NO", "compressed": "yes", "performer": "flat"}
-    (lsh,) = table.frame[table.frame["variant"] == "lsh"]["finer →"]
-    assert lsh == "n_hashes=1: 0.4 → n_hashes=2: 0.3 → n_hashes=4: 0.2"
-    (compressed,) = table.frame[table.frame["variant"] == "compressed"]["finer →"]
-    assert compressed.startswith("factor=8: 0.3")  # the coarsest first

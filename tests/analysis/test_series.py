@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from analysis import load, series, tables
+from analysis import load, scaling_fits, series
 
 
 def records(**varying) -> pd.DataFrame:
@@ -36,7 +36,7 @@ def test_configurations_that_differ_only_in_threads_are_not_averaged():
     labelled, keys = series.with_series(frame, x="seq_len")
     assert keys == ["variant", "threads"]
     assert sorted(labelled["series"].unique()) == ["full threads=1", "full threads=2"]
-    table = tables.variant_summary(frame).frame
+    table = scaling_fits.variant_summary(frame).frame
     assert list(table[["variant", "threads"]].itertuples(index=False, name=None)) == [
         ("full", "1"),
         ("full", "2"),

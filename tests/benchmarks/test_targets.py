@@ -8,7 +8,7 @@ import types
 import pytest
 
 from benchmarks.targets import __main__ as cli
-from benchmarks.targets import decode, flex, kernels, million, steps, timing
+from benchmarks.targets import call_timing, decode, flex_compare, kernels, million, steps
 
 
 def test_kernels_are_the_layers_of_the_targets_model():
@@ -26,8 +26,8 @@ def test_toy_run_prints_a_row_per_target(monkeypatch, capsys):
     monkeypatch.setattr(decode, "DECODE_SHORT", 256)
     monkeypatch.setattr(decode, "DECODE_WINDOWED", 256)
     # One call per timing, not 0.3 s of them: the table's arithmetic is what is tested.
-    timed = timing.seconds_per_call
-    monkeypatch.setattr(timing, "seconds_per_call", lambda fn: timed(fn, min_time_s=0))
+    timed = call_timing.seconds_per_call
+    monkeypatch.setattr(call_timing, "seconds_per_call", lambda fn: timed(fn, min_time_s=0))
     # Compiled FlexAttention at the first length only: each length compiles every pattern anew
     # (most of this test's time), and one length shows the rows and the length filter.
     cli.main(
@@ -44,7 +44,7 @@ def test_toy_run_prints_a_row_per_target(monkeypatch, capsys):
     assert "full decode bandwidth fraction, L=512" in rows
     flex_rows = [row for row in rows if row.startswith("compiled flex fwd / ")]
     assert sorted(flex_rows) == sorted(
-        f"compiled flex fwd / {name} fwd, L=256" for name in flex.FLEX_KERNELS
+        f"compiled flex fwd / {name} fwd, L=256" for name in flex_compare.FLEX_KERNELS
     )
     assert all(math.isfinite(float(value)) for value in rows.values())
     # The 32K targets are not judged at toy lengths: those rows carry no bound.
@@ -60,9 +60,9 @@ def test_toy_run_prints_a_row_per_target(monkeypatch, capsys):
 def test_each_contender_is_measured_against_the_yardstick_timed_around_it(monkeypatch):
     # Scripted seconds per call: the yardstick slows down by 2x after every contender.
     clock = iter([1.0, 10.0, 2.0, 20.0, 4.0, 1.0, 11.0, 2.0, 21.0, 4.0])
-    monkeypatch.setattr(timing, "seconds_per_call", lambda fn: next(clock))
+    monkeypatch.setattr(call_timing, "seconds_per_call", lambda fn: next(clock))
     calls = {"a": lambda: None, "b": lambda: None}
-    times, yardsticks = timing.time_in_rounds(calls, 2, lambda: None)
+    times, yardsticks = call_timing.time_in_rounds(calls, 2, lambda: None)
     assert times == {"a": [10.0, 11.0], "b": [20.0, 21.0]}
     # Geometric means of the yardstick just before and just after each contender's call.
     assert yardsticks["a"] == pytest.approx([math.sqrt(2), math.sqrt(2)])
@@ -76,13 +76,13 @@ def test_rounds_continue_until_the_minimum_time_is_spent(monkeypatch):
         now[0] += 1.0
         return 1.0
 
-    monkeypatch.setattr(timing, "seconds_per_call", one_second_call)
-    monkeypatch.setattr(timing, "time", types.SimpleNamespace(perf_counter=lambda: now[0]))
+    monkeypatch.setattr(call_timing, "seconds_per_call", one_second_call)
+    monkeypatch.setattr(call_timing, "time", types.SimpleNamespace(perf_counter=lambda: now[0]))
     calls = {"a": lambda: None}
     # A round is the yardstick, the contender and the yardstick again: 3 s.
-    times, _ = timing.time_in_rounds(calls, 2, lambda: None, min_seconds=10)
+    times, _ = call_timing.time_in_rounds(calls, 2, lambda: None, min_seconds=10)
     assert len(times["a"]) == 4  # 3, 6, 9 s: still under 10 after the third round
-    times, _ = timing.time_in_rounds(calls, 2, lambda: None)
+    times, _ = call_timing.time_in_rounds(calls, 2, lambda: None)
     assert len(times["a"]) == 2
 
 

@@ -1,10 +1,11 @@
-"""`python -m analysis.patterns`: the pattern pictures, drawn from the kernels' predicates."""
+"""`python -m analysis.pattern_pictures`: the pattern pictures, drawn from the kernels'
+predicates."""
 
 from __future__ import annotations
 
 import torch
 
-from analysis import patterns as pictures
+from analysis import pattern_pictures as pictures
 from tests.reference import causal_rule, local_rule, rule_mask
 
 

@@ -1,6 +1,7 @@
 """Pictures of the attention patterns: which keys each query sees, at a small length.
 
-    python -m analysis.patterns --out report/patterns   # patterns.png/.svg, vocabulary.png/.svg
+    python -m analysis.pattern_pictures --out report/patterns
+    # writes patterns.png/.svg, vocabulary.png/.svg
 
 Every variant with a fixed pattern (`blockwise`, `strided`, `combined` and its presets) and
 every pattern of the vocabulary (`variants.patterns`) is drawn at 64 tokens, bidirectional and
@@ -158,7 +159,9 @@ def write(out_dir: str | Path, length: int = LENGTH) -> list[Path]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m analysis.patterns", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python -m analysis.pattern_pictures", description=__doc__
+    )
     parser.add_argument("--out", required=True, type=Path, help="directory for the figures")
     parser.add_argument("--length", type=int, default=LENGTH, help="tokens drawn")
     args = parser.parse_args(argv)

@@ -2,7 +2,7 @@
 
 import pandas as pd
 
-from analysis import tables
+from analysis import trained_quality
 
 
 def test_rows_are_training_kernels_and_columns_evaluation_kernels():
@@ -38,11 +38,14 @@ def test_rows_are_training_kernels_and_columns_evaluation_kernels():
             },
         ]
     )
-    table = tables.cross_evaluation(frame)
+    table = trained_quality.cross_evaluation(frame)
     assert list(table.frame.columns) == ["trained with", "eval full", "eval lsh-1"]
     assert table.frame.values.tolist() == [["full", 100.0, 50.0], ["lsh-4", 80.0, 70.0]]
     assert "| lsh-4 | 80" in table.markdown()
 
 
 def test_no_cross_evaluation_columns_no_table():
-    assert tables.cross_evaluation(pd.DataFrame([{"status": "ok", "attention": "full"}])) is None
+    assert (
+        trained_quality.cross_evaluation(pd.DataFrame([{"status": "ok", "attention": "full"}]))
+        is None
+    )

@@ -1,5 +1,5 @@
 """Column names in figures and tables come from the record schema: every schema column is
-importable from `analysis.columns`, nothing else is, and no figure or table module spells a
+importable from `analysis.column_names`, nothing else is, and no figure or table module spells a
 column as a string literal."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from analysis import columns
+from analysis import column_names
 from experiments.records.record import SCHEMA
 
 ANALYSIS = Path(__file__).resolve().parents[2] / "analysis"
@@ -21,7 +21,17 @@ FIGURE_AND_TABLE_MODULES = sorted(
         *(p for p in (ANALYSIS / "figures").glob("*.py") if p.name != "__init__.py"),
         *(
             ANALYSIS / name
-            for name in ("tables.py", "capacity.py", "decode_report.py", "headline.py")
+            for name in (
+                "markdown_table.py",
+                "scaling_fits.py",
+                "trained_quality.py",
+                "memory_depth.py",
+                "knobs.py",
+                "measured.py",
+                "capacity.py",
+                "decode_report.py",
+                "headline.py",
+            )
         ),
         ANALYSIS / "glance.py",
     ]
@@ -30,27 +40,27 @@ FIGURE_AND_TABLE_MODULES = sorted(
 
 def test_every_schema_column_is_a_constant_of_its_own_name():
     for column in SCHEMA:
-        assert getattr(columns, column.name.upper()) == column.name
-    assert sorted(dir(columns)) == sorted(c.name.upper() for c in SCHEMA)
-    from analysis.columns import ATTN_FWD_BWD_MS, SEQ_LEN
+        assert getattr(column_names, column.name.upper()) == column.name
+    assert sorted(dir(column_names)) == sorted(c.name.upper() for c in SCHEMA)
+    from analysis.column_names import ATTN_FWD_BWD_MS, SEQ_LEN
 
     assert (SEQ_LEN, ATTN_FWD_BWD_MS) == ("seq_len", "attn_fwd_bwd_ms")
 
 
 def test_a_name_the_schema_does_not_hold_fails_at_import():
     with pytest.raises(ImportError, match="ATTN_FWD_BWD_SECONDS"):
-        exec("from analysis.columns import ATTN_FWD_BWD_SECONDS", {})
+        exec("from analysis.column_names import ATTN_FWD_BWD_SECONDS", {})
     with pytest.raises(AttributeError, match="seq_len_tokens"):
-        columns.SEQ_LEN_TOKENS  # noqa: B018
+        column_names.SEQ_LEN_TOKENS  # noqa: B018
     with pytest.raises(AttributeError):
-        columns.seq_len  # noqa: B018 (only capitals are column constants)
+        column_names.seq_len  # noqa: B018 (only capitals are column constants)
 
 
 def test_checked_accepts_columns_and_evaluation_columns_only():
-    assert columns.checked("eval_accuracy") == "eval_accuracy"
-    assert columns.checked("eval_accuracy@lsh") == "eval_accuracy@lsh"
+    assert column_names.checked("eval_accuracy") == "eval_accuracy"
+    assert column_names.checked("eval_accuracy@lsh") == "eval_accuracy@lsh"
     with pytest.raises(ValueError, match="'attention.n_hashes'"):
-        columns.checked("attention.n_hashes")
+        column_names.checked("attention.n_hashes")
 
 
 def test_a_renamed_column_breaks_the_report_at_import():

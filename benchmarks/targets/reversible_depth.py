@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import statistics
 
+from benchmarks.targets.call_timing import seconds_per_call
 from benchmarks.targets.kernels import model, training_step
 from benchmarks.targets.table import Target, at_most
-from benchmarks.targets.timing import seconds_per_call
 from experiments.measurement.memory import peak_memory_bytes
 
 

@@ -2,7 +2,7 @@
 (`experiments.records.record.SCHEMA`): a renamed or removed column fails where it is imported, not
 silently as an empty figure or table column.
 
-    from analysis.columns import ATTN_FWD_BWD_MS, SEQ_LEN  # "attn_fwd_bwd_ms", "seq_len"
+    from analysis.column_names import ATTN_FWD_BWD_MS, SEQ_LEN  # "attn_fwd_bwd_ms", "seq_len"
 
 Every schema column is importable under its name in capitals, and nothing else is: importing a
 name the schema does not hold raises ImportError naming it. `checked(name)` does the same for a
@@ -19,7 +19,7 @@ def __getattr__(attr: str) -> str:
     asks, so an unknown name fails the importing module at import)."""
     if attr.isupper() and attr.lower() in COLUMNS:
         return attr.lower()
-    raise AttributeError(f"analysis.columns: no column {attr.lower()!r} in the record schema")
+    raise AttributeError(f"analysis.column_names: no column {attr.lower()!r} in the record schema")
 
 
 def __dir__() -> list[str]:
@@ -30,5 +30,5 @@ def checked(name: str) -> str:
     """`name` if it is a schema column (or a `<column>@<label>` evaluation column); ValueError
     naming it otherwise."""
     if column(name) is None:
-        raise ValueError(f"analysis.columns: no column {name!r} in the record schema")
+        raise ValueError(f"analysis.column_names: no column {name!r} in the record schema")
     return name

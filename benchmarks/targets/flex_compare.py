@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import statistics
 
+from benchmarks.targets.call_timing import YARDSTICK, forward, time_in_rounds
 from benchmarks.targets.kernels import kernel
 from benchmarks.targets.table import Target, at_least
-from benchmarks.targets.timing import YARDSTICK, forward, time_in_rounds
 from experiments.measurement.timing import matmul_call
 
 # Forward (no grad) of each fixed pattern, ours against compiled FlexAttention on its pattern.

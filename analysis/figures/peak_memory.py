@@ -8,7 +8,13 @@ from matplotlib.figure import Figure
 
 from analysis import scaling_fits as scaling
 from analysis import series
-from analysis.columns import ATTN_FWD_BWD_PEAK_BYTES, DEPTH, PEAK_MEMORY_BYTES, SEQ_LEN, STEP_MS
+from analysis.column_names import (
+    ATTN_FWD_BWD_PEAK_BYTES,
+    DEPTH,
+    PEAK_MEMORY_BYTES,
+    SEQ_LEN,
+    STEP_MS,
+)
 from analysis.figures import style
 from experiments.records.record import MIB
 

@@ -2,18 +2,18 @@
 
 from __future__ import annotations
 
-from analysis import load, tables
+from analysis import load, scaling_fits
 from tests.analysis.conftest import FIXTURE
 
 
 def test_explicit_path_lists_only_the_series_that_ran_explicit():
     frame = load.tidy(load.load_results([FIXTURE]))
-    assert tables.explicit_path(frame.drop(columns="kernel_path", errors="ignore")) is None
+    assert scaling_fits.explicit_path(frame.drop(columns="kernel_path", errors="ignore")) is None
     frame["kernel_path"] = "fused"
-    assert tables.explicit_path(frame) is None
+    assert scaling_fits.explicit_path(frame) is None
     lsh = (frame["attention"] == "lsh") & (frame["status"] == "ok")
     frame.loc[lsh, "kernel_path"] = "explicit"
-    table = tables.explicit_path(frame)
+    table = scaling_fits.explicit_path(frame)
     assert table is not None and "explicit path" in table.markdown()
     assert set(table.frame["variant"]) == {"lsh"}
     assert sorted(table.frame["jobs"].str.split(", ").sum()) == sorted(

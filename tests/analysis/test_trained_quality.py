@@ -2,7 +2,7 @@
 
 import pandas as pd
 
-from analysis import load, tables
+from analysis import load, scaling_fits, trained_quality
 
 
 def _records(*rows):
@@ -24,7 +24,7 @@ def test_rows_per_configuration_with_mean_over_seeds_and_difference_from_the_fir
         {"seed": 0, "model.shared_qk": True, "eval_bits_per_byte": 2.31},
         {"seed": 0, "model.shared_qk": True, "status": "error", "eval_bits_per_byte": None},
     )
-    table = tables.quality(frame)
+    table = trained_quality.quality(frame)
     rows = table.frame.to_dict("records")
     assert [(r["variant"], r["shared_qk"]) for r in rows] == [("full", "False"), ("full", "True")]
     assert [r["seeds"] for r in rows] == [2, 1]
@@ -46,7 +46,7 @@ def test_accuracy_rows_named_by_the_presets_train_as():
             "eval_loss": 0.9,
         },
     )
-    rows = tables.quality(frame).frame.to_dict("records")
+    rows = trained_quality.quality(frame).frame.to_dict("records")
     assert [r["configuration"] for r in rows] == ["full", "lsh-4"]
     assert rows[1]["eval accuracy (%)"] == "75.0"
     assert rows[1]["Δ eval accuracy (%) vs full"] == "-25.0 %"
@@ -54,8 +54,8 @@ def test_accuracy_rows_named_by_the_presets_train_as():
 
 def test_cost_only_sweeps_have_no_quality_table():
     frame = _records({"task": "random_lm", "eval_loss": 5.5, "step_ms": 3.0})
-    assert tables.quality(frame) is None
-    assert tables.quality(_records({"step_ms": 3.0})) is None  # nothing trained
+    assert trained_quality.quality(frame) is None
+    assert trained_quality.quality(_records({"step_ms": 3.0})) is None  # nothing trained
 
 
 def test_a_series_with_no_measurement_has_no_crossover_rather_than_being_the_reference():
@@ -85,7 +85,7 @@ def test_a_series_with_no_measurement_has_no_crossover_rather_than_being_the_ref
         }
         for n in (256, 512)
     ]
-    table = tables.variant_summary(load.tidy(pd.DataFrame(rows))).frame.set_index("variant")
+    table = scaling_fits.variant_summary(load.tidy(pd.DataFrame(rows))).frame.set_index("variant")
     assert table.loc["full", "L* fwd"] == "reference"
     assert table.loc["lsh", "L* fwd"] == "≤256"
     assert table.loc["linformer", "L* fwd"] == "—"
@@ -109,7 +109,7 @@ def test_summary_leaves_out_columns_with_nothing_to_say_and_shows_the_swept_knob
         for n_hashes in (1, 2)
         for bucket in (32, 64)
     ]
-    table = tables.variant_summary(load.tidy(pd.DataFrame(rows))).frame
+    table = scaling_fits.variant_summary(load.tidy(pd.DataFrame(rows))).frame
     assert list(table.columns) == [
         "variant",
         "n_hashes",
@@ -140,7 +140,7 @@ def test_a_learning_rate_grid_shows_each_variants_chosen_rate_only():
             for a, lr, v, e in grid
         )
     )
-    rows = tables.quality(frame).frame.to_dict("records")
+    rows = trained_quality.quality(frame).frame.to_dict("records")
     assert [(r["variant"], r["eval bits/byte"], r["seeds"]) for r in rows] == [
         ("full", "2.7500", 1), ("linear", "3.5000", 1),
     ]  # fmt: skip

@@ -9,7 +9,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from analysis import load, series
-from analysis.columns import (
+from analysis.column_names import (
     APPROX_REL_ERROR,
     ATTENTION,
     ATTN_FWD_BWD_MS,
