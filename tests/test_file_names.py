@@ -21,7 +21,6 @@ PER_VARIANT = {"layer.py", "function.py"}
 # collision is gone.
 PENDING = {
     "config.py": {"experiments/config.py", "variants/config.py"},
-    "masks.py": {"benchmarks/masks.py", "variants/attention/lsh/masks.py"},
     "windows.py": {"variants/attention/lsh/windows.py", "variants/attention/routing/windows.py"},
 }
 

@@ -54,7 +54,7 @@ class AttentionSpec:
     supports_gqa: bool = True
     native_gqa: bool = False
     # The work is a set of (query block, key block) pairs (`Attention.block_sparse_work`):
-    # a mask that empties a block could skip it (benchmarks/masks.py's bound).
+    # a mask that empties a block could skip it (benchmarks/mask_cost.py's bound).
     block_sparse_work: bool = False
 
     @property

@@ -52,7 +52,7 @@ def test_every_variant_and_preset_is_registered():
 
 
 def test_block_sparse_work_is_the_classes_flag_and_a_preset_has_its_variants():
-    """The variants whose work is a set of (query block, key block) pairs (benchmarks/masks.py
+    """The variants whose work is a set of (query block, key block) pairs (benchmarks/mask_cost.py
     holds a mask's cost on them to its bound); a preset is its variant's class, so its flag."""
     flagged = {n for n in NAMES if variants.attention_spec(n).block_sparse_work}
     assert flagged == {

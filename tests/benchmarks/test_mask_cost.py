@@ -4,20 +4,20 @@ from __future__ import annotations
 
 import math
 
-from benchmarks import masks
+from benchmarks import mask_cost
 from experiments.measurement.timing import Ratio
 
 
 def test_toy_run_writes_a_row_per_variant_with_positive_finite_ratios(tmp_path, capsys):
     out = tmp_path / "masks.md"
-    rows = masks.main(
+    rows = mask_cost.main(
         ["--seq-len", "256", "--kernels", "full,lsh", "--rounds", "1"]
         + ["--min-round-s", "0", "--markdown", str(out)]
     )
     assert [row.variant for row in rows] == ["full", "lsh"]
     assert set(rows[0].costs) == {"padding", "documents", "gqa"}
     assert set(rows[1].costs) == {"padding", "documents"}  # lsh (shared QK): no grouped heads
-    assert masks.finite_positive(rows)
+    assert mask_cost.finite_positive(rows)
     text = out.read_text()
     assert "L=256" in text and "1 thread(s)" in text and "commit" in text
     lines = [line for line in text.splitlines() if line.startswith("|")]
@@ -35,7 +35,7 @@ def test_toy_run_writes_a_row_per_variant_with_positive_finite_ratios(tmp_path, 
 
 def test_only_a_mask_past_the_bound_on_a_block_skipping_kernel_is_flagged():
     def row(variant, feature, value):
-        return masks.Row(variant, {feature: masks.Cost(Ratio(value, 0.0, 3), 1.0)})
+        return mask_cost.Row(variant, {feature: mask_cost.Cost(Ratio(value, 0.0, 3), 1.0)})
 
     assert row("blockwise", "padding", 1.5).flagged("padding")
     assert not row("blockwise", "padding", 1.2).flagged("padding")
@@ -43,4 +43,4 @@ def test_only_a_mask_past_the_bound_on_a_block_skipping_kernel_is_flagged():
     assert row("bigbird", "documents", 1.5).flagged("documents")  # a preset of combined
     assert not row("lsh", "padding", 2.0).flagged("padding")  # sorted windows, no fixed blocks
     assert not row("full", "gqa", 2.0).flagged("gqa")  # the bound is the masks'
-    assert "⚠" in masks.cell(row("full", "documents", 1.5), "documents")
+    assert "⚠" in mask_cost.cell(row("full", "documents", 1.5), "documents")

@@ -1,7 +1,7 @@
 """Masks and grouped KV heads: what each costs a kernel, as a ratio to the same kernel without.
 
-    python -m benchmarks.masks                          # 16K tokens, every variant that can
-    python -m benchmarks.masks --seq-len 4096 --kernels full,blockwise --markdown out.md
+    python -m benchmarks.mask_cost                          # 16K tokens, every variant that can
+    python -m benchmarks.mask_cost --seq-len 4096 --kernels full,blockwise --markdown out.md
 
 For every variant whose spec takes the input (`supports_padding_mask`, `supports_segments`,
 `supports_gqa`; shared-QK variants take no grouped heads), the kernel's forward+backward
@@ -266,7 +266,7 @@ def header(length: int, rounds: int, threads: int) -> str:
     return (
         f"Measured {today} at commit `{git_commit()}`: L={length}, batch 1, head_dim "
         f"{HEAD_DIM}, fp32, {threads} thread(s), forward+backward, at least {rounds} "
-        f"interleaved rounds per row (`python -m benchmarks.masks --seq-len {length}`). "
+        f"interleaved rounds per row (`python -m benchmarks.mask_cost --seq-len {length}`). "
         f"Ratios are medians over rounds of with / without in the same round; **bold ⚠**: a "
         f"mask above {BOUND}× on a kernel that can skip whole blocks."
     )
