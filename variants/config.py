@@ -1,9 +1,10 @@
 """The model's settings as one typed object, built once and handed to every module.
 
-As nanoGPT's `GPTConfig`: `TransformerLM`, the blocks and the layers each take the same
-`ModelConfig` and read what they need from it; nothing copies its fields into a signature of its
-own. Building one validates every field (a `ValueError` naming the option) and looks the
-attention variant up once, so the layers build their kernels from `config.spec`.
+As nanoGPT's `GPTConfig`: `TransformerLM` and the layers each take the same `ModelConfig` and
+read what they need from it (the blocks only wire the layers the model builds); nothing copies its
+fields into a signature of its own. Building one validates every field (a `ValueError` naming the
+option), looks the attention variant up once and checks the kernel's options once
+(`AttentionSpec.kernel_options`), so the layers build their kernels from `config.spec` unchecked.
 """
 
 from __future__ import annotations
