@@ -5,11 +5,12 @@ Hydra composes `conf/` into a nested dict, the resolved config. Past the app's e
 here and nowhere else. `ResolvedConfig` holds it as composed, before any check, for what every
 record takes from it whether or not it checks out: its hash and configuration columns
 (experiments/records/record.py flattens and hashes it), the app's bookkeeping keys,
-`model.shared_qk` resolved, the W&B run's config. `JobConfig.of(config)` turns it into typed parts,
-each checked on construction with a `ValueError` naming the key, so that the app, measure, training,
-the budgets and the model read fields instead of string keys:
+`model.shared_qk` resolved, the W&B run's config. `JobConfig.of(config)` is the same config with its
+typed parts (a `ResolvedConfig` too: one object, passed down), each checked on construction with a
+`ValueError` naming the key, so that the app, measure, training, the budgets and the model read
+fields instead of string keys:
 
-    JobConfig        seq_len, batch_size, seed, device, dtype, threads, and
+    JobConfig        tree, seq_len, batch_size, seed, device, dtype, threads, and
       .attention       {"name": variant, **its options}    (the registry checks them)
       .block, .task    {"name": ..., **options}            (the block and task registries)
       .model           the `variants.ModelConfig` fields of `model:` (d_model, n_heads, ...);
@@ -20,7 +21,7 @@ the budgets and the model read fields instead of string keys:
       .eval_attention  label -> attention config, the kernels a trained model is also evaluated with
       .stages          the curriculum's stages, then the job's own (training/curriculum.py)
       .shared_qk       model.shared_qk as the job runs it (null: what the variant requires)
-      .hash(), .columns()  the record's config_hash and configuration columns
+      .hash(), .columns()  the record's config_hash and configuration columns (ResolvedConfig's)
       .at_stage(stage) the configuration a curriculum stage is recorded as
 
 The defaults stay in `conf/config.yaml`, the user's control panel; these classes hold types and
@@ -44,7 +45,7 @@ overrides and `check_added_keys` refuses them, naming the nearest known key; `+g
 The OmegaConf resolvers the configs may use (`${supports_causal:...}`, ...) and the logger's
 schema are the app's: experiments/app/resolvers.py registers them when the app loads. This
 module imports only the floors below it (records, training, variants), none of which imports it
-back (training's `TrainConfig` lives in training/train_config.py and is re-exported here;
+back (training's `TrainConfig` lives in training/train_config.py, imported from there by all;
 tests/experiments/test_packages.py checks both directions).
 
 Importing this module starts no torch (`python -m experiments.run --help` imports it): the
@@ -160,7 +161,7 @@ class ResolvedConfig:
     and configuration columns, the bookkeeping keys, `model.shared_qk` resolved. `tree` is
     never changed (`at` copies it); W&B logs it as the run's config."""
 
-    tree: Mapping[str, Any]
+    tree: Mapping[str, Any] = field(repr=False)
 
     @property
     def sweep(self) -> str:
@@ -212,13 +213,15 @@ class ResolvedConfig:
 
 
 @dataclass(frozen=True)
-class JobConfig:
-    """One job's configuration, typed and checked (see the module doc)."""
+class JobConfig(ResolvedConfig):
+    """One job's configuration, typed and checked (see the module doc): the resolved config
+    (`tree`, and what `ResolvedConfig` reads from it: `hash()`, `columns()`, `shared_qk`,
+    `device` ...) with its parts checked. A job's config is a `ResolvedConfig` before it is
+    checked, so that a config that fails its checks is still recorded under its identity."""
 
     seq_len: int
     batch_size: int
     seed: int
-    device: str
     dtype: str
     threads: int | None
     attention: Mapping[str, Any]
@@ -228,7 +231,6 @@ class JobConfig:
     train: TrainConfig
     measure: MeasureConfig
     budget: BudgetConfig
-    resolved: ResolvedConfig = field(repr=False)
     eval_attention: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     stages: tuple[curriculum.Stage, ...] = field(init=False, repr=False)
 
@@ -269,10 +271,10 @@ class JobConfig:
         check_required_keys(tree)  # `~seq_len`: a job cannot run without it
         check_added_keys(tree, added)  # `+seqlen=128`: a typo, not a setting
         return cls(
+            tree=tree,
             seq_len=tree["seq_len"],
             batch_size=tree["batch_size"],
             seed=tree["seed"],
-            device=tree["device"],
             dtype=tree["dtype"],
             threads=tree["threads"],
             attention=dict(tree["attention"]),
@@ -282,26 +284,12 @@ class JobConfig:
             train=_typed(TrainConfig, "train", tree["train"]),
             measure=_typed(MeasureConfig, "measure", tree["measure"]),
             budget=_typed(BudgetConfig, "budget", tree["budget"]),
-            resolved=resolved,
             eval_attention=dict((tree.get("eval") or {}).get("attention") or {}),
         )
 
     @property
     def attention_name(self) -> str:
         return self.attention["name"]
-
-    @property
-    def shared_qk(self) -> bool | None:
-        """`model.shared_qk` as the job runs it (`ResolvedConfig.shared_qk`)."""
-        return self.resolved.shared_qk
-
-    def hash(self) -> str:
-        """The record's `config_hash` (`ResolvedConfig.hash`)."""
-        return self.resolved.hash()
-
-    def columns(self) -> dict[str, Any]:
-        """The record's configuration columns (`ResolvedConfig.columns`)."""
-        return self.resolved.columns()
 
     def at_stage(self, stage: curriculum.Stage) -> JobConfig:
         """The configuration curriculum `stage` is recorded as: this job's at the stage's
@@ -313,7 +301,7 @@ class JobConfig:
             seq_len=stage.seq_len,
             batch_size=stage.batch_size,
             task={**self.task, **task},
-            resolved=self.resolved.at(stage.seq_len, stage.batch_size, task),
+            tree=self.at(stage.seq_len, stage.batch_size, task).tree,
         )
 
     def skipped_note(self) -> str | None:

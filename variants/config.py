@@ -1,9 +1,10 @@
 """The model's settings as one typed object, built once and handed to every module.
 
-As nanoGPT's `GPTConfig`: `TransformerLM`, the blocks and the layers each take the same
-`ModelConfig` and read what they need from it; nothing copies its fields into a signature of its
-own. Building one validates every field (a `ValueError` naming the option) and looks the
-attention variant up once, so the layers build their kernels from `config.spec`.
+As nanoGPT's `GPTConfig`: `TransformerLM` and the layers each take the same `ModelConfig` and
+read what they need from it (the blocks only wire the layers the model builds); nothing copies its
+fields into a signature of its own. Building one validates every field (a `ValueError` naming the
+option), looks the attention variant up once and checks the kernel's options once
+(`AttentionSpec.kernel_options`), so the layers build their kernels from `config.spec` unchecked.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from variants.checks import (
     require_positive_int,
     require_probability,
 )
-from variants.registry import MODEL_OPTIONS, AttentionSpec, attention_spec
+from variants.registry import AttentionSpec, attention_spec
 
 OWNER = "TransformerLM"
 POSITIONS = ("sinusoidal", "rotary")
@@ -47,22 +48,6 @@ def resolve_shared_qk(attention: str | AttentionSpec, shared_qk: bool | None) ->
         spec = attention if isinstance(attention, AttentionSpec) else attention_spec(attention)
         return spec.shared_qk_required
     return shared_qk
-
-
-def kernel_options(options: Mapping[str, Any]) -> dict[str, Any]:
-    """A kernel's own options as a dict; `ValueError` unless a mapping free of model options."""
-    if not isinstance(options, Mapping):
-        raise ValueError(
-            f"{OWNER}: option 'attention_options' must be a mapping of the kernel's options, "
-            f"got {options!r}"
-        )
-    clashing = sorted(set(options) & set(MODEL_OPTIONS))
-    if clashing:
-        raise ValueError(
-            f"{OWNER}: attention_options may not set model option {clashing[0]!r}; "
-            f"it is set by the model"
-        )
-    return dict(options)
 
 
 @dataclass(frozen=True)
@@ -153,8 +138,9 @@ class ModelConfig:
                 f"{OWNER}: option 'positions'='rotary' needs an even head_dim "
                 f"(d_model / n_heads), got {self.head_dim}"
             )
-        set_field(self, "attention_options", kernel_options(self.attention_options))
         set_field(self, "_spec", attention_spec(self.attention))  # unknown -> lists the variants
+        # The kernel's options, checked here once (the layers build with them unchecked).
+        set_field(self, "attention_options", self.spec.kernel_options(self.attention_options))
         shared_qk = resolve_shared_qk(self.spec, self.shared_qk)
         set_field(self, "shared_qk", require_bool(OWNER, "shared_qk", shared_qk))
 

@@ -89,14 +89,7 @@ def register(
     registered = []
     for name in names:
         spec = attention_spec(name)
-        own = dict(options.get(name, {}))
-        unknown = sorted(set(own) - set(spec.options))
-        if unknown:
-            raise ValueError(
-                f"attention {name!r} has no option {unknown[0]!r}; "
-                f"its options are: {', '.join(spec.options) or 'none'}"
-            )
-        _OPTIONS[name] = own
+        _OPTIONS[name] = spec.kernel_options(options.get(name, {}))
         for key in [key for key in _KERNELS if key[0] == name]:
             del _KERNELS[key]
         implementation = PREFIX + name
@@ -262,7 +255,7 @@ def kernel_for(
     device = torch.device(device)
     key = (name, repr(sorted(options.items())), repr(sorted(model.items())), device, dtype)
     if key not in _KERNELS:
-        kernel = spec.build(**options, **model)
+        kernel = spec.built(options, model)  # `options` checked when registered
         if any(True for _ in kernel.parameters()):
             raise UnsupportedCombination(
                 f"hf: attention {name!r} is not supported: its kernel has parameters, which "

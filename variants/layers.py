@@ -22,7 +22,7 @@ from variants.checks import (
     require_divisible,
     require_positive_int,
 )
-from variants.config import OWNER, ModelConfig, kernel_options
+from variants.config import OWNER, ModelConfig
 from variants.registry import AttentionSpec
 
 
@@ -40,14 +40,14 @@ def build_kernel(
         spec, options = config.spec, config.attention_options
     else:  # a replacement's (`replacement_kernel`), checked here, once
         spec = config.spec if spec is None else spec
-        options = kernel_options(options or {})
+        options = spec.kernel_options(options or {})
     if spec.shared_qk_required and not config.shared_qk:
         raise UnsupportedCombination(
             f"{OWNER}: attention {spec.name!r} requires option 'shared_qk'=True "
             f"(its keys are the normalised queries)"
         )
     model_options = config.model_options()
-    kernel = spec.build(**options, **{k: model_options[k] for k in spec.model_options})
+    kernel = spec.built(options, {k: model_options[k] for k in spec.model_options})
     if config.kv_heads != config.n_heads:
         if config.shared_qk:
             raise UnsupportedCombination(

@@ -13,10 +13,10 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from variants.attention.common.base import Attention
-from variants.blocks import block_names, build_block, build_stack
+from variants.blocks import block_names, build_stack, wire
 from variants.checks import require_choice
 from variants.config import OWNER, ModelConfig
-from variants.layers import SelfAttention, kernels_swapped
+from variants.layers import SelfAttention, kernels_swapped, pre_norm_sublayers
 from variants.registry import attention_spec
 
 
@@ -84,7 +84,8 @@ class TransformerLM(nn.Module):
             nn.Linear(config.d_model, config.d_model, bias=False) if config.token_shift else None
         )
         self.dropout = nn.Dropout(config.dropout)
-        layers = [build_block(config.block, config) for _ in range(config.depth)]
+        # The layers are built here, from the config; a block only wires them (variants.blocks).
+        layers = [wire(config.block, *pre_norm_sublayers(config)) for _ in range(config.depth)]
         self.blocks = build_stack(config.block, layers)
         _tie(self.kernels())
         self.norm = nn.LayerNorm(config.d_model)

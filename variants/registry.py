@@ -10,6 +10,7 @@ is `combined` with BigBird's published shape: it builds, records and plots under
 from __future__ import annotations
 
 import inspect
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
@@ -81,15 +82,39 @@ class AttentionSpec:
         """The model-level options (causal, n_heads, ..., shared_qk) this variant takes."""
         return tuple(k for k in self.defaults if k in MODEL_OPTIONS)
 
+    def kernel_options(self, options: Any) -> dict[str, Any]:
+        """`options` as this variant's own options (`conf/attention/<name>.yaml`, a model's
+        `attention_options`), as a dict: the one place a kernel's options are checked. A
+        `ValueError` names the option unless `options` is a mapping of options the variant has,
+        none of them a model option (`MODEL_OPTIONS`: the model sets those)."""
+        if not isinstance(options, Mapping):
+            raise ValueError(
+                f"attention {self.name!r}: option 'attention_options' must be a mapping of the "
+                f"kernel's options, got {options!r}"
+            )
+        clashing = sorted(set(options) & set(MODEL_OPTIONS))
+        if clashing:
+            raise ValueError(
+                f"attention {self.name!r}: attention_options may not set model option "
+                f"{clashing[0]!r}; it is set by the model"
+            )
+        _refuse_unknown(self.name, options, self.options)
+        return dict(options)
+
     def build(self, **options: Any):
         """This variant built with `options` (its own and the model options it declares); raises
-        as `build_attention` does."""
-        unknown = sorted(set(options) - set(self.defaults))
-        if unknown:
-            raise ValueError(
-                f"attention {self.name!r} has no option {unknown[0]!r}; "
-                f"its options are: {', '.join(self.defaults)}"
-            )
+        as `build_attention` does. (A model's layers check its options once, with
+        `kernel_options`, and build with `built`.)"""
+        _refuse_unknown(self.name, options, self.defaults)
+        own = {k: v for k, v in options.items() if k not in self.model_options}
+        model = {k: v for k, v in options.items() if k in self.model_options}
+        return self.built(own, model)
+
+    def built(self, options: Mapping[str, Any], model_options: Mapping[str, Any]):
+        """This variant built with its own `options`, already checked (`kernel_options`), and
+        `model_options`, the values of the model options it declares. `UnsupportedCombination`
+        for a direction (causal or not) the variant cannot run."""
+        options = {**options, **model_options}
         if options.get("causal", False) and not self.causal_supported:
             raise UnsupportedCombination(
                 f"attention {self.name!r} does not support option causal=True: "
@@ -102,6 +127,16 @@ class AttentionSpec:
                 f"{self.cls.bidirectional_reason}"
             )
         return self.cls(**(self.preset | options))
+
+
+def _refuse_unknown(name: str, options: Mapping[str, Any], known: Mapping[str, Any]) -> None:
+    """`ValueError` naming the first of `options` not among `known` (variant `name`'s)."""
+    unknown = sorted(set(options) - set(known))
+    if unknown:
+        raise ValueError(
+            f"attention {name!r} has no option {unknown[0]!r}; "
+            f"its options are: {', '.join(known) or 'none'}"
+        )
 
 
 def register_attention(cls: type) -> type:

@@ -118,7 +118,7 @@ def test_the_record_identity_is_the_resolved_dicts(resolved_config):
         config["logger"],
     )
     job = JobConfig.of(resolved)
-    assert job.resolved is resolved and job.hash() == resolved.hash()
+    assert job.tree is resolved.tree and job.hash() == resolved.hash()
     assert job.columns() == resolved.columns() and job == JobConfig.of(config)
 
 

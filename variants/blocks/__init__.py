@@ -4,7 +4,9 @@
     reversible  RevNet coupling; backward reconstructs inputs, memory independent of depth
     checkpoint  the residual block under activation checkpointing; keeps each block's input
 
-A block is built alone with `build_block`; a list of blocks of one type runs as a single
+A block wires two sublayers it is given (`wire`: the model builds them from its config, so a
+block never reads the config); `build_block` builds one alone. A list of blocks of one type runs
+as a single
 (batch, seq_len, d_model) -> (batch, seq_len, d_model) module built by `build_stack`, since the
 reversible type runs its whole stack as one autograd Function.
 """
@@ -20,6 +22,7 @@ from variants.blocks.checkpoint import CheckpointBlock
 from variants.blocks.residual import ResidualBlock, sequential_stack
 from variants.blocks.reversible import ReversibleBlock, ReversibleStack
 from variants.config import ModelConfig
+from variants.layers import pre_norm_sublayers
 from variants.registry_base import Registry
 
 # name -> (block class, how a list of such blocks runs)
@@ -44,13 +47,20 @@ def build_block(
     map x (batch, seq_len, d_model) to the same shape; a reversible block maps the pair
     (x1, x2) to (y1, y2). Bad options raise `ValueError` naming the option.
     """
-    block_cls, _ = _BLOCKS[name]
+    _BLOCKS[name]  # unknown -> lists the block types
     if not isinstance(config, ModelConfig):
         sizes = {"d_model": config, "n_heads": n_heads}
         config = ModelConfig(**{k: v for k, v in sizes.items() if v is not None}, **fields)
     elif n_heads is not None or fields:
         raise TypeError("build_block: pass a ModelConfig or its fields, not both")
-    return block_cls(config)
+    return wire(name, *pre_norm_sublayers(config))
+
+
+def wire(name: str, attn: nn.Module, ff: nn.Module) -> nn.Module:
+    """A block of type `name` around its pre-normed attention and feed-forward sublayers
+    (`variants.layers.pre_norm_sublayers`)."""
+    block_cls, _ = _BLOCKS[name]
+    return block_cls(attn, ff)
 
 
 def build_stack(name: str, blocks: list[nn.Module]) -> nn.Module:
@@ -75,4 +85,5 @@ __all__ = [
     "block_names",
     "build_block",
     "build_stack",
+    "wire",
 ]

@@ -5,22 +5,19 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from variants.config import ModelConfig
-from variants.layers import pre_norm_sublayers
-
 
 class ResidualBlock(nn.Module):
     """Pre-norm transformer block; autograd stores every sublayer's activations for backward.
 
-    x (batch, seq_len, d_model) -> (batch, seq_len, d_model); its sublayers are the
-    `ModelConfig`'s (`variants.layers.pre_norm_sublayers`).
+    x (batch, seq_len, d_model) -> (batch, seq_len, d_model); `attn` and `ff` are its
+    pre-normed sublayers (`variants.layers.pre_norm_sublayers`), built by the model.
     """
 
     name = "residual"
 
-    def __init__(self, config: ModelConfig):
+    def __init__(self, attn: nn.Module, ff: nn.Module):
         super().__init__()
-        self.attn, self.ff = pre_norm_sublayers(config)
+        self.attn, self.ff = attn, ff
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: (B, L, d_model) -> (B, L, d_model)."""

@@ -26,23 +26,21 @@ from torch import nn
 from torch.autograd.function import once_differentiable
 
 from variants.attention.common.base import replaying
-from variants.config import ModelConfig
-from variants.layers import pre_norm_sublayers
 
 
 class ReversibleBlock(nn.Module):
     """One reversible coupling: (x1, x2) -> (y1, y2), each (batch, seq_len, d_model).
 
     `forward` is the plain-autograd coupling (it stores activations like a residual block); run
-    blocks through `ReversibleStack` to get the memory saving. Its sublayers are the
-    `ModelConfig`'s (`variants.layers.pre_norm_sublayers`).
+    blocks through `ReversibleStack` to get the memory saving. `attn` and `ff` are its
+    pre-normed sublayers (`variants.layers.pre_norm_sublayers`), built by the model.
     """
 
     name = "reversible"
 
-    def __init__(self, config: ModelConfig):
+    def __init__(self, attn: nn.Module, ff: nn.Module):
         super().__init__()
-        self.attn, self.ff = pre_norm_sublayers(config)
+        self.attn, self.ff = attn, ff
 
     def forward(self, x1: torch.Tensor, x2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x1, x2: (B, L, d_model) -> y1, y2: (B, L, d_model)."""
