@@ -71,8 +71,9 @@ FIGURES: dict[str, tuple[Callable[[pd.DataFrame], Figure], str]] = {
     ),
     "training_curves": (
         figures.training_curves,
-        "Training and eval loss per step (from the W&B runs) and final losses, of the runs "
-        "that trained 100 steps or more on a task with a quality signal.",
+        "Training and eval loss per step (from the W&B runs; training loss as a 25-step running "
+        "mean) and final losses, one per run (a recall mixture's job, not each of its counts), "
+        "of the runs that trained 100 steps or more on a task with a quality signal.",
     ),
     "accuracy_vs_seq_len": (
         figures.accuracy_vs_seq_len,

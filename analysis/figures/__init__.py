@@ -13,7 +13,12 @@ style                the drawing kit they share (and `analysis.capacity`,
 from analysis.figures.approximation_error import error_vs_knob, error_vs_seq_len, error_vs_time
 from analysis.figures.kernel_time import flops_fraction, time_vs_seq_len
 from analysis.figures.peak_memory import depth, memory_vs_seq_len
-from analysis.figures.quality import accuracy_vs_seq_len, training_curves, why_no_curves
+from analysis.figures.quality import (
+    accuracy_vs_seq_len,
+    one_record_per_run,
+    training_curves,
+    why_no_curves,
+)
 from analysis.figures.style import nothing_drawn, series_styles, variant_color
 from analysis.figures.tradeoff import tradeoff, tradeoff_quality
 
@@ -26,6 +31,7 @@ __all__ = [
     "flops_fraction",
     "memory_vs_seq_len",
     "nothing_drawn",
+    "one_record_per_run",
     "series_styles",
     "time_vs_seq_len",
     "tradeoff",

@@ -24,6 +24,10 @@ from analysis.figures import style
 # A loss curve of fewer steps shows the noise of its first batches, not learning (the main
 # job's timing runs train 3 steps of a random-token LM: every variant within 0.05 nats).
 MIN_CURVE_STEPS = 100
+# Training loss is drawn as a running mean over this many steps: a mixture's batches differ in
+# difficulty (a recall batch is one count at its length: task.train_lengths), so the raw loss
+# swings from batch to batch by more than it falls.
+SMOOTH_STEPS = 25
 TRAIN_STEPS = "train.steps"  # the cap, for records from before trained_steps
 
 
@@ -38,6 +42,19 @@ def curve_records(frame: pd.DataFrame) -> pd.DataFrame:
         steps = steps.fillna(frame[TRAIN_STEPS])
     quality = ~frame[TASK].isin(series.NO_QUALITY_TASKS)
     return frame[quality & (steps >= MIN_CURVE_STEPS)]
+
+
+def one_record_per_run(frame: pd.DataFrame) -> pd.DataFrame:
+    """One record per training run and length: a recall mixture's evaluation points
+    (`<job>/n_pairs=P`) are the job's own model, with its history, so each would draw the same
+    curve again; the job's own record stands for them. Curriculum stages (another length) stay."""
+    if frame.empty or SEQ_LEN not in frame:
+        return frame
+    run = accuracy.job_key(frame)
+    own = ~frame["job"].map(lambda j: "/" in str(j)) if "job" in frame else True
+    ranked = frame.assign(_run=run, _own=own).sort_values("_own", ascending=False, kind="stable")
+    kept = ranked.drop_duplicates(["_run", SEQ_LEN]).index
+    return frame.loc[frame.index.isin(kept)]
 
 
 def why_no_curves(frame: pd.DataFrame) -> str | None:
@@ -61,6 +78,7 @@ def training_curves(
     """
     # Of a learning-rate grid, each series' chosen rate, as the quality table shows.
     frame = curve_records(tuning.choose_learning_rates(frame, series.context_columns(frame)))
+    frame = one_record_per_run(frame)
     seq_len = style.pick_length(frame, TRAIN_LOSS) if seq_len is None else seq_len
     at_length = frame[frame[SEQ_LEN] == seq_len] if seq_len is not None else frame
     labelled, _ = series.with_series(at_length, x=SEQ_LEN)
@@ -85,6 +103,8 @@ def _draw_curves(ax: Axes, labelled: pd.DataFrame, curves: pd.DataFrame) -> None
             if rows.empty:
                 continue
             stats = rows.groupby("step")["value"].agg(["mean", "min", "max"])
+            if metric == "train/loss":
+                stats = stats.rolling(SMOOTH_STEPS, min_periods=1).mean()
             ax.plot(
                 stats.index,
                 stats["mean"],
@@ -108,7 +128,13 @@ def _draw_curves(ax: Axes, labelled: pd.DataFrame, curves: pd.DataFrame) -> None
     else:
         handles, _ = ax.get_legend_handles_labels()
         handles += [
-            Line2D([], [], color="dimgrey", linestyle="-", label="train loss (every step)"),
+            Line2D(
+                [],
+                [],
+                color="dimgrey",
+                linestyle="-",
+                label=f"train loss ({SMOOTH_STEPS}-step mean)",
+            ),
             Line2D(
                 [], [], color="dimgrey", linestyle="--", marker="s", markersize=4, label="eval loss"
             ),

@@ -10,6 +10,7 @@ from matplotlib.figure import Figure
 from matplotlib.text import Text
 
 from analysis import figures, load, measured, memory_depth, report, scaling_fits, series
+from analysis.figures import quality
 from tests.analysis.conftest import synthetic_records
 
 
@@ -180,7 +181,7 @@ def test_training_curve_legend_says_how_train_and_eval_are_drawn(frame):
     )
     figure = figures.training_curves(frame, curves=curves, seq_len=256)
     legend = [t.get_text() for t in figure.axes[0].get_legend().get_texts()]
-    assert legend[-2:] == ["train loss (every step)", "eval loss"]
+    assert legend[-2:] == ["train loss (25-step mean)", "eval loss"]
     assert figure.axes[0].get_title() == "per step"
 
 
@@ -225,3 +226,34 @@ def test_training_curves_draw_each_variants_chosen_rate_of_a_grid_only():
         if line.get_marker() in ("o", "s") and len(line.get_ydata()) == 1
     )
     assert drawn == [1.95, 2.0, 2.45, 2.5]  # full at 1e-3, linear at 1e-2
+
+
+def test_a_mixtures_points_draw_one_curve_the_jobs_own_and_stages_stay():
+    """A recall mixture's evaluation points (`<job>/n_pairs=P`) share the job's model and
+    history: one record per run and length is drawn; a curriculum stage (another length) stays."""
+    base = {"status": "ok", "task": "recall", "seed": 0, "trained_steps": 400, "sweep": "s"}
+    rows = [
+        {"job": "0/n_pairs=8", "task.n_pairs": 8, "seq_len": 256},  # listed before its job
+        {"job": "0", "task.n_pairs": 4, "seq_len": 256},
+        {"job": "0/n_pairs=16", "task.n_pairs": 16, "seq_len": 256},
+        {"job": "1/64", "task.n_pairs": 4, "seq_len": 64},  # a stage: another length
+        {"job": "1", "task.n_pairs": 4, "seq_len": 256},
+    ]
+    frame = pd.DataFrame([{**base, "attention": "full", **row} for row in rows])
+    kept = figures.one_record_per_run(frame)
+    assert sorted(kept["job"]) == ["0", "1", "1/64"]
+
+
+def test_training_loss_is_drawn_as_a_running_mean():
+    """A mixture's per-step loss alternates with the batches' counts; the curve is its
+    running mean over `SMOOTH_STEPS` steps (the first points over the steps so far)."""
+    base = {"status": "ok", "task": "recall", "seq_len": 256, "seed": 0, "trained_steps": 200}
+    frame = load.tidy(pd.DataFrame([{**base, "attention": "full", "train_loss": 1.0}]))
+    swings = [(frame.index[0], step, "train/loss", 2.0 if step % 2 else 0.0) for step in range(60)]
+    curves = pd.DataFrame(swings, columns=["row", "step", "metric", "value"])
+    figure = figures.training_curves(frame, curves=curves, seq_len=256)
+    (line,) = [ln for ln in figure.axes[0].get_lines() if len(ln.get_xdata()) == 60]
+    y = line.get_ydata()
+    assert y[0] == 0.0 and y[1] == 1.0  # mean of (0), of (0, 2)
+    window = quality.SMOOTH_STEPS
+    assert all(abs(v - 1.0) <= 1 / window + 1e-9 for v in y[window:])  # the swing averaged out
