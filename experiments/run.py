@@ -70,7 +70,10 @@ def app(cfg: DictConfig) -> jobs.NotWritten | None:
     if config["threads"] is None:
         config["threads"] = _threads_per_job(hydra_cfg)
     sweep_dir = Path(hydra_cfg.sweep.dir) if multirun else None
-    job = str(hydra_cfg.job.num) if multirun else out_dir.name
+    # The job is its dir's name: hydra.job.num under the default subdir, and unique where a
+    # second multirun into the same sweep dir names its own subdirs (job numbers restart at 0,
+    # and analysis tells a job's records apart by sweep and job: `accuracy.job_key`).
+    job = out_dir.name
     if multirun and progress.enabled(config["train"].get("progress")):
         line = sweep_clock.SweepClock(sweep_dir).line(job, list(hydra_cfg.overrides.task))
         if line:

@@ -245,6 +245,24 @@ def test_killed_sweep_resumes_with_only_the_missing_jobs(cli, tmp_path):
     assert sorted(frame["seq_len"]) == [32, 64, 96, 128, 160] and set(frame["status"]) == {"ok"}
 
 
+def test_a_second_multirun_with_its_own_subdirs_records_jobs_by_their_dir(cli, tmp_path):
+    """Job numbers restart at 0 in every multirun; a second one into the same sweep dir that
+    names its own subdirs (`make capacity-seeds`) gets jobs named by their dirs, so no two
+    jobs of the sweep share a name (analysis tells a job's records apart by it)."""
+    sweep_dir = tmp_path / "sweep"
+    assert cli.sweep(sweep_dir, "seq_len=64,96", *BOOKKEEPING).returncode == 0
+    done = cli.sweep(
+        sweep_dir, "seq_len=128", "hydra.sweep.subdir=more-${hydra.job.num}", *BOOKKEEPING
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert {job: rec["seq_len"] for job, rec in job_records(sweep_dir).items()} == {
+        "0": 64,
+        "1": 96,
+        "more-0": 128,
+    }
+    assert sorted(results_csv(sweep_dir)["job"].map(str)) == ["0", "1", "more-0"]
+
+
 # --- Failures are data ------------------------------------------------------------------------
 
 
