@@ -224,7 +224,9 @@ def _capacity(frame: pd.DataFrame | None) -> dict[str, str]:
     cells = {series.REFERENCE: "reference"}
     for row in table.frame.to_dict("records"):
         variant = row.pop("variant")
-        cells[variant] = "; ".join(f"{dim}: {value}" for dim, value in row.items())
+        # The head dims only: the chosen rates are the report's (a column of its table).
+        dims = {column: value for column, value in row.items() if column.startswith("head dim")}
+        cells[variant] = "; ".join(f"{dim}: {value}" for dim, value in dims.items())
     return cells
 
 

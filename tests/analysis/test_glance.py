@@ -141,3 +141,17 @@ def test_a_busy_run_adds_its_crossovers_and_their_ratio_to_the_quiet_ones():
     assert rows["blockwise"][column] == "1,250 (1.25×)"
     assert rows["full"][column] == glance.EMPTY  # the reference has no crossover of its own
     assert "L* beside a busy core" not in "".join(_rows(glance.glance(quiet))["full"])
+
+
+def test_the_capacity_cell_holds_the_head_dims_not_the_chosen_rates():
+    """Of a rate grid the report's capacity table adds the chosen rate per head dim; the
+    glance's cell keeps to the capacities (the rates are the report's)."""
+    records = _capacity()
+    grid = pd.concat(
+        [
+            records.assign(**{"train.lr": 1e-3, "valid_accuracy": 0.9}),
+            records.assign(**{"train.lr": 1e-2, "valid_accuracy": 0.5}),
+        ]
+    )
+    cells = glance._capacity(grid)
+    assert cells["linear"].startswith("head dim 16: ") and "lr" not in cells["linear"]
