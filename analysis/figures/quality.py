@@ -13,6 +13,7 @@ from analysis import accuracy, load, series, tuning
 from analysis.column_names import (
     EVAL_ACCURACY,
     EVAL_LOSS,
+    JOB,
     SEQ_LEN,
     STATUS,
     TASK,
@@ -51,7 +52,7 @@ def one_record_per_run(frame: pd.DataFrame) -> pd.DataFrame:
     if frame.empty or SEQ_LEN not in frame:
         return frame
     run = accuracy.job_key(frame)
-    own = ~frame["job"].map(lambda j: "/" in str(j)) if "job" in frame else True
+    own = ~frame[JOB].map(lambda j: "/" in str(j)) if JOB in frame else True
     ranked = frame.assign(_run=run, _own=own).sort_values("_own", ascending=False, kind="stable")
     kept = ranked.drop_duplicates(["_run", SEQ_LEN]).index
     return frame.loc[frame.index.isin(kept)]
