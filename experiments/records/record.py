@@ -78,7 +78,13 @@ def _measured(name: str, type_: type, unit: str, doc: str, **flags) -> Column:
 
 SCHEMA: tuple[Column, ...] = (
     Column("sweep", IDENTITY, str, doc="the sweep's name: W&B group, `multirun/<sweep>`"),
-    Column("job", IDENTITY, str, doc="the job's number in its sweep (`<job>/<seq_len>`: a stage)"),
+    Column(
+        "job",
+        IDENTITY,
+        str,
+        doc="the job's dir in its sweep: its number under Hydra's default subdir "
+        "(`<job>/<label>`: a stage or a mixture's count)",
+    ),
     Column("config_hash", IDENTITY, str, doc="hash of what is measured (`config_hash`)"),
     Column("status", IDENTITY, str, doc=" | ".join(STATUSES)),
     Column("error", IDENTITY, str, doc="why a job did not end ok, on one line"),
