@@ -74,6 +74,27 @@ def document_mask(
     return allowed
 
 
+def real_prefix(key_padding_mask: torch.Tensor) -> int:
+    """The batch's real prefix: 1 + the last position real in some sequence (at least 1), so
+    every position from there on is padding in every sequence (a right-padded batch's tail
+    common to all its rows). key_padding_mask: (B, L) bool, True = real."""
+    real = key_padding_mask.any(dim=0).nonzero()  # (r, 1): positions real in some sequence
+    return int(real[-1]) + 1 if real.numel() else 1
+
+
+def masking_masks(masks: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """`masks` (`attend`'s keywords, key_padding_mask and segment_ids (B, L)) without those
+    that hide no pair: a padding mask with every token real, segment ids of one document per
+    sequence. What is left hides exactly the pairs `masks` did."""
+    kept = {}
+    keep, segments = masks.get("key_padding_mask"), masks.get("segment_ids")
+    if keep is not None and not bool(keep.all()):
+        kept["key_padding_mask"] = keep
+    if segments is not None and not bool((segments == segments[:, :1]).all()):
+        kept["segment_ids"] = segments
+    return kept
+
+
 class SequenceDocuments:
     """`document_mask` for kernels that reorder every sequence their own way (LSH's sorted
     rounds, routing's clusters): S = B * heads sequences, B*H flattened (sequence s is batch

@@ -8,6 +8,7 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from variants.attention.common import flash
+from variants.attention.common.base import pad_to_multiple
 from variants.attention.common.local import to_blocks
 from variants.attention.common.masking import document_mask
 
@@ -34,10 +35,13 @@ class SelectedBlocks(torch.autograd.Function):
     v, the selection, the merged output and its logsumexp: O(L (S + d)).
 
     key_padding_mask, segment_ids: (B, L) or None (`masking`): every (query, key) pair, in the
-    own block and in the selected ones, must also pass `masking.document_mask`; the own block
-    then runs with its causal rule in the bias (one per sequence and head) instead of the
-    kernels' causal flag. A selected block should hold at least one such key (the routing's
-    job): a part without any weighs 0 in the merge.
+    own block and in the selected ones, must also pass `masking.document_mask`. Only where it
+    can hide a pair is it a bias: a clean block (every position real, one document) runs as
+    without masks, as its own block (the kernels' causal flag) and in a tile whose queries
+    are all of its document; the other own blocks take their causal rule and the document
+    mask in a bias (one per sequence and head), the other tiles the document mask. A selected
+    block should hold at least one such key (the routing's job): a part without any weighs 0
+    in the merge.
     """
 
     @staticmethod
@@ -78,12 +82,15 @@ class _Plan:
         self.batch, self.heads, self.length, self.head_dim = q.shape
         self.block, self.causal = block, causal
         self.masks = None  # the masks flattened to (1, B*L): positions b*L + i (`_tile_hidden`)
+        self.n_blocks = -(-self.length // block)
         if key_padding_mask is not None or segment_ids is not None:
             self.masks = {
                 "key_padding_mask": _flat(key_padding_mask),
                 "segment_ids": _flat(segment_ids),
             }
-        self.n_blocks = -(-self.length // block)
+            # (B, n): blocks whose `document_mask` hides nothing from a query of their document
+            self.clean = _clean_blocks(key_padding_mask, segment_ids, block)
+            self.own_clean = self._own_clean()
         self.scale = self.head_dim**-0.5
         n_seq = self.batch * self.heads
         flat = selected.reshape(-1)  # (S'*L*S,)
@@ -119,8 +126,37 @@ class _Plan:
             self.hidden = (last[:, None] & pad[None, :]).to(torch.uint8)  # (T, b)
         else:
             self.hidden = None
+        self.n_clean = self.n_tiles  # tiles [0, n_clean) need no document mask
+        if self.masks is not None:
+            self._clean_tiles_first(key_padding_mask, segment_ids)
         per_tile = (2 * block + 2 * rows) * self.head_dim * q.element_size()
         self.chunk = max(1, CHUNK_BYTES // per_tile)
+
+    def _clean_tiles_first(self, key_padding_mask, segment_ids) -> None:
+        """Reorder the tiles so that those `document_mask` hides nothing in come first, the
+        first `n_clean`: a clean key block (all real, one document) and every query of the
+        tile of its document (MoBA's routing picks no other). Their chunks then take no
+        document bias (`_tile_bias`); usually every tile but those at padding or at a
+        document's edge."""
+        rows = self.rows
+        sequence = self.tile_group // self.n_blocks // self.heads  # (T,) batch row
+        block = self.tile_group % self.n_blocks  # (T,)
+        clean = self.clean[sequence, block]  # (T,)
+        if segment_ids is not None:
+            row = self.row_query.view(-1, rows)  # (T, rows) query rows of (S'*L)
+            query_doc = segment_ids.reshape(-1)[
+                row // (self.heads * self.length) * self.length + row % self.length
+            ]  # (T, rows)
+            block_doc = segment_ids[sequence, block * self.block][:, None]  # (T, 1)
+            same = (query_doc == block_doc) | self.unused.view(-1, rows)
+            clean &= same.all(dim=1)
+        order = torch.sort((~clean).to(torch.uint8), stable=True).indices  # (T,) clean first
+        self.n_clean = int(clean.sum())
+        self.tile_group = self.tile_group[order]
+        self.row_query = self.row_query.view(-1, rows)[order].reshape(-1)
+        self.unused = self.unused.view(-1, rows)[order].reshape(-1)
+        if self.hidden is not None:
+            self.hidden = self.hidden[order]
 
     # --- own block ---------------------------------------------------------------------------
     def _own(self, x: torch.Tensor) -> torch.Tensor:
@@ -129,9 +165,32 @@ class _Plan:
         blocks = to_blocks(x, self.block)  # (B, H, n, b, E)
         return blocks.reshape(-1, 1, self.block, x.shape[-1])
 
+    def _own_clean(self) -> torch.Tensor:
+        """(B*H*n,) bool: the own blocks (`_own`'s order) that are whole (b positions before
+        L) and clean, so that their rule alone (causal or none) is the masked one."""
+        whole = torch.arange(self.n_blocks, device=self.clean.device) < self.length // self.block
+        clean = self.clean & whole  # (B, n)
+        return clean[:, None].expand(-1, self.heads, -1).reshape(-1)
+
+    def _own_parts(self, dtype, device):
+        """The own blocks' fused calls: (index into `_own`'s B*H*n blocks, or None for all,
+        bias, causal flag) each. Without masks one call; with them the clean blocks take the
+        call without masks (`_own_clean`), the others the document bias."""
+        if self.masks is None:
+            return [(None, self._own_bias(dtype, device), self.causal)]
+        clean = self.own_clean
+        n_clean = int(clean.sum())
+        if n_clean == clean.numel():
+            return [(None, None, self.causal)]
+        if n_clean == 0:
+            return [(None, self._own_document_bias(dtype, device, None), False)]
+        dirty = (~clean).nonzero().squeeze(1)
+        return [
+            (clean.nonzero().squeeze(1), None, self.causal),
+            (dirty, self._own_document_bias(dtype, device, dirty), False),
+        ]
+
     def _own_bias(self, dtype, device):
-        if self.masks is not None:
-            return self._own_document_bias(dtype, device)
         if self.causal or self.length % self.block == 0:
             return None  # causally a padded key comes after every real query
         pad = torch.arange(self.n_blocks * self.block, device=device) >= self.length
@@ -139,29 +198,45 @@ class _Plan:
         hidden = hidden.repeat(self.batch * self.heads, 1, 1)[:, None]  # (B*H*n, 1, b, b)
         return flash.hidden_bias(hidden, dtype)
 
-    def _own_document_bias(self, dtype, device):
+    def _own_document_bias(self, dtype, device, index):
         """The own blocks' bias under masks: hidden unless `document_mask` and the block's
-        rule (causal: key <= query; else a real position) allow the pair, (B*H*n, 1, b, b)."""
-        start = torch.arange(self.n_blocks, device=device)[:, None, None] * self.block
+        rule (causal: key <= query; else a real position) allow the pair, (N, 1, b, b) for
+        the own blocks `index` (into `_own`'s B*H*n; None: all of them)."""
+        per_head = torch.arange(self.batch * self.heads * self.n_blocks, device=device)
+        per_head = per_head if index is None else per_head[index]  # (N,) b*H*n + h*n + c
+        rows, blocks = per_head // (self.heads * self.n_blocks), per_head % self.n_blocks
+        # The (batch row, block) pairs, each once for all heads: (P,) and (N,) into them.
+        pairs, where = torch.unique(rows * self.n_blocks + blocks, return_inverse=True)
+        start = (pairs % self.n_blocks * self.block)[:, None, None]  # (P, 1, 1)
         offset = torch.arange(self.block, device=device)
-        query, key = start + offset[:, None], start + offset[None, :]  # (n, b, 1), (n, 1, b)
-        rule = key <= query if self.causal else key < self.length  # (n, b, b)
+        query, key = start + offset[:, None], start + offset[None, :]  # (P, b, 1), (P, 1, b)
+        rule = key <= query if self.causal else key < self.length  # (P, b, b)
         # Positions in the flattened masks (b L + i); the last block's positions past L read
         # the next sequence's, but `rule` hides them from every real query.
-        batch = torch.arange(self.batch, device=device)[:, None, None, None] * self.length
+        batch = (pairs // self.n_blocks * self.length)[:, None, None]
         documents = document_mask(**self.masks, query=batch + query, key=batch + key)[0]
-        allowed = rule & documents  # (B, n, b, b)
-        hidden = (~allowed)[:, None].expand(-1, self.heads, -1, -1, -1)  # (B, H, n, b, b)
-        return flash.hidden_bias(hidden.reshape(-1, 1, self.block, self.block), dtype)
+        hidden = ~(rule & documents)  # (P, b, b)
+        return flash.hidden_bias(hidden[where][:, None], dtype)  # (N, 1, b, b)
+
+    def _own_calls(self, fn, tensors, dtype, device):
+        """`fn` (`flash.attend` or `attend_backward`) over the own blocks `tensors` (each
+        (B*H*n, 1, b, E)), one call per `_own_parts` part, the results in block order."""
+        results = None
+        for index, bias, causal in self._own_parts(dtype, device):
+            if index is None:
+                return fn(*tensors, scale=self.scale, bias=bias, causal=causal)
+            picked = [x.index_select(0, index) for x in tensors]
+            part = fn(*picked, scale=self.scale, bias=bias, causal=causal)
+            if results is None:
+                n = tensors[0].shape[0]
+                results = [p.new_empty((n, *p.shape[1:])) for p in part]
+            for result, p in zip(results, part, strict=True):
+                result.index_copy_(0, index, p)
+        return results
 
     def own_forward(self, q, k, v):
-        out, lse = flash.attend(
-            self._own(q),
-            self._own(k),
-            self._own(v),
-            scale=self.scale,
-            bias=self._own_bias(q.dtype, q.device),
-            causal=self.causal and self.masks is None,
+        out, lse = self._own_calls(
+            flash.attend, [self._own(x) for x in (q, k, v)], q.dtype, q.device
         )  # (B*H*n, 1, b, D), (B*H*n, 1, b)
         shape = (self.batch, self.heads, self.n_blocks * self.block)
         out = out.reshape(*shape, self.head_dim)[:, :, : self.length]
@@ -169,16 +244,10 @@ class _Plan:
         return out.contiguous(), lse.contiguous()
 
     def own_backward(self, grad_out, q, k, v, out, lse):
-        grads = flash.attend_backward(
-            self._own(grad_out),
-            self._own(q),
-            self._own(k),
-            self._own(v),
-            self._own(out),
-            self._own(lse.unsqueeze(-1)).squeeze(-1),
-            scale=self.scale,
-            bias=self._own_bias(q.dtype, q.device),
-            causal=self.causal and self.masks is None,
+        tensors = [self._own(x) for x in (grad_out, q, k, v, out)]
+        tensors.append(self._own(lse.unsqueeze(-1)).squeeze(-1))
+        grads = self._own_calls(
+            flash.attend_backward, tensors, q.dtype, q.device
         )  # (B*H*n, 1, b, D) each
         shape = (self.batch, self.heads, self.n_blocks * self.block, self.head_dim)
         return [g.reshape(shape)[:, :, : self.length].contiguous() for g in grads]
@@ -193,8 +262,10 @@ class _Plan:
         return to_blocks(x, self.block).reshape(-1, self.block, self.head_dim)
 
     def _chunks(self):
-        for first in range(0, self.n_tiles, self.chunk):
-            yield first, min(first + self.chunk, self.n_tiles)
+        """Ranges [first, end) of at most `chunk` tiles, clean and masked tiles apart."""
+        for start, stop in ((0, self.n_clean), (self.n_clean, self.n_tiles)):
+            for first in range(start, stop, self.chunk):
+                yield first, min(first + self.chunk, stop)
 
     def _row_buffer(self, rows: torch.Tensor) -> torch.Tensor:
         """One chunk's worth of gathered `_rows`, reused by every chunk: a fresh buffer per
@@ -212,7 +283,7 @@ class _Plan:
 
     def _tile_bias(self, first: int, end: int, dtype):
         hidden = None if self.hidden is None else self.hidden[first:end, None, None, :]
-        if self.masks is not None:
+        if self.masks is not None and first >= self.n_clean:
             documents = self._tile_hidden(first, end)  # (m, 1, rows, b)
             hidden = documents if hidden is None else documents | hidden.bool()
         if hidden is None:
@@ -335,6 +406,22 @@ def _raise_ref(acc, norm, ref, index, part_lse) -> None:
     factor = (old[raised] - new[raised]).exp_()
     acc[rows] = acc[rows] * factor[:, None]
     norm[rows] = norm[rows] * factor
+
+
+def _clean_blocks(key_padding_mask, segment_ids, block: int) -> torch.Tensor:
+    """(B, n) bool: the key blocks of `block` whose positions (before L) are all real and of
+    one document (`segment_ids` non-decreasing: the first position's and the last's)."""
+    some = key_padding_mask if key_padding_mask is not None else segment_ids
+    length = some.shape[1]
+    starts = torch.arange(0, length, block, device=some.device)  # (n,)
+    last = (starts + block).clamp(max=length) - 1
+    clean = torch.ones(some.shape[0], starts.numel(), dtype=torch.bool, device=some.device)
+    if key_padding_mask is not None:
+        padded = pad_to_multiple(~key_padding_mask[:, None], block).unflatten(2, (-1, block))
+        clean &= ~padded.any(dim=3)[:, 0]
+    if segment_ids is not None:
+        clean &= segment_ids[:, starts] == segment_ids[:, last]
+    return clean
 
 
 def _flat(per_token: torch.Tensor | None) -> torch.Tensor | None:

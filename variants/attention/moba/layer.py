@@ -41,14 +41,23 @@ every (query, key) pair must also pass `masking.document_mask` (same document; k
 query itself). So no query attends, or routes by, a key of another document or a padded key;
 padded queries' outputs are 0 (the base class). The blocks stay at absolute positions: a
 document's output depends on where it starts modulo block_size, not on the other documents.
+What the masks cost is kept to where they hide something: a tail padded in every sequence
+(`masking.real_prefix`) is cut off before anything runs (no real query routes by or attends
+a key there, so the real prefix alone is the same rule) and its outputs are 0; masks that
+hide nothing (`masking.masking_masks`) are dropped, so a batch padded only at the tail, all
+rows alike, is the call without masks on its prefix; a padded query selects no block; and
+`SelectedBlocks` gives a bias only to the tiles and own blocks where a pair is hidden
+(padding or a document's edge in the block).
 """
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from variants.attention.common.base import Attention
 from variants.attention.common.cache import BlockKVCache
+from variants.attention.common.masking import masking_masks, real_prefix
 from variants.attention.common.pooling import block_mean
 from variants.attention.common.selected_blocks import SelectedBlocks
 from variants.attention.common.selection import (
@@ -97,10 +106,20 @@ class MoBAAttention(Attention):
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **masks) -> torch.Tensor:
         """q, k, v: (B, H, L, D) -> (B, H, L, D); masks: `key_padding_mask`, `segment_ids`
         (B, L), if given (the call without them is MoBA's of before)."""
+        keep = masks.get("key_padding_mask")
+        if keep is not None and (length := real_prefix(keep)) < q.shape[2]:
+            # A padded tail common to the batch: the real prefix runs alone (module docstring:
+            # no real query routes by or attends a padded key) and the tail's outputs are 0.
+            prefix = {name: mask[:, :length] for name, mask in masks.items()}
+            out = self.attend(q[:, :, :length], k[:, :, :length], v[:, :, :length], **prefix)
+            return F.pad(out, (0, 0, 0, q.shape[2] - length))
+        masks = masking_masks(masks)  # e.g. the prefix's padding mask once nothing is padded
         selected = self.selection(q, k, **masks)  # (B, H, L, S)
         if not masks:
             return SelectedBlocks.apply(q, k, v, selected, self.block_size, self.causal)
         keep, segments = masks.get("key_padding_mask"), masks.get("segment_ids")
+        if keep is not None:  # a padded query's output is 0 (the base class): it needs no block
+            selected.masked_fill_(~keep[:, None, :, None], -1)
         return SelectedBlocks.apply(q, k, v, selected, self.block_size, self.causal, keep, segments)
 
     # --- decoding: every key and value, and the mean key of every finished block ------------

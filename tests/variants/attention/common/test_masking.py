@@ -38,7 +38,7 @@ from tests.reference import (
 )
 from tests.variants.attention.test_compressed import reference_output as compressed_reference
 from tests.variants.attention.test_nsa import mlp_blocks
-from variants.attention.common import flash
+from variants.attention.common import flash, selected_blocks
 from variants.checks import UnsupportedCombination
 
 MASKS = ["padding", "documents", "both"]
@@ -453,6 +453,121 @@ def test_moba_matches_a_per_query_masked_reference(options, causal, which, flash
         return padded_zero(dense_attention(q, k, v, allowed), keep)
 
     assert_same_outputs_and_grads(fn, reference, (q, k, v))
+
+
+def _moba_padding(layout):
+    """(2, LENGTH) keep masks (True = real) that the MoBA tests below run: a tail padded in
+    every sequence (cut off before the kernel) or not, padding inside a sequence, rows of
+    unequal real lengths, a row padded throughout."""
+    keep = torch.ones(2, LENGTH, dtype=torch.bool)
+    if layout == "ragged-tail":  # both tails padded, unequal: the prefix keeps row 0's padding
+        keep[0, 15:], keep[1, 20:] = False, False
+    elif layout == "middle":  # no tail: only padding inside, a different run in each row
+        keep[0, 6:11], keep[1, 13:17] = False, False
+    elif layout == "middle-and-tail":
+        keep[0, 4:9], keep[0, 18:], keep[1, 10:12], keep[1, 21:] = False, False, False, False
+    elif layout == "even-tail":  # the same real length in both rows: the prefix has no padding
+        keep[:, 17:] = False
+    elif layout == "padded-row":  # row 1 has no real token
+        keep[0, 19:], keep[1] = False, False
+    return keep
+
+
+MOBA_PADDING = ["ragged-tail", "middle", "middle-and-tail", "even-tail", "padded-row"]
+
+
+@pytest.mark.parametrize("small_tiles", [False, True], ids=["tiles", "small-tiles"])
+@pytest.mark.parametrize("documents", [False, True], ids=["padding", "padding-documents"])
+@pytest.mark.parametrize("layout", MOBA_PADDING)
+@pytest.mark.parametrize("causal", [False, True], ids=["bidir", "causal"])
+@pytest.mark.parametrize("options", MOBA_CASES, ids=lambda o: f"b{o['block_size']}-k{o['top_k']}")
+def test_moba_padding_anywhere_matches_the_per_query_reference(
+    options, causal, layout, documents, small_tiles, flash_kernels, monkeypatch
+):
+    """MoBA's shortcuts under padding (a tail padded in every sequence run as the real prefix
+    alone, padded queries selecting no block, clean tiles and own blocks without a bias) give
+    the outputs and gradients of the rule, wherever the padding lies. small_tiles: tiles of
+    two rows in chunks of at most two tiles, so that clean and masked tiles meet in chunks."""
+    if small_tiles:
+        monkeypatch.setattr(selected_blocks, "TILE_ROWS", 2)
+        monkeypatch.setattr(selected_blocks, "CHUNK_BYTES", 2 * (2 * 7 + 2 * 2) * 8 * 8)
+    kernel = variants.build_attention("moba", causal=causal, **options)
+    keep = _moba_padding(layout)
+    segments = padding_and_documents(length=LENGTH)[1] if documents else None
+    q, k, v = qkv(length=LENGTH, seed=11)
+    allowed = moba_document_mask(
+        q, k, options["block_size"], options["top_k"], causal, keep, segments
+    )
+
+    def fn(q, k, v):
+        return kernel(q, k, v, **mask_kwargs(keep, segments))
+
+    def reference(q, k, v):
+        return padded_zero(dense_attention(q, k, v, allowed), keep)
+
+    assert_same_outputs_and_grads(fn, reference, (q, k, v))
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["bidir", "causal"])
+def test_moba_masks_that_mask_nothing_are_the_call_without_masks(causal):
+    """Every token real and one document per sequence: bit for bit the call without masks;
+    so is the real prefix of a tail padded in every sequence (the rest zeros)."""
+    kernel = variants.build_attention("moba", causal=causal, block_size=4, top_k=3)
+    q, k, v = qkv(length=LENGTH, seed=12)
+    nothing = {
+        "key_padding_mask": torch.ones(2, LENGTH, dtype=torch.bool),
+        "segment_ids": torch.full((2, LENGTH), 3, dtype=torch.int64),
+    }
+    assert torch.equal(kernel(q, k, v, **nothing), kernel(q, k, v))
+    keep = torch.arange(LENGTH) < 17
+    out = kernel(q, k, v, key_padding_mask=keep.expand(2, -1))
+    assert torch.equal(out[:, :, :17], kernel(q[:, :, :17], k[:, :, :17], v[:, :, :17]))
+    assert not out[:, :, 17:].any()
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["bidir", "causal"])
+def test_selected_blocks_mask_a_clean_block_of_another_document(causal, flash_kernels):
+    """`SelectedBlocks` given a selection no routing of MoBA makes: queries pick a clean
+    block (all real, one document) of another document. Its keys stay hidden from them (the
+    part weighs 0), as the per-pair mask says: a tile is only bias-free when its queries
+    are of its block's document."""
+    q, k, v = qkv(batch=1, heads=2, length=16, seed=14)
+    segments = (torch.arange(16) >= 8).long()[None]  # documents [0, 8) and [8, 16)
+    selected = torch.full((1, 2, 16, 2), -1, dtype=torch.long)
+    selected[:, :, 8:, 0] = 0  # document 1's queries pick block 0 (document 0's) ...
+    selected[:, :, 8:, 1] = 1  # ... and block 1, also document 0's
+    if not causal:
+        selected[:, :, :8, 0] = 3  # document 0's queries pick block 3 (document 1's)
+    allowed = torch.zeros(1, 2, 16, 16, dtype=torch.bool)
+    for i in range(16):
+        own = i // 4
+        allowed[:, :, i, own * 4 : (i + 1 if causal else own * 4 + 4)] = True
+        for h in range(2):
+            for c in selected[0, h, i].tolist():
+                if c >= 0:
+                    allowed[0, h, i, c * 4 : c * 4 + 4] = True
+    allowed &= document_reference_mask(None, segments)
+
+    def fn(q, k, v):
+        return selected_blocks.SelectedBlocks.apply(q, k, v, selected, 4, causal, None, segments)
+
+    def reference(q, k, v):
+        return dense_attention(q, k, v, allowed)
+
+    assert_same_outputs_and_grads(fn, reference, (q, k, v))
+
+
+def test_moba_block_aligned_documents_need_no_bias():
+    """Documents that start and end at block edges: every tile and own block is clean, so
+    the masked call runs the fused kernels as the call without masks does (no bias)."""
+    q, k, v = qkv(batch=1, length=32, seed=13)
+    segments = (torch.arange(32) // 8)[None]  # 4 documents of two blocks of 4
+    kernel = variants.build_attention("moba", causal=True, block_size=4, top_k=3)
+    selected = kernel.selection(q, k, segment_ids=segments)
+    plan = selected_blocks._Plan(q, selected, 4, True, None, segments)
+    assert plan.n_tiles > 0 and plan.n_clean == plan.n_tiles
+    assert bool(plan.own_clean.all())
+    assert plan._own_parts(q.dtype, q.device) == [(None, None, True)]
 
 
 def nsa_document_reference(q, k, v, gates, options, compress, keep, segments):
