@@ -1,7 +1,8 @@
 """The two sublayers of a transformer block: multi-head self-attention and the feed-forward.
 
 Blocks (`variants.blocks`) wire these together; every sublayer takes the model's `ModelConfig`
-(variants/config.py), and the attention kernel inside `SelfAttention` is the config's variant.
+(variants/model_config.py), and the attention kernel inside `SelfAttention` is the config's
+variant.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from variants.checks import (
     require_divisible,
     require_positive_int,
 )
-from variants.config import OWNER, ModelConfig
+from variants.model_config import OWNER, ModelConfig
 from variants.registry import AttentionSpec
 
 

@@ -15,8 +15,8 @@ from torch.utils.checkpoint import checkpoint
 from variants.attention.common.base import Attention
 from variants.blocks import block_names, build_stack, wire
 from variants.checks import require_choice
-from variants.config import OWNER, ModelConfig
 from variants.layers import SelfAttention, kernels_swapped, pre_norm_sublayers
+from variants.model_config import OWNER, ModelConfig
 from variants.registry import attention_spec
 
 
@@ -58,9 +58,9 @@ class TransformerLM(nn.Module):
       induction head), so recall tasks measure what the kernel retrieves from far away, not
       how fast a previous-token head forms. Causal; off by default.
 
-    `TransformerLM(config)` takes a `ModelConfig` (variants/config.py); `TransformerLM(**fields)`
-    builds one from its fields, e.g. `TransformerLM(vocab_size=256, attention="lsh")` (as before,
-    vocab_size may come first without its name). Every
+    `TransformerLM(config)` takes a `ModelConfig` (variants/model_config.py);
+    `TransformerLM(**fields)` builds one from its fields, e.g. `TransformerLM(vocab_size=256,
+    attention="lsh")` (as before, vocab_size may come first without its name). Every
     option is validated; errors are `ValueError`s naming the option. `config` is the
     `ModelConfig` (shared_qk resolved), `kernels()` yields the attention kernels, one per layer.
     """

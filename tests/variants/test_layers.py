@@ -10,8 +10,8 @@ import variants
 from experiments.measurement.memory import peak_memory_bytes
 from tests.reference import causal_mask, dense_attention, shared_qk_reference
 from variants.checks import UnsupportedCombination
-from variants.config import ModelConfig
 from variants.layers import FeedForward, SelfAttention, rotary
+from variants.model_config import ModelConfig
 
 
 def attention_layer(d_model=None, n_heads=None, **fields):

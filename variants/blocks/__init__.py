@@ -21,8 +21,8 @@ from torch import nn
 from variants.blocks.checkpoint import CheckpointBlock
 from variants.blocks.residual import ResidualBlock, sequential_stack
 from variants.blocks.reversible import ReversibleBlock, ReversibleStack
-from variants.config import ModelConfig
 from variants.layers import pre_norm_sublayers
+from variants.model_config import ModelConfig
 from variants.registry_base import Registry
 
 # name -> (block class, how a list of such blocks runs)

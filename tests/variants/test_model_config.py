@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import variants
-import variants.config
+import variants.model_config
 from variants import ModelConfig, TransformerLM
 
 
@@ -23,9 +23,9 @@ def test_a_model_built_from_its_config_is_the_model_built_from_the_fields():
 
 def test_every_layer_holds_the_models_one_config(monkeypatch):
     looked_up = []
-    real = variants.config.attention_spec
+    real = variants.model_config.attention_spec
     monkeypatch.setattr(
-        variants.config, "attention_spec", lambda name: looked_up.append(name) or real(name)
+        variants.model_config, "attention_spec", lambda name: looked_up.append(name) or real(name)
     )
     model = TransformerLM(vocab_size=11, d_model=16, n_heads=2, depth=3, block="reversible")
     assert looked_up == ["full"]  # once per model, not once per layer

@@ -43,7 +43,7 @@ HF_LLAMA_FIXED = {
 def resolve_shared_qk(attention: str | AttentionSpec, shared_qk: bool | None) -> bool:
     """`shared_qk`, None resolved: what variant `attention` (a name or its spec) requires (True
     for LSH and routing, False otherwise). `ValueError` for an unknown variant. The one rule:
-    the model (`ModelConfig`) and the app (experiments/config.py) both resolve with it."""
+    the model (`ModelConfig`) and the app (experiments/job_config.py) both resolve with it."""
     if shared_qk is None:
         spec = attention if isinstance(attention, AttentionSpec) else attention_spec(attention)
         return spec.shared_qk_required
