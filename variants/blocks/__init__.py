@@ -53,7 +53,7 @@ def build_block(
         config = ModelConfig(**{k: v for k, v in sizes.items() if v is not None}, **fields)
     elif n_heads is not None or fields:
         raise TypeError("build_block: pass a ModelConfig or its fields, not both")
-    return wire(name, *pre_norm_sublayers(config))
+    return wire(name, *pre_norm_sublayers(config, config.kernel()))
 
 
 def wire(name: str, attn: nn.Module, ff: nn.Module) -> nn.Module:
