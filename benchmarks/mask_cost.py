@@ -37,7 +37,6 @@ import torch
 from experiments.measurement.timing import Ratio, quartiles, ratio, round_timer, time_in_rounds
 from variants import ModelConfig, attention_names
 from variants.attention.common.base import sample_gates
-from variants.layers import build_kernel
 from variants.registry import AttentionSpec, attention_spec
 
 CPU = torch.device("cpu")
@@ -93,8 +92,8 @@ def supports(spec: AttentionSpec, feature: str) -> bool:
 
 
 def kernel(name: str, length: int, n_heads: int, n_kv_heads: int | None = None):
-    """Variant `name` at its registry defaults, as a layer of a (n_heads x HEAD_DIM)-wide
-    model builds it; causal unless the variant cannot be."""
+    """Variant `name` at its registry defaults, as a (n_heads x HEAD_DIM)-wide model builds a
+    layer's (`ModelConfig.kernel`); causal unless the variant cannot be."""
     spec = attention_spec(name)
     config = ModelConfig(
         d_model=n_heads * HEAD_DIM,
@@ -105,7 +104,7 @@ def kernel(name: str, length: int, n_heads: int, n_kv_heads: int | None = None):
         attention=name,
         causal=spec.causal_supported,
     )
-    return build_kernel(config)
+    return config.kernel()
 
 
 def fwd_bwd(attn, heads: int, kv_heads: int, length: int, **masks) -> Callable[[], None]:

@@ -27,7 +27,7 @@ from omegaconf import DictConfig, OmegaConf
 from experiments.app import job as jobs
 from experiments.app import parent, sweep, sweep_clock
 from experiments.app.resolvers import config_dir, register
-from experiments.config import added_keys, check_required_keys
+from experiments.job_config import added_keys, check_required_keys
 from experiments.records import record, store
 from experiments.training import progress
 

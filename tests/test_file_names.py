@@ -19,10 +19,7 @@ PER_VARIANT = {"layer.py", "function.py"}
 # Collisions known and left to the work on those folders (issue 39); each entry lists exactly
 # the colliding paths, so a third file of the same name still fails. Remove an entry when its
 # collision is gone.
-PENDING = {
-    "config.py": {"experiments/config.py", "variants/config.py"},
-    "windows.py": {"variants/attention/lsh/windows.py", "variants/attention/routing/windows.py"},
-}
+PENDING: dict[str, set[str]] = {}
 
 
 def _per_variant(path: Path, root: Path) -> bool:

@@ -2,7 +2,7 @@
 
 The names below are imported from their modules when first used, and so is a submodule
 (`variants.layers`): importing the package, or a light module of it such as `variants.checks`,
-starts no torch, so that the app's `--help` and its settings (experiments/config.py) load fast.
+starts no torch, so that the app's `--help` and its settings (experiments/job_config.py) load fast.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ _HOMES = {
     "registry_table": "variants.registry",
     "block_names": "variants.blocks",
     "build_block": "variants.blocks",
-    "ModelConfig": "variants.config",
-    "resolve_shared_qk": "variants.config",
+    "ModelConfig": "variants.model_config",
+    "resolve_shared_qk": "variants.model_config",
     "TransformerLM": "variants.model",
     "build_lm": "variants.model",
     "MultiheadAttention": "variants.layers",

@@ -18,8 +18,8 @@ import torch
 import torch.nn.functional as F
 
 from variants.attention.common.base import evaluating
-from variants.config import OWNER
 from variants.layers import CachedKernel, kernels_swapped
+from variants.model_config import OWNER
 
 
 @contextmanager

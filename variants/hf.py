@@ -250,6 +250,8 @@ def kernel_for(
     if it has parameters."""
     spec = attention_spec(name)
     model = {"causal": causal, "n_heads": n_heads, "head_dim": head_dim, "shared_qk": False}
+    # Only those the variant declares (as `built` takes them) key its kernel: a variant that
+    # does not take n_heads keeps one kernel for every head count.
     model = {k: v for k, v in model.items() if k in spec.model_options}
     options = _OPTIONS.get(name, {})
     device = torch.device(device)

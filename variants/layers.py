@@ -1,7 +1,8 @@
 """The two sublayers of a transformer block: multi-head self-attention and the feed-forward.
 
 Blocks (`variants.blocks`) wire these together; every sublayer takes the model's `ModelConfig`
-(variants/config.py), and the attention kernel inside `SelfAttention` is the config's variant.
+(variants/model_config.py) for its sizes, and `SelfAttention` runs the kernel it is handed,
+built by the model (`ModelConfig.kernel`): nothing here reads the attention options.
 """
 
 from __future__ import annotations
@@ -17,52 +18,8 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from variants.attention.common.base import Attention, evaluating, replaying, shared_qk_keys
-from variants.checks import (
-    UnsupportedCombination,
-    require_divisible,
-    require_positive_int,
-)
-from variants.config import OWNER, ModelConfig
-from variants.registry import AttentionSpec
-
-
-def build_kernel(
-    config: ModelConfig,
-    spec: AttentionSpec | None = None,
-    options: Mapping[str, Any] | None = None,
-) -> Attention:
-    """The kernel a layer of a `config` model runs: variant `spec` (default the config's) with its
-    own `options` (default `config.attention_options`) and those of the model options (causal,
-    n_heads, head_dim, max_seq_len, shared_qk) it declares, from `config`. `ValueError` for
-    options it cannot take; `UnsupportedCombination` for a variant that needs shared QK the
-    config does not have."""
-    if spec is None and options is None:  # the config's own, checked when it was built
-        spec, options = config.spec, config.attention_options
-    else:  # a replacement's (`replacement_kernel`), checked here, once
-        spec = config.spec if spec is None else spec
-        options = spec.kernel_options(options or {})
-    if spec.shared_qk_required and not config.shared_qk:
-        raise UnsupportedCombination(
-            f"{OWNER}: attention {spec.name!r} requires option 'shared_qk'=True "
-            f"(its keys are the normalised queries)"
-        )
-    model_options = config.model_options()
-    kernel = spec.built(options, {k: model_options[k] for k in spec.model_options})
-    if config.kv_heads != config.n_heads:
-        if config.shared_qk:
-            raise UnsupportedCombination(
-                f"{OWNER}: option 'n_kv_heads'={config.n_kv_heads} cannot combine with "
-                "'shared_qk'=True (the keys are the queries, one per query head)"
-            )
-        if config.attention_chunks > 1:
-            raise UnsupportedCombination(
-                f"{OWNER}: option 'n_kv_heads'={config.n_kv_heads} cannot combine with "
-                f"'attention_chunks'={config.attention_chunks} (groups of query heads would "
-                "need their share of the key heads)"
-            )
-        kernel.refuse_unsupported("n_kv_heads")
-    return kernel
-
+from variants.checks import require_divisible, require_positive_int
+from variants.model_config import OWNER, ModelConfig
 
 MULTIHEAD = "MultiheadAttention"
 ROTARY_BASE = 10000.0
@@ -91,9 +48,10 @@ def rotary(x: torch.Tensor) -> torch.Tensor:
 class SelfAttention(nn.Module):
     """Multi-head self-attention around a registered attention kernel.
 
-    x (batch, seq_len, d_model) -> (batch, seq_len, d_model). The kernel is the config's variant
-    built with `config.attention_options` and those of the model options (causal / n_heads /
-    head_dim / max_seq_len / shared_qk) that the variant declares.
+    x (batch, seq_len, d_model) -> (batch, seq_len, d_model). `kernel` is the one it runs, built
+    for this config by the model (`config.kernel()`: the config's variant with its options and
+    the model options it declares); the layer reads only the kernel's capabilities
+    (`applies_shared_qk`, `n_gates`, `independent_heads`), never the attention options.
 
     Shared QK (`shared_qk=True`, the Reformer's choice): one projection gives the queries, and
     the keys are derived from them so that every kernel scores q_i . k_hat_j with the unit key
@@ -130,13 +88,13 @@ class SelfAttention(nn.Module):
     Kernels without independent heads run whole.
     """
 
-    def __init__(self, config: ModelConfig):
+    def __init__(self, config: ModelConfig, kernel: Attention):
         super().__init__()
         self.config = config
         self.n_heads = config.n_heads
         self.head_dim = config.head_dim
         self.kv_heads = config.kv_heads
-        self.kernel = build_kernel(config)
+        self.kernel = kernel
         n_projections = 2 if config.shared_qk else 3  # (q, v) or (q, k, v)
         bias = config.projection_bias
         kv_width = self.kv_heads * self.head_dim  # = d_model without grouped KV heads
@@ -144,22 +102,22 @@ class SelfAttention(nn.Module):
         self.qkv = nn.Linear(config.d_model, width, bias=bias)
         self.out = nn.Linear(config.d_model, config.d_model, bias=bias)
         self.dropout = nn.Dropout(config.dropout)
-        n_gates = config.spec.n_gates
+        self.n_gates = n_gates = kernel.n_gates  # what the gate projection is sized for
         self.gates = (
             nn.Linear(config.d_model, config.n_heads * n_gates, bias=bias) if n_gates else None
         )
         self.head_groups = min(config.attention_chunks, config.n_heads)
 
-    def replacement_kernel(self, spec: AttentionSpec, options: Mapping[str, Any]) -> Attention:
-        """A kernel of variant `spec` with its `options`, built as this layer built its own, on
-        the device and dtype of the layer's weights and in its train/eval mode: a trained model
-        can then be evaluated with another kernel (`TransformerLM.kernels_replaced`). Raises as
-        the constructor does."""
-        kernel = build_kernel(self.config, spec, options)
-        if kernel.n_gates != self.config.spec.n_gates:
+    def as_replacement(self, kernel: Attention) -> Attention:
+        """`kernel`, built for this layer's config (`ModelConfig.kernel`) to replace the layer's
+        own, on the device and dtype of the layer's weights and in its train/eval mode: a
+        trained model can then be evaluated with another kernel
+        (`TransformerLM.kernels_replaced`). `ValueError` unless it takes as many gates per token
+        as the layer projects."""
+        if kernel.n_gates != self.n_gates:
             raise ValueError(
-                f"{OWNER}: attention {spec.name!r} takes {kernel.n_gates} gates per token, this "
-                f"layer was built with {self.config.spec.n_gates} (option 'n_gates')"
+                f"{OWNER}: attention {kernel.name!r} takes {kernel.n_gates} gates per token, this "
+                f"layer was built with {self.n_gates} (option 'n_gates')"
             )
         reference = self.out.weight
         return kernel.to(device=reference.device, dtype=reference.dtype).train(self.training)
@@ -283,7 +241,7 @@ class SelfAttention(nn.Module):
             q, k = rotary(q), rotary(k)  # as in `forward`: after the shared-QK keys
         gates = None
         if self.gates is not None:  # head h's gates are rows h n_gates ... of the projection
-            n_gates = self.config.spec.n_gates
+            n_gates = self.n_gates
             gate_rows = (
                 group[:, None] * n_gates + torch.arange(n_gates, device=x.device)
             ).flatten()
@@ -368,7 +326,7 @@ class MultiheadAttention(SelfAttention):
             max_seq_len=max_seq_len,
             n_kv_heads=n_kv_heads,
         )
-        super().__init__(config)
+        super().__init__(config, config.kernel())
 
 
 class CachedKernel(nn.Module):
@@ -486,8 +444,9 @@ class PreNorm(nn.Module):
         return self.fn(self.norm(x))
 
 
-def pre_norm_sublayers(config: ModelConfig) -> tuple[PreNorm, PreNorm]:
-    """The (attention, feed-forward) sublayers every block type is made of, each pre-normed."""
-    return PreNorm(config.d_model, SelfAttention(config)), PreNorm(
+def pre_norm_sublayers(config: ModelConfig, kernel: Attention) -> tuple[PreNorm, PreNorm]:
+    """The (attention, feed-forward) sublayers every block type is made of, each pre-normed;
+    the attention runs `kernel`, built for `config` (`config.kernel()`)."""
+    return PreNorm(config.d_model, SelfAttention(config, kernel)), PreNorm(
         config.d_model, FeedForward(config)
     )

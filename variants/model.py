@@ -15,8 +15,8 @@ from torch.utils.checkpoint import checkpoint
 from variants.attention.common.base import Attention
 from variants.blocks import block_names, build_stack, wire
 from variants.checks import require_choice
-from variants.config import OWNER, ModelConfig
 from variants.layers import SelfAttention, kernels_swapped, pre_norm_sublayers
+from variants.model_config import OWNER, ModelConfig
 from variants.registry import attention_spec
 
 
@@ -58,9 +58,9 @@ class TransformerLM(nn.Module):
       induction head), so recall tasks measure what the kernel retrieves from far away, not
       how fast a previous-token head forms. Causal; off by default.
 
-    `TransformerLM(config)` takes a `ModelConfig` (variants/config.py); `TransformerLM(**fields)`
-    builds one from its fields, e.g. `TransformerLM(vocab_size=256, attention="lsh")` (as before,
-    vocab_size may come first without its name). Every
+    `TransformerLM(config)` takes a `ModelConfig` (variants/model_config.py);
+    `TransformerLM(**fields)` builds one from its fields, e.g. `TransformerLM(vocab_size=256,
+    attention="lsh")` (as before, vocab_size may come first without its name). Every
     option is validated; errors are `ValueError`s naming the option. `config` is the
     `ModelConfig` (shared_qk resolved), `kernels()` yields the attention kernels, one per layer.
     """
@@ -84,8 +84,13 @@ class TransformerLM(nn.Module):
             nn.Linear(config.d_model, config.d_model, bias=False) if config.token_shift else None
         )
         self.dropout = nn.Dropout(config.dropout)
-        # The layers are built here, from the config; a block only wires them (variants.blocks).
-        layers = [wire(config.block, *pre_norm_sublayers(config)) for _ in range(config.depth)]
+        # The layers are built here, from the config, each with the kernel built for it here
+        # (`ModelConfig.kernel`) just before its projections, so parameters draw from the seed
+        # in layer order; a block only wires them (variants.blocks).
+        layers = [
+            wire(config.block, *pre_norm_sublayers(config, config.kernel()))
+            for _ in range(config.depth)
+        ]
         self.blocks = build_stack(config.block, layers)
         _tie(self.kernels())
         self.norm = nn.LayerNorm(config.d_model)
@@ -101,15 +106,18 @@ class TransformerLM(nn.Module):
     ) -> Iterator[None]:
         """Within the block every layer runs variant `attention` with `attention_options`.
 
-        The kernels are built as the layers built theirs (the model options from `config`) and
-        tied as the model ties its own (Linformer's layerwise sharing); the projections stay as
-        trained, as in the Reformer's Table 2 (train with one attention, evaluate with another).
-        The model's own kernels come back on leaving the block, also on an error. A kernel the
-        layers refuse raises `ValueError` before any is replaced.
+        The kernels are built as the model built its own (`config.kernel`, the model options
+        from `config`), one per layer on that layer's device and dtype
+        (`SelfAttention.as_replacement`), and tied as the model ties its own (Linformer's
+        layerwise sharing); the projections stay as trained, as in the Reformer's Table 2 (train
+        with one attention, evaluate with another). The model's own kernels come back on leaving
+        the block, also on an error. A kernel the config or the layers refuse raises
+        `ValueError` (`UnsupportedCombination`) before any is replaced.
         """
         spec = attention_spec(attention)
+        options = attention_options or {}
         layers = list(self._attention_layers())
-        replacements = [layer.replacement_kernel(spec, attention_options or {}) for layer in layers]
+        replacements = [layer.as_replacement(self.config.kernel(spec, options)) for layer in layers]
         _tie(replacements)
         with kernels_swapped(layers, replacements):
             yield

@@ -21,8 +21,9 @@ from variants.registry_base import Registry
 # Every variant and preset by name; importing variants.attention registers the built-in ones.
 _ATTENTION: Registry[AttentionSpec] = Registry("attention variant", builtins=["variants.attention"])
 
-# Options that describe the model the kernel lives in rather than the kernel itself. The layer
-# passes the ones a variant declares; they are not part of `conf/attention/*.yaml`.
+# Options that describe the model the kernel lives in rather than the kernel itself. A model
+# hands `AttentionSpec.built` its values of them, which builds with those the variant declares;
+# they are not part of `conf/attention/*.yaml`.
 MODEL_OPTIONS = ("causal", "n_heads", "head_dim", "max_seq_len", "shared_qk")
 
 
@@ -103,18 +104,22 @@ class AttentionSpec:
 
     def build(self, **options: Any):
         """This variant built with `options` (its own and the model options it declares); raises
-        as `build_attention` does. (A model's layers check its options once, with
-        `kernel_options`, and build with `built`.)"""
+        as `build_attention` does. (A model checks its options once, with `kernel_options`, and
+        builds its layers' kernels with `built`: `ModelConfig.kernel`.)"""
         _refuse_unknown(self.name, options, self.defaults)
         own = {k: v for k, v in options.items() if k not in self.model_options}
         model = {k: v for k, v in options.items() if k in self.model_options}
         return self.built(own, model)
 
-    def built(self, options: Mapping[str, Any], model_options: Mapping[str, Any]):
+    def built(self, options: Mapping[str, Any], model: Mapping[str, Any]):
         """This variant built with its own `options`, already checked (`kernel_options`), and
-        `model_options`, the values of the model options it declares. `UnsupportedCombination`
-        for a direction (causal or not) the variant cannot run."""
-        options = {**options, **model_options}
+        the model options it declares (`model_options`) at their values in `model`, the model
+        options (`MODEL_OPTIONS`) of the model it runs in; a declared one that `model` leaves
+        out keeps its default. The one place a kernel is built: `build`, `ModelConfig.kernel`
+        (a model's layers) and variants/hf.py call it. `UnsupportedCombination` for a direction
+        (causal or not) the variant cannot run."""
+        declared = {k: model[k] for k in self.model_options if k in model}
+        options = {**options, **declared}
         if options.get("causal", False) and not self.causal_supported:
             raise UnsupportedCombination(
                 f"attention {self.name!r} does not support option causal=True: "

@@ -15,7 +15,7 @@ million          one layer at 2^20 tokens per O(L) variant (`--million`)
 reformer         12 LSH layers at 64K, reversible against residual (`--reformer`)
 
 The project's own parts measure: kernels and models are built from one `variants.ModelConfig`
-(d_model 256, 4 heads) as a model's layers build them, each call is timed by
+(d_model 256, 4 heads) as a model builds them, each call is timed by
 `experiments.measurement.timing.time_call`, the yardstick is
 `experiments.measurement.timing.matmul_call`, peak memory is
 `experiments.measurement.memory.peak_memory_bytes` and exponents are `analysis.fit.fit_power_law`.

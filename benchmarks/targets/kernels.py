@@ -1,6 +1,6 @@
 """The kernels and the model every target measures: batch 1, 4 heads, head_dim 64, fp32 on the
 CPU, the kernel settings the targets name (KERNELS), built from one `variants.ModelConfig`
-(d_model 256) as a model's layers build them."""
+(d_model 256) as a model builds its layers' kernels (`ModelConfig.kernel`)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ import torch
 import torch.nn.functional as F
 
 from variants import ModelConfig, TransformerLM
-from variants.layers import build_kernel
 
 BATCH, HEADS, HEAD_DIM = 1, 4, 64
 CPU = torch.device("cpu")
@@ -73,8 +72,8 @@ def model_config(
 
 
 def kernel(name: str, length: int, **extra) -> torch.nn.Module:
-    """The kernel of `name` as a layer of the targets' model (`model_config`) builds it."""
-    return build_kernel(model_config(name, length, **extra))
+    """The kernel of `name` as the targets' model (`model_config`) builds a layer's."""
+    return model_config(name, length, **extra).kernel()
 
 
 def kernel_options(name: str, length: int) -> dict:

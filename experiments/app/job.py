@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from experiments.app import tracking
-from experiments.config import JobConfig, ResolvedConfig
+from experiments.job_config import JobConfig, ResolvedConfig
 from experiments.measurement import budget
 from experiments.measurement.provenance import provenance
 from experiments.records import files, history, record, store
@@ -55,7 +55,7 @@ def run_job(
     `ResolvedConfig` for the record's identity, and as the checked `JobConfig` that everything
     below takes. `sweep_dir` is set in a multirun: a configuration already recorded there with
     status ok is not measured again (resume), and nothing is written for it. `added`: the
-    top-level keys the command line added with `+key=` (`experiments.config.added_keys`), an
+    top-level keys the command line added with `+key=` (`experiments.job_config.added_keys`), an
     error record.
     `parallel_jobs`: how many jobs the launcher runs side by side (recorded: timings depend on it).
     """

@@ -12,7 +12,7 @@ configs may use, and the W&B logger's structured config.
 so a preset can train every variant causally where it can be and bidirectionally where it
 cannot (Linformer), instead of recording the latter as skipped. The logger's schema
 (`tracking.WandbLogger`) lets Hydra check the types of its settings at composition (why that
-is the one structured config: experiments/config.py).
+is the one structured config: experiments/job_config.py).
 
 Importing this module starts no torch (`python -m experiments.run --help` imports it): the
 registry is looked up when a resolver is called, not before.

@@ -46,7 +46,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from experiments.app import interrupts, sweep_clock, tracking
-from experiments.config import check_writable_dir
+from experiments.job_config import check_writable_dir
 from experiments.records import record, store
 
 log = logging.getLogger("attnbench")

@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 import variants
-from experiments.config import JobConfig
+from experiments.job_config import JobConfig
 from experiments.measurement import kernel_fit, reference_model
 from experiments.training.precision import Precision
 from experiments.training.train import evaluate

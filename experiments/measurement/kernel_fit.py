@@ -32,7 +32,6 @@ from experiments.measurement.reference_model import (
     for_kernel,
 )
 from variants.attention.common.base import Attention, sample_gates
-from variants.layers import build_kernel
 
 log = logging.getLogger("attnbench")
 
@@ -158,7 +157,7 @@ def fitted_kernel(
     config = reference.config
     with torch.random.fork_rng():
         torch.manual_seed(config.seed)
-        kernel = build_kernel(kernel_config).to(device)
+        kernel = kernel_config.kernel().to(device)
     stateless = not any(True for _ in kernel.parameters()) and not any(
         True for _ in kernel.buffers()
     )

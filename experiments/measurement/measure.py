@@ -1,6 +1,6 @@
 """What one job measures, the same way for every variant.
 
-`setup(job)` builds the task and the model a job's `experiments.config.JobConfig` describes;
+`setup(job)` builds the task and the model a job's `experiments.job_config.JobConfig` describes;
 `measure(job, built)` trains the model on the task, then times the attention kernel alone and
 the whole training step, takes the step's peak memory, the kernel's analytic FLOPs, its
 approximation error against exact attention (experiments/measurement/approximation.py) and,
@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 import variants
-from experiments.config import JobConfig, MeasureConfig
+from experiments.job_config import JobConfig, MeasureConfig
 from experiments.measurement.approximation import approx_columns
 from experiments.measurement.decode_cost import measure_decode
 from experiments.measurement.diagnostics import kernel_input_columns

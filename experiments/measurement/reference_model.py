@@ -38,7 +38,7 @@ from typing import Any
 import torch
 
 import variants
-from experiments.config import JobConfig
+from experiments.job_config import JobConfig
 from experiments.records import files
 from experiments.training.tasks import build_task
 from experiments.training.tasks.text import read_corpus
@@ -46,7 +46,7 @@ from experiments.training.train import evaluate, train
 from experiments.training.train_config import TrainConfig
 from variants.attention.common.base import Attention, shared_qk_keys
 from variants.checks import require_choice, require_non_negative_int, require_positive_int
-from variants.config import POSITIONS
+from variants.model_config import POSITIONS
 
 log = logging.getLogger("attnbench")
 

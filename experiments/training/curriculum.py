@@ -16,7 +16,7 @@ and every stage's record says how many steps the model had trained (`trained_ste
 A job shorter than some of the curriculum's stages (a preset run at a shorter `seq_len`) takes
 the stages below its length and leaves the others out; `skipped_note` says so in one line.
 
-The schedule is part of the job's settings: `experiments.config.JobConfig` computes its
+The schedule is part of the job's settings: `experiments.job_config.JobConfig` computes its
 `stages` when it is built (a bad schedule is a config error before anything is built), and
 `JobConfig.at_stage(stage)` is the configuration each stage before the last is recorded as (the
 job's, at that stage's `seq_len` and `batch_size`), so the results hold one row per (variant,

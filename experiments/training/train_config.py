@@ -1,7 +1,7 @@
 """What a training run is configured with: `TrainConfig`, the typed `train:` of the config.
 
 It lives beside the training loop that reads it (train.py), so training imports nothing from the
-floor above; the app builds it once per job (experiments/config.py `JobConfig.of`, which
+floor above; the app builds it once per job (experiments/job_config.py `JobConfig.of`, which
 re-exports it), checked on construction with a `ValueError` naming the key.
 """
 

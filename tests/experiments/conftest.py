@@ -12,7 +12,7 @@ from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf
 
-from experiments import config as job_config_module
+from experiments import job_config as job_config_module
 from experiments.app import resolvers
 
 ROOT = Path(__file__).resolve().parents[2]  # the repo: `python -m experiments.run` runs from here

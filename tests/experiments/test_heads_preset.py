@@ -5,7 +5,7 @@ from __future__ import annotations
 from omegaconf import OmegaConf
 
 from experiments.app.job import run_job
-from experiments.config import JobConfig
+from experiments.job_config import JobConfig
 from tests.experiments.conftest import CONF
 
 

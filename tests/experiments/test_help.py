@@ -34,7 +34,7 @@ def help_text(help_run) -> str:
 def test_help_starts_no_torch(help_run):
     """Help is read before any job: the app's import leaves torch (seconds of it) for the job."""
     imported = [line.rsplit("|", 1)[-1].strip() for line in help_run.stderr.splitlines()]
-    assert "experiments.config" in imported  # the app and its settings were loaded
+    assert "experiments.job_config" in imported  # the app and its settings were loaded
     assert [name for name in imported if name.split(".")[0] == "torch"] == []
 
 

@@ -76,7 +76,7 @@ def of(names: set[str], package: str) -> set[str]:
 def test_every_sub_package_exists_and_the_flat_modules_are_gone(package):
     assert (ROOT / "experiments" / package / "__init__.py").is_file()
     flat = sorted(p.name for p in (ROOT / "experiments").glob("*.py"))
-    assert flat == ["__init__.py", "config.py", "run.py"]
+    assert flat == ["__init__.py", "job_config.py", "run.py"]
 
 
 def test_analysis_reads_only_the_records_of_experiments():
@@ -98,16 +98,16 @@ def test_measurement_knows_nothing_of_the_app_or_analysis():
 
 
 def test_the_config_imports_only_the_floors_below_it():
-    (names,) = imports("experiments/config.py").values()
+    (names,) = imports("experiments/job_config.py").values()
     above = of(names, "experiments.app") | of(names, "experiments.measurement")
     above |= of(names, "experiments.run")
-    assert not above and not of(names, "analysis"), f"experiments/config.py imports {sorted(above)}"
+    assert not above and not of(names, "analysis"), f"job_config.py imports {sorted(above)}"
 
 
 def test_training_knows_nothing_of_measuring_the_app_or_analysis():
     for path, names in imports("experiments/training").items():
         above = of(names, "experiments.app") | of(names, "experiments.measurement")
-        above |= of(names, "experiments.run") | of(names, "experiments.config")
+        above |= of(names, "experiments.run") | of(names, "experiments.job_config")
         assert not above and not of(names, "analysis"), f"{path} imports {sorted(above)}"
 
 

@@ -7,7 +7,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from experiments.app.job import run_job
-from experiments.config import JobConfig
+from experiments.job_config import JobConfig
 from tests.experiments.conftest import CONF
 
 pytest.importorskip("transformers")

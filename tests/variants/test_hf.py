@@ -123,7 +123,7 @@ def test_another_softmax_scale_is_refused():
 
 
 def _llama_config(attention: str, **fields):
-    from variants.config import ModelConfig
+    from variants.model_config import ModelConfig
 
     options = dict(
         vocab_size=100, d_model=64, n_heads=4, n_kv_heads=2, depth=2, ff_mult=2, max_seq_len=64,

@@ -10,14 +10,16 @@ import variants
 from experiments.measurement.memory import peak_memory_bytes
 from tests.reference import causal_mask, dense_attention, shared_qk_reference
 from variants.checks import UnsupportedCombination
-from variants.config import ModelConfig
 from variants.layers import FeedForward, SelfAttention, rotary
+from variants.model_config import ModelConfig
 
 
 def attention_layer(d_model=None, n_heads=None, **fields):
-    """The attention sublayer of a model of these ModelConfig fields."""
+    """The attention sublayer of a model of these ModelConfig fields, with the kernel the model
+    builds for it."""
     sizes = {k: v for k, v in (("d_model", d_model), ("n_heads", n_heads)) if v is not None}
-    return SelfAttention(ModelConfig(**sizes, **fields))
+    config = ModelConfig(**sizes, **fields)
+    return SelfAttention(config, config.kernel())
 
 
 def feed_forward(d_model, **fields):
@@ -83,6 +85,17 @@ def test_other_kernels_get_unit_keys_under_shared_qk_and_keep_self():
     x = torch.randn(2, 9, 24, dtype=torch.float64)
     expected = _reference_self_attention(layer, x, causal=True, normalise_keys=True)
     torch.testing.assert_close(layer(x), expected)
+
+
+def test_the_layer_runs_the_kernel_it_is_handed():
+    config = ModelConfig(d_model=16, n_heads=4, attention="full")
+    kernel = ModelConfig(d_model=16, n_heads=4, attention="linear").kernel()
+    layer = SelfAttention(config, kernel).double()
+    assert layer.kernel is kernel  # not rebuilt from the config's attention
+    x = torch.randn(2, 9, 16, dtype=torch.float64)
+    q, k, v = (t.unflatten(-1, (4, 4)).transpose(1, 2) for t in layer.qkv(x).chunk(3, dim=-1))
+    y = kernel(q, k, v).transpose(1, 2).flatten(-2)  # (B, L, d_model)
+    torch.testing.assert_close(layer(x), layer.out(y))
 
 
 def test_kernel_receives_only_the_model_options_it_declares():

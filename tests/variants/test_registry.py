@@ -136,6 +136,16 @@ def test_causal_variants_do_not_look_ahead(name):
     assert_causal(module, length=48, t=20, replay=True)
 
 
+def test_built_takes_the_model_options_a_variant_declares_from_all_of_them():
+    model = {"causal": False, "n_heads": 3, "head_dim": 8, "max_seq_len": 64, "shared_qk": True}
+    linear = variants.attention_spec("linear").built({}, model)  # declares causal alone
+    assert linear.causal is False
+    linformer = variants.attention_spec("linformer").built({"k": 4}, model)
+    assert linformer.max_seq_len == 64 and linformer.n_heads == 3
+    routing = variants.attention_spec("routing").built({}, {"causal": True})  # the rest: defaults
+    assert routing.causal is True
+
+
 def test_unknown_variant_lists_the_available_ones():
     with pytest.raises(ValueError, match="unknown attention variant 'flash'; available: full"):
         variants.build_attention("flash")

@@ -21,8 +21,8 @@ from torch import nn
 from variants.blocks.checkpoint import CheckpointBlock
 from variants.blocks.residual import ResidualBlock, sequential_stack
 from variants.blocks.reversible import ReversibleBlock, ReversibleStack
-from variants.config import ModelConfig
 from variants.layers import pre_norm_sublayers
+from variants.model_config import ModelConfig
 from variants.registry_base import Registry
 
 # name -> (block class, how a list of such blocks runs)
@@ -53,7 +53,7 @@ def build_block(
         config = ModelConfig(**{k: v for k, v in sizes.items() if v is not None}, **fields)
     elif n_heads is not None or fields:
         raise TypeError("build_block: pass a ModelConfig or its fields, not both")
-    return wire(name, *pre_norm_sublayers(config))
+    return wire(name, *pre_norm_sublayers(config, config.kernel()))
 
 
 def wire(name: str, attn: nn.Module, ff: nn.Module) -> nn.Module:

@@ -90,7 +90,7 @@ IMPORTED = (
     "experiments.records.record",
     "experiments.records.store",
     "experiments.records.history",
-    "experiments.config",
+    "experiments.job_config",
     "experiments.app.job",
     "experiments.app.sweep",
 )

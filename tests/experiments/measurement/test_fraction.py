@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import variants
-from experiments.config import MeasureConfig
+from experiments.job_config import MeasureConfig
 from experiments.measurement import measure, timing
 from variants.attention.common.base import FWD_BWD_FLOP_FACTOR
 

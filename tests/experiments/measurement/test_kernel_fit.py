@@ -10,7 +10,6 @@ import pytest
 import torch
 
 import variants
-import variants.layers
 from experiments.measurement import approximation, kernel_fit, reference_model
 from experiments.measurement.reference_model import ReferenceConfig
 from tests.experiments.measurement.conftest import reference_config
@@ -38,7 +37,7 @@ def test_a_fitted_kernel_errs_no_more_than_as_initialised(corpus, tmp_path, atte
         reference, kernel_config, seq_len=64, device=CPU, directory=tmp_path, exact=exact
     )
     torch.manual_seed(config.seed)
-    initial = variants.layers.build_kernel(kernel_config)
+    initial = kernel_config.kernel()
     assert 0 < steps <= 60 and length == 64  # the state kept: the best on held-out text
 
     def error(kernel):

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from experiments.app.job import run_job
-from experiments.config import JobConfig
+from experiments.job_config import JobConfig
 from experiments.measurement import measure
 from experiments.records import record, store
 from experiments.training import curriculum

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from experiments.config import JobConfig
+from experiments.job_config import JobConfig
 from experiments.measurement import measure
 from experiments.training import progress
 

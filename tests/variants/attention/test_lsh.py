@@ -23,7 +23,7 @@ from tests.reference import (
 from variants import attention_spec, build_attention
 from variants.attention.common import buffers
 from variants.attention.common.base import replaying
-from variants.attention.lsh import hashing, masks, windows
+from variants.attention.lsh import bucket_windows, hashing, masks
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -341,7 +341,7 @@ def test_masks_at_32768_positions_do_not_wrap_around(causal, m):
     first, second = hidden[0, 0].bool(), hidden[0, 1].bool()
     if causal:
         query = torch.arange(length).view(-1, m, 1)  # (C, m, 1)
-        key = windows.window_keys(torch.arange(length).view(1, -1, m))[0]  # (C, 1, 2m)
+        key = bucket_windows.window_keys(torch.arange(length).view(1, -1, m))[0]  # (C, 1, 2m)
         assert torch.equal(first, (key > query).expand_as(first))
     else:
         assert not first.any()

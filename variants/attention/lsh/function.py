@@ -11,8 +11,8 @@ from torch.autograd.function import once_differentiable
 from variants.attention.common import flash
 from variants.attention.common.base import norm_floor
 from variants.attention.common.buffers import ScratchBuffer, chunk_pieces, sequence_slices
+from variants.attention.lsh.bucket_windows import SortedRound, WindowGradient, window_bias
 from variants.attention.lsh.masks import RoundMasks, round_mask
-from variants.attention.lsh.windows import SortedRound, WindowGradient, window_bias
 
 
 class RoundsWindowAttention(torch.autograd.Function):

@@ -2,8 +2,8 @@
 chunked. Its parts by role (as flash-linear-attention splits a layer, its algorithm and its
 autograd function): this module (the registry's `LSHAttention` and its decoding cache),
 `hashing` (the angular hash), `function` (`RoundsWindowAttention`: the rounds' forward and
-backward), `windows` (a round's sorted layout, chunk windows and score bias), `masks` (the keys a
-query must not see) and `buffers` (how the work is cut so its temporaries stay small).
+backward), `bucket_windows` (a round's sorted layout, chunk windows and score bias), `masks` (the
+keys a query must not see) and `buffers` (how the work is cut so its temporaries stay small).
 
 Each of `n_hashes` rounds hashes every position into one of `n_buckets` buckets, sorts the
 positions by (bucket, position), cuts the sorted sequence into chunks of m = `bucket_size` and

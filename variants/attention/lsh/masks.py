@@ -1,8 +1,8 @@
 """The window keys an LSH query must not see: later keys (causal), padding, keys outside its
 document or padded (`masking.document_mask`, when the forward has masks), and with `dedup` the
-pairs an earlier round already offers. uint8 masks (1 = hidden) laid out as `windows.window_view`
-lays out the keys; whole when they fit MASK_BYTES, else built per slice of sequences and round
-(`RoundMasks`) each time forward and backward need them.
+pairs an earlier round already offers. uint8 masks (1 = hidden) laid out as
+`bucket_windows.window_view` lays out the keys; whole when they fit MASK_BYTES, else built per
+slice of sequences and round (`RoundMasks`) each time forward and backward need them.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import torch
 from variants.attention.common import buffers
 from variants.attention.common.buffers import index_dtype
 from variants.attention.common.masking import SequenceDocuments
-from variants.attention.lsh.windows import window_keys
+from variants.attention.lsh.bucket_windows import window_keys
 
 # Bytes of the whole uint8 window mask (B*H*n_hashes*L*2m) above which it is not held: each
 # slice and round's part is rebuilt when forward and backward need it (`RoundMasks`), which

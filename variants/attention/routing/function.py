@@ -8,7 +8,7 @@ from torch.autograd.function import once_differentiable
 
 from variants.attention.common import flash
 from variants.attention.common.base import norm_floor
-from variants.attention.routing.windows import (
+from variants.attention.routing.cluster_windows import (
     chunk_ranges,
     sorted_rows,
     window_bias,

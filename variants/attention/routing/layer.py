@@ -1,7 +1,7 @@
 """Routing attention (Roy et al. 2020): a learnable pattern, tokens routed by online k-means.
-The layer (`RoutingAttention`, the registry's entry, with its centroids); beside it `windows`
-(the sort by cluster and each chunk's window of keys) and `function` (`ClusterWindowAttention`,
-the autograd function that attends over those windows).
+The layer (`RoutingAttention`, the registry's entry, with its centroids); beside it
+`cluster_windows` (the sort by cluster and each chunk's window of keys) and `function`
+(`ClusterWindowAttention`, the autograd function that attends over those windows).
 
 Every token's routing vector is its query layer-normalised without scale or bias (shared QK:
 the query is also the key, as in the reference code's default). It goes to the nearest of
@@ -47,18 +47,18 @@ windows run on PyTorch's fused CPU flash kernels (`flash.attend`) a few chunks a
 the backward is their flash backward; other devices take explicit matmuls. Routing costs
 O(L K d) (K = n_clusters, no gradient) and the attention O(L m d).
 
-Masks (`masking`: `key_padding_mask`, `segment_ids`): a (query, key) pair of the query's run
-is kept only if `masking.document_mask` allows it too (same document; key real or the query
-itself), tested on the sorted positions of each chunk's window (`windows.WindowDocuments`),
-so no query attends across a document boundary or to a padded key. Tokens the key padding
-mask pads join the extra last cluster of the alignment padding: they take no place in a real
-cluster's window, and they do not move the centroids (their routing vectors are computed,
-their clusters ignored); so padding alone takes no window mask, only documents do (a padded
-query's row, zeroed afterwards, may then hold other padded tokens: that changes no real
-output nor gradient). Documents are routed together: a cluster's window may hold members
-of other documents, which are masked, so a query at a document's edge has fewer keys than
-without documents. A query left with no allowed key but itself attends to itself alone
-(output its own value), the self rule's fallback; it is always defined, never NaN.
+Masks (`masking`: `key_padding_mask`, `segment_ids`): a (query, key) pair of the query's run is
+kept only if `masking.document_mask` allows it too (same document; key real or the query
+itself), tested on the sorted positions of each chunk's window
+(`cluster_windows.WindowDocuments`), so no query attends across a document boundary or to a
+padded key. Tokens the key padding mask pads join the extra last cluster of the alignment
+padding: they take no place in a real cluster's window, and they do not move the centroids
+(their routing vectors are computed, their clusters ignored); so padding alone takes no window
+mask, only documents do (a padded query's row, zeroed afterwards, may then hold other padded
+tokens: that changes no real output nor gradient). Documents are routed together: a cluster's
+window may hold members of other documents, which are masked, so a query at a document's edge
+has fewer keys than without documents. A query left with no allowed key but itself attends to
+itself alone (output its own value), the self rule's fallback; it is always defined, never NaN.
 """
 
 from __future__ import annotations
@@ -73,8 +73,8 @@ from variants.attention.common.base import Attention, is_replaying, masked_atten
 from variants.attention.common.buffers import index_dtype
 from variants.attention.common.cache import ClusterCache
 from variants.attention.common.masking import SequenceDocuments
+from variants.attention.routing.cluster_windows import ClusterLayout, WindowDocuments
 from variants.attention.routing.function import ClusterWindowAttention
-from variants.attention.routing.windows import ClusterLayout, WindowDocuments
 from variants.checks import require_non_negative_int, require_positive_int, require_probability
 from variants.registry import register_attention
 

@@ -7,7 +7,7 @@ import torch
 from omegaconf import OmegaConf
 
 import variants
-from experiments.config import JobConfig
+from experiments.job_config import JobConfig
 from experiments.measurement import measure
 from tests.experiments.conftest import CONF
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import variants
-import variants.config
+import variants.model_config
 from variants import ModelConfig, TransformerLM
 
 
@@ -23,9 +23,9 @@ def test_a_model_built_from_its_config_is_the_model_built_from_the_fields():
 
 def test_every_layer_holds_the_models_one_config(monkeypatch):
     looked_up = []
-    real = variants.config.attention_spec
+    real = variants.model_config.attention_spec
     monkeypatch.setattr(
-        variants.config, "attention_spec", lambda name: looked_up.append(name) or real(name)
+        variants.model_config, "attention_spec", lambda name: looked_up.append(name) or real(name)
     )
     model = TransformerLM(vocab_size=11, d_model=16, n_heads=2, depth=3, block="reversible")
     assert looked_up == ["full"]  # once per model, not once per layer
@@ -33,12 +33,22 @@ def test_every_layer_holds_the_models_one_config(monkeypatch):
     assert len(layers) == 3 and all(layer.config is model.config for layer in layers)
 
 
+def test_the_model_builds_each_layers_kernel_and_hands_it_to_the_layer(monkeypatch):
+    built = []
+    real = ModelConfig.kernel
+    monkeypatch.setattr(
+        ModelConfig, "kernel", lambda self, *a: built.append(real(self, *a)) or built[-1]
+    )
+    model = TransformerLM(vocab_size=11, d_model=16, n_heads=2, depth=3, attention="linear")
+    assert list(model.kernels()) == built  # one per layer, the very kernels the config built
+
+
 def test_shared_qk_resolves_to_what_the_variant_requires():
     assert ModelConfig(attention="lsh").shared_qk is True
     assert ModelConfig(attention="full").shared_qk is False
     assert ModelConfig(attention="full", shared_qk=True).shared_qk is True
     assert variants.resolve_shared_qk("routing", None) is True
-    assert variants.resolve_shared_qk("lsh", False) is False  # refused when the layers build
+    assert variants.resolve_shared_qk("lsh", False) is False  # refused when the kernels are built
 
 
 @pytest.mark.parametrize(
@@ -85,5 +95,8 @@ def test_a_refused_replacement_replaces_nothing():
     own = list(model.kernels())
     with pytest.raises(ValueError, match="'lsh'.*'shared_qk'"):
         with model.kernels_replaced("lsh"):
+            pass
+    with pytest.raises(ValueError, match="'nsa' takes 3 gates per token.*built with 0"):
+        with model.kernels_replaced("nsa"):  # the layers project no gates for it
             pass
     assert list(model.kernels()) == own

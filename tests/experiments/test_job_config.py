@@ -11,8 +11,8 @@ import sys
 import pytest
 
 import variants
-from experiments import config as config_module
-from experiments.config import (
+from experiments import job_config as job_config_module
+from experiments.job_config import (
     BudgetConfig,
     JobConfig,
     MeasureConfig,
@@ -170,8 +170,8 @@ def test_config_and_curriculum_import_alone_without_a_cycle_or_torch():
     code = (
         "import sys\n"
         "import experiments.training.curriculum\n"
-        "print('experiments.config' in sys.modules)\n"
-        "import experiments.config\n"
+        "print('experiments.job_config' in sys.modules)\n"
+        "import experiments.job_config\n"
         "print('torch' in sys.modules)\n"
     )
     done = subprocess.run(
@@ -221,7 +221,7 @@ def test_a_directory_that_cannot_be_written_is_named(tmp_path, monkeypatch):
     def read_only(*args, **kwargs):
         raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(tmp_path))
 
-    monkeypatch.setattr(config_module.tempfile, "TemporaryFile", read_only)
+    monkeypatch.setattr(job_config_module.tempfile, "TemporaryFile", read_only)
     with pytest.raises(ValueError, match=r"cannot write to .* \(Read-only file system\)"):
         check_writable_dir("hydra.run.dir", tmp_path)
 

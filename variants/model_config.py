@@ -4,16 +4,19 @@ As nanoGPT's `GPTConfig`: `TransformerLM` and the layers each take the same `Mod
 read what they need from it (the blocks only wire the layers the model builds); nothing copies its
 fields into a signature of its own. Building one validates every field (a `ValueError` naming the
 option), looks the attention variant up once and checks the kernel's options once
-(`AttentionSpec.kernel_options`), so the layers build their kernels from `config.spec` unchecked.
+(`AttentionSpec.kernel_options`), so that `ModelConfig.kernel` builds each layer's kernel from
+`config.spec` unchecked; the model hands the built kernel to its layer, which never reads the
+attention options.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from variants.checks import (
+    UnsupportedCombination,
     require_bool,
     require_choice,
     require_divisible,
@@ -21,6 +24,9 @@ from variants.checks import (
     require_probability,
 )
 from variants.registry import AttentionSpec, attention_spec
+
+if TYPE_CHECKING:  # the kernels start torch; this module does not (experiments' --help)
+    from variants.attention.common.base import Attention
 
 OWNER = "TransformerLM"
 POSITIONS = ("sinusoidal", "rotary")
@@ -43,7 +49,7 @@ HF_LLAMA_FIXED = {
 def resolve_shared_qk(attention: str | AttentionSpec, shared_qk: bool | None) -> bool:
     """`shared_qk`, None resolved: what variant `attention` (a name or its spec) requires (True
     for LSH and routing, False otherwise). `ValueError` for an unknown variant. The one rule:
-    the model (`ModelConfig`) and the app (experiments/config.py) both resolve with it."""
+    the model (`ModelConfig`) and the app (experiments/job_config.py) both resolve with it."""
     if shared_qk is None:
         spec = attention if isinstance(attention, AttentionSpec) else attention_spec(attention)
         return spec.shared_qk_required
@@ -58,7 +64,7 @@ class ModelConfig:
       options a variant declares (causal, n_heads, head_dim, max_seq_len, shared_qk) come from
       this config, not from here.
     - `shared_qk`: None resolves, on construction, to what the variant requires; an explicit
-      False for a variant that requires it is refused when the layers are built.
+      False for a variant that requires it is refused when the kernels are built (`kernel`).
     - `max_seq_len`: the longest sequence the model accepts (a hard limit only for variants with
       per-position weights, Linformer).
     - `token_shift`: add a learned map of the previous position's embedding (smeared keys).
@@ -69,7 +75,7 @@ class ModelConfig:
       lengths never trained on); rotary needs an even head_dim.
     - `n_kv_heads`: grouped KV heads (GQA): the keys and values have this many heads, each
       shared by n_heads / n_kv_heads query heads; None (default) = n_heads, plain multi-head.
-      Refused (`UnsupportedCombination`, when the layers are built) with shared QK (the keys
+      Refused (`UnsupportedCombination`, when the kernels are built) with shared QK (the keys
       are the queries), with `attention_chunks` > 1, and by a variant without `supports_gqa`.
     - `family`: `attnbench` (`TransformerLM`) or `hf_llama` (transformers' LlamaForCausalLM,
       SwiGLU of width ff_mult * d_model, RMSNorm, its own rotary positions, the variant
@@ -139,7 +145,7 @@ class ModelConfig:
                 f"(d_model / n_heads), got {self.head_dim}"
             )
         set_field(self, "_spec", attention_spec(self.attention))  # unknown -> lists the variants
-        # The kernel's options, checked here once (the layers build with them unchecked).
+        # The kernel's options, checked here once (`kernel` builds with them unchecked).
         set_field(self, "attention_options", self.spec.kernel_options(self.attention_options))
         shared_qk = resolve_shared_qk(self.spec, self.shared_qk)
         set_field(self, "shared_qk", require_bool(OWNER, "shared_qk", shared_qk))
@@ -168,3 +174,39 @@ class ModelConfig:
             "max_seq_len": self.max_seq_len,
             "shared_qk": self.shared_qk,
         }
+
+    def kernel(
+        self, spec: AttentionSpec | None = None, options: Mapping[str, Any] | None = None
+    ) -> Attention:
+        """The kernel a layer of this model runs (`TransformerLM` builds one per layer and hands
+        it to the layer): variant `spec` (default the config's) with its own `options` (default
+        `attention_options`) and the model options it declares, at this config's values
+        (`model_options`), built by `AttentionSpec.built`. `ValueError` for options it cannot
+        take; `UnsupportedCombination` for a variant that needs shared QK this config does not
+        have, or grouped KV heads (`n_kv_heads`) with shared QK, with `attention_chunks` > 1 or
+        on a variant without them."""
+        if spec is None and options is None:  # the config's own, checked when it was built
+            spec, options = self.spec, self.attention_options
+        else:  # a replacement's (`TransformerLM.kernels_replaced`), checked here, once
+            spec = self.spec if spec is None else spec
+            options = spec.kernel_options(options or {})
+        if spec.shared_qk_required and not self.shared_qk:
+            raise UnsupportedCombination(
+                f"{OWNER}: attention {spec.name!r} requires option 'shared_qk'=True "
+                f"(its keys are the normalised queries)"
+            )
+        kernel = spec.built(options, self.model_options())
+        if self.kv_heads != self.n_heads:
+            if self.shared_qk:
+                raise UnsupportedCombination(
+                    f"{OWNER}: option 'n_kv_heads'={self.n_kv_heads} cannot combine with "
+                    "'shared_qk'=True (the keys are the queries, one per query head)"
+                )
+            if self.attention_chunks > 1:
+                raise UnsupportedCombination(
+                    f"{OWNER}: option 'n_kv_heads'={self.n_kv_heads} cannot combine with "
+                    f"'attention_chunks'={self.attention_chunks} (groups of query heads would "
+                    "need their share of the key heads)"
+                )
+            kernel.refuse_unsupported("n_kv_heads")
+        return kernel
