@@ -160,8 +160,7 @@ def protocol_line(records: pd.DataFrame) -> str:
         per_variant = "lr_chosen" in records and records[LR].nunique() > 1
         parts.append(f"lr per variant, fixed (one each: {rates})" if per_variant else f"lr {rates}")
     if "train.steps" in records and records["train.steps"].notna().any():
-        caps = "/".join(format_value(s) for s in sorted(records["train.steps"].dropna().unique()))
-        parts.append(f"cap {caps} steps (the final stage's)")
+        parts.append(_caps(records))
     stop = records.get("train.stop_accuracy", pd.Series(dtype=float)).dropna()
     patience = records.get("train.patience", pd.Series(dtype=float)).dropna()
     if len(stop):
@@ -173,6 +172,21 @@ def protocol_line(records: pd.DataFrame) -> str:
     if "seed" in records:
         parts.append(f"{records['seed'].nunique()} seed(s), each shown in its range")
     return "Protocol: " + "; ".join(parts) + "."
+
+
+def _caps(records: pd.DataFrame) -> str:
+    """The step caps as the protocol line says them: one per curriculum stage, the last stage's
+    `train.steps` ("caps 1000 + 150 steps, a stage each"), or the one cap of a run without
+    stages."""
+    finals = sorted(records["train.steps"].dropna().unique())
+    stages = records.get("train.curriculum", pd.Series(dtype=object)).dropna()
+    stages = {v if isinstance(v, str) else json.dumps(list(v)) for v in stages}  # text or list
+    if len(stages) == 1 and len(finals) == 1:
+        caps = [stage["steps"] for stage in json.loads(stages.pop())] + [finals[0]]
+        if len(caps) > 1:
+            text = " + ".join(format_value(c) for c in caps)
+            return f"caps {text} steps ({format_value(sum(caps))} in all, a stage each)"
+    return f"cap {'/'.join(format_value(s) for s in finals)} steps (the final stage's)"
 
 
 def rate_table(rates: pd.DataFrame, records: pd.DataFrame, source: str) -> str:

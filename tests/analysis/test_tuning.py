@@ -121,6 +121,17 @@ def test_the_protocol_line_without_a_grid_names_the_rate_and_no_stop():
     )
 
 
+def test_the_protocol_line_of_a_curriculum_names_each_stages_cap():
+    stages = '[{"seq_len": 64, "steps": 1000}, {"seq_len": 128, "steps": 150}]'
+    frame = pd.DataFrame(
+        {"train.lr": [0.01] * 2, "train.steps": [150] * 2, "seed": [0] * 2}
+        | {"train.curriculum": [stages, None]}  # the final stage's record has none
+    )
+    assert "caps 1000 + 150 + 150 steps (1300 in all, a stage each)" in tuning.protocol_line(frame)
+    frame["train.curriculum"] = [[{"seq_len": 64, "steps": 1000}]] * 2  # read back as lists
+    assert "caps 1000 + 150 steps (1150 in all, a stage each)" in tuning.protocol_line(frame)
+
+
 def test_seeds_added_at_the_chosen_rate_alone_do_not_move_the_choice():
     # seed 0 ran the whole grid; seeds 1 and 2 ran only linear's chosen 1e-2, and did badly
     # there: averaged in, they would make 3e-3 (0.4) look better than 1e-2 ((0.95 + 0 + 0) / 3)
