@@ -136,6 +136,7 @@ class DocumentBlocks:
         if segment_ids is None:
             segment_ids = torch.zeros(some.shape, dtype=torch.long, device=device)
         self.segments = segment_ids  # (B, L)
+        self.keep = key_padding_mask  # (B, L) or None
         starts = torch.arange(0, length, block, device=device)  # (n,)
         last = (starts + block).clamp(max=length) - 1
         self.first_doc, self.last_doc = segment_ids[:, starts], segment_ids[:, last]  # (B, n)
@@ -148,6 +149,14 @@ class DocumentBlocks:
         doc = self.segments[:, rows, None]  # (B, r, 1)
         first, last = self.first_doc[:, None, :count], self.last_doc[:, None, :count]
         return (first == doc) & (last == doc) & (self.real[:, None, :count] > 0)
+
+    def outside(self, rows: slice, count: int) -> torch.Tensor:
+        """(B, r, count) bool: the blocks not `whole` for the real queries of `rows`; a padded
+        query's row hides none (its output is 0 whatever it reads)."""
+        hidden = ~self.whole(rows, count)
+        if self.keep is not None:
+            hidden &= self.keep[:, rows, None]
+        return hidden
 
     def hide_outside(self, rows: slice, scores: torch.Tensor) -> torch.Tensor:
         """`top_blocks`' adjust: scores (B, H, r, c) at -inf but for the blocks `whole`."""

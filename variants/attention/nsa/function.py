@@ -32,9 +32,11 @@ class CompressedBranch(torch.autograd.Function):
     ROWS, each against the first m of its last row (fused attention with a bias hiding the
     blocks a row may not see yet); the backward is the same calls' attention backward.
 
-    docs: a `selection.DocumentBlocks` under the masks, or None: then block c is read by query
-    i only if it also lies wholly in i's document and holds a real key (`whole`); a row left
-    without any block gives 0 (and passes no gradient).
+    docs: a `selection.DocumentBlocks` under the masks, or None: then block c is read by real
+    query i only if it also lies wholly in i's document and holds a real key (`whole`); a row
+    left without any block gives 0 (and passes no gradient). A row range where that hides no
+    block from a real query runs as without masks (a padded query's output is 0 whatever its
+    row reads, so its row hides nothing more than the causal rule).
     """
 
     @staticmethod
@@ -87,8 +89,10 @@ def _row_ranges(q: torch.Tensor, block: int, docs=None):
     """(rows, m, bias, empty): ranges of at most ROWS query rows that see at least one block,
     the blocks the range's last row sees, and the bias hiding block c from row i where
     c >= floor((i + 1) / b) (None when every row sees all m); empty is None. With `docs`
-    (`CompressedBranch`) the bias (B, 1, r, m) also hides the blocks not `docs.whole` for the
-    row, and empty (B, 1, r, 1) says which rows then read no block."""
+    (`CompressedBranch`), where `docs.outside` hides a block that the causal rule shows to a
+    real query of the range, the bias (B, 1, r, m) also hides those blocks, and empty
+    (B, 1, r, 1) says which rows then read no block; elsewhere the range's call is the one
+    without masks."""
     length = q.shape[2]
     for first in range(block - 1, length, ROWS):  # rows before b - 1 see nothing: output 0
         rows = slice(first, min(first + ROWS, length))
@@ -96,8 +100,9 @@ def _row_ranges(q: torch.Tensor, block: int, docs=None):
         position = torch.arange(rows.start, rows.stop, device=q.device)
         blocks = torch.arange(count, device=q.device)
         hidden = blocks[None, :] >= ((position + 1) // block)[:, None]  # (r, m)
-        if docs is not None:
-            hidden = hidden | ~docs.whole(rows, count)  # (B, r, m)
+        outside = None if docs is None else docs.outside(rows, count)  # (B, r, m)
+        if outside is not None and bool((outside & ~hidden).any()):  # hides one causal shows
+            hidden = hidden | outside  # (B, r, m)
             empty = hidden.all(dim=-1)[:, None, :, None]  # (B, 1, r, 1)
             yield rows, count, flash.hidden_bias(hidden[:, None], q.dtype), empty
             continue
@@ -115,7 +120,9 @@ class WindowBranch(torch.autograd.Function):
 
     q, k, v: (B, H, L, D); returns (B, H, L, D). Saves q, k, v, the output and logsumexp:
     O(L d). key_padding_mask, segment_ids: (B, L) or None (`masking`): every pair must also
-    pass `masking.document_mask`, the calls' biases then one per sequence and head.
+    pass `masking.document_mask`, the calls' biases then one per sequence and head, in the
+    calls where it hides a pair of the band from a real query (a padded query's output is 0
+    whatever it reads: its row keeps the band); the other calls run as without masks.
     """
 
     @staticmethod
@@ -166,7 +173,7 @@ class _WindowTiles:
     queries [t r, (t + 1) r) and keys [t r - w, (t + 1) r), which start at or after 0 since
     t r >= h >= w; then the last L mod r queries against the w keys before them and
     themselves. Under masks (`WindowBranch`) each call's band also hides the pairs
-    `masking.document_mask` does."""
+    `masking.document_mask` does from a real query, if it hides one there."""
 
     def __init__(self, q: torch.Tensor, window: int, key_padding_mask=None, segment_ids=None):
         batch, heads, self.length, head_dim = q.shape
@@ -197,8 +204,9 @@ class _WindowTiles:
             yield self._call(full_end, 1, tail, -w, w + tail, self._band(tail, w + tail, w))
 
     def _call(self, first, n_tiles, n_rows, offset, width, band) -> _WindowCall:
-        """A `_WindowCall` with the `band` bias (1, 1, rows, width), or under masks its own
-        bias: the band's hidden pairs and those `document_mask` hides, (B*H, m, rows, width)."""
+        """A `_WindowCall` with the `band` bias (1, 1, rows, width), or under masks, if they
+        hide a pair of the band from a real query, its own bias: the band's hidden pairs and
+        those `document_mask` hides from real queries, (B*H, m, rows, width)."""
         call = _WindowCall(first, n_tiles, n_rows, offset, width, band)
         if self.masks is None:
             return call
@@ -206,6 +214,11 @@ class _WindowTiles:
         query = tile_first + torch.arange(n_rows, device=self.device)[:, None]  # (m, rows, 1)
         key = tile_first + offset + torch.arange(width, device=self.device)  # (m, 1, width)
         hidden = ~document_mask(**self.masks, query=query, key=key)  # (B, m, rows, width)
+        keep = self.masks["key_padding_mask"]
+        if keep is not None:  # a padded query's row: its output is 0, the band will do
+            hidden &= keep[:, query.reshape(-1)].view(keep.shape[0], *query.shape)
+        if not bool((hidden & (band[0] == 0)).any()):
+            return call  # nothing the band shows is hidden: the call without masks
         bias = torch.minimum(flash.hidden_bias(hidden, self.dtype), band[0])  # either hides
         call.bias = bias[:, None].expand(-1, self.heads, -1, -1, -1).flatten(0, 1)
         return call

@@ -57,8 +57,17 @@ take none):
 
 So no branch reads a key of another document or a padded key; padded queries' outputs are 0
 (the base class). Blocks stay at absolute positions (a document's blocks depend on where it
-starts modulo block_size). The masked call builds per-sequence biases for every branch (the
-mask-free call is NSA's of before).
+starts modulo block_size). The mask-free call is NSA's of before. What the masks cost is kept
+to where they hide something: a tail padded in every sequence (`masking.real_prefix`) is cut
+off before anything runs (every branch is causal: no real query reads a key or a summary
+there, so the real prefix alone is the same rule) and its outputs are 0, its gates without
+gradient; masks that hide nothing (`masking.masking_masks`) are dropped, so a batch padded
+only at the tail, all rows alike, is the call without masks on its prefix; a padded query
+selects no block; and the per-sequence biases are built only where a real query has a pair
+hidden that the branch's own rule shows: compressed row ranges and window calls without one
+run as without masks (a padded query's row, 0 in the end, keeps the branch's rule), and
+`SelectedBlocks` biases only the tiles and own blocks whose block holds padding or a
+document's edge.
 """
 
 from __future__ import annotations
@@ -69,6 +78,7 @@ from torch import nn
 
 from variants.attention.common.base import Attention, pad_to_multiple
 from variants.attention.common.cache import BlockKVCache, attend_prefix
+from variants.attention.common.masking import masking_masks, real_prefix
 from variants.attention.common.pooling import block_mean, real_block_mean
 from variants.attention.common.selected_blocks import SelectedBlocks
 from variants.attention.common.selection import (
@@ -154,6 +164,15 @@ class NSAAttention(Attention):
         """q, k, v: (B, H, L, D), gates (B, H, L, 3) -> (B, H, L, D); masks:
         `key_padding_mask`, `segment_ids` (B, L), if given (module docstring)."""
         self._check_head_dim(q.shape[-1])
+        keep = masks.get("key_padding_mask")
+        if keep is not None and (length := real_prefix(keep)) < q.shape[2]:
+            # A padded tail common to the batch: the real prefix runs alone (module docstring:
+            # every branch is causal, so no real query reads a key or a summary there) and the
+            # tail's outputs are 0 (its gates get no gradient).
+            prefix = {name: mask[:, :length] for name, mask in masks.items()}
+            cut = [x[:, :, :length] for x in (q, k, v, gates)]
+            return F.pad(self.attend(*cut, **prefix), (0, 0, 0, q.shape[2] - length))
+        masks = masking_masks(masks)  # e.g. the prefix's padding mask once nothing is padded
         if masks:
             return self._attend_masked(q, k, v, gates, **masks)
         keys = self.compressed(k, self.key_mlp)  # (B, H, n, D)
@@ -175,6 +194,8 @@ class NSAAttention(Attention):
         with torch.no_grad():
             slots = self.n_select - 1
             selected = top_blocks(q, keys, block, slots, True, docs.hide_outside)
+            if key_padding_mask is not None:  # a padded query's output is 0: it needs no block
+                selected.masked_fill_(~key_padding_mask[:, None, :, None], -1)
         masks = (key_padding_mask, segment_ids)
         out_sel = SelectedBlocks.apply(q, k, v, selected, block, True, *masks)
         out_win = WindowBranch.apply(q, k, v, self.window, *masks)

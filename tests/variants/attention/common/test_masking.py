@@ -39,6 +39,8 @@ from tests.reference import (
 from tests.variants.attention.test_compressed import reference_output as compressed_reference
 from tests.variants.attention.test_nsa import mlp_blocks
 from variants.attention.common import flash, selected_blocks
+from variants.attention.common.selection import DocumentBlocks
+from variants.attention.nsa import function as nsa_function
 from variants.checks import UnsupportedCombination
 
 MASKS = ["padding", "documents", "both"]
@@ -658,3 +660,96 @@ def test_nsa_matches_a_per_query_masked_reference(options, compress, which, flas
         return nsa_document_reference(q, k, v, gates, options, summaries, keep, segments)
 
     assert_same_outputs_and_grads(fn, reference, (q, k, v, gates))
+
+
+@pytest.mark.parametrize("small_calls", [False, True], ids=["calls", "small-calls"])
+@pytest.mark.parametrize("documents", [False, True], ids=["padding", "padding-documents"])
+@pytest.mark.parametrize("layout", MOBA_PADDING)
+@pytest.mark.parametrize("compress", ["mean", "mlp"])
+@pytest.mark.parametrize("options", NSA_CASES, ids=lambda o: f"b{o['block_size']}")
+def test_nsa_padding_anywhere_matches_the_per_query_reference(
+    options, compress, layout, documents, small_calls, flash_kernels, monkeypatch
+):
+    """NSA's shortcuts under padding (a tail padded in every sequence run as the real prefix
+    alone, padded queries selecting no block, compressed row ranges and window calls without
+    a bias where no real query has a pair hidden, clean selected tiles) give the outputs and
+    the gradients of q, k, v, the gates and the compression's parameters of the rule,
+    wherever the padding lies. small_calls: compressed ranges of 3 rows, window tiles of 2
+    rows one or two per call, selected tiles of 2 rows, so that calls with and without a bias
+    meet in one forward."""
+    if small_calls:
+        monkeypatch.setattr(nsa_function, "ROWS", 3)
+        monkeypatch.setattr(nsa_function, "WINDOW_ROWS", 2)
+        monkeypatch.setattr(nsa_function, "WINDOW_CHUNK_BYTES", 2 * 2 * 3 * 10 * 8 * 8)
+        monkeypatch.setattr(selected_blocks, "TILE_ROWS", 2)
+        monkeypatch.setattr(selected_blocks, "CHUNK_BYTES", 2 * (2 * 5 + 2 * 2) * 8 * 8)
+    torch.manual_seed(0)
+    kernel = variants.build_attention("nsa", compress=compress, head_dim=8, **options).double()
+    keep = _moba_padding(layout)
+    segments = padding_and_documents(length=LENGTH)[1] if documents else None
+    q, k, v = qkv(length=LENGTH, seed=11)
+    gates = torch.rand(*q.shape[:3], 3, generator=torch.Generator().manual_seed(12), dtype=q.dtype)
+    summaries = _real_summaries(kernel, options["block_size"], keep)
+
+    def fn(q, k, v, gates):
+        return kernel(q, k, v, gates=gates, **mask_kwargs(keep, segments))
+
+    def reference(q, k, v, gates):
+        return nsa_document_reference(q, k, v, gates, options, summaries, keep, segments)
+
+    params = tuple(kernel.parameters())
+    assert_same_outputs_and_grads(fn, reference, (q, k, v, gates), params=params)
+
+
+@pytest.mark.parametrize("compress", ["mean", "mlp"])
+def test_nsa_masks_that_mask_nothing_are_the_call_without_masks(compress):
+    """Every token real and one document per sequence: bit for bit the call without masks,
+    outputs and gradients (gates and the compression's parameters included); so is the real
+    prefix of a tail padded in every sequence, the rest zeros with no gradient."""
+    torch.manual_seed(0)
+    options = {"block_size": 4, "n_select": 3, "window": 5}
+    kernel = variants.build_attention("nsa", compress=compress, head_dim=8, **options).double()
+    q, k, v = qkv(length=LENGTH, seed=12)
+    gates = torch.rand(*q.shape[:3], 3, generator=torch.Generator().manual_seed(13), dtype=q.dtype)
+    weight = torch.randn(q.shape, generator=torch.Generator().manual_seed(14), dtype=q.dtype)
+    params = list(kernel.parameters())
+
+    def run(length, **masks):
+        inputs = [x[:, :, :length].detach().clone().requires_grad_() for x in (q, k, v, gates)]
+        out = kernel(*inputs[:3], gates=inputs[3], **masks)
+        grads = torch.autograd.grad((out * weight[:, :, :length]).sum(), [*inputs, *params])
+        return out, grads
+
+    nothing = {
+        "key_padding_mask": torch.ones(2, LENGTH, dtype=torch.bool),
+        "segment_ids": torch.full((2, LENGTH), 3, dtype=torch.int64),
+    }
+    out, grads = run(LENGTH)
+    masked_out, masked_grads = run(LENGTH, **nothing)
+    assert torch.equal(masked_out, out)
+    assert all(torch.equal(a, b) for a, b in zip(masked_grads, grads, strict=True))
+    keep = (torch.arange(LENGTH) < 17).expand(2, -1)
+    out, grads = run(17)
+    tail_out, tail_grads = run(LENGTH, key_padding_mask=keep)
+    assert torch.equal(tail_out[:, :, :17], out) and not tail_out[:, :, 17:].any()
+    for tail_grad, grad in zip(tail_grads[:4], grads[:4], strict=True):
+        assert torch.equal(tail_grad[:, :, :17], grad) and not tail_grad[:, :, 17:].any()
+    assert all(torch.equal(a, b) for a, b in zip(tail_grads[4:], grads[4:], strict=True))
+
+
+def test_nsa_padding_of_padded_queries_only_needs_no_bias():
+    """Ragged tails (row 0 padded from 15, row 1 real throughout): only padded queries would
+    have a pair hidden, so the compressed row ranges and the window calls run without a
+    bias, as without masks; padding inside row 1 is hidden from its real queries."""
+    q = qkv(length=LENGTH, seed=15)[0]
+    keep = torch.ones(2, LENGTH, dtype=torch.bool)
+    keep[0, 15:] = False
+    ranges = nsa_function._row_ranges(q, 4, DocumentBlocks(keep, None, LENGTH, 4))
+    assert all(empty is None for _, _, _, empty in ranges)
+    tiles = nsa_function._WindowTiles(q, 5, keep, None)
+    assert all(call.bias.shape[:2] == (1, 1) for call in tiles.calls())
+    keep[1, 4:8] = False  # a padded block inside row 1: hidden from its later real queries
+    ranges = nsa_function._row_ranges(q, 4, DocumentBlocks(keep, None, LENGTH, 4))
+    assert any(bias.shape[0] == 2 for _, _, bias, _ in ranges)
+    tiles = nsa_function._WindowTiles(q, 5, keep, None)
+    assert any(call.bias.shape[0] == 2 * 3 for call in tiles.calls())
