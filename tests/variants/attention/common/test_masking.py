@@ -441,9 +441,15 @@ MOBA_CASES = [
 @pytest.mark.parametrize("causal", [False, True], ids=["bidir", "causal"])
 @pytest.mark.parametrize("options", MOBA_CASES, ids=lambda o: f"b{o['block_size']}-k{o['top_k']}")
 def test_moba_matches_a_per_query_masked_reference(options, causal, which, flash_kernels):
-    kernel = variants.build_attention("moba", causal=causal, **options)
     keep, segments = _masks(which)
-    q, k, v = qkv(length=LENGTH, seed=10)
+    _assert_moba_matches_its_reference(options, causal, keep, segments, seed=10)
+
+
+def _assert_moba_matches_its_reference(options, causal, keep, segments, seed):
+    """MoBA with `options` under `keep` / `segments`: the outputs and gradients of the dense
+    per-query reference (`moba_document_mask`), padded queries zero."""
+    kernel = variants.build_attention("moba", causal=causal, **options)
+    q, k, v = qkv(length=LENGTH, seed=seed)
     allowed = moba_document_mask(
         q, k, options["block_size"], options["top_k"], causal, keep, segments
     )
@@ -493,21 +499,9 @@ def test_moba_padding_anywhere_matches_the_per_query_reference(
     if small_tiles:
         monkeypatch.setattr(selected_blocks, "TILE_ROWS", 2)
         monkeypatch.setattr(selected_blocks, "CHUNK_BYTES", 2 * (2 * 7 + 2 * 2) * 8 * 8)
-    kernel = variants.build_attention("moba", causal=causal, **options)
     keep = _moba_padding(layout)
     segments = padding_and_documents(length=LENGTH)[1] if documents else None
-    q, k, v = qkv(length=LENGTH, seed=11)
-    allowed = moba_document_mask(
-        q, k, options["block_size"], options["top_k"], causal, keep, segments
-    )
-
-    def fn(q, k, v):
-        return kernel(q, k, v, **mask_kwargs(keep, segments))
-
-    def reference(q, k, v):
-        return padded_zero(dense_attention(q, k, v, allowed), keep)
-
-    assert_same_outputs_and_grads(fn, reference, (q, k, v))
+    _assert_moba_matches_its_reference(options, causal, keep, segments, seed=11)
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["bidir", "causal"])
