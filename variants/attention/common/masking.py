@@ -82,6 +82,23 @@ def real_prefix(key_padding_mask: torch.Tensor) -> int:
     return int(real[-1]) + 1 if real.numel() else 1
 
 
+def on_real_prefix(
+    attend: Callable[..., torch.Tensor], tensors: list[torch.Tensor], masks: dict
+) -> torch.Tensor | None:
+    """`attend(*tensors, **masks)` run on the batch's real prefix (`real_prefix`) alone, the
+    padded tail common to every sequence given zero outputs (and so no gradient): None when
+    there is no such tail. For kernels in which no real query reads a key, a summary or a
+    routing score of that tail (MoBA, NSA), where the prefix alone is the same rule.
+    tensors: (B, H, L, ...) each (q, k, v and any gates); masks: `attend`'s keywords, (B, L)."""
+    keep = masks.get("key_padding_mask")
+    length = tensors[0].shape[2]
+    if keep is None or (real := real_prefix(keep)) >= length:
+        return None
+    prefix = {name: mask[:, :real] for name, mask in masks.items()}
+    out = attend(*(x[:, :, :real] for x in tensors), **prefix)  # (B, H, real, D)
+    return torch.nn.functional.pad(out, (0, 0, 0, length - real))  # (B, H, L, D)
+
+
 def masking_masks(masks: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """`masks` (`attend`'s keywords, key_padding_mask and segment_ids (B, L)) without those
     that hide no pair: a padding mask with every token real, segment ids of one document per

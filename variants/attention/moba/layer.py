@@ -53,11 +53,10 @@ rows alike, is the call without masks on its prefix; a padded query selects no b
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from variants.attention.common.base import Attention
 from variants.attention.common.cache import BlockKVCache
-from variants.attention.common.masking import masking_masks, real_prefix
+from variants.attention.common.masking import masking_masks, on_real_prefix
 from variants.attention.common.pooling import block_mean
 from variants.attention.common.selected_blocks import SelectedBlocks
 from variants.attention.common.selection import (
@@ -106,13 +105,10 @@ class MoBAAttention(Attention):
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **masks) -> torch.Tensor:
         """q, k, v: (B, H, L, D) -> (B, H, L, D); masks: `key_padding_mask`, `segment_ids`
         (B, L), if given (the call without them is MoBA's of before)."""
-        keep = masks.get("key_padding_mask")
-        if keep is not None and (length := real_prefix(keep)) < q.shape[2]:
-            # A padded tail common to the batch: the real prefix runs alone (module docstring:
-            # no real query routes by or attends a padded key) and the tail's outputs are 0.
-            prefix = {name: mask[:, :length] for name, mask in masks.items()}
-            out = self.attend(q[:, :, :length], k[:, :, :length], v[:, :, :length], **prefix)
-            return F.pad(out, (0, 0, 0, q.shape[2] - length))
+        # A padded tail common to the batch: the real prefix runs alone (module docstring: no
+        # real query routes by or attends a padded key) and the tail's outputs are 0.
+        if (out := on_real_prefix(self.attend, [q, k, v], masks)) is not None:
+            return out
         masks = masking_masks(masks)  # e.g. the prefix's padding mask once nothing is padded
         selected = self.selection(q, k, **masks)  # (B, H, L, S)
         if not masks:

@@ -78,7 +78,7 @@ from torch import nn
 
 from variants.attention.common.base import Attention, pad_to_multiple
 from variants.attention.common.cache import BlockKVCache, attend_prefix
-from variants.attention.common.masking import masking_masks, real_prefix
+from variants.attention.common.masking import masking_masks, on_real_prefix
 from variants.attention.common.pooling import block_mean, real_block_mean
 from variants.attention.common.selected_blocks import SelectedBlocks
 from variants.attention.common.selection import (
@@ -164,14 +164,11 @@ class NSAAttention(Attention):
         """q, k, v: (B, H, L, D), gates (B, H, L, 3) -> (B, H, L, D); masks:
         `key_padding_mask`, `segment_ids` (B, L), if given (module docstring)."""
         self._check_head_dim(q.shape[-1])
-        keep = masks.get("key_padding_mask")
-        if keep is not None and (length := real_prefix(keep)) < q.shape[2]:
-            # A padded tail common to the batch: the real prefix runs alone (module docstring:
-            # every branch is causal, so no real query reads a key or a summary there) and the
-            # tail's outputs are 0 (its gates get no gradient).
-            prefix = {name: mask[:, :length] for name, mask in masks.items()}
-            cut = [x[:, :, :length] for x in (q, k, v, gates)]
-            return F.pad(self.attend(*cut, **prefix), (0, 0, 0, q.shape[2] - length))
+        # A padded tail common to the batch: the real prefix runs alone (module docstring:
+        # every branch is causal, so no real query reads a key or a summary there) and the
+        # tail's outputs are 0 (its gates get no gradient).
+        if (out := on_real_prefix(self.attend, [q, k, v, gates], masks)) is not None:
+            return out
         masks = masking_masks(masks)  # e.g. the prefix's padding mask once nothing is padded
         if masks:
             return self._attend_masked(q, k, v, gates, **masks)
