@@ -11,7 +11,10 @@ can be (Linformer cannot), one thread by default, each variant at its registry d
   padding    a key padding mask with the last 25 % of the keys padded, against no mask
              (H=4, head_dim 64: d_model 256, as `+experiment=scaling`);
   documents  8 documents of L/8 tokens packed (`segment_ids`), against none (same shape);
-  GQA        H=8 query heads on H_kv=2 key/value heads, against H_kv=8 (head_dim 64).
+  GQA        H=8 query heads on H_kv=2 key/value heads, against H_kv=8 (head_dim 64): the
+             time ratio, and the ratio of the forward+backward's peak memory
+             (`memory.peak_memory_bytes`: what the call allocates, its inputs excluded), which
+             is what grouped heads are for.
 
 The contenders of a row are timed in interleaved rounds (no mask, padding, documents, no mask,
 ...; H_kv=8, H_kv=2, ...) by `experiments.measurement.timing.time_in_rounds` with
@@ -34,6 +37,7 @@ from pathlib import Path
 
 import torch
 
+from experiments.measurement.memory import peak_memory_bytes
 from experiments.measurement.timing import Ratio, quartiles, ratio, round_timer, time_in_rounds
 from variants import ModelConfig, attention_names
 from variants.attention.common.base import sample_gates
@@ -52,17 +56,21 @@ COLUMNS = {
     "padding": f"padding {PADDED_FRACTION:.0%} / none",
     "documents": f"{DOCUMENTS} documents / none",
     "gqa": f"H_kv={GQA_KV_HEADS} / H_kv={GQA_HEADS}",
+    "gqa_memory": f"H_kv={GQA_KV_HEADS} / H_kv={GQA_HEADS} peak memory",
 }
 
 
 @dataclass(frozen=True)
 class Cost:
     """One input's cost on one kernel: the ratio with / without (median and IQR over rounds)
-    and the time without it (ms, median over rounds); or why it was not measured."""
+    and the time without it (ms, median over rounds); for grouped heads also the peak memory
+    with / without (one measurement each: the allocator's peak does not vary between runs);
+    or why it was not measured."""
 
     ratio: Ratio | None = None
     base_ms: float | None = None
     error: str | None = None
+    memory_ratio: float | None = None
 
 
 @dataclass(frozen=True)
@@ -174,10 +182,15 @@ def measure_gqa(name: str, length: int, rounds: int, min_round_s: float) -> Cost
             torch.manual_seed(0)  # the same random parameters (features, projections) in both
             attn = kernel(name, length, GQA_HEADS, kv_heads)
             calls[kv_heads] = fwd_bwd(attn, GQA_HEADS, kv_heads, length)
-        times = timed(calls, rounds, min_round_s)
+        times = timed(calls, rounds, min_round_s)  # warm: the peaks below are of steady calls
+        peaks = {kv_heads: peak_memory_bytes(call, CPU) for kv_heads, call in calls.items()}
     except Exception as error:  # noqa: BLE001
         return Cost(error=_one_line(error))
-    return Cost(ratio(times[GQA_KV_HEADS], times[GQA_HEADS]), median_ms(times[GQA_HEADS]))
+    return Cost(
+        ratio(times[GQA_KV_HEADS], times[GQA_HEADS]),
+        median_ms(times[GQA_HEADS]),
+        memory_ratio=peaks[GQA_KV_HEADS] / peaks[GQA_HEADS],
+    )
 
 
 def _one_line(error: Exception) -> str:
@@ -225,6 +238,12 @@ def cell(row: Row, feature: str) -> str:
     return f"{value} (IQR {cost.ratio.iqr:.2f})"
 
 
+def memory_cell(row: Row) -> str:
+    """The grouped heads' peak memory ratio, `0.62×`; `—` where not measured."""
+    cost = row.costs.get("gqa")
+    return "—" if cost is None or cost.memory_ratio is None else f"{cost.memory_ratio:.2f}×"
+
+
 def base_cell(row: Row, features: tuple[str, ...]) -> str:
     cost = next((row.costs[f] for f in features if f in row.costs), None)
     return "—" if cost is None or cost.base_ms is None else f"{cost.base_ms:.0f}"
@@ -234,14 +253,15 @@ def table(rows: list[Row]) -> str:
     """The markdown table: one row per variant, the ratios and the times without the inputs."""
     lines = [
         f"| variant | no mask ms (H={MASK_HEADS}) | {COLUMNS['padding']} "
-        f"| {COLUMNS['documents']} | H_kv={GQA_HEADS} ms (H={GQA_HEADS}) | {COLUMNS['gqa']} |",
-        "|---|---:|---:|---:|---:|---:|",
+        f"| {COLUMNS['documents']} | H_kv={GQA_HEADS} ms (H={GQA_HEADS}) | {COLUMNS['gqa']} "
+        f"| {COLUMNS['gqa_memory']} |",
+        "|---|---:|---:|---:|---:|---:|---:|",
     ]
     for row in rows:
         lines.append(
             f"| `{row.variant}` | {base_cell(row, ('padding', 'documents'))} "
             f"| {cell(row, 'padding')} | {cell(row, 'documents')} "
-            f"| {base_cell(row, ('gqa',))} | {cell(row, 'gqa')} |"
+            f"| {base_cell(row, ('gqa',))} | {cell(row, 'gqa')} | {memory_cell(row)} |"
         )
     return "\n".join(lines)
 

@@ -18,18 +18,20 @@ def test_toy_run_writes_a_row_per_variant_with_positive_finite_ratios(tmp_path, 
     assert set(rows[0].costs) == {"padding", "documents", "gqa"}
     assert set(rows[1].costs) == {"padding", "documents"}  # lsh (shared QK): no grouped heads
     assert mask_cost.finite_positive(rows)
+    # full takes grouped heads natively: fewer key heads, smaller gradients of k and v
+    assert 0 < rows[0].costs["gqa"].memory_ratio < 1
     text = out.read_text()
     assert "L=256" in text and "1 thread(s)" in text and "commit" in text
     lines = [line for line in text.splitlines() if line.startswith("|")]
     assert len(lines) == 2 + 2  # header, rule, one line per variant
     cells = [[c.strip() for c in line.split("|")[1:-1]] for line in lines[2:]]
-    assert all(len(row) == 6 for row in cells)
+    assert all(len(row) == 7 for row in cells)
     full, lsh = cells
     assert full[0] == "`full`" and lsh[0] == "`lsh`"
     for value in (*full[1:], *lsh[1:4]):
         number = float(value.strip("*").split("×")[0].strip("*"))
         assert number > 0 and math.isfinite(number)
-    assert lsh[4:6] == ["—", "—"]
+    assert lsh[4:7] == ["—", "—", "—"]
     assert text.split("\n\n", 1)[1].strip() in capsys.readouterr().out
 
 
