@@ -10,6 +10,7 @@ from variants.attention.common import flex
 from variants.attention.common.base import Attention, shared_qk_keys
 from variants.attention.common.cache import WindowCache, attend_allowed
 from variants.attention.common.local import from_blocks, key_windows, to_blocks, window_mask
+from variants.attention.common.masking import repeat_kv
 from variants.checks import require_bool, require_non_negative_int, require_positive_int
 from variants.registry import register_attention
 
@@ -31,6 +32,11 @@ class BlockwiseAttention(Attention):
 
     A key padding mask and segment ids join the window mask (`local.window_mask`), which is
     then (B, n, b, w*b), repeated over heads for SDPA; `impl="flex"` takes neither yet.
+
+    Grouped KV heads (k, v of H_kv heads) are never repeated: the key windows stay of H_kv
+    heads and SDPA's `enable_gqa` maps query head h to key head h // (H / H_kv), one call per
+    sequence (`grouped_window_attention`); the decoding cache holds H_kv heads. `impl="flex"`
+    still repeats the keys to H heads before FlexAttention.
     """
 
     name = "blockwise"
@@ -42,6 +48,7 @@ class BlockwiseAttention(Attention):
     softmax_kernels = "sdpa"
     independent_heads = True
     supports_padding_mask = supports_segments = True
+    native_gqa = native_gqa_decode = True
 
     def __init__(
         self,
@@ -96,13 +103,16 @@ class BlockwiseAttention(Attention):
             if self._flex_mask is None or self._flex_mask[:2] != (seq_len, q.device):
                 mask = flex.block_mask(self.pattern(seq_len), seq_len, block, q.device)
                 self._flex_mask = (seq_len, q.device, mask)
+            # FlexAttention's own GQA path is not taken here (it is forward-only on CPU, and
+            # its compiled kernel is not what is measured): its keys are repeated to H heads.
+            k, v = repeat_kv(k, heads), repeat_kv(v, heads)  # (B, H, L, D) each
             return flex.attend(self.name, q, k, v, self._flex_mask[2])
         back, fwd = self.look_backward, 0 if self.causal else self.look_forward
         if self.shared_qk:
             k = shared_qk_keys(k)  # (B, H, L, D)
-        q_blocks = to_blocks(q, block).flatten(0, 1)  # (B*H, n, b, D)
-        k_windows = key_windows(k, block, back, fwd).flatten(0, 1)  # (B*H, n, w*b, D)
-        v_windows = key_windows(v, block, back, fwd).flatten(0, 1)  # (B*H, n, w*b, D)
+        q_blocks = to_blocks(q, block)  # (B, H, n, b, D)
+        k_windows = key_windows(k, block, back, fwd)  # (B, H_kv, n, w*b, D)
+        v_windows = key_windows(v, block, back, fwd)  # (B, H_kv, n, w*b, D)
         mask = window_mask(
             self.pattern(seq_len),
             seq_len,
@@ -114,6 +124,10 @@ class BlockwiseAttention(Attention):
             key_padding_mask=key_padding_mask,
             segment_ids=segment_ids,
         )  # (n, b, w*b), or (B, n, b, w*b) with masks
+        if k.shape[1] != heads:
+            out = grouped_window_attention(q_blocks, k_windows, v_windows, mask)
+            return from_blocks(out, seq_len)  # (B, H, L, D)
+        q_blocks, k_windows, v_windows = (x.flatten(0, 1) for x in (q_blocks, k_windows, v_windows))
         if mask.dim() == 4:  # one mask per sequence: as (B*H, n, b, w*b), SDPA's batch
             mask = mask[:, None].expand(batch, heads, *mask.shape[1:]).flatten(0, 1)
         else:
@@ -153,3 +167,35 @@ class BlockwiseAttention(Attention):
             f"look_backward={self.look_backward}, look_forward={self.look_forward}, "
             f"impl={self.impl}, shared_qk={self.shared_qk}"
         )
+
+
+def grouped_window_attention(
+    q_blocks: torch.Tensor, k_windows: torch.Tensor, v_windows: torch.Tensor, mask: torch.Tensor
+) -> torch.Tensor:
+    """Query blocks over their key windows with grouped KV heads, never repeating the keys.
+
+    q_blocks (B, H, n, b, D), k_windows and v_windows (B, H_kv, n, w*b, D) with H_kv dividing H,
+    mask (n, b, w*b) or (B, n, b, w*b) -> (B, H, n, b, D).
+
+    SDPA's `enable_gqa` maps query head h to key head h // (H / H_kv) along dim -3, and on CPU
+    its fused (flash) kernel takes that mapping without repeating the keys only for 4-D inputs
+    (5-D ones fall back to the math path, which repeats them). So blocks become SDPA's batch
+    and heads its heads, one call per sequence: a sequence's windows are a strided view that
+    cannot be merged with the batch axis without copying them. Measured on CPU (L = 16K, H = 8,
+    H_kv = 2), folding the G query heads into the query rows instead held more memory (a copy
+    of q, of the output and a G times taller mask).
+    """
+    per_sequence = mask.unbind(0) if mask.dim() == 4 else [mask] * q_blocks.shape[0]
+    outs = [
+        F.scaled_dot_product_attention(
+            q.transpose(0, 1),  # (n, H, b, D)
+            k.transpose(0, 1),  # (n, H_kv, w*b, D)
+            v.transpose(0, 1),
+            attn_mask=m[:, None],  # (n, 1, b, w*b): the same over heads
+            enable_gqa=True,
+        ).transpose(0, 1)  # (H, n, b, D)
+        for q, k, v, m in zip(
+            q_blocks.unbind(0), k_windows.unbind(0), v_windows.unbind(0), per_sequence, strict=True
+        )
+    ]
+    return torch.stack(outs)  # (B, H, n, b, D)
