@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import torch
 
+from variants.attention.common.masking import repeat_kv
+
 # The score bias of a hidden key. Finite, so that a bias is one multiply of a bool mask
 # (torch.where(hidden, -inf, 0) took 3-4x as long on CPU), and a row with every key hidden
 # stays finite: its logsumexp is about MASKED_SCORE, so it weighs exactly 0 when combined with
@@ -106,7 +108,9 @@ def attend(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """softmax(scale q k^T + bias) v and its logsumexp, without autograd.
 
-    q: (B, N, Lq, D); k, v: (B, N, Lk, D) (any strides with a contiguous last dimension);
+    q: (B, N, Lq, D); k, v: (B, N_kv, Lk, D) (any strides with a contiguous last dimension)
+    with N_kv dividing N: query set n reads key set n // (N / N_kv) (grouped heads, as SDPA's
+    `enable_gqa`; the fused CPU kernel takes them as they are, the other paths repeat them);
     bias: additive, broadcastable to (B, N, Lq, Lk), or None; causal: key j is hidden from
     query i when j > i (square, top-left aligned). A row whose keys are all hidden gets an lse
     of about MASKED_SCORE (or -inf where that is not finite), so it weighs 0 when merged with a
@@ -114,15 +118,16 @@ def attend(
     half types (as the fused kernels).
     """
     kind = fused_kind(q)
-    if kind == "cuda":
-        forward, _ = efficient_ops()
-        out, lse, _, _ = forward(q, k, v, _cuda_bias(bias, q, k), True, 0.0, causal, scale=scale)
-        return out, lse[..., : q.shape[-2]]  # (B, N, Lq, D), (B, N, Lq)
     if kind == "cpu":
         out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
             q, k, v, is_causal=causal, attn_mask=bias, scale=scale
         )
         return out, lse
+    k, v = repeat_kv(k, q.shape[1]), repeat_kv(v, q.shape[1])  # (B, N, Lk, D) each
+    if kind == "cuda":
+        forward, _ = efficient_ops()
+        out, lse, _, _ = forward(q, k, v, _cuda_bias(bias, q, k), True, 0.0, causal, scale=scale)
+        return out, lse[..., : q.shape[-2]]  # (B, N, Lq, D), (B, N, Lq)
     return _explicit_attend(q, k, v, scale=scale, bias=bias, causal=causal)
 
 
@@ -167,16 +172,28 @@ def attend_backward(
     """Gradients of `attend` w.r.t. q, k, v, with the probabilities normalised by `lse` and the
     row term taken from `out` (pass the combined output and logsumexp of several parts).
 
-    Shapes as in `attend`. Returns grad_q (B, N, Lq, D), grad_k and grad_v (B, N, Lk, D).
+    Shapes as in `attend` (grouped key sets too). Returns grad_q (B, N, Lq, D), grad_k and
+    grad_v (B, N_kv, Lk, D), a shared key's gradient summed over the query sets that read it.
     """
     kind = fused_kind(q)
-    if kind == "cuda":
-        return _cuda_backward(grad_out, q, k, v, out, lse, scale=scale, bias=bias, causal=causal)
     if kind == "cpu":
         return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
             grad_out, q, k, v, out, lse, 0.0, causal, attn_mask=bias, scale=scale
         )
-    return _explicit_backward(grad_out, q, k, v, out, lse, scale=scale, bias=bias, causal=causal)
+    kv_sets = k.shape[1]
+    k, v = repeat_kv(k, q.shape[1]), repeat_kv(v, q.shape[1])  # (B, N, Lk, D) each
+    backward = _cuda_backward if kind == "cuda" else _explicit_backward
+    grad_q, grad_k, grad_v = backward(
+        grad_out, q, k, v, out, lse, scale=scale, bias=bias, causal=causal
+    )
+    return grad_q, _sum_groups(grad_k, kv_sets), _sum_groups(grad_v, kv_sets)
+
+
+def _sum_groups(grad: torch.Tensor, kv_sets: int) -> torch.Tensor:
+    """The gradient of `repeat_kv`: (B, N, L, D) -> (B, kv_sets, L, D), each group summed."""
+    if grad.shape[1] == kv_sets:
+        return grad
+    return grad.unflatten(1, (kv_sets, -1)).sum(dim=2)
 
 
 def _explicit_backward(grad_out, q, k, v, out, lse, *, scale, bias, causal):

@@ -97,3 +97,36 @@ def test_every_kernel_says_its_path():
     assert build_attention("full", impl="math").kernel_path("cpu", torch.float32) == "explicit"
     flash_user = build_attention("strided")
     assert flash_user.kernel_path("cuda", torch.float32) == flash.path("cuda", torch.float32)
+
+
+# --- grouped key sets: query set n reads key set n // (N / N_kv) -------------------------------
+def _grouped_against_repeated(causal):
+    """flash.attend and attend_backward on 2 key sets for 6 query sets, and on the keys
+    repeated to 6 sets (each repeated key's gradient summed over its group)."""
+    q, _, _ = qkv(2, 6, 13, 8, seed=5)
+    _, k, v = qkv(2, 2, 13 if causal else 9, 8, seed=6)
+    bias = None if causal else torch.randn(1, 1, 13, 9, dtype=q.dtype)
+    options = {"scale": 0.3, "bias": bias, "causal": causal}
+    k_rep, v_rep = (x.repeat_interleave(3, dim=1) for x in (k, v))
+    out, lse = flash.attend(q, k, v, **options)
+    want_out, want_lse = flash.attend(q, k_rep, v_rep, **options)
+    grad_out = torch.randn_like(out)
+    grads = flash.attend_backward(grad_out, q, k, v, out, lse, **options)
+    want_q, want_k, want_v = flash.attend_backward(
+        grad_out, q, k_rep, v_rep, want_out, want_lse, **options
+    )
+    want = (want_q, *(g.unflatten(1, (2, 3)).sum(dim=2) for g in (want_k, want_v)))
+    return (out, lse, *grads), (want_out, want_lse, *want)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("path", ["fused", "explicit", "cuda"])
+def test_grouped_key_sets_equal_repeated_ones_on_every_path(causal, path, monkeypatch, request):
+    if path == "explicit":
+        monkeypatch.setattr(flash, "FUSED_CPU_KERNELS", False)
+    if path == "cuda":
+        request.getfixturevalue("as_if_cuda")
+    got, want = _grouped_against_repeated(causal)
+    assert got[3].shape == want[3].shape == (2, 2, *got[3].shape[2:])  # the key sets' gradient
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b)
