@@ -9,11 +9,15 @@ import torch.nn.functional as F
 from tests.reference import (
     assert_causal,
     assert_layout_independent,
+    assert_same_outputs_and_grads,
     causal_mask,
     dense_attention,
+    mask_kwargs,
+    padding_and_documents,
     qkv,
 )
 from variants import build_attention
+from variants.attention.common import flash
 from variants.registry import attention_spec
 
 HEAD_DIM = 8
@@ -176,3 +180,49 @@ def test_causal_strided_inputs_give_the_contiguous_result(flash_kernels):
     module = build("conv", factor=4, causal=True)
     q, k, v = qkv(batch=1, length=18, head_dim=HEAD_DIM, seed=6)
     assert_layout_independent(module, (q, k, v))
+
+
+# --- grouped KV heads: the same kernel on keys repeated to the query heads --------------------
+@pytest.mark.parametrize("fused", [True, False])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("kv_heads", [2, 1])  # 4 query heads: groups of 2 and of 4
+@pytest.mark.parametrize("masks", ["none", "padding", "segments"])
+def test_grouped_heads_equal_the_kernel_on_repeated_keys(
+    fused, causal, method, kv_heads, masks, monkeypatch
+):
+    monkeypatch.setattr(flash, "FUSED_CPU_KERNELS", fused)
+    keep, segments = padding_and_documents(batch=2, length=23, seed=4)  # 23: a partial block
+    given = mask_kwargs(
+        keep if masks == "padding" else None, segments if masks == "segments" else None
+    )
+    torch.manual_seed(0)
+    module = build(method, causal=causal)
+    q, _, _ = qkv(batch=2, heads=4, length=23, seed=5)
+    _, k, v = qkv(batch=2, heads=kv_heads, length=23, seed=6)
+    group = 4 // kv_heads
+
+    def grouped(q, k, v):
+        return module(q, k, v, **given)
+
+    def repeated(q, k, v):
+        return module(q, k.repeat_interleave(group, 1), v.repeat_interleave(group, 1), **given)
+
+    params = tuple(module.parameters())
+    assert_same_outputs_and_grads(grouped, repeated, (q, k, v), params=params)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_decodes_grouped_heads_from_a_cache_of_kv_heads(method):
+    torch.manual_seed(0)
+    module = build(method, factor=3, causal=True)
+    q, _, _ = qkv(batch=2, heads=4, length=14, seed=8)
+    _, k, v = qkv(batch=2, heads=2, length=14, seed=9)
+    cache = module.init_cache(2, 4, HEAD_DIM, max_len=14, dtype=q.dtype, n_kv_heads=2)
+    assert cache.keys_buffer.shape[1] == 2  # the cache holds the KV heads only
+    prompt = module.prefill(q[:, :, :7], k[:, :, :7], v[:, :, :7], cache)
+    steps = [
+        module.decode(q[:, :, t : t + 1], k[:, :, t : t + 1], v[:, :, t : t + 1], cache)
+        for t in range(7, 14)
+    ]
+    torch.testing.assert_close(torch.cat([prompt, *steps], dim=2), module(q, k, v))

@@ -51,17 +51,20 @@ class PastBlocksAndOwnBlock(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, keys, values, factor):
-        """q, k, v: (B, H, L, D) raw; keys, values: (B, H, C, D) compressed, C = ceil(L / f).
-        Returns (B, H, L, D)."""
+        """q: (B, H, L, D) raw; k, v: (B, H_kv, L, D) raw, H_kv dividing H (grouped heads:
+        query head h reads key head h // (H / H_kv)); keys, values: (B, H_kv, C, D)
+        compressed, C = ceil(L / f). Returns (B, H, L, D)."""
         batch, heads, length, head_dim = q.shape
         n_blocks, scale = keys.shape[2], head_dim**-0.5
         blocked = (batch, heads, n_blocks, factor)
-        q_own, k_own, v_own = (own_blocks(x, factor) for x in (q, k, v))  # (B, H*C, f, D)
-        out, lse = flash.attend(q_own, k_own, v_own, scale=scale, causal=True)  # (B,H*C,f,[D])
-        out, lse = out.reshape(*blocked, head_dim), lse.reshape(blocked)  # (B, H, C, f, [D])
+        layout = OwnBlocks(factor, n_blocks, grouped=k.shape[1] != heads)
+        q_own, k_own, v_own = (layout.of(x) for x in (q, k, v))
+        out, lse = flash.attend(q_own, k_own, v_own, scale=scale, causal=True)
+        out = layout.back(out, blocked)  # (B, H, C, f, D)
+        lse = layout.back(lse.unsqueeze(-1), blocked).squeeze(-1)  # (B, H, C, f)
         if n_blocks > 1:
-            q_past = past_queries(q_own.view(*blocked, head_dim))  # (B, H*f, C-1, D)
-            k_past, v_past = past_keys(keys, factor), past_keys(values, factor)  # (B,H*f,C-1,D)
+            q_past = past_queries(layout.back(q_own, blocked))  # (B, H*f, C-1, D)
+            k_past, v_past = (layout.past_keys(x) for x in (keys, values))
             out_past, lse_past = flash.attend(q_past, k_past, v_past, scale=scale, causal=True)
             out_past = from_past(out_past, factor)  # (B, H, C-1, f, D)
             lse_past = from_past(lse_past.unsqueeze(-1), factor)  # (B, H, C-1, f, 1)
@@ -78,23 +81,26 @@ class PastBlocksAndOwnBlock(torch.autograd.Function):
         batch, heads, length, head_dim = q.shape
         n_blocks, scale = keys.shape[2], head_dim**-0.5
         blocked = (batch, heads, n_blocks, factor)
+        layout = OwnBlocks(factor, n_blocks, grouped=k.shape[1] != heads)
         grad_out = own_blocks(grad_out, factor).view(*blocked, head_dim)  # padded rows get 0
-        q_own, k_own, v_own = (own_blocks(x, factor) for x in (q, k, v))  # (B, H*C, f, D)
+        q_own, k_own, v_own = (layout.of(x) for x in (q, k, v))
         grad_q, grad_k, grad_v = flash.attend_backward(
-            grad_out.flatten(1, 2),
+            layout.of_blocked(grad_out),
             q_own,
             k_own,
             v_own,
-            out.flatten(1, 2),
-            lse.flatten(1, 2),
+            layout.of_blocked(out),
+            layout.of_blocked(lse.unsqueeze(-1)).squeeze(-1),
             scale=scale,
             causal=True,
-        )  # (B, H*C, f, D) each
-        grad_q = grad_q.reshape(*blocked, head_dim)  # (B, H, C, f, D)
-        grad_keys, grad_values = torch.zeros_like(keys), torch.zeros_like(values)  # (B,H,C,D)
+        )  # q's and k's heads in the own blocks' layout
+        grad_q = layout.back(grad_q, blocked)  # (B, H, C, f, D)
+        kv_blocked = (batch, k.shape[1], n_blocks, factor)
+        grad_k, grad_v = (layout.back(g, kv_blocked) for g in (grad_k, grad_v))  # (B,H_kv,C,f,D)
+        grad_keys, grad_values = torch.zeros_like(keys), torch.zeros_like(values)  # (B,H_kv,C,D)
         if n_blocks > 1:
-            q_past = past_queries(q_own.view(*blocked, head_dim))  # (B, H*f, C-1, D)
-            k_past, v_past = past_keys(keys, factor), past_keys(values, factor)  # (B,H*f,C-1,D)
+            q_past = past_queries(layout.back(q_own, blocked))  # (B, H*f, C-1, D)
+            k_past, v_past = (layout.past_keys(x) for x in (keys, values))
             grad_q_past, grad_k_past, grad_v_past = flash.attend_backward(
                 past_queries(grad_out),
                 q_past,
@@ -104,16 +110,64 @@ class PastBlocksAndOwnBlock(torch.autograd.Function):
                 past_queries(lse.unsqueeze(-1)).squeeze(-1),
                 scale=scale,
                 causal=True,
-            )  # (B, H*f, C-1, D) each
+            )  # (B, H*f, C-1, D); k's and v's (B, H*f or H_kv, C-1, D)
             grad_q[:, :, 1:] += from_past(grad_q_past, factor)
-            # Every one of the f query sequences saw the same compressed keys.
-            grad_keys[:, :, :-1] = grad_k_past.unflatten(1, (heads, factor)).sum(dim=2)
-            grad_values[:, :, :-1] = grad_v_past.unflatten(1, (heads, factor)).sum(dim=2)
+            grad_keys[:, :, :-1] = layout.past_key_grad(grad_k_past)
+            grad_values[:, :, :-1] = layout.past_key_grad(grad_v_past)
         grads = (
-            x.reshape(batch, heads, n_blocks * factor, head_dim)[:, :, :length]
+            x.reshape(batch, x.shape[1], n_blocks * factor, head_dim)[:, :, :length]
             for x in (grad_q, grad_k, grad_v)
         )
         return *grads, grad_keys, grad_values, None
+
+
+class OwnBlocks:
+    """Where the own-block part and the past part put heads, plain or grouped.
+
+    Plain (H_kv = H): blocks are the fused kernel's heads, (B, H*C, f, D), a view of the
+    positions, and the past part's keys are repeated once per query sequence (`past_keys`).
+    Grouped (H_kv < H): the fused kernel maps query set n to key set n // G along its head
+    axis, so the heads must be that axis: blocks become the batch, (B*C, H, f, D) against
+    (B*C, H_kv, f, D), one copy of each (the keys' at H_kv heads, never repeated); and the past
+    part's (B, H*f, C-1, D) query sequences h*f + t read compressed key head h // G as groups of
+    G*f, so its keys are the compressed ones themselves, (B, H_kv, C-1, D).
+    """
+
+    def __init__(self, factor: int, n_blocks: int, *, grouped: bool):
+        self.factor, self.n_blocks, self.grouped = factor, n_blocks, grouped
+
+    def of(self, x: torch.Tensor) -> torch.Tensor:
+        """Positions (B, N, L, E) -> the own blocks' layout."""
+        if not self.grouped:
+            return own_blocks(x, self.factor)  # (B, N*C, f, E)
+        blocked = pad_to_multiple(x, self.factor).unflatten(2, (self.n_blocks, self.factor))
+        return self.of_blocked(blocked)  # (B*C, N, f, E)
+
+    def of_blocked(self, x: torch.Tensor) -> torch.Tensor:
+        """Blocks (B, N, C, f, E) -> the own blocks' layout."""
+        if not self.grouped:
+            return x.flatten(1, 2)  # (B, N*C, f, E)
+        return x.transpose(1, 2).flatten(0, 1).contiguous()  # (B*C, N, f, E)
+
+    def back(self, x: torch.Tensor, blocked: tuple[int, int, int, int]) -> torch.Tensor:
+        """The own blocks' layout -> blocks (B, N, C, f, E), `blocked` = (B, N, C, f)."""
+        if not self.grouped:
+            return x.reshape(*blocked, x.shape[-1])
+        batch, sets, n_blocks, factor = blocked
+        return x.view(batch, n_blocks, sets, factor, -1).transpose(1, 2).contiguous()
+
+    def past_keys(self, x: torch.Tensor) -> torch.Tensor:
+        """Compressed keys (B, H_kv, C, D) as the past part reads them."""
+        if not self.grouped:
+            return past_keys(x, self.factor)  # (B, H*f, C-1, D)
+        return x[:, :, :-1]  # (B, H_kv, C-1, D): groups of G*f query sequences
+
+    def past_key_grad(self, grad: torch.Tensor) -> torch.Tensor:
+        """The past part's key gradient -> compressed keys 0..C-2, (B, H_kv, C-1, D)."""
+        if not self.grouped:
+            # Every one of the f query sequences saw the same compressed keys.
+            return grad.unflatten(1, (-1, self.factor)).sum(dim=2)
+        return grad
 
 
 def own_blocks(x: torch.Tensor, factor: int) -> torch.Tensor:

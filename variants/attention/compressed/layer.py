@@ -42,6 +42,11 @@ both causal parts, where now the fused kernels' causal flag alone masks (no mask
 `PastBlocksAndOwnBlock`). Without masks the call is the unmasked one of before. The cost is a
 Python loop over the batch's documents.
 
+Grouped KV heads (k, v of H_kv heads dividing H): keys and values are compressed once per KV
+head and never repeated; query head h reads KV head h // (H / H_kv) through the fused kernels'
+own grouping (`PastBlocksAndOwnBlock`'s `OwnBlocks`; SDPA's `enable_gqa` non-causal), and the
+decoding cache holds H_kv heads.
+
 Unlike a public implementation, masked scores are -inf (not +inf) and there is no dropout on the
 scores before the softmax.
 """
@@ -84,6 +89,7 @@ class CompressedAttention(Attention):
     softmax_kernels = "flash"
     independent_heads = True
     supports_padding_mask = supports_segments = True  # each document alone (module docstring)
+    native_gqa = native_gqa_decode = True  # summaries per KV head, never repeated
 
     def __init__(
         self, *, causal: bool = False, factor: int = 4, method: str = "conv", head_dim: int = 64
@@ -115,8 +121,8 @@ class CompressedAttention(Attention):
         key_padding_mask: torch.Tensor | None = None,
         segment_ids: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """q, k, v (B, H, L, D) -> (B, H, L, D); with masks, each document's real positions
-        attend as a sequence of their own (module docstring)."""
+        """q (B, H, L, D), k, v (B, H_kv, L, D) -> (B, H, L, D); with masks, each document's
+        real positions attend as a sequence of their own (module docstring)."""
         if key_padding_mask is not None or segment_ids is not None:
             return per_document(
                 self.attend, q, k, v, key_padding_mask=key_padding_mask, segment_ids=segment_ids
@@ -126,10 +132,11 @@ class CompressedAttention(Attention):
                 f"{self.name}: option 'head_dim'={self.head_dim} must equal the inputs' head_dim "
                 f"{q.shape[-1]} (the conv compression has head_dim channels)"
             )
-        keys = self.compress(k, self.key_conv)  # (B, H, C, D)
-        values = self.compress(v, self.value_conv)  # (B, H, C, D)
+        keys = self.compress(k, self.key_conv)  # (B, H_kv, C, D)
+        values = self.compress(v, self.value_conv)  # (B, H_kv, C, D)
         if not self.causal:
-            return F.scaled_dot_product_attention(q, keys, values)  # (B, H, L, D)
+            gqa = {"enable_gqa": True} if k.shape[1] != q.shape[1] else {}  # the plain call else
+            return F.scaled_dot_product_attention(q, keys, values, **gqa)  # (B, H, L, D)
         return PastBlocksAndOwnBlock.apply(q, k, v, keys, values, self.factor)  # (B, H, L, D)
 
     # --- decoding: the summaries of finished blocks, then the open block's raw keys ---------
