@@ -5,7 +5,15 @@ import math
 import pytest
 import torch
 
-from tests.reference import assert_causal, assert_layout_independent, dense_attention, qkv
+from tests.reference import (
+    assert_causal,
+    assert_layout_independent,
+    assert_same_outputs_and_grads,
+    dense_attention,
+    mask_kwargs,
+    padding_and_documents,
+    qkv,
+)
 from variants.registry import build_attention
 
 # (seq_len, stride); "auto" means round(sqrt(seq_len))
@@ -108,4 +116,53 @@ def test_flex_forward_equals_the_native_kernel(causal, length, stride, eager_fle
     q, k, v = qkv(batch=1, heads=2, length=length, seed=2)
     native = build_attention("strided", causal=causal, stride=stride)(q, k, v)
     flex = build_attention("strided", causal=causal, stride=stride, impl="flex")(q, k, v)
+    torch.testing.assert_close(flex, native)
+
+
+# --- grouped KV heads: the same kernel on keys repeated to the query heads --------------------
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("kv_heads", [2, 1])  # 4 query heads: groups of 2 and of 4
+@pytest.mark.parametrize("masks", ["none", "padding", "segments", "both"])
+@pytest.mark.parametrize("batch", [1, 2])  # the grouped layout is a view at batch 1 only
+def test_grouped_heads_equal_the_kernel_on_repeated_keys(
+    causal, kv_heads, masks, batch, flash_kernels
+):
+    keep, segments = padding_and_documents(batch=batch, length=23, seed=4)  # 23: partial rows
+    given = mask_kwargs(
+        keep if masks in ("padding", "both") else None,
+        segments if masks in ("segments", "both") else None,
+    )
+    kernel = build_attention("strided", causal=causal, stride=5)
+    q, _, _ = qkv(batch=batch, heads=4, length=23, seed=5)
+    _, k, v = qkv(batch=batch, heads=kv_heads, length=23, seed=6)
+    group = 4 // kv_heads
+
+    def grouped(q, k, v):
+        return kernel(q, k, v, **given)
+
+    def repeated(q, k, v):
+        return kernel(q, k.repeat_interleave(group, 1), v.repeat_interleave(group, 1), **given)
+
+    assert_same_outputs_and_grads(grouped, repeated, (q, k, v))
+
+
+def test_decodes_grouped_heads_from_a_cache_of_kv_heads():
+    kernel = build_attention("strided", causal=True, stride=3)
+    q, _, _ = qkv(batch=2, heads=4, length=14, seed=8)
+    _, k, v = qkv(batch=2, heads=2, length=14, seed=9)
+    cache = kernel.init_cache(2, 4, q.shape[-1], max_len=14, dtype=q.dtype, n_kv_heads=2)
+    assert cache.keys_buffer.shape[1] == 2  # the cache holds the KV heads only
+    prompt = kernel.prefill(q[:, :, :6], k[:, :, :6], v[:, :, :6], cache)
+    steps = [
+        kernel.decode(q[:, :, t : t + 1], k[:, :, t : t + 1], v[:, :, t : t + 1], cache)
+        for t in range(6, 14)
+    ]
+    torch.testing.assert_close(torch.cat([prompt, *steps], dim=2), kernel(q, k, v))
+
+
+def test_flex_forward_with_grouped_heads_equals_the_native_kernel(eager_flex):
+    q, _, _ = qkv(batch=1, heads=4, length=20, seed=2)
+    _, k, v = qkv(batch=1, heads=2, length=20, seed=3)
+    native = build_attention("strided", causal=True, stride=4)(q, k, v)
+    flex = build_attention("strided", causal=True, stride=4, impl="flex")(q, k, v)
     torch.testing.assert_close(flex, native)

@@ -45,10 +45,11 @@ class LocalAndColumns(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, stride, causal, key_padding_mask=None, segment_ids=None):
-        """q, k, v: (B, H, L, D); stride s <= L; key_padding_mask, segment_ids: (B, L) or
-        None (`masking.document_mask`, folded into both parts' biases, which are then per
-        sequence). Returns (B, H, L, D)."""
-        parts = StridedParts(q, stride, causal, key_padding_mask, segment_ids)
+        """q: (B, H, L, D); k, v: (B, H_kv, L, D), H_kv dividing H (grouped heads: query
+        head h reads key head h // (H / H_kv), never repeated); stride s <= L;
+        key_padding_mask, segment_ids: (B, L) or None (`masking.document_mask`, folded into
+        both parts' biases, which are then per sequence). Returns (B, H, L, D)."""
+        parts = StridedParts(q, stride, causal, key_padding_mask, segment_ids, k.shape[1])
         local_out, local_lse = flash.attend(*parts.local_inputs(q, k, v), **parts.local_options)
         out = parts.from_blocks(local_out)  # (B, H, Lp, D)
         lse = parts.from_blocks(local_lse.unsqueeze(-1))  # (B, H, Lp, 1)
@@ -99,6 +100,12 @@ class StridedParts:
 
     Positions are (B, H, Lp, E) with Lp = rows * s, L zero-padded; `queried` and the column
     layouts cover only the rows that have column keys (rows 1.. causally, all unmasked).
+
+    The parts' 4-D layouts put blocks (or columns) on the fused kernels' head axis and the
+    sequences' heads in their batch, (B*H, M, ., E), so one bias is shared by batch and heads.
+    With grouped heads (k of H_kv < H heads) the heads must be the kernels' head axis, where
+    they map query head h to key head h // (H / H_kv) (`flash.attend`): the layout is then
+    (B*M, H or H_kv, ., E), a view at batch 1, and the bias (B*M or M, 1, ., .).
     """
 
     def __init__(
@@ -108,9 +115,11 @@ class StridedParts:
         causal: bool,
         key_padding_mask: torch.Tensor | None = None,
         segment_ids: torch.Tensor | None = None,
+        kv_heads: int | None = None,
     ):
         self.batch, self.heads, self.length, head_dim = q.shape
         self.stride, self.causal = stride, causal
+        self.grouped = kv_heads not in (None, self.heads)
         self.rows = -(-self.length // stride)
         self.look_forward = 0 if causal else 1
         scale = head_dim**-0.5
@@ -142,24 +151,44 @@ class StridedParts:
 
     def _bias(self, hidden: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """The additive bias of a part from its hidden pairs: (1, ...) shared by batch and
-        heads, or, for a per-sequence (B, ...) mask, (B*H, ...) in the parts' batch layout."""
+        heads, or, for a per-sequence (B, ...) mask, (B*H, ...) in the parts' batch layout
+        (grouped: (M, 1, ., .) repeated over the batch, or (B*M, 1, ., .))."""
         bias = flash.hidden_bias(hidden, dtype)
+        if self.grouped:
+            if hidden.dim() == 3:
+                bias = bias[None].expand(self.batch, *bias.shape)  # (B, M, ., .)
+            return bias.flatten(0, 1)[:, None]  # (B*M, 1, ., .)
         if hidden.dim() == 3:
             return bias[None]  # (1, n or s, ., .)
         return bias[:, None].expand(self.batch, self.heads, *bias.shape[1:]).flatten(0, 1)
 
+    def _batched(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, N, M, ., E) -> the parts' 4-D layout: (B*N, M, ., E), grouped (B*M, N, ., E)."""
+        if self.grouped:
+            return x.transpose(1, 2).flatten(0, 1)
+        return x.flatten(0, 1)
+
+    def _unbatched(self, x: torch.Tensor) -> torch.Tensor:
+        """The parts' 4-D layout -> (B, N, M, ., E), N the heads it holds (H or H_kv)."""
+        if self.grouped:
+            return x.unflatten(0, (self.batch, -1)).transpose(1, 2)
+        return x.unflatten(0, (self.batch, -1))
+
     # --- local part ---------------------------------------------------------------------------
     def to_blocks(self, x: torch.Tensor) -> torch.Tensor:
-        """(B, H, Lp or L, E) -> (B*H, n, s, E)."""
-        return to_blocks(x, self.stride).flatten(0, 1)
+        """(B, H, Lp or L, E) -> (B*H, n, s, E) (grouped: (B*n, H, s, E))."""
+        return self._batched(to_blocks(x, self.stride))
 
     def from_blocks(self, x: torch.Tensor) -> torch.Tensor:
-        """(B*H, n, s, E) -> (B, H, Lp, E)."""
+        """(B*H, n, s, E) (grouped: (B*n, H, s, E)) -> (B, H, Lp, E)."""
+        if self.grouped:
+            return self._unbatched(x).flatten(2, 3)
         return x.reshape(self.batch, self.heads, -1, x.shape[-1])
 
     def local_inputs(self, q, k, v):
-        """Query blocks (B*H, n, s, D) and key and value windows (B*H, n, w*s, D)."""
-        windows = (windows_of(x, self.stride, 1, self.look_forward).flatten(0, 1) for x in (k, v))
+        """Query blocks (B*H, n, s, D) and key and value windows (B*H_kv, n, w*s, D)
+        (grouped: (B*n, H or H_kv, ., D))."""
+        windows = (self._batched(windows_of(x, self.stride, 1, self.look_forward)) for x in (k, v))
         return self.to_blocks(q), *windows
 
     def local_backward(self, grads):
@@ -167,13 +196,15 @@ class StridedParts:
         grad_q, grad_k, grad_v = grads
         grad_q = self.from_blocks(grad_q)[:, :, : self.length]
         layout = (self.length, self.stride, 1, self.look_forward)
-        unflat = (self.batch, self.heads)
-        grad_k, grad_v = (sum_windows(g.unflatten(0, unflat), *layout) for g in (grad_k, grad_v))
+        grad_k, grad_v = (sum_windows(self._unbatched(g), *layout) for g in (grad_k, grad_v))
         return grad_q.contiguous(), grad_k.contiguous(), grad_v.contiguous()
 
     # --- columns ------------------------------------------------------------------------------
     def columns(self, x: torch.Tensor) -> torch.Tensor:
-        """(B, H, L or Lp, E) -> (B*H, s, rows, E) view: column c holds positions c, c+s, ..."""
+        """(B, H, L or Lp, E) -> (B*H, s, rows, E) view: column c holds positions c, c+s, ...
+        (grouped: (B*s, H, rows, E))."""
+        if self.grouped:
+            return self._batched(to_columns(x, self.stride).unflatten(0, (self.batch, -1)))
         return to_columns(x, self.stride)
 
     def query_columns(self, x: torch.Tensor) -> torch.Tensor:
@@ -190,8 +221,11 @@ class StridedParts:
         return self.query_columns(q), *(x.contiguous() for x in keys)
 
     def from_columns(self, x: torch.Tensor) -> torch.Tensor:
-        """(B*H, s, rows', E) -> (B, H, rows' * s, E), the positions of `queried`."""
-        return from_columns(x, self.batch, self.heads)
+        """(B*N, s, rows', E) (grouped: (B*s, N, rows', E)) -> (B, N, rows' * s, E), the
+        positions of `queried`; N the heads x holds (H, or H_kv for keys' gradients)."""
+        if self.grouped:
+            return from_columns(self._unbatched(x).flatten(0, 1), self.batch, x.shape[1])
+        return from_columns(x, self.batch, x.shape[0] // self.batch)
 
     def queried(self, x: torch.Tensor) -> torch.Tensor:
         """The positions with column keys, as a view of (B, H, Lp, E): from row 1 causally."""

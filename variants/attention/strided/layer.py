@@ -9,6 +9,7 @@ from variants.attention.common import flex
 from variants.attention.common.base import Attention
 from variants.attention.common.cache import KVCache, attend_prefix
 from variants.attention.common.columns import stride_at
+from variants.attention.common.masking import repeat_kv
 from variants.attention.strided.function import LocalAndColumns, strided_parts
 from variants.checks import require_positive_int_or_auto
 from variants.registry import register_attention
@@ -32,6 +33,11 @@ class StridedAttention(Attention):
     their logsumexps (`LocalAndColumns`). The query itself belongs to both parts and is counted
     in the local one only. Both parts' masks come from `patterns.Band` and `patterns.Strided`
     (`strided_parts`); `impl="flex"` runs FlexAttention on their union instead.
+
+    Grouped KV heads (k, v of H_kv heads) are never repeated: both parts run with the heads
+    on the fused kernels' head axis, which maps query head h to key head h // (H / H_kv)
+    (`StridedParts`); the decoding cache holds H_kv heads. `impl="flex"` repeats the keys to
+    H heads before FlexAttention.
     """
 
     name = "strided"
@@ -43,6 +49,7 @@ class StridedAttention(Attention):
     softmax_kernels = "flash"
     independent_heads = True
     supports_padding_mask = supports_segments = True
+    native_gqa = native_gqa_decode = True
 
     def __init__(self, *, causal: bool = False, stride: int | str = "auto", impl: str = "native"):
         super().__init__(causal=causal)
@@ -83,6 +90,8 @@ class StridedAttention(Attention):
             if self._flex_mask is None or self._flex_mask[:2] != (seq_len, q.device):
                 mask = flex.block_mask(self.pattern(seq_len), seq_len, FLEX_TILE, q.device)
                 self._flex_mask = (seq_len, q.device, mask)
+            # FlexAttention's own grouping is not taken (forward-only on CPU): keys repeated.
+            k, v = repeat_kv(k, q.shape[1]), repeat_kv(v, q.shape[1])  # (B, H, L, D) each
             return flex.attend(self.name, q, k, v, self._flex_mask[2])
         return LocalAndColumns.apply(
             q, k, v, stride, self.causal, key_padding_mask, segment_ids
