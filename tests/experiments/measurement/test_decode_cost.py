@@ -93,8 +93,17 @@ def test_a_grouped_heads_job_decodes_over_a_cache_of_n_kv_heads(job_config):
 
 
 def test_a_variant_that_repeats_kv_heads_decodes_grouped_inputs_as_repeated_ones():
-    kernel = variants.build_attention("blockwise", causal=True, block_size=8)
+    """DeltaNet's state is per query head (its beta gate is), so grouped keys are repeated."""
+    kernel = variants.build_attention("deltanet", causal=True)
     shape = (1, 4, 16, 8)
     grouped = measure_decode(kernel, shape, CPU, torch.float32, steps=2, warmup=0, kv_heads=2)
     plain = measure_decode(kernel, shape, CPU, torch.float32, steps=2, warmup=0)
     assert grouped["cache_bytes"] == plain["cache_bytes"]  # its cache holds the repeated heads
+
+
+def test_a_native_grouped_variant_decodes_over_a_cache_of_n_kv_heads():
+    kernel = variants.build_attention("blockwise", causal=True, block_size=8)
+    shape = (1, 4, 16, 8)
+    grouped = measure_decode(kernel, shape, CPU, torch.float32, steps=2, warmup=0, kv_heads=2)
+    plain = measure_decode(kernel, shape, CPU, torch.float32, steps=2, warmup=0)
+    assert 2 * grouped["cache_bytes"] == plain["cache_bytes"]  # H_kv = H / 2 heads of keys
