@@ -6,11 +6,14 @@ import torch
 from tests.reference import (
     assert_causal,
     assert_layout_independent,
+    assert_same_outputs_and_grads,
     block_table_rule,
     causal_rule,
     dense_attention,
     global_rule,
     local_rule,
+    mask_kwargs,
+    padding_and_documents,
     qkv,
     rule_mask,
     strided_rule,
@@ -281,3 +284,70 @@ def test_tile_states_drive_which_blocks_are_gathered():
     ]
     assert int(plan.hidden[1, :, :4].sum()) == 0  # the full previous block: nothing hidden
     assert flash.masked_score(torch.float32) < 0
+
+
+# --- grouped KV heads: the same kernel on keys repeated to the query heads --------------------
+# (kv_heads of 4 query heads, masks, batch): groups of 2 and 4, each mask, batch 1 and 2 (the
+# tiles run one sequence per call when grouped, the columns fold the batch in).
+GROUPED = [(2, "none", 1), (2, "both", 2), (1, "padding", 2), (1, "segments", 1)]
+
+
+@pytest.mark.parametrize("kv_heads, masks, batch", GROUPED)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("case", CASES)
+def test_grouped_heads_equal_the_kernel_on_repeated_keys(
+    case, causal, kv_heads, masks, batch, flash_kernels
+):
+    keep, segments = padding_and_documents(batch=batch, length=23, seed=4)
+    given = mask_kwargs(
+        keep if masks in ("padding", "both") else None,
+        segments if masks in ("segments", "both") else None,
+    )
+    kernel = build_attention("combined", causal=causal, **CASES[case])
+    q, _, _ = qkv(batch=batch, heads=4, length=23, seed=5)
+    _, k, v = qkv(batch=batch, heads=kv_heads, length=23, seed=6)
+    group = 4 // kv_heads
+
+    def grouped(q, k, v):
+        return kernel(q, k, v, **given)
+
+    def repeated(q, k, v):
+        return kernel(q, k.repeat_interleave(group, 1), v.repeat_interleave(group, 1), **given)
+
+    assert_same_outputs_and_grads(grouped, repeated, (q, k, v))
+
+
+@pytest.mark.parametrize("name", ["longformer", "bigbird", "sparse_fixed"])
+def test_presets_take_grouped_heads(name, flash_kernels):
+    kernel = build_attention(name, causal=True, block_size=32)  # sparse_fixed: n_summary 32
+    q, _, _ = qkv(batch=2, heads=4, length=80, seed=1)
+    _, k, v = qkv(batch=2, heads=2, length=80, seed=2)
+
+    def repeated(q, k, v):
+        return kernel(q, k.repeat_interleave(2, 1), v.repeat_interleave(2, 1))
+
+    assert_same_outputs_and_grads(kernel, repeated, (q, k, v))
+
+
+@pytest.mark.parametrize("case", ["bigbird-like", "local+strided+global", "fixed-like"])
+def test_decodes_grouped_heads_from_a_cache_of_kv_heads(case):
+    kernel = build_attention("combined", causal=True, **CASES[case])
+    q, _, _ = qkv(batch=2, heads=4, length=23, seed=8)
+    _, k, v = qkv(batch=2, heads=2, length=23, seed=9)
+    cache = kernel.init_cache(2, 4, q.shape[-1], max_len=23, dtype=q.dtype, n_kv_heads=2)
+    prompt = kernel.prefill(q[:, :, :9], k[:, :, :9], v[:, :, :9], cache)
+    steps = [
+        kernel.decode(q[:, :, t : t + 1], k[:, :, t : t + 1], v[:, :, t : t + 1], cache)
+        for t in range(9, 23)
+    ]
+    assert cache.ring_keys.shape[1] == cache.store_keys.shape[1] == 2  # the KV heads only
+    torch.testing.assert_close(torch.cat([prompt, *steps], dim=2), kernel(q, k, v))
+
+
+def test_flex_forward_with_grouped_heads_equals_the_native_kernel(eager_flex):
+    options = CASES["bigbird-like"]
+    q, _, _ = qkv(batch=1, heads=4, length=20, seed=2)
+    _, k, v = qkv(batch=1, heads=2, length=20, seed=3)
+    native = build_attention("combined", causal=True, **options)(q, k, v)
+    flex = build_attention("combined", causal=True, impl="flex", **options)(q, k, v)
+    torch.testing.assert_close(flex, native)

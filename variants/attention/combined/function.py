@@ -1,7 +1,8 @@
 """The combined pattern's autograd function: the pieces of a `plan.Plan` attended on the fused
 kernels and merged by logsumexp, and each piece's backward given the merged output and
 logsumexp. With a key padding mask or segment ids every piece's bias also hides the pairs
-`masking.document_mask` refuses (`Documents`), which makes it per sequence."""
+`masking.document_mask` refuses (`Documents`), which makes it per sequence. k and v may have
+fewer heads than q (grouped heads): they are read as they are, never repeated."""
 
 from __future__ import annotations
 
@@ -27,12 +28,13 @@ class CombinedPieces(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, plan: Plan, key_padding_mask=None, segment_ids=None):
-        """q, k, v: (B, H, L, D); key_padding_mask, segment_ids: (B, L) or None (folded into
+        """q: (B, H, L, D); k, v: (B, H_kv, L, D), H_kv dividing H (query head h reads key
+        head h // (H / H_kv)); key_padding_mask, segment_ids: (B, L) or None (folded into
         every piece's bias: `Documents`). Returns (B, H, L, D)."""
         documents = None
         if key_padding_mask is not None or segment_ids is not None:
             documents = Documents(key_padding_mask, segment_ids)
-        pieces = Pieces(plan, q, documents)
+        pieces = Pieces(plan, q, documents, kv_heads=k.shape[1])
         out, lse = pieces.tiles_forward(q, k, v)  # (B, H, n*b, D), (B, H, n*b)
         view_out, view_lse = out[:, :, : plan.seq_len], lse[:, :, : plan.seq_len, None]
         if plan.stride is not None:
@@ -93,18 +95,37 @@ class Documents:
 class Pieces:
     """Each piece's forward (merging into the running output and logsumexp) and backward
     (adding into the gradients), for one call's shapes. With `documents`, each piece's bias
-    is per sequence ((B, ...), or (B*H, ...) where a piece runs batch and heads flattened)."""
+    is per sequence ((B, ...), or (B*H, ...) where a piece runs batch and heads flattened).
 
-    def __init__(self, plan: Plan, q: torch.Tensor, documents: Documents | None = None):
+    The tiles and the strided piece put query blocks (or columns) on the fused kernels' head
+    axis and batch and heads in their batch, so one bias serves every sequence and head. With
+    grouped heads (`kv_heads` < H) the heads must be the kernels' head axis, where the kernels
+    map query head h to key head h // (H / H_kv) (`flash.attend`): the tiles then run one
+    sequence per call (query blocks as the batch, a view), the columns (B*s, H, rows, D), and
+    their biases broadcast over the heads. The summary and global-rows pieces keep the heads
+    on that axis either way.
+    """
+
+    def __init__(
+        self,
+        plan: Plan,
+        q: torch.Tensor,
+        documents: Documents | None = None,
+        kv_heads: int | None = None,
+    ):
         self.plan = plan
         self.documents = documents
         self.batch, self.heads, _, self.head_dim = q.shape
+        self.kv_heads = self.heads if kv_heads is None else kv_heads
+        self.grouped = self.kv_heads != self.heads
         self.scale = self.head_dim**-0.5
         self.empty = None
         slots = max(plan.tiles.shape[1], 1)
-        per_block = 2 * self.batch * self.heads * slots * plan.block * self.head_dim
-        if documents is not None:  # and the block's bias, per sequence and head
-            per_block += self.batch * self.heads * plan.block * slots * plan.block
+        per_call = 1 if self.grouped else self.batch  # sequences in one tile call
+        per_block = 2 * per_call * self.kv_heads * slots * plan.block * self.head_dim
+        if documents is not None:  # and the block's bias, per sequence (and head)
+            bias_heads = 1 if self.grouped else self.heads
+            per_block += self.batch * bias_heads * plan.block * slots * plan.block
         self.chunk = max(1, CHUNK_BYTES // (per_block * q.element_size()))
 
     def _per_head(self, bias: torch.Tensor) -> torch.Tensor:
@@ -117,31 +138,70 @@ class Pieces:
         for first in range(0, self.plan.n_blocks, self.chunk):
             yield first, min(first + self.chunk, self.plan.n_blocks)
 
+    def _sequences(self):
+        """The tile calls of one range of query blocks: one for every sequence (None), or with
+        grouped heads one per sequence (its index)."""
+        return range(self.batch) if self.grouped else (None,)
+
     def _flat_blocks(self, x: torch.Tensor) -> torch.Tensor:
-        """(B, H, L, D) -> (B*H, n, b*D): a whole block per row, so that gathering tiles is
-        one `index_select` along dim 1 (along the block dim of a 5-d view it ran 5-9x
-        slower)."""
-        blocks = to_blocks(x, self.plan.block)  # (B, H, n, b, D)
+        """(B, N, L, D) -> (B*N, n, b*D) (grouped: (B, N, n, b*D)): a whole block per row, so
+        that gathering tiles is one `index_select` along the block dim (along the block dim
+        of a 5-d view it ran 5-9x slower)."""
+        blocks = to_blocks(x, self.plan.block)  # (B, N, n, b, D)
+        if self.grouped:
+            return blocks.flatten(3)
         return blocks.reshape(self.batch * self.heads, self.plan.n_blocks, -1)
 
-    def _gather(self, flat: torch.Tensor, first: int, end: int) -> torch.Tensor:
+    def _gather(self, flat: torch.Tensor, first: int, end: int, seq: int | None) -> torch.Tensor:
         """The tiles of query blocks [first, end) from `_flat_blocks` keys or values:
-        (B*H, m, K*b, D), one contiguous copy."""
-        gathered = flat.index_select(1, self.plan.tiles[first:end].flatten())  # (B*H, m*K, b*D)
-        return gathered.view(self.batch * self.heads, end - first, -1, self.head_dim)
+        (B*H, m, K*b, D), one contiguous copy (grouped: sequence `seq`'s (m, H_kv, K*b, D), a
+        view of one)."""
+        index, m = self.plan.tiles[first:end].flatten(), end - first
+        if seq is None:
+            gathered = flat.index_select(1, index)  # (B*H, m*K, b*D)
+            return gathered.view(self.batch * self.heads, m, -1, self.head_dim)
+        gathered = flat[seq].index_select(1, index)  # (H_kv, m*K, b*D)
+        return gathered.view(flat.shape[1], m, -1, self.head_dim).transpose(0, 1)
 
-    def _query_blocks(self, x: torch.Tensor, first: int, end: int) -> torch.Tensor:
-        """(B, H, n, b, E) -> blocks [first, end) as (B*H, m, b, E)."""
-        return x[:, :, first:end].reshape(self.batch * self.heads, end - first, *x.shape[3:])
+    def _query_blocks(self, x: torch.Tensor, first: int, end: int, seq: int | None):
+        """(B, H, n, b, E) -> blocks [first, end) as (B*H, m, b, E) (grouped: sequence
+        `seq`'s (m, H, b, E), a view)."""
+        if seq is None:
+            return x[:, :, first:end].reshape(self.batch * self.heads, end - first, *x.shape[3:])
+        return x[seq, :, first:end].transpose(0, 1)
 
-    def _tile_bias(self, first: int, end: int, dtype: torch.dtype) -> torch.Tensor | None:
-        """The bias of query blocks [first, end) against their tiles: the plan's (1, m, b, K*b)
-        or None, or with documents (B*H, m, b, K*b) (FULL slots then masked too)."""
+    def _put_blocks(self, blocks: torch.Tensor, chunk: torch.Tensor, first, end, seq) -> None:
+        """Write a tile call's (B*H, m, b, E) (grouped: (m, H, b, E)) result into blocks
+        [first, end) of `blocks` (B, H, n, b, E)."""
+        if seq is None:
+            blocks[:, :, first:end] = chunk.view(self.batch, self.heads, *chunk.shape[1:])
+        else:
+            blocks[seq, :, first:end] = chunk.transpose(0, 1)
+
+    def _add_tiles(self, total: torch.Tensor, chunk: torch.Tensor, first, end, seq) -> None:
+        """Add a tile call's key or value gradient (B*H, m, K*b, D) (grouped: (m, H_kv, K*b,
+        D)) into the `_flat_blocks` gradient `total`, at the blocks the tiles gathered."""
+        index, width = self.plan.tiles[first:end].flatten(), self.plan.block * self.head_dim
+        if seq is None:
+            total.index_add_(1, index, chunk.reshape(self.batch * self.heads, -1, width))
+        else:
+            total[seq].index_add_(1, index, chunk.transpose(0, 1).reshape(self.kv_heads, -1, width))
+
+    def _tile_biases(self, first: int, end: int, dtype: torch.dtype) -> list:
+        """The bias of each of `_sequences` for query blocks [first, end) against their tiles:
+        the plan's (1, m, b, K*b) or None, or with documents (B*H, m, b, K*b) (FULL slots then
+        masked too); grouped, the plan's as (m, 1, b, K*b) and a sequence's as (m, 1, b, K*b)."""
         if self.documents is None:
-            return self.plan.tile_bias(first, end, dtype)
+            bias = self.plan.tile_bias(first, end, dtype)
+            if self.grouped and bias is not None:
+                bias = bias.transpose(0, 1)  # (m, 1, b, K*b)
+            return [bias for _ in self._sequences()]
         query, key = self.plan.tile_positions(first, end)  # (m, b, 1), (m, 1, K*b)
         hidden = self.documents.hide(self.plan.hidden[first:end], query, key)  # (B, m, b, K*b)
-        return self._per_head(flash.hidden_bias(hidden, dtype))
+        bias = flash.hidden_bias(hidden, dtype)
+        if self.grouped:
+            return [bias[seq][:, None] for seq in self._sequences()]
+        return [self._per_head(bias)]
 
     def tiles_forward(self, q, k, v):
         """The tile piece over the padded length: out (B, H, n*b, D), lse (B, H, n*b)."""
@@ -158,16 +218,17 @@ class Pieces:
         out_blocks = out.view(self.batch, self.heads, plan.n_blocks, b, self.head_dim)
         lse_blocks = lse.view(self.batch, self.heads, plan.n_blocks, b)
         for first, end in self._chunks():
-            chunk_out, chunk_lse = flash.attend(
-                self._query_blocks(q_blocks, first, end),
-                self._gather(k_flat, first, end),
-                self._gather(v_flat, first, end),
-                scale=self.scale,
-                bias=self._tile_bias(first, end, q.dtype),
-            )  # (B*H, m, b, D), (B*H, m, b)
-            shape = (self.batch, self.heads, end - first, b)
-            out_blocks[:, :, first:end] = chunk_out.view(*shape, self.head_dim)
-            lse_blocks[:, :, first:end] = chunk_lse.view(shape)
+            biases = self._tile_biases(first, end, q.dtype)
+            for seq, bias in zip(self._sequences(), biases, strict=True):
+                chunk_out, chunk_lse = flash.attend(
+                    self._query_blocks(q_blocks, first, end, seq),
+                    self._gather(k_flat, first, end, seq),
+                    self._gather(v_flat, first, end, seq),
+                    scale=self.scale,
+                    bias=bias,
+                )  # (B*H, m, b, D), (B*H, m, b) (grouped: (m, H, b, .))
+                self._put_blocks(out_blocks, chunk_out, first, end, seq)
+                self._put_blocks(lse_blocks, chunk_lse, first, end, seq)
         return out, lse
 
     def tiles_backward(self, grad, q, k, v, out, lse, grads):
@@ -181,24 +242,22 @@ class Pieces:
         grad_q = torch.zeros_like(q_blocks, memory_format=torch.contiguous_format)
         grad_k, grad_v = torch.zeros_like(k_flat), torch.zeros_like(v_flat)  # (B*H, n, b*D)
         for first, end in self._chunks():
-            chunk_q, chunk_k, chunk_v = flash.attend_backward(
-                self._query_blocks(grad_blocks, first, end),
-                self._query_blocks(q_blocks, first, end),
-                self._gather(k_flat, first, end),
-                self._gather(v_flat, first, end),
-                self._query_blocks(out_blocks, first, end),
-                self._query_blocks(lse_blocks, first, end).squeeze(-1),
-                scale=self.scale,
-                bias=self._tile_bias(first, end, q.dtype),
-            )  # (B*H, m, b, D), (B*H, m, K*b, D) twice
-            m = end - first
-            grad_q[:, :, first:end] = chunk_q.view(self.batch, self.heads, m, b, self.head_dim)
-            index = plan.tiles[first:end].flatten()  # (m*K,)
-            for total, chunk in ((grad_k, chunk_k), (grad_v, chunk_v)):
-                total.index_add_(
-                    1, index, chunk.reshape(self.batch * self.heads, -1, b * self.head_dim)
-                )
-        length, shape = plan.seq_len, (self.batch, self.heads, -1, self.head_dim)
+            biases = self._tile_biases(first, end, q.dtype)
+            for seq, bias in zip(self._sequences(), biases, strict=True):
+                chunk_q, chunk_k, chunk_v = flash.attend_backward(
+                    self._query_blocks(grad_blocks, first, end, seq),
+                    self._query_blocks(q_blocks, first, end, seq),
+                    self._gather(k_flat, first, end, seq),
+                    self._gather(v_flat, first, end, seq),
+                    self._query_blocks(out_blocks, first, end, seq),
+                    self._query_blocks(lse_blocks, first, end, seq).squeeze(-1),
+                    scale=self.scale,
+                    bias=bias,
+                )  # (B*H, m, b, D), (B*H, m, K*b, D) twice (grouped: (m, H or H_kv, ., D))
+                self._put_blocks(grad_q, chunk_q, first, end, seq)
+                self._add_tiles(grad_k, chunk_k, first, end, seq)
+                self._add_tiles(grad_v, chunk_v, first, end, seq)
+        length, shape = plan.seq_len, (self.batch, self.kv_heads, -1, self.head_dim)
         grads[0] += grad_q.flatten(2, 3)[:, :, :length]
         grads[1] += grad_k.view(shape)[:, :, :length]
         grads[2] += grad_v.view(shape)[:, :, :length]
@@ -216,7 +275,28 @@ class Pieces:
         # Unmasked, a column's query sees every real row of it: hide the padded keys.
         position = self._column_positions(q.device)
         hidden = (position >= plan.seq_len)[None, :, None, :]  # (1, s, 1, rows)
-        return {"scale": self.scale, "bias": flash.hidden_bias(hidden, q.dtype)}
+        return {"scale": self.scale, "bias": self._column_bias(flash.hidden_bias(hidden, q.dtype))}
+
+    def _column_bias(self, bias: torch.Tensor) -> torch.Tensor:
+        """A bias over columns, (1 or B, s, ., rows), in the layout of `_columns`: as it is
+        or (B*H, s, ., rows) for a per-sequence one (grouped: (B*s, 1, ., rows))."""
+        if self.grouped:
+            return bias.expand(self.batch, *bias.shape[1:]).flatten(0, 1)[:, None]
+        return bias if bias.shape[0] == 1 else self._per_head(bias)
+
+    def _columns(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, N, L, E) -> (B*N, s, rows, E), column c holding positions c, c + s, ...
+        (grouped: (B*s, N, rows, E)); contiguous."""
+        columns = to_columns(x, self.plan.stride)  # (B*N, s, rows, E)
+        if self.grouped:
+            return columns.unflatten(0, (self.batch, -1)).transpose(1, 2).flatten(0, 1)
+        return columns.contiguous()
+
+    def _from_columns(self, x: torch.Tensor) -> torch.Tensor:
+        """Undo `_columns`: -> (B, N, rows * s, E), N the heads x holds (padding kept)."""
+        if self.grouped:
+            x = x.unflatten(0, (self.batch, -1)).transpose(1, 2).flatten(0, 1)  # (B*N, s, ...)
+        return from_columns(x, self.batch, x.shape[0] // self.batch)
 
     def _column_positions(self, device) -> torch.Tensor:
         """(s, rows): the position of row r of column c, r * s + c (L and beyond: padding)."""
@@ -233,23 +313,23 @@ class Pieces:
         if self.plan.causal:
             hidden = hidden | (key > query)  # (s, rows, rows)
         hidden = self.documents.hide(hidden, query, key)  # (B, s, rows, rows)
-        return self._per_head(flash.hidden_bias(hidden, q.dtype))
+        return self._column_bias(flash.hidden_bias(hidden, q.dtype))
 
     def strided_forward(self, q, k, v, out, lse):
-        stride, length = self.plan.stride, self.plan.seq_len
-        columns = (to_columns(x, stride).contiguous() for x in (q, k, v))  # (B*H, s, rows, D)
+        length = self.plan.seq_len
+        columns = (self._columns(x) for x in (q, k, v))  # (B*H, s, rows, D)
         part_out, part_lse = flash.attend(*columns, **self._strided_options(q))
-        part_out = from_columns(part_out, self.batch, self.heads)[:, :, :length]
-        part_lse = from_columns(part_lse.unsqueeze(-1), self.batch, self.heads)[:, :, :length]
+        part_out = self._from_columns(part_out)[:, :, :length]
+        part_lse = self._from_columns(part_lse.unsqueeze(-1))[:, :, :length]
         flash.merge_into(out, lse, part_out, part_lse)
 
     def strided_backward(self, grad, q, k, v, out, lse, grads):
-        stride, length = self.plan.stride, self.plan.seq_len
-        columns = [to_columns(x, stride).contiguous() for x in (grad, q, k, v, out)]
-        lse_columns = to_columns(lse.unsqueeze(-1), stride).squeeze(-1).contiguous()
+        length = self.plan.seq_len
+        columns = [self._columns(x) for x in (grad, q, k, v, out)]
+        lse_columns = self._columns(lse.unsqueeze(-1)).squeeze(-1)
         pieces = flash.attend_backward(*columns, lse_columns, **self._strided_options(q))
         for total, piece in zip(grads, pieces, strict=True):
-            total += from_columns(piece, self.batch, self.heads)[:, :, :length]
+            total += self._from_columns(piece)[:, :, :length]
 
     # --- summary -----------------------------------------------------------------------------
     def _summary_calls(self, q):

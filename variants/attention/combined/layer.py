@@ -46,6 +46,7 @@ from variants.attention.common import flex
 from variants.attention.common.base import Attention
 from variants.attention.common.cache import WindowCache, attend_allowed
 from variants.attention.common.columns import stride_at
+from variants.attention.common.masking import repeat_kv
 from variants.checks import (
     require_non_negative_int,
     require_positive_int,
@@ -78,6 +79,10 @@ class CombinedAttention(Attention):
     output is zero). A query whose pattern keys are all masked away gets a zero output; that
     needs a pattern without the query itself (neither `local` nor `strided`). `impl="flex"`
     takes neither.
+
+    k and v may have fewer heads than q (grouped heads, `n_kv_heads`): every piece reads them
+    as they are and the decode cache holds H_kv heads; `impl="flex"` repeats them to the H
+    heads before FlexAttention.
     """
 
     name = "combined"
@@ -89,6 +94,7 @@ class CombinedAttention(Attention):
     softmax_kernels = "flash"
     independent_heads = True
     supports_padding_mask = supports_segments = True
+    native_gqa = native_gqa_decode = True
 
     def __init__(
         self,
@@ -197,6 +203,8 @@ class CombinedAttention(Attention):
                 q.device,
                 lambda: flex.block_mask(self.pattern(seq_len), seq_len, tile, q.device),
             )
+            # FlexAttention's own grouping is not taken (forward-only on CPU): keys repeated.
+            k, v = repeat_kv(k, q.shape[1]), repeat_kv(v, q.shape[1])  # (B, H, L, D) each
             return flex.attend(self.name, q, k, v, mask)
         plan = self.plan(seq_len, q.device)  # shared by batch and heads, masks or not
         return CombinedPieces.apply(q, k, v, plan, key_padding_mask, segment_ids)  # (B, H, L, D)

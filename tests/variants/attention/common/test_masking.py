@@ -320,7 +320,11 @@ def test_a_variant_without_native_decode_gqa_repeats_into_its_cache():
     name = _repeating_decoder()
     if name is None:
         pytest.skip("every decoding variant holds grouped heads natively")
-    kernel = variants.build_attention(name, causal=True)
+    spec = variants.attention_spec(name)
+    shape = {"n_heads": 4, "head_dim": 8, "max_seq_len": 8}
+    kernel = variants.build_attention(
+        name, causal=True, **{k: v for k, v in shape.items() if k in spec.model_options}
+    )
     q, _, _ = qkv(1, 4, 8, 8, seed=8)
     _, k, v = qkv(1, 2, 8, 8, seed=9)
     cache = kernel.init_cache(1, 4, 8, max_len=8, dtype=q.dtype, n_kv_heads=2)
