@@ -6,9 +6,17 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tests.reference import assert_causal, causal_mask, qkv
+from tests.reference import (
+    assert_causal,
+    assert_same_outputs_and_grads,
+    causal_mask,
+    mask_kwargs,
+    padding_and_documents,
+    qkv,
+)
 from variants import build_attention
 from variants.attention.common import kernelized
+from variants.attention.performer import layer as performer_layer
 
 
 def dense_linear_attention(q, k, v, causal):
@@ -41,24 +49,38 @@ def test_causal():
     assert_causal(build_attention("linear", causal=True), length=80, t=66)
 
 
+def dense_causal_product(a, b, c, reverse):
+    """sum_h of (a_g . b_h) c_h over j <= i (j >= i reversed), on explicit (L, L) scores."""
+    scores = a.unsqueeze(2) @ b.unsqueeze(1).transpose(-1, -2)  # (S, G_a, G_b, L, L)
+    scores = scores.triu() if reverse else scores.tril()
+    return (scores @ c.unsqueeze(1)).sum(dim=2)  # (S, G_a, L, F)
+
+
+# (heads reading, heads summed): one sequence each, grouped queries (forward), grouped keys
+PRODUCT_HEADS = [(1, 1), (3, 1), (1, 2)]
+
+
+@pytest.mark.parametrize("heads", PRODUCT_HEADS)
 @pytest.mark.parametrize("reverse", [False, True])
 @pytest.mark.parametrize("length", [5, 64, 200])
-def test_causal_product_in_groups_of_one_chunk(reverse, length, monkeypatch):
+def test_causal_product_in_groups_of_one_chunk(reverse, length, heads, monkeypatch):
     # A 1-byte state budget makes every chunk its own group: the carry between groups counts.
     g = torch.Generator().manual_seed(0)
-    a, b = (torch.rand(2, length, 6, generator=g, dtype=torch.float64) for _ in range(2))
-    c = torch.randn(2, length, 5, generator=g, dtype=torch.float64)
-    scores = a @ b.transpose(-1, -2)
-    want = (scores.triu() if reverse else scores.tril()) @ c
+    a = torch.rand(2, heads[0], length, 6, generator=g, dtype=torch.float64)
+    b = torch.rand(2, heads[1], length, 6, generator=g, dtype=torch.float64)
+    c = torch.randn(2, heads[1], length, 5, generator=g, dtype=torch.float64)
+    want = dense_causal_product(a, b, c, reverse)
     torch.testing.assert_close(kernelized.causal_product(a, b, c, reverse=reverse), want)
     monkeypatch.setattr(kernelized, "STATE_BYTES", 1)
     torch.testing.assert_close(kernelized.causal_product(a, b, c, reverse=reverse), want)
 
 
-def test_causal_product_gradcheck():
+@pytest.mark.parametrize("heads", PRODUCT_HEADS)
+def test_causal_product_gradcheck(heads):
     g = torch.Generator().manual_seed(1)
-    a, b = (torch.rand(2, 70, 3, generator=g, dtype=torch.float64) for _ in range(2))
-    c = torch.randn(2, 70, 2, generator=g, dtype=torch.float64)
+    a = torch.rand(2, heads[0], 70, 3, generator=g, dtype=torch.float64)
+    b = torch.rand(2, heads[1], 70, 3, generator=g, dtype=torch.float64)
+    c = torch.randn(2, heads[1], 70, 2, generator=g, dtype=torch.float64)
     inputs = [x.requires_grad_() for x in (a, b, c)]
     assert torch.autograd.gradcheck(kernelized.CausalProduct.apply, inputs, fast_mode=True)
 
@@ -79,3 +101,61 @@ def test_causal_backward_saves_no_per_position_state():
 
 def test_flops_count_building_and_reading_the_state():
     assert build_attention("linear").flops(2, 4, 1024, 64) == 4 * 2 * 4 * 1024 * 64 * 65
+
+
+# --- grouped KV heads: the sums per KV head (`kernelized`, shared with performer) ------------
+FEATURE_KERNELS = {"linear": {}, "performer": {"head_dim": 8, "seed": 0}}
+# (kv_heads of 4 query heads, masks): groups of 2 and 4, with and without documents
+GROUPED = [(2, "none"), (1, "none"), (2, "both"), (1, "segments")]
+
+
+def _grouped_and_repeated(kernel, kv_heads, masks, length):
+    keep, segments = padding_and_documents(batch=2, length=length, seed=3)
+    given = mask_kwargs(
+        keep if masks == "both" else None, segments if masks in ("segments", "both") else None
+    )
+    group = 4 // kv_heads
+
+    def grouped(q, k, v):
+        return kernel(q, k, v, **given)
+
+    def repeated(q, k, v):
+        return kernel(q, k.repeat_interleave(group, 1), v.repeat_interleave(group, 1), **given)
+
+    q, _, _ = qkv(2, 4, length, 8, seed=4)
+    _, k, v = qkv(2, kv_heads, length, 8, seed=5)
+    return grouped, repeated, (q, k, v)
+
+
+@pytest.mark.parametrize("kv_heads, masks", GROUPED)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("name", FEATURE_KERNELS)
+def test_grouped_heads_equal_the_kernel_on_repeated_keys(name, causal, kv_heads, masks):
+    kernel = build_attention(name, causal=causal, **FEATURE_KERNELS[name]).double()
+    # 150: two chunks of 64 and a padded one, so the causal carry crosses chunks
+    assert_same_outputs_and_grads(*_grouped_and_repeated(kernel, kv_heads, masks, 150))
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_performer_head_by_head_takes_grouped_heads(causal, monkeypatch):
+    kernel = build_attention("performer", causal=causal, head_dim=8, seed=0).double()
+    grouped, repeated, inputs = _grouped_and_repeated(kernel, 2, "none", 70)
+    want = grouped(*inputs)
+    monkeypatch.setattr(performer_layer, "HEAD_BY_HEAD_BYTES", 0)  # one KV head at a time
+    torch.testing.assert_close(grouped(*inputs), want)
+    assert_same_outputs_and_grads(grouped, repeated, inputs)
+
+
+@pytest.mark.parametrize("name", FEATURE_KERNELS)
+def test_decodes_grouped_heads_from_a_cache_of_kv_heads(name):
+    kernel = build_attention(name, causal=True, **FEATURE_KERNELS[name])
+    q, _, _ = qkv(2, 4, 12, 8, seed=8)
+    _, k, v = qkv(2, 2, 12, 8, seed=9)
+    cache = kernel.init_cache(2, 4, 8, max_len=12, dtype=q.dtype, n_kv_heads=2)
+    assert cache.state.shape[1] == 2  # the sums of the KV heads only
+    prompt = kernel.prefill(q[:, :, :5], k[:, :, :5], v[:, :, :5], cache)
+    steps = [
+        kernel.decode(q[:, :, t : t + 1], k[:, :, t : t + 1], v[:, :, t : t + 1], cache)
+        for t in range(5, 12)
+    ]
+    torch.testing.assert_close(torch.cat([prompt, *steps], dim=2), kernel(q, k, v))

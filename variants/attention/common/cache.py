@@ -238,10 +238,13 @@ class StateCache(Cache):
         self.state += phi_k.to(self.state.dtype).transpose(-1, -2) @ values
 
     def read(self, phi_q: torch.Tensor, denominator_eps=0.0) -> torch.Tensor:
-        """phi_q: (B, H, T, E) -> out (B, H, T, D): numerator over denominator (padded by
-        `denominator_eps` and clamped at the smallest normal number, as `kernelized`)."""
+        """phi_q: (B, H_q, T, E) -> out (B, H_q, T, D): numerator over denominator (padded by
+        `denominator_eps` and clamped at the smallest normal number, as `kernelized`). H_q a
+        multiple of the cache's heads: grouped KV heads, query head h reads state h // G."""
         phi_q = phi_q.to(self.state.dtype)
-        numerator = phi_q @ self.state  # (B, H, T, D+1)
+        batch, heads, steps, _ = phi_q.shape
+        rows = phi_q.reshape(batch, self.state.shape[1], -1, phi_q.shape[-1])  # (B, H, G*T, E)
+        numerator = (rows @ self.state).view(batch, heads, steps, -1)  # (B, H_q, T, D+1)
         out, denominator = numerator[..., :-1], numerator[..., -1:]
         return out / padded_denominator(denominator, phi_q, denominator_eps)
 

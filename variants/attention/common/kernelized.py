@@ -19,6 +19,12 @@ cumulative sum over the group's chunk axis, kept within STATE_BYTES), and the gr
 carries to the next group. Its autograd Function saves only its three inputs; its backward is
 three more products of the same kind (one forward in position order, two in reverse), so
 neither direction ever holds more than O(L (E + D)) plus one group of states.
+
+Grouped KV heads (k, v with H_kv heads dividing q's H, query head h on KV head h // (H / H_kv))
+are taken as they are: the key features, values and states are per KV head, and the G = H / H_kv
+query heads of a group read the same states (non-causal, as one matmul of G L rows; causal, one
+read-out per query head of each chunk group's states, which are built once). The backward sums
+the G heads' contributions to the keys' and values' gradients inside the same products.
 """
 
 from __future__ import annotations
@@ -45,21 +51,30 @@ def feature_attention(
 ) -> torch.Tensor:
     """Normalised linear attention over feature maps (formula in the module docstring).
 
-    phi_q, phi_k: (B, H, L, E), non-negative; v: (B, H, L, D). Returns (B, H, L, D) in v's
-    dtype. `denominator_eps`: added to every feature of the key sum z_i in the denominator only
-    (phi(q_i)^T (z_i + eps)), as performer-pytorch's causal path. A row whose denominator
+    phi_q: (B, H, L, E) and phi_k: (B, H_kv, L, E), non-negative; v: (B, H_kv, L, D), H_kv
+    dividing H (grouped KV heads, module docstring). Returns (B, H, L, D) in v's dtype.
+    `denominator_eps` (a number, or a tensor broadcasting to (B, H_kv, 1, 1)): added to every
+    feature of the key sum z_i in the denominator only (phi(q_i)^T (z_i + eps)), as
+    performer-pytorch's causal path. A row whose denominator
     still underflows to 0 (every weight 0) gives 0, never NaN: the denominator is clamped at the
     dtype's smallest normal number, where the numerator is 0 too.
     """
-    batch, heads, length, head_dim = v.shape
-    values = torch.cat([v, v.new_ones(batch, heads, length, 1)], dim=-1)  # (B, H, L, D+1)
+    batch, kv_heads, length, head_dim = v.shape
+    heads = phi_q.shape[1]
+    group = heads // kv_heads
+    values = torch.cat([v, v.new_ones(batch, kv_heads, length, 1)], dim=-1)  # (B, H_kv, L, D+1)
     if causal:
-        flat = (x.flatten(0, 1) for x in (phi_q, phi_k, values))  # (S, L, *) each, S = B*H
-        numerator = CausalProduct.apply(*flat).view(batch, heads, length, head_dim + 1)
+        # (S, G, L, *) for the queries, (S, 1, L, *) for keys and values; S = B*H_kv
+        a = phi_q.reshape(batch * kv_heads, group, length, -1)
+        b, c = (x.flatten(0, 1).unsqueeze(1) for x in (phi_k, values))
+        numerator = CausalProduct.apply(a, b, c).view(batch, heads, length, head_dim + 1)
     else:
-        state = phi_k.transpose(-1, -2) @ values  # (B, H, E, D+1)
-        numerator = phi_q @ state  # (B, H, L, D+1)
+        state = phi_k.transpose(-1, -2) @ values  # (B, H_kv, E, D+1)
+        rows = phi_q.reshape(batch, kv_heads, group * length, -1)  # (B, H_kv, G*L, E)
+        numerator = (rows @ state).view(batch, heads, length, head_dim + 1)  # (B, H, L, D+1)
     out, denominator = numerator.split([head_dim, 1], dim=-1)  # (B, H, L, D), (B, H, L, 1)
+    if isinstance(denominator_eps, torch.Tensor) and denominator_eps.dim() == 4:
+        denominator_eps = denominator_eps.repeat_interleave(group, 1)  # per KV head -> per head
     return out / padded_denominator(denominator, phi_q, denominator_eps)
 
 
@@ -78,9 +93,12 @@ def padded_denominator(
 def causal_product(
     a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, *, reverse: bool = False
 ) -> torch.Tensor:
-    """out_i = sum_{j <= i} (a_i . b_j) c_j, or over j >= i with `reverse`; no autograd.
+    """out_{g,i} = sum_h sum_{j <= i} (a_{g,i} . b_{h,j}) c_{h,j}, or over j >= i with
+    `reverse`; no autograd.
 
-    a, b: (S, L, E); c: (S, L, F). Returns (S, L, F). Chunked as the module docstring says:
+    a: (S, G_a, L, E); b: (S, G_b, L, E); c: (S, G_b, L, F): G_a heads read the sums over G_b
+    heads (grouped KV heads: G_a = G, G_b = 1 forward; the reverse in the backward). Returns
+    (S, G_a, L, F). Chunked as the module docstring says:
     O(L CHUNK (E + F) + L E F) time, temporaries within STATE_BYTES (one chunk at least).
     One sequence at a time, so that every group of chunks is a contiguous block and the batched
     matmuls run on it (and on its transposes) in place: slices across sequences made the
@@ -100,36 +118,42 @@ def causal_product(
 def _causal_product(
     a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, *, reverse: bool
 ) -> torch.Tensor:
-    n_seq, length, width = a.shape
-    out_width = c.shape[-1]
+    n_seq, reading, length, width = a.shape
+    summed, out_width = b.shape[1], c.shape[-1]
     pad = -length % CHUNK
     if pad:
         # Zero rows: as keys and values they add nothing, as queries their outputs are dropped.
         a, b, c = (F.pad(x, (0, 0, 0, pad)) for x in (a, b, c))
     n_chunks = (length + pad) // CHUNK
-    a, b, c = (x.reshape(n_seq, n_chunks, CHUNK, x.shape[-1]) for x in (a, b, c))  # (S, C, n, *)
-    out = c.new_empty(n_seq, n_chunks, CHUNK, out_width)  # (S, C, n, F)
+    # (S, G_*, C, n, *) each
+    a, b, c = (x.reshape(n_seq, x.shape[1], n_chunks, CHUNK, x.shape[-1]) for x in (a, b, c))
+    out = c.new_empty(n_seq, reading, n_chunks, CHUNK, out_width)  # (S, G_a, C, n, F)
     per_group = max(1, STATE_BYTES // (width * out_width * c.element_size()))
     groups = [slice(g, min(g + per_group, n_chunks)) for g in range(0, n_chunks, per_group)]
     for s in range(n_seq):
         carry = c.new_zeros(width * out_width)  # the states of the chunks already done
         for group in reversed(groups) if reverse else groups:
-            a_g, b_g, c_g = a[s, group], b[s, group], c[s, group]  # (G, n, *) contiguous
-            size = a_g.shape[0]
-            own = torch.bmm(b_g.transpose(-1, -2), c_g).view(size, -1)  # (G, E*F)
+            b_g, c_g = b[s, :, group], c[s, :, group]  # (G_b, Cg, n, *), each head contiguous
+            size = b_g.shape[1]
+            own = torch.bmm(b_g[0].transpose(-1, -2), c_g[0]).view(size, -1)  # (Cg, E*F)
+            for h in range(1, summed):
+                own.view(size, width, out_width).baddbmm_(b_g[h].transpose(-1, -2), c_g[h])
             # Each chunk's predecessors (successors, in reverse) in the group, plus the carry.
             before = own.flip(0).cumsum(0).flip(0) if reverse else own.cumsum(0)  # inclusive
             total = before[0] if reverse else before[-1]
             carry_next = carry + total
             before.sub_(own).add_(carry)
             carry = carry_next
-            before = before.view(size, width, out_width)  # (G, E, F)
-            scores = torch.bmm(a_g, b_g.transpose(-1, -2))  # (G, n, n)
-            scores = scores.triu_() if reverse else scores.tril_()
-            out_g = out[s, group]  # (G, n, F) view
-            torch.bmm(a_g, before, out=out_g)
-            out_g.baddbmm_(scores, c_g)
-    return out.view(n_seq, -1, out_width)[:, :length]
+            before = before.view(size, width, out_width)  # (Cg, E, F)
+            for g in range(reading):
+                a_g = a[s, g, group]  # (Cg, n, E) contiguous
+                out_g = out[s, g, group]  # (Cg, n, F) view
+                torch.bmm(a_g, before, out=out_g)
+                for h in range(summed):
+                    scores = torch.bmm(a_g, b_g[h].transpose(-1, -2))  # (Cg, n, n)
+                    scores = scores.triu_() if reverse else scores.tril_()
+                    out_g.baddbmm_(scores, c_g[h])
+    return out.view(n_seq, reading, -1, out_width)[:, :, :length]
 
 
 class CausalProduct(torch.autograd.Function):
@@ -138,12 +162,13 @@ class CausalProduct(torch.autograd.Function):
         da_i = sum_{j <= i} (g_i . c_j) b_j     db_j = sum_{i >= j} (c_j . g_i) a_i
         dc_j = sum_{i >= j} (b_j . a_i) g_i
 
-    for g the gradient of out. Saves a, b, c only.
+    for g the gradient of out (each summed over the heads of the other side, `causal_product`).
+    Saves a, b, c only.
     """
 
     @staticmethod
     def forward(ctx, a, b, c):
-        """a, b: (S, L, E); c: (S, L, F) -> (S, L, F)."""
+        """a: (S, G_a, L, E); b: (S, G_b, L, E); c: (S, G_b, L, F) -> (S, G_a, L, F)."""
         ctx.save_for_backward(a, b, c)
         return causal_product(a, b, c)
 

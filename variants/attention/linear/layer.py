@@ -12,6 +12,9 @@ option, and it has none beyond `causal`.
 With a key padding mask or segment ids each document's real positions run as a sequence of
 their own (`masking.per_document`): the sums restart at every document boundary and never
 hold a padded key.
+
+Grouped KV heads (k, v with fewer heads than q) are taken as they are: the sums are per KV head,
+read by each of its query heads (`kernelized`), and the decode cache holds H_kv heads.
 """
 
 from __future__ import annotations
@@ -37,11 +40,12 @@ class LinearAttention(Attention):
     supports_decode = True
     independent_heads = True
     supports_padding_mask = supports_segments = True  # one document at a time
+    native_gqa = native_gqa_decode = True  # sums per KV head
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **masks) -> torch.Tensor:
         if masks:  # key_padding_mask and/or segment_ids
             return per_document(self.attend, q, k, v, **masks)
-        phi_q, phi_k = F.elu(q) + 1, F.elu(k) + 1  # (B, H, L, D) each, positive
+        phi_q, phi_k = F.elu(q) + 1, F.elu(k) + 1  # (B, H, L, D), (B, H_kv, L, D), positive
         return kernelized.feature_attention(phi_q, phi_k, v, causal=self.causal)
 
     def flops(self, batch: int, heads: int, seq_len: int, head_dim: int) -> int:

@@ -36,6 +36,9 @@ Choices where published implementations differ:
   relative to the bound would swamp every feature (the bound sits far above typical
   exponents). eps biases the estimate towards uniform weights among the keys (eps = 0: the
   unbiased estimator).
+- Grouped KV heads (k, v with fewer heads than q) are taken as they are: the key features and
+  the sums are per KV head, read by each of its query heads (`kernelized`); a key stabiliser is
+  its KV head's; the decode cache holds H_kv heads.
 - Half-precision inputs are computed in float32 (exponentials of the projections overflow
   float16) and returned in their dtype.
 """
@@ -92,6 +95,7 @@ class PerformerAttention(Attention):
     supports_decode = True
     independent_heads = True
     supports_padding_mask = supports_segments = True  # one document at a time
+    native_gqa = native_gqa_decode = True  # key features and sums per KV head
 
     def __init__(
         self,
@@ -160,11 +164,14 @@ class PerformerAttention(Attention):
             return per_document(self._features_attention, q, k, v, **masks).to(dtype)
         if heads == 1 or batch * heads * length * self.n_features * 4 <= HEAD_BY_HEAD_BYTES:
             return self._features_attention(q, k, v).to(dtype)  # (B, H, L, D)
-        # One head at a time (under checkpointing when training): the features of all heads
-        # would not fit; each head's output is the same either way.
+        # One KV head at a time, with its group of query heads (under checkpointing when
+        # training): the features of all heads would not fit; each head's output is the same
+        # either way.
         outs = []
-        for h in range(heads):
-            one = (q[:, h : h + 1], k[:, h : h + 1], v[:, h : h + 1])  # (B, 1, L, D) each
+        group = heads // k.shape[1]
+        for h in range(k.shape[1]):
+            queries = q[:, h * group : (h + 1) * group]  # (B, G, L, D)
+            one = (queries, k[:, h : h + 1], v[:, h : h + 1])  # and (B, 1, L, D) each
             if torch.is_grad_enabled():
                 outs.append(checkpoint(self._features_attention, *one, use_reentrant=False))
             else:
@@ -172,29 +179,30 @@ class PerformerAttention(Attention):
         return torch.cat(outs, dim=1).to(dtype)  # (B, H, L, D)
 
     def _features_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
-        """The attention over the features, (B, H, L, D) each -> (B, H, L, D)."""
-        phi_q, phi_k, key_scale = self.feature_maps(q, k)  # (B, H, L, m) each
+        """The attention over the features, q (B, H, L, D), k and v (B, H_kv, L, D) ->
+        (B, H, L, D)."""
+        phi_q, phi_k, key_scale = self.feature_maps(q, k)  # (B, H, L, m), (B, H_kv, L, m)
         return kernelized.feature_attention(
             phi_q, phi_k, v, causal=self.causal, denominator_eps=self.denominator_eps * key_scale
         )
 
     def feature_maps(self, q: torch.Tensor, k: torch.Tensor):
-        """Positive random features of q and k, (B, H, L, D) -> (B, H, L, m) each, up to the
-        per-row and per-sequence constants that cancel in the attention, with `eps` added
-        (module docstring); and the keys' scale, exp(-constant) (a key exponent of 0's
-        feature), which `denominator_eps` is relative to."""
+        """Positive random features of q (B, H, L, D) and k (B, H_kv, L, D) -> (B, *, L, m)
+        each, up to the per-row and per-sequence constants that cancel in the attention, with
+        `eps` added (module docstring); and the keys' scale, exp(-constant) (a key exponent of
+        0's feature), which `denominator_eps` is relative to."""
         features = self.features.to(q.dtype)  # (m, D)
         scale = self.head_dim**-0.25
         q_proj = (q * scale) @ features.T  # (B, H, L, m)
         phi_q = (q_proj - q_proj.amax(dim=-1, keepdim=True).detach()).exp_()
         k_scaled = k * scale
-        k_proj = k_scaled @ features.T  # (B, H, L, m)
-        exponent = k_proj - k_scaled.square().sum(dim=-1, keepdim=True) / 2  # (B, H, L, m)
+        k_proj = k_scaled @ features.T  # (B, H_kv, L, m)
+        exponent = k_proj - k_scaled.square().sum(dim=-1, keepdim=True) / 2  # (B, H_kv, L, m)
         if self.causal:
             bound = features.square().sum(dim=-1).amax() / 2  # >= every key exponent
             key_scale = torch.exp(-bound)  # a key exponent of 0's feature
         else:
-            bound = exponent.detach().amax(dim=(-2, -1), keepdim=True)  # (B, H, 1, 1)
+            bound = exponent.detach().amax(dim=(-2, -1), keepdim=True)  # (B, H_kv, 1, 1)
             key_scale = torch.ones_like(bound)  # the sequence's largest key feature
         phi_k = (exponent - bound).exp_()
         if self.eps:
