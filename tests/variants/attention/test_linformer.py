@@ -5,7 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.reference import dense_attention, qkv
+from tests.reference import (
+    assert_same_outputs_and_grads,
+    dense_attention,
+    mask_kwargs,
+    padding_and_documents,
+    qkv,
+)
 from variants import build_attention
 from variants.registry import attention_spec
 
@@ -111,3 +117,28 @@ def test_bad_options_are_refused(options, message):
 
 def test_flops():
     assert build(k=5).flops(2, 3, 12, 8) == 4 * 2 * 3 * 12 * 5 * 8 + 2 * 2 * 2 * 3 * 5 * 12 * 8
+
+
+# kv_heads of 4 query heads and the masks: groups of 2 and 4, padding, documents
+GROUPED = [(2, "none"), (1, "none"), (2, "padding"), (1, "segments")]
+
+
+@pytest.mark.parametrize("kv_heads, masks", GROUPED)
+@pytest.mark.parametrize("share", ["none", "headwise", "kv"])
+def test_grouped_heads_equal_the_kernel_on_repeated_keys(share, kv_heads, masks):
+    module = build(share=share, n_heads=4, k=8, max_seq_len=24)
+    keep, segments = padding_and_documents(batch=2, length=24, seed=2)
+    given = mask_kwargs(
+        keep if masks == "padding" else None, segments if masks == "segments" else None
+    )
+    q, _, _ = qkv(2, 4, 24, 8, seed=3)
+    _, k, v = qkv(2, kv_heads, 24, 8, seed=4)
+    group = 4 // kv_heads
+
+    def grouped(q, k, v):
+        return module(q, k, v, **given)
+
+    def repeated(q, k, v):
+        return module(q, k.repeat_interleave(group, 1), v.repeat_interleave(group, 1), **given)
+
+    assert_same_outputs_and_grads(grouped, repeated, (q, k, v), params=list(module.parameters()))

@@ -24,6 +24,12 @@ document is thus projected exactly as it would be alone. A padded query's output
 base class). Without masks the call is the unmasked one of before; documents cost a Python loop
 over the batch's documents, padding alone one masked fill.
 
+Grouped KV heads (k, v with H_kv heads dividing q's H) are taken as they are: a shared
+projection (headwise, kv, layerwise) projects each KV head's keys and values once, and the fused
+attention reads them grouped; with share='none' each query head projects its KV head's keys
+and values with its own E and F, so only the k projected rows per query head exist, never the
+L keys repeated to H heads.
+
 Initialisation follows the paper's fairseq code: xavier-uniform over each (k, N) matrix with gain
 1/sqrt(2), i.e. U(-b, b) with b = sqrt(3 / (k + N)); a projected key then has about L / (k + N)
 times the variance of a key, never more.
@@ -71,6 +77,7 @@ class LinformerAttention(Attention):
     softmax_kernels = "sdpa"
     causal_supported = False
     supports_padding_mask = supports_segments = True  # module docstring
+    native_gqa = True  # module docstring
     causal_reason = (
         "its projection along the sequence mixes future positions into every projected key, "
         "so no query can be kept from seeing the future"
@@ -136,15 +143,16 @@ class LinformerAttention(Attention):
         key_padding_mask: torch.Tensor | None = None,
         segment_ids: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """q, k, v (B, H, L, D) -> (B, H, L, D); padded keys and values zeroed before the
-        projection, each document projected as a sequence of its own (module docstring)."""
+        """q (B, H, L, D), k and v (B, H_kv, L, D) -> (B, H, L, D); padded keys and values
+        zeroed before the projection, each document projected as a sequence of its own (module
+        docstring)."""
         if key_padding_mask is not None:
             # Zeroed, padded keys and values add nothing to any projected slot.
             k = zero_padded_positions(k, key_padding_mask)  # (B, H, L, D)
             v = zero_padded_positions(v, key_padding_mask)
         if segment_ids is not None:
             return per_document(self.attend, q, k, v, segment_ids=segment_ids)
-        heads, length = q.shape[1], q.shape[2]
+        heads, length, kv_heads = q.shape[1], q.shape[2], k.shape[1]
         if self.key_proj.shape[0] not in (1, heads):
             raise ValueError(
                 f"{self.name}: option 'n_heads'={self.n_heads} must equal the inputs' heads "
@@ -155,8 +163,17 @@ class LinformerAttention(Attention):
         value_proj = (
             key_proj if self.value_proj is None else self.value_proj[:, :, :length].to(v.dtype)
         )
-        keys = torch.einsum("hkl,bhld->bhkd", key_proj, k)  # (B, H, k, D)
-        values = torch.einsum("hkl,bhld->bhkd", value_proj, v)  # (B, H, k, D)
+        if key_proj.shape[0] == 1 or kv_heads == heads:
+            keys = torch.einsum("hkl,bhld->bhkd", key_proj, k)  # (B, H_kv, k, D)
+            values = torch.einsum("hkl,bhld->bhkd", value_proj, v)  # (B, H_kv, k, D)
+            return F.scaled_dot_product_attention(
+                q, keys, values, enable_gqa=kv_heads != heads
+            )  # (B, H, L, D)
+        # One projection per query head, of its KV head's keys and values (query head h on KV
+        # head h // G): (H_kv, G, k, L) projections of (B, H_kv, L, D) -> (B, H, k, D)
+        key_proj, value_proj = (p.unflatten(0, (kv_heads, -1)) for p in (key_proj, value_proj))
+        keys = torch.einsum("hgkl,bhld->bhgkd", key_proj, k).flatten(1, 2)  # (B, H, k, D)
+        values = torch.einsum("hgkl,bhld->bhgkd", value_proj, v).flatten(1, 2)  # (B, H, k, D)
         return F.scaled_dot_product_attention(q, keys, values)  # (B, H, L, D)
 
     def flops(self, batch: int, heads: int, seq_len: int, head_dim: int) -> int:
