@@ -5,7 +5,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.reference import assert_causal, dense_attention, moba_mask, qkv
+from tests.reference import (
+    assert_causal,
+    assert_same_outputs_and_grads,
+    dense_attention,
+    mask_kwargs,
+    moba_mask,
+    padding_and_documents,
+    qkv,
+)
 from variants import UnsupportedCombination, build_attention
 from variants.attention.common import selected_blocks
 
@@ -92,3 +100,47 @@ def test_moba_options_are_checked():
     with pytest.raises(ValueError, match="moba: option 'top_k' must be a positive integer"):
         build_attention("moba", top_k=0)
     assert not isinstance(ValueError(), UnsupportedCombination)
+
+
+# --- grouped KV heads: the same kernel on keys repeated to the query heads --------------------
+# (kv_heads of 4 query heads, masks, length): groups of 2 and 4, short last block or whole ones
+GROUPED = [(2, "none", 29), (1, "none", 28), (2, "both", 29), (1, "segments", 28)]
+
+
+@pytest.mark.parametrize("kv_heads, masks, length", GROUPED)
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
+def test_grouped_heads_equal_the_kernel_on_repeated_keys(
+    flash_kernels, monkeypatch, causal, kv_heads, masks, length
+):
+    # Tiles of two rows: a block's queries of several heads share tiles and leave unused rows.
+    monkeypatch.setattr(selected_blocks, "TILE_ROWS", 2)
+    keep, segments = padding_and_documents(batch=2, length=length, seed=6)
+    given = mask_kwargs(
+        keep if masks == "both" else None, segments if masks in ("segments", "both") else None
+    )
+    kernel = build_attention("moba", causal=causal, block_size=4, top_k=3)
+    q, _, _ = qkv(2, 4, length, 8, seed=7)
+    _, k, v = qkv(2, kv_heads, length, 8, seed=8)
+    group = 4 // kv_heads
+
+    def grouped(q, k, v):
+        return kernel(q, k, v, **given)
+
+    def repeated(q, k, v):
+        return kernel(q, k.repeat_interleave(group, 1), v.repeat_interleave(group, 1), **given)
+
+    assert_same_outputs_and_grads(grouped, repeated, (q, k, v))
+
+
+def test_decodes_grouped_heads_from_a_cache_of_kv_heads():
+    kernel = build_attention("moba", causal=True, block_size=4, top_k=3)
+    q, _, _ = qkv(2, 4, 19, 8, seed=8)
+    _, k, v = qkv(2, 2, 19, 8, seed=9)
+    cache = kernel.init_cache(2, 4, 8, max_len=19, dtype=q.dtype, n_kv_heads=2)
+    prompt = kernel.prefill(q[:, :, :6], k[:, :, :6], v[:, :, :6], cache)
+    steps = [
+        kernel.decode(q[:, :, t : t + 1], k[:, :, t : t + 1], v[:, :, t : t + 1], cache)
+        for t in range(6, 19)
+    ]
+    assert cache.keys().shape[1] == 2  # the KV heads only
+    torch.testing.assert_close(torch.cat([prompt, *steps], dim=2), kernel(q, k, v))

@@ -30,9 +30,12 @@ class SelectedBlocks(torch.autograd.Function):
     """Softmax attention of each query over its own block (causal inside it when causal) and
     the key blocks `selected` names, merged by logsumexp (module docstring: how it runs).
 
-    q, k, v: (B, H, L, D); selected: (B, H, L, S) int64 block indices (-1: none), each other
-    than the query's own block and, when causal, before it. Returns (B, H, L, D). Saves q, k,
-    v, the selection, the merged output and its logsumexp: O(L (S + d)).
+    q: (B, H, L, D); k, v: (B, H_kv, L, D), H_kv dividing H (grouped KV heads: query head h
+    reads KV head h // (H / H_kv); the own blocks run a KV head's G query heads as the fused
+    kernel's heads, the tiles gather the queries of all G heads that chose a block); selected:
+    (B, H, L, S) int64 block indices (-1: none), each other than the query's own block and,
+    when causal, before it. Returns (B, H, L, D). Saves q, k, v, the selection, the merged
+    output and its logsumexp: O(L (S + d)).
 
     key_padding_mask, segment_ids: (B, L) or None (`masking`): every (query, key) pair, in the
     own block and in the selected ones, must also pass `masking.document_mask`. Only where it
@@ -46,7 +49,7 @@ class SelectedBlocks(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, selected, block, causal, key_padding_mask=None, segment_ids=None):
-        plan = _Plan(q, selected, block, causal, key_padding_mask, segment_ids)
+        plan = _Plan(q, k.shape[1], selected, block, causal, key_padding_mask, segment_ids)
         out, lse = plan.own_forward(q, k, v)  # (B, H, L, D), (B, H, L)
         if plan.n_entries:
             out, lse = plan.tiles_forward(q, k, v, out, lse)
@@ -68,11 +71,13 @@ class SelectedBlocks(torch.autograd.Function):
 
 class _Plan:
     """The tiles of one call: every valid (query, selected block) pair, sorted by (sequence,
-    block), each block's queries cut into tiles of `block` rows."""
+    block), each block's queries cut into tiles of `block` rows. A key sequence is a (batch
+    row, KV head) pair: `kv_heads` of them per batch row."""
 
     def __init__(
         self,
         q: torch.Tensor,
+        kv_heads: int,
         selected: torch.Tensor,
         block: int,
         causal: bool,
@@ -80,6 +85,8 @@ class _Plan:
         segment_ids: torch.Tensor | None = None,
     ):
         self.batch, self.heads, self.length, self.head_dim = q.shape
+        self.dtype, self.device = q.dtype, q.device
+        self.kv_heads, self.group = kv_heads, self.heads // kv_heads
         self.block, self.causal = block, causal
         self.masks = None  # the masks flattened to (1, B*L): positions b*L + i (`_tile_hidden`)
         self.n_blocks = -(-self.length // block)
@@ -92,14 +99,15 @@ class _Plan:
             self.clean = _clean_blocks(key_padding_mask, segment_ids, block)
             self.own_clean = self._own_clean()
         self.scale = self.head_dim**-0.5
-        n_seq = self.batch * self.heads
+        n_seq = self.batch * self.kv_heads  # key sequences
         flat = selected.reshape(-1)  # (S'*L*S,)
         entry = (flat >= 0).nonzero().squeeze(1)  # (E,) index into (S', L, S)
         self.n_entries = entry.numel()
         if not self.n_entries:
             return
         query = entry // selected.shape[-1]  # (E,) query row of (S'*L)
-        group = query // self.length * self.n_blocks + flat[entry]  # (E,) key block of sequence
+        sequence = query // self.length // self.group  # (E,) b H_kv + h // G
+        group = sequence * self.n_blocks + flat[entry]  # (E,) key block of sequence
         group, order = torch.sort(group, stable=True)
         query = query[order]
         counts = torch.bincount(group, minlength=n_seq * self.n_blocks)  # (G,)
@@ -139,7 +147,7 @@ class _Plan:
         document bias (`_tile_bias`); usually every tile but those at padding or at a
         document's edge."""
         rows = self.rows
-        sequence = self.tile_group // self.n_blocks // self.heads  # (T,) batch row
+        sequence = self.tile_group // self.n_blocks // self.kv_heads  # (T,) batch row
         block = self.tile_group % self.n_blocks  # (T,)
         clean = self.clean[sequence, block]  # (T,)
         if segment_ids is not None:
@@ -160,51 +168,70 @@ class _Plan:
 
     # --- own block ---------------------------------------------------------------------------
     def _own(self, x: torch.Tensor) -> torch.Tensor:
-        """(B, H, L, E) -> (B*H*n, 1, b, E), zero-padded: blocks as the batch, so that the
-        kernels' (batch, length, 1, E) results are these shapes without a copy."""
-        blocks = to_blocks(x, self.block)  # (B, H, n, b, E)
+        """Keys or values (B, H_kv, L, E) -> (B*H_kv*n, 1, b, E), zero-padded: blocks as the
+        batch, so that the kernels' (batch, length, 1, E) results are these shapes without a
+        copy."""
+        blocks = to_blocks(x, self.block)  # (B, H_kv, n, b, E)
         return blocks.reshape(-1, 1, self.block, x.shape[-1])
 
-    def _own_clean(self) -> torch.Tensor:
-        """(B*H*n,) bool: the own blocks (`_own`'s order) that are whole (b positions before
-        L) and clean, so that their rule alone (causal or none) is the masked one."""
-        whole = torch.arange(self.n_blocks, device=self.clean.device) < self.length // self.block
-        clean = self.clean & whole  # (B, n)
-        return clean[:, None].expand(-1, self.heads, -1).reshape(-1)
+    def _own_grouped(self, x: torch.Tensor) -> torch.Tensor:
+        """One sequence's (H or H_kv, L, E) -> (n, H or H_kv, b, E), zero-padded: its blocks
+        as the batch and the heads as the fused kernel's (grouped) heads, a strided view of
+        `x` when L is a multiple of b (as `blockwise.grouped_window_attention`)."""
+        return to_blocks(x[None], self.block)[0].transpose(0, 1)
 
-    def _own_parts(self, dtype, device):
-        """The own blocks' fused calls: (index into `_own`'s B*H*n blocks, or None for all,
-        bias, causal flag) each. Without masks one call; with them the clean blocks take the
-        call without masks (`_own_clean`), the others the document bias."""
+    def _own_clean(self) -> torch.Tensor:
+        """(B*H_kv*n,) bool: the own blocks (`_own`'s order) that are whole (b positions
+        before L) and clean, so that their rule alone (causal or none) is the masked one;
+        `own_clean_blocks` (B, n) the same per batch row (`_own_grouped`'s order)."""
+        whole = torch.arange(self.n_blocks, device=self.clean.device) < self.length // self.block
+        self.own_clean_blocks = self.clean & whole  # (B, n)
+        return self.own_clean_blocks[:, None].expand(-1, self.kv_heads, -1).reshape(-1)
+
+    def _own_parts(self, dtype, device, sequence=None):
+        """The own blocks' fused calls: (index into the blocks, or None for all, bias, causal
+        flag) each; the blocks are `_own`'s B*H_kv*n (`sequence` None) or batch row
+        `sequence`'s n (`_own_grouped`). Without masks one call; with them the clean blocks
+        take the call without masks (`_own_clean`), the others the document bias."""
         if self.masks is None:
-            return [(None, self._own_bias(dtype, device), self.causal)]
-        clean = self.own_clean
+            copies = self.batch * self.kv_heads if sequence is None else 1
+            return [(None, self._own_bias(dtype, device, copies), self.causal)]
+        clean = self.own_clean if sequence is None else self.own_clean_blocks[sequence]
         n_clean = int(clean.sum())
         if n_clean == clean.numel():
             return [(None, None, self.causal)]
         if n_clean == 0:
-            return [(None, self._own_document_bias(dtype, device, None), False)]
+            where = self._own_positions(None, sequence, device)
+            return [(None, self._own_document_bias(dtype, device, *where), False)]
         dirty = (~clean).nonzero().squeeze(1)
+        where = self._own_positions(dirty, sequence, device)
         return [
             (clean.nonzero().squeeze(1), None, self.causal),
-            (dirty, self._own_document_bias(dtype, device, dirty), False),
+            (dirty, self._own_document_bias(dtype, device, *where), False),
         ]
 
-    def _own_bias(self, dtype, device):
+    def _own_positions(self, index, sequence, device):
+        """The batch rows and blocks (N,) each of the own blocks `index` (None: all) of
+        `_own_parts`' numbering."""
+        if sequence is not None:
+            blocks = torch.arange(self.n_blocks, device=device) if index is None else index
+            return torch.full_like(blocks, sequence), blocks
+        per_head = torch.arange(self.batch * self.kv_heads * self.n_blocks, device=device)
+        per_head = per_head if index is None else per_head[index]  # (N,) b*H_kv*n + h*n + c
+        return per_head // (self.kv_heads * self.n_blocks), per_head % self.n_blocks
+
+    def _own_bias(self, dtype, device, copies):
         if self.causal or self.length % self.block == 0:
             return None  # causally a padded key comes after every real query
         pad = torch.arange(self.n_blocks * self.block, device=device) >= self.length
         hidden = pad.view(self.n_blocks, 1, self.block).expand(-1, self.block, -1)
-        hidden = hidden.repeat(self.batch * self.heads, 1, 1)[:, None]  # (B*H*n, 1, b, b)
+        hidden = hidden.repeat(copies, 1, 1)[:, None]  # (copies*n, 1, b, b)
         return flash.hidden_bias(hidden, dtype)
 
-    def _own_document_bias(self, dtype, device, index):
+    def _own_document_bias(self, dtype, device, rows, blocks):
         """The own blocks' bias under masks: hidden unless `document_mask` and the block's
         rule (causal: key <= query; else a real position) allow the pair, (N, 1, b, b) for
-        the own blocks `index` (into `_own`'s B*H*n; None: all of them)."""
-        per_head = torch.arange(self.batch * self.heads * self.n_blocks, device=device)
-        per_head = per_head if index is None else per_head[index]  # (N,) b*H*n + h*n + c
-        rows, blocks = per_head // (self.heads * self.n_blocks), per_head % self.n_blocks
+        the own blocks of batch rows `rows` and blocks `blocks` (N,)."""
         # The (batch row, block) pairs, each once for all heads: (P,) and (N,) into them.
         pairs, where = torch.unique(rows * self.n_blocks + blocks, return_inverse=True)
         start = (pairs % self.n_blocks * self.block)[:, None, None]  # (P, 1, 1)
@@ -218,11 +245,12 @@ class _Plan:
         hidden = ~(rule & documents)  # (P, b, b)
         return flash.hidden_bias(hidden[where][:, None], dtype)  # (N, 1, b, b)
 
-    def _own_calls(self, fn, tensors, dtype, device):
+    def _own_calls(self, fn, tensors, parts):
         """`fn` (`flash.attend` or `attend_backward`) over the own blocks `tensors` (each
-        (B*H*n, 1, b, E)), one call per `_own_parts` part, the results in block order."""
+        (B*H_kv*n, 1, b, E) or, of one batch row and KV head, (n, G or 1, b, E)), one call per
+        part of `parts` (`_own_parts` of that numbering), the results in block order."""
         results = None
-        for index, bias, causal in self._own_parts(dtype, device):
+        for index, bias, causal in parts:
             if index is None:
                 return fn(*tensors, scale=self.scale, bias=bias, causal=causal)
             picked = [x.index_select(0, index) for x in tensors]
@@ -235,8 +263,10 @@ class _Plan:
         return results
 
     def own_forward(self, q, k, v):
+        if self.group > 1:
+            return self._own_forward_grouped(q, k, v)
         out, lse = self._own_calls(
-            flash.attend, [self._own(x) for x in (q, k, v)], q.dtype, q.device
+            flash.attend, [self._own(x) for x in (q, k, v)], self._own_parts(q.dtype, q.device)
         )  # (B*H*n, 1, b, D), (B*H*n, 1, b)
         shape = (self.batch, self.heads, self.n_blocks * self.block)
         out = out.reshape(*shape, self.head_dim)[:, :, : self.length]
@@ -244,13 +274,51 @@ class _Plan:
         return out.contiguous(), lse.contiguous()
 
     def own_backward(self, grad_out, q, k, v, out, lse):
+        if self.group > 1:
+            return self._own_backward_grouped(grad_out, q, k, v, out, lse)
         tensors = [self._own(x) for x in (grad_out, q, k, v, out)]
         tensors.append(self._own(lse.unsqueeze(-1)).squeeze(-1))
         grads = self._own_calls(
-            flash.attend_backward, tensors, q.dtype, q.device
+            flash.attend_backward, tensors, self._own_parts(q.dtype, q.device)
         )  # (B*H*n, 1, b, D) each
         shape = (self.batch, self.heads, self.n_blocks * self.block, self.head_dim)
         return [g.reshape(shape)[:, :, : self.length].contiguous() for g in grads]
+
+    # Grouped KV heads: one (batch row, KV head) per call, its blocks the batch and its G
+    # query heads the fused kernel's heads on one key head, as strided views (the blocks of a
+    # KV head's G query heads are not one strided batch axis, so the flat layout would copy
+    # q); a call's temporaries are G / H of the tensors'.
+    def _own_heads(self):
+        """(batch row, its own blocks' `_own_parts`, query heads, KV head) per call."""
+        for s in range(self.batch):
+            parts = self._own_parts(self.dtype, self.device, s)
+            for h in range(self.kv_heads):
+                yield s, parts, slice(h * self.group, (h + 1) * self.group), slice(h, h + 1)
+
+    def _own_forward_grouped(self, q, k, v):
+        padded = self.n_blocks * self.block
+        out = q.new_empty(self.batch, self.heads, padded, self.head_dim)
+        lse = None
+        for s, parts, heads, kv in self._own_heads():
+            tensors = [self._own_grouped(x[s, h]) for x, h in ((q, heads), (k, kv), (v, kv))]
+            part_out, part_lse = self._own_calls(flash.attend, tensors, parts)  # (n, G, b, *)
+            if lse is None:
+                lse = part_lse.new_empty(self.batch, self.heads, padded)
+            self._own_grouped(out[s, heads]).copy_(part_out)
+            self._own_grouped(lse[s, heads, :, None]).squeeze(-1).copy_(part_lse)
+        return out[:, :, : self.length].contiguous(), lse[:, :, : self.length].contiguous()
+
+    def _own_backward_grouped(self, grad_out, q, k, v, out, lse):
+        padded = self.n_blocks * self.block
+        grads = [x.new_empty(x.shape[0], x.shape[1], padded, x.shape[3]) for x in (q, k, v)]
+        for s, parts, heads, kv in self._own_heads():
+            sides = ((grad_out, heads), (q, heads), (k, kv), (v, kv), (out, heads))
+            tensors = [self._own_grouped(x[s, h]) for x, h in sides]
+            tensors.append(self._own_grouped(lse[s, heads, :, None]).squeeze(-1).contiguous())
+            parts_grads = self._own_calls(flash.attend_backward, tensors, parts)  # (n, *, b, D)
+            for grad, h, part in zip(grads, (heads, kv, kv), parts_grads, strict=True):
+                self._own_grouped(grad[s, h]).copy_(part)
+        return [g[:, :, : self.length].contiguous() for g in grads]
 
     # --- selected blocks ---------------------------------------------------------------------
     def _rows(self, x: torch.Tensor) -> torch.Tensor:
@@ -258,7 +326,7 @@ class _Plan:
         return x.reshape(-1, x.shape[-1])
 
     def _flat_blocks(self, x: torch.Tensor) -> torch.Tensor:
-        """(B, H, L, D) -> (B*H*n, b, D), zero-padded: key blocks by group index."""
+        """(B, H_kv, L, D) -> (B*H_kv*n, b, D), zero-padded: key blocks by group index."""
         return to_blocks(x, self.block).reshape(-1, self.block, self.head_dim)
 
     def _chunks(self):
@@ -297,8 +365,8 @@ class _Plan:
         heads_and_length = self.heads * self.length
         row = self.row_query[first * self.rows : end * self.rows].view(-1, self.rows)
         query = row // heads_and_length * self.length + row % self.length  # (m, rows)
-        group = self.tile_group[first:end]  # (m,) key block of sequence b * H + h
-        sequence_start = group // self.n_blocks // self.heads * self.length  # (m,) b L
+        group = self.tile_group[first:end]  # (m,) key block of sequence b * H_kv + h
+        sequence_start = group // self.n_blocks // self.kv_heads * self.length  # (m,) b L
         key = group % self.n_blocks * self.block  # (m,) the block's first key
         key = key[:, None] + torch.arange(self.block, device=key.device)  # (m, b)
         beyond = key >= self.length  # the short last block's padding
@@ -352,7 +420,7 @@ class _Plan:
 
     def tiles_backward(self, grad_out, q, k, v, out, lse, grads):
         """Add every (query, selected block) part's gradients into `grads` (the own block's
-        q, k, v gradients, fresh tensors of q's shape), in place."""
+        q, k, v gradients, fresh tensors of q's and k's shapes), in place."""
         d = self.head_dim
         q_rows, o_rows, g_rows = self._rows(q), self._rows(out), self._rows(grad_out)
         q_buffer, o_buffer, g_buffer = (self._row_buffer(r) for r in (q_rows, o_rows, g_rows))
@@ -381,12 +449,12 @@ class _Plan:
             grad_k.index_add_(0, group, dk.squeeze(1))
             grad_v.index_add_(0, group, dv.squeeze(1))
         if self.length % self.block:  # the padded blocks' gradients, back to (B, H, L, D)
-            shape = (self.batch, self.heads, -1, d)
+            shape = (self.batch, self.kv_heads, -1, d)
             grads[1] += grad_k.view(shape)[:, :, : self.length]
             grads[2] += grad_v.view(shape)[:, :, : self.length]
 
     def _block_grad(self, grad: torch.Tensor) -> torch.Tensor:
-        """`grad` (B, H, L, D) as key blocks (G, b, D): the tensor itself when L is a multiple
+        """`grad` (B, H_kv, L, D) as key blocks (G, b, D): the tensor itself when L is a multiple
         of the block (gradients added in place), else zeros with the padding, added back by
         the caller."""
         if self.length % self.block == 0:

@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from variants.attention.common.cache import BlockKVCache
+from variants.attention.common.masking import repeat_kv
 from variants.attention.common.pooling import (
     block_counts,
     piece_mean,
@@ -61,9 +62,10 @@ def top_blocks(
 ) -> torch.Tensor:
     """The `slots` highest-scoring other blocks per query, no autograd.
 
-    q: (B, H, L, D); summaries: (B, H, n, D), one vector per key block (mean key, compressed
-    key). Candidates: causally the blocks before the query's own block (c < floor(i / b)),
-    else every block but its own. Score q_i . summary_c (a softmax over the same scores ranks
+    q: (B, H, L, D); summaries: (B, H_kv, n, D), one vector per key block (mean key, compressed
+    key), H_kv dividing H (grouped KV heads: query head h scores KV head h // (H / H_kv)'s).
+    Candidates: causally the blocks before the query's own block (c < floor(i / b)), else
+    every block but its own. Score q_i . summary_c (a softmax over the same scores ranks
     the same). `adjust(rows, scores)`, if given, returns a range of rows' scores (B, H, r, c)
     changed before the rule above applies (masks: other documents' and empty blocks at -inf,
     `DocumentBlocks.hide_outside`, `DocumentRouting.adjust`). Returns (B, H, L, slots) int64
@@ -83,7 +85,7 @@ def top_blocks(
         take = min(slots, count)
         if take <= 0:
             continue
-        scores = q[:, :, rows] @ summaries[:, :, :count].transpose(-1, -2)  # (B, H, r, c)
+        scores = _scores(q[:, :, rows], summaries[:, :, :count])  # (B, H, r, c)
         if adjust is not None:
             scores = adjust(rows, scores)
         own = (torch.arange(rows.start, rows.stop, device=q.device) // block)[:, None]  # (r, 1)
@@ -95,6 +97,17 @@ def top_blocks(
     return selected
 
 
+def _scores(q: torch.Tensor, summaries: torch.Tensor) -> torch.Tensor:
+    """q (B, H, r, D) . summaries (B, H_kv, c, D) -> (B, H, r, c): a KV head's G query heads
+    as G r rows of one matmul."""
+    batch, heads, rows, dim = q.shape
+    kv_heads = summaries.shape[1]
+    if kv_heads == heads:
+        return q @ summaries.transpose(-1, -2)
+    grouped = q.reshape(batch, kv_heads, -1, dim) @ summaries.transpose(-1, -2)  # (B, H_kv, G r, c)
+    return grouped.view(batch, heads, rows, -1)
+
+
 def attend_selected(
     q: torch.Tensor, cache: BlockKVCache, summaries: torch.Tensor, slots: int
 ) -> torch.Tensor:
@@ -102,24 +115,34 @@ def attend_selected(
     before it whose summary scores highest with it (all of them if fewer), one softmax (scale
     1/sqrt(d)): the causal rule of `top_blocks` and `SelectedBlocks` for one query.
 
-    q: (B, H, 1, D); summaries: (B, H, n, D), at least the blocks before the query's own
-    (blocks from its own on are left out). Returns (B, H, 1, D).
+    q: (B, H, 1, D); the cache and summaries (B, H_kv, n, D) of H_kv heads dividing H (grouped
+    KV heads: each query head gathers its chosen blocks from its KV head), summaries at least
+    the blocks before the query's own (blocks from its own on are left out). Returns
+    (B, H, 1, D).
     """
     block = cache.block
     own = (cache.length - 1) // block  # the query's block
-    keys, values = cache.keys(), cache.values()  # (B, H, length, D) views
+    keys, values = cache.keys(), cache.values()  # (B, H_kv, length, D) views
     start = own * block
-    own_keys, own_values = keys[:, :, start:], values[:, :, start:]  # (B, H, i - start + 1, D)
+    own_keys, own_values = keys[:, :, start:], values[:, :, start:]  # (B, H_kv, i - start + 1, D)
+    grouped = keys.shape[1] != q.shape[1]
     slots = min(slots, own)
     if slots <= 0:
-        return F.scaled_dot_product_attention(q, own_keys, own_values)
-    scores = q @ summaries[:, :, :own].transpose(-1, -2)  # (B, H, 1, own)
+        return F.scaled_dot_product_attention(q, own_keys, own_values, enable_gqa=grouped)
+    scores = _scores(q, summaries[:, :, :own])  # (B, H, 1, own)
     chosen = scores.topk(slots, dim=-1).indices.squeeze(2)  # (B, H, S)
     offsets = torch.arange(block, device=q.device)
     positions = (chosen[..., None] * block + offsets).flatten(2)  # (B, H, S*b)
-    index = positions[..., None].expand(-1, -1, -1, q.shape[-1])  # (B, H, S*b, D)
-    picked_keys = torch.cat([keys.gather(2, index), own_keys], dim=2)
-    picked_values = torch.cat([values.gather(2, index), own_values], dim=2)
+    if grouped:  # query head h's blocks, from KV head h // G: one (B, H_kv * length) axis
+        group, length = q.shape[1] // keys.shape[1], keys.shape[2]
+        kv_head = torch.arange(q.shape[1], device=q.device) // group  # (H,)
+        positions = (positions + (kv_head * length)[:, None]).flatten(1)  # (B, H*S*b)
+        keys, values = keys.flatten(1, 2), values.flatten(1, 2)  # (B, H_kv*length, D)
+        own_keys, own_values = (repeat_kv(x, q.shape[1]) for x in (own_keys, own_values))
+    index = positions[..., None].expand(*positions.shape, q.shape[-1])  # (B, [H,] S*b, D)
+    picked = [x.gather(-2, index).view(*q.shape[:2], -1, q.shape[-1]) for x in (keys, values)]
+    picked_keys = torch.cat([picked[0], own_keys], dim=2)  # (B, H, S*b + own, D)
+    picked_values = torch.cat([picked[1], own_values], dim=2)
     return F.scaled_dot_product_attention(q, picked_keys, picked_values)  # (B, H, 1, D)
 
 
@@ -174,20 +197,21 @@ class DocumentRouting:
     block), a piece mean per query (`pooling.piece_mean`). So a document's routing never reads
     another document's keys or a padded key.
 
-    q, k: (B, H, L, D); key_padding_mask, segment_ids: (B, L) or None (not both).
+    q: (B, H, L, D); k: (B, H_kv, L, D) (grouped KV heads: the summaries are per KV head);
+    key_padding_mask, segment_ids: (B, L) or None (not both).
     """
 
     def __init__(self, q, k, block: int, key_padding_mask=None, segment_ids=None):
         self.docs = DocumentBlocks(key_padding_mask, segment_ids, k.shape[2], block)
-        self.summaries, _ = real_block_mean(k, block, key_padding_mask)  # (B, H, n, D)
+        self.summaries, _ = real_block_mean(k, block, key_padding_mask)  # (B, H_kv, n, D)
         self.block = block
         self.edges = []  # per edge: its block (B, L), q_i . piece mean (B, H, L), real (B, L)
         if segment_ids is not None:
             means, counts = piece_mean(k, block, key_padding_mask, segment_ids)
             for at in _document_edges(segment_ids):  # (B, L) positions each
                 index = at[:, None, :, None].expand(-1, k.shape[1], -1, k.shape[3])
-                mean = means.gather(2, index)  # (B, H, L, D): each query's edge piece mean
-                score = (q * mean).sum(dim=-1)  # (B, H, L)
+                mean = means.gather(2, index)  # (B, H_kv, L, D): each query's edge piece mean
+                score = _edge_scores(q, mean)  # (B, H, L)
                 self.edges.append((at // block, score, counts.gather(1, at) > 0))
 
     def adjust(self, rows: slice, scores: torch.Tensor) -> torch.Tensor:
@@ -201,6 +225,14 @@ class DocumentRouting:
             scores = torch.where(at[:, None], score[:, :, rows, None], scores)
             allowed = allowed | (at & real[:, rows, None])
         return scores.masked_fill_(~allowed[:, None], float("-inf"))
+
+
+def _edge_scores(q: torch.Tensor, mean: torch.Tensor) -> torch.Tensor:
+    """q (B, H, L, D) . mean (B, H_kv, L, D) position by position -> (B, H, L)."""
+    if mean.shape[1] == q.shape[1]:
+        return (q * mean).sum(dim=-1)
+    grouped = q.unflatten(1, (mean.shape[1], -1)) * mean[:, :, None]  # (B, H_kv, G, L, D)
+    return grouped.sum(dim=-1).flatten(1, 2)
 
 
 def _document_edges(segment_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

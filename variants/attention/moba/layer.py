@@ -32,6 +32,12 @@ attends over their keys and its own block's keys up to itself: the forward's rul
 top_k b d) per token. A block's mean is taken when its last position arrives (the open block's
 mean is never scored: it is always the query's own block).
 
+Grouped KV heads (k, v with H_kv heads dividing q's H) are taken as they are: the block means
+are per KV head and each query head routes by its KV head's; the own blocks run a KV head's
+query heads together, and a selected block's tile gathers the queries of every head of the group
+that chose it (`SelectedBlocks`); the decode cache holds H_kv heads, each query head gathering
+its chosen blocks from its KV head.
+
 Masks (`key_padding_mask`, `segment_ids`; the predicate route of `masking`): query i's gate
 scores block c by the mean of the block's real keys of i's own document (a block wholly inside
 the document: its real keys' mean; the two blocks where the document starts and ends: the
@@ -82,6 +88,7 @@ class MoBAAttention(Attention):
     supports_decode = True
     independent_heads = True
     supports_padding_mask = supports_segments = True  # module docstring: the routing's rule
+    native_gqa = native_gqa_decode = True  # block means and keys per KV head
 
     def __init__(self, *, causal: bool = False, block_size: int = 128, top_k: int = 4):
         super().__init__(causal=causal)
@@ -95,7 +102,7 @@ class MoBAAttention(Attention):
         slots = self.top_k - 1
         with torch.no_grad():
             if not masks:
-                means = block_mean(k, self.block_size)  # (B, H, n, D)
+                means = block_mean(k, self.block_size)  # (B, H_kv, n, D)
                 return top_blocks(q, means, self.block_size, slots, self.causal)
             routing = DocumentRouting(q, k, self.block_size, **masks)
             return top_blocks(
@@ -103,8 +110,9 @@ class MoBAAttention(Attention):
             )
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **masks) -> torch.Tensor:
-        """q, k, v: (B, H, L, D) -> (B, H, L, D); masks: `key_padding_mask`, `segment_ids`
-        (B, L), if given (the call without them is MoBA's of before)."""
+        """q (B, H, L, D), k and v (B, H_kv, L, D) -> (B, H, L, D); masks:
+        `key_padding_mask`, `segment_ids` (B, L), if given (the call without them is MoBA's of
+        before)."""
         # A padded tail common to the batch: the real prefix runs alone (module docstring: no
         # real query routes by or attends a padded key) and the tail's outputs are 0.
         if (out := on_real_prefix(self.attend, [q, k, v], masks)) is not None:
@@ -133,7 +141,7 @@ class MoBAAttention(Attention):
 
     def decode_step(self, q, k, v, cache: BlockKVCache) -> torch.Tensor:
         cache.append(k, v)
-        means, _ = cache.summaries()  # (B, H, n, D): the finished blocks, all before q's own
+        means, _ = cache.summaries()  # (B, H_kv, n, D): the finished blocks, before q's own
         out = attend_selected(q, cache, means, self.top_k - 1)  # (B, H, 1, D)
         if cache.length % self.block_size == 0:  # the own block has ended: its mean
             cache.add_summaries(block_mean(cache.keys()[:, :, -self.block_size :], self.block_size))

@@ -310,7 +310,6 @@ def _repeating_decoder():
             and cls.decode_matches_forward
             and cls.supports_gqa
             and not cls.native_gqa_decode
-            and not cls.n_gates
         ):
             return name
     return None
@@ -327,13 +326,23 @@ def test_a_variant_without_native_decode_gqa_repeats_into_its_cache():
     )
     q, _, _ = qkv(1, 4, 8, 8, seed=8)
     _, k, v = qkv(1, 2, 8, 8, seed=9)
+    gates = torch.randn(1, 4, 8, spec.n_gates, generator=torch.Generator().manual_seed(3))
+    gates = gates.double() if spec.n_gates else None
+
+    def at(positions):
+        return {} if gates is None else {"gates": gates[:, :, positions]}
+
     cache = kernel.init_cache(1, 4, 8, max_len=8, dtype=q.dtype, n_kv_heads=2)
-    prompt = kernel.prefill(q[:, :, :5], k[:, :, :5], v[:, :, :5], cache)
+    prompt = kernel.prefill(q[:, :, :5], k[:, :, :5], v[:, :, :5], cache, **at(slice(0, 5)))
     steps = [
-        kernel.decode(q[:, :, t : t + 1], k[:, :, t : t + 1], v[:, :, t : t + 1], cache)
+        kernel.decode(
+            q[:, :, t : t + 1], k[:, :, t : t + 1], v[:, :, t : t + 1], cache, **at(slice(t, t + 1))
+        )
         for t in range(5, 8)
     ]
-    torch.testing.assert_close(torch.cat([prompt, *steps], dim=2), kernel(q, k, v))
+    torch.testing.assert_close(
+        torch.cat([prompt, *steps], dim=2), kernel(q, k, v, **at(slice(None)))
+    )
 
 
 # --- refusals and checks ----------------------------------------------------------------------
@@ -582,7 +591,7 @@ def test_moba_block_aligned_documents_need_no_bias():
     segments = (torch.arange(32) // 8)[None]  # 4 documents of two blocks of 4
     kernel = variants.build_attention("moba", causal=True, block_size=4, top_k=3)
     selected = kernel.selection(q, k, segment_ids=segments)
-    plan = selected_blocks._Plan(q, selected, 4, True, None, segments)
+    plan = selected_blocks._Plan(q, k.shape[1], selected, 4, True, None, segments)
     assert plan.n_tiles > 0 and plan.n_clean == plan.n_tiles
     assert bool(plan.own_clean.all())
     assert plan._own_parts(q.dtype, q.device) == [(None, None, True)]
