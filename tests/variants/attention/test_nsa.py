@@ -9,10 +9,13 @@ import torch.nn.functional as F
 from tests.reference import (
     Gated,
     assert_causal,
+    assert_same_outputs_and_grads,
     band_rule,
     causal_rule,
     dense_attention,
+    mask_kwargs,
     nsa_reference,
+    padding_and_documents,
     qkv,
     rule_mask,
 )
@@ -123,3 +126,60 @@ def test_nsa_is_causal_only_and_needs_three_gates():
         kernel(q, k, v)
     with pytest.raises(ValueError, match="nsa: option 'compress' must be one of mean, mlp"):
         build_attention("nsa", compress="conv")
+
+
+# --- grouped KV heads: the same kernel on keys repeated to the query heads --------------------
+# (kv_heads of 4 query heads, masks, length): groups of 2 and 4, short last block or whole ones
+GROUPED = [(2, "none", 29), (1, "none", 28), (2, "both", 29), (1, "segments", 28)]
+
+
+@pytest.mark.parametrize("kv_heads, masks, length", GROUPED)
+@pytest.mark.parametrize("compress", ["mean", "mlp"])
+def test_grouped_heads_equal_the_kernel_on_repeated_keys(
+    flash_kernels, monkeypatch, compress, kv_heads, masks, length
+):
+    # Window tiles of 4 queries, one per call: several calls per (sequence, KV head).
+    monkeypatch.setattr(nsa_function, "WINDOW_ROWS", 4)
+    monkeypatch.setattr(nsa_function, "WINDOW_CHUNK_BYTES", 1)
+    keep, segments = padding_and_documents(batch=2, length=length, seed=6)
+    given = mask_kwargs(
+        keep if masks == "both" else None, segments if masks in ("segments", "both") else None
+    )
+    torch.manual_seed(0)
+    options = {"block_size": 4, "n_select": 3, "window": 6, "compress": compress}
+    kernel = Gated(build_attention("nsa", head_dim=HEAD_DIM, **options)).double()
+    q, _, _ = qkv(2, 4, length, HEAD_DIM, seed=7)
+    _, k, v = qkv(2, kv_heads, length, HEAD_DIM, seed=8)
+    group = 4 // kv_heads
+
+    def grouped(q, k, v):
+        return kernel(q, k, v, **given)
+
+    def repeated(q, k, v):
+        return kernel(q, k.repeat_interleave(group, 1), v.repeat_interleave(group, 1), **given)
+
+    assert_same_outputs_and_grads(grouped, repeated, (q, k, v), params=list(kernel.parameters()))
+
+
+def test_decodes_grouped_heads_from_a_cache_of_kv_heads():
+    torch.manual_seed(0)
+    kernel = build_attention("nsa", block_size=4, n_select=3, window=6, head_dim=HEAD_DIM)
+    q, _, _ = qkv(2, 4, 19, HEAD_DIM, seed=8)
+    _, k, v = qkv(2, 2, 19, HEAD_DIM, seed=9)
+    gates = torch.rand(2, 4, 19, 3, generator=torch.Generator().manual_seed(1), dtype=q.dtype)
+    cache = kernel.init_cache(2, 4, HEAD_DIM, max_len=19, dtype=q.dtype, n_kv_heads=2)
+    prompt = kernel.prefill(q[:, :, :6], k[:, :, :6], v[:, :, :6], cache, gates[:, :, :6])
+    steps = [
+        kernel.decode(
+            q[:, :, t : t + 1],
+            k[:, :, t : t + 1],
+            v[:, :, t : t + 1],
+            cache,
+            gates[:, :, t : t + 1],
+        )
+        for t in range(6, 19)
+    ]
+    assert cache.keys().shape[1] == 2  # the KV heads only
+    with torch.no_grad():
+        whole = kernel(q, k, v, gates)
+    torch.testing.assert_close(torch.cat([prompt, *steps], dim=2), whole)

@@ -28,7 +28,8 @@ class CompressedBranch(torch.autograd.Function):
     """Each query at i over the compressed keys and values of the blocks that ended at or
     before i: blocks c < m_i = floor((i + 1) / b); 0 where m_i = 0.
 
-    q: (B, H, L, D); keys, values: (B, H, n, D). Returns (B, H, L, D). Rows run in ranges of
+    q: (B, H, L, D); keys, values: (B, H_kv, n, D), H_kv dividing H (grouped KV heads, which
+    the fused calls take as they are). Returns (B, H, L, D). Rows run in ranges of
     ROWS, each against the first m of its last row (fused attention with a bias hiding the
     blocks a row may not see yet); the backward is the same calls' attention backward.
 
@@ -118,26 +119,30 @@ class WindowBranch(torch.autograd.Function):
     then the short last tile, if any. The backward adds each tile's key and value gradients
     back where the tiles overlap.
 
-    q, k, v: (B, H, L, D); returns (B, H, L, D). Saves q, k, v, the output and logsumexp:
-    O(L d). key_padding_mask, segment_ids: (B, L) or None (`masking`): every pair must also
-    pass `masking.document_mask`, the calls' biases then one per sequence and head, in the
-    calls where it hides a pair of the band from a real query (a padded query's output is 0
-    whatever it reads: its row keeps the band); the other calls run as without masks.
+    q: (B, H, L, D), k, v: (B, H_kv, L, D); returns (B, H, L, D). Saves q, k, v, the output
+    and logsumexp: O(L d). Grouped KV heads (H_kv < H) run one (sequence, KV head) per call,
+    its G query heads as the fused kernel's heads and the tiles as its batch (strided views:
+    the keys are never repeated). key_padding_mask, segment_ids: (B, L) or None (`masking`):
+    every pair must also pass `masking.document_mask`, the calls' biases then one per sequence
+    and head, in the calls where it hides a pair of the band from a real query (a padded
+    query's output is 0 whatever it reads: its row keeps the band); the other calls run as
+    without masks.
     """
 
     @staticmethod
     def forward(ctx, q, k, v, window, key_padding_mask=None, segment_ids=None):
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-        tiles = _WindowTiles(q, window, key_padding_mask, segment_ids)
+        tiles = _WindowTiles(q, window, key_padding_mask, segment_ids, kv_heads=k.shape[1])
         out = torch.empty_like(q)  # (B, H, L, D)
         lse_dtype = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
         lse = torch.empty(q.shape[:3], dtype=lse_dtype, device=q.device)  # (B, H, L)
         for call in tiles.calls():
-            part_out, part_lse = flash.attend(
-                call.rows(q), call.keys(k), call.keys(v), scale=_scale(q), bias=call.bias
-            )  # (B*H, m, rows, D), (B*H, m, rows)
-            call.rows(out).copy_(part_out)
-            call.rows(lse).copy_(part_lse)
+            for rows, keys, bias in tiles.views(call):
+                part_out, part_lse = flash.attend(
+                    rows(q), keys(k), keys(v), scale=_scale(q), bias=bias
+                )  # (B*H, m, rows, D), (B*H, m, rows); grouped (m, G, rows, *)
+                rows(out).copy_(part_out)
+                rows(lse).copy_(part_lse)
         ctx.tiles = tiles
         ctx.save_for_backward(q, k, v, out, lse)
         return out
@@ -149,20 +154,22 @@ class WindowBranch(torch.autograd.Function):
         grad_out = grad_out.contiguous()
         grad_q = torch.empty_like(q)
         grad_k, grad_v = torch.zeros_like(k), torch.zeros_like(v)
-        for call in ctx.tiles.calls():
-            dq, dk, dv = flash.attend_backward(
-                call.rows(grad_out),
-                call.rows(q),
-                call.keys(k),
-                call.keys(v),
-                call.rows(out),
-                call.rows(lse),
-                scale=_scale(q),
-                bias=call.bias,
-            )  # (B*H, m, rows, D), (B*H, m, width, D) twice
-            call.rows(grad_q).copy_(dq)
-            call.add_keys(grad_k, dk)
-            call.add_keys(grad_v, dv)
+        tiles = ctx.tiles
+        for call in tiles.calls():
+            for rows, keys, bias in tiles.views(call):
+                dq, dk, dv = flash.attend_backward(
+                    rows(grad_out),
+                    rows(q),
+                    keys(k),
+                    keys(v),
+                    rows(out),
+                    rows(lse),
+                    scale=_scale(q),
+                    bias=bias,
+                )  # (B*H, m, rows, D), (B*H, m, width, D) twice; grouped (m, G or 1, *, D)
+                rows(grad_q).copy_(dq)
+                call.add_keys(keys(grad_k), dk)
+                call.add_keys(keys(grad_v), dv)
         return grad_q, grad_k, grad_v, None, None, None
 
 
@@ -175,9 +182,13 @@ class _WindowTiles:
     themselves. Under masks (`WindowBranch`) each call's band also hides the pairs
     `masking.document_mask` does from a real query, if it hides one there."""
 
-    def __init__(self, q: torch.Tensor, window: int, key_padding_mask=None, segment_ids=None):
+    def __init__(
+        self, q: torch.Tensor, window: int, key_padding_mask=None, segment_ids=None, kv_heads=None
+    ):
         batch, heads, self.length, head_dim = q.shape
-        self.heads = heads
+        self.batch, self.heads = batch, heads
+        self.kv_heads = heads if kv_heads is None else kv_heads
+        self.group = heads // self.kv_heads
         self.masks = None
         if key_padding_mask is not None or segment_ids is not None:
             self.masks = {"key_padding_mask": key_padding_mask, "segment_ids": segment_ids}
@@ -185,7 +196,10 @@ class _WindowTiles:
         self.rows = min(WINDOW_ROWS, self.length)
         self.head = min(self.length, -(-self.window // self.rows) * self.rows)
         width = self.window + self.rows  # keys per full tile
-        per_tile = 2 * batch * heads * width * head_dim * q.element_size()
+        # One call's key and value gradients per tile: of every head, or (grouped) of one KV
+        # head's group of G
+        per_tile = 2 * (batch * heads if self.group == 1 else self.group)
+        per_tile *= width * head_dim * q.element_size()
         self.chunk = max(1, WINDOW_CHUNK_BYTES // per_tile)
         self.device = q.device
         self.dtype = q.dtype
@@ -220,8 +234,31 @@ class _WindowTiles:
         if not bool((hidden & (band[0] == 0)).any()):
             return call  # nothing the band shows is hidden: the call without masks
         bias = torch.minimum(flash.hidden_bias(hidden, self.dtype), band[0])  # either hides
+        call.sequence_bias = bias  # (B, m, rows, width)
         call.bias = bias[:, None].expand(-1, self.heads, -1, -1, -1).flatten(0, 1)
         return call
+
+    def views(self, call: _WindowCall):
+        """The fused calls of `call`: (rows, keys, bias) each, `rows` and `keys` mapping a
+        (B, H or H_kv, L, ...) tensor to the call's views. One over every head, or (grouped)
+        one per (sequence, KV head), its bias per sequence."""
+        if self.group == 1:
+            yield call.rows, call.keys, call.bias
+            return
+        for b in range(self.batch):
+            bias = call.bias
+            if call.sequence_bias is not None:
+                bias = call.sequence_bias[b][:, None]  # (m, 1, rows, width): over the group
+            for h in range(self.kv_heads):
+                heads = slice(h * self.group, (h + 1) * self.group)
+
+                def rows(x, b=b, heads=heads):
+                    return call.group_rows(x[b, heads])
+
+                def keys(x, b=b, h=h):
+                    return call.keys(x[b : b + 1, h : h + 1]).transpose(0, 1)  # (m, 1, w, D)
+
+                yield rows, keys, bias
 
     def _band(self, rows: int, width: int, offset: int) -> torch.Tensor:
         """Bias hiding, from query row i (position first + i), key column c (position first -
@@ -240,6 +277,7 @@ class _WindowCall:
     def __init__(self, first, n_tiles, n_rows, offset, width, bias):
         self.first, self.n_tiles, self.n_rows = first, n_tiles, n_rows
         self.offset, self.width, self.bias = offset, width, bias
+        self.sequence_bias = None  # under masks, per sequence: (B, m, rows, width)
 
     def rows(self, x: torch.Tensor) -> torch.Tensor:
         """The call's queries of x (B, H, L, ...), contiguous: (B*H, m, rows, ...) view."""
@@ -248,9 +286,17 @@ class _WindowCall:
         span = flat[:, self.first : self.first + self.n_tiles * self.n_rows]
         return span.view(flat.shape[0], self.n_tiles, self.n_rows, *tail)
 
+    def group_rows(self, x: torch.Tensor) -> torch.Tensor:
+        """The call's queries of one sequence's heads x (G, L, ...), a slice of a contiguous
+        tensor: (m, G, rows, ...) view, the tiles as the batch."""
+        inner = x[0, 0].numel()
+        shape = (self.n_tiles, x.shape[0], self.n_rows, *x.shape[2:])
+        strides = (self.n_rows * inner, *x.stride())
+        return x.as_strided(shape, strides, x.storage_offset() + self.first * inner)
+
     def keys(self, x: torch.Tensor) -> torch.Tensor:
-        """The tiles' keys of x (B, H, L, D), contiguous: an overlapping view (B*H, m, width,
-        D)."""
+        """The tiles' keys of x (B, H, L, D), contiguous (or a slice of whole sequences of a
+        contiguous tensor): an overlapping view (B*H, m, width, D)."""
         flat = x.view(-1, x.shape[2], x.shape[3])  # (B*H, L, D)
         d = x.shape[3]
         start = self.first + self.offset
@@ -258,10 +304,10 @@ class _WindowCall:
         strides = (flat.stride(0), self.n_rows * d, d, 1)
         return flat.as_strided(shape, strides, flat.storage_offset() + start * d)
 
-    def add_keys(self, total: torch.Tensor, tiles: torch.Tensor) -> None:
-        """Add the tiles' key gradients (B*H, m, width, D) into `total` (B, H, L, D), in
-        slices of n_rows columns (no slice overlaps another of the same tile)."""
-        view = self.keys(total)
+    def add_keys(self, view: torch.Tensor, tiles: torch.Tensor) -> None:
+        """Add the tiles' key gradients (B*H, m, width, D) into `view`, the `keys` view of the
+        total (B, H, L, D), in slices of n_rows columns (no slice overlaps another of the same
+        tile)."""
         for start in range(0, self.width, self.n_rows):
             end = min(start + self.n_rows, self.width)
             view[:, :, start:end].add_(tiles[:, :, start:end])

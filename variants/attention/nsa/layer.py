@@ -18,9 +18,16 @@ selection). Three branches per query at position i, all softmax attention with s
               probability (all of them if fewer). The other candidates are the blocks before
               its own (the compressed branch scores exactly those, and the own block when it
               has just ended); a softmax over one query's scores ranks as the scores do, so
-              the ranking uses q . compressed key. Per query and per head (no GQA groups
-              here); no gradient flows through the selection.
+              the ranking uses q . compressed key. Per query and per query head (the
+              paper shares one selection across a GQA group; here each query head of a
+              group picks its own blocks of its KV head); no gradient flows through the
+              selection.
   window      over the last `window` tokens up to i, i included (i - window < j <= i).
+
+Grouped KV heads (k, v with H_kv heads dividing q's H) are taken as they are: the compression
+runs on the KV heads, the compressed branch's fused calls take the heads grouped, the selected
+branch is MoBA's grouped kernel and the window branch runs a KV head's G query heads per call;
+the decode cache holds H_kv heads.
 
 Output g_cmp o_cmp + g_sel o_sel + g_win o_win with the gates `gates[..., 0]`, `[..., 1]`,
 `[..., 2]` in (0, 1) per head and position (the layer computes them from the token).
@@ -112,6 +119,7 @@ class NSAAttention(Attention):
     supports_decode = True
     independent_heads = True
     supports_padding_mask = supports_segments = True  # module docstring: each branch's rule
+    native_gqa = native_gqa_decode = True  # every branch reads the KV heads as they are
 
     def __init__(
         self,
@@ -161,7 +169,7 @@ class NSAAttention(Attention):
         return mlp(x * key_padding_mask[:, None, :, None].to(x.dtype))
 
     def attend(self, q, k, v, gates, **masks) -> torch.Tensor:
-        """q, k, v: (B, H, L, D), gates (B, H, L, 3) -> (B, H, L, D); masks:
+        """q (B, H, L, D), k and v (B, H_kv, L, D), gates (B, H, L, 3) -> (B, H, L, D); masks:
         `key_padding_mask`, `segment_ids` (B, L), if given (module docstring)."""
         self._check_head_dim(q.shape[-1])
         # A padded tail common to the batch: the real prefix runs alone (module docstring:
@@ -172,8 +180,8 @@ class NSAAttention(Attention):
         masks = masking_masks(masks)  # e.g. the prefix's padding mask once nothing is padded
         if masks:
             return self._attend_masked(q, k, v, gates, **masks)
-        keys = self.compressed(k, self.key_mlp)  # (B, H, n, D)
-        values = self.compressed(v, self.value_mlp)  # (B, H, n, D)
+        keys = self.compressed(k, self.key_mlp)  # (B, H_kv, n, D)
+        values = self.compressed(v, self.value_mlp)  # (B, H_kv, n, D)
         out_cmp = CompressedBranch.apply(q, keys, values, self.block_size)  # (B, H, L, D)
         with torch.no_grad():
             selected = top_blocks(q, keys, self.block_size, self.n_select - 1, causal=True)
@@ -185,8 +193,8 @@ class NSAAttention(Attention):
         """`attend` under masks: each branch's rule of the module docstring."""
         block = self.block_size
         docs = DocumentBlocks(key_padding_mask, segment_ids, q.shape[2], block)
-        keys = self.real_compressed(k, self.key_mlp, key_padding_mask)  # (B, H, n, D)
-        values = self.real_compressed(v, self.value_mlp, key_padding_mask)  # (B, H, n, D)
+        keys = self.real_compressed(k, self.key_mlp, key_padding_mask)  # (B, H_kv, n, D)
+        values = self.real_compressed(v, self.value_mlp, key_padding_mask)  # (B, H_kv, n, D)
         out_cmp = CompressedBranch.apply(q, keys, values, block, docs)  # (B, H, L, D)
         with torch.no_grad():
             slots = self.n_select - 1
@@ -223,7 +231,7 @@ class NSAAttention(Attention):
             cache.add_summaries(
                 self.compressed(keys, self.key_mlp), self.compressed(values, self.value_mlp)
             )
-        summary_keys, summary_values = cache.summaries()  # (B, H, n, D) each
+        summary_keys, summary_values = cache.summaries()  # (B, H_kv, n, D) each
         out_cmp = attend_prefix(q, summary_keys, summary_values)  # 0 before the first block ends
         out_sel = attend_selected(q, cache, summary_keys, self.n_select - 1)
         first = max(0, cache.length - self.window)
