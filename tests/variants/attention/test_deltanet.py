@@ -5,7 +5,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.reference import delta_rule_recurrent, qkv
+from tests.reference import (
+    Gated,
+    assert_same_outputs_and_grads,
+    delta_rule_recurrent,
+    mask_kwargs,
+    padding_and_documents,
+    qkv,
+)
 from variants import ModelConfig, TransformerLM, UnsupportedCombination, build_attention
 from variants.layers import SelfAttention
 
@@ -155,3 +162,34 @@ def test_published_parts_build_in_a_model_without_biases():
 def test_bad_published_part_options_are_refused(options, message):
     with pytest.raises(ValueError, match=message):
         build_attention("deltanet", **options)
+
+
+# --- grouped KV heads: the same kernel on keys repeated to the query heads --------------------
+# (kv_heads of 4 query heads, masks, options): groups of 2 and 4, documents, the published parts
+# (short_conv's per-head channels take the keys repeated)
+GROUPED = [
+    (2, "none", {}),
+    (1, "none", {"feature_map": "silu"}),
+    (2, "both", {}),
+    (2, "none", {"short_conv": 4, "output_norm": True}),
+]
+
+
+@pytest.mark.parametrize("kv_heads, masks, options", GROUPED)
+def test_grouped_heads_equal_the_kernel_on_repeated_keys(kv_heads, masks, options):
+    keep, segments = padding_and_documents(batch=2, length=37, seed=6)
+    given = mask_kwargs(keep if masks == "both" else None, segments if masks == "both" else None)
+    torch.manual_seed(0)
+    kernel = build_attention("deltanet", chunk_size=8, n_heads=4, head_dim=8, **options)
+    kernel = Gated(kernel.double())
+    q, _, _ = qkv(2, 4, 37, 8, seed=7)
+    _, k, v = qkv(2, kv_heads, 37, 8, seed=8)
+    group = 4 // kv_heads
+
+    def grouped(q, k, v):
+        return kernel(q, k, v, **given)
+
+    def repeated(q, k, v):
+        return kernel(q, k.repeat_interleave(group, 1), v.repeat_interleave(group, 1), **given)
+
+    assert_same_outputs_and_grads(grouped, repeated, (q, k, v), params=list(kernel.parameters()))

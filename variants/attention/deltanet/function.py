@@ -13,37 +13,39 @@ def chunked_delta_rule(
     """The delta rule's outputs in the chunked WY / UT form (module docstring), and its final
     state M = S^T.
 
-    q, k: (B, H, L, D) unit rows; v: (B, H, L, D); beta: (B, H, L). Returns (B, H, L, D) and
-    (B, H, D, D). Padding to a multiple of the chunk uses beta = 0 and zero keys: the state
-    is unchanged.
+    q, k: (*S, L, D) unit rows; v: (*S, L, D); beta: (*S, L), S the sequences' dims, e.g.
+    (B, H); k and v may broadcast against q and beta (grouped KV heads: k, v (B, H_kv, 1, L, D)
+    for q (B, H_kv, G, L, D), so that the keys are never repeated; the state and the keys'
+    beta-weighted products are per query head). Returns (*S, L, D) and (*S, D, D). Padding to
+    a multiple of the chunk uses beta = 0 and zero keys: the state is unchanged.
     """
-    batch, heads, length, head_dim = q.shape
+    *sequences, length, head_dim = q.shape
     chunk = min(chunk, length)
     pad = -length % chunk
     if pad:
         q, k, v = (F.pad(x, (0, 0, 0, pad)) for x in (q, k, v))
         beta = F.pad(beta, (0, pad))
     n_chunks = (length + pad) // chunk
-    q, k, v = (x.reshape(batch, heads, n_chunks, chunk, head_dim) for x in (q, k, v))
-    beta = beta.reshape(batch, heads, n_chunks, chunk, 1)
+    q, k, v = (x.reshape(*x.shape[:-2], n_chunks, chunk, head_dim) for x in (q, k, v))
+    beta = beta.reshape(*sequences, n_chunks, chunk, 1)
     k_beta, v_beta = k * beta, v * beta  # (B, H, N, C, D)
     upper = torch.ones(chunk, chunk, dtype=torch.bool, device=q.device).triu_()  # j >= i
     strict = (k_beta @ k.transpose(-1, -2)).masked_fill(upper, 0)  # (B, H, N, C, C)
     eye = torch.eye(chunk, dtype=q.dtype, device=q.device)
     t = torch.linalg.solve_triangular(strict + eye, eye.expand_as(strict), upper=False)
     w, u = t @ k_beta, t @ v_beta  # (B, H, N, C, D)
-    state = q.new_zeros(batch, heads, head_dim, head_dim)  # M = S^T: o = q M
+    state = q.new_zeros(*sequences, head_dim, head_dim)  # M = S^T: o = q M
     starts, corrected = [], []
     # unbind, not indexing: the backward of one index of a tensor is a zero tensor of its whole
     # size, which made the loop's backward quadratic in the number of chunks.
-    for u_c, w_c, k_c in zip(u.unbind(2), w.unbind(2), k.unbind(2), strict=True):
+    for u_c, w_c, k_c in zip(u.unbind(-3), w.unbind(-3), k.unbind(-3), strict=True):
         u_c = u_c - w_c @ state  # (B, H, C, D)
         starts.append(state)
         corrected.append(u_c)
         state = state + k_c.transpose(-1, -2) @ u_c
-    starts = torch.stack(starts, dim=2)  # (B, H, N, D, D)
-    corrected = torch.stack(corrected, dim=2)  # (B, H, N, C, D)
+    starts = torch.stack(starts, dim=-3)  # (B, H, N, D, D)
+    corrected = torch.stack(corrected, dim=-3)  # (B, H, N, C, D)
     later = upper.triu(1)  # j > i
     scores = (q @ k.transpose(-1, -2)).masked_fill(later, 0)  # (B, H, N, C, C)
     out = q @ starts + scores @ corrected  # (B, H, N, C, D)
-    return out.reshape(batch, heads, -1, head_dim)[:, :, :length], state
+    return out.reshape(*sequences, -1, head_dim)[..., :length, :], state

@@ -33,6 +33,13 @@ head's output (fla's o_norm). The projections' biases are the model's
 (`model.projection_bias`; fla has none). They give the kernel parameters, so the layer passes
 `n_heads` and `head_dim`.
 
+Grouped KV heads (k, v with H_kv heads dividing q's H): beta is per query head, so the state,
+the beta-weighted keys and values and the UT transform are per query head; the chunked form
+takes k and v as they are and broadcasts them over each group's G query heads (never repeated
+to H heads). With `short_conv`, whose k and v channels are per query head, they are repeated
+first. The decode cache holds the state alone, per query head: a new token's k and v are
+repeated (one position).
+
 Decoding (`cache.DeltaCache`): the state M alone, d x d per head (with `short_conv`, also the
 last w - 1 inputs of q, k, v, which the next position's convolution reads). A new position is one
 delta-rule update, M += beta k (v - k^T M)^T, and the read o = q M: O(d^2) per token whatever
@@ -48,7 +55,7 @@ from torch import nn
 
 from variants.attention.common.base import Attention
 from variants.attention.common.cache import DeltaCache
-from variants.attention.common.masking import per_document
+from variants.attention.common.masking import per_document, repeat_kv
 from variants.attention.deltanet.function import chunked_delta_rule
 from variants.checks import (
     require_bool,
@@ -79,6 +86,7 @@ class DeltaNetAttention(Attention):
     supports_decode = True
     independent_heads = True
     supports_padding_mask = supports_segments = True  # one document at a time
+    native_gqa = True  # module docstring: k, v broadcast over each group in the chunked form
 
     def __init__(
         self,
@@ -113,6 +121,8 @@ class DeltaNetAttention(Attention):
         convolution's window) restarts at every boundary and never takes a padded token in."""
         if masks:
             return per_document(self.attend, q, k, v, gates, **masks)
+        if self.conv is not None and k.shape[1] != q.shape[1]:  # its channels are per head
+            k, v = repeat_kv(k, q.shape[1]), repeat_kv(v, q.shape[1])
         q, k, v = self._inputs(q, k, v, self.convolved(q, k, v))
         return self._normed(self._chunked(q, k, v, gates)[0])
 
@@ -150,14 +160,19 @@ class DeltaNetAttention(Attention):
 
     def _chunked(self, q, k, v, gates) -> tuple[torch.Tensor, torch.Tensor]:
         """The outputs (B, H, L, D) in v's dtype and the final state M (B, H, D, D) in the
-        work dtype (float32 or wider)."""
+        work dtype (float32 or wider); k, v may have H_kv heads (grouped KV heads)."""
         work = torch.promote_types(q.dtype, torch.float32)
+        heads, kv_heads, out_dtype = q.shape[1], k.shape[1], v.dtype
         with torch.autocast(q.device.type, enabled=False):
             q, k = (F.normalize(x.to(work), dim=-1, eps=NORM_EPS) for x in (q, k))
-            out, state = chunked_delta_rule(
-                q, k, v.to(work), gates[..., 0].to(work), self.chunk_size
-            )
-        return out.to(v.dtype), state
+            v, beta = v.to(work), gates[..., 0].to(work)
+            if kv_heads != heads:  # (B, H_kv, G, ...) queries over (B, H_kv, 1, ...) keys
+                q, beta = (x.unflatten(1, (kv_heads, -1)) for x in (q, beta))
+                k, v = k.unsqueeze(2), v.unsqueeze(2)
+            out, state = chunked_delta_rule(q, k, v, beta, self.chunk_size)
+        if kv_heads != heads:
+            out, state = out.flatten(1, 2), state.flatten(1, 2)  # (B, H, L, D), (B, H, D, D)
+        return out.to(out_dtype), state
 
     # --- decoding: the state M = S^T, d x d per head -----------------------------------------
     def new_cache(self, batch_size, n_heads, head_dim, *, max_len, device, dtype):
