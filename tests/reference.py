@@ -354,3 +354,34 @@ def mask_kwargs(keep, segments):
     if segments is not None:
         masks["segment_ids"] = segments
     return masks
+
+
+def assert_grouped_equals_repeated(kernel, q, k, v, masks=None, params=()):
+    """kernel(q, k, v) with k, v of H_kv heads dividing q's H gives the outputs and gradients
+    of the same kernel on k, v repeated to H heads (query head h on key head h // (H / H_kv),
+    as `repeat_kv`). masks: the forward's mask keywords (`mask_kwargs`)."""
+    masks = masks or {}
+    group = q.shape[1] // k.shape[1]
+
+    def grouped(q, k, v):
+        return kernel(q, k, v, **masks)
+
+    def repeated(q, k, v):
+        return kernel(q, k.repeat_interleave(group, 1), v.repeat_interleave(group, 1), **masks)
+
+    assert_same_outputs_and_grads(grouped, repeated, (q, k, v), params=params)
+
+
+def prefill_then_decode(kernel, q, k, v, cache, prompt, gates=None):
+    """The causal outputs (B, H, L, D) of prefilling positions [0, prompt) into `cache` and
+    decoding the rest one position at a time; gates (B, H, L, n) for a gated kernel."""
+
+    def at(positions):
+        return () if gates is None else (gates[:, :, positions],)
+
+    first = slice(0, prompt)
+    outs = [kernel.prefill(q[:, :, first], k[:, :, first], v[:, :, first], cache, *at(first))]
+    for t in range(prompt, q.shape[2]):
+        step = slice(t, t + 1)
+        outs.append(kernel.decode(q[:, :, step], k[:, :, step], v[:, :, step], cache, *at(step)))
+    return torch.cat(outs, dim=2)

@@ -5,10 +5,11 @@ import torch
 
 from tests.reference import (
     assert_causal,
-    assert_same_outputs_and_grads,
+    assert_grouped_equals_repeated,
     dense_attention,
     mask_kwargs,
     padding_and_documents,
+    prefill_then_decode,
     qkv,
     shared_qk_reference,
 )
@@ -163,13 +164,6 @@ def test_flex_with_shared_qk_is_refused():
 
 
 # --- grouped KV heads: the same kernel on keys repeated to the query heads --------------------
-def _repeated(kernel, group, **masks):
-    def call(q, k, v):
-        return kernel(q, k.repeat_interleave(group, 1), v.repeat_interleave(group, 1), **masks)
-
-    return call
-
-
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("kv_heads", [2, 1])  # 4 query heads: groups of 2 and of 4
 @pytest.mark.parametrize("masks", ["padding", "segments", "both"])
@@ -181,11 +175,7 @@ def test_grouped_heads_with_masks_equal_the_kernel_on_repeated_keys(causal, kv_h
     kernel = build_attention("blockwise", causal=causal, block_size=4, look_backward=2)
     q, _, _ = qkv(batch=2, heads=4, length=23, seed=5)
     _, k, v = qkv(batch=2, heads=kv_heads, length=23, seed=6)
-
-    def grouped(q, k, v):
-        return kernel(q, k, v, **given)
-
-    assert_same_outputs_and_grads(grouped, _repeated(kernel, 4 // kv_heads, **given), (q, k, v))
+    assert_grouped_equals_repeated(kernel, q, k, v, given)
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -194,7 +184,7 @@ def test_grouped_heads_without_masks_equal_the_kernel_on_repeated_keys(causal, k
     kernel = build_attention("blockwise", causal=causal, block_size=5, look_forward=2)
     q, _, _ = qkv(batch=2, heads=4, length=17, seed=7)
     _, k, v = qkv(batch=2, heads=kv_heads, length=17, seed=8)
-    assert_same_outputs_and_grads(kernel, _repeated(kernel, 4 // kv_heads), (q, k, v))
+    assert_grouped_equals_repeated(kernel, q, k, v)
 
 
 @pytest.mark.parametrize("kv_heads", [2, 1])
@@ -204,12 +194,8 @@ def test_decodes_grouped_heads_from_a_cache_of_kv_heads(kv_heads):
     _, k, v = qkv(batch=2, heads=kv_heads, length=11, seed=9)
     cache = kernel.init_cache(2, 4, 8, max_len=11, dtype=q.dtype, n_kv_heads=kv_heads)
     assert cache.ring_keys.shape[1] == kv_heads  # the cache holds the KV heads only
-    prompt = kernel.prefill(q[:, :, :5], k[:, :, :5], v[:, :, :5], cache)
-    steps = [
-        kernel.decode(q[:, :, t : t + 1], k[:, :, t : t + 1], v[:, :, t : t + 1], cache)
-        for t in range(5, 11)
-    ]
-    torch.testing.assert_close(torch.cat([prompt, *steps], dim=2), kernel(q, k, v))
+    got = prefill_then_decode(kernel, q, k, v, cache, 5)
+    torch.testing.assert_close(got, kernel(q, k, v))
 
 
 def test_flex_forward_with_grouped_heads_equals_the_native_kernel(eager_flex):

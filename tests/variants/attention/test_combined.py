@@ -5,8 +5,8 @@ import torch
 
 from tests.reference import (
     assert_causal,
+    assert_grouped_equals_repeated,
     assert_layout_independent,
-    assert_same_outputs_and_grads,
     block_table_rule,
     causal_rule,
     dense_attention,
@@ -14,6 +14,7 @@ from tests.reference import (
     local_rule,
     mask_kwargs,
     padding_and_documents,
+    prefill_then_decode,
     qkv,
     rule_mask,
     strided_rule,
@@ -306,15 +307,7 @@ def test_grouped_heads_equal_the_kernel_on_repeated_keys(
     kernel = build_attention("combined", causal=causal, **CASES[case])
     q, _, _ = qkv(batch=batch, heads=4, length=23, seed=5)
     _, k, v = qkv(batch=batch, heads=kv_heads, length=23, seed=6)
-    group = 4 // kv_heads
-
-    def grouped(q, k, v):
-        return kernel(q, k, v, **given)
-
-    def repeated(q, k, v):
-        return kernel(q, k.repeat_interleave(group, 1), v.repeat_interleave(group, 1), **given)
-
-    assert_same_outputs_and_grads(grouped, repeated, (q, k, v))
+    assert_grouped_equals_repeated(kernel, q, k, v, given)
 
 
 @pytest.mark.parametrize("name", ["longformer", "bigbird", "sparse_fixed"])
@@ -322,11 +315,7 @@ def test_presets_take_grouped_heads(name, flash_kernels):
     kernel = build_attention(name, causal=True, block_size=32)  # sparse_fixed: n_summary 32
     q, _, _ = qkv(batch=2, heads=4, length=80, seed=1)
     _, k, v = qkv(batch=2, heads=2, length=80, seed=2)
-
-    def repeated(q, k, v):
-        return kernel(q, k.repeat_interleave(2, 1), v.repeat_interleave(2, 1))
-
-    assert_same_outputs_and_grads(kernel, repeated, (q, k, v))
+    assert_grouped_equals_repeated(kernel, q, k, v)
 
 
 @pytest.mark.parametrize("case", ["bigbird-like", "local+strided+global", "fixed-like"])
@@ -335,13 +324,9 @@ def test_decodes_grouped_heads_from_a_cache_of_kv_heads(case):
     q, _, _ = qkv(batch=2, heads=4, length=23, seed=8)
     _, k, v = qkv(batch=2, heads=2, length=23, seed=9)
     cache = kernel.init_cache(2, 4, q.shape[-1], max_len=23, dtype=q.dtype, n_kv_heads=2)
-    prompt = kernel.prefill(q[:, :, :9], k[:, :, :9], v[:, :, :9], cache)
-    steps = [
-        kernel.decode(q[:, :, t : t + 1], k[:, :, t : t + 1], v[:, :, t : t + 1], cache)
-        for t in range(9, 23)
-    ]
+    got = prefill_then_decode(kernel, q, k, v, cache, 9)
     assert cache.ring_keys.shape[1] == cache.store_keys.shape[1] == 2  # the KV heads only
-    torch.testing.assert_close(torch.cat([prompt, *steps], dim=2), kernel(q, k, v))
+    torch.testing.assert_close(got, kernel(q, k, v))
 
 
 def test_flex_forward_with_grouped_heads_equals_the_native_kernel(eager_flex):

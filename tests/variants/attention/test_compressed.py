@@ -8,12 +8,13 @@ import torch.nn.functional as F
 
 from tests.reference import (
     assert_causal,
+    assert_grouped_equals_repeated,
     assert_layout_independent,
-    assert_same_outputs_and_grads,
     causal_mask,
     dense_attention,
     mask_kwargs,
     padding_and_documents,
+    prefill_then_decode,
     qkv,
 )
 from variants import build_attention
@@ -200,16 +201,8 @@ def test_grouped_heads_equal_the_kernel_on_repeated_keys(
     module = build(method, causal=causal)
     q, _, _ = qkv(batch=2, heads=4, length=23, seed=5)
     _, k, v = qkv(batch=2, heads=kv_heads, length=23, seed=6)
-    group = 4 // kv_heads
-
-    def grouped(q, k, v):
-        return module(q, k, v, **given)
-
-    def repeated(q, k, v):
-        return module(q, k.repeat_interleave(group, 1), v.repeat_interleave(group, 1), **given)
-
     params = tuple(module.parameters())
-    assert_same_outputs_and_grads(grouped, repeated, (q, k, v), params=params)
+    assert_grouped_equals_repeated(module, q, k, v, given, params=params)
 
 
 @pytest.mark.parametrize("method", METHODS)
@@ -220,9 +213,5 @@ def test_decodes_grouped_heads_from_a_cache_of_kv_heads(method):
     _, k, v = qkv(batch=2, heads=2, length=14, seed=9)
     cache = module.init_cache(2, 4, HEAD_DIM, max_len=14, dtype=q.dtype, n_kv_heads=2)
     assert cache.keys_buffer.shape[1] == 2  # the cache holds the KV heads only
-    prompt = module.prefill(q[:, :, :7], k[:, :, :7], v[:, :, :7], cache)
-    steps = [
-        module.decode(q[:, :, t : t + 1], k[:, :, t : t + 1], v[:, :, t : t + 1], cache)
-        for t in range(7, 14)
-    ]
-    torch.testing.assert_close(torch.cat([prompt, *steps], dim=2), module(q, k, v))
+    got = prefill_then_decode(module, q, k, v, cache, 7)
+    torch.testing.assert_close(got, module(q, k, v))

@@ -7,7 +7,7 @@ import torch
 
 from tests.reference import (
     Gated,
-    assert_same_outputs_and_grads,
+    assert_grouped_equals_repeated,
     delta_rule_recurrent,
     mask_kwargs,
     padding_and_documents,
@@ -184,12 +184,4 @@ def test_grouped_heads_equal_the_kernel_on_repeated_keys(kv_heads, masks, option
     kernel = Gated(kernel.double())
     q, _, _ = qkv(2, 4, 37, 8, seed=7)
     _, k, v = qkv(2, kv_heads, 37, 8, seed=8)
-    group = 4 // kv_heads
-
-    def grouped(q, k, v):
-        return kernel(q, k, v, **given)
-
-    def repeated(q, k, v):
-        return kernel(q, k.repeat_interleave(group, 1), v.repeat_interleave(group, 1), **given)
-
-    assert_same_outputs_and_grads(grouped, repeated, (q, k, v), params=list(kernel.parameters()))
+    assert_grouped_equals_repeated(kernel, q, k, v, given, params=list(kernel.parameters()))

@@ -8,10 +8,11 @@ import torch.nn.functional as F
 
 from tests.reference import (
     assert_causal,
-    assert_same_outputs_and_grads,
+    assert_grouped_equals_repeated,
     causal_mask,
     mask_kwargs,
     padding_and_documents,
+    prefill_then_decode,
     qkv,
 )
 from variants import build_attention
@@ -109,22 +110,15 @@ FEATURE_KERNELS = {"linear": {}, "performer": {"head_dim": 8, "seed": 0}}
 GROUPED = [(2, "none"), (1, "none"), (2, "both"), (1, "segments")]
 
 
-def _grouped_and_repeated(kernel, kv_heads, masks, length):
+def _grouped_inputs(kv_heads, masks, length):
+    """q of 4 heads, k and v of `kv_heads`, and the mask keywords `masks` names."""
     keep, segments = padding_and_documents(batch=2, length=length, seed=3)
     given = mask_kwargs(
         keep if masks == "both" else None, segments if masks in ("segments", "both") else None
     )
-    group = 4 // kv_heads
-
-    def grouped(q, k, v):
-        return kernel(q, k, v, **given)
-
-    def repeated(q, k, v):
-        return kernel(q, k.repeat_interleave(group, 1), v.repeat_interleave(group, 1), **given)
-
     q, _, _ = qkv(2, 4, length, 8, seed=4)
     _, k, v = qkv(2, kv_heads, length, 8, seed=5)
-    return grouped, repeated, (q, k, v)
+    return q, k, v, given
 
 
 @pytest.mark.parametrize("kv_heads, masks", GROUPED)
@@ -133,17 +127,17 @@ def _grouped_and_repeated(kernel, kv_heads, masks, length):
 def test_grouped_heads_equal_the_kernel_on_repeated_keys(name, causal, kv_heads, masks):
     kernel = build_attention(name, causal=causal, **FEATURE_KERNELS[name]).double()
     # 150: two chunks of 64 and a padded one, so the causal carry crosses chunks
-    assert_same_outputs_and_grads(*_grouped_and_repeated(kernel, kv_heads, masks, 150))
+    assert_grouped_equals_repeated(kernel, *_grouped_inputs(kv_heads, masks, 150))
 
 
 @pytest.mark.parametrize("causal", [False, True])
 def test_performer_head_by_head_takes_grouped_heads(causal, monkeypatch):
     kernel = build_attention("performer", causal=causal, head_dim=8, seed=0).double()
-    grouped, repeated, inputs = _grouped_and_repeated(kernel, 2, "none", 70)
-    want = grouped(*inputs)
+    q, k, v, _ = _grouped_inputs(2, "none", 70)
+    want = kernel(q, k, v)
     monkeypatch.setattr(performer_layer, "HEAD_BY_HEAD_BYTES", 0)  # one KV head at a time
-    torch.testing.assert_close(grouped(*inputs), want)
-    assert_same_outputs_and_grads(grouped, repeated, inputs)
+    torch.testing.assert_close(kernel(q, k, v), want)
+    assert_grouped_equals_repeated(kernel, q, k, v)
 
 
 @pytest.mark.parametrize("name", FEATURE_KERNELS)
@@ -153,9 +147,5 @@ def test_decodes_grouped_heads_from_a_cache_of_kv_heads(name):
     _, k, v = qkv(2, 2, 12, 8, seed=9)
     cache = kernel.init_cache(2, 4, 8, max_len=12, dtype=q.dtype, n_kv_heads=2)
     assert cache.state.shape[1] == 2  # the sums of the KV heads only
-    prompt = kernel.prefill(q[:, :, :5], k[:, :, :5], v[:, :, :5], cache)
-    steps = [
-        kernel.decode(q[:, :, t : t + 1], k[:, :, t : t + 1], v[:, :, t : t + 1], cache)
-        for t in range(5, 12)
-    ]
-    torch.testing.assert_close(torch.cat([prompt, *steps], dim=2), kernel(q, k, v))
+    got = prefill_then_decode(kernel, q, k, v, cache, 5)
+    torch.testing.assert_close(got, kernel(q, k, v))

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from tests.reference import (
-    assert_same_outputs_and_grads,
+    assert_grouped_equals_repeated,
     dense_attention,
     mask_kwargs,
     padding_and_documents,
@@ -133,12 +133,4 @@ def test_grouped_heads_equal_the_kernel_on_repeated_keys(share, kv_heads, masks)
     )
     q, _, _ = qkv(2, 4, 24, 8, seed=3)
     _, k, v = qkv(2, kv_heads, 24, 8, seed=4)
-    group = 4 // kv_heads
-
-    def grouped(q, k, v):
-        return module(q, k, v, **given)
-
-    def repeated(q, k, v):
-        return module(q, k.repeat_interleave(group, 1), v.repeat_interleave(group, 1), **given)
-
-    assert_same_outputs_and_grads(grouped, repeated, (q, k, v), params=list(module.parameters()))
+    assert_grouped_equals_repeated(module, q, k, v, given, params=list(module.parameters()))

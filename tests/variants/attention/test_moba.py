@@ -7,11 +7,12 @@ import torch
 
 from tests.reference import (
     assert_causal,
-    assert_same_outputs_and_grads,
+    assert_grouped_equals_repeated,
     dense_attention,
     mask_kwargs,
     moba_mask,
     padding_and_documents,
+    prefill_then_decode,
     qkv,
 )
 from variants import UnsupportedCombination, build_attention
@@ -121,15 +122,7 @@ def test_grouped_heads_equal_the_kernel_on_repeated_keys(
     kernel = build_attention("moba", causal=causal, block_size=4, top_k=3)
     q, _, _ = qkv(2, 4, length, 8, seed=7)
     _, k, v = qkv(2, kv_heads, length, 8, seed=8)
-    group = 4 // kv_heads
-
-    def grouped(q, k, v):
-        return kernel(q, k, v, **given)
-
-    def repeated(q, k, v):
-        return kernel(q, k.repeat_interleave(group, 1), v.repeat_interleave(group, 1), **given)
-
-    assert_same_outputs_and_grads(grouped, repeated, (q, k, v))
+    assert_grouped_equals_repeated(kernel, q, k, v, given)
 
 
 def test_decodes_grouped_heads_from_a_cache_of_kv_heads():
@@ -137,10 +130,6 @@ def test_decodes_grouped_heads_from_a_cache_of_kv_heads():
     q, _, _ = qkv(2, 4, 19, 8, seed=8)
     _, k, v = qkv(2, 2, 19, 8, seed=9)
     cache = kernel.init_cache(2, 4, 8, max_len=19, dtype=q.dtype, n_kv_heads=2)
-    prompt = kernel.prefill(q[:, :, :6], k[:, :, :6], v[:, :, :6], cache)
-    steps = [
-        kernel.decode(q[:, :, t : t + 1], k[:, :, t : t + 1], v[:, :, t : t + 1], cache)
-        for t in range(6, 19)
-    ]
+    got = prefill_then_decode(kernel, q, k, v, cache, 6)
     assert cache.keys().shape[1] == 2  # the KV heads only
-    torch.testing.assert_close(torch.cat([prompt, *steps], dim=2), kernel(q, k, v))
+    torch.testing.assert_close(got, kernel(q, k, v))

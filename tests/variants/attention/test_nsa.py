@@ -9,13 +9,14 @@ import torch.nn.functional as F
 from tests.reference import (
     Gated,
     assert_causal,
-    assert_same_outputs_and_grads,
+    assert_grouped_equals_repeated,
     band_rule,
     causal_rule,
     dense_attention,
     mask_kwargs,
     nsa_reference,
     padding_and_documents,
+    prefill_then_decode,
     qkv,
     rule_mask,
 )
@@ -150,15 +151,7 @@ def test_grouped_heads_equal_the_kernel_on_repeated_keys(
     kernel = Gated(build_attention("nsa", head_dim=HEAD_DIM, **options)).double()
     q, _, _ = qkv(2, 4, length, HEAD_DIM, seed=7)
     _, k, v = qkv(2, kv_heads, length, HEAD_DIM, seed=8)
-    group = 4 // kv_heads
-
-    def grouped(q, k, v):
-        return kernel(q, k, v, **given)
-
-    def repeated(q, k, v):
-        return kernel(q, k.repeat_interleave(group, 1), v.repeat_interleave(group, 1), **given)
-
-    assert_same_outputs_and_grads(grouped, repeated, (q, k, v), params=list(kernel.parameters()))
+    assert_grouped_equals_repeated(kernel, q, k, v, given, params=list(kernel.parameters()))
 
 
 def test_decodes_grouped_heads_from_a_cache_of_kv_heads():
@@ -168,18 +161,8 @@ def test_decodes_grouped_heads_from_a_cache_of_kv_heads():
     _, k, v = qkv(2, 2, 19, HEAD_DIM, seed=9)
     gates = torch.rand(2, 4, 19, 3, generator=torch.Generator().manual_seed(1), dtype=q.dtype)
     cache = kernel.init_cache(2, 4, HEAD_DIM, max_len=19, dtype=q.dtype, n_kv_heads=2)
-    prompt = kernel.prefill(q[:, :, :6], k[:, :, :6], v[:, :, :6], cache, gates[:, :, :6])
-    steps = [
-        kernel.decode(
-            q[:, :, t : t + 1],
-            k[:, :, t : t + 1],
-            v[:, :, t : t + 1],
-            cache,
-            gates[:, :, t : t + 1],
-        )
-        for t in range(6, 19)
-    ]
+    got = prefill_then_decode(kernel, q, k, v, cache, 6, gates)
     assert cache.keys().shape[1] == 2  # the KV heads only
     with torch.no_grad():
         whole = kernel(q, k, v, gates)
-    torch.testing.assert_close(torch.cat([prompt, *steps], dim=2), whole)
+    torch.testing.assert_close(got, whole)

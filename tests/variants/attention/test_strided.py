@@ -7,11 +7,12 @@ import torch
 
 from tests.reference import (
     assert_causal,
+    assert_grouped_equals_repeated,
     assert_layout_independent,
-    assert_same_outputs_and_grads,
     dense_attention,
     mask_kwargs,
     padding_and_documents,
+    prefill_then_decode,
     qkv,
 )
 from variants.registry import build_attention
@@ -135,15 +136,7 @@ def test_grouped_heads_equal_the_kernel_on_repeated_keys(
     kernel = build_attention("strided", causal=causal, stride=5)
     q, _, _ = qkv(batch=batch, heads=4, length=23, seed=5)
     _, k, v = qkv(batch=batch, heads=kv_heads, length=23, seed=6)
-    group = 4 // kv_heads
-
-    def grouped(q, k, v):
-        return kernel(q, k, v, **given)
-
-    def repeated(q, k, v):
-        return kernel(q, k.repeat_interleave(group, 1), v.repeat_interleave(group, 1), **given)
-
-    assert_same_outputs_and_grads(grouped, repeated, (q, k, v))
+    assert_grouped_equals_repeated(kernel, q, k, v, given)
 
 
 def test_decodes_grouped_heads_from_a_cache_of_kv_heads():
@@ -152,12 +145,8 @@ def test_decodes_grouped_heads_from_a_cache_of_kv_heads():
     _, k, v = qkv(batch=2, heads=2, length=14, seed=9)
     cache = kernel.init_cache(2, 4, q.shape[-1], max_len=14, dtype=q.dtype, n_kv_heads=2)
     assert cache.keys_buffer.shape[1] == 2  # the cache holds the KV heads only
-    prompt = kernel.prefill(q[:, :, :6], k[:, :, :6], v[:, :, :6], cache)
-    steps = [
-        kernel.decode(q[:, :, t : t + 1], k[:, :, t : t + 1], v[:, :, t : t + 1], cache)
-        for t in range(6, 14)
-    ]
-    torch.testing.assert_close(torch.cat([prompt, *steps], dim=2), kernel(q, k, v))
+    got = prefill_then_decode(kernel, q, k, v, cache, 6)
+    torch.testing.assert_close(got, kernel(q, k, v))
 
 
 def test_flex_forward_with_grouped_heads_equals_the_native_kernel(eager_flex):

@@ -24,6 +24,7 @@ import torch
 import variants
 from tests.reference import (
     Gated,
+    assert_grouped_equals_repeated,
     assert_same_outputs_and_grads,
     causal_mask,
     dense_attention,
@@ -33,6 +34,7 @@ from tests.reference import (
     mask_kwargs,
     padded_zero,
     padding_and_documents,
+    prefill_then_decode,
     qkv,
     shared_qk_reference,
 )
@@ -279,11 +281,7 @@ def test_grouped_kv_heads_equal_the_kernel_on_repeated_keys(name, causal):
         with pytest.raises(UnsupportedCombination, match=f"{name}.*'n_kv_heads'"):
             kernel(q, k, v)
         return
-
-    def repeated(q, k, v):
-        return kernel(q, k.repeat_interleave(2, dim=1), v.repeat_interleave(2, dim=1))
-
-    assert_same_outputs_and_grads(kernel, repeated, (q, k, v))
+    assert_grouped_equals_repeated(kernel, q, k, v)
 
 
 @pytest.mark.parametrize("impl", ["sdpa", "math"])
@@ -293,12 +291,8 @@ def test_full_decodes_grouped_heads_from_a_cache_of_kv_heads(impl):
     _, k, v = qkv(1, 2, 10, 8, seed=9)
     cache = kernel.init_cache(1, 4, 8, max_len=10, dtype=q.dtype, n_kv_heads=2)
     assert cache.keys_buffer.shape[1] == 2  # the cache holds the KV heads only
-    prompt = kernel.prefill(q[:, :, :6], k[:, :, :6], v[:, :, :6], cache)
-    steps = [
-        kernel.decode(q[:, :, t : t + 1], k[:, :, t : t + 1], v[:, :, t : t + 1], cache)
-        for t in range(6, 10)
-    ]
-    torch.testing.assert_close(torch.cat([prompt, *steps], dim=2), kernel(q, k, v))
+    got = prefill_then_decode(kernel, q, k, v, cache, 6)
+    torch.testing.assert_close(got, kernel(q, k, v))
 
 
 def _repeating_decoder():
@@ -328,21 +322,9 @@ def test_a_variant_without_native_decode_gqa_repeats_into_its_cache():
     _, k, v = qkv(1, 2, 8, 8, seed=9)
     gates = torch.randn(1, 4, 8, spec.n_gates, generator=torch.Generator().manual_seed(3))
     gates = gates.double() if spec.n_gates else None
-
-    def at(positions):
-        return {} if gates is None else {"gates": gates[:, :, positions]}
-
     cache = kernel.init_cache(1, 4, 8, max_len=8, dtype=q.dtype, n_kv_heads=2)
-    prompt = kernel.prefill(q[:, :, :5], k[:, :, :5], v[:, :, :5], cache, **at(slice(0, 5)))
-    steps = [
-        kernel.decode(
-            q[:, :, t : t + 1], k[:, :, t : t + 1], v[:, :, t : t + 1], cache, **at(slice(t, t + 1))
-        )
-        for t in range(5, 8)
-    ]
-    torch.testing.assert_close(
-        torch.cat([prompt, *steps], dim=2), kernel(q, k, v, **at(slice(None)))
-    )
+    got = prefill_then_decode(kernel, q, k, v, cache, 5, gates)
+    torch.testing.assert_close(got, kernel(q, k, v, gates=gates))
 
 
 # --- refusals and checks ----------------------------------------------------------------------
