@@ -200,8 +200,7 @@ def _short(crossover: fit.Crossover) -> str:
 
 def _rows(labelled: pd.DataFrame, others: list[str]):
     """(row label, its records) per variant and each other varying key but the heads'."""
-    shown = ["variant", *series.varying(labelled, others)]
-    labels = labelled.apply(lambda row: series.label(row, shown), axis=1)
+    labels = series.variant_labels(labelled, others)
     for row_label in dict.fromkeys(labels):
         yield row_label, labelled[labels == row_label]
 

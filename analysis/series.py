@@ -100,15 +100,24 @@ def with_series(
     candidates = varying(frame, [c for c in context if c != x])
     keys = ["variant", *(c for c in candidates if not _moves_with(frame, c, x))]
     labelled = frame.copy()
-    labelled["series"] = pd.Series(dtype=object)
-    for _, rows in labelled.groupby("variant", sort=False):
-        shown = ["variant", *varying(rows, keys[1:])]
-        bidirectional = "causal" in keys and "causal" not in shown
-        labelled.loc[rows.index, "series"] = [
-            label(row, shown) + (" (bidirectional)" if bidirectional and not row["causal"] else "")
+    labelled["series"] = variant_labels(frame, keys[1:], bidirectional="causal" in keys)
+    return labelled, keys
+
+
+def variant_labels(frame: pd.DataFrame, keys: Sequence[str], *, bidirectional: bool = False):
+    """A label per row of `frame` (a Series on its index): the variant, then `name=value` for
+    each of `keys` that varies among that variant's rows (a key that tells other variants apart,
+    as `shared_qk` does LSH, is not shown on the rest). `bidirectional`: when causal varies in
+    the frame but not among a variant's rows, its bidirectional rows say so instead."""
+    labels = pd.Series(index=frame.index, dtype=object)
+    for _, rows in frame.groupby("variant", sort=False):
+        shown = ["variant", *varying(rows, keys)]
+        say_direction = bidirectional and "causal" not in shown
+        labels[rows.index] = [
+            label(row, shown) + (" (bidirectional)" if say_direction and not row["causal"] else "")
             for _, row in rows.iterrows()
         ]
-    return labelled, keys
+    return labels
 
 
 def _moves_with(frame: pd.DataFrame, column: str, x: str | None) -> bool:

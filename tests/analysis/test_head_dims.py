@@ -61,6 +61,7 @@ def heads_records(*, drop=(), speedups: bool = False) -> list[dict]:
                             "n_heads": heads,
                             "head_dim": d,
                             "n_kv_heads": kv,
+                            "shared_qk": attention == "lsh",  # as the app records it
                             "seed": seed,
                             "attn_fwd_ms": cost / 3,
                             "attn_fwd_bwd_ms": cost,
