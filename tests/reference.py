@@ -174,34 +174,44 @@ def moba_mask(q, k, block, top_k, causal):
     return mask
 
 
-def nsa_reference(q, k, v, gates, block, n_select, window, compress_keys, compress_values):
+def nsa_reference(q, k, v, gates, block, n_select, window, compress_keys, compress_values, group=1):
     """NSA's three branches on explicit scores (scale 1/sqrt(d)), gated and summed.
 
     compress_keys/values: (B, H, L, D) -> (B, H, n, D) block summaries (the test gives the
     mean, or the module's MLP written out); gates: (B, H, L, 3). Compressed: blocks with
     (c + 1) b - 1 <= i (none: 0). Selected: own block (causal) plus the n_select - 1 blocks
-    before it with the largest compressed-branch probability. Window: i - window < j <= i.
+    before it with the largest compressed-branch probability; with `group` > 1 (k, v: a KV
+    head repeated to each of its `group` query heads) the probability summed over the query
+    heads of h's group, h // group. Window: i - window < j <= i.
     """
     batch, heads, length, dim = q.shape
     scale = dim**-0.5
     ck, cv = compress_keys(k), compress_values(v)  # (B, H, n, D)
     n = ck.shape[2]
     out = torch.zeros_like(q)
+    probs, o_cmps = {}, {}  # per (b, h, i): {block: its compressed-branch probability}
     for b in range(batch):
         for h in range(heads):
             for i in range(length):
                 qi = q[b, h, i]
                 visible = [c for c in range(n) if (c + 1) * block - 1 <= i]
-                o_cmp = torch.zeros_like(qi)
-                probs = {}
+                o_cmps[b, h, i] = torch.zeros_like(qi)
+                probs[b, h, i] = {}
                 if visible:
                     s = torch.stack([qi @ ck[b, h, c] for c in visible]) * scale
                     p = torch.softmax(s, dim=0)
-                    o_cmp = p @ cv[b, h, visible]
-                    probs = {c: float(p[j].detach()) for j, c in enumerate(visible)}
+                    o_cmps[b, h, i] = p @ cv[b, h, visible]
+                    probs[b, h, i] = {c: float(p[j].detach()) for j, c in enumerate(visible)}
+    for b in range(batch):
+        for h in range(heads):
+            mates = range(h // group * group, (h // group + 1) * group)
+            for i in range(length):
+                qi, o_cmp = q[b, h, i], o_cmps[b, h, i]
+                visible = list(probs[b, h, i])
                 own = i // block
                 others = [c for c in visible if c != own]
-                ranked = sorted(others, key=lambda c: probs[c], reverse=True)[: n_select - 1]
+                score = {c: sum(probs[b, m, i][c] for m in mates) for c in others}
+                ranked = sorted(others, key=lambda c: score[c], reverse=True)[: n_select - 1]
                 keys = [j for c in ranked for j in range(c * block, (c + 1) * block)]
                 keys += list(range(own * block, i + 1))
                 o_sel = dense_softmax_row(qi, k[b, h, keys], v[b, h, keys], scale)

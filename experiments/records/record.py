@@ -443,6 +443,7 @@ HASH_NEUTRAL_DEFAULTS = {
     "attention.short_conv": 0,
     "attention.feature_map": "identity",
     "attention.output_norm": False,
+    "attention.shared_selection": False,
     "model.projection_bias": True,
     "model.n_kv_heads": None,
 }

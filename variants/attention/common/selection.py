@@ -59,6 +59,7 @@ def top_blocks(
     slots: int,
     causal: bool,
     adjust: Adjust | None = None,
+    per_group: bool = False,
 ) -> torch.Tensor:
     """The `slots` highest-scoring other blocks per query, no autograd.
 
@@ -70,9 +71,18 @@ def top_blocks(
     changed before the rule above applies (masks: other documents' and empty blocks at -inf,
     `DocumentBlocks.hide_outside`, `DocumentRouting.adjust`). Returns (B, H, L, slots) int64
     block indices, best first, -1 in slots beyond the query's number of candidates.
+
+    `per_group` (causal only; grouped KV heads, else it changes nothing): one choice per GQA
+    group, NSA's: the score of a block is the sum over the group's query heads of its
+    probability in that head's softmax over the blocks ended by i ((c + 1) b - 1 <= i, the own
+    block once it has just ended; scale 1/sqrt(D), the scores after `adjust`), and every head
+    of the group gets the group's blocks.
     """
-    batch, heads, length, _ = q.shape
-    n_blocks = summaries.shape[2]
+    batch, heads, length, dim = q.shape
+    n_blocks, group = summaries.shape[2], heads // summaries.shape[1]
+    per_group = per_group and group > 1
+    if per_group and not causal:
+        raise ValueError("top_blocks: per_group selection is defined causally only")
     slots = min(slots, n_blocks - 1)
     selected = torch.full((batch, heads, length, max(slots, 0)), -1, dtype=torch.long)
     selected = selected.to(q.device)
@@ -85,16 +95,37 @@ def top_blocks(
         take = min(slots, count)
         if take <= 0:
             continue
-        scores = _scores(q[:, :, rows], summaries[:, :, :count])  # (B, H, r, c)
+        # A group's probabilities are normalised over every ended block, its last own one too.
+        scored = min(rows.stop // block, n_blocks) if per_group else count
+        scores = _scores(q[:, :, rows], summaries[:, :, :scored])  # (B, H, r, c)
         if adjust is not None:
             scores = adjust(rows, scores)
+        if per_group:
+            scores = _group_probabilities(scores, rows, block, group, dim)[..., :count]
         own = (torch.arange(rows.start, rows.stop, device=q.device) // block)[:, None]  # (r, 1)
         block_ids = torch.arange(count, device=q.device)
         hidden = block_ids >= own if causal else block_ids == own  # (r, c)
         scores.masked_fill_(hidden, float("-inf"))
-        best, index = scores.topk(take, dim=-1)  # (B, H, r, take) each
-        selected[:, :, rows, :take] = index.masked_fill_(best == float("-inf"), -1)
+        best, index = scores.topk(take, dim=-1)  # (B, H or H_kv, r, take) each
+        index.masked_fill_(best == float("-inf"), -1)
+        selected[:, :, rows, :take] = index.repeat_interleave(group, 1) if per_group else index
     return selected
+
+
+def _group_probabilities(
+    scores: torch.Tensor, rows: slice, block: int, group: int, dim: int
+) -> torch.Tensor:
+    """scores (B, H, r, c) of the query `rows` -> (B, H / group, r, c): per group of `group`
+    query heads, the sum of each head's softmax probability (scale 1/sqrt(dim)) over the blocks
+    ended by the row; -inf where no head of the group may see the block."""
+    ended = (torch.arange(rows.start, rows.stop, device=scores.device) + 1) // block  # (r,)
+    seen = torch.arange(scores.shape[-1], device=scores.device) < ended[:, None]  # (r, c)
+    scaled = (scores * dim**-0.5).masked_fill_(~seen, float("-inf"))
+    visible = (scaled > float("-inf")).unflatten(1, (-1, group)).any(dim=2)  # (B, H_kv, r, c)
+    # A row that sees no block has no probabilities (0/0) and no candidate either.
+    probabilities = torch.softmax(scaled, dim=-1).nan_to_num_(0.0)
+    summed = probabilities.unflatten(1, (-1, group)).sum(dim=2)  # (B, H_kv, r, c)
+    return summed.masked_fill_(~visible, float("-inf"))
 
 
 def _scores(q: torch.Tensor, summaries: torch.Tensor) -> torch.Tensor:
@@ -109,7 +140,11 @@ def _scores(q: torch.Tensor, summaries: torch.Tensor) -> torch.Tensor:
 
 
 def attend_selected(
-    q: torch.Tensor, cache: BlockKVCache, summaries: torch.Tensor, slots: int
+    q: torch.Tensor,
+    cache: BlockKVCache,
+    summaries: torch.Tensor,
+    slots: int,
+    per_group: bool = False,
 ) -> torch.Tensor:
     """The newest position's query over its own block (up to itself) and the `slots` blocks
     before it whose summary scores highest with it (all of them if fewer), one softmax (scale
@@ -117,8 +152,10 @@ def attend_selected(
 
     q: (B, H, 1, D); the cache and summaries (B, H_kv, n, D) of H_kv heads dividing H (grouped
     KV heads: each query head gathers its chosen blocks from its KV head), summaries at least
-    the blocks before the query's own (blocks from its own on are left out). Returns
-    (B, H, 1, D).
+    the blocks before the query's own (blocks from its own on are left out; with `per_group`,
+    every block ended by the query, which normalise its probabilities). `per_group`:
+    `top_blocks`' choice per GQA group.
+    Returns (B, H, 1, D).
     """
     block = cache.block
     own = (cache.length - 1) // block  # the query's block
@@ -129,12 +166,19 @@ def attend_selected(
     slots = min(slots, own)
     if slots <= 0:
         return F.scaled_dot_product_attention(q, own_keys, own_values, enable_gqa=grouped)
-    scores = _scores(q, summaries[:, :, :own])  # (B, H, 1, own)
-    chosen = scores.topk(slots, dim=-1).indices.squeeze(2)  # (B, H, S)
+    group = q.shape[1] // keys.shape[1]
+    if per_group and group > 1:  # summed over each group's heads, every ended block seen
+        at = slice(cache.length - 1, cache.length)
+        scores = _scores(q, summaries)  # (B, H, 1, n)
+        scores = _group_probabilities(scores, at, block, group, q.shape[-1])[..., :own]
+        chosen = scores.topk(slots, dim=-1).indices.squeeze(2).repeat_interleave(group, 1)
+    else:
+        scores = _scores(q, summaries[:, :, :own])  # (B, H, 1, own)
+        chosen = scores.topk(slots, dim=-1).indices.squeeze(2)  # (B, H, S)
     offsets = torch.arange(block, device=q.device)
     positions = (chosen[..., None] * block + offsets).flatten(2)  # (B, H, S*b)
     if grouped:  # query head h's blocks, from KV head h // G: one (B, H_kv * length) axis
-        group, length = q.shape[1] // keys.shape[1], keys.shape[2]
+        length = keys.shape[2]
         kv_head = torch.arange(q.shape[1], device=q.device) // group  # (H,)
         positions = (positions + (kv_head * length)[:, None]).flatten(1)  # (B, H*S*b)
         keys, values = keys.flatten(1, 2), values.flatten(1, 2)  # (B, H_kv*length, D)

@@ -18,10 +18,12 @@ selection). Three branches per query at position i, all softmax attention with s
               probability (all of them if fewer). The other candidates are the blocks before
               its own (the compressed branch scores exactly those, and the own block when it
               has just ended); a softmax over one query's scores ranks as the scores do, so
-              the ranking uses q . compressed key. Per query and per query head (the
-              paper shares one selection across a GQA group; here each query head of a
-              group picks its own blocks of its KV head); no gradient flows through the
-              selection.
+              the ranking uses q . compressed key. Per query and per query head by
+              default; with grouped KV heads and `shared_selection`, per query and GQA group
+              as the paper has it (its kernel loads a group's blocks once): a block's score
+              is the sum over the group's query heads of its compressed-branch probability,
+              and every head of the group reads the group's blocks. No gradient flows
+              through the selection.
   window      over the last `window` tokens up to i, i included (i - window < j <= i).
 
 Grouped KV heads (k, v with H_kv heads dividing q's H) are taken as they are: the compression
@@ -95,7 +97,7 @@ from variants.attention.common.selection import (
     top_blocks,
 )
 from variants.attention.nsa.function import CompressedBranch, GatedSum, WindowBranch
-from variants.checks import require_choice, require_positive_int
+from variants.checks import require_bool, require_choice, require_positive_int
 from variants.registry import register_attention
 
 COMPRESS = ("mean", "mlp")
@@ -129,6 +131,7 @@ class NSAAttention(Attention):
         n_select: int = 16,
         window: int = 512,
         compress: str = "mlp",
+        shared_selection: bool = False,
         head_dim: int = 64,
     ):
         super().__init__(causal=causal)
@@ -136,6 +139,7 @@ class NSAAttention(Attention):
         self.n_select = require_positive_int(self.name, "n_select", n_select)
         self.window = require_positive_int(self.name, "window", window)
         self.compress = require_choice(self.name, "compress", compress, COMPRESS)
+        self.shared_selection = require_bool(self.name, "shared_selection", shared_selection)
         self.head_dim = require_positive_int(self.name, "head_dim", head_dim)
         self.key_mlp = self.value_mlp = None
         if self.compress == "mlp":
@@ -184,7 +188,8 @@ class NSAAttention(Attention):
         values = self.compressed(v, self.value_mlp)  # (B, H_kv, n, D)
         out_cmp = CompressedBranch.apply(q, keys, values, self.block_size)  # (B, H, L, D)
         with torch.no_grad():
-            selected = top_blocks(q, keys, self.block_size, self.n_select - 1, causal=True)
+            slots, shared = self.n_select - 1, self.shared_selection
+            selected = top_blocks(q, keys, self.block_size, slots, True, per_group=shared)
         out_sel = SelectedBlocks.apply(q, k, v, selected, self.block_size, True)
         out_win = WindowBranch.apply(q, k, v, self.window)
         return GatedSum.apply(gates.to(q.dtype), out_cmp, out_sel, out_win)
@@ -198,7 +203,8 @@ class NSAAttention(Attention):
         out_cmp = CompressedBranch.apply(q, keys, values, block, docs)  # (B, H, L, D)
         with torch.no_grad():
             slots = self.n_select - 1
-            selected = top_blocks(q, keys, block, slots, True, docs.hide_outside)
+            shared = self.shared_selection
+            selected = top_blocks(q, keys, block, slots, True, docs.hide_outside, shared)
             if key_padding_mask is not None:  # a padded query's output is 0: it needs no block
                 selected.masked_fill_(~key_padding_mask[:, None, :, None], -1)
         masks = (key_padding_mask, segment_ids)
@@ -233,7 +239,8 @@ class NSAAttention(Attention):
             )
         summary_keys, summary_values = cache.summaries()  # (B, H_kv, n, D) each
         out_cmp = attend_prefix(q, summary_keys, summary_values)  # 0 before the first block ends
-        out_sel = attend_selected(q, cache, summary_keys, self.n_select - 1)
+        slots = self.n_select - 1
+        out_sel = attend_selected(q, cache, summary_keys, slots, self.shared_selection)
         first = max(0, cache.length - self.window)
         out_win = attend_prefix(q, cache.keys()[:, :, first:], cache.values()[:, :, first:])
         return GatedSum.apply(gates.to(q.dtype), out_cmp, out_sel, out_win)  # (B, H, 1, D)
@@ -258,7 +265,8 @@ class NSAAttention(Attention):
     def extra_repr(self) -> str:
         return (
             f"causal={self.causal}, block_size={self.block_size}, n_select={self.n_select}, "
-            f"window={self.window}, compress={self.compress}"
+            f"window={self.window}, compress={self.compress}, "
+            f"shared_selection={self.shared_selection}"
         )
 
 
