@@ -25,7 +25,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from experiments.app import job as jobs
-from experiments.app import parent, sweep, sweep_clock
+from experiments.app import parent, plugins, sweep, sweep_clock
 from experiments.app.resolvers import config_dir, register
 from experiments.job_config import added_keys, check_required_keys
 from experiments.records import record, store
@@ -64,6 +64,7 @@ def app(cfg: DictConfig) -> jobs.NotWritten | None:
     config = OmegaConf.to_container(cfg, resolve=True)
     try:
         check_required_keys(config)  # `~seq_len`: no job can be recorded without it
+        plugins.load(config.get("plugins") or [])  # in a launcher's worker: imports them there
     except ValueError as error:
         print(f"error: {error}", file=sys.stderr)
         sys.exit(2)
@@ -114,6 +115,11 @@ def main() -> None:
     experiments/app/sweep.py); 130 interrupted (Ctrl-C), after gathering what finished.
     """
     parent.mark_launcher()  # jobs in other processes (joblib's workers) end with this one
+    try:
+        plugins.prepare(sys.argv[1:])  # before Hydra composes: `attention=<a plugin's>`
+    except ValueError as error:  # a plugin that does not import, or a default not a config value
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(2)
     try:
         app()
         code = 0

@@ -12,6 +12,14 @@ from typing import Any
 
 # Each public name and the module that defines it.
 _HOMES = {
+    # The extension API (docs/extending.md): subclass `Attention`, decorate it.
+    "Attention": "variants.attention.common.base",
+    "register_attention": "variants.registry",
+    "register_preset": "variants.registry",
+    "register_block": "variants.blocks",
+    "Cache": "variants.attention.common.cache",
+    "KVCache": "variants.attention.common.cache",
+    "StateCache": "variants.attention.common.cache",
     "AttentionSpec": "variants.registry",
     "attention_names": "variants.registry",
     "attention_spec": "variants.registry",

@@ -186,6 +186,45 @@ def attention_names() -> list[str]:
     return _ATTENTION.names()
 
 
+# What `select` filters on: each word a predicate on a spec. `published`: a variant measured
+# through the presets registered for it (combined -> longformer, bigbird, sparse_fixed) is left
+# out, its presets stay.
+CAPABILITIES = {
+    "all": lambda spec: True,
+    "causal": lambda spec: spec.causal_supported,
+    "bidirectional": lambda spec: spec.bidirectional_supported,
+    "decodes": lambda spec: spec.supports_decode,
+    "approximate": lambda spec: not spec.exact,
+    "gqa": lambda spec: spec.supports_gqa,
+    "padding": lambda spec: spec.supports_padding_mask,
+    "documents": lambda spec: spec.supports_segments,
+    "published": lambda spec: (
+        bool(spec.preset)
+        or not any(
+            attention_spec(o).variant == spec.name for o in attention_names() if o != spec.name
+        )
+    ),
+}
+
+
+def select(*words: str) -> list[str]:
+    """Registered names by capability: every variant for which each capability word holds
+    (`CAPABILITIES`), in registry order, after the variant names among `words` (an order to
+    run first, e.g. the ones a reference model is trained for); `ValueError` naming a word that
+    is neither."""
+    names = attention_names()
+    first = [w for w in words if w in names]
+    filters = [w for w in words if w not in names]
+    unknown = [w for w in filters if w not in CAPABILITIES]
+    if unknown:
+        raise ValueError(
+            f"variants: {unknown[0]!r} is neither a registered attention variant nor a "
+            f"capability ({', '.join(CAPABILITIES)})"
+        )
+    chosen = [n for n in names if all(CAPABILITIES[w](attention_spec(n)) for w in filters)]
+    return list(dict.fromkeys([*first, *chosen]))
+
+
 def attention_spec(name: str) -> AttentionSpec:
     """The spec of variant `name`; `ValueError` listing the available names if unknown."""
     return _ATTENTION[name]

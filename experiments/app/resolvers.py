@@ -5,6 +5,10 @@ configs may use, and the W&B logger's structured config.
     ${causal_only:${attention.name}}       true if the variant cannot be bidirectional
     ${timing_workers:${device}}            jobs side by side in a timing sweep: one per free
                                            CPU core at launch, 1 on CUDA (experiments/app/cores.py)
+    ${variants:causal,decodes}             every registered variant with those capabilities, as a
+                                           sweep's comma list (variants.registry.select: names
+                                           given first, then the rest in registry order), so a
+                                           preset takes new variants and plugins without an edit
     ${tuned_lr:TABLE,${attention.name}}    the learning rate a tuning grid chose for the variant,
                                            from conf/tuned/TABLE.yaml (`python -m analysis.tuning
                                            SWEEP --write conf/tuned/TABLE.yaml` writes it)
@@ -39,6 +43,12 @@ def causal_only(name: str) -> bool:
     return not variants.attention_spec(name).bidirectional_supported
 
 
+def variant_list(*words: str) -> str:
+    """The variants that have every capability among `words` (and the named ones first), as
+    a sweep's comma-separated list."""
+    return ",".join(variants.registry.select(*map(str, words)))
+
+
 def config_dir() -> Path:
     """The Hydra configs: `conf/` of the checkout, which an install puts in `experiments/conf/`."""
     package = Path(__file__).resolve().parents[1]
@@ -71,6 +81,8 @@ def register() -> None:
         OmegaConf.register_new_resolver("causal_only", causal_only)
     if not OmegaConf.has_resolver("timing_workers"):
         OmegaConf.register_new_resolver("timing_workers", cores.timing_workers)
+    if not OmegaConf.has_resolver("variants"):
+        OmegaConf.register_new_resolver("variants", variant_list)
     if not OmegaConf.has_resolver("tuned_lr"):
         OmegaConf.register_new_resolver("tuned_lr", tuned_lr)
     # Stored outside the `logger` group, so that `--help` does not offer it as a logger.

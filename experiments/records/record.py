@@ -429,7 +429,7 @@ SCALING_METRICS = tuple(c.name for c in SCHEMA if c.scaling)
 # Keys of the resolved config that do not change what is measured, so they stay out of the hash.
 # A budget decides whether a measurement completes, not what it measures: re-running an oom
 # configuration with a larger budget replaces its record.
-_BOOKKEEPING = ("logger", "sweep", "resume", "fail_on", "report", "train.progress")
+_BOOKKEEPING = ("logger", "sweep", "resume", "fail_on", "report", "plugins", "train.progress")
 _UNHASHED = (*_BOOKKEEPING, "budget")
 # Keys added after records existed, whose default does what the code did before them: left out
 # of the hash at that default, so a record made before the key existed keeps its hash (and a

@@ -32,6 +32,14 @@ _BLOCKS.add(ReversibleBlock.name, (ReversibleBlock, ReversibleStack))
 _BLOCKS.add(CheckpointBlock.name, (CheckpointBlock, sequential_stack))
 
 
+def register_block(cls: type[nn.Module], stack: Callable[[list], nn.Module] = sequential_stack):
+    """Add block type `cls` (built as `cls(attn, ff)`, (B, L, d_model) -> same) under
+    `cls.name`; `stack` runs a list of them (default: one after the other). Usable as a
+    class decorator."""
+    _BLOCKS.add(cls.name, (cls, stack))
+    return cls
+
+
 def block_names() -> list[str]:
     """Names of the block types."""
     return _BLOCKS.names()
@@ -83,6 +91,7 @@ __all__ = [
     "ReversibleBlock",
     "ReversibleStack",
     "block_names",
+    "register_block",
     "build_block",
     "build_stack",
     "wire",

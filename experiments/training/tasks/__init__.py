@@ -70,11 +70,16 @@ def task_names() -> list[str]:
     return _TASKS.names()
 
 
+def task_class(name: str) -> type:
+    """The task class registered as `name`; `ValueError` listing the tasks if unknown."""
+    return _TASKS[name]
+
+
 def build_task(options: dict[str, Any], *, seq_len: int, batch_size: int, seed: int) -> Task:
     """Build the task `options["name"]` with its other options; ValueError naming bad ones."""
     options = dict(options)
     name = options.pop("name")
-    task_cls = _TASKS[name]  # unknown -> ValueError listing the tasks
+    task_cls = task_class(name)
     try:
         return task_cls(seq_len=seq_len, batch_size=batch_size, seed=seed, **options)
     except TypeError as error:  # an option the task does not take
