@@ -1,6 +1,6 @@
 """report.md's knob table: whether each variant's approximation error on trained activations
 falls as its knob gets finer (`error_by_knob`). The approximation-error figures:
-`analysis.figures.approximation_error`; the knobs themselves: `series.KNOBS`.
+`analysis.figures.approximation_error`; the knobs themselves: each variant's `knobs`.
 """
 
 from __future__ import annotations
@@ -46,12 +46,13 @@ def _knob_verdict(finer: pd.Series) -> str:
 def error_by_knob(frame: pd.DataFrame) -> Table | None:
     """Whether each variant's error on trained activations falls as its knob gets finer.
 
-    One row per variant and setting of its other knobs whose first knob (`series.KNOBS`) was
+    One row per variant and setting of its other knobs whose first knob (`series.knobs()`) was
     swept: the error at each knob value, at the longest length measured, and whether it falls
-    as the knob grows (as it shrinks for `SMALLER_IS_FINER`): `_knob_verdict`.
+    as the knob grows (as it shrinks for `series.smaller_is_finer()`): `_knob_verdict`.
     """
     rows = []
-    for attention, (knob, *others) in series.KNOBS.items():
+    finer_small = series.smaller_is_finer()
+    for attention, (knob, *others) in series.knobs().items():
         if knob not in frame or APPROX_REL_ERROR not in frame:
             continue
         mine = frame[
@@ -69,7 +70,7 @@ def error_by_knob(frame: pd.DataFrame) -> Table | None:
             errors = group.groupby(knob)[APPROX_REL_ERROR].mean()
             if len(errors) < 2:
                 continue
-            finer = errors.sort_index(ascending=knob not in series.SMALLER_IS_FINER)
+            finer = errors.sort_index(ascending=knob not in finer_small)
             falls = _knob_verdict(finer)
             setting = setting if isinstance(setting, tuple) else (setting,)
             rows.append(

@@ -26,22 +26,26 @@ FUSED = "sdpa"  # its fused kernel (O(L) memory on every device): the default ba
 # holds the L×L scores, as QUADRATIC does.
 FUSED_PINNED = ("sdpa_flash", "sdpa_efficient", "sdpa_cudnn")
 QUADRATIC = "math"  # its textbook form, an L×L score matrix per head: the O(L²) baseline
-# Each approximate variant's knobs: error is drawn against the first. The error should fall as
-# the first knob grows, except for the knobs in SMALLER_IS_FINER (a finer approximation when
-# the value shrinks).
-KNOBS = {
-    "lsh": ("attention.n_hashes", "attention.bucket_size"),
-    "routing": ("attention.window", "attention.n_clusters"),
-    "performer": ("attention.n_features",),
-    "linformer": ("attention.k",),
-    "blockwise": ("attention.block_size",),
-    "compressed": ("attention.factor",),
-    "strided": ("attention.stride",),
-    "moba": ("attention.top_k", "attention.block_size"),
-    "nsa": ("attention.n_select", "attention.window"),
-    "deltanet": ("attention.chunk_size",),  # the same function at every value: a flat line
-}
-SMALLER_IS_FINER = ("attention.factor",)
+
+
+def knobs() -> dict[str, tuple[str, ...]]:
+    """Each registered variant that has knobs (`Attention.knobs`) -> them as record columns
+    (`attention.<option>`): error is drawn against the first, and should fall as it grows,
+    except for `smaller_is_finer` ones."""
+    import variants  # the registry: torch, which only the knob tables and figures need
+
+    specs = {name: variants.attention_spec(name) for name in variants.attention_names()}
+    return {n: tuple(f"attention.{k}" for k in s.knobs) for n, s in specs.items() if s.knobs}
+
+
+def smaller_is_finer() -> tuple[str, ...]:
+    """The knob columns (`attention.<option>`) whose approximation is finer when smaller."""
+    import variants
+
+    specs = [variants.attention_spec(name) for name in variants.attention_names()]
+    return tuple(dict.fromkeys(f"attention.{k}" for s in specs for k in s.smaller_is_finer))
+
+
 # Tasks whose loss carries no quality signal (uniform tokens: every model sits at ln V).
 NO_QUALITY_TASKS = ("random_lm",)
 

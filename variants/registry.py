@@ -19,7 +19,9 @@ from variants.checks import UnsupportedCombination
 from variants.registry_base import Registry
 
 # Every variant and preset by name; importing variants.attention registers the built-in ones.
-_ATTENTION: Registry[AttentionSpec] = Registry("attention variant", builtins=["variants.attention"])
+_ATTENTION: Registry[AttentionSpec] = Registry(
+    "attention variant", builtins=["variants.attention"], order=lambda spec: _family_rank(spec.cls)
+)
 
 # Options that describe the model the kernel lives in rather than the kernel itself. A model
 # hands `AttentionSpec.built` its values of them, which builds with those the variant declares;
@@ -58,6 +60,8 @@ class AttentionSpec:
     # The work is a set of (query block, key block) pairs (`Attention.block_sparse_work`):
     # a mask that empties a block could skip it (benchmarks/mask_cost.py's bound).
     block_sparse_work: bool = False
+    knobs: tuple[str, ...] = ()  # options that set how close to exact (`Attention.knobs`)
+    smaller_is_finer: tuple[str, ...] = ()
 
     @property
     def variant(self) -> str:
@@ -178,12 +182,34 @@ def _spec(name: str, cls: type, preset: dict[str, Any], summary: str | None) -> 
         supports_gqa=cls.supports_gqa,
         native_gqa=cls.native_gqa,
         block_sparse_work=cls.block_sparse_work,
+        knobs=tuple(cls.knobs),
+        smaller_is_finer=tuple(cls.smaller_is_finer),
     )
 
 
+# The survey's taxonomy (Tay et al.), then today's families: the registry's order.
+FAMILIES = (
+    "exact",
+    "fixed",
+    "combined",
+    "learnable",
+    "low_rank",
+    "kernel",
+    "selection",
+    "recurrent",
+    "other",
+)
+
+
 def attention_names() -> list[str]:
-    """Names of all registered attention variants, in registration order."""
+    """Names of all registered attention variants, family by family (`FAMILIES`), each family
+    in registration order."""
     return _ATTENTION.names()
+
+
+def _family_rank(cls: type) -> int:
+    family = getattr(cls, "family", "other")
+    return FAMILIES.index(family) if family in FAMILIES else len(FAMILIES)
 
 
 # What `select` filters on: each word a predicate on a spec. `published`: a variant measured

@@ -9,8 +9,8 @@ first lookup so that importing a registry alone never imports every entry. An un
 from __future__ import annotations
 
 import importlib
-from collections.abc import Iterator, Sequence
-from typing import Generic, TypeVar
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
 
@@ -18,10 +18,13 @@ T = TypeVar("T")
 class Registry(Generic[T]):
     """Entries of one `kind` ("attention variant", "block", "task") by name."""
 
-    def __init__(self, kind: str, builtins: Sequence[str] = ()):
+    def __init__(
+        self, kind: str, builtins: Sequence[str] = (), order: Callable[[T], Any] | None = None
+    ):
         self.kind = kind
         self._builtins = tuple(builtins)
         self._entries: dict[str, T] = {}
+        self._order = order  # a sort key on entries; registration order breaks ties
 
     def add(self, name: str, entry: T) -> None:
         """Register `entry` as `name`; a name registered twice is a `ValueError`."""
@@ -30,15 +33,17 @@ class Registry(Generic[T]):
         self._entries[name] = entry
 
     def names(self) -> list[str]:
-        """Every registered name, in registration order."""
+        """Every registered name, in registration order (sorted by `order` if given)."""
         self._load()
-        return list(self._entries)
+        if self._order is None:
+            return list(self._entries)
+        return sorted(self._entries, key=lambda name: self._order(self._entries[name]))
 
     def __getitem__(self, name: str) -> T:
         """The entry `name`; `ValueError` listing the available names if unknown."""
         self._load()
         if name not in self._entries:
-            raise ValueError(f"unknown {self.kind} {name!r}; available: {', '.join(self._entries)}")
+            raise ValueError(f"unknown {self.kind} {name!r}; available: {', '.join(self.names())}")
         return self._entries[name]
 
     def __iter__(self) -> Iterator[str]:

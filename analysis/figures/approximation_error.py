@@ -54,18 +54,19 @@ def error_vs_knob(frame: pd.DataFrame) -> Figure:
     """Approximation error against each variant's knob (n_hashes, window, n_features, k, ...).
 
     One panel per approximate variant with an option that takes several values (its first knob
-    of `series.KNOBS`, or its first varying option); lines are the other options and the lengths.
-    Variants of `series.KNOBS` measured at one knob value only are named under the title.
+    of `series.knobs()`, or its first varying option); lines are the other options and the lengths.
+    Variants with knobs measured at one knob value only are named under the title.
     """
     swept, fixed = [], []
+    registered = series.knobs()
     approximate = (a for a in dict.fromkeys(frame[ATTENTION].dropna()) if a != series.REFERENCE)
     for attention in approximate:  # exact attention's error is 0 whatever its options
         knobs = _knobs(frame, attention)
         if knobs:
             swept.append((attention, knobs))
-        elif attention in series.KNOBS and series.KNOBS[attention][0] in frame:
+        elif attention in registered and registered[attention][0] in frame:
             rows = frame[frame[ATTENTION] == attention]
-            knob = series.KNOBS[attention][0]
+            knob = registered[attention][0]
             values = rows[knob].dropna().map(load.format_value).unique()
             fixed.append(f"{attention} {knob.split('.', 1)[1]}={','.join(values) or 'none'}")
     cols = min(max(len(swept), 1), 3)
@@ -172,12 +173,12 @@ def error_vs_time(frame: pd.DataFrame, seq_len: float | None = None) -> Figure:
 
 
 def _knobs(frame: pd.DataFrame, attention: str) -> list[str]:
-    """The options of `attention` that vary in `frame`: its KNOBS first (the first is the one
+    """The options of `attention` that vary in `frame`: its knobs first (the first is the one
     drawn along x), then any other, so a new variant's options are found without a list."""
     rows = frame[frame[ATTENTION] == attention]
     options = [c for c in rows.columns if c.startswith("attention.") and c != "attention.name"]
     swept = series.varying(rows, options)
-    preferred = [k for k in series.KNOBS.get(attention, ()) if k in swept]
+    preferred = [k for k in series.knobs().get(attention, ()) if k in swept]
     return preferred + [k for k in swept if k not in preferred]
 
 

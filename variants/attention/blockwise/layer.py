@@ -39,6 +39,9 @@ class BlockwiseAttention(Attention):
     still repeats the keys to H heads before FlexAttention.
     """
 
+    family = "fixed"
+    knobs = ("block_size",)
+
     name = "blockwise"
     exact = False
     block_sparse_work = True

@@ -85,6 +85,8 @@ class CombinedAttention(Attention):
     heads before FlexAttention.
     """
 
+    family = "combined"
+
     name = "combined"
     exact = False
     block_sparse_work = True

@@ -76,6 +76,9 @@ class Attention(nn.Module):
     """Base class: validate inputs, then delegate to `attend`."""
 
     name: ClassVar[str]
+    # Its place in the survey's taxonomy (`variants.registry.FAMILIES`): the registry lists
+    # variants family by family.
+    family: ClassVar[str] = "other"
     exact: ClassVar[bool]
     time_complexity: ClassVar[str]
     memory_complexity: ClassVar[str]
@@ -116,6 +119,10 @@ class Attention(nn.Module):
     gqa_reason: ClassVar[str] = ""
     native_gqa: ClassVar[bool] = False  # attend takes k, v of H_kv heads (else: repeated)
     native_gqa_decode: ClassVar[bool] = False  # its cache holds H_kv heads (else: H)
+    # The options that set how closely it approximates exact attention, the first the main one
+    # (the report draws error against it); `smaller_is_finer`: those finer when smaller.
+    knobs: ClassVar[tuple[str, ...]] = ()
+    smaller_is_finer: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, *, causal: bool = False):
         super().__init__()

@@ -80,6 +80,10 @@ class CompressedAttention(Attention):
     from its first real token (`per_document`; why in the module docstring).
     """
 
+    family = "fixed"
+    knobs = ("factor",)
+    smaller_is_finer = ("factor",)
+
     name = "compressed"
     exact = False
     block_sparse_work = True

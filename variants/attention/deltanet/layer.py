@@ -74,6 +74,9 @@ RMS_EPS = 1e-6
 class DeltaNetAttention(Attention):
     """DeltaNet: the delta rule S_t = S_{t-1}(I - beta k k^T) + beta v k^T, chunk-parallel."""
 
+    family = "recurrent"
+    knobs = ("chunk_size",)
+
     name = "deltanet"
     exact = False
     time_complexity = "O(L C d + L d^2)"

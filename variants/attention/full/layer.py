@@ -58,6 +58,8 @@ class FullAttention(Attention):
     against (B, H_kv, 1, L, D) keys; the decoding cache holds H_kv heads.
     """
 
+    family = "exact"
+
     name = "full"
     exact = True
     block_sparse_work = True

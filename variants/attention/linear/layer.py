@@ -33,6 +33,8 @@ from variants.registry import register_attention
 class LinearAttention(Attention):
     """Linear attention: phi(x) = elu(x) + 1 features of q and k, sums of phi(k) v^T per head."""
 
+    family = "kernel"
+
     name = "linear"
     exact = False
     time_complexity = "O(L d^2)"

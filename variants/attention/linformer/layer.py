@@ -70,6 +70,9 @@ class LinformerAttention(Attention):
     positions); each document projected as a sequence of its own (module docstring).
     """
 
+    family = "low_rank"
+    knobs = ("k",)
+
     name = "linformer"
     exact = False
     time_complexity = "O(L k d)"

@@ -112,6 +112,9 @@ class LSHAttention(Attention):
     of hashing anew, so that a reversible or checkpointed recompute sees the same buckets.
     """
 
+    family = "learnable"
+    knobs = ("n_hashes", "bucket_size")
+
     name = "lsh"
     exact = False
     time_complexity = "O(n_hashes L m d)"

@@ -79,6 +79,9 @@ from variants.registry import register_attention
 class MoBAAttention(Attention):
     """MoBA: per query, its own block plus the top_k - 1 past blocks by <q, mean key>."""
 
+    family = "selection"
+    knobs = ("top_k", "block_size")
+
     name = "moba"
     exact = False
     block_sparse_work = True

@@ -107,6 +107,9 @@ COMPRESS = ("mean", "mlp")
 class NSAAttention(Attention):
     """NSA: gated compressed, selected (top-n blocks) and sliding-window branches."""
 
+    family = "selection"
+    knobs = ("n_select", "window")
+
     name = "nsa"
     exact = False
     block_sparse_work = True

@@ -88,6 +88,9 @@ def orthogonal_features(
 class PerformerAttention(Attention):
     """Performer FAVOR+: positive orthogonal random features, seeded, optionally redrawn."""
 
+    family = "kernel"
+    knobs = ("n_features",)
+
     name = "performer"
     exact = False
     time_complexity = "O(L m d)"

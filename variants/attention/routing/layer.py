@@ -92,6 +92,9 @@ class RoutingAttention(Attention):
     `centroid_sums` (H, K, D) and `centroid_counts` (H, K).
     """
 
+    family = "learnable"
+    knobs = ("window", "n_clusters")
+
     name = "routing"
     exact = False
     time_complexity = "O(L w d + L K d)"

@@ -40,6 +40,9 @@ class StridedAttention(Attention):
     H heads before FlexAttention.
     """
 
+    family = "fixed"
+    knobs = ("stride",)
+
     name = "strided"
     exact = False
     block_sparse_work = True
