@@ -40,6 +40,7 @@ class BlockwiseAttention(Attention):
     """
 
     family = "fixed"
+    small_options = {"block_size": 8}
     knobs = ("block_size",)
 
     name = "blockwise"

@@ -86,6 +86,7 @@ class CombinedAttention(Attention):
     """
 
     family = "combined"
+    small_options = {"block_size": 8, "n_summary": 2}
 
     name = "combined"
     exact = False

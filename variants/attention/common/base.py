@@ -123,6 +123,13 @@ class Attention(nn.Module):
     # (the report draws error against it); `smaller_is_finer`: those finer when smaller.
     knobs: ClassVar[tuple[str, ...]] = ()
     smaller_is_finer: ClassVar[tuple[str, ...]] = ()
+    # Causally, an output never changes when tokens are appended; False (with the reason) for
+    # a kernel whose pattern depends on later tokens (LSH's chunk boundaries).
+    past_fixed: ClassVar[bool] = True
+    past_fixed_reason: ClassVar[str] = ""
+    # Options that exercise its structure (several blocks, chunks, clusters) at the short
+    # lengths of the conformance kit (`variants.conformance`).
+    small_options: ClassVar[dict] = {}
 
     def __init__(self, *, causal: bool = False):
         super().__init__()

@@ -81,6 +81,7 @@ class CompressedAttention(Attention):
     """
 
     family = "fixed"
+    small_options = {"factor": 4}
     knobs = ("factor",)
     smaller_is_finer = ("factor",)
 

@@ -75,6 +75,7 @@ class DeltaNetAttention(Attention):
     """DeltaNet: the delta rule S_t = S_{t-1}(I - beta k k^T) + beta v k^T, chunk-parallel."""
 
     family = "recurrent"
+    small_options = {"chunk_size": 8}
     knobs = ("chunk_size",)
 
     name = "deltanet"

@@ -71,6 +71,7 @@ class LinformerAttention(Attention):
     """
 
     family = "low_rank"
+    small_options = {"k": 16}
     knobs = ("k",)
 
     name = "linformer"

@@ -113,6 +113,9 @@ class LSHAttention(Attention):
     """
 
     family = "learnable"
+    small_options = {"bucket_size": 8, "n_hashes": 2}
+    past_fixed = False
+    past_fixed_reason = "later tokens move the sorted chunks' boundaries (its decode: own rule)"
     knobs = ("n_hashes", "bucket_size")
 
     name = "lsh"

@@ -93,6 +93,7 @@ class RoutingAttention(Attention):
     """
 
     family = "learnable"
+    small_options = {"n_clusters": 4, "window": 16}
     knobs = ("window", "n_clusters")
 
     name = "routing"
