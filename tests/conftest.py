@@ -69,3 +69,33 @@ def wandb_home(tmp_path, monkeypatch):
     monkeypatch.setattr(tracking, "_disabled_reason", None)
     yield
     wandb.teardown()
+
+
+EXTENDING = Path(__file__).resolve().parents[1] / "docs" / "extending.md"
+
+
+def plugin_from_the_docs(folder: Path) -> str:
+    """docs/extending.md's worked example (its ```python file=NAME block) written into `folder`
+    as a module of the user's own; returns the module's name. The test runs what the page
+    shows, so the page cannot drift from what works."""
+    text = EXTENDING.read_text()
+    head = "```python file="
+    start = text.index(head) + len(head)
+    file_name, _, rest = text[start:].partition("\n")
+    (folder / file_name).write_text(rest[: rest.index("```")])
+    return file_name.removesuffix(".py")
+
+
+@pytest.fixture
+def sigmoid_plugin(tmp_path, monkeypatch):
+    """The docs' example plugin imported (module on sys.path), unregistered afterwards."""
+    import variants
+    from variants import plugins
+
+    module = plugin_from_the_docs(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    plugins.load([module])
+    yield module
+    variants.registry._ATTENTION._entries.pop("sigmoid", None)
+    plugins._loaded.pop(module, None)
+    sys.modules.pop(module, None)
