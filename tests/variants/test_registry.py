@@ -69,6 +69,7 @@ def test_block_sparse_work_is_the_classes_flag_and_a_preset_has_its_variants():
         "sparse_fixed",
         "moba",
         "nsa",
+        "sliding_window",
     }
     for name in NAMES:
         spec = variants.attention_spec(name)
@@ -86,7 +87,7 @@ def as_yaml(options: dict) -> dict:
     return {k: list(v) if isinstance(v, tuple) else v for k, v in options.items()}
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", [n for n in NAMES if (CONF / f"{n}.yaml").is_file()])
 def test_conf_yaml_equals_code_defaults(name):
     options = variants.attention_spec(name).options  # a YAML list is the code's tuple
     assert composed(name) == {"name": name, **as_yaml(options)}
@@ -109,10 +110,11 @@ def test_a_preset_builds_its_variant_with_its_defaults_and_overrides():
 
 
 def test_every_conf_yaml_is_a_registered_variant():
-    """A YAML named after a variant holds its defaults; any other (`moba_small.yaml`) is a
-    setting of the variant it names, whose options it must all take."""
+    """A YAML named after a variant (optional) holds its defaults; any other
+    (`moba_small.yaml`) is a setting of the variant it names, whose options it must all take."""
     named = {p.stem: yaml.safe_load(p.read_text()) for p in CONF.glob("*.yaml")}
-    assert sorted(stem for stem, conf in named.items() if conf["name"] == stem) == sorted(NAMES)
+    # A variant's YAML is optional (a plugin's options come from its constructor).
+    assert {stem for stem, conf in named.items() if conf["name"] == stem} <= set(NAMES)
     for stem, conf in named.items():
         assert conf["name"] in NAMES, stem
         own = set(conf) - {"name", "defaults"}
