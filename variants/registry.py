@@ -44,6 +44,8 @@ class AttentionSpec:
     memory_complexity: str
     supports_decode: bool  # has init_cache / prefill / decode (causal only)
     decode_matches_forward: bool  # decoding gives the causal forward's outputs
+    # Appending tokens leaves the causal outputs of the earlier positions unchanged.
+    causal_past_fixed: bool = True
     preset: dict[str, Any] = field(default_factory=dict)  # a preset's own defaults
     # Heads computed independently (`Attention.independent_heads`): `model.attention_chunks`
     # may run groups of heads as separate calls.
@@ -171,6 +173,7 @@ def _spec(name: str, cls: type, preset: dict[str, Any], summary: str | None) -> 
         memory_complexity=cls.memory_complexity,
         supports_decode=cls.supports_decode,
         decode_matches_forward=cls.decode_matches_forward,
+        causal_past_fixed=cls.causal_past_fixed,
         preset=preset,
         independent_heads=cls.independent_heads,
         supports_padding_mask=cls.supports_padding_mask,

@@ -96,6 +96,10 @@ class Attention(nn.Module):
     supports_decode: ClassVar[bool] = False
     decode_reason: ClassVar[str] = "it has no decode path"
     decode_matches_forward: ClassVar[bool] = True
+    # Causal outputs at positions < L are the same whatever follows them (appending tokens
+    # leaves the past unchanged): a property test checks it of every causal variant that says
+    # so. False only where the variant cannot have it (LSH's chunk boundaries).
+    causal_past_fixed: ClassVar[bool] = True
     # True if each head's output depends on that head's q, k, v alone, with no per-head
     # parameters, state or per-call draws: the layer may then run groups of heads as separate
     # calls (`model.attention_chunks`) and get exactly the output of one call.
