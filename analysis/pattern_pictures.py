@@ -42,7 +42,10 @@ def variant_patterns(length: int = LENGTH) -> dict[str, tuple[str, dict[bool, pa
         for causal in (False, True):
             if causal and not spec.causal_supported:
                 continue
-            kernel = variants.build_attention(name, causal=causal, **options)
+            # A model of `length` tokens at most: causal auto strides and random blocks are
+            # taken at its max_seq_len, which is then the picture's length.
+            model = {"max_seq_len": length} if "max_seq_len" in spec.model_options else {}
+            kernel = variants.build_attention(name, causal=causal, **options, **model)
             by_causal[causal] = kernel.pattern(length)
         shown = {k: v for k, v in options.items() if k in _shown(spec.variant, options)}
         drawn[name] = (", ".join(f"{k}={_short(v)}" for k, v in shown.items()), by_causal)

@@ -9,18 +9,19 @@ from collections.abc import Callable
 
 import torch
 
-from benchmarks.targets.kernels import BATCH, CPU, HEAD_DIM, HEADS
+from benchmarks.targets.kernels import shape
 from experiments.measurement import timing as measurement_timing
-from experiments.measurement.timing import time_call
+from experiments.measurement.timing import matmul_call, time_call
 from variants.attention.common.base import sample_gates
 
-YARDSTICK = 1024  # the matmul timed around each call: YARDSTICK^3, fp32
+YARDSTICK = 1024  # the matmul timed around each call: YARDSTICK^3, in the run's dtype
 
 
 def forward_backward(attend: Callable, length: int) -> Callable[[], object]:
-    """A call of attend(q, k, v) forward and backward to q, k, v, on fixed random inputs."""
-    q, k, v = (torch.randn(BATCH, HEADS, length, HEAD_DIM, requires_grad=True) for _ in range(3))
-    grad_out = torch.randn(BATCH, HEADS, length, HEAD_DIM)
+    """A call of attend(q, k, v) forward and backward to q, k, v, on fixed random inputs of
+    `shape()`."""
+    q, k, v = (shape().randn(length, requires_grad=True) for _ in range(3))
+    grad_out = shape().randn(length)
     gates = _gates(attend, q)
 
     def call():
@@ -31,8 +32,8 @@ def forward_backward(attend: Callable, length: int) -> Callable[[], object]:
 
 
 def forward(attend: Callable, length: int) -> Callable[[], object]:
-    """A call of attend(q, k, v) without autograd, on fixed random inputs."""
-    q, k, v = (torch.randn(BATCH, HEADS, length, HEAD_DIM) for _ in range(3))
+    """A call of attend(q, k, v) without autograd, on fixed random inputs of `shape()`."""
+    q, k, v = (shape().randn(length) for _ in range(3))
     gates = _gates(attend, q)
 
     @torch.no_grad()
@@ -58,8 +59,13 @@ def seconds_per_call(fn: Callable[[], object], min_time_s: float = 0.3) -> float
     measured up to 2x slower for allocation-heavy kernels (LSH at 16K: 2.2 s after an SDPA call,
     1.07 s after its own), as glibc hands freed memory back and fresh pages fault in again.
     """
-    timing = time_call(fn, CPU, min_run_time_s=min_time_s, warmup=1, min_blocks=1)
+    timing = time_call(fn, shape().device, min_run_time_s=min_time_s, warmup=1, min_blocks=1)
     return timing.median_ms / 1e3
+
+
+def yardstick() -> Callable[[], object]:
+    """The YARDSTICK^3 matmul in `shape()`'s dtype on its device."""
+    return matmul_call(YARDSTICK, shape().device, shape().dtype)
 
 
 def time_in_rounds(

@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import statistics
 
-import torch
-
-from benchmarks.targets.kernels import BATCH, CPU, HEAD_DIM, HEADS, kernel
+from benchmarks.targets.kernels import kernel, shape
 from benchmarks.targets.table import Target, at_least, at_most
 from experiments.measurement.decode_cost import measure_decode
 
@@ -23,10 +21,11 @@ DECODE_STEPS = 64
 
 
 def decode_columns(name: str, length: int) -> dict:
-    """`measure_decode` of the targets' kernel `name` at batch 1 and context `length`."""
-    shape = (BATCH, HEADS, length, HEAD_DIM)
+    """`measure_decode` of the targets' kernel `name` at `shape()` and context `length`."""
+    at = shape()
     attend = kernel(name, length + DECODE_STEPS + 2)
-    return measure_decode(attend, shape, CPU, torch.float32, steps=DECODE_STEPS, warmup=2)
+    dims = (at.batch, at.heads, length, at.head_dim)
+    return measure_decode(attend, dims, at.device, at.dtype, steps=DECODE_STEPS, warmup=2)
 
 
 def decode_targets(length: int, rounds: int) -> list[Target]:

@@ -6,10 +6,9 @@ from __future__ import annotations
 
 import statistics
 
-from benchmarks.targets.call_timing import YARDSTICK, forward, time_in_rounds
+from benchmarks.targets.call_timing import forward, time_in_rounds, yardstick
 from benchmarks.targets.kernels import kernel
 from benchmarks.targets.table import Target, at_least
-from experiments.measurement.timing import matmul_call
 
 # Forward (no grad) of each fixed pattern, ours against compiled FlexAttention on its pattern.
 FLEX_KERNELS = ("blockwise", "strided", "longformer", "bigbird", "sparse_fixed")
@@ -27,7 +26,7 @@ def flex_targets(lengths: list[int], rounds: int, min_seconds: float = 0.0) -> l
             for name in FLEX_KERNELS
             for impl in ("native", "flex")
         }
-        times, _ = time_in_rounds(calls, rounds, matmul_call(YARDSTICK), min_seconds)
+        times, _ = time_in_rounds(calls, rounds, yardstick(), min_seconds)
         for name in FLEX_KERNELS:
             pairs = zip(times[f"{name} flex"], times[f"{name} native"], strict=True)
             ratio = statistics.median(flex / ours for flex, ours in pairs)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from benchmarks.targets.kernels import HEAD_DIM, HEADS, KERNELS, ROUTING_WINDOW
+from benchmarks.targets.kernels import ROUTING_WINDOW, SETTINGS, shape
 from variants import build_attention
 
 REFORMER_PYTORCH = "reformer-pytorch"
@@ -21,7 +21,7 @@ PERFORMER_PYTORCH = "performer-pytorch"
 
 
 def reformer_pytorch_lsh(length: int) -> Callable | None:
-    """reformer-pytorch's LSHAttention at the `lsh` settings of KERNELS, causal, as an
+    """reformer-pytorch's LSHAttention at the `lsh` SETTINGS, causal, as an
     attend(q, k, v) on (B, H, L, D); None when the package is not installed. It takes shared
     qk and folds heads into the batch; its other options stay at its defaults (and do not
     depend on the length)."""
@@ -29,7 +29,7 @@ def reformer_pytorch_lsh(length: int) -> Callable | None:
         from reformer_pytorch import LSHAttention
     except ImportError:
         return None
-    module = LSHAttention(**KERNELS["lsh"], causal=True)
+    module = LSHAttention(**SETTINGS["lsh"], causal=True).to(shape().device)
 
     def attend(q, k, v):
         batch, heads, length, head_dim = q.shape
@@ -48,7 +48,10 @@ def routing_transformer_kmeans(length: int) -> Callable | None:
     except ImportError:
         return None
     clusters = max(1, length // ROUTING_WINDOW)
-    module = KmeansAttention(clusters, ROUTING_WINDOW, HEADS, HEAD_DIM, causal=True, shared_qk=True)
+    at = shape()
+    module = KmeansAttention(
+        clusters, ROUTING_WINDOW, at.heads, at.head_dim, causal=True, shared_qk=True
+    ).to(at.device)
 
     def attend(q, k, v):
         out, _ = module(q, q, v)  # (B, H, L, D) and its commitment loss
@@ -66,7 +69,7 @@ def performer_pytorch_favor(length: int) -> Callable | None:
     except ImportError:
         return None
     features = build_attention("performer").n_features
-    return FastAttention(HEAD_DIM, nb_features=features, causal=True)
+    return FastAttention(shape().head_dim, nb_features=features, causal=True).to(shape().device)
 
 
 # Public implementation -> (our variant it is compared with, its builder).

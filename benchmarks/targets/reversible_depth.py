@@ -6,7 +6,7 @@ from __future__ import annotations
 import statistics
 
 from benchmarks.targets.call_timing import seconds_per_call
-from benchmarks.targets.kernels import model, training_step
+from benchmarks.targets.kernels import model, shape, training_step
 from benchmarks.targets.table import Target, at_most
 from experiments.measurement.memory import peak_memory_bytes
 
@@ -15,7 +15,7 @@ def depth_targets(length: int, attention: str, rounds: int) -> list[Target]:
     """Reversible depth-12 / depth-1 peak memory, and reversible / residual step time at 12."""
     peaks = {
         depth: peak_memory_bytes(
-            training_step(model(attention, length, depth, "reversible"), length)
+            training_step(model(attention, length, depth, "reversible"), length), shape().device
         )
         for depth in (1, 12)
     }

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 
-from benchmarks.targets.kernels import model, training_step
+from benchmarks.targets.kernels import model, shape, training_step
 from benchmarks.targets.table import Target, info
 from experiments.measurement.memory import peak_memory_bytes
 
@@ -39,7 +39,7 @@ def memory_targets(length: int, variants: list[str] | None = None) -> list[Targe
             continue
         step = training_step(model(name, length), length)
         start = time.perf_counter()
-        peak = peak_memory_bytes(step)
+        peak = peak_memory_bytes(step, shape().device)
         elapsed = time.perf_counter() - start
         row = f"{name} 1-layer fwd+bwd peak GiB, L={length} ({elapsed:.0f} s)"
         if name in MEMORY_KERNELS:

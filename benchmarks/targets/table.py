@@ -1,8 +1,12 @@
-"""A row of the target table, the bounds it is judged by, and the table printed."""
+"""A row of the target table, the bounds it is judged by, and the table printed and written
+as CSV."""
 
 from __future__ import annotations
 
+import csv
+from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 
 @dataclass
@@ -27,10 +31,24 @@ def info(name: str, value: float) -> Target:
     return Target(name, value, "", None)
 
 
+def met_text(row: Target) -> str:
+    """The table's `met` cell: yes, NO, or empty for an informational row."""
+    return "" if row.met is None else ("yes" if row.met else "NO")
+
+
 def print_table(rows: list[Target]) -> None:
     width = max(len(r.name) for r in rows)
     print(f"\n| {'target'.ljust(width)} | measured | bound | met |")
     print(f"|{'-' * (width + 2)}|---------:|-------|-----|")
     for r in rows:
-        met = "" if r.met is None else ("yes" if r.met else "NO")
-        print(f"| {r.name.ljust(width)} | {r.value:8.2f} | {r.bound} | {met} |")
+        print(f"| {r.name.ljust(width)} | {r.value:8.2f} | {r.bound} | {met_text(r)} |")
+
+
+def write_csv(path: Path, rows: list[Target], run: Mapping[str, object]) -> None:
+    """The table at `path` as CSV: target, measured (unrounded), bound, met as printed, then
+    the `run`'s columns (its shape and threads), the same on every row."""
+    with open(path, "w", newline="") as file:
+        writer = csv.writer(file)
+        writer.writerow(["target", "measured", "bound", "met", *run])
+        for r in rows:
+            writer.writerow([r.name, r.value, r.bound, met_text(r), *run.values()])

@@ -26,6 +26,7 @@ def test_every_fixed_and_combined_variant_is_drawn_causal_and_not():
         "longformer",
         "bigbird",
         "sparse_fixed",
+        "sliding_window",
     }
     assert all(set(by_causal) == {False, True} for _, by_causal in drawn.values())
     # A block of 8 tokens: blockwise's picture is the hand-written local mask at that size.

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 # The same shapes and kernels as the target table, over a wider range of lengths.
-from benchmarks.targets.kernels import BATCH, HEAD_DIM, HEADS, KERNELS, kernel
+from benchmarks.targets.kernels import BATCH, HEAD_DIM, HEADS, kernel, kernel_settings
 
 LENGTHS = [1024, 2048, 4096, 8192, 16384, 32768]
 
@@ -38,7 +38,7 @@ def run(benchmark, fn, length: int) -> None:
 
 
 lengths = pytest.mark.parametrize("length", LENGTHS, ids=[f"L{n}" for n in LENGTHS])
-names = pytest.mark.parametrize("name", ["sdpa", *KERNELS])
+names = pytest.mark.parametrize("name", ["sdpa", *kernel_settings()])
 
 
 @lengths

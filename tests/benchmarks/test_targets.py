@@ -12,7 +12,7 @@ from benchmarks.targets import call_timing, decode, flex_compare, kernels, milli
 
 
 def test_kernels_are_the_layers_of_the_targets_model():
-    for name in kernels.KERNELS:
+    for name in kernels.kernel_settings():
         kernel = kernels.kernel(name, 512)
         layer_kernel = next(kernels.model(name, 512).kernels())
         assert type(kernel) is type(layer_kernel) and kernel.causal == (name != "linformer")
@@ -21,7 +21,6 @@ def test_kernels_are_the_layers_of_the_targets_model():
 
 
 def test_toy_run_prints_a_row_per_target(monkeypatch, capsys):
-    monkeypatch.setattr(cli, "LENGTHS", (256, 512))
     # Decoding at toy contexts too (64K by default): the rows, not the machine, are tested.
     monkeypatch.setattr(decode, "DECODE_SHORT", 256)
     monkeypatch.setattr(decode, "DECODE_WINDOWED", 256)
@@ -31,7 +30,8 @@ def test_toy_run_prints_a_row_per_target(monkeypatch, capsys):
     # Compiled FlexAttention at the first length only: each length compiles every pattern anew
     # (most of this test's time), and one length shows the rows and the length filter.
     cli.main(
-        ["--rounds", "1", "--min-seconds", "0", "--threads", "1", "--skip-memory", "--skip-depth"]
+        ["--lengths", "256,512", "--rounds", "1", "--min-seconds", "0", "--threads", "1"]
+        + ["--skip-memory", "--skip-depth"]
         + ["--decode-len", "512", "--flex-max-len", "256"]
     )
     table = capsys.readouterr().out.split("| target")[1]

@@ -17,8 +17,14 @@ from tests.reference import (
 )
 from variants.registry import build_attention
 
-# (seq_len, stride); "auto" means round(sqrt(seq_len))
+# (seq_len, stride); "auto" means round(sqrt(seq_len)), the kernel built for a model of
+# max_seq_len = seq_len (causally the auto stride is taken at max(L, max_seq_len))
 PATTERNS = [(16, 4), (18, 4), (23, 5), (9, 1), (12, 12), (7, 30), (30, "auto"), (50, "auto")]
+
+
+def _strided(causal, stride, length, **options):
+    """The kernel as a model of `length` tokens at most builds it."""
+    return build_attention("strided", causal=causal, stride=stride, max_seq_len=length, **options)
 
 
 def strided_mask(length, stride, causal):
@@ -34,7 +40,7 @@ def strided_mask(length, stride, causal):
 @pytest.mark.parametrize("length, stride", PATTERNS)
 def test_matches_dense_mask_of_pattern(causal, length, stride, flash_kernels):
     q, k, v = qkv(length=length, seed=length)
-    out = build_attention("strided", causal=causal, stride=stride)(q, k, v)
+    out = _strided(causal, stride, length)(q, k, v)
     torch.testing.assert_close(out, dense_attention(q, k, v, strided_mask(length, stride, causal)))
 
 
@@ -47,21 +53,29 @@ def test_length_not_multiple_of_stride_equals_dense_masked_result(causal):
 
 
 def test_auto_stride_follows_sequence_length():
-    module = build_attention("strided", stride="auto")
+    module = build_attention("strided", stride="auto", max_seq_len=1)  # below every length
     assert [module.stride_for(n) for n in (1, 10, 64, 1000)] == [1, 3, 8, 32]
+
+
+def test_causal_auto_stride_is_taken_at_the_model_length():
+    # At most the length itself (a longer stride is the same pattern); past max_seq_len, the
+    # length's own, as without a model.
+    module = build_attention("strided", causal=True, stride="auto", max_seq_len=400)
+    assert [module.stride_for(n) for n in (10, 64, 400, 1000)] == [10, 20, 20, 32]
+    assert module.stride_for(64, at=900) == 30  # decoding: the cache's max_len
 
 
 @pytest.mark.parametrize("length, stride", PATTERNS)
 @pytest.mark.parametrize("causal", [False, True])
 def test_flops_count_allowed_pairs(causal, length, stride):
     allowed = int(strided_mask(length, stride, causal).sum())
-    module = build_attention("strided", causal=causal, stride=stride)
+    module = _strided(causal, stride, length)
     assert module.flops(2, 3, length, 8) == 4 * 2 * 3 * allowed * 8
 
 
 @pytest.mark.parametrize("stride", [3, 5, "auto"])
 def test_causal_never_sees_the_future(stride):
-    assert_causal(build_attention("strided", causal=True, stride=stride), length=24, t=10)
+    assert_causal(_strided(True, stride, 24), length=24, t=10)
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -108,15 +122,15 @@ def test_strided_inputs_give_the_contiguous_result(causal, flash_kernels):
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("length, stride", PATTERNS)
 def test_pattern_is_the_hand_written_mask(causal, length, stride):
-    module = build_attention("strided", causal=causal, stride=stride)
+    module = _strided(causal, stride, length)
     assert torch.equal(module.pattern(length).dense(length), strided_mask(length, stride, causal))
 
 
 @pytest.mark.parametrize("causal, length, stride", [(True, 22, 5), (False, 30, "auto")])
 def test_flex_forward_equals_the_native_kernel(causal, length, stride, eager_flex):
     q, k, v = qkv(batch=1, heads=2, length=length, seed=2)
-    native = build_attention("strided", causal=causal, stride=stride)(q, k, v)
-    flex = build_attention("strided", causal=causal, stride=stride, impl="flex")(q, k, v)
+    native = _strided(causal, stride, length)(q, k, v)
+    flex = _strided(causal, stride, length, impl="flex")(q, k, v)
     torch.testing.assert_close(flex, native)
 
 

@@ -43,7 +43,7 @@ from variants import patterns
 from variants.attention.combined.function import CombinedPieces
 from variants.attention.combined.plan import Plan
 from variants.attention.common import flex
-from variants.attention.common.base import Attention
+from variants.attention.common.base import Attention, pattern_length
 from variants.attention.common.cache import WindowCache, attend_allowed
 from variants.attention.common.columns import stride_at
 from variants.attention.common.masking import repeat_kv
@@ -69,8 +69,12 @@ class CombinedAttention(Attention):
     when causal) and `summary` (the last `n_summary` positions of every block: the Sparse
     Transformer's "fixed" pattern). `seed` fixes the random blocks; None draws the seed once
     from torch's RNG when the kernel is built, so each layer of a seeded model has its own
-    blocks, fixed for its life, as in BigBird. `strided` and `summary` cannot be combined (the
-    Sparse Transformer's two alternatives). Options of parts not named are ignored.
+    blocks, fixed for its life, as in BigBird. The parts that depend on a length (auto stride,
+    random blocks) are taken at `pattern_length`: causally max(L, `max_seq_len`), the model's
+    longest sequence, so that no output depends on how many tokens follow it (blocks drawn for
+    L changed the first blocks' draws as tokens were appended); without causality at L.
+    `strided` and `summary` cannot be combined (the Sparse Transformer's two alternatives).
+    Options of parts not named are ignored.
     `impl="flex"` runs FlexAttention with the block mask of the same pattern.
 
     A key padding mask and segment ids (`forward`) restrict every pair of the pattern, global
@@ -113,6 +117,7 @@ class CombinedAttention(Attention):
         n_summary: int = 8,
         seed: int | None = None,
         impl: str = "native",
+        max_seq_len: int = 4096,
     ):
         super().__init__(causal=causal)
         self.parts = _require_parts(self.name, parts)
@@ -132,6 +137,9 @@ class CombinedAttention(Attention):
             require_non_negative_int(self.name, "seed", seed)
         self.seed = seed
         self.impl = flex.require_impl(self.name, impl)
+        # Not a limit (`Attention.max_seq_len` stays None): where length-dependent parts are
+        # taken causally.
+        self.model_max_len = require_positive_int(self.name, "max_seq_len", max_seq_len)
         # The seed the random blocks are drawn with: fixed at construction (see the docstring).
         self.random_seed = seed
         if "random" in self.parts and seed is None:
@@ -139,16 +147,22 @@ class CombinedAttention(Attention):
         self._cache: dict = {}  # (kind, seq_len, device) -> pattern, plan or block mask
 
     def stride_for(self, seq_len: int) -> int:
-        """The stride at `seq_len` (option or round(sqrt(L))), at most L: a longer stride is
-        the same pattern (only j == i within the sequence)."""
-        return min(stride_at(self.stride, seq_len), seq_len)
+        """The stride at `seq_len` (option or round(sqrt(n)), n its `pattern_length`), at
+        most n: a longer stride is the same pattern (only j == i within the sequence)."""
+        length = self.pattern_length(seq_len)
+        return min(stride_at(self.stride, length), length)
+
+    def pattern_length(self, seq_len: int) -> int:
+        """The length the length-dependent parts are taken at for `seq_len` positions."""
+        return pattern_length(seq_len, self.model_max_len, self.causal)
 
     def part_patterns(self, seq_len: int, at: int | None = None) -> dict[str, patterns.Pattern]:
         """Each named part's pattern at `seq_len`, before the causal cut. With `at`, the parts
         that depend on the length (auto stride, random blocks) are those of length `at`
-        (decoding: the cache's max_len), restricted to the first `seq_len` positions."""
+        (decoding: the cache's max_len), restricted to the first `seq_len` positions; either
+        way at its `pattern_length`."""
         b, causal = self.block_size, self.causal
-        at = seq_len if at is None else at
+        at = self.pattern_length(seq_len if at is None else at)
         forward = 0 if causal else self.look_forward
         table = {
             "local": lambda: patterns.Local(b, self.look_backward, forward),
@@ -275,7 +289,8 @@ class CombinedAttention(Attention):
             f"causal={self.causal}, parts={self.parts}, block_size={self.block_size}, "
             f"look_backward={self.look_backward}, look_forward={self.look_forward}, "
             f"stride={self.stride}, n_global={self.n_global}, n_random={self.n_random}, "
-            f"n_summary={self.n_summary}, seed={self.seed}, impl={self.impl}"
+            f"n_summary={self.n_summary}, seed={self.seed}, impl={self.impl}, "
+            f"max_seq_len={self.model_max_len}"
         )
 
 

@@ -11,10 +11,13 @@ variant that decodes sets `supports_decode = True` and implements three hooks:
   cache_prompt(q, k, v, cache)   fill an empty cache with a prompt's (B, H, T, D) positions
   decode_step(q, k, v, cache)    (B, H, 1, D) -> (B, H, 1, D); append the position, attend
 
-and, where the forward's pattern depends on the length (auto stride, random blocks), also
+and, where the forward's pattern depends on a length (auto stride, random blocks), also
 `prefill_attend(q, k, v, cache)`: the causal forward over the prompt with the pattern taken at
-`cache.max_len`. A variant whose forward leaves the cache's content as a by-product (DeltaNet's
-final state) overrides `prefill_into`, which by default is `prefill_attend` then
+`pattern_length(cache.max_len, ...)`. Causally such a pattern is taken at
+`pattern_length`, max(L, the model's `max_seq_len`), never at the input's own length alone:
+else the outputs at the first positions would change with the number of tokens after them
+(`past_fixed`). A variant whose forward leaves the cache's content as a by-product
+(DeltaNet's final state) overrides `prefill_into`, which by default is `prefill_attend` then
 `cache_prompt`. A gated variant (`n_gates` > 0) gets the positions' gates as one more argument
 of every hook, `gates` (B, H, T, n_gates): `prefill` and `decode` take them as the forward
 does (the layer computes the new position's gates from its token). The public `init_cache`,
@@ -123,8 +126,8 @@ class Attention(nn.Module):
     # (the report draws error against it); `smaller_is_finer`: those finer when smaller.
     knobs: ClassVar[tuple[str, ...]] = ()
     smaller_is_finer: ClassVar[tuple[str, ...]] = ()
-    # Causally, an output never changes when tokens are appended; False (with the reason) for
-    # a kernel whose pattern depends on later tokens (LSH's chunk boundaries).
+    # Causally, an output never changes when tokens are appended (the conformance kit checks
+    # it); False, with the reason, only where it cannot hold (LSH's chunk boundaries).
     past_fixed: ClassVar[bool] = True
     past_fixed_reason: ClassVar[str] = ""
     # Options that exercise its structure (several blocks, chunks, clusters) at the short
@@ -273,9 +276,10 @@ class Attention(nn.Module):
 
         `ValueError` if this variant cannot decode (`decode_reason`), is not causal, or
         `batch_size` is not positive (a cache of no sequences: the forward takes an empty
-        batch, decoding does not). Patterns that depend on the length (auto stride, random
-        blocks) are taken at `max_len`: decoding then equals the causal forward over `max_len`
-        positions.
+        batch, decoding does not). Patterns that depend on a length (auto stride, random
+        blocks) are taken at `pattern_length(max_len, max_seq_len, True)`: decoding then equals
+        the causal forward whatever the prompt's length if max_len <= max_seq_len (as in a
+        model), else the forward over max_len positions.
         """
         if not self.supports_decode:
             raise ValueError(f"{self.name}: cannot decode: {self.decode_reason}")
@@ -415,6 +419,14 @@ class Attention(nn.Module):
 
     def extra_repr(self) -> str:
         return f"causal={self.causal}"
+
+
+def pattern_length(seq_len: int, max_seq_len: int, causal: bool) -> int:
+    """The length at which a pattern that depends on one (auto stride, random blocks) is taken
+    for `seq_len` positions: max(seq_len, max_seq_len), so that for every input a model accepts
+    (at most its `max_seq_len`) no output depends on how many tokens follow it (causally) or
+    on what a document is packed with (segment ids), in either direction."""
+    return max(seq_len, max_seq_len)
 
 
 def empty_batch_output(q: torch.Tensor, *inputs: torch.Tensor) -> torch.Tensor:

@@ -110,6 +110,10 @@ class LSHAttention(Attention):
     The buckets of the last forward are kept in `last_buckets`, (batch, heads, n_hashes,
     padded seq_len), int16 or int32; inside `base.replaying()` a forward reuses them instead
     of hashing anew, so that a reversible or checkpointed recompute sees the same buckets.
+
+    Causally the past is not fixed (`past_fixed = False`): appended tokens, and the
+    default n_buckets of 2 L / m, move the chunk boundaries of the global sort, so the outputs
+    at earlier positions change with what follows (module docstring, "Causal").
     """
 
     family = "learnable"

@@ -2,7 +2,8 @@
 bidirectional: float16 and bfloat16 inputs give finite outputs and gradients close to the
 float32 ones, in the input's dtype; an empty batch gives an empty output that backward goes
 through; integer inputs are refused with a one-line `ValueError` naming the variant and
-dtype; a decoding cache for an empty batch is refused in one line.
+dtype; a decoding cache for an empty batch is refused in one line; appending tokens leaves a
+causal kernel's earlier outputs unchanged unless its spec says otherwise (`past_fixed`).
 
 Half-precision inputs meet the kernel's float32 parameters and buffers as they are (no
 autocast): the kernel-alone measurements and a model cast to half both call it so.
@@ -14,7 +15,8 @@ import pytest
 import torch
 
 import variants
-from tests.reference import Gated
+from tests.reference import Gated, qkv
+from variants.attention.common.base import pattern_length, sample_gates
 
 # (B, H, L, D): L a multiple of no block, bucket or window size, and longer than routing's
 # window (128), so its sorted chunks attend to a previous chunk.
@@ -120,3 +122,49 @@ def test_a_decoding_cache_for_an_empty_batch_is_refused_in_one_line(name):
         kernel.init_cache(0, SHAPE[1], SHAPE[3], max_len=SHAPE[2])
     message = str(error.value)
     assert "\n" not in message and variants.attention_spec(name).variant in message
+
+
+# L tokens, then the same L and EXTRA more: 500 -> 523 moves round(sqrt(L)) (22 -> 23) and
+# the number of 64-blocks (8 -> 9) past bigbird's 3 random ones, so a pattern taken at the
+# input's length shows.
+PAST, EXTRA = 500, 23
+
+
+def _past_cases():
+    for name in variants.attention_names():
+        spec = variants.attention_spec(name)
+        if not spec.causal_supported:
+            continue
+        yield pytest.param(name, {}, id=name)
+        if "max_seq_len" in spec.model_options:  # the tightest model: the longer input
+            yield pytest.param(name, {"max_seq_len": PAST + EXTRA}, id=f"{name}-max_seq_len")
+    yield pytest.param("strided", {"stride": "auto"}, id="strided-auto")
+    yield pytest.param("combined", {"parts": ["local", "strided"]}, id="combined-strided-auto")
+
+
+@pytest.mark.parametrize(("name", "options"), list(_past_cases()))
+def test_appending_tokens_leaves_the_causal_past_unchanged(name, options):
+    spec = variants.attention_spec(name)
+    model = {"causal": True, "n_heads": 2, "head_dim": 8, "shared_qk": spec.shared_qk_required}
+    torch.manual_seed(0)
+    options = {**options, **{k: v for k, v in model.items() if k in spec.model_options}}
+    kernel = variants.build_attention(name, **options).double().eval()
+    q, k, v = qkv(1, 2, PAST + EXTRA, 8, seed=3)
+    if kernel.applies_shared_qk:
+        k = q
+    gates = sample_gates(kernel, q, torch.Generator().manual_seed(4))
+    first = slice(0, PAST)
+    short = kernel(q[:, :, first], k[:, :, first], v[:, :, first],
+                   None if gates is None else gates[:, :, first])  # fmt: skip
+    moved = (kernel(q, k, v, gates)[:, :, first] - short).abs().max().item()
+    if spec.past_fixed:
+        assert moved <= 1e-10, (name, moved)
+    else:  # the flag is honest: LSH's chunk boundaries move
+        assert moved > 1e-3, (name, moved)
+
+
+def test_length_dependent_patterns_are_taken_at_the_model_length():
+    assert [pattern_length(n, 100, True) for n in (1, 100, 101)] == [100, 100, 101]
+    assert [pattern_length(n, 100, False) for n in (1, 100, 101)] == [100, 100, 101]
+    assert [n for n in variants.attention_names()
+            if not variants.attention_spec(n).past_fixed] == ["lsh"]  # fmt: skip

@@ -25,16 +25,18 @@ CASES = [
     ("full", {"shared_qk": True}),
     ("blockwise", {"block_size": 4}),
     ("blockwise", {"block_size": 5, "look_backward": 2, "shared_qk": True}),
-    ("strided", {}),  # stride auto: taken at max_len
+    ("strided", {"max_seq_len": LENGTH + 11}),  # stride auto: taken at max_seq_len (6)
+    ("strided", {}),  # at the default max_seq_len (4096): a stride beyond the sequence
     ("strided", {"stride": 3}),
     ("compressed", {"factor": 3, "head_dim": D}),
     ("compressed", {"factor": 4, "method": "mean"}),
     ("compressed", {"factor": 2, "method": "max"}),
     ("combined", {"block_size": 4}),
-    ("combined", {"parts": ["local", "strided"], "block_size": 4}),
+    ("combined", {"parts": ["local", "strided"], "block_size": 4, "max_seq_len": LENGTH + 11}),
     ("combined", {"parts": ["random"], "block_size": 4, "n_random": 1}),  # empty rows
     ("longformer", {"block_size": 4}),
-    ("bigbird", {"block_size": 4, "n_global": 3, "n_random": 2}),  # random blocks at max_len
+    # Random blocks drawn at max_seq_len.
+    ("bigbird", {"block_size": 4, "n_global": 3, "n_random": 2, "max_seq_len": LENGTH + 11}),
     ("sparse_fixed", {"block_size": 8, "n_summary": 3}),
     ("routing", {"n_heads": 3, "head_dim": D, "window": 4, "n_clusters": 3}),
     ("routing", {"n_heads": 3, "head_dim": D, "window": 1, "n_clusters": 2}),
@@ -105,6 +107,20 @@ def test_prefill_then_decode_equals_the_causal_forward(name, options, prompt):
     head = slice(0, prompt)
     first = kernel.prefill(q[:, :, head], k[:, :, head], v[:, :, head], cache, _at(gates, head))
     rest = _decode_all(kernel, q, k, v, cache, start=prompt, gates=gates)
+    assert (torch.cat([first, rest], dim=2) - want).abs().max() <= 1e-10
+
+
+@pytest.mark.parametrize(("name", "options"), CASES, ids=lambda x: str(x))
+def test_a_cache_longer_than_the_sequence_decodes_the_causal_forward(name, options):
+    # max_len up to the kernel's max_seq_len (as a model's generation has it): length-dependent
+    # patterns are the forward's whatever the cache's length.
+    kernel = _kernel(name, options)
+    q, k, v, gates = _inputs(name, options, seed=2)
+    want = kernel(q, k, v, gates=gates)
+    cache = kernel.init_cache(2, 3, D, max_len=LENGTH + 11, dtype=torch.float64)
+    head = slice(0, 12)
+    first = kernel.prefill(q[:, :, head], k[:, :, head], v[:, :, head], cache, _at(gates, head))
+    rest = _decode_all(kernel, q, k, v, cache, start=12, gates=gates)
     assert (torch.cat([first, rest], dim=2) - want).abs().max() <= 1e-10
 
 

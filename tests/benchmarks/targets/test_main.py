@@ -1,0 +1,90 @@
+"""The command's flags (each bad one a one-line error naming it and its constraint) and the
+table written as CSV, at toy lengths."""
+
+from __future__ import annotations
+
+import csv
+
+import pytest
+import torch
+
+from benchmarks.targets import __main__ as cli
+from benchmarks.targets import kernels
+
+# One length's timing per call, not 0.3 s of calls: the flags and the rows are tested.
+QUICK = ["--rounds", "1", "--min-seconds", "0", "--threads", "1"]
+SKIP = ["--skip-flex", "--skip-memory", "--skip-depth", "--skip-decode"]
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        # The reported IndexError: every default length is above 512.
+        (["--kernels", "linear,blockwise", "--max-len", "512"], "argument --max-len: 512 is below"),
+        (["--lengths", "64,0"], "argument --lengths: must be a comma-separated list of positive"),
+        (["--lengths", "64,x"], "argument --lengths: must be a comma-separated list of positive"),
+        (["--batch", "0"], "argument --batch: must be a positive integer, got '0'"),
+        (["--heads", "-2"], "argument --heads: must be a positive integer, got '-2'"),
+        (["--head-dim", "8.5"], "argument --head-dim: must be a positive integer, got '8.5'"),
+        (["--dtype", "float8"], "argument --dtype: must be one of float32, float64, float16"),
+        (["--device", "tpu"], "argument --device: must be one of auto, cpu, cuda, got 'tpu'"),
+        (["--kernels", "linear,nope"], "argument --kernels: unknown kernel 'nope'; known: full"),
+        (["--min-seconds", "-1"], "argument --min-seconds: must be a number >= 0, got '-1'"),
+        (["--depth-attention", "nope"], "argument --depth-attention: unknown variant 'nope'"),
+        (["--csv", "/no/such/folder/t.csv"], "argument --csv: folder '/no/such/folder' does not"),
+        (["--million", "--csv", "t.csv"], "argument --csv: writes the target table, which"),
+    ],
+)
+def test_a_bad_flag_is_one_line_naming_it_and_its_constraint(flags, message, capsys):
+    with pytest.raises(SystemExit) as exit:
+        cli.parse_args(flags)
+    assert exit.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err, err
+
+
+def test_cuda_without_a_device_is_refused_and_auto_falls_back_to_the_cpu(capsys, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(SystemExit):
+        cli.parse_args(["--device", "cuda"])
+    assert "argument --device: cuda, but torch sees no CUDA device" in capsys.readouterr().err
+    assert cli.parse_args(["--device", "auto"]).shape.device == torch.device("cpu")
+
+
+def test_flags_make_the_shape_and_the_lengths():
+    args = cli.parse_args([])
+    assert args.shape == kernels.Shape() and args.lengths == [4096, 8192, 16384, 32768]
+    args = cli.parse_args(
+        ["--lengths", "128,64,128", "--batch", "2", "--heads", "3", "--head-dim", "16"]
+        + ["--dtype", "bfloat16", "--max-len", "100"]
+    )
+    assert args.lengths == [64]  # sorted, each once, --max-len applied
+    assert args.shape == kernels.Shape(2, 3, 16, torch.bfloat16, torch.device("cpu"))
+
+
+def test_a_run_below_4096_writes_the_table_as_csv(tmp_path, capsys, one_call):
+    path = tmp_path / "targets.csv"
+    cli.main(
+        ["--lengths", "64,128", "--kernels", "linear,strided", "--batch", "2", "--heads", "2"]
+        + ["--head-dim", "16", "--csv", str(path), *QUICK, *SKIP]
+    )
+    out = capsys.readouterr().out
+    assert out.startswith("batch 2, heads 2, head_dim 16, float32 on cpu;")
+    table = out.split("| target")[1].split("\n\n")[0]
+    printed = [[c.strip() for c in line.split("|")[1:5]] for line in table.splitlines()[2:]]
+    printed = [row for row in printed if len(row) == 4]
+    with open(path, newline="") as file:
+        rows = list(csv.DictReader(file))
+    assert list(rows[0]) == [
+        *("target", "measured", "bound", "met"),
+        *("batch", "heads", "head_dim", "dtype", "device", "threads"),
+    ]
+    assert [[r["target"], f"{float(r['measured']):.2f}", r["bound"], r["met"]] for r in rows] == [
+        [name, value, bound, met] for name, value, bound, met in printed
+    ]
+    assert {(r["batch"], r["heads"], r["head_dim"], r["dtype"], r["device"]) for r in rows} == {
+        ("2", "2", "16", "float32", "cpu")
+    }
+    names = {r["target"] for r in rows}
+    assert {"linear speed-up, L=64", "strided scaling exponent 64->128"} <= names
+    assert kernels.shape() == kernels.Shape()  # the run's shape ends with it
