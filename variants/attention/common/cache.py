@@ -222,7 +222,9 @@ class PrefixCache(Cache):
 
 class StateCache(Cache):
     """Running sums of a feature attention: `state` (B, H, E, D + 1) = sum_j phi(k_j) [v_j, 1]^T
-    over the positions seen, in float32 or wider (as `kernelized.causal_product` sums)."""
+    over the positions seen, in float32 or wider (as `kernelized.causal_product` sums). With
+    `shift` (B, H, 1, 1) (performer's largest key exponent so far; None for linear) the sums are
+    held times exp(-shift), so that exponentials of large exponents stay in range."""
 
     def __init__(
         self, owner, batch, heads, features, head_dim, *, max_len, device=None, dtype=None
@@ -230,10 +232,17 @@ class StateCache(Cache):
         super().__init__(owner, max_len)
         work = torch.promote_types(dtype or torch.get_default_dtype(), torch.float32)
         self.state = torch.zeros(batch, heads, features, head_dim + 1, device=device, dtype=work)
+        self.shift: torch.Tensor | None = None
 
-    def add(self, phi_k: torch.Tensor, v: torch.Tensor) -> None:
-        """phi_k: (B, H, T, E), v: (B, H, T, D): add the T positions to the sums."""
+    def add(self, phi_k: torch.Tensor, v: torch.Tensor, shift: torch.Tensor | None = None) -> None:
+        """phi_k: (B, H, T, E), v: (B, H, T, D): add the T positions to the sums. `shift`: the
+        new constant, at least the held one, that phi_k is relative to (the held sums are
+        rescaled to it)."""
         self.reserve(phi_k.shape[2])
+        if shift is not None:
+            if self.shift is not None:
+                self.state *= (self.shift - shift).exp()
+            self.shift = shift
         values = F.pad(v.to(self.state.dtype), (0, 1), value=1.0)  # (B, H, T, D+1)
         self.state += phi_k.to(self.state.dtype).transpose(-1, -2) @ values
 
