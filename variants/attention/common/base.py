@@ -300,8 +300,7 @@ class Attention(nn.Module):
         self._check_fit("prefill", q, k, v, cache, gates)
         gated = self._gated(q, gates)
         k, v = self._decoding_heads(q, k, v)
-        with torch.no_grad(), evaluating(self):
-            return self.prefill_into(q, k, v, cache, *gated)  # (B, H, T, D)
+        return self._run(self.prefill_into, q, k, v, cache, *gated)  # (B, H, T, D)
 
     def decode(
         self,
@@ -319,8 +318,7 @@ class Attention(nn.Module):
         self._check_fit("decode", q, k, v, cache, gates)
         gated = self._gated(q, gates)
         k, v = self._decoding_heads(q, k, v)
-        with torch.no_grad(), evaluating(self):
-            return self.decode_step(q, k, v, cache, *gated)
+        return self._run(self.decode_step, q, k, v, cache, *gated)
 
     def _check_fit(self, call: str, q, k, v, cache, gates) -> None:
         """`ValueError` before any hook runs if q, k, v (and gates) are not what `cache` was
@@ -335,6 +333,20 @@ class Attention(nn.Module):
                 f"{self.name}: cache of option 'max_len'={cache.max_len} cannot take "
                 f"{cache.length + q.shape[2]} positions"
             )
+
+    def _run(self, hook, q, k, v, cache, *gates) -> torch.Tensor:
+        """hook(q, k, v, cache, *gates) without autograd, in eval mode. If it raises anyway,
+        the cache's attributes are put back: its length and counters, and any tensor it
+        replaced (entries written past the old length are then unused; sums or counts updated
+        in place are not undone, which `_check_fit` is there to prevent)."""
+        saved = dict(vars(cache))
+        try:
+            with torch.no_grad(), evaluating(self):
+                return hook(q, k, v, cache, *gates)
+        except BaseException:
+            vars(cache).clear()
+            vars(cache).update(saved)
+            raise
 
     def _decoding_heads(self, q, k, v) -> tuple[torch.Tensor, torch.Tensor]:
         """k, v as the decoding hooks take them: grouped for a `native_gqa_decode` variant,

@@ -384,3 +384,26 @@ def test_grouped_heads_are_checked_against_the_heads_the_cache_holds():
     repeated.decode(q, k[:, :2], v[:, :2], cache, gates)  # the keys repeated to 4 heads
     repeated.decode(q, k, v, cache, gates)  # as repeated already
     assert cache.heads == cache.query_heads == 4 and cache.length == 2
+
+
+def test_a_hook_that_raises_halfway_leaves_the_cache_length_as_it_was(monkeypatch):
+    kernel = _kernel("full", {})
+    q, k, v = qkv(1, 1, 3, D)
+    fresh = kernel.init_cache(1, 1, D, max_len=3, dtype=torch.float64)
+    want = [kernel.decode(q[:, :, t : t + 1], k[:, :, t : t + 1], v[:, :, t : t + 1], fresh)
+            for t in range(3)]  # fmt: skip
+    cache = kernel.init_cache(1, 1, D, max_len=3, dtype=torch.float64)
+    kernel.decode(q[:, :, :1], k[:, :, :1], v[:, :, :1], cache)
+
+    def fails_after_appending(q, k, v, cache):
+        cache.append(k * float("nan"), v)
+        raise RuntimeError("a fault past the checks")
+
+    monkeypatch.setattr(kernel, "decode_step", fails_after_appending)
+    with pytest.raises(RuntimeError, match="a fault past the checks"):
+        kernel.decode(q[:, :, 1:2], k[:, :, 1:2], v[:, :, 1:2], cache)
+    monkeypatch.undo()
+    assert cache.length == 1
+    got = [kernel.decode(q[:, :, t : t + 1], k[:, :, t : t + 1], v[:, :, t : t + 1], cache)
+           for t in (1, 2)]  # fmt: skip
+    assert torch.equal(torch.cat(got, 2), torch.cat(want[1:], 2))
