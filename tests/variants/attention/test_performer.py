@@ -5,7 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.reference import assert_causal, causal_mask, dense_attention, qkv
+from tests.reference import (
+    assert_causal,
+    causal_mask,
+    dense_attention,
+    prefill_then_decode,
+    qkv,
+)
 from variants import build_attention
 from variants.attention.common.base import replaying
 from variants.attention.performer import layer as performer
@@ -50,27 +56,30 @@ def test_eps_biases_the_estimate_little(causal):
     assert relative_error(causal, 4096, eps=1e-1) > unbiased + 0.01  # the check can fail
 
 
-def large_logit_gradients(causal, **options):
-    """Gradients of q, k, v at |q| = |k| = 30, head dim 16: logits q.k / sqrt(d) up to ~205."""
+def large_logit_gradients(causal, norm=30, **options):
+    """Gradients of q, k, v at |q| = |k| = `norm`, head dim 16: at 30, logits q.k / sqrt(d) up
+    to ~205; at 60 the key exponents span ~240, beyond float32's range of exponentials."""
     q, k, v = qkv(1, 2, 128, 16, seed=0, dtype=torch.float32)
-    q, k = (30 * t / t.norm(dim=-1, keepdim=True) for t in (q, k))
+    q, k = (norm * t / t.norm(dim=-1, keepdim=True) for t in (q, k))
     q, k, v = (t.requires_grad_() for t in (q, k, v))
     module = build_attention("performer", causal=causal, seed=0, head_dim=16, **options)
     module(q, k, v).square().sum().backward()
     return [t.grad for t in (q, k, v)]
 
 
+@pytest.mark.parametrize("norm", [30, 60])
 @pytest.mark.parametrize("causal", [False, True])
-def test_gradients_stay_finite_at_large_logits_with_eps(causal):
+def test_gradients_stay_finite_at_large_logits_with_eps(causal, norm):
     """The long-range preset's Performer reached logits of +-150 to +-291 and its gradients went
     NaN: the key features of whole rows underflowed in float32. With the default eps they are
     finite."""
-    assert all(torch.isfinite(g).all() for g in large_logit_gradients(causal))
+    assert all(torch.isfinite(g).all() for g in large_logit_gradients(causal, norm))
 
 
 def test_without_eps_causal_gradients_go_nan_at_large_logits():
-    """What the default eps prevents (so the test above can fail)."""
-    gradients = large_logit_gradients(True, eps=0.0, denominator_eps=0.0)
+    """What the default eps prevents (so the test above can fail): the running largest key
+    exponent rises so far that the first keys' features underflow, and their queries' rows."""
+    gradients = large_logit_gradients(True, 60, eps=0.0, denominator_eps=0.0)
     assert not all(torch.isfinite(g).all() for g in gradients)
 
 
@@ -156,3 +165,49 @@ def test_head_dim_must_match_the_inputs():
     q, k, v = qkv(1, 1, 4, 8)
     with pytest.raises(ValueError, match="performer: option 'head_dim'=64 must equal"):
         build_attention("performer")(q, k, v)
+
+
+HEAD_DIMS = [64, 128, 160, 192, 256]
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+def test_float32_matches_float64_at_every_head_dim(causal, head_dim):
+    """Key features once underflowed in float32 from head dim ~160 (causal: every output row 0)
+    and lost most digits at 128: the float32 estimate must be the float64 one's, no row zero."""
+    q, k, v = qkv(1, 2, 64, head_dim, seed=0)
+    module = build_attention("performer", causal=causal, seed=0, head_dim=head_dim)
+    out = module(q.float(), k.float(), v.float())
+    assert torch.isfinite(out).all()
+    assert (out.abs().amax(dim=-1) > 0).all()
+    want = module.double()(q, k, v)
+    assert float((out.double() - want).norm() / want.norm()) < 1e-4
+
+
+def exact_error(causal, head_dim=128, seeds=3, scale=0.3):
+    """Mean relative error of float32 performer against exact attention, 64 positions."""
+    errors = []
+    for seed in range(seeds):
+        q, k, v = qkv(1, 2, 64, head_dim, seed=seed)
+        q, k = q * scale, k * scale
+        module = build_attention("performer", causal=causal, seed=seed, head_dim=head_dim)
+        got = module(q.float(), k.float(), v.float()).double()
+        exact = dense_attention(q, k, v, causal_mask(64) if causal else None)
+        errors.append(float((got - exact).norm() / exact.norm()))
+    return sum(errors) / len(errors)
+
+
+def test_causal_error_is_not_much_worse_than_bidirectional_at_head_dim_128():
+    bidirectional, causal = exact_error(False), exact_error(True)
+    assert causal < 1.5 * bidirectional, (causal, bidirectional)
+
+
+@pytest.mark.parametrize("head_dim", [64, 192, 256])
+def test_float32_decode_equals_the_forward_at_large_head_dims(head_dim):
+    q, k, v = qkv(1, 2, 24, head_dim, seed=1, dtype=torch.float32)
+    module = build_attention("performer", causal=True, seed=0, head_dim=head_dim).eval()
+    want = module(q, k, v)
+    cache = module.init_cache(1, 2, head_dim, max_len=24)
+    got = prefill_then_decode(module, q, k, v, cache, prompt=10)
+    assert (got.abs().amax(dim=-1) > 0).all()
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)

@@ -21,12 +21,13 @@ else the outputs at the first positions would change with the number of tokens a
 `cache_prompt`. A gated variant (`n_gates` > 0) gets the positions' gates as one more argument
 of every hook, `gates` (B, H, T, n_gates): `prefill` and `decode` take them as the forward
 does (the layer computes the new position's gates from its token). The public `init_cache`,
-`prefill` and `decode` check the inputs and run the hooks without autograd and in eval mode
-(learned state is used, never updated). A variant
-whose decode cannot equal its forward (LSH: later tokens move chunk boundaries) sets
-`decode_matches_forward = False` and documents its decode rule; one that cannot decode at
-all (Linformer: its projection mixes positions) leaves `supports_decode = False` and says why
-in `decode_reason`.
+`prefill` and `decode` check the inputs, and against the cache (batch, heads, head_dim, dtype,
+device, room below max_len: `Cache.misfit`) before any hook runs, so a refused call leaves the
+cache as it was; they run the hooks without autograd and in eval mode (learned state is used,
+never updated). A variant whose decode cannot equal its forward (LSH: later tokens move chunk
+boundaries) sets `decode_matches_forward = False` and documents its decode rule; one that
+cannot decode at all (Linformer: its projection mixes positions) leaves
+`supports_decode = False` and says why in `decode_reason`.
 
 Masks and grouped KV heads (`variants.attention.common.masking`). `forward` takes
 `key_padding_mask` (B, L) bool, **True = a real token**, and `segment_ids` (B, L) document ids
@@ -293,11 +294,12 @@ class Attention(nn.Module):
                     f"{self.name}: option 'n_kv_heads'={n_kv_heads} must divide 'n_heads'={n_heads}"
                 )
             self.refuse_unsupported("n_kv_heads")
-            if self.native_gqa_decode:
-                n_heads = n_kv_heads
-        return self.new_cache(
-            batch_size, n_heads, head_dim, max_len=max_len, device=device, dtype=dtype
+        held = n_kv_heads if self.native_gqa_decode and n_kv_heads is not None else n_heads
+        cache = self.new_cache(
+            batch_size, held, head_dim, max_len=max_len, device=device, dtype=dtype
         )
+        cache.query_heads = n_heads
+        return cache
 
     def prefill(
         self,
@@ -311,12 +313,12 @@ class Attention(nn.Module):
         (empty) cache as if the prompt had been decoded token by token. `gates`
         (B, H, T, n_gates): as the forward's, for (and only for) a gated variant."""
         check_qkv(self.name, q, k, v)
-        gated = self._gated(q, gates)
-        k, v = self._decoding_heads(q, k, v)
         if cache.length:
             raise ValueError(f"{self.name}: prefill needs an empty cache, it holds {cache.length}")
-        with torch.no_grad(), evaluating(self):
-            return self.prefill_into(q, k, v, cache, *gated)  # (B, H, T, D)
+        self._check_fit("prefill", q, k, v, cache, gates)
+        gated = self._gated(q, gates)
+        k, v = self._decoding_heads(q, k, v)
+        return self._run(self.prefill_into, q, k, v, cache, *gated)  # (B, H, T, D)
 
     def decode(
         self,
@@ -331,10 +333,38 @@ class Attention(nn.Module):
         check_qkv(self.name, q, k, v)
         if q.shape[2] != 1:
             raise ValueError(f"{self.name}: decode takes one position, got seq_len {q.shape[2]}")
+        self._check_fit("decode", q, k, v, cache, gates)
         gated = self._gated(q, gates)
         k, v = self._decoding_heads(q, k, v)
-        with torch.no_grad(), evaluating(self):
-            return self.decode_step(q, k, v, cache, *gated)
+        return self._run(self.decode_step, q, k, v, cache, *gated)
+
+    def _check_fit(self, call: str, q, k, v, cache, gates) -> None:
+        """`ValueError` before any hook runs if q, k, v (and gates) are not what `cache` was
+        built for (batch, heads, head_dim, dtype, device) or would take it past max_len: a hook
+        that failed halfway would leave the cache advanced over a slot it never wrote."""
+        kv_heads = k.shape[1] if self.native_gqa_decode else q.shape[1]  # else repeated to H
+        misfit = cache.misfit(q, kv_heads, {"k": k, "v": v, "gates": gates})
+        if misfit is not None:
+            raise ValueError(f"{self.name}: {call} got {misfit}")
+        if cache.length + q.shape[2] > cache.max_len:
+            raise ValueError(
+                f"{self.name}: cache of option 'max_len'={cache.max_len} cannot take "
+                f"{cache.length + q.shape[2]} positions"
+            )
+
+    def _run(self, hook, q, k, v, cache, *gates) -> torch.Tensor:
+        """hook(q, k, v, cache, *gates) without autograd, in eval mode. If it raises anyway,
+        the cache's attributes are put back: its length and counters, and any tensor it
+        replaced (entries written past the old length are then unused; sums or counts updated
+        in place are not undone, which `_check_fit` is there to prevent)."""
+        saved = dict(vars(cache))
+        try:
+            with torch.no_grad(), evaluating(self):
+                return hook(q, k, v, cache, *gates)
+        except BaseException:
+            vars(cache).clear()
+            vars(cache).update(saved)
+            raise
 
     def _decoding_heads(self, q, k, v) -> tuple[torch.Tensor, torch.Tensor]:
         """k, v as the decoding hooks take them: grouped for a `native_gqa_decode` variant,

@@ -20,7 +20,8 @@ and its live size in bytes (`nbytes`: the entries it holds now, not the buffers 
                 (and of values): MoBA's block means, NSA's compressed blocks
   DeltaCache    the delta rule's fast-weight state, D x D per head (deltanet)
 
-All caches are tensors of one batch size, heads and head_dim, on one device and dtype.
+All caches are tensors of one batch size, heads and head_dim, on one device and dtype, which
+each records (`Cache.misfit`: `Attention.prefill` and `decode` refuse other inputs up front).
 """
 
 from __future__ import annotations
@@ -34,19 +35,48 @@ from variants.attention.common.kernelized import padded_denominator
 
 
 class Cache:
-    """What every cache has: `length` positions seen of at most `max_len`, and `nbytes`."""
+    """What every cache has: `length` positions seen of at most `max_len`, `nbytes`, and what
+    it was built for (`init_cache`): `batch` sequences of `heads` heads of `head_dim` (its
+    keys' heads; `query_heads` the queries', more under grouped KV heads held as they are),
+    inputs of `dtype` on `device`, which `misfit` checks a call against."""
 
-    def __init__(self, owner: str, max_len: int):
+    def __init__(self, owner: str, batch, heads, head_dim, *, max_len: int, device, dtype):
         if not isinstance(max_len, int) or isinstance(max_len, bool) or max_len < 1:
             raise ValueError(f"{owner}: option 'max_len' must be a positive int, got {max_len!r}")
         self.owner = owner
         self.max_len = max_len
         self.length = 0
+        self.batch, self.heads, self.head_dim = batch, heads, head_dim
+        self.query_heads = heads  # `init_cache` sets n_heads where the cache holds n_kv_heads
+        self.dtype = dtype or torch.get_default_dtype()
+        self.device = torch.empty(0, device=device).device  # "cuda" -> "cuda:0", None -> default
 
     @property
     def nbytes(self) -> int:
         """Bytes of the entries the cache holds now."""
         raise NotImplementedError
+
+    def misfit(
+        self, q: torch.Tensor, kv_heads: int, others: dict[str, torch.Tensor | None]
+    ) -> str | None:
+        """How q (B, H, T, D), keys of `kv_heads` heads as the hooks take them, and the `others`
+        (k, v, gates by name) differ from what the cache holds, as "batch 1 but the cache
+        holds batch 2 (init_cache batch_size)"; None if they fit."""
+        wanted = [
+            ("batch", q.shape[0], self.batch, "batch_size"),
+            ("heads", q.shape[1], self.query_heads, "n_heads"),
+            ("kv heads", kv_heads, self.heads, "n_kv_heads"),
+            ("head_dim", q.shape[3], self.head_dim, "head_dim"),
+        ]
+        for label, t in {"q": q, **others}.items():
+            if t is not None:
+                named = "" if label == "q" else f" ({label})"
+                wanted.append((f"dtype{named}", t.dtype, self.dtype, "dtype"))
+                wanted.append((f"device{named}", t.device, self.device, "device"))
+        for what, got, held, option in wanted:
+            if got != held:
+                return f"{what} {got} but the cache holds {what} {held} (init_cache {option})"
+        return None
 
     def reserve(self, count: int) -> int:
         """Account for `count` new positions; returns the first one. `ValueError` past max_len."""
@@ -68,7 +98,7 @@ class KVCache(Cache):
     """Keys and values of every position: (B, H, max_len, D) each, filled up to `length`."""
 
     def __init__(self, owner, batch, heads, head_dim, *, max_len, device=None, dtype=None):
-        super().__init__(owner, max_len)
+        super().__init__(owner, batch, heads, head_dim, max_len=max_len, device=device, dtype=dtype)
         self.keys_buffer = _empty((batch, heads, max_len, head_dim), device, dtype)
         self.values_buffer = torch.empty_like(self.keys_buffer)
 
@@ -115,7 +145,7 @@ class WindowCache(Cache):
         device=None,
         dtype=None,
     ):
-        super().__init__(owner, max_len)
+        super().__init__(owner, batch, heads, head_dim, max_len=max_len, device=device, dtype=dtype)
         self.window = max(1, min(window, max_len))
         self.keep = keep
         shape = (batch, heads, self.window, head_dim)
@@ -193,7 +223,7 @@ class PrefixCache(Cache):
     is always the contiguous prefix [0, summaries + open)."""
 
     def __init__(self, owner, batch, heads, head_dim, *, block, max_len, device=None, dtype=None):
-        super().__init__(owner, max_len)
+        super().__init__(owner, batch, heads, head_dim, max_len=max_len, device=device, dtype=dtype)
         self.block = block
         shape = (batch, heads, -(-max_len // block) + block, head_dim)
         self.keys_buffer, self.values_buffer = (
@@ -222,18 +252,27 @@ class PrefixCache(Cache):
 
 class StateCache(Cache):
     """Running sums of a feature attention: `state` (B, H, E, D + 1) = sum_j phi(k_j) [v_j, 1]^T
-    over the positions seen, in float32 or wider (as `kernelized.causal_product` sums)."""
+    over the positions seen, in float32 or wider (as `kernelized.causal_product` sums). With
+    `shift` (B, H, 1, 1) (performer's largest key exponent so far; None for linear) the sums are
+    held times exp(-shift), so that exponentials of large exponents stay in range."""
 
     def __init__(
         self, owner, batch, heads, features, head_dim, *, max_len, device=None, dtype=None
     ):
-        super().__init__(owner, max_len)
+        super().__init__(owner, batch, heads, head_dim, max_len=max_len, device=device, dtype=dtype)
         work = torch.promote_types(dtype or torch.get_default_dtype(), torch.float32)
         self.state = torch.zeros(batch, heads, features, head_dim + 1, device=device, dtype=work)
+        self.shift: torch.Tensor | None = None
 
-    def add(self, phi_k: torch.Tensor, v: torch.Tensor) -> None:
-        """phi_k: (B, H, T, E), v: (B, H, T, D): add the T positions to the sums."""
+    def add(self, phi_k: torch.Tensor, v: torch.Tensor, shift: torch.Tensor | None = None) -> None:
+        """phi_k: (B, H, T, E), v: (B, H, T, D): add the T positions to the sums. `shift`: the
+        new constant, at least the held one, that phi_k is relative to (the held sums are
+        rescaled to it)."""
         self.reserve(phi_k.shape[2])
+        if shift is not None:
+            if self.shift is not None:
+                self.state *= (self.shift - shift).exp()
+            self.shift = shift
         values = F.pad(v.to(self.state.dtype), (0, 1), value=1.0)  # (B, H, T, D+1)
         self.state += phi_k.to(self.state.dtype).transpose(-1, -2) @ values
 
@@ -260,7 +299,7 @@ class ClusterCache(Cache):
     def __init__(
         self, owner, batch, heads, head_dim, *, clusters, slots, max_len, device=None, dtype=None
     ):
-        super().__init__(owner, max_len)
+        super().__init__(owner, batch, heads, head_dim, max_len=max_len, device=device, dtype=dtype)
         self.slots = slots
         shape = (batch, heads, clusters, slots, head_dim)
         # Zeros, not empty: a query reads its cluster's every slot (unfilled ones masked), and
@@ -332,7 +371,7 @@ class DeltaCache(Cache):
     position, in float32 or wider (as the chunked forward computes)."""
 
     def __init__(self, owner, batch, heads, head_dim, *, max_len, device=None, dtype=None):
-        super().__init__(owner, max_len)
+        super().__init__(owner, batch, heads, head_dim, max_len=max_len, device=device, dtype=dtype)
         work = torch.promote_types(dtype or torch.get_default_dtype(), torch.float32)
         self.state = torch.zeros(batch, heads, head_dim, head_dim, device=device, dtype=work)
         # With a short convolution: the last w - 1 positions' q, k, v (B, H, w - 1, 3D).

@@ -22,20 +22,21 @@ Choices where published implementations differ:
   masks replay alike whether or not a forward redrew.
 - Stabilisers, which cancel exactly between numerator and denominator: a query's features are
   divided by their largest (a per-row constant, so its exp(-|q'|^2/2) and 1/sqrt(m) go too);
-  keys' by one constant per sequence. Non-causal, that constant is the largest key exponent
-  (as the reference code); causal, it is max_f |w_f|^2 / 2, which bounds every key exponent
-  (w . x - |x|^2 / 2 <= |w|^2 / 2), so no feature overflows and no future key takes part (the
-  reference code's global maximum over keys is taken over future positions too).
+  keys' by one constant per sequence, the largest key exponent (as the reference code), causal
+  or not. Causal, that constant is the only thing a future key changes, and it cancels; a
+  float32 key feature more than ~e^87 below it underflows, which matters only to a query whose
+  keys so far all lie that far below a later key (the running maximum of the key exponents
+  rising by over 87 within a sequence). (A fixed bound, max_f |w_f|^2 / 2 >= every key
+  exponent, underflowed every key feature in float32 from head dim ~160: zero outputs.)
 - `eps` (1e-4, performer-pytorch's) is added to every feature and `denominator_eps` (1e-6, its
   causal path's) to the key sum in the denominator. Without them, once a model's logits grow
   (about +-150 in the long-range preset) a row's key features all underflow in float32: its
   output stays finite (the clamped denominator) but its gradients are inf * 0 = NaN. A
-  query's eps is relative to its largest feature, as the reference; a key's, non-causal,
-  relative to the sequence's largest (as the reference) and, causal, to a key exponent of 0
-  (exp(w . x' - |x'|^2 / 2) = 1): relative to the largest key would reach into the future, and
-  relative to the bound would swamp every feature (the bound sits far above typical
-  exponents). eps biases the estimate towards uniform weights among the keys (eps = 0: the
-  unbiased estimator).
+  query's eps is relative to its largest feature, as the reference; a key's (and a query's
+  `denominator_eps`) relative to the largest key exponent so far: the sequence's non-causal
+  (as the reference), the running maximum up to it causal, so no future key changes it. eps
+  biases the estimate towards uniform weights among the keys (eps = 0: the unbiased
+  estimator).
 - Grouped KV heads (k, v with fewer heads than q) are taken as they are: the key features and
   the sums are per KV head, read by each of its query heads (`kernelized`); a key stabiliser is
   its KV head's; the decode cache holds H_kv heads.
@@ -192,28 +193,38 @@ class PerformerAttention(Attention):
     def feature_maps(self, q: torch.Tensor, k: torch.Tensor):
         """Positive random features of q (B, H, L, D) and k (B, H_kv, L, D) -> (B, *, L, m)
         each, up to the per-row and per-sequence constants that cancel in the attention, with
-        `eps` added (module docstring); and the keys' scale, exp(-constant) (a key exponent of
-        0's feature), which `denominator_eps` is relative to."""
-        features = self.features.to(q.dtype)  # (m, D)
-        scale = self.head_dim**-0.25
-        q_proj = (q * scale) @ features.T  # (B, H, L, m)
-        phi_q = (q_proj - q_proj.amax(dim=-1, keepdim=True).detach()).exp_()
-        k_scaled = k * scale
-        k_proj = k_scaled @ features.T  # (B, H_kv, L, m)
-        exponent = k_proj - k_scaled.square().sum(dim=-1, keepdim=True) / 2  # (B, H_kv, L, m)
+        `eps` added (module docstring); and the keys' scale (B, H_kv, L or 1, 1): exp of the
+        largest key exponent so far (non-causal: the sequence's) less the sequence's, which
+        the keys' eps and `denominator_eps` are relative to."""
+        phi_q = self.query_features(q)
+        exponent = self.key_exponents(k)  # (B, H_kv, L, m)
+        largest = exponent.detach().amax(dim=-1, keepdim=True)  # (B, H_kv, L, 1)
         if self.causal:
-            bound = features.square().sum(dim=-1).amax() / 2  # >= every key exponent
-            key_scale = torch.exp(-bound)  # a key exponent of 0's feature
+            largest = largest.cummax(dim=-2).values  # the largest so far
         else:
-            bound = exponent.detach().amax(dim=(-2, -1), keepdim=True)  # (B, H_kv, 1, 1)
-            key_scale = torch.ones_like(bound)  # the sequence's largest key feature
-        phi_k = (exponent - bound).exp_()
+            largest = largest.amax(dim=-2, keepdim=True)  # (B, H_kv, 1, 1)
+        shift = largest[..., -1:, :]  # the sequence's largest
+        key_scale = (largest - shift).exp_()
+        phi_k = (exponent - shift).exp_()
         if self.eps:
-            phi_q = phi_q + self.eps
             phi_k = phi_k + self.eps * key_scale
         return phi_q, phi_k, key_scale
 
+    def query_features(self, q: torch.Tensor) -> torch.Tensor:
+        """(B, H, L, D) -> (B, H, L, m), each row divided by its largest, `eps` added."""
+        q_proj = (q * self.head_dim**-0.25) @ self.features.to(q.dtype).T  # (B, H, L, m)
+        phi_q = (q_proj - q_proj.amax(dim=-1, keepdim=True).detach()).exp_()
+        return phi_q + self.eps if self.eps else phi_q
+
+    def key_exponents(self, k: torch.Tensor) -> torch.Tensor:
+        """w_f . k' - |k'|^2 / 2 with k' = k / d^(1/4): (B, H_kv, L, D) -> (B, H_kv, L, m)."""
+        k_scaled = k * self.head_dim**-0.25
+        k_proj = k_scaled @ self.features.to(k.dtype).T  # (B, H_kv, L, m)
+        return k_proj - k_scaled.square().sum(dim=-1, keepdim=True) / 2
+
     # --- decoding: the running sums, m x (D + 1) per head; features fixed (eval) ----------
+    # The sums are held relative to the largest key exponent so far (`StateCache.shift`),
+    # which each new position may raise: the forward's sums up to it, over its constant.
     def new_cache(self, batch_size, n_heads, head_dim, *, max_len, device, dtype):
         return StateCache(
             self.name, batch_size, n_heads, self.n_features, head_dim, max_len=max_len,
@@ -221,15 +232,27 @@ class PerformerAttention(Attention):
         )  # fmt: skip
 
     def cache_prompt(self, q, k, v, cache: StateCache) -> None:
-        work = torch.promote_types(q.dtype, torch.float32)
-        _, phi_k, _ = self.feature_maps(q.to(work), k.to(work))  # causal: a fixed key bound
-        cache.add(phi_k, v)
+        self._add_keys(k, v, cache)
 
     def decode_step(self, q, k, v, cache: StateCache) -> torch.Tensor:
         work = torch.promote_types(q.dtype, torch.float32)
-        phi_q, phi_k, key_scale = self.feature_maps(q.to(work), k.to(work))  # (B, H, 1, m) each
-        cache.add(phi_k, v)
-        return cache.read(phi_q, self.denominator_eps * key_scale).to(q.dtype)  # (B, H, 1, D)
+        phi_q = self.query_features(q.to(work))  # (B, H, 1, m)
+        self._add_keys(k, v, cache)
+        # Relative to the newest key's largest so far, the cache's constant: a scale of 1.
+        return cache.read(phi_q, self.denominator_eps).to(q.dtype)  # (B, H, 1, D)
+
+    def _add_keys(self, k, v, cache: StateCache) -> None:
+        """Adds T positions' k, v (B, H_kv, T, D) to the sums, as `feature_maps` features them
+        after the positions already held."""
+        exponent = self.key_exponents(k.to(cache.state.dtype))  # (B, H_kv, T, m)
+        largest = exponent.amax(dim=-1, keepdim=True).cummax(dim=-2).values  # (B, H_kv, T, 1)
+        if cache.shift is not None:
+            largest = torch.maximum(largest, cache.shift)
+        shift = largest[..., -1:, :]  # (B, H_kv, 1, 1)
+        phi_k = (exponent - shift).exp_()
+        if self.eps:
+            phi_k += self.eps * (largest - shift).exp_()
+        cache.add(phi_k, v, shift=shift)
 
     def flops(self, batch: int, heads: int, seq_len: int, head_dim: int) -> int:
         """Projecting q and k onto the m features, 2 x 2 B H L d m, and the linear attention

@@ -14,6 +14,7 @@ import torch
 
 from tests.reference import delta_rule_recurrent, qkv, shared_qk_reference
 from variants import attention_names, attention_spec, build_attention
+from variants.attention.common.base import sample_gates
 
 D = 8
 LENGTH = 29  # odd, and not a multiple of any block, stride or factor below
@@ -255,3 +256,170 @@ def test_routing_decode_leaves_the_centroids_alone():
     _decode_all(kernel, q, q, v, cache, start=5)
     assert torch.equal(kernel.centroid_sums, before)
     assert kernel.training  # its mode is restored
+
+
+# --- A call that does not fit the cache is refused before it touches it --------------------
+
+DECODING = [n for n in attention_names() if attention_spec(n).supports_decode]
+HEADS, MAX_LEN, PROMPT = 2, 8, 5
+
+
+def _registry_kernel(name, dtype=torch.float64):
+    """`name` as a model of HEADS heads of dim D would build it, causal, seeded, in eval."""
+    spec = attention_spec(name)
+    model = {"causal": True, "n_heads": HEADS, "head_dim": D, "max_seq_len": MAX_LEN,
+             "shared_qk": spec.shared_qk_required}  # fmt: skip
+    options = {k: v for k, v in model.items() if k in spec.model_options}
+    if "seed" in spec.options:
+        options["seed"] = 0
+    torch.manual_seed(0)
+    return build_attention(name, **options).to(dtype).eval()
+
+
+def _registry_inputs(kernel, length=MAX_LEN):
+    """q, k, v (2, HEADS, length, D) float64 and the kernel's gates (None if ungated)."""
+    q, k, v = qkv(2, HEADS, length, D, seed=5)
+    gates = sample_gates(kernel, q, torch.Generator().manual_seed(6))
+    return q, (q if kernel.applies_shared_qk else k), v, gates
+
+
+def _cache_state(cache):
+    """Every attribute of the cache, tensors cloned: what a refused call must leave alone."""
+    return {
+        key: value.clone() if isinstance(value, torch.Tensor) else value
+        for key, value in vars(cache).items()
+    }
+
+
+def _assert_same_state(cache, state):
+    assert vars(cache).keys() == state.keys()
+    for key, value in state.items():
+        now = getattr(cache, key)
+        if isinstance(value, torch.Tensor):
+            torch.testing.assert_close(now, value, rtol=0, atol=0, equal_nan=True, msg=key)
+        elif not callable(value):
+            assert now == value, key
+
+
+MISFITS = {
+    "batch": lambda x: x[:1],
+    "heads": lambda x: x[:, :1],
+    "head_dim": lambda x: x[..., :4],
+    "dtype": lambda x: x.float(),
+    "device": lambda x: x.to("meta"),
+}
+
+
+@pytest.mark.parametrize("misfit", list(MISFITS))
+@pytest.mark.parametrize("name", DECODING)
+def test_a_decode_that_does_not_fit_the_cache_is_refused_and_leaves_it_as_it_was(name, misfit):
+    """Refused before any hook runs: the cache's length once advanced over a slot never written
+    (full: then off by 1e30 or NaN), and routing took a batch-1 decode into a batch-2 cache."""
+    kernel = _registry_kernel(name)
+    q, k, v, gates = _registry_inputs(kernel)
+
+    def call(cache, at, change=lambda x: x):
+        inputs = [change(x[:, :, at]) for x in (q, k, v)]
+        gate = None if gates is None else gates[:, :, at]
+        if gate is not None and misfit != "head_dim":  # gates (B, H, T, n) have no head_dim
+            gate = change(gate)
+        method = kernel.prefill if at.start == 0 else kernel.decode
+        return method(*inputs, cache, gate)
+
+    prompt, steps = slice(0, PROMPT), [slice(t, t + 1) for t in range(PROMPT, MAX_LEN)]
+    fresh = kernel.init_cache(2, HEADS, D, max_len=MAX_LEN, dtype=torch.float64)
+    want = [call(fresh, prompt), *(call(fresh, at) for at in steps)]
+    cache = kernel.init_cache(2, HEADS, D, max_len=MAX_LEN, dtype=torch.float64)
+    got = [call(cache, prompt)]
+    state = _cache_state(cache)
+    with pytest.raises(ValueError, match=rf"{misfit}.*init_cache") as error:
+        call(cache, steps[0], MISFITS[misfit])
+    assert "\n" not in str(error.value) and attention_spec(name).variant in str(error.value)
+    _assert_same_state(cache, state)
+    got += [call(cache, at) for at in steps]
+    for mine, theirs in zip(got, want, strict=True):
+        assert torch.equal(mine, theirs)
+    # A full cache refuses one more position, naming max_len, and stays full.
+    state = _cache_state(cache)
+    with pytest.raises(ValueError, match="max_len"):
+        call(cache, slice(MAX_LEN - 1, MAX_LEN))
+    _assert_same_state(cache, state)
+
+
+@pytest.mark.parametrize("name", DECODING)
+def test_a_prompt_longer_than_the_cache_is_refused_and_leaves_it_empty(name):
+    """64 and 70 positions: past bigbird's first random-block table row (blocks of 64)."""
+    kernel = _registry_kernel(name)
+    q, k, v, gates = _registry_inputs(kernel, length=70)
+    fresh = kernel.init_cache(2, HEADS, D, max_len=64, dtype=torch.float64)
+    head = slice(0, 64)
+    want = kernel.prefill(q[:, :, head], k[:, :, head], v[:, :, head], fresh, _at(gates, head))
+    cache = kernel.init_cache(2, HEADS, D, max_len=64, dtype=torch.float64)
+    state = _cache_state(cache)
+    with pytest.raises(ValueError, match="max_len'=64 cannot take 70 positions"):
+        kernel.prefill(q, k, v, cache, gates)
+    _assert_same_state(cache, state)
+    got = kernel.prefill(q[:, :, head], k[:, :, head], v[:, :, head], cache, _at(gates, head))
+    assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("name", DECODING)
+def test_a_float64_cache_refuses_float32_inputs_naming_dtype(name):
+    kernel = _registry_kernel(name, torch.float32)
+    q, k, v, gates = (None if x is None else x.float() for x in _registry_inputs(kernel))
+    cache = kernel.init_cache(2, HEADS, D, max_len=MAX_LEN, dtype=torch.float64)
+    message = (
+        r"got dtype torch\.float32 but the cache holds dtype torch\.float64 \(init_cache dtype\)"
+    )
+    with pytest.raises(ValueError, match=message):
+        kernel.prefill(q, k, v, cache, gates)
+    with pytest.raises(ValueError, match=message):
+        kernel.decode(q[:, :, :1], k[:, :, :1], v[:, :, :1], cache, _at(gates, slice(0, 1)))
+    assert cache.length == 0
+
+
+def test_grouped_heads_are_checked_against_the_heads_the_cache_holds():
+    """A native_gqa_decode cache holds n_kv_heads heads, the others n_heads (keys repeated)."""
+    q, k, v = qkv(1, 4, 1, D)
+    grouped = _kernel("full", {})  # native: its cache holds the KV heads
+    cache = grouped.init_cache(1, 4, D, max_len=4, dtype=torch.float64, n_kv_heads=2)
+    grouped.decode(q, k[:, :2], v[:, :2], cache)
+    with pytest.raises(
+        ValueError, match=r"got kv heads 4 but the cache holds kv heads 2 \(init_cache n_kv_heads\)"
+    ):
+        grouped.decode(q, k, v, cache)
+    with pytest.raises(
+        ValueError, match=r"got heads 2 but the cache holds heads 4 \(init_cache n_heads\)"
+    ):
+        grouped.decode(q[:, :2], k[:, :2], v[:, :2], cache)
+    assert cache.length == 1
+    repeated = _kernel("deltanet", {})  # not native: its cache holds all 4 heads
+    assert not repeated.native_gqa_decode
+    cache = repeated.init_cache(1, 4, D, max_len=4, dtype=torch.float64, n_kv_heads=2)
+    gates = torch.full((1, 4, 1, 1), 0.5, dtype=torch.float64)
+    repeated.decode(q, k[:, :2], v[:, :2], cache, gates)  # the keys repeated to 4 heads
+    repeated.decode(q, k, v, cache, gates)  # as repeated already
+    assert cache.heads == cache.query_heads == 4 and cache.length == 2
+
+
+def test_a_hook_that_raises_halfway_leaves_the_cache_length_as_it_was(monkeypatch):
+    kernel = _kernel("full", {})
+    q, k, v = qkv(1, 1, 3, D)
+    fresh = kernel.init_cache(1, 1, D, max_len=3, dtype=torch.float64)
+    want = [kernel.decode(q[:, :, t : t + 1], k[:, :, t : t + 1], v[:, :, t : t + 1], fresh)
+            for t in range(3)]  # fmt: skip
+    cache = kernel.init_cache(1, 1, D, max_len=3, dtype=torch.float64)
+    kernel.decode(q[:, :, :1], k[:, :, :1], v[:, :, :1], cache)
+
+    def fails_after_appending(q, k, v, cache):
+        cache.append(k * float("nan"), v)
+        raise RuntimeError("a fault past the checks")
+
+    monkeypatch.setattr(kernel, "decode_step", fails_after_appending)
+    with pytest.raises(RuntimeError, match="a fault past the checks"):
+        kernel.decode(q[:, :, 1:2], k[:, :, 1:2], v[:, :, 1:2], cache)
+    monkeypatch.undo()
+    assert cache.length == 1
+    got = [kernel.decode(q[:, :, t : t + 1], k[:, :, t : t + 1], v[:, :, t : t + 1], cache)
+           for t in (1, 2)]  # fmt: skip
+    assert torch.equal(torch.cat(got, 2), torch.cat(want[1:], 2))
