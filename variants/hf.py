@@ -16,12 +16,12 @@ real token, or None: the kernel is built causal where the attention module is
 (`is_causal`, as HF's SDPA path reads it) and masks padded keys itself, so no (L, L) mask is
 ever built.
 
-Decoding: HF keeps its own KV cache and calls the attention function with the new queries
-and every cached key (L_q < L_kv). The kernel then runs its causal forward over L_kv
-positions with the new queries in the last L_q of them (zeros before, whose outputs are
-dropped), one kernel forward per step; the kernels' own decode caches are not used. This is
-exact because every variant allowed here computes a query's row from that query and the keys
-alone.
+Decoding on the kernels' own caches: `generate(..., past_key_values=KernelCache(max_len))`
+keeps, per layer, what the variant's decoder keeps (a window of keys, a running sum, block
+summaries: `Attention.init_cache`), so a token costs what `TransformerLM.generate` costs,
+flat in the context for window and state variants. With HF's default cache instead, the
+attention function gets the new queries and every cached key (L_q < L_kv) and runs the causal
+forward over L_kv positions, the new queries last: exact, but every token costs a forward.
 
 Unsupported (an `UnsupportedCombination` naming the reason, at the first forward):
 - gated variants (nsa, deltanet): their gates are projections of the layer's input, which an
@@ -46,6 +46,7 @@ from typing import Any
 import torch
 from torch import nn
 from transformers import AttentionInterface
+from transformers.cache_utils import Cache, CacheLayerMixin
 from transformers.masking_utils import (
     AttentionMaskInterface,
     bidirectional_mask_function,
@@ -179,6 +180,9 @@ def _attention_function(name: str):
                     "(option 'key_padding_mask')"
                 )
             extras["key_padding_mask"] = attention_mask[:, 0, 0, :]  # (B, L_kv)
+        layer = _cache_layer_of(key)
+        if layer is not None:  # generation on the kernel's own cache (`KernelCache`)
+            return layer.attend(kernel, query, key, value, extras.get("key_padding_mask"))
         q_length, kv_length = query.shape[2], key.shape[2]
         if q_length < kv_length:  # decoding: the new queries are the last positions
             before = query.new_zeros(*query.shape[:2], kv_length - q_length, query.shape[-1])
@@ -188,6 +192,101 @@ def _attention_function(name: str):
 
     attention.__name__ = f"{PREFIX}{name}_attention"
     return attention
+
+
+# The cache layer whose `update` returned the keys being attended, and those keys: the
+# attention function is called right after its layer's `update` (HF's attention modules do).
+_LAST_UPDATE: list = [None, None]
+
+
+def _cache_layer_of(key: torch.Tensor) -> KernelCacheLayer | None:
+    layer, keys = _LAST_UPDATE
+    return layer if keys is key else None
+
+
+class KernelCacheLayer(CacheLayerMixin):
+    """One decoder layer's state in generation: its attention kernel's own decoding cache.
+
+    `update` keeps nothing of HF's K/V: it passes the new keys on and counts them, and the
+    attention function prefills (first call) or decodes (then) the kernel's cache with them."""
+
+    def __init__(self, max_len: int):
+        super().__init__()
+        self.max_len = max_len
+        self.seen = 0  # positions of the sequence so far
+        self.kernel_cache = None
+
+    def lazy_initialization(self, key_states, value_states) -> None:
+        self.is_initialized = True
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        self.is_initialized = True
+        self.seen += key_states.shape[2]
+        _LAST_UPDATE[:] = [self, key_states]
+        return key_states, value_states
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return query_length, self.seen  # the keys a call sees: the new ones, after `seen`
+
+    def get_seq_length(self) -> int:
+        return self.seen
+
+    def get_max_length(self) -> int:
+        return self.max_len
+
+    def reset(self) -> None:
+        self.seen, self.kernel_cache = 0, None
+
+    def reorder_cache(self, beam_idx) -> None:
+        raise UnsupportedCombination(
+            "hf: KernelCache does not reorder for beam search (a kernel's state is not a list "
+            "of keys); use num_beams=1"
+        )
+
+    def attend(self, kernel: Attention, query, key, value, keep) -> tuple[torch.Tensor, None]:
+        """The new queries (B, H, T, D) over the kernel's cache, after adding key, value
+        (B, H_kv, T, D): prefill on the first call, then one decode step per position."""
+        if not kernel.supports_decode:
+            raise UnsupportedCombination(
+                f"hf: attention {kernel.name!r} cannot generate on its own cache: "
+                f"{kernel.decode_reason}"
+            )
+        if keep is not None and not bool(keep.all()):
+            raise UnsupportedCombination(
+                f"hf: attention {kernel.name!r}: KernelCache takes prompts without padding "
+                "(prefill takes no key padding mask yet); generate padded prompts one by one "
+                "or with HF's default cache"
+            )
+        if self.kernel_cache is None:
+            batch, heads, _, dim = query.shape
+            self.kernel_cache = kernel.init_cache(
+                batch, heads, dim, max_len=self.max_len, device=query.device,
+                dtype=query.dtype, n_kv_heads=key.shape[1],
+            )  # fmt: skip
+            out = kernel.prefill(query, key, value, self.kernel_cache)  # (B, H, T, D)
+        else:
+            steps = [
+                kernel.decode(
+                    query[:, :, t : t + 1],
+                    key[:, :, t : t + 1],
+                    value[:, :, t : t + 1],
+                    self.kernel_cache,
+                )  # fmt: skip
+                for t in range(query.shape[2])
+            ]
+            out = torch.cat(steps, dim=2)  # (B, H, T, D)
+        return out.transpose(1, 2).contiguous(), None  # (B, T, H, D)
+
+
+class KernelCache(Cache):
+    """HF's cache object holding each layer's kernel cache (`KernelCacheLayer`), for
+    `model.generate(..., past_key_values=KernelCache(max_len=...))` on `attnbench_<name>`
+    models: `max_len` bounds prompt plus new tokens."""
+
+    def __init__(self, max_len: int):
+        if not isinstance(max_len, int) or isinstance(max_len, bool) or max_len < 1:
+            raise ValueError(f"hf: option 'max_len' must be a positive int, got {max_len!r}")
+        super().__init__(layer_class_to_replicate=lambda: KernelCacheLayer(max_len))
 
 
 def _check_call(name, query, key, attention_mask, dropout, scaling, causal, kwargs) -> None:
