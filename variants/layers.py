@@ -18,7 +18,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from variants.attention.common.base import Attention, evaluating, replaying, shared_qk_keys
-from variants.checks import require_divisible, require_positive_int
+from variants.checks import check_key_padding_mask, require_divisible, require_positive_int
 from variants.model_config import OWNER, ModelConfig
 
 MULTIHEAD = "MultiheadAttention"
@@ -132,8 +132,16 @@ class SelfAttention(nn.Module):
 
         key_padding_mask (B, L) bool, True = a real token, and segment_ids (B, L) int document
         ids of packed sequences: handed to the kernel (`Attention.forward`), which refuses
-        them with `UnsupportedCombination` where its spec does not support them."""
+        them with `UnsupportedCombination` where its spec does not support them. Padded
+        tokens are read as zeros: whatever x holds there (NaN) reaches no real output and no
+        gradient."""
         masks = _masks(key_padding_mask, segment_ids)
+        if key_padding_mask is not None:
+            check_key_padding_mask(self.kernel.name, key_padding_mask, x[:, None])
+            # The kernel reads padded q, k, v as zeros, but the projections' weight gradients
+            # sum x over every position, and 0 * NaN is NaN: padded tokens must hold zeros
+            # from the start. Real outputs and gradients are those of any finite padding.
+            x = x.masked_fill(~key_padding_mask[..., None], 0.0)
         if self.head_groups > 1 and self.kernel.independent_heads:
             return self.dropout(self._by_head_groups(x, masks))
         batch, length, d_model = x.shape

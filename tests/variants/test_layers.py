@@ -9,6 +9,12 @@ import torch.nn.functional as F
 import variants
 from experiments.measurement.memory import peak_memory_bytes
 from tests.reference import causal_mask, dense_attention, shared_qk_reference
+from tests.variants.attention.common.test_masking import (
+    PADDED_SHAPE,
+    PADDED_TAIL,
+    SEVERAL_BLOCKS,
+    padding_cases,
+)
 from variants.checks import UnsupportedCombination
 from variants.layers import FeedForward, SelfAttention, rotary
 from variants.model_config import ModelConfig
@@ -297,6 +303,42 @@ def test_multihead_attention_padded_rows_equal_the_rows_alone(attention):
     y = layer(x, key_padding_mask=keep)
     torch.testing.assert_close(y[1, :6], layer(x[1:, :6])[0])
     torch.testing.assert_close(y[0], layer(x[:1])[0])
+
+
+@pytest.mark.parametrize("fill", [float("nan"), float("inf")], ids=["nan", "inf"])
+@pytest.mark.parametrize("name, causal", list(padding_cases()))
+def test_multihead_attention_padded_positions_values_never_reach_real_outputs(name, causal, fill):
+    """NaN or inf in x at padded positions: the outputs and the gradients of x and of every
+    parameter are bit for bit those of zeros there, hence finite."""
+    batch, heads, length, head_dim = PADDED_SHAPE
+    torch.manual_seed(0)
+    layer = (
+        variants.MultiheadAttention(
+            heads * head_dim,
+            heads,
+            name,
+            causal=causal,
+            max_seq_len=length,
+            **SEVERAL_BLOCKS.get(name, {}),
+        )
+        .double()
+        .eval()
+    )
+    keep = torch.ones(batch, length, dtype=torch.bool)
+    keep[1, -PADDED_TAIL:] = False
+    x = torch.randn(batch, length, heads * head_dim, dtype=torch.float64)
+    weight = torch.randn_like(x)
+
+    def run(value):
+        padded = x.masked_fill(~keep[..., None], value).requires_grad_()
+        y = layer(padded, key_padding_mask=keep)
+        return y, torch.autograd.grad((y * weight).sum(), [padded, *layer.parameters()])
+
+    y, grads = run(fill)
+    expected, expected_grads = run(0.0)
+    assert torch.isfinite(expected).all() and torch.equal(y, expected)
+    for grad, expected_grad in zip(grads, expected_grads, strict=True):
+        assert torch.isfinite(expected_grad).all() and torch.equal(grad, expected_grad)
 
 
 def test_multihead_attention_projects_keys_and_values_to_fewer_heads():

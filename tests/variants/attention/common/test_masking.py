@@ -427,7 +427,8 @@ SEVERAL_BLOCKS = {
 }
 
 
-def _padding_cases():
+def padding_cases():
+    """(name, causal) of every variant that takes a key padding mask, in each direction it runs."""
     for name in variants.attention_names():
         spec = variants.attention_spec(name)
         if not spec.supports_padding_mask:
@@ -438,7 +439,7 @@ def _padding_cases():
 
 
 @pytest.mark.parametrize("fill", [float("nan"), float("inf")], ids=["nan", "inf"])
-@pytest.mark.parametrize("name, causal", list(_padding_cases()))
+@pytest.mark.parametrize("name, causal", list(padding_cases()))
 def test_padded_positions_values_never_reach_real_outputs(name, causal, fill):
     """NaN or inf in q, k, v and the gates at padded positions: the outputs and the gradients
     (of q, k, v, gates and the kernel's parameters) are bit for bit those of zeros there,
