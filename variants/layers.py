@@ -230,7 +230,7 @@ class SelfAttention(nn.Module):
             else:
                 part = self._head_group(x, group, masks)
             out = part if out is None else out + part  # (B, L, d_model)
-        return out + self.out.bias
+        return out if self.out.bias is None else out + self.out.bias
 
     def _head_group(
         self, x: torch.Tensor, group: torch.Tensor, masks: Mapping[str, torch.Tensor]
@@ -242,7 +242,7 @@ class SelfAttention(nn.Module):
         columns = group[:, None] * self.head_dim + torch.arange(self.head_dim, device=x.device)
         columns = columns.flatten()  # (G*head_dim,) the group's features within d_model
         rows = torch.cat([columns + p * d_model for p in range(n_projections)])
-        projected = F.linear(x, self.qkv.weight[rows], self.qkv.bias[rows])  # (B, L, P*G*hd)
+        projected = F.linear(x, self.qkv.weight[rows], _rows(self.qkv.bias, rows))  # (B, L, P*G*hd)
         q, k, v = self._queries_keys_values(projected, len(group))  # each (B, L, G*head_dim)
         q, k, v = (self._heads(x, len(group)) for x in (q, k, v))  # each (B, G, L, head_dim)
         if self.config.positions == "rotary":
@@ -253,7 +253,7 @@ class SelfAttention(nn.Module):
             gate_rows = (
                 group[:, None] * n_gates + torch.arange(n_gates, device=x.device)
             ).flatten()
-            gated = F.linear(x, self.gates.weight[gate_rows], self.gates.bias[gate_rows])
+            gated = F.linear(x, self.gates.weight[gate_rows], _rows(self.gates.bias, gate_rows))
             gates = torch.sigmoid(self._heads(gated, len(group)))  # (B, G, L, n_gates)
         y = self.kernel(q, k, v, gates=gates, **masks)  # (B, G, L, head_dim)
         y = y.transpose(1, 2).reshape(batch, length, -1)  # (B, L, G*head_dim)
@@ -366,6 +366,12 @@ class CachedKernel(nn.Module):
                 self.inner.decode(q[:, :, at], k[:, :, at], v[:, :, at], self.cache, gate)
             )
         return torch.cat(pieces, dim=2)  # (B, H, T, D)
+
+
+def _rows(bias: torch.Tensor | None, rows: torch.Tensor) -> torch.Tensor | None:
+    """A projection's bias at `rows` (a group's features), None without biases
+    (`projection_bias=False`)."""
+    return None if bias is None else bias[rows]
 
 
 def _masks(
