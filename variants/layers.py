@@ -135,6 +135,7 @@ class SelfAttention(nn.Module):
         them with `UnsupportedCombination` where its spec does not support them. Padded
         tokens are read as zeros: whatever x holds there (NaN) reaches no real output and no
         gradient."""
+        self._check_input(x)
         masks = _masks(key_padding_mask, segment_ids)
         if key_padding_mask is not None:
             check_key_padding_mask(self.kernel.name, key_padding_mask, x[:, None])
@@ -159,6 +160,24 @@ class SelfAttention(nn.Module):
         y = self.kernel(q, k, v, gates=gates, **masks)  # (B, H, L, head_dim)
         y = y.transpose(1, 2).reshape(batch, length, d_model)  # (B, L, d_model)
         return self.dropout(self.out(y))
+
+    def _check_input(self, x: torch.Tensor) -> None:
+        """`ValueError` naming the constraint unless x is (batch, seq_len, d_model) in the
+        parameters' dtype (any dtype under autocast, which casts it): a mismatch would
+        otherwise fail deep in a projection or a kernel."""
+        owner, d_model = type(self).__name__, self.config.d_model
+        if not isinstance(x, torch.Tensor) or x.dim() != 3 or x.shape[-1] != d_model:
+            got = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+            raise ValueError(
+                f"{owner}: input 'x' must have shape (batch, seq_len, d_model) with option "
+                f"'d_model'={d_model}, got {got}"
+            )
+        dtype = self.out.weight.dtype
+        if x.dtype != dtype and not torch.is_autocast_enabled(x.device.type):
+            raise ValueError(
+                f"{owner}: input 'x' is {x.dtype}, the layer's parameters {dtype}: give x "
+                "their dtype, or the layer x's (`.to(dtype)`), or run under torch.autocast"
+            )
 
     # --- decoding: the kernel's cache API on (B, T, d_model) inputs --------------------------
     def init_cache(

@@ -371,6 +371,34 @@ def test_multihead_attention_errors_name_the_option():
         layer.decode(torch.randn(1, 1, 16), layer.init_cache(1, max_len=4))
 
 
+@pytest.mark.parametrize(
+    "x, words",
+    [
+        (
+            torch.randn(2, 5, 8),
+            r"must have shape \(batch, seq_len, d_model\) with option 'd_model'=16",
+        ),
+        (torch.randn(5, 16), r"must have shape \(batch, seq_len, d_model\).*got \(5, 16\)"),
+        (
+            torch.randn(2, 5, 16, dtype=torch.float64),
+            "is torch.float64, the layer's parameters torch.float32",
+        ),
+    ],
+    ids=["d_model", "2-d", "dtype"],
+)
+def test_multihead_attention_bad_inputs_are_value_errors_naming_the_constraint(x, words):
+    layer = variants.MultiheadAttention(16, 2, "blockwise", block_size=4)
+    with pytest.raises(ValueError, match=f"MultiheadAttention: input 'x' .*{words}") as e:
+        layer(x)
+    assert "\n" not in str(e.value)
+
+
+def test_multihead_attention_takes_other_dtypes_under_autocast():
+    layer = variants.MultiheadAttention(16, 2, "full")
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert layer(torch.randn(2, 5, 16).bfloat16()).shape == (2, 5, 16)
+
+
 @pytest.mark.parametrize("causal", [True, False])
 def test_grouped_kv_heads_project_fewer_keys_and_match_a_dense_reference(causal):
     torch.manual_seed(0)
