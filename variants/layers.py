@@ -134,7 +134,8 @@ class SelfAttention(nn.Module):
         ids of packed sequences: handed to the kernel (`Attention.forward`), which refuses
         them with `UnsupportedCombination` where its spec does not support them. Padded
         tokens are read as zeros: whatever x holds there (NaN) reaches no real output and no
-        gradient."""
+        gradient. A NaN in a real token reaches its sequence's outputs, causally earlier ones too
+        (0 * NaN in masked products, as in PyTorch's SDPA), never another sequence's."""
         self._check_input(x)
         masks = _masks(key_padding_mask, segment_ids)
         if key_padding_mask is not None:

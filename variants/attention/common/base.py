@@ -160,6 +160,8 @@ class Attention(nn.Module):
         MultiheadAttention). Padded keys are never attended to; the outputs at padded queries
         are zeros (and pass no gradient). Padded positions of q, k, v and gates reach `attend`
         as zeros, so whatever they hold (NaN, inf) never reaches a real output or gradient.
+        A NaN in a real token may reach every output of its sequence, causal or not (0 * NaN
+        in masked products, as in PyTorch's SDPA), never another sequence's.
         segment_ids: (batch, seq_len) integer document ids of packed sequences, non-decreasing
         along seq_len: no query attends a key of another document.
         Either raises `UnsupportedCombination` on a variant that cannot take it

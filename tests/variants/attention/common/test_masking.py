@@ -427,11 +427,12 @@ SEVERAL_BLOCKS = {
 }
 
 
-def padding_cases():
-    """(name, causal) of every variant that takes a key padding mask, in each direction it runs."""
+def padding_cases(padding=True):
+    """(name, causal) of every variant in each direction it runs; `padding`: only those that
+    take a key padding mask."""
     for name in variants.attention_names():
         spec = variants.attention_spec(name)
-        if not spec.supports_padding_mask:
+        if padding and not spec.supports_padding_mask:
             continue
         for causal in (False, True):
             if spec.causal_supported if causal else spec.bidirectional_supported:
@@ -446,11 +447,7 @@ def test_padded_positions_values_never_reach_real_outputs(name, causal, fill):
     hence finite; padded keys share blocks with real ones."""
     spec = variants.attention_spec(name)
     batch, heads, length, dim = PADDED_SHAPE
-    sizes = {"causal": causal, "n_heads": heads, "head_dim": dim, "max_seq_len": length}
-    options = {k: v for k, v in sizes.items() if k in spec.model_options}
-    torch.manual_seed(0)
-    kernel = variants.build_attention(name, **options, **SEVERAL_BLOCKS.get(name, {}))
-    kernel = kernel.double().eval()
+    kernel = _several_blocks_kernel(name, causal)
     keep = torch.ones(batch, length, dtype=torch.bool)
     keep[1, -PADDED_TAIL:] = False
     q, k, v = qkv(batch, heads, length, dim, seed=16)
@@ -475,6 +472,41 @@ def test_padded_positions_values_never_reach_real_outputs(name, causal, fill):
     for grad, expected_grad in zip(grads, expected_grads, strict=True):
         assert torch.isfinite(expected_grad).all()
         assert torch.equal(grad, expected_grad)
+
+
+def _several_blocks_kernel(name, causal):
+    """`name` sized for PADDED_SHAPE with SEVERAL_BLOCKS' options, float64, in eval mode."""
+    spec = variants.attention_spec(name)
+    _, heads, length, dim = PADDED_SHAPE
+    sizes = {"causal": causal, "n_heads": heads, "head_dim": dim, "max_seq_len": length}
+    options = {k: v for k, v in sizes.items() if k in spec.model_options}
+    torch.manual_seed(0)
+    kernel = variants.build_attention(name, **options, **SEVERAL_BLOCKS.get(name, {}))
+    return kernel.double().eval()
+
+
+@pytest.mark.parametrize("name, causal", list(padding_cases(padding=False)))
+def test_a_nan_in_a_real_token_stays_in_its_sequence(name, causal):
+    """A NaN in q, k, v (and gates) of one real token of sequence 0 leaves sequence 1's outputs
+    as they were. (Within sequence 0 it may reach positions that do not attend it: masked
+    products multiply it by probability 0, `Attention.forward`.)"""
+    spec = variants.attention_spec(name)
+    kernel = _several_blocks_kernel(name, causal)
+    q, k, v = qkv(*PADDED_SHAPE, seed=19)
+    gates = sample_gates(kernel, q, torch.Generator().manual_seed(20))
+    inputs = [q, k, v] + ([] if gates is None else [gates])
+
+    def run(xs):
+        keys = xs[0] if spec.shared_qk_required else xs[1]
+        return kernel(xs[0], keys, xs[2], **({} if gates is None else {"gates": xs[3]}))
+
+    expected = run(inputs)
+    poisoned = [x.clone() for x in inputs]
+    for x in poisoned:
+        x[0, :, 40] = float("nan")
+    out = run(poisoned)
+    assert not torch.isfinite(out[0]).all()
+    assert torch.equal(out[1], expected[1])
 
 
 # --- block-selection variants (MoBA, NSA): per-query references of the masked rules ----------
