@@ -67,6 +67,8 @@ _OPTIONS: dict[str, dict[str, Any]] = {}
 _KERNELS: dict[tuple, Attention] = {}
 # Keyword arguments some models pass that change the attention itself: refused when set.
 _REFUSED_KWARGS = ("softcap", "sliding_window", "s_aux", "position_bias")
+# The shape a variant is built for once when registered, to check its options' values.
+PROBE_HEADS, PROBE_HEAD_DIM = 4, 64
 
 
 def register(
@@ -77,8 +79,9 @@ def register(
     `attnbench_<name>`, each with its `options[name]` (default the variant's defaults).
 
     Returns the `attn_implementation` names registered. `ValueError` for an unknown variant
-    (listing the names) or option (listing the variant's options). Registering a name again
-    replaces its options and drops the kernels built with the old ones.
+    (listing the names) or option (listing the variant's options) or an option's bad value
+    (each variant is built once here), and then nothing is registered. Registering a name
+    again replaces its options and drops the kernels built with the old ones.
     """
     options = dict(options or {})
     names = attention_names() if names is None else list(names)
@@ -87,10 +90,11 @@ def register(
     stray = sorted(set(options) - set(names))
     if stray:
         raise ValueError(f"hf: option 'options' names {stray[0]!r}, which is not registered here")
+    # Every name's options checked before any is registered: a refused call changes nothing.
+    checked = {name: _checked_options(name, options.get(name, {})) for name in names}
     registered = []
     for name in names:
-        spec = attention_spec(name)
-        _OPTIONS[name] = spec.kernel_options(options.get(name, {}))
+        _OPTIONS[name] = checked[name]
         for key in [key for key in _KERNELS if key[0] == name]:
             del _KERNELS[key]
         implementation = PREFIX + name
@@ -98,6 +102,22 @@ def register(
         AttentionMaskInterface.register(implementation, padding_mask)
         registered.append(implementation)
     return registered
+
+
+def _checked_options(name: str, options: Mapping[str, Any]) -> dict[str, Any]:
+    """Variant `name`'s `options`, their names and values checked: the kernel built once, as
+    `kernel_for` builds it for PROBE_HEADS heads of PROBE_HEAD_DIM (values are checked by the
+    constructors), so that a bad value is a `ValueError` here and not at every later forward.
+    `UnsupportedCombination` (valid options the model's shape or direction may decide) is left
+    to the first forward, as the variants HF cannot run at all are."""
+    spec = attention_spec(name)
+    checked = spec.kernel_options(options)
+    model = _model_options(spec, PROBE_HEADS, PROBE_HEAD_DIM, causal=spec.causal_supported)
+    try:
+        spec.built(checked, model)
+    except UnsupportedCombination:
+        pass
+    return checked
 
 
 def unsupported_reason(spec: AttentionSpec) -> str | None:
@@ -348,10 +368,7 @@ def kernel_for(
     built once and kept (`_KERNELS`), shared by every layer and call; `UnsupportedCombination`
     if it has parameters."""
     spec = attention_spec(name)
-    model = {"causal": causal, "n_heads": n_heads, "head_dim": head_dim, "shared_qk": False}
-    # Only those the variant declares (as `built` takes them) key its kernel: a variant that
-    # does not take n_heads keeps one kernel for every head count.
-    model = {k: v for k, v in model.items() if k in spec.model_options}
+    model = _model_options(spec, n_heads, head_dim, causal=causal)
     options = _OPTIONS.get(name, {})
     device = torch.device(device)
     key = (name, repr(sorted(options.items())), repr(sorted(model.items())), device, dtype)
@@ -364,6 +381,14 @@ def kernel_for(
             )
         _KERNELS[key] = kernel.to(device=device, dtype=dtype)
     return _KERNELS[key]
+
+
+def _model_options(spec: AttentionSpec, n_heads: int, head_dim: int, *, causal: bool) -> dict:
+    """The model options `kernel_for` builds variant `spec` with (no shared QK here)."""
+    model = {"causal": causal, "n_heads": n_heads, "head_dim": head_dim, "shared_qk": False}
+    # Only those the variant declares (as `built` takes them) key its kernel: a variant that
+    # does not take n_heads keeps one kernel for every head count.
+    return {k: v for k, v in model.items() if k in spec.model_options}
 
 
 def _grouped(kernel: Attention, query: torch.Tensor, x: torch.Tensor) -> torch.Tensor:

@@ -18,7 +18,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from variants.attention.common.base import Attention, evaluating, replaying, shared_qk_keys
-from variants.checks import require_divisible, require_positive_int
+from variants.checks import check_key_padding_mask, require_divisible, require_positive_int
 from variants.model_config import OWNER, ModelConfig
 
 MULTIHEAD = "MultiheadAttention"
@@ -132,8 +132,18 @@ class SelfAttention(nn.Module):
 
         key_padding_mask (B, L) bool, True = a real token, and segment_ids (B, L) int document
         ids of packed sequences: handed to the kernel (`Attention.forward`), which refuses
-        them with `UnsupportedCombination` where its spec does not support them."""
+        them with `UnsupportedCombination` where its spec does not support them. Padded
+        tokens are read as zeros: whatever x holds there (NaN) reaches no real output and no
+        gradient. A NaN in a real token reaches its sequence's outputs, causally earlier ones too
+        (0 * NaN in masked products, as in PyTorch's SDPA), never another sequence's."""
+        self._check_input(x)
         masks = _masks(key_padding_mask, segment_ids)
+        if key_padding_mask is not None:
+            check_key_padding_mask(self.kernel.name, key_padding_mask, x[:, None])
+            # The kernel reads padded q, k, v as zeros, but the projections' weight gradients
+            # sum x over every position, and 0 * NaN is NaN: padded tokens must hold zeros
+            # from the start. Real outputs and gradients are those of any finite padding.
+            x = x.masked_fill(~key_padding_mask[..., None], 0.0)
         if self.head_groups > 1 and self.kernel.independent_heads:
             return self.dropout(self._by_head_groups(x, masks))
         batch, length, d_model = x.shape
@@ -151,6 +161,24 @@ class SelfAttention(nn.Module):
         y = self.kernel(q, k, v, gates=gates, **masks)  # (B, H, L, head_dim)
         y = y.transpose(1, 2).reshape(batch, length, d_model)  # (B, L, d_model)
         return self.dropout(self.out(y))
+
+    def _check_input(self, x: torch.Tensor) -> None:
+        """`ValueError` naming the constraint unless x is (batch, seq_len, d_model) in the
+        parameters' dtype (any dtype under autocast, which casts it): a mismatch would
+        otherwise fail deep in a projection or a kernel."""
+        owner, d_model = type(self).__name__, self.config.d_model
+        if not isinstance(x, torch.Tensor) or x.dim() != 3 or x.shape[-1] != d_model:
+            got = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+            raise ValueError(
+                f"{owner}: input 'x' must have shape (batch, seq_len, d_model) with option "
+                f"'d_model'={d_model}, got {got}"
+            )
+        dtype = self.out.weight.dtype
+        if x.dtype != dtype and not torch.is_autocast_enabled(x.device.type):
+            raise ValueError(
+                f"{owner}: input 'x' is {x.dtype}, the layer's parameters {dtype}: give x "
+                "their dtype, or the layer x's (`.to(dtype)`), or run under torch.autocast"
+            )
 
     # --- decoding: the kernel's cache API on (B, T, d_model) inputs --------------------------
     def init_cache(
@@ -222,7 +250,7 @@ class SelfAttention(nn.Module):
             else:
                 part = self._head_group(x, group, masks)
             out = part if out is None else out + part  # (B, L, d_model)
-        return out + self.out.bias
+        return out if self.out.bias is None else out + self.out.bias
 
     def _head_group(
         self, x: torch.Tensor, group: torch.Tensor, masks: Mapping[str, torch.Tensor]
@@ -234,7 +262,7 @@ class SelfAttention(nn.Module):
         columns = group[:, None] * self.head_dim + torch.arange(self.head_dim, device=x.device)
         columns = columns.flatten()  # (G*head_dim,) the group's features within d_model
         rows = torch.cat([columns + p * d_model for p in range(n_projections)])
-        projected = F.linear(x, self.qkv.weight[rows], self.qkv.bias[rows])  # (B, L, P*G*hd)
+        projected = F.linear(x, self.qkv.weight[rows], _rows(self.qkv.bias, rows))  # (B, L, P*G*hd)
         q, k, v = self._queries_keys_values(projected, len(group))  # each (B, L, G*head_dim)
         q, k, v = (self._heads(x, len(group)) for x in (q, k, v))  # each (B, G, L, head_dim)
         if self.config.positions == "rotary":
@@ -245,7 +273,7 @@ class SelfAttention(nn.Module):
             gate_rows = (
                 group[:, None] * n_gates + torch.arange(n_gates, device=x.device)
             ).flatten()
-            gated = F.linear(x, self.gates.weight[gate_rows], self.gates.bias[gate_rows])
+            gated = F.linear(x, self.gates.weight[gate_rows], _rows(self.gates.bias, gate_rows))
             gates = torch.sigmoid(self._heads(gated, len(group)))  # (B, G, L, n_gates)
         y = self.kernel(q, k, v, gates=gates, **masks)  # (B, G, L, head_dim)
         y = y.transpose(1, 2).reshape(batch, length, -1)  # (B, L, G*head_dim)
@@ -358,6 +386,12 @@ class CachedKernel(nn.Module):
                 self.inner.decode(q[:, :, at], k[:, :, at], v[:, :, at], self.cache, gate)
             )
         return torch.cat(pieces, dim=2)  # (B, H, T, D)
+
+
+def _rows(bias: torch.Tensor | None, rows: torch.Tensor) -> torch.Tensor | None:
+    """A projection's bias at `rows` (a group's features), None without biases
+    (`projection_bias=False`)."""
+    return None if bias is None else bias[rows]
 
 
 def _masks(

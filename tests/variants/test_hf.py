@@ -114,6 +114,28 @@ def test_register_names_unknown_variants_and_options():
         hf.register(["blockwise"], options={"blockwise": {"size": 4}})
 
 
+def test_a_bad_option_value_is_refused_at_register_leaving_nothing_registered(monkeypatch):
+    """A bad option's value is a `ValueError` when registered (the kernel built once), not at
+    the first forward, and the refused call changes nothing: a name it would have added stays
+    unregistered, a name registered before keeps its options, later models run."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+
+    monkeypatch.setattr(hf, "_OPTIONS", {n: o for n, o in hf._OPTIONS.items() if n != "linear"})
+    for interface in (AttentionInterface, AttentionMaskInterface):
+        mapping = dict(interface._global_mapping)
+        mapping.pop("attnbench_linear", None)
+        monkeypatch.setattr(interface, "_global_mapping", mapping)
+    before = dict(hf._OPTIONS)
+    with pytest.raises(ValueError, match="full: option 'impl' must be one of sdpa"):
+        hf.register(["linear", "full"], {"full": {"impl": "bogus"}})
+    assert hf._OPTIONS == before
+    for interface in (AttentionInterface, AttentionMaskInterface):
+        assert "attnbench_linear" not in interface._global_mapping
+    with torch.no_grad():
+        assert _llama("attnbench_full")(torch.zeros(1, 4, dtype=torch.long)).logits.isfinite().all()
+
+
 def test_another_softmax_scale_is_refused():
     model = _llama("attnbench_full")
     for layer in model.model.layers:

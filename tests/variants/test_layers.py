@@ -9,6 +9,12 @@ import torch.nn.functional as F
 import variants
 from experiments.measurement.memory import peak_memory_bytes
 from tests.reference import causal_mask, dense_attention, shared_qk_reference
+from tests.variants.attention.common.test_masking import (
+    PADDED_SHAPE,
+    PADDED_TAIL,
+    SEVERAL_BLOCKS,
+    padding_cases,
+)
 from variants.checks import UnsupportedCombination
 from variants.layers import FeedForward, SelfAttention, rotary
 from variants.model_config import ModelConfig
@@ -299,6 +305,42 @@ def test_multihead_attention_padded_rows_equal_the_rows_alone(attention):
     torch.testing.assert_close(y[0], layer(x[:1])[0])
 
 
+@pytest.mark.parametrize("fill", [float("nan"), float("inf")], ids=["nan", "inf"])
+@pytest.mark.parametrize("name, causal", list(padding_cases()))
+def test_multihead_attention_padded_positions_values_never_reach_real_outputs(name, causal, fill):
+    """NaN or inf in x at padded positions: the outputs and the gradients of x and of every
+    parameter are bit for bit those of zeros there, hence finite."""
+    batch, heads, length, head_dim = PADDED_SHAPE
+    torch.manual_seed(0)
+    layer = (
+        variants.MultiheadAttention(
+            heads * head_dim,
+            heads,
+            name,
+            causal=causal,
+            max_seq_len=length,
+            **SEVERAL_BLOCKS.get(name, {}),
+        )
+        .double()
+        .eval()
+    )
+    keep = torch.ones(batch, length, dtype=torch.bool)
+    keep[1, -PADDED_TAIL:] = False
+    x = torch.randn(batch, length, heads * head_dim, dtype=torch.float64)
+    weight = torch.randn_like(x)
+
+    def run(value):
+        padded = x.masked_fill(~keep[..., None], value).requires_grad_()
+        y = layer(padded, key_padding_mask=keep)
+        return y, torch.autograd.grad((y * weight).sum(), [padded, *layer.parameters()])
+
+    y, grads = run(fill)
+    expected, expected_grads = run(0.0)
+    assert torch.isfinite(expected).all() and torch.equal(y, expected)
+    for grad, expected_grad in zip(grads, expected_grads, strict=True):
+        assert torch.isfinite(expected_grad).all() and torch.equal(grad, expected_grad)
+
+
 def test_multihead_attention_projects_keys_and_values_to_fewer_heads():
     torch.manual_seed(0)
     layer = variants.MultiheadAttention(16, 4, "full", n_kv_heads=1, bias=False).double()
@@ -327,6 +369,34 @@ def test_multihead_attention_errors_name_the_option():
     layer = variants.MultiheadAttention(16, 2, "linear")
     with pytest.raises(ValueError, match="decode needs a prefilled cache"):
         layer.decode(torch.randn(1, 1, 16), layer.init_cache(1, max_len=4))
+
+
+@pytest.mark.parametrize(
+    "x, words",
+    [
+        (
+            torch.randn(2, 5, 8),
+            r"must have shape \(batch, seq_len, d_model\) with option 'd_model'=16",
+        ),
+        (torch.randn(5, 16), r"must have shape \(batch, seq_len, d_model\).*got \(5, 16\)"),
+        (
+            torch.randn(2, 5, 16, dtype=torch.float64),
+            "is torch.float64, the layer's parameters torch.float32",
+        ),
+    ],
+    ids=["d_model", "2-d", "dtype"],
+)
+def test_multihead_attention_bad_inputs_are_value_errors_naming_the_constraint(x, words):
+    layer = variants.MultiheadAttention(16, 2, "blockwise", block_size=4)
+    with pytest.raises(ValueError, match=f"MultiheadAttention: input 'x' .*{words}") as e:
+        layer(x)
+    assert "\n" not in str(e.value)
+
+
+def test_multihead_attention_takes_other_dtypes_under_autocast():
+    layer = variants.MultiheadAttention(16, 2, "full")
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert layer(torch.randn(2, 5, 16).bfloat16()).shape == (2, 5, 16)
 
 
 @pytest.mark.parametrize("causal", [True, False])

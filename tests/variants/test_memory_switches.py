@@ -103,6 +103,24 @@ def test_heads_in_groups_equal_all_heads_at_once(attention, options, block, grou
         torch.testing.assert_close(grad, reference[name], msg=name)
 
 
+@pytest.mark.parametrize("attention, options", [("full", {}), ("nsa", {"block_size": 4})])
+def test_heads_in_groups_without_projection_biases(attention, options):
+    """`attention_chunks` with `projection_bias=False`: the groups' projections take no bias
+    (gates' too), and loss and gradients are the unchunked model's."""
+    base = {"attention": attention, "attention_options": options, "projection_bias": False}
+    plain, grouped = _pair(base, attention_chunks=2)
+    tokens, targets, mask = _batch(length=16)
+    expected = plain.loss(tokens, targets, mask)
+    expected.backward()
+    loss = grouped.loss(tokens, targets, mask)
+    loss.backward()
+    torch.testing.assert_close(loss, expected)
+    reference = _grads(plain)
+    assert not any(name.endswith("bias") and "qkv" in name for name in reference)
+    for name, grad in _grads(grouped).items():
+        torch.testing.assert_close(grad, reference[name], msg=name)
+
+
 def test_heads_in_groups_with_shared_qk_keys():
     base = {"attention": "blockwise", "shared_qk": True, "attention_options": {"block_size": 4}}
     plain, grouped = _pair(base, attention_chunks=4)

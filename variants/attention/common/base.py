@@ -36,9 +36,10 @@ of packed sequences, each only where the class says `supports_padding_mask` /
 `padding_mask_reason` / `segments_reason`); a variant whose support depends on its options
 (impl="flex") overrides `unsupported_input`. `attend` then receives the given masks as keyword
 arguments (`key_padding_mask=`, `segment_ids=`; neither is passed when not given, so the
-calls without masks are exactly those of before), and the rows of padded queries of its output
-are set to zero here. k and v may have fewer heads than q (H_kv dividing H): a `native_gqa`
-kernel receives them as they are, the others receive them repeated to H heads (`repeat_kv`);
+calls without masks are exactly those of before), q, k, v and gates with zeros at padded
+positions, and the rows of padded queries of its output are set to zero here. k and v may
+have fewer heads than q (H_kv dividing H): a `native_gqa` kernel receives them as they are,
+the others receive them repeated to H heads (`repeat_kv`);
 `supports_gqa = False` (shared-QK kernels, whose keys are the queries) refuses them. In
 decoding, a `native_gqa_decode` variant's cache holds `init_cache(..., n_kv_heads=)` heads;
 the others' hold all H heads, the new keys repeated before the hooks. Prefill and decode take
@@ -57,7 +58,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from variants.attention.common import flash, flex
-from variants.attention.common.masking import repeat_kv, zero_padded_queries
+from variants.attention.common.masking import (
+    repeat_kv,
+    zero_padded_positions,
+    zero_padded_queries,
+)
 from variants.checks import (
     UnsupportedCombination,
     check_key_padding_mask,
@@ -171,7 +176,10 @@ class Attention(nn.Module):
         key_padding_mask: (batch, seq_len) bool, **True = a real token (keep), False =
         padding** (flash-attention's and Hugging Face's convention, the opposite of PyTorch's
         MultiheadAttention). Padded keys are never attended to; the outputs at padded queries
-        are zeros (and pass no gradient).
+        are zeros (and pass no gradient). Padded positions of q, k, v and gates reach `attend`
+        as zeros, so whatever they hold (NaN, inf) never reaches a real output or gradient.
+        A NaN in a real token may reach every output of its sequence, causal or not (0 * NaN
+        in masked products, as in PyTorch's SDPA), never another sequence's.
         segment_ids: (batch, seq_len) integer document ids of packed sequences, non-decreasing
         along seq_len: no query attends a key of another document.
         Either raises `UnsupportedCombination` on a variant that cannot take it
@@ -191,6 +199,18 @@ class Attention(nn.Module):
         masks = self._masks(q, k, key_padding_mask, segment_ids)
         if q.shape[0] == 0:
             return empty_batch_output(q, k, v, *gated)
+        if key_padding_mask is not None:
+            # Masks keep padded values out of every real output, but not out of the arithmetic:
+            # a padded key's score is computed before its mask applies, a hidden value is
+            # multiplied by probability 0, and NaN + bias or 0 * inf is NaN. Zeros selected in
+            # their place (not multiplied in) make any padded value read as a finite one would.
+            # One zeroed tensor per distinct input: under shared QK k is q, and stays so (the
+            # kernels' gradients of q then sum in the order they did).
+            zeroed = {}
+            for x in (q, k, v, *gated):
+                if id(x) not in zeroed:
+                    zeroed[id(x)] = zero_padded_positions(x, key_padding_mask)
+            q, k, v, *gated = (zeroed[id(x)] for x in (q, k, v, *gated))
         if not self.native_gqa:
             k, v = repeat_kv(k, q.shape[1]), repeat_kv(v, q.shape[1])  # (B, H, L, D) each
         out = self.attend(q, k, v, *gated, **masks)  # (B, H, L, D)

@@ -41,6 +41,7 @@ from tests.reference import (
 from tests.variants.attention.test_compressed import reference_output as compressed_reference
 from tests.variants.attention.test_nsa import mlp_blocks
 from variants.attention.common import flash, selected_blocks
+from variants.attention.common.base import sample_gates
 from variants.attention.common.selection import DocumentBlocks
 from variants.attention.nsa import function as nsa_function
 from variants.checks import UnsupportedCombination
@@ -403,6 +404,109 @@ def test_masks_that_mask_nothing_change_nothing():
         segment_ids=torch.zeros(2, 16, dtype=torch.int64),
     )
     torch.testing.assert_close(masked, plain)
+
+
+# --- padded positions: never read, whatever they hold -----------------------------------------
+PADDED_SHAPE = (2, 2, 96, 16)  # (B, H, L, D); row 1's last PADDED_TAIL positions padded
+PADDED_TAIL = 20
+# Options that cut PADDED_SHAPE's length into several blocks (buckets, clusters, windows), so
+# that padded keys share blocks, chunks and summaries with real ones.
+SEVERAL_BLOCKS = {
+    "blockwise": {"block_size": 16},
+    "combined": {"block_size": 16, "seed": 0},
+    "longformer": {"block_size": 16},
+    "bigbird": {"block_size": 16, "n_global": 8, "seed": 0},
+    "sparse_fixed": {"block_size": 16, "n_summary": 4},
+    "lsh": {"bucket_size": 16, "seed": 0},
+    "routing": {"n_clusters": 4, "window": 16, "seed": 0},
+    "linformer": {"k": 16},
+    "performer": {"seed": 0},
+    "moba": {"block_size": 16, "top_k": 2},
+    "nsa": {"block_size": 16, "n_select": 2, "window": 32},
+    "deltanet": {"chunk_size": 16, "short_conv": 3},
+}
+
+
+def padding_cases(padding=True):
+    """(name, causal) of every variant in each direction it runs; `padding`: only those that
+    take a key padding mask."""
+    for name in variants.attention_names():
+        spec = variants.attention_spec(name)
+        if padding and not spec.supports_padding_mask:
+            continue
+        for causal in (False, True):
+            if spec.causal_supported if causal else spec.bidirectional_supported:
+                yield pytest.param(name, causal, id=f"{name}-{'causal' if causal else 'bidir'}")
+
+
+@pytest.mark.parametrize("fill", [float("nan"), float("inf")], ids=["nan", "inf"])
+@pytest.mark.parametrize("name, causal", list(padding_cases()))
+def test_padded_positions_values_never_reach_real_outputs(name, causal, fill):
+    """NaN or inf in q, k, v and the gates at padded positions: the outputs and the gradients
+    (of q, k, v, gates and the kernel's parameters) are bit for bit those of zeros there,
+    hence finite; padded keys share blocks with real ones."""
+    spec = variants.attention_spec(name)
+    batch, heads, length, dim = PADDED_SHAPE
+    kernel = _several_blocks_kernel(name, causal)
+    keep = torch.ones(batch, length, dtype=torch.bool)
+    keep[1, -PADDED_TAIL:] = False
+    q, k, v = qkv(batch, heads, length, dim, seed=16)
+    gates = sample_gates(kernel, q, torch.Generator().manual_seed(17))
+    inputs = [q, k, v] + ([] if gates is None else [gates])
+    weight = torch.randn(q.shape, generator=torch.Generator().manual_seed(18), dtype=q.dtype)
+    params = list(kernel.parameters())
+
+    def run(value):
+        xs = [x.masked_fill(~keep[:, None, :, None], value).requires_grad_() for x in inputs]
+        keys = xs[0] if spec.shared_qk_required else xs[1]  # the layer's k = q
+        extra = {} if gates is None else {"gates": xs[3]}
+        out = kernel(xs[0], keys, xs[2], **extra, key_padding_mask=keep)
+        grads = torch.autograd.grad((out * weight).sum(), [*xs, *params], allow_unused=True)
+        return out, [g for g in grads if g is not None]
+
+    out, grads = run(fill)
+    expected, expected_grads = run(0.0)
+    assert torch.isfinite(expected).all()
+    assert torch.equal(out, expected)
+    assert len(grads) == len(expected_grads)
+    for grad, expected_grad in zip(grads, expected_grads, strict=True):
+        assert torch.isfinite(expected_grad).all()
+        assert torch.equal(grad, expected_grad)
+
+
+def _several_blocks_kernel(name, causal):
+    """`name` sized for PADDED_SHAPE with SEVERAL_BLOCKS' options, float64, in eval mode."""
+    spec = variants.attention_spec(name)
+    _, heads, length, dim = PADDED_SHAPE
+    sizes = {"causal": causal, "n_heads": heads, "head_dim": dim, "max_seq_len": length}
+    options = {k: v for k, v in sizes.items() if k in spec.model_options}
+    torch.manual_seed(0)
+    kernel = variants.build_attention(name, **options, **SEVERAL_BLOCKS.get(name, {}))
+    return kernel.double().eval()
+
+
+@pytest.mark.parametrize("name, causal", list(padding_cases(padding=False)))
+def test_a_nan_in_a_real_token_stays_in_its_sequence(name, causal):
+    """A NaN in q, k, v (and gates) of one real token of sequence 0 leaves sequence 1's outputs
+    as they were. (Within sequence 0 it may reach positions that do not attend it: masked
+    products multiply it by probability 0, `Attention.forward`.)"""
+    spec = variants.attention_spec(name)
+    kernel = _several_blocks_kernel(name, causal)
+    q, k, v = qkv(*PADDED_SHAPE, seed=19)
+    gates = sample_gates(kernel, q, torch.Generator().manual_seed(20))
+    inputs = [q, k, v] + ([] if gates is None else [gates])
+
+    def run(xs):
+        keys = xs[0] if spec.shared_qk_required else xs[1]
+        return kernel(xs[0], keys, xs[2], **({} if gates is None else {"gates": xs[3]}))
+
+    expected = run(inputs)
+    poisoned = [x.clone() for x in inputs]
+    for x in poisoned:
+        x[0, :, 40] = float("nan")
+    out = run(poisoned)
+    assert not torch.isfinite(out[0]).all()
+    assert torch.equal(out[1], expected[1])
 
 
 # --- block-selection variants (MoBA, NSA): per-query references of the masked rules ----------
