@@ -158,7 +158,8 @@ def causal_append(s: Subject) -> Result:
 
 def padding(s: Subject) -> Result:
     """Padded positions' values never reach a real output (NaN included), padded queries' rows
-    are zero, and (bidirectionally) a padded tail gives the unpadded run's outputs."""
+    are zero, and (bidirectionally, unless the pattern depends on every token: `past_fixed`)
+    a padded tail gives the unpadded run's outputs."""
     if not s.spec.supports_padding_mask:
         return Result("padding", NOT_CLAIMED, None, "supports_padding_mask=False")
     keep = torch.ones(BATCH, s.length, dtype=torch.bool)
@@ -176,7 +177,7 @@ def padding(s: Subject) -> Result:
                 real = keep[:, None, :, None].expand_as(base)
                 worst = worse(worst, deviation(base[real], other[real]))
             worst = worse(worst, deviation(base[~real], torch.zeros(())))
-            if not causal:  # the tail's row alone, unpadded
+            if not causal and s.spec.past_fixed:  # the tail's row alone, unpadded
                 n = int(keep[0].sum())
                 alone = call(
                     kernel, *(x[:1, :, :n] if x is not None else None for x in (q, k, v, g))
