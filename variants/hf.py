@@ -16,25 +16,18 @@ real token, or None: the kernel is built causal where the attention module is
 (`is_causal`, as HF's SDPA path reads it) and masks padded keys itself, so no (L, L) mask is
 ever built.
 
-Decoding on the kernels' own caches: `generate(..., past_key_values=KernelCache(max_len))`
+Decoding on the kernels' own caches: `generate(..., cache=KernelCache(max_len))`
 keeps, per layer, what the variant's decoder keeps (a window of keys, a running sum, block
 summaries: `Attention.init_cache`), so a token costs what `TransformerLM.generate` costs,
 flat in the context for window and state variants. With HF's default cache instead, the
 attention function gets the new queries and every cached key (L_q < L_kv) and runs the causal
 forward over L_kv positions, the new queries last: exact, but every token costs a forward.
 
-Unsupported (an `UnsupportedCombination` naming the reason, at the first forward):
-- gated variants (nsa, deltanet): their gates are projections of the layer's input, which an
-  attention function never receives;
-- variants that require shared QK (lsh, routing): their keys are the normalised queries, and
-  an HF layer has a key projection of its own;
-- variants with parameters (compressed, linformer): kernels are shared between layers and
-  calls (built once per variant, options, causal, heads, head dim, device and dtype, as
-  building one per call is too slow), so their parameters would belong to no model and never
-  be trained or saved;
-- a softmax scale other than 1/sqrt(head_dim) (the kernels' own), attention dropout, and
-  masks other than causal or bidirectional plus padding (sliding windows, packed sequences,
-  custom mask functions, prepared 4-D masks, static caches).
+Refused when registered (`registry.hf_reason`; `register()` leaves them out; the README's
+registry table says which): gated variants (their gates come from the layer's input), shared-QK
+ones (an HF layer has its own key projection), kernels with parameters (one kernel serves every
+layer, so they would belong to no model) and non-causal ones. Refused at the call: another
+softmax scale, attention dropout, masks other than causal or bidirectional plus padding.
 """
 
 from __future__ import annotations
@@ -57,7 +50,7 @@ from transformers.masking_utils import (
 from variants.attention.common.base import Attention
 from variants.checks import UnsupportedCombination
 from variants.model import check_tokens
-from variants.registry import AttentionSpec, attention_names, attention_spec
+from variants.registry import AttentionSpec, attention_names, attention_spec, hf_reason
 
 PREFIX = "attnbench_"
 
@@ -80,10 +73,13 @@ def register(
 
     Returns the `attn_implementation` names registered. `ValueError` for an unknown variant
     (listing the names) or option (listing the variant's options) or an option's bad value
-    (each variant is built once here), and then nothing is registered. Registering a name
+    (each variant is built once here), `UnsupportedCombination` for a named variant an HF model
+    cannot run (`registry.hf_reason`; by default those are left out), and then nothing is
+    registered. Registering a name
     again replaces its options and drops the kernels built with the old ones.
     """
     options = dict(options or {})
+    explicit = names is not None
     names = attention_names() if names is None else list(names)
     for name in [*names, *options]:
         attention_spec(name)  # unknown -> lists the names
@@ -92,6 +88,12 @@ def register(
         raise ValueError(f"hf: option 'options' names {stray[0]!r}, which is not registered here")
     # Every name's options checked before any is registered: a refused call changes nothing.
     checked = {name: _checked_options(name, options.get(name, {})) for name in names}
+    refused = {name: hf_reason(name, checked[name]) for name in names}
+    if explicit:
+        for name, reason in refused.items():
+            if reason:
+                raise UnsupportedCombination(f"hf: attention {name!r} is not supported: {reason}")
+    names = [name for name in names if not refused[name]]
     registered = []
     for name in names:
         _OPTIONS[name] = checked[name]
@@ -118,19 +120,6 @@ def _checked_options(name: str, options: Mapping[str, Any]) -> dict[str, Any]:
     except UnsupportedCombination:
         pass
     return checked
-
-
-def unsupported_reason(spec: AttentionSpec) -> str | None:
-    """Why variant `spec` cannot run inside an HF model, known before any kernel is built, or
-    None (parameters are found when the kernel is built)."""
-    if spec.n_gates:
-        return (
-            f"it takes gates per token ({spec.n_gates} per head), projected from the layer's "
-            "input, which an attention function never receives"
-        )
-    if spec.shared_qk_required:
-        return "it requires shared QK (its keys are the normalised queries)"
-    return None
 
 
 def padding_mask(
@@ -300,7 +289,7 @@ class KernelCacheLayer(CacheLayerMixin):
 
 class KernelCache(Cache):
     """HF's cache object holding each layer's kernel cache (`KernelCacheLayer`), for
-    `model.generate(..., past_key_values=KernelCache(max_len=...))` on `attnbench_<name>`
+    `model.generate(..., cache=KernelCache(max_len=...))` on `attnbench_<name>`
     models: `max_len` bounds prompt plus new tokens."""
 
     def __init__(self, max_len: int):
@@ -311,9 +300,6 @@ class KernelCache(Cache):
 
 def _check_call(name, query, key, attention_mask, dropout, scaling, causal, kwargs) -> None:
     """`UnsupportedCombination` for what the variant's kernel cannot compute as asked."""
-    reason = unsupported_reason(attention_spec(name))
-    if reason:
-        raise UnsupportedCombination(f"hf: attention {name!r} is not supported: {reason}")
     head_dim = query.shape[-1]
     if scaling is not None and not math.isclose(scaling, head_dim**-0.5, rel_tol=1e-6):
         raise UnsupportedCombination(
@@ -410,8 +396,8 @@ class LlamaLM(nn.Module):
     SwiGLU of width ff_mult * d_model, RMSNorm, rotary positions up to max_seq_len, biases in
     the attention projections as `projection_bias`, an untied head. `config` is the
     `ModelConfig`, `kernels()` yields the attention kernel once per layer (one kernel serves
-    every layer, `kernel_for`). A variant HF cannot run (`unsupported_reason`, a kernel with
-    parameters) raises `UnsupportedCombination` here, before anything is trained.
+    every layer, `kernel_for`). A variant HF cannot run (`registry.hf_reason`) raises
+    `UnsupportedCombination` here, before anything is trained.
     """
 
     def __init__(self, config):
@@ -421,11 +407,6 @@ class LlamaLM(nn.Module):
         if config.family != "hf_llama":
             raise ValueError(
                 f"hf: LlamaLM builds option 'family'='hf_llama', got {config.family!r}"
-            )
-        reason = unsupported_reason(config.spec)
-        if reason:
-            raise UnsupportedCombination(
-                f"hf: attention {config.attention!r} is not supported: {reason}"
             )
         register([config.attention], {config.attention: dict(config.attention_options)})
         self.config = config

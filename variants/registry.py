@@ -269,6 +269,36 @@ def build_attention(name: str, **options: Any):
     return attention_spec(name).build(**options)
 
 
+def hf_reason(name: str, options: Mapping[str, Any] | None = None) -> str | None:
+    """Why variant `name` (with `options`) cannot run as a Hugging Face model's attention
+    function (variants/hf.py), or None: an attention function gets q, k, v alone, its kernel is
+    shared by every layer, and the model is a causal LM."""
+    spec = attention_spec(name)
+    if spec.n_gates:
+        return (
+            f"it takes gates per token ({spec.n_gates} per head), projected from the layer's "
+            "input, which an attention function never receives"
+        )
+    if spec.shared_qk_required:
+        return "it requires shared QK (its keys are the normalised queries)"
+    if not spec.causal_supported:
+        return f"a causal LM needs causal=True: {spec.cls.causal_reason}"
+    model = {"causal": True, "n_heads": 4, "head_dim": 64, "max_seq_len": 4096, "shared_qk": False}
+    kernel = spec.built(dict(options or {}), model)
+    if any(True for _ in kernel.parameters()):
+        return "its kernel has parameters, which would belong to no model (shared by every layer)"
+    return None
+
+
+def hf_column(name: str) -> str:
+    """The registry table's Hugging Face cell: `generates` (on its own cache), `runs` (no
+    decoding), or `no: ...` (the first words of `hf_reason`)."""
+    reason = hf_reason(name)
+    if reason is not None:
+        return "no: " + reason.split(",")[0].split(" (")[0].split(":")[0].removeprefix("it ")
+    return "generates" if attention_spec(name).supports_decode else "runs"
+
+
 def _yes(flag: bool) -> str:
     return "yes" if flag else "no"
 
@@ -278,11 +308,12 @@ def registry_table() -> str:
 
     `padding`, `documents`: whether the variant takes a key padding mask and segment ids
     (`Attention.forward`); `GQA`: grouped KV heads, `native` (the repeated keys never
-    materialised), `repeated` (the keys repeated to q's heads first) or `no`."""
+    materialised), `repeated` (the keys repeated to q's heads first) or `no`; `Hugging Face`:
+    whether it runs in an HF model and generates there on its own cache (`hf_column`)."""
     rows = [
         "| variant | options (defaults) | time | memory | causal | exact | padding | documents "
-        "| GQA |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| GQA | Hugging Face |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name in attention_names():
         spec = attention_spec(name)
@@ -305,6 +336,6 @@ def registry_table() -> str:
         rows.append(
             f"| `{name}` | {options} | {spec.time_complexity} | {spec.memory_complexity} "
             f"| {causal} | {exact} | {_yes(spec.supports_padding_mask)} "
-            f"| {_yes(spec.supports_segments)} | {gqa} |"
+            f"| {_yes(spec.supports_segments)} | {gqa} | {hf_column(name)} |"
         )
     return "\n".join(rows)

@@ -98,13 +98,14 @@ def test_an_efficient_variant_trains_and_generates():
         ("deltanet", "gates per token"),
         ("lsh", "shared QK"),
         ("compressed", "has parameters"),
+        ("linformer", "causal LM needs causal=True"),
     ],
 )
-def test_unsupported_variants_say_why(name, reason):
-    hf.register([name])
-    model = _llama(f"attnbench_{name}")
+def test_unsupported_variants_say_why_when_registered(name, reason):
+    """At register, before any model is built: by name, one line; by default, left out."""
     with pytest.raises(UnsupportedCombination, match=reason):
-        model(torch.zeros(1, 4, dtype=torch.long))
+        hf.register([name])
+    assert f"attnbench_{name}" not in hf.register()
 
 
 def test_register_names_unknown_variants_and_options():
@@ -209,3 +210,28 @@ def test_transformer_lm_refuses_another_family():
 
     with pytest.raises(ValueError, match="option 'family'='hf_llama' is not this model's"):
         variants.TransformerLM(_llama_config("full"))
+
+
+@pytest.mark.parametrize("name", ["full", "linear", "blockwise", "sliding_window", "moba"])
+def test_generation_on_the_kernels_own_cache_equals_the_uncached_forward(name):
+    """KernelCache: each layer keeps its kernel's decoding cache (no K/V of HF's); greedy
+    tokens are the uncached model's and its logits equal within float32 rounding."""
+    model = _llama(f"attnbench_{name}")
+    tokens = torch.randint(1, 100, (2, 12), generator=torch.Generator().manual_seed(3))
+    settings = {"max_new_tokens": 6, "do_sample": False, "output_logits": True}
+    settings |= {"return_dict_in_generate": True, "attention_mask": torch.ones_like(tokens)}
+    with torch.no_grad():
+        cached = model.generate(tokens, cache=hf.KernelCache(max_len=32), **settings)
+        plain = model.generate(tokens, use_cache=False, **settings)
+    assert torch.equal(cached.sequences, plain.sequences)
+    torch.testing.assert_close(torch.stack(cached.logits), torch.stack(plain.logits))
+
+
+def test_kernel_cache_refuses_padded_prompts_and_beams_in_one_line():
+    model = _llama("attnbench_linear")
+    tokens, mask = _padded_batch("left")
+    with pytest.raises(UnsupportedCombination, match="KernelCache takes prompts without padding"):
+        model.generate(tokens, attention_mask=mask, cache=hf.KernelCache(max_len=32),
+                       max_new_tokens=2, do_sample=False)  # fmt: skip
+    with pytest.raises(ValueError, match="option 'max_len' must be a positive int"):
+        hf.KernelCache(max_len=0)
