@@ -49,6 +49,10 @@ class TransformerLM(nn.Module):
       scale of the sinusoids it is added to while the logits start small.
     - Layers: each layer's kernel is tied to the first layer's (`Attention.tie_to`), which is a
       no-op except for variants that share parameters across layers (Linformer layerwise).
+    - Hybrid stacks (`layers`, e.g. 3 deltanet : 1 full): each layer runs its entry's kernel
+      (`ModelConfig.layer_kernel`) with its own projections (gates sized for that kernel), in
+      any block type; a kernel is tied to the first layer of the same entry. Generation gives
+      each layer its own kernel's cache.
     - `shared_qk`: None (the default) is what the variant requires (True for LSH, False
       otherwise); an explicit False for a variant that requires it raises.
     - `token_shift`: each position also receives a learned linear map of the previous
@@ -88,11 +92,11 @@ class TransformerLM(nn.Module):
         # (`ModelConfig.kernel`) just before its projections, so parameters draw from the seed
         # in layer order; a block only wires them (variants.blocks).
         layers = [
-            wire(config.block, *pre_norm_sublayers(config, config.kernel()))
-            for _ in range(config.depth)
+            wire(config.block, *pre_norm_sublayers(config, config.layer_kernel(i)))
+            for i in range(config.depth)
         ]
         self.blocks = build_stack(config.block, layers)
-        _tie(self.kernels())
+        _tie(self.kernels(), config.layer_groups())
         self.norm = nn.LayerNorm(config.d_model)
         self.head = nn.Linear(config.d_model, config.vocab_size, bias=False)
 
@@ -222,12 +226,17 @@ def _at_least_float32(logits: torch.Tensor) -> torch.Tensor:
     return logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits
 
 
-def _tie(kernels: Iterable[Attention]) -> None:
-    """Tie every kernel after the first to the first (`Attention.tie_to`): a no-op except for
-    variants that share parameters across layers (Linformer layerwise)."""
-    first, *rest = kernels
-    for kernel in rest:
-        kernel.tie_to(first)
+def _tie(kernels: Iterable[Attention], groups: Iterable[int] | None = None) -> None:
+    """Tie every kernel to the first of its group (`Attention.tie_to`; `groups`: one per kernel,
+    default all one group, a hybrid's `ModelConfig.layer_groups`): a no-op except for variants
+    that share parameters across layers (Linformer layerwise)."""
+    kernels = list(kernels)
+    groups = [0] * len(kernels) if groups is None else list(groups)
+    firsts: dict[int, Attention] = {}
+    for kernel, group in zip(kernels, groups, strict=True):
+        first = firsts.setdefault(group, kernel)
+        if first is not kernel:
+            kernel.tie_to(first)
 
 
 def sinusoidal_positions(

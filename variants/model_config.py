@@ -11,7 +11,7 @@ attention options.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -43,6 +43,7 @@ HF_LLAMA_FIXED = {
     "ff_chunks": 1,
     "loss_chunks": 1,
     "attention_chunks": 1,
+    "layers": None,
 }
 
 
@@ -81,6 +82,15 @@ class ModelConfig:
       SwiGLU of width ff_mult * d_model, RMSNorm, its own rotary positions, the variant
       registered as its attention; `variants.hf.LlamaLM`); the fields a Llama cannot vary
       (`HF_LLAMA_FIXED`) must be at its value, a `ValueError` naming the field otherwise.
+    - `layers`: a hybrid stack (None, the default: every layer runs `attention`). The
+      repeating unit of the layers' variants, e.g. ("deltanet", "deltanet", "deltanet",
+      "full"), repeated depth / len(layers) times (`depth` must be a multiple of its length).
+      An entry is a registered variant name, run with `attention_options` if it is
+      `attention`, at its registry defaults otherwise; or a mapping {"name": variant,
+      **options}, that variant with those options (the others at their defaults; the
+      `attention_options` do not apply). The model options (causal, shared_qk, n_kv_heads,
+      positions, attention_chunks) are every layer's. `ValueError` naming `layers` for an
+      unknown variant or a bad entry, naming `depth` and `layers` when they do not fit.
     - `loss_chunks`, `attention_chunks`: memory switches for very long sequences, 1 (off) by
       default so that no default step changes: the LM loss computed over `loss_chunks` pieces of
       the sequence under checkpointing (`TransformerLM.loss`), and the attention sublayer run
@@ -108,6 +118,7 @@ class ModelConfig:
     attention_chunks: int = 1
     n_kv_heads: int | None = None
     family: str = "attnbench"
+    layers: Sequence[str | Mapping[str, Any]] | None = None
 
     def __post_init__(self):
         for name in (
@@ -149,6 +160,9 @@ class ModelConfig:
         set_field(self, "attention_options", self.spec.kernel_options(self.attention_options))
         shared_qk = resolve_shared_qk(self.spec, self.shared_qk)
         set_field(self, "shared_qk", require_bool(OWNER, "shared_qk", shared_qk))
+        unit = _layer_unit(self.layers, self.attention, self.depth)
+        set_field(self, "layers", None if unit is None else tuple(entry for entry, *_ in unit))
+        set_field(self, "_unit", None if unit is None else tuple(rest for _, *rest in unit))
 
     @property
     def spec(self) -> AttentionSpec:
@@ -164,6 +178,34 @@ class ModelConfig:
     def kv_heads(self) -> int:
         """Heads of the keys and values: `n_kv_heads`, or n_heads when None."""
         return self.n_heads if self.n_kv_heads is None else self.n_kv_heads
+
+    @property
+    def hybrid(self) -> bool:
+        """Whether the layers mix variants (`layers` set)."""
+        return self.layers is not None
+
+    def layer_kernel(self, index: int) -> Attention:
+        """The kernel layer `index` runs (`TransformerLM` builds one per layer): the config's
+        own (`kernel()`), or in a hybrid stack its entry of `layers`' unit."""
+        if self._unit is None:
+            return self.kernel()
+        spec, options, own, _ = self._unit[index % len(self._unit)]
+        return self.kernel() if own else self.kernel(spec, options)
+
+    def own_layers(self) -> tuple[int, ...]:
+        """The layers that run `attention` with `attention_options` (every layer unless
+        hybrid): the kernel a job times alone is theirs."""
+        if self._unit is None:
+            return tuple(range(self.depth))
+        return tuple(i for i in range(self.depth) if self._unit[i % len(self._unit)][2])
+
+    def layer_groups(self) -> tuple[int, ...]:
+        """Per layer, which kernels it may share parameters with (`Attention.tie_to`): layers
+        of one group run the same variant with the same options (all one group unless
+        hybrid)."""
+        if self._unit is None:
+            return (0,) * self.depth
+        return tuple(self._unit[i % len(self._unit)][3] for i in range(self.depth))
 
     def model_options(self) -> dict[str, Any]:
         """The values of the model options (`registry.MODEL_OPTIONS`) a kernel may declare."""
@@ -210,3 +252,42 @@ class ModelConfig:
                 )
             kernel.refuse_unsupported("n_kv_heads")
         return kernel
+
+
+def _layer_unit(layers: Any, attention: str, depth: int) -> list[tuple] | None:
+    """`layers` checked (see `ModelConfig`): per entry of the unit, (the entry as plain values,
+    its spec, its checked options, whether it is the config's own attention, its group: the
+    index of the first equal entry), or None for a stack of `attention` alone."""
+    if layers is None:
+        return None
+    if isinstance(layers, (str, Mapping)) or not isinstance(layers, Sequence) or not layers:
+        raise ValueError(
+            f"{OWNER}: option 'layers' must be null or a non-empty list of variant names "
+            f"(or {{name: ..., <options>}} mappings), got {layers!r}"
+        )
+    unit, seen = [], {}
+    for index, entry in enumerate(layers):
+        if isinstance(entry, Mapping):
+            options = {k: v for k, v in entry.items() if k != "name"}
+            name, plain = entry.get("name"), {"name": entry.get("name"), **options}
+        else:
+            name, options, plain = entry, None, entry
+        if not isinstance(name, str):
+            raise ValueError(
+                f"{OWNER}: option 'layers' entry {index} must be a variant name or a mapping "
+                f"with a 'name', got {entry!r}"
+            )
+        try:
+            spec = attention_spec(name)
+            checked = spec.kernel_options(options or {})
+        except ValueError as error:
+            raise ValueError(f"{OWNER}: option 'layers' entry {index}: {error}") from None
+        key = repr(plain)
+        group = seen.setdefault(key, len(seen))
+        unit.append((plain, spec, checked, options is None and name == attention, group))
+    if depth % len(unit):
+        raise ValueError(
+            f"{OWNER}: option 'depth'={depth} must be a multiple of the length of option "
+            f"'layers' ({len(unit)}: {list(layers)!r}), which repeats over the depth"
+        )
+    return unit
