@@ -23,9 +23,10 @@ from variants.model_config import OWNER
 
 
 @contextmanager
-def cached_kernels(model, batch_size: int, max_len: int) -> Iterator[None]:
+def cached_kernels(model, batch_size: int, max_len: int) -> Iterator[list]:
     """Within the block every attention layer of `model` runs its kernel through a fresh cache
-    of `max_len` positions; the kernels come back on leaving it, also on an error."""
+    of `max_len` positions (each layer its own kernel's: a hybrid stack's differ); yields the
+    caches, in layer order. The kernels come back on leaving it, also on an error."""
     weight = model.head.weight
     layers = list(model._attention_layers())
     wrapped = [
@@ -36,7 +37,52 @@ def cached_kernels(model, batch_size: int, max_len: int) -> Iterator[None]:
         for layer in layers
     ]
     with kernels_swapped(layers, wrapped):
-        yield
+        yield [kernel.cache for kernel in wrapped]
+
+
+def check_decodable(model, total: int | None = None) -> None:
+    """`ValueError` unless `model` can decode `total` positions through its caches: sinusoidal
+    positions (a step sees only its new positions: rotary would need the cache's offset) and
+    `total` (unless None) within its `max_seq_len`. A kernel that cannot decode raises when its
+    cache is made (`cached_kernels`)."""
+    if model.config.positions != "sinusoidal":
+        raise ValueError(
+            f"{OWNER}: option 'positions'={model.config.positions!r} is not supported; "
+            "generation runs with positions='sinusoidal'"
+        )
+    if total is not None and total > model.config.max_seq_len:
+        raise ValueError(
+            f"{OWNER}: prompt + max_new_tokens = {total} exceeds option "
+            f"'max_seq_len'={model.config.max_seq_len}"
+        )
+
+
+class Positions:
+    """Runs `model` on the next positions of a sequence whose earlier positions are in the
+    layers' caches (inside `cached_kernels`, without autograd): `step(new)` takes the tokens
+    (B, t) that follow and returns their logits (B, t, vocab_size). It keeps the offset (their
+    sinusoidal positions are their places in the whole sequence) and the last position's
+    embedding, which the token shift (if on) reads at the next step."""
+
+    def __init__(self, model):
+        self.model = model
+        self.start = 0
+        self.previous = None  # the last position's embedding, for the token shift
+
+    def step(self, new: torch.Tensor) -> torch.Tensor:
+        """new (B, t) int64 -> logits (B, t, vocab_size)."""
+        from variants.model import sinusoidal_positions  # model imports this module's caller
+
+        model, start = self.model, self.start
+        x = model.embed(new)  # (B, t, d_model)
+        x = x + sinusoidal_positions(start + new.shape[1], x.shape[-1], x.device, x.dtype)[start:]
+        if model.shift is not None:
+            before = x[:, :1] * 0 if self.previous is None else self.previous  # (B, 1, d_model)
+            shifted = torch.cat([before, x[:, :-1]], dim=1)  # x_{i-1}
+            self.previous = x[:, -1:]
+            x = x + model.shift(shifted)
+        self.start += new.shape[1]
+        return model.head(model.norm(model.blocks(x)))  # (B, t, vocab_size)
 
 
 def generate(
@@ -54,8 +100,6 @@ def generate(
     eval mode. `ValueError` if a layer's kernel cannot decode (e.g. Linformer), the model is
     not causal or uses rotary positions, or T + max_new_tokens exceeds the model's `max_seq_len`.
     """
-    from variants.model import sinusoidal_positions  # model imports this module's caller
-
     if prompt.dim() != 2 or prompt.shape[1] == 0:
         raise ValueError(
             f"{OWNER}: prompt must have shape (batch, seq_len >= 1), got {tuple(prompt.shape)}"
@@ -66,41 +110,19 @@ def generate(
         )
     if temperature < 0:
         raise ValueError(f"{OWNER}: option 'temperature' must be >= 0, got {temperature!r}")
-    if model.config.positions != "sinusoidal":
-        # A step sees only its new positions: rotary would need the cache's offset.
-        raise ValueError(
-            f"{OWNER}: option 'positions'={model.config.positions!r} is not supported; "
-            "generation runs with positions='sinusoidal'"
-        )
     batch, length = prompt.shape
     total = length + max_new_tokens
-    if total > model.config.max_seq_len:
-        raise ValueError(
-            f"{OWNER}: prompt + max_new_tokens = {total} exceeds option "
-            f"'max_seq_len'={model.config.max_seq_len}"
-        )
+    check_decodable(model, total)
     generator = None
     if seed is not None and temperature > 0:
         generator = torch.Generator(device=prompt.device).manual_seed(seed)
     tokens = [prompt]
-    previous = None  # the last position's embedding, for the token shift
     with torch.no_grad(), evaluating(model), cached_kernels(model, batch, total):
-        new, start = prompt, 0
+        positions, new = Positions(model), prompt
         for _ in range(max_new_tokens):
-            x = model.embed(new)  # (B, t, d_model)
-            x = (
-                x
-                + sinusoidal_positions(start + new.shape[1], x.shape[-1], x.device, x.dtype)[start:]
-            )
-            if model.shift is not None:
-                before = x[:, :1] * 0 if previous is None else previous  # (B, 1, d_model)
-                shifted = torch.cat([before, x[:, :-1]], dim=1)  # x_{i-1}
-                previous = x[:, -1:]
-                x = x + model.shift(shifted)
-            logits = model.head(model.norm(model.blocks(x)))[:, -1]  # (B, vocab)
+            logits = positions.step(new)[:, -1]  # (B, vocab)
             new = pick(logits, temperature, generator)  # (B, 1)
             tokens.append(new)
-            start += x.shape[1]
     return torch.cat(tokens, dim=1)
 
 
