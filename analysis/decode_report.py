@@ -17,9 +17,9 @@ from analysis import series
 from analysis.column_names import (
     ATTENTION,
     BATCH_SIZE,
-    CACHE_BYTES,
     DECODE_BANDWIDTH_FRACTION,
     DECODE_MS_PER_TOKEN,
+    DECODE_STATE_BYTES,
     SEQ_LEN,
     STATUS,
 )
@@ -28,7 +28,7 @@ from analysis.markdown_table import Table
 from experiments.records.record import MIB
 
 TIME = DECODE_MS_PER_TOKEN
-CACHE = CACHE_BYTES
+CACHE = DECODE_STATE_BYTES
 FRACTION = DECODE_BANDWIDTH_FRACTION
 
 

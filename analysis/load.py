@@ -152,7 +152,7 @@ def tidy(frame: pd.DataFrame) -> pd.DataFrame:
     float with NaN when not measured, a config int is int when every record has it, a bool is
     True/False/None, text is str/None); see `_typed`.
     """
-    frame = _gaussian_error_of_old_records(frame.copy())
+    frame = _state_bytes_of_old_records(_gaussian_error_of_old_records(frame.copy()))
     schema = (*IDENTITY, *CONFIG, *PROVENANCE, *ADDED[1:], *MEASUREMENTS)
     missing = [c for c in dict.fromkeys(schema) if c not in frame]
     frame = pd.concat([frame, pd.DataFrame(None, index=frame.index, columns=missing)], axis=1)
@@ -163,6 +163,7 @@ def tidy(frame: pd.DataFrame) -> pd.DataFrame:
             frame["shared_qk"].notna(), _typed("shared_qk", frame["model.shared_qk"])
         )
     frame = _heads_of_old_records(frame)
+    frame = _layers_of_old_records(frame)
     frame = frame.copy()  # one block per dtype again after the column-by-column conversion
     frame["variant"] = variant_labels(frame)
     order = [c for c in _SORT if frame[c].notna().any()]
@@ -183,6 +184,36 @@ def _heads_of_old_records(frame: pd.DataFrame) -> pd.DataFrame:
         frame.loc[old, "n_kv_heads"] = frame.loc[old, "n_heads"]
     for name in ("head_dim", "n_kv_heads"):
         frame[name] = _typed(name, frame[name])
+    return frame
+
+
+# What `decode_state_bytes` was called before it was the decoder's state (the same figure: the
+# kernel's cache after the prefill).
+OLD_STATE_BYTES = "cache_bytes"
+
+
+def _state_bytes_of_old_records(frame: pd.DataFrame) -> pd.DataFrame:
+    """Records written before the decoder's state was `decode_state_bytes` hold it as
+    `cache_bytes`: read as `decode_state_bytes`, so that one figure has one column."""
+    if OLD_STATE_BYTES not in frame:
+        return frame
+    old = frame.pop(OLD_STATE_BYTES)
+    new = "decode_state_bytes"
+    frame[new] = (
+        old if new not in frame else frame[new].astype(object).where(frame[new].notna(), old)
+    )
+    return frame
+
+
+def _layers_of_old_records(frame: pd.DataFrame) -> pd.DataFrame:
+    """Records written before `layers` was a column (no `model.layers`: every layer ran the
+    attention variant): their stack is their attention, as newer records of such stacks say."""
+    old = frame["layers"].isna() & frame["attention"].notna()
+    if "model.layers" in frame:
+        old &= frame["model.layers"].isna()
+    if old.any():
+        frame["layers"] = frame["layers"].astype(object)
+        frame.loc[old, "layers"] = frame.loc[old, "attention"]
     return frame
 
 

@@ -92,6 +92,8 @@ def _require_positive_or_null(key: str, value: Any) -> None:
 
 # The forms of exact attention a kernel's speed-up can be measured against: `full`'s impls.
 SPEEDUP_REFERENCES = ("sdpa", "math")
+# What `measure.decode` decodes with: the job's attention kernel alone, or the whole model.
+DECODE_SCOPES = ("kernel", "model")
 
 
 @dataclass(frozen=True)
@@ -104,7 +106,8 @@ class MeasureConfig:
     (`sdpa`, `math`: `full`'s impls) the kernel is timed against in `rounds` alternating
     rounds (experiments/measurement/measure.py); empty: the kernel is timed alone. `decode`: measure
     decoding (prefill the seq_len context, then `decode_steps` timed tokens;
-    experiments/measurement/decode_cost.py)."""
+    experiments/measurement/decode_cost.py) with the kernel alone (`decode_scope` kernel) or the
+    whole model, every layer through its own cache (`model`: a hybrid stack's decode)."""
 
     kernel: bool
     step: bool
@@ -119,6 +122,7 @@ class MeasureConfig:
     rounds: int = 5
     decode: bool = False
     decode_steps: int = 32
+    decode_scope: str = "kernel"
 
     def __post_init__(self):
         for key in ("approx_seeds", "matmul_size", "rounds"):
@@ -137,6 +141,11 @@ class MeasureConfig:
             raise ValueError(f"{OWNER}: option 'measure.decode_steps' must be an int >= 2")
         if self.decode_steps < 2:
             raise ValueError(f"{OWNER}: option 'measure.decode_steps' must be an int >= 2")
+        if self.decode_scope not in DECODE_SCOPES:
+            raise ValueError(
+                f"{OWNER}: option 'measure.decode_scope' must be one of "
+                f"{', '.join(DECODE_SCOPES)}, got {self.decode_scope!r}"
+            )
         require_non_negative_int(OWNER, "measure.warmup", self.warmup)
         _require_positive_or_null("measure.min_run_time_s", self.min_run_time_s)
 

@@ -46,8 +46,8 @@ def decode_targets(length: int, rounds: int) -> list[Target]:
         print(f"{label}: {', '.join(f'{r:.2f}' for r in ratios)}")
     for name in ("blockwise", "longformer"):
         ratio = (
-            decode_columns(name, length)["cache_bytes"]
-            / decode_columns(name, DECODE_WINDOWED)["cache_bytes"]
+            decode_columns(name, length)["decode_state_bytes"]
+            / decode_columns(name, DECODE_WINDOWED)["decode_state_bytes"]
         )
         rows.append(at_most(f"{name} cache bytes L={length} / L={DECODE_WINDOWED}", ratio, 1.0))
     return rows

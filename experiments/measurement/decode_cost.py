@@ -1,37 +1,49 @@
 """What a variant costs to generate with: prefill a context, then decode token by token.
 
 `measure_decode` runs the job's attention kernel alone (as the kernel timings do) at the job's
-shape: the prompt is the job's seq_len positions of random q, k, v, prefilled into a cache
-reserved for seq_len + warm-up + timed steps; then one position at a time is decoded onto it,
-each step timed on its own (the cache grows by one per step, so steps are not repeatable calls
-for `timing.time_call`). A gated kernel (NSA, DeltaNet) gets gates drawn as the model would
-give them (`base.sample_gates`), for the prompt and for each new position. Next to each step a
-copy of a tensor the size of the cache is timed: decoding is memory-bound (exact attention
-reads its whole cache per token), and the copy is the machine's bandwidth, as the matmul rate
-is its compute. Columns (experiments/records/record.py, the "decode" block):
+shape (`measure.decode_scope=kernel`, the default): the prompt is the job's seq_len positions of
+random q, k, v, prefilled into a cache reserved for seq_len + warm-up + timed steps; then one
+position at a time is decoded onto it, each step timed on its own (the cache grows by one per
+step, so steps are not repeatable calls for `timing.time_call`). A gated kernel (NSA, DeltaNet)
+gets gates drawn as the model would give them (`base.sample_gates`), for the prompt and for each
+new position. `measure_model_decode` (`measure.decode_scope=model`) decodes with the whole model
+instead, each layer through its own kernel's cache (`variants.generation`): a prompt of seq_len
+random tokens, then one random token at a time (what is decoded does not change what it costs),
+so that a hybrid stack's decode is its layers' together, with the embedding, feed-forwards and
+head. Next to each step a copy of a tensor the size of the decoder's state is timed: decoding is
+memory-bound (exact attention reads its whole cache per token), and the copy is the machine's
+bandwidth, as the matmul rate is its compute. Columns (experiments/records/record.py, the
+"decode" block):
 
   decode_prefill_ms          the prefill (cache built, forward over the prompt), one call,
                              timed while the profiler takes its memory
   decode_prefill_peak_bytes  peak live tensors of that call, forward only (the cache included)
-  cache_bytes                the cache's live size after the prefill (`Cache.nbytes`)
+  decode_state_bytes         what the decoder keeps to generate the next token, after the
+                             prefill: the kernel's cache (`Cache.nbytes`), or with the whole
+                             model every layer's cache summed (records from before it was named
+                             so call it `cache_bytes`: analysis/load.py reads them as this)
   decode_ms_per_token        median over the timed steps (IQR in decode_iqr_ms_per_token)
   decode_copy_gb_per_s       copy bandwidth, STREAM's convention: bytes read + written / time
-  decode_read_gb_per_s       cache_bytes / decode_ms_per_token: the cache read per token
-  decode_bandwidth_fraction  the two's ratio: 1 = the decode reads its cache as fast as the
-                             machine copies; meaningless for caches that fit in the CPU caches
+  decode_read_gb_per_s       decode_state_bytes / decode_ms_per_token: the state read per token
+  decode_bandwidth_fraction  the two's ratio: 1 = the decode reads its state as fast as the
+                             machine copies; meaningless for states that fit in the CPU caches
                              (linear, performer: a few hundred KiB)
 """
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
 from typing import Any
 
 import torch
+from torch import nn
 
 from experiments.measurement.memory import peak_memory_bytes
-from variants.attention.common.base import Attention, sample_gates
+from variants import TransformerLM
+from variants.attention.common.base import Attention, evaluating, sample_gates
+from variants.generation import Positions, cached_kernels, check_decodable
 
 
 def measure_decode(
@@ -47,7 +59,7 @@ def measure_decode(
     """The decode columns of `kernel` at shape (B, H, context, D); `steps` timed decode steps
     after `warmup` untimed ones. `kv_heads` (default H): the heads of k and v (grouped KV heads,
     `model.n_kv_heads`), which the cache of a `native_gqa_decode` variant holds, so
-    `cache_bytes` and the read per token are the grouped cache's. `ValueError` if the kernel
+    `decode_state_bytes` and the read per token are the grouped cache's. `ValueError` if the kernel
     cannot decode; `UnsupportedCombination` if it takes no grouped KV heads."""
     if not kernel.supports_decode or not kernel.causal:
         reason = kernel.decode_reason if not kernel.supports_decode else "it is not causal"
@@ -78,6 +90,65 @@ def measure_decode(
         kernel.prefill(*prompt, cache, prompt_gates)
         return cache
 
+    def step(cache, t):
+        q, k, v = (x[:, :, t : t + 1] for x in following)
+        gates = None if following_gates is None else following_gates[:, :, t : t + 1]
+        kernel.decode(q, k, v, cache, gates)
+
+    return _timed(prefill, step, lambda cache: cache.nbytes, device, steps=steps, warmup=warmup)
+
+
+def measure_model_decode(
+    model: nn.Module,
+    batch: int,
+    context: int,
+    device: torch.device,
+    *,
+    steps: int,
+    warmup: int,
+) -> dict[str, Any]:
+    """The decode columns of the whole `model` (a `variants.TransformerLM`; a hybrid stack's
+    layers each through its own kernel's cache) for `batch` sequences at a context of `context`
+    tokens: the prompt prefilled, then `steps` timed single-token steps after `warmup` untimed
+    ones; `decode_state_bytes` is every layer's cache summed. `ValueError` if the model cannot
+    decode (a layer's kernel, rotary positions, a model of another family)."""
+    if not isinstance(model, TransformerLM):
+        raise ValueError(
+            f"option measure.decode_scope='model' decodes with attnbench's TransformerLM, not "
+            f"{type(model).__name__} (model.family={model.config.family!r}); use "
+            "measure.decode_scope=kernel"
+        )
+    new = warmup + steps
+    # Past the model's max_seq_len (the job's seq_len) as the kernel alone decodes past it: a
+    # hard limit only for Linformer, which cannot decode.
+    check_decodable(model)
+    generator = torch.Generator(device="cpu").manual_seed(0)
+    vocab = model.config.vocab_size
+    prompt = torch.randint(0, vocab, (batch, context), generator=generator).to(device)
+    following = torch.randint(0, vocab, (batch, new), generator=generator).to(device)
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(torch.no_grad())
+        stack.enter_context(evaluating(model))
+        caches = stack.enter_context(cached_kernels(model, batch, context + new))
+        positions = Positions(model)
+
+        def prefill():
+            positions.step(prompt)
+            return caches
+
+        def step(_caches, t):
+            positions.step(following[:, t : t + 1])
+
+        def state_bytes(every):
+            return sum(cache.nbytes for cache in every)
+
+        return _timed(prefill, step, state_bytes, device, steps=steps, warmup=warmup)
+
+
+def _timed(prefill, step, state_bytes, device, *, steps: int, warmup: int) -> dict[str, Any]:
+    """The decode columns: `prefill()` (returns the state) timed once while its memory is
+    profiled, then `step(state, t)` for t < warmup + steps, each timed beside a copy of a tensor
+    of `state_bytes(state)` bytes; the first `warmup` steps untimed."""
     # One prefill, timed while its memory is profiled: a prefill at long contexts is the
     # costliest call of a decode job (minutes for exact attention at 64K on 2 cores), and the
     # profiler's per-operator overhead is small next to it.
@@ -88,18 +159,16 @@ def measure_decode(
         "decode_prefill_ms": (_now(device) - start) * 1e3,
         "decode_prefill_peak_bytes": peak,
     }
-    cache = filled[0]
-    cache_bytes = cache.nbytes
-    columns["cache_bytes"] = cache_bytes
+    state = filled[0]
+    nbytes = state_bytes(state)
+    columns["decode_state_bytes"] = nbytes
     # Filled with ones: a calloc'd tensor would read the kernel's shared zero page, not memory.
-    source = torch.ones(max(cache_bytes, 1), dtype=torch.uint8, device=device)
+    source = torch.ones(max(nbytes, 1), dtype=torch.uint8, device=device)
     target = torch.empty_like(source)
     decode_s, copy_s = [], []
-    for t in range(new):
-        q, k, v = (x[:, :, t : t + 1] for x in following)
-        gates = None if following_gates is None else following_gates[:, :, t : t + 1]
+    for t in range(warmup + steps):
         start = _now(device)
-        kernel.decode(q, k, v, cache, gates)
+        step(state, t)
         decoded = _now(device)
         target.copy_(source)
         copied = _now(device)
@@ -110,8 +179,8 @@ def measure_decode(
     copy = statistics.median(copy_s)
     columns["decode_ms_per_token"] = median * 1e3
     columns["decode_iqr_ms_per_token"] = (q3 - q1) * 1e3
-    columns["decode_copy_gb_per_s"] = 2 * cache_bytes / copy / 1e9
-    columns["decode_read_gb_per_s"] = cache_bytes / median / 1e9
+    columns["decode_copy_gb_per_s"] = 2 * nbytes / copy / 1e9
+    columns["decode_read_gb_per_s"] = nbytes / median / 1e9
     columns["decode_bandwidth_fraction"] = (
         columns["decode_read_gb_per_s"] / columns["decode_copy_gb_per_s"]
     )

@@ -12,10 +12,12 @@ status and provenance.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import torch
@@ -24,7 +26,7 @@ from torch import nn
 import variants
 from experiments.job_config import JobConfig, MeasureConfig
 from experiments.measurement.approximation import approx_columns
-from experiments.measurement.decode_cost import measure_decode
+from experiments.measurement.decode_cost import measure_decode, measure_model_decode
 from experiments.measurement.diagnostics import kernel_input_columns
 from experiments.measurement.memory import peak_memory_bytes, peak_rss_bytes
 from experiments.measurement.timing import (
@@ -78,10 +80,15 @@ class Setup:
         """The compute type: what activations and the kernels' inputs are."""
         return self.precision.compute_dtype
 
-    @property
+    @cached_property
     def kernel(self) -> Attention:
-        """The first layer's attention kernel: the one timed alone."""
-        return next(self.model.kernels())
+        """The kernel timed alone: the job's attention with its options, the first layer's that
+        runs it (every layer's unless `model.layers` mixes variants), or for a hybrid stack
+        without such a layer one built for the model, on its device."""
+        own = self.model.config.own_layers()
+        if own:
+            return next(itertools.islice(self.model.kernels(), own[0], None))
+        return self.model.config.kernel().to(self.device)
 
 
 def setup(job: JobConfig) -> Setup:
@@ -95,7 +102,8 @@ def setup(job: JobConfig) -> Setup:
     # float32 master weights whatever the dtype: half types are autocast (training/precision.py).
     model = variants.build_lm(job.model_config(task.vocab_size)).to(device=device)
     built = Setup(device, precision, task, model)
-    check_backward(job, built.kernel, device)
+    for kernel in dict.fromkeys([built.kernel, *model.kernels()]):  # a hybrid's every layer's
+        check_backward(job, kernel, device)
     # A pinned SDPA backend that cannot run the job's inputs here is refused (skipped) now,
     # not after training.
     built.kernel.sdpa_backend(kernel_shape(job, model), device, built.dtype)
@@ -124,7 +132,7 @@ def check_backward(job: JobConfig, kernel: Attention, device: torch.device) -> N
     ]
     if needs:
         raise ValueError(
-            f"attention {job.attention_name!r}: option impl='flex' runs forward only on "
+            f"attention {kernel.name!r}: option impl='flex' runs forward only on "
             f"{device.type} (PyTorch's FlexAttention has no CPU backward), but "
             f"{', '.join(needs)} need a backward; use attention.impl=native to train, or "
             "train.steps=0 measure.step=false measure.memory=false to time its forward"
@@ -260,18 +268,16 @@ def measure(
     if m_cfg.approx_error:
         columns.update(approx_columns(job, built, shape))
     if m_cfg.decode:
+        decode = {"steps": m_cfg.decode_steps, "warmup": m_cfg.warmup}
         with precision.autocast():
-            columns.update(
-                measure_decode(
-                    kernel,
-                    shape,
-                    device,
-                    dtype,
-                    steps=m_cfg.decode_steps,
-                    warmup=m_cfg.warmup,
-                    kv_heads=kv_heads,
+            if m_cfg.decode_scope == "model":  # every layer through its own cache
+                columns.update(
+                    measure_model_decode(model, job.batch_size, job.seq_len, device, **decode)
                 )
-            )
+            else:
+                columns.update(
+                    measure_decode(kernel, shape, device, dtype, kv_heads=kv_heads, **decode)
+                )
     columns["peak_rss_bytes"] = peak_rss_bytes()
     return columns
 

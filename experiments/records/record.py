@@ -104,6 +104,14 @@ SCHEMA: tuple[Column, ...] = (
         resolved=True,
     ),
     _config("depth", int, "layers", "model.depth"),
+    _config(
+        "layers",
+        str,
+        "the stack: the repeating unit of model.layers, e.g. '3×deltanet+full' (a variant "
+        "with options: 'sliding_window(window=64)'); null resolved: the attention variant",
+        "model.layers",
+        resolved=True,
+    ),
     _config("causal", bool, "causal attention", "model.causal"),
     _config("dtype", str, "float32 | bfloat16 | float16"),
     _config("seed", int, "the job's seed"),
@@ -309,14 +317,21 @@ SCHEMA: tuple[Column, ...] = (
         optional=True,
     ),
     # Decoding (measure.decode, experiments/measurement/decode_cost.py): the kernel alone at the
-    # job's shape.
+    # job's shape, or the whole model (measure.decode_scope).
     _measured("decode_prefill_ms", float, "ms", "prefill of seq_len tokens into a cache"),
     _measured("decode_prefill_peak_bytes", int, "bytes", "peak live tensors of the prefill"),
-    _measured("cache_bytes", int, "bytes", "the decoding cache after the prefill"),
+    _measured(
+        "decode_state_bytes",
+        int,
+        "bytes",
+        "what the decoder keeps to generate the next token at seq_len context: the kernel's "
+        "cache (measure.decode_scope=kernel), every layer's summed (model); older records' "
+        "cache_bytes",
+    ),
     _measured("decode_ms_per_token", float, "ms/token", "one token at seq_len context"),
     _measured("decode_iqr_ms_per_token", float, "ms/token", "its interquartile range"),
     _measured("decode_copy_gb_per_s", float, "GB/s", "copy of a cache-sized tensor, read+write"),
-    _measured("decode_read_gb_per_s", float, "GB/s", "cache_bytes / decode_ms_per_token"),
+    _measured("decode_read_gb_per_s", float, "GB/s", "decode_state_bytes / decode_ms_per_token"),
     _measured("decode_bandwidth_fraction", float, "fraction", "decode read rate / copy rate"),
     _measured("timing_warning", str, "", "figures whose timing spread widely", optional=True),
     # issue 26 (nothing lost, nothing silent): float16 gradient checks
@@ -446,6 +461,8 @@ HASH_NEUTRAL_DEFAULTS = {
     "attention.shared_selection": False,
     "model.projection_bias": True,
     "model.n_kv_heads": None,
+    "model.layers": None,
+    "measure.decode_scope": "kernel",
 }
 
 
@@ -477,10 +494,13 @@ def config_hash(config: dict[str, Any]) -> str:
 
 def config_columns(config: dict[str, Any]) -> dict[str, Any]:
     """The configuration part of a record: short aliases, `head_dim` and `n_kv_heads` resolved
-    (`_heads`), plus every flattened config key."""
+    (`_heads`), the stack's `layers` (`stack_label`), plus every flattened config key."""
     flat = flatten(config)
     columns = {alias: flat[key] for alias, key in ALIASES.items()}
     columns.update(_heads(flat))
+    columns["layers"] = stack_label(
+        (config.get("model") or {}).get("layers"), flat.get("attention.name")
+    )
     # Every other resolved key too (e.g. a preset's `train_as`, `eval.attention.*`), so a
     # record says everything that made it; the logger's settings are not measurement.
     for key, value in flat.items():
@@ -501,6 +521,30 @@ def _heads(flat: dict[str, Any]) -> dict[str, Any]:
         "head_dim": d_model // n_heads if whole and d_model % n_heads == 0 else None,
         "n_kv_heads": n_heads if n_kv_heads is None else n_kv_heads,
     }
+
+
+def stack_label(layers: Any, attention: Any = None) -> str | None:
+    """The record's `layers`: a hybrid stack's unit (`model.layers`) with runs of one entry
+    counted, ["deltanet", "deltanet", "deltanet", "full"] -> "3×deltanet+full", an entry with
+    options as "sliding_window(window=64)"; null: `attention` (every layer runs it)."""
+    if layers is None:
+        return attention if isinstance(attention, str) else None
+    if isinstance(layers, (str, dict)) or not isinstance(layers, (list, tuple)):
+        return str(layers)  # not a list: the job's check says why
+    names = []
+    for entry in layers:
+        if isinstance(entry, dict):
+            options = ",".join(f"{k}={v}" for k, v in entry.items() if k != "name")
+            names.append(f"{entry.get('name')}({options})" if options else str(entry.get("name")))
+        else:
+            names.append(str(entry))
+    runs: list[list] = []
+    for name in names:
+        if runs and runs[-1][0] == name:
+            runs[-1][1] += 1
+        else:
+            runs.append([name, 1])
+    return "+".join(name if count == 1 else f"{count}×{name}" for name, count in runs)
 
 
 def config_keys(columns: Iterable[str], *, hashed_only: bool = False) -> list[str]:

@@ -26,7 +26,7 @@ DECODE_ONLY = (
 DECODE = {
     "decode_prefill_ms",
     "decode_prefill_peak_bytes",
-    "cache_bytes",
+    "decode_state_bytes",
     "decode_ms_per_token",
     "decode_iqr_ms_per_token",
     "decode_copy_gb_per_s",
@@ -41,17 +41,17 @@ def test_a_decode_job_records_the_decode_columns(job_config):
     assert DECODE <= set(columns)
     assert all(record.column(name) is not None for name in columns)
     # Exact attention's cache after the prefill: keys and values of 48 positions, fp32.
-    assert columns["cache_bytes"] == 2 * 1 * 2 * 48 * 16 * 4
+    assert columns["decode_state_bytes"] == 2 * 1 * 2 * 48 * 16 * 4
     for name in DECODE:
         assert math.isfinite(columns[name]) and columns[name] > 0, name
     assert columns["decode_read_gb_per_s"] == pytest.approx(
-        columns["cache_bytes"] / (columns["decode_ms_per_token"] * 1e-3) / 1e9
+        columns["decode_state_bytes"] / (columns["decode_ms_per_token"] * 1e-3) / 1e9
     )
     assert columns["decode_bandwidth_fraction"] == pytest.approx(
         columns["decode_read_gb_per_s"] / columns["decode_copy_gb_per_s"]
     )
     # The prefill's peak holds at least the cache it fills.
-    assert columns["decode_prefill_peak_bytes"] >= columns["cache_bytes"]
+    assert columns["decode_prefill_peak_bytes"] >= columns["decode_state_bytes"]
 
 
 def test_decode_is_off_by_default_and_refused_where_impossible(job_config):
@@ -76,7 +76,7 @@ def test_fixed_state_caches_do_not_grow_with_the_context(name, state_bytes):
     kernel = variants.build_attention(name, causal=True)
     sizes = [
         measure_decode(kernel, (1, 2, length, 8), CPU, torch.float32, steps=2, warmup=0)[
-            "cache_bytes"
+            "decode_state_bytes"
         ]
         for length in (16, 64)
     ]
@@ -88,7 +88,7 @@ def test_a_grouped_heads_job_decodes_over_a_cache_of_n_kv_heads(job_config):
     and values (its decode takes grouped heads natively), half the plain cache."""
     plain = job_config(*DECODE_ONLY, "attention=full")
     grouped = job_config(*DECODE_ONLY, "attention=full", "model.n_kv_heads=1")
-    sizes = [measure.measure(c, measure.setup(c))["cache_bytes"] for c in (plain, grouped)]
+    sizes = [measure.measure(c, measure.setup(c))["decode_state_bytes"] for c in (plain, grouped)]
     assert sizes == [2 * 1 * 2 * 48 * 16 * 4, 2 * 1 * 1 * 48 * 16 * 4]
 
 
@@ -98,7 +98,8 @@ def test_a_variant_that_repeats_kv_heads_decodes_grouped_inputs_as_repeated_ones
     shape = (1, 4, 16, 8)
     grouped = measure_decode(kernel, shape, CPU, torch.float32, steps=2, warmup=0, kv_heads=2)
     plain = measure_decode(kernel, shape, CPU, torch.float32, steps=2, warmup=0)
-    assert grouped["cache_bytes"] == plain["cache_bytes"]  # its cache holds the repeated heads
+    # Its cache holds the repeated heads.
+    assert grouped["decode_state_bytes"] == plain["decode_state_bytes"]
 
 
 def test_a_native_grouped_variant_decodes_over_a_cache_of_n_kv_heads():
@@ -106,4 +107,39 @@ def test_a_native_grouped_variant_decodes_over_a_cache_of_n_kv_heads():
     shape = (1, 4, 16, 8)
     grouped = measure_decode(kernel, shape, CPU, torch.float32, steps=2, warmup=0, kv_heads=2)
     plain = measure_decode(kernel, shape, CPU, torch.float32, steps=2, warmup=0)
-    assert 2 * grouped["cache_bytes"] == plain["cache_bytes"]  # H_kv = H / 2 heads of keys
+    # H_kv = H / 2 heads of keys.
+    assert 2 * grouped["decode_state_bytes"] == plain["decode_state_bytes"]
+
+
+def test_a_hybrid_stack_decodes_with_the_whole_model_each_layer_its_cache(job_config):
+    """measure.decode_scope=model: the state is every layer's cache summed (exact attention's
+    keys and values of 48 positions in two layers, linear attention's d x (d + 1) in two)."""
+    config = job_config(
+        *DECODE_ONLY,
+        "attention=full",
+        "model.depth=4",
+        "model.layers=[linear,full]",
+        "measure.decode_scope=model",
+    )
+    columns = measure.measure(config, measure.setup(config))
+    assert DECODE <= set(columns)
+    full, linear = 2 * 1 * 2 * 48 * 16 * 4, 1 * 2 * 16 * 17 * 4
+    assert columns["decode_state_bytes"] == 2 * full + 2 * linear
+    assert columns["decode_prefill_peak_bytes"] >= columns["decode_state_bytes"]
+    with pytest.raises(ValueError, match="'measure.decode_scope' must be one of kernel, model"):
+        job_config(*DECODE_ONLY, "measure.decode_scope=layers")
+
+
+def test_a_hybrid_times_the_jobs_attention_alone(job_config):
+    """The kernel timed alone (kernel-scope decode, the kernel figures) is the job's attention
+    with its options, not the stack's first layer's."""
+    config = job_config(
+        *DECODE_ONLY, "attention=full", "model.depth=2", "model.layers=[linear,full]"
+    )
+    built = measure.setup(config)
+    assert built.kernel.name == "full" and built.kernel is list(built.model.kernels())[1]
+    assert measure.measure(config, built)["decode_state_bytes"] == 2 * 1 * 2 * 48 * 16 * 4
+    absent = job_config(*DECODE_ONLY, "attention=full", "model.depth=2", "model.layers=[linear]")
+    built = measure.setup(absent)
+    assert built.kernel.name == "full"
+    assert all(kernel.name == "linear" for kernel in built.model.kernels())

@@ -185,3 +185,28 @@ def test_every_config_alias_stands_for_a_key_of_the_resolved_config(resolved_con
     for alias, key in {**record.ALIASES, **record.RESOLVED}.items():
         assert key in flat or record.COLUMNS[alias].derived, alias
     assert [c.name for c in record.SCHEMA if c.derived] == ["head_dim"]
+
+
+def test_a_stack_of_one_variant_keeps_its_hash_and_a_hybrid_names_its_stack(resolved_config):
+    """model.layers and measure.decode_scope came later: at null and kernel a record has the
+    hash it had before them; the record's `layers` names the stack (null: the attention)."""
+    config = resolved_config("attention=deltanet")
+    older = {
+        **config,
+        "model": {k: v for k, v in config["model"].items() if k != "layers"},
+        "measure": {k: v for k, v in config["measure"].items() if k != "decode_scope"},
+    }
+    assert config["model"]["layers"] is None and config["measure"]["decode_scope"] == "kernel"
+    assert record.config_hash(older) == record.config_hash(config)
+    assert record.config_columns(config)["layers"] == "deltanet"
+    hybrid = resolved_config("attention=deltanet", "model.layers=[deltanet,deltanet,deltanet,full]")
+    assert record.config_hash(hybrid) != record.config_hash(config)
+    columns = record.config_columns(hybrid)
+    assert columns["layers"] == "3×deltanet+full" and columns["attention"] == "deltanet"
+    assert columns["model.layers"] == '["deltanet", "deltanet", "deltanet", "full"]'
+    assert "layers" in record.config_keys(columns) and "model.layers" not in record.config_keys(
+        columns
+    )
+    assert record.stack_label([{"name": "sliding_window", "window": 64}, "full", "full"]) == (
+        "sliding_window(window=64)+2×full"
+    )

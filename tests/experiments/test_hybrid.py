@@ -1,0 +1,68 @@
+"""Hybrid stacks through the app: model.layers in a job's config, its record, a CLI sweep."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from experiments.app import plugins
+from experiments.measurement import measure
+from tests.experiments.conftest import MEASURE_NOTHING
+
+
+@pytest.mark.parametrize(
+    ("layers", "words"),
+    [
+        ("[linear,nope]", "option 'layers' entry 1: unknown attention variant 'nope'"),
+        ("[linear,linear,full]", "option 'depth'=4 must be a multiple of the length of option"),
+    ],
+)
+def test_a_bad_model_layers_is_one_value_error_naming_the_option(job_config, layers, words):
+    job = job_config("model.depth=4", f"model.layers={layers}")
+    with pytest.raises(ValueError, match=words):
+        measure.setup(job)
+
+
+def test_the_jobs_model_is_the_stack_model_layers_names(job_config):
+    plugins.store_group_options()  # sliding_window has no YAML: the app stores its options
+    job = job_config(
+        "attention=sliding_window",
+        "attention.window=8",
+        "seq_len=32",
+        "model.d_model=16",
+        "model.n_heads=2",
+        "model.depth=4",
+        "model.layers=[sliding_window,{name: full, impl: math}]",
+    )
+    kernels = list(measure.setup(job).model.kernels())
+    assert [k.name for k in kernels] == ["sliding_window", "full"] * 2
+    assert kernels[0].window == 8 and kernels[1].impl == "math"
+    assert job.columns()["layers"] == "sliding_window+full(impl=math)"
+
+
+@pytest.mark.slow
+def test_a_cli_sweep_of_stacks_records_each_stack(cli, tmp_path):
+    sweep_dir = tmp_path / "sweep"
+    cli.sweep(
+        sweep_dir,
+        "seq_len=32",
+        "logger=none",
+        "report=false",
+        "train.steps=1",
+        *MEASURE_NOTHING,
+        "measure.step=true",
+        "measure.decode=true",
+        "measure.decode_steps=2",
+        "measure.decode_scope=model",
+        "attention=linear",
+        "model.depth=2",
+        "model.layers=null,[linear,full]",
+    )
+    records = [json.loads(p.read_text()) for p in sorted(sweep_dir.glob("*/result.json"))]
+    assert [r["status"] for r in records] == ["ok", "ok"], [r["error"] for r in records]
+    assert [r["layers"] for r in records] == ["linear", "linear+full"]
+    assert all(r["attention"] == "linear" for r in records)
+    plain, hybrid = records
+    assert hybrid["decode_state_bytes"] > plain["decode_state_bytes"] > 0  # full's cache grows
+    assert hybrid["step_ms"] > 0 and hybrid["decode_ms_per_token"] > 0
