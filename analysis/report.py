@@ -25,6 +25,7 @@ from analysis import (
     decode_report,
     figures,
     headline,
+    hybrid,
     knobs,
     load,
     measured,
@@ -148,6 +149,7 @@ TABLES: list[Callable[[pd.DataFrame], Table | None]] = [
     published.published,
     knobs.error_by_knob,
     decode_report.decode_table,
+    hybrid.hybrid_table,  # only for sweeps of hybrid stacks (model.layers)
 ]
 
 # With a separate quality frame (`quality=`; the main job trains a reduced long-range run beside
