@@ -1,14 +1,20 @@
-"""Hybrid stacks through the app: model.layers in a job's config, its record, a CLI sweep."""
+"""Hybrid stacks through the app: model.layers in a job's config, its record, a CLI sweep, and
+the hybrid preset."""
 
 from __future__ import annotations
 
 import json
 
 import pytest
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from omegaconf import OmegaConf
 
 from experiments.app import plugins
+from experiments.job_config import JobConfig
 from experiments.measurement import measure
-from tests.experiments.conftest import MEASURE_NOTHING
+from experiments.records import record
+from tests.experiments.conftest import CONF, MEASURE_NOTHING
+from variants import ModelConfig
 
 
 @pytest.mark.parametrize(
@@ -66,3 +72,30 @@ def test_a_cli_sweep_of_stacks_records_each_stack(cli, tmp_path):
     plain, hybrid = records
     assert hybrid["decode_state_bytes"] > plain["decode_state_bytes"] > 0  # full's cache grows
     assert hybrid["step_ms"] > 0 and hybrid["decode_ms_per_token"] > 0
+
+
+def test_the_preset_compares_each_efficient_layer_at_four_shares_of_full(resolved_config):
+    swept = OmegaConf.load(CONF / "experiment" / "hybrid.yaml").hydra.sweeper.params
+    points = str(swept["experiment/hybrid@_global_"]).split(",")
+    assert sorted(points) == ["cost_1024", "cost_256", "cost_4096", "recall_1024"]
+    [override] = OverridesParser.create().parse_overrides([f"model.layers={swept['model.layers']}"])
+    patterns = list(override.sweep_iterator())
+    assert len(patterns) == 10 and patterns[-1] is None
+    stacks = [record.stack_label(p, "full") for p in patterns]
+    assert {"deltanet", "3×deltanet+full", "deltanet+full", "full"} <= set(stacks)
+    assert len(set(stacks)) == 10
+    for pattern in patterns:
+        ModelConfig(depth=4, layers=pattern)  # every stack fits the preset's depth
+    for point in points:
+        job = JobConfig.of(
+            resolved_config("+experiment=hybrid", f"experiment/hybrid@_global_={point}")
+        )
+        model = job.model_config(vocab_size=64)
+        assert (model.depth, model.d_model, job.attention_name) == (4, 64, "full")
+        if point.startswith("cost"):
+            assert job.train.steps == 0 and job.measure.step and job.measure.decode
+            assert job.measure.decode_scope == "model"
+            assert job.seq_len == int(point.split("_")[1]) and job.task["name"] == "random_lm"
+        else:
+            assert job.task["name"] == "long_recall" and job.seq_len == 1024
+            assert job.train.steps > 0 and not job.measure.step and not job.measure.decode
