@@ -20,6 +20,7 @@ from analysis.column_names import (
     DECODE_BANDWIDTH_FRACTION,
     DECODE_MS_PER_TOKEN,
     DECODE_STATE_BYTES,
+    LAYERS,
     SEQ_LEN,
     STATUS,
 )
@@ -27,6 +28,7 @@ from analysis.figures import style
 from analysis.markdown_table import Table
 from experiments.records.record import MIB
 
+SCOPE = "measure.decode_scope"  # kernel (older records: no such key) | model
 TIME = DECODE_MS_PER_TOKEN
 CACHE = DECODE_STATE_BYTES
 FRACTION = DECODE_BANDWIDTH_FRACTION
@@ -90,8 +92,9 @@ def decode_table(frame: pd.DataFrame) -> Table | None:
     described = series.key_values(labelled, keys).loc[table["series"]].reset_index(drop=True)
     table = pd.concat([described, table.drop(columns="series")], axis=1)
     note = (
-        "Each cell: ms per decoded token (median of the timed steps, the kernel alone) · the "
-        "cache's MiB after prefilling L tokens. Bandwidth fraction: cache bytes read per token "
+        f"Each cell: ms per decoded token (median of the timed steps, {scope_text(frame)}) · "
+        "the decoder's state (decode_state_bytes: its caches' MiB after prefilling L tokens). "
+        "Bandwidth fraction: state bytes read per token "
         "over the time, against a copy of a cache-sized tensor timed beside each step (bytes "
         "read + written); meaningful only where the cache exceeds the CPU's caches (exact "
         "attention at long contexts)."
@@ -102,11 +105,14 @@ def decode_table(frame: pd.DataFrame) -> Table | None:
 def per_context(frame: pd.DataFrame) -> tuple[pd.DataFrame, float | None]:
     """Ms per token (`TIME`) and cache bytes (`CACHE`) per `attention` and `seq_len` (the
     context), mean over the ok records at the smallest batch decoded, exact attention first;
-    and that batch (None when no record says). Empty without decode records."""
+    and that batch (None when no record says). Empty without decode records. A hybrid stack's
+    records (`model.layers`) are its own rows, named by their `layers` ("3×deltanet+full")."""
     rows = records(frame)
     if rows.empty or TIME not in rows or not rows[TIME].notna().any():
         return pd.DataFrame(columns=[ATTENTION, SEQ_LEN, TIME, CACHE]), None
     ok = rows[(rows[STATUS] == "ok") & rows[TIME].notna()]
+    if LAYERS in ok:  # a stack's name: its attention, unless its layers mix variants
+        ok = ok.assign(**{ATTENTION: ok[LAYERS].where(ok[LAYERS].notna(), ok[ATTENTION])})
     if CACHE not in ok:
         ok = ok.assign(**{CACHE: float("nan")})
     batch = ok[BATCH_SIZE].min() if BATCH_SIZE in ok else None
@@ -142,7 +148,7 @@ def headline(frame: pd.DataFrame) -> list[str]:
         if name != series.REFERENCE and length in exact.index:
             text += f" vs exact {cache_text(exact[length])}"
         clauses.append(text)
-    batch_text = f" (batch {batch:.0f}, the kernel alone)" if batch is not None else ""
+    batch_text = f" (batch {batch:.0f}, {scope_text(frame)})" if batch is not None else ""
     return [
         "## Decoding",
         "",
@@ -151,6 +157,17 @@ def headline(frame: pd.DataFrame) -> list[str]:
         + ".",
         "",
     ]
+
+
+def scope_text(frame: pd.DataFrame) -> str:
+    """What the decode records decoded with (`measure.decode_scope`; older records: the kernel
+    alone): "the kernel alone", "the whole model, every layer's cache", or both named."""
+    rows = records(frame)
+    scopes = set(rows.get(SCOPE, pd.Series(dtype=object)).fillna("kernel").map(str)) or {"kernel"}
+    texts = {"kernel": "the kernel alone", "model": "the whole model, every layer's cache"}
+    if len(scopes) == 1:
+        return texts.get(next(iter(scopes)), next(iter(scopes)))
+    return "the kernel alone or the whole model, as measure.decode_scope says"
 
 
 def _cell(times: pd.DataFrame, caches: pd.DataFrame | None, name: str, length) -> str:

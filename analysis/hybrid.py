@@ -15,7 +15,7 @@ import re
 
 import pandas as pd
 
-from analysis import accuracy, series
+from analysis import accuracy, decode_report, series
 from analysis.column_names import (
     DECODE_MS_PER_TOKEN,
     DECODE_STATE_BYTES,
@@ -26,7 +26,6 @@ from analysis.column_names import (
     STATUS,
     STEP_MS,
 )
-from analysis.decode_report import cache_text
 from analysis.load import format_value
 from analysis.markdown_table import Table
 from experiments.records.record import MIB
@@ -106,9 +105,9 @@ def hybrid_table(frame: pd.DataFrame) -> Table | None:
         "Stacks of model.layers (`layers`: the repeating unit over the depth; a plain model's is "
         "its attention). Step: a training step's median ms · its peak MiB, each with its ratio "
         "to the all-full stack of the same shape at that length (below 1: cheaper); "
-        "the length where the ratio falls below 1 is the model's crossover. Decode: the whole "
-        "model's ms per token onto an L-token context (measure.decode_scope=model) · "
-        "decode_state_bytes, what it keeps to generate the next token (every layer's cache): "
+        "the length where the ratio falls below 1 is the model's crossover. Decode: ms per token "
+        f"onto an L-token context ({decode_report.scope_text(cost)}) · "
+        "decode_state_bytes, what the decoder keeps to generate the next token: "
         "a state flat across L is a fixed-state stack's. Recall: trained accuracy (%) on the "
         "records' recall task at each length (the shortest is the control), mean over seeds; "
         "learned: an evaluation reached "
@@ -167,7 +166,7 @@ def _step_cell(at, full, failed: pd.DataFrame) -> str:
         return ",".join(statuses) or "—"
     parts = []
     if pd.notna(at[STEP_MS]):
-        parts.append(f"{at[STEP_MS]:.3g} ms" + _ratio(at[STEP_MS], _get(full, STEP_MS)))
+        parts.append(f"{_ms(at[STEP_MS])} ms" + _ratio(at[STEP_MS], _get(full, STEP_MS)))
     if pd.notna(at[PEAK_MEMORY_BYTES]):
         mib = at[PEAK_MEMORY_BYTES] / MIB
         parts.append(
@@ -179,10 +178,15 @@ def _step_cell(at, full, failed: pd.DataFrame) -> str:
 def _decode_cell(at) -> str:
     if at is None or pd.isna(at[DECODE_MS_PER_TOKEN]):
         return "—"
-    text = f"{at[DECODE_MS_PER_TOKEN]:.3g} ms"
+    text = f"{_ms(at[DECODE_MS_PER_TOKEN])} ms"
     if pd.notna(at[DECODE_STATE_BYTES]):
-        text += f" · {cache_text(at[DECODE_STATE_BYTES])}"
+        text += f" · {decode_report.cache_text(at[DECODE_STATE_BYTES])}"
     return text
+
+
+def _ms(value: float) -> str:
+    """ "66.3", "2,513": three digits, or whole milliseconds from a second up."""
+    return f"{value:,.0f}" if value >= 1000 else f"{value:.3g}"
 
 
 def _get(row, column):

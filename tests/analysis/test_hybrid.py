@@ -6,7 +6,7 @@ import json
 
 import pandas as pd
 
-from analysis import hybrid, load, report
+from analysis import decode_report, hybrid, load, report
 from tests.analysis.conftest import FIXTURE
 
 # stack -> (model.layers, step ms at L, peak bytes at L, decode ms, state bytes at L, accuracy)
@@ -118,3 +118,11 @@ def test_a_stacks_unit_and_its_share_of_full_layers():
 def test_records_from_before_layers_read_as_stacks_of_their_attention():
     old = pd.DataFrame([{"sweep": "s", "attention": "lsh", "status": "ok", "seq_len": 64}])
     assert load.tidy(old)["layers"].tolist() == ["lsh"]
+
+
+def test_the_decode_section_names_each_stack_and_what_decoded():
+    hybrid_frame = frame().assign(**{"measure.decode_scope": "model"})
+    text = "\n".join(decode_report.headline(hybrid_frame))
+    assert "(batch 1, the whole model, every layer's cache)" in text
+    assert "**3×deltanet+full** at 4K: 1.25 ms/token, cache 518 KiB vs exact 2 MiB" in text
+    assert "the kernel alone" in decode_report.scope_text(load.tidy(pd.DataFrame(records())))
