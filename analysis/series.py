@@ -17,7 +17,7 @@ import pandas as pd
 from analysis import tuning
 from analysis.load import format_value
 from experiments.records.record import config_keys
-from experiments.records.store import short_names
+from experiments.records.store import has_hybrid, short_names
 
 REFERENCE = "full"  # exact attention: what crossovers are measured against
 FUSED = "sdpa"  # its fused kernel (O(L) memory on every device): the default baseline
@@ -70,12 +70,15 @@ def context_columns(frame: pd.DataFrame) -> list[str]:
     are taken and for how long the clock runs, not the configuration they are taken of. The
     learning rate is left out too: a grid of it is tuning, not a configuration (quality rows are
     each variant's chosen rate, `trained_quality`), and it changes no time or memory, so a
-    variant's jobs at every rate of its grid are one series of speed and memory."""
+    variant's jobs at every rate of its grid are one series of speed and memory. The stack
+    (`layers`) sets series apart only where one mixes variants: a plain model's is its
+    attention, already the variant."""
     return [
         c
         for c in config_keys(frame.columns, hashed_only=True)
         if c not in ("attention", "seed", tuning.LR)
         and not c.startswith(("attention.", "measure."))
+        and (c != "layers" or has_hybrid(frame))  # else each record's attention again
     ]
 
 

@@ -229,13 +229,24 @@ def varying_keys(frame: pd.DataFrame) -> list[str]:
     """The configuration keys (`record.config_keys`) that take more than one value in `frame`.
 
     A missing value is not a value: a job that failed before it resolved `threads` does not
-    make threads vary.
+    make threads vary. `layers` counts only where a stack mixes variants (`has_hybrid`): else it
+    is each record's attention again.
     """
     return [
         key
         for key in config_keys(frame.columns)
         if frame[key].dropna().map(text_or_none).nunique() > 1
+        and (key != "layers" or has_hybrid(frame))
     ]
+
+
+def has_hybrid(frame: pd.DataFrame) -> bool:
+    """Whether a record of `frame` is a hybrid stack: its `layers` names more than its
+    attention (`record.stack_label`; a plain model's `layers` is its attention)."""
+    if "layers" not in frame or "attention" not in frame:
+        return False
+    layers = frame["layers"]
+    return bool((layers.notna() & (layers.map(str) != frame["attention"].map(str))).any())
 
 
 def task_metrics(columns) -> list[str]:

@@ -6,7 +6,7 @@ import json
 
 import pandas as pd
 
-from analysis import decode_report, hybrid, load, report
+from analysis import decode_report, hybrid, load, report, series
 from tests.analysis.conftest import FIXTURE
 
 # stack -> (model.layers, step ms at L, peak bytes at L, decode ms, state bytes at L, accuracy)
@@ -107,6 +107,9 @@ def test_the_report_has_the_table_only_for_sweeps_of_hybrid_stacks():
     plain = load.tidy(load.load_results([FIXTURE]))
     assert hybrid.hybrid_table(plain) is None
     assert "## Hybrid stacks" not in report.markdown_tables(plain)
+    # A plain model's `layers` is its attention: no series or table column of its own.
+    assert "layers" in series.context_columns(frame())
+    assert "layers" not in series.context_columns(plain)
 
 
 def test_a_stacks_unit_and_its_share_of_full_layers():
