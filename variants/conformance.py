@@ -170,10 +170,10 @@ def padding(s: Subject) -> Result:
         kernel = s.build(causal)
         q, k, v, g = s.inputs()
         with replaying():
-            base = call(kernel, q, k, v, g, key_padding_mask=keep)
+            base = call(kernel, q, k, v, g, attention_mask=keep)
             for fill in (1e3, float("nan")):
                 filled = [x.masked_fill(~keep[:, None, :, None], fill) for x in (q, k, v)]
-                other = call(kernel, *filled, g, key_padding_mask=keep)
+                other = call(kernel, *filled, g, attention_mask=keep)
                 real = keep[:, None, :, None].expand_as(base)
                 worst = worse(worst, deviation(base[real], other[real]))
             worst = worse(worst, deviation(base[~real], torch.zeros(())))

@@ -186,12 +186,12 @@ def _attention_function(name: str):
             if not getattr(kernel, "supports_padding_mask", False):
                 raise UnsupportedCombination(
                     f"hf: attention {name!r} does not support padding masks "
-                    "(option 'key_padding_mask')"
+                    "(option 'attention_mask')"
                 )
-            extras["key_padding_mask"] = attention_mask[:, 0, 0, :]  # (B, L_kv)
+            extras["attention_mask"] = attention_mask[:, 0, 0, :]  # (B, L_kv)
         layer = _cache_layer_of(key)
         if layer is not None:  # generation on the kernel's own cache (`KernelCache`)
-            return layer.attend(kernel, query, key, value, extras.get("key_padding_mask"))
+            return layer.attend(kernel, query, key, value, extras.get("attention_mask"))
         q_length, kv_length = query.shape[2], key.shape[2]
         if q_length < kv_length:  # decoding: the new queries are the last positions
             before = query.new_zeros(*query.shape[:2], kv_length - q_length, query.shape[-1])

@@ -18,7 +18,12 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from variants.attention.common.base import Attention, evaluating, replaying, shared_qk_keys
-from variants.checks import check_key_padding_mask, require_divisible, require_positive_int
+from variants.checks import (
+    check_attention_mask,
+    require_divisible,
+    require_positive_int,
+    token_mask,
+)
 from variants.model_config import OWNER, ModelConfig
 
 MULTIHEAD = "MultiheadAttention"
@@ -125,25 +130,31 @@ class SelfAttention(nn.Module):
     def forward(
         self,
         x: torch.Tensor,
-        key_padding_mask: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
         segment_ids: torch.Tensor | None = None,
+        *,
+        key_padding_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """x: (B, L, d_model) -> (B, L, d_model).
 
-        key_padding_mask (B, L) bool, True = a real token, and segment_ids (B, L) int document
+        attention_mask (B, L) bool or 0/1, True = a real token (Hugging Face's and SDPA's
+        convention; PyTorch's `key_padding_mask`, True = padding, is refused by name), and
+        segment_ids (B, L) int document
         ids of packed sequences: handed to the kernel (`Attention.forward`), which refuses
         them with `UnsupportedCombination` where its spec does not support them. Padded
         tokens are read as zeros: whatever x holds there (NaN) reaches no real output and no
         gradient. A NaN in a real token reaches its sequence's outputs, causally earlier ones too
         (0 * NaN in masked products, as in PyTorch's SDPA), never another sequence's."""
         self._check_input(x)
-        masks = _masks(key_padding_mask, segment_ids)
-        if key_padding_mask is not None:
-            check_key_padding_mask(self.kernel.name, key_padding_mask, x[:, None])
+        if attention_mask is not None or key_padding_mask is not None:
+            attention_mask = token_mask(self.kernel.name, attention_mask, key_padding_mask)
+        masks = _masks(attention_mask, segment_ids)
+        if attention_mask is not None:
+            check_attention_mask(self.kernel.name, attention_mask, x[:, None])
             # The kernel reads padded q, k, v as zeros, but the projections' weight gradients
             # sum x over every position, and 0 * NaN is NaN: padded tokens must hold zeros
             # from the start. Real outputs and gradients are those of any finite padding.
-            x = x.masked_fill(~key_padding_mask[..., None], 0.0)
+            x = x.masked_fill(~attention_mask[..., None], 0.0)
         if self.head_groups > 1 and self.kernel.independent_heads:
             return self.dropout(self._by_head_groups(x, masks))
         batch, length, d_model = x.shape
@@ -305,7 +316,7 @@ class MultiheadAttention(SelfAttention):
     """Multi-head self-attention on any registered variant, for use in a model of one's own:
     `SelfAttention` built from its sizes instead of a whole `ModelConfig`.
 
-    x (batch, seq_len, d_model) -> (batch, seq_len, d_model), with optional `key_padding_mask`
+    x (batch, seq_len, d_model) -> (batch, seq_len, d_model), with optional `attention_mask`
     (B, L) bool (True = a real token) and `segment_ids` (B, L) document ids. It owns its q, k,
     v and output projections (k and v to `n_kv_heads` heads, default `n_heads`) and, for a
     gated variant (NSA, DeltaNet), the projection of the token to its gates; `options` are the
@@ -395,10 +406,10 @@ def _rows(bias: torch.Tensor | None, rows: torch.Tensor) -> torch.Tensor | None:
 
 
 def _masks(
-    key_padding_mask: torch.Tensor | None, segment_ids: torch.Tensor | None
+    attention_mask: torch.Tensor | None, segment_ids: torch.Tensor | None
 ) -> dict[str, torch.Tensor]:
     """The masks a layer was given, as the kernel's keyword arguments (only those given)."""
-    given = {"key_padding_mask": key_padding_mask, "segment_ids": segment_ids}
+    given = {"attention_mask": attention_mask, "segment_ids": segment_ids}
     return {name: mask for name, mask in given.items() if mask is not None}
 
 

@@ -102,7 +102,7 @@ class BlockwiseAttention(Attention):
         k: torch.Tensor,
         v: torch.Tensor,
         *,
-        key_padding_mask: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
         segment_ids: torch.Tensor | None = None,
     ) -> torch.Tensor:
         batch, heads, seq_len, _ = q.shape
@@ -131,7 +131,7 @@ class BlockwiseAttention(Attention):
             fwd,
             exclude_self=self.shared_qk,
             device=q.device,
-            key_padding_mask=key_padding_mask,
+            attention_mask=attention_mask,
             segment_ids=segment_ids,
         )  # (n, b, w*b), or (B, n, b, w*b) with masks
         if k.shape[1] != heads:

@@ -30,12 +30,12 @@ cannot decode at all (Linformer: its projection mixes positions) leaves
 `supports_decode = False` and says why in `decode_reason`.
 
 Masks and grouped KV heads (`variants.attention.common.masking`). `forward` takes
-`key_padding_mask` (B, L) bool, **True = a real token**, and `segment_ids` (B, L) document ids
+`attention_mask` (B, L) bool, **True = a real token**, and `segment_ids` (B, L) document ids
 of packed sequences, each only where the class says `supports_padding_mask` /
 `supports_segments` (else `UnsupportedCombination`, naming the option and the class's
 `padding_mask_reason` / `segments_reason`); a variant whose support depends on its options
 (impl="flex") overrides `unsupported_input`. `attend` then receives the given masks as keyword
-arguments (`key_padding_mask=`, `segment_ids=`; neither is passed when not given, so the
+arguments (`attention_mask=`, `segment_ids=`; neither is passed when not given, so the
 calls without masks are exactly those of before), q, k, v and gates with zeros at padded
 positions, and the rows of padded queries of its output are set to zero here. k and v may
 have fewer heads than q (H_kv dividing H): a `native_gqa` kernel receives them as they are,
@@ -65,11 +65,12 @@ from variants.attention.common.masking import (
 )
 from variants.checks import (
     UnsupportedCombination,
-    check_key_padding_mask,
+    check_attention_mask,
     check_qkv,
     check_segment_ids,
     require_bool,
     require_positive_int,
+    token_mask,
 )
 from variants.patterns import Pattern
 
@@ -119,7 +120,7 @@ class Attention(nn.Module):
     # `flash.attend`: fused where `flash.path` says so), "sdpa" (PyTorch's fused SDPA), or None
     # (no fused attention kernel: explicit matmuls of its own). Read by `kernel_path`.
     softmax_kernels: ClassVar[str | None] = None
-    # Masks (`forward`'s key_padding_mask, segment_ids) and grouped KV heads: module docstring.
+    # Masks (`forward`'s attention_mask, segment_ids) and grouped KV heads: module docstring.
     supports_padding_mask: ClassVar[bool] = False
     padding_mask_reason: ClassVar[str] = "its kernel takes no key padding mask yet"
     supports_segments: ClassVar[bool] = False
@@ -163,8 +164,9 @@ class Attention(nn.Module):
         v: torch.Tensor,
         gates: torch.Tensor | None = None,
         *,
-        key_padding_mask: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
         segment_ids: torch.Tensor | None = None,
+        key_padding_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """q: (batch, heads, seq_len, head_dim), k, v: (batch, kv_heads, seq_len, head_dim)
         with kv_heads dividing heads (grouped KV heads; kv_heads = heads by default) ->
@@ -173,13 +175,14 @@ class Attention(nn.Module):
         gates: (batch, heads, seq_len, n_gates) in (0, 1), required by (and only by) a variant
         with `n_gates` > 0, which then receives them as `attend(q, k, v, gates)`.
 
-        key_padding_mask: (batch, seq_len) bool, **True = a real token (keep), False =
-        padding** (flash-attention's and Hugging Face's convention, the opposite of PyTorch's
-        MultiheadAttention). Padded keys are never attended to; the outputs at padded queries
-        are zeros (and pass no gradient). Padded positions of q, k, v and gates reach `attend`
-        as zeros, so whatever they hold (NaN, inf) never reaches a real output or gradient.
-        A NaN in a real token may reach every output of its sequence, causal or not (0 * NaN
-        in masked products, as in PyTorch's SDPA), never another sequence's.
+        attention_mask: (batch, seq_len) bool or 0/1, **True = a real token (keep), False =
+        padding** (Hugging Face's and SDPA's convention). PyTorch's `key_padding_mask` (True =
+        padding) is refused by name, never read either way. Padded keys are never attended
+        to; the outputs at padded queries are zeros (and pass no gradient). Padded positions
+        of q, k, v and gates reach `attend` as zeros, so whatever they hold (NaN, inf) never
+        reaches a real output or gradient. A NaN in a real token may reach every output of
+        its sequence, causal or not (0 * NaN in masked products, as in PyTorch's SDPA), never
+        another sequence's.
         segment_ids: (batch, seq_len) integer document ids of packed sequences, non-decreasing
         along seq_len: no query attends a key of another document.
         Either raises `UnsupportedCombination` on a variant that cannot take it
@@ -190,16 +193,17 @@ class Attention(nn.Module):
         `attend`: its output is empty (`empty_batch_output`), and backward goes through it.
         """
         check_qkv(self.name, q, k, v)
+        attention_mask = token_mask(self.name, attention_mask, key_padding_mask)
         limit = self.max_seq_len
         if limit is not None and q.shape[2] > limit:
             raise ValueError(
                 f"{self.name}: seq_len {q.shape[2]} exceeds option 'max_seq_len'={limit}"
             )
         gated = self._gated(q, gates)
-        masks = self._masks(q, k, key_padding_mask, segment_ids)
+        masks = self._masks(q, k, attention_mask, segment_ids)
         if q.shape[0] == 0:
             return empty_batch_output(q, k, v, *gated)
-        if key_padding_mask is not None:
+        if attention_mask is not None:
             # Masks keep padded values out of every real output, but not out of the arithmetic:
             # a padded key's score is computed before its mask applies, a hidden value is
             # multiplied by probability 0, and NaN + bias or 0 * inf is NaN. Zeros selected in
@@ -209,18 +213,18 @@ class Attention(nn.Module):
             zeroed = {}
             for x in (q, k, v, *gated):
                 if id(x) not in zeroed:
-                    zeroed[id(x)] = zero_padded_positions(x, key_padding_mask)
+                    zeroed[id(x)] = zero_padded_positions(x, attention_mask)
             q, k, v, *gated = (zeroed[id(x)] for x in (q, k, v, *gated))
         if not self.native_gqa:
             k, v = repeat_kv(k, q.shape[1]), repeat_kv(v, q.shape[1])  # (B, H, L, D) each
         out = self.attend(q, k, v, *gated, **masks)  # (B, H, L, D)
-        return zero_padded_queries(out, key_padding_mask)
+        return zero_padded_queries(out, attention_mask)
 
     def unsupported_input(self, option: str) -> str | None:
-        """Why this instance cannot take input `option` (key_padding_mask, segment_ids or
+        """Why this instance cannot take input `option` (attention_mask, segment_ids or
         grouped KV heads, "n_kv_heads"), or None if it can: the class flags by default."""
         supported, reason = {
-            "key_padding_mask": (self.supports_padding_mask, self.padding_mask_reason),
+            "attention_mask": (self.supports_padding_mask, self.padding_mask_reason),
             "segment_ids": (self.supports_segments, self.segments_reason),
             "n_kv_heads": (self.supports_gqa and not self.applies_shared_qk, self.gqa_reason),
         }[option]
@@ -238,16 +242,16 @@ class Attention(nn.Module):
                 f"attention {self.name!r} does not support option {option!r}: {reason}"
             )
 
-    def _masks(self, q, k, key_padding_mask, segment_ids) -> dict[str, torch.Tensor]:
+    def _masks(self, q, k, attention_mask, segment_ids) -> dict[str, torch.Tensor]:
         """The masks given, checked, as `attend`'s keyword arguments; raises for an input this
         variant cannot take (grouped KV heads included)."""
         if k.shape[1] != q.shape[1]:
             self.refuse_unsupported("n_kv_heads")
         masks = {}
-        if key_padding_mask is not None:
-            check_key_padding_mask(self.name, key_padding_mask, q)
-            self.refuse_unsupported("key_padding_mask")
-            masks["key_padding_mask"] = key_padding_mask
+        if attention_mask is not None:
+            check_attention_mask(self.name, attention_mask, q)
+            self.refuse_unsupported("attention_mask")
+            masks["attention_mask"] = attention_mask
         if segment_ids is not None:
             check_segment_ids(self.name, segment_ids, q)
             self.refuse_unsupported("segment_ids")

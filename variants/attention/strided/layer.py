@@ -97,7 +97,7 @@ class StridedAttention(Attention):
         k: torch.Tensor,
         v: torch.Tensor,
         *,
-        key_padding_mask: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
         segment_ids: torch.Tensor | None = None,
     ) -> torch.Tensor:
         seq_len = q.shape[2]
@@ -110,7 +110,7 @@ class StridedAttention(Attention):
             k, v = repeat_kv(k, q.shape[1]), repeat_kv(v, q.shape[1])  # (B, H, L, D) each
             return flex.attend(self.name, q, k, v, self._flex_mask[2])
         return LocalAndColumns.apply(
-            q, k, v, stride, self.causal, key_padding_mask, segment_ids
+            q, k, v, stride, self.causal, attention_mask, segment_ids
         )  # (B, H, L, D)
 
     # --- decoding: every key (each is a column key of some later query), read sparsely ------
