@@ -76,18 +76,25 @@ def require_divisible(owner: str, option: str, value: int, divisor_option: str, 
         )
 
 
-def check_qkv(owner: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+def check_qkv(
+    owner: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, fewer_queries=False
+) -> None:
     """Check q (batch, heads, seq_len, head_dim) and k, v (batch, kv_heads, seq_len, head_dim)
     are tensors of one floating dtype (integer inputs would fail deep in a kernel, or come back
     as integers), k and v of one shape, and kv_heads a divisor of heads (grouped KV heads: query
-    head h reads key head h // (heads / kv_heads); kv_heads = heads is plain multi-head)."""
+    head h reads key head h // (heads / kv_heads); kv_heads = heads is plain multi-head).
+    `fewer_queries`: q may hold fewer positions than k (the last ones of the keys')."""
     for label, t in (("q", q), ("k", k), ("v", v)):
         if t.dim() != 4:
             raise ValueError(
                 f"{owner}: input {label} must have shape (batch, heads, seq_len, head_dim), "
                 f"got {tuple(t.shape)}"
             )
-    same_but_heads = q.shape[0] == k.shape[0] and q.shape[2:] == k.shape[2:]
+    same_but_heads = q.shape[0] == k.shape[0] and q.shape[3] == k.shape[3]
+    if fewer_queries:
+        same_but_heads = same_but_heads and 0 < q.shape[2] <= k.shape[2]
+    else:
+        same_but_heads = same_but_heads and q.shape[2] == k.shape[2]
     if k.shape != v.shape or not same_but_heads:
         raise ValueError(
             f"{owner}: q, k and v must have the same shape (batch, heads, seq_len, head_dim), "

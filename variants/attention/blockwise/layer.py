@@ -46,6 +46,7 @@ class BlockwiseAttention(Attention):
     """
 
     family = "fixed"
+    takes_scale = True
     small_options = {"block_size": 8}
     knobs = ("block_size",)
 

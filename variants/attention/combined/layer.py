@@ -90,6 +90,7 @@ class CombinedAttention(Attention):
     """
 
     family = "combined"
+    takes_scale = True
     small_options = {"block_size": 8, "n_summary": 2}
 
     name = "combined"

@@ -133,6 +133,9 @@ class Attention(nn.Module):
     # (the report draws error against it); `smaller_is_finer`: those finer when smaller.
     knobs: ClassVar[tuple[str, ...]] = ()
     smaller_is_finer: ClassVar[tuple[str, ...]] = ()
+    # Its output reads q only through softmax(q k / sqrt(D)) scores, so forward's `scale` is a
+    # scaled q (not so for linear or delta rules, or a kernel that normalises q).
+    takes_scale: ClassVar[bool] = False
     # Causally, an output never changes when tokens are appended (the conformance kit checks
     # it); False, with the reason, only where it cannot hold (LSH's chunk boundaries).
     past_fixed: ClassVar[bool] = True
@@ -167,10 +170,17 @@ class Attention(nn.Module):
         attention_mask: torch.Tensor | None = None,
         segment_ids: torch.Tensor | None = None,
         key_padding_mask: torch.Tensor | None = None,
+        scale: float | None = None,
     ) -> torch.Tensor:
         """q: (batch, heads, seq_len, head_dim), k, v: (batch, kv_heads, seq_len, head_dim)
         with kv_heads dividing heads (grouped KV heads; kv_heads = heads by default) ->
         (batch, heads, seq_len, head_dim).
+
+        scale: the softmax's scale (default 1/sqrt(head_dim)), as SDPA's, where the variant
+        `takes_scale` (its output reads q only through softmax scores: q is scaled by
+        scale * sqrt(head_dim)). q may be shorter than k, v (T_q < T_k: the last T_q
+        positions of a causal context, chunked prefill) where the variant is causal, ungated,
+        has separate keys and a fixed past; the others refuse both in one line.
 
         gates: (batch, heads, seq_len, n_gates) in (0, 1), required by (and only by) a variant
         with `n_gates` > 0, which then receives them as `attend(q, k, v, gates)`.
@@ -192,8 +202,12 @@ class Attention(nn.Module):
         q, k, v must be floating point (`check_qkv`). An empty batch (batch 0) never reaches
         `attend`: its output is empty (`empty_batch_output`), and backward goes through it.
         """
-        check_qkv(self.name, q, k, v)
+        check_qkv(self.name, q, k, v, fewer_queries=True)
         attention_mask = token_mask(self.name, attention_mask, key_padding_mask)
+        if scale is not None:
+            q = self._scaled(q, scale)
+        if q.shape[2] < k.shape[2]:
+            return self._last_queries(q, k, v, gates, attention_mask, segment_ids)
         limit = self.max_seq_len
         if limit is not None and q.shape[2] > limit:
             raise ValueError(
@@ -219,6 +233,39 @@ class Attention(nn.Module):
             k, v = repeat_kv(k, q.shape[1]), repeat_kv(v, q.shape[1])  # (B, H, L, D) each
         out = self.attend(q, k, v, *gated, **masks)  # (B, H, L, D)
         return zero_padded_queries(out, attention_mask)
+
+    def _scaled(self, q: torch.Tensor, scale: float) -> torch.Tensor:
+        """q such that the kernel's own 1/sqrt(D) gives softmax scale `scale`."""
+        if not self.takes_scale:
+            raise UnsupportedCombination(
+                f"attention {self.name!r} does not support option 'scale': its output is not a "
+                "softmax of scaled scores (or it normalises q)"
+            )
+        if not isinstance(scale, (int, float)) or isinstance(scale, bool) or not scale > 0:
+            raise ValueError(
+                f"{self.name}: option 'scale' must be a positive number, got {scale!r}"
+            )
+        return q * (scale * math.sqrt(q.shape[-1]))
+
+    def _last_queries(self, q, k, v, gates, attention_mask, segment_ids) -> torch.Tensor:
+        """q (B, H, T_q, D) as the last T_q positions of the T_k keys: the causal forward
+        with zero queries before them, their outputs dropped (a query's row reads only itself
+        and the keys where `past_fixed` and no gate or shared key ties rows together)."""
+        why = None
+        if not self.causal:
+            why = "a bidirectional kernel has no meaning for queries shorter than its keys"
+        elif self.n_gates or self.applies_shared_qk or not self.past_fixed:
+            why = "its rows depend on every position's gates, queries or the whole sequence"
+        elif segment_ids is not None:
+            why = "segment_ids need queries and keys of one length"
+        if why:
+            raise UnsupportedCombination(
+                f"attention {self.name!r}: q of {q.shape[2]} positions over k of "
+                f"{k.shape[2]}: {why}"
+            )
+        before = q.new_zeros(*q.shape[:2], k.shape[2] - q.shape[2], q.shape[3])
+        whole = torch.cat([before, q], dim=2)  # (B, H, T_k, D)
+        return self(whole, k, v, attention_mask=attention_mask)[:, :, -q.shape[2] :]
 
     def unsupported_input(self, option: str) -> str | None:
         """Why this instance cannot take input `option` (attention_mask, segment_ids or

@@ -81,6 +81,7 @@ class CompressedAttention(Attention):
     """
 
     family = "fixed"
+    takes_scale = True
     small_options = {"factor": 4}
     knobs = ("factor",)
     smaller_is_finer = ("factor",)

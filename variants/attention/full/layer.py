@@ -59,6 +59,7 @@ class FullAttention(Attention):
     """
 
     family = "exact"
+    takes_scale = True
 
     name = "full"
     exact = True

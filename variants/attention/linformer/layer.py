@@ -71,6 +71,7 @@ class LinformerAttention(Attention):
     """
 
     family = "low_rank"
+    takes_scale = True
     small_options = {"k": 16}
     knobs = ("k",)
 

@@ -117,6 +117,7 @@ class LSHAttention(Attention):
     """
 
     family = "learnable"
+    takes_scale = True
     small_options = {"bucket_size": 8, "n_hashes": 2}
     past_fixed = False
     past_fixed_reason = "later tokens move the sorted chunks' boundaries (its decode: own rule)"

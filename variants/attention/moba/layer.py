@@ -80,6 +80,7 @@ class MoBAAttention(Attention):
     """MoBA: per query, its own block plus the top_k - 1 past blocks by <q, mean key>."""
 
     family = "selection"
+    takes_scale = True
     small_options = {"block_size": 8, "top_k": 3}
     knobs = ("top_k", "block_size")
 

@@ -108,6 +108,7 @@ class NSAAttention(Attention):
     """NSA: gated compressed, selected (top-n blocks) and sliding-window branches."""
 
     family = "selection"
+    takes_scale = True
     small_options = {"block_size": 8, "n_select": 3, "window": 16}
     knobs = ("n_select", "window")
 

@@ -90,6 +90,7 @@ class PerformerAttention(Attention):
     """Performer FAVOR+: positive orthogonal random features, seeded, optionally redrawn."""
 
     family = "kernel"
+    takes_scale = True
     knobs = ("n_features",)
 
     name = "performer"

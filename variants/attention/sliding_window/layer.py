@@ -43,6 +43,7 @@ class SlidingWindowAttention(Attention):
 
     name = "sliding_window"
     family = "fixed"
+    takes_scale = True
     exact = False
     knobs = ("window",)
     small_options = {"window": 8, "sink_tokens": 2}

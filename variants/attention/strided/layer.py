@@ -44,6 +44,7 @@ class StridedAttention(Attention):
     """
 
     family = "fixed"
+    takes_scale = True
     knobs = ("stride",)
 
     name = "strided"
