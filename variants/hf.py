@@ -180,6 +180,15 @@ def _attention_function(name: str):
         causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
         _check_call(name, query, key, attention_mask, dropout, scaling, causal, kwargs)
         kernel = _kernel(name, query, causal=bool(causal)).train(module.training)
+        layer = _cache_layer_of(key)  # before grouping: the keys its `update` returned
+        head_dim = query.shape[-1]
+        if scaling is not None and not math.isclose(scaling, head_dim**-0.5, rel_tol=1e-6):
+            if not kernel.takes_scale:
+                raise UnsupportedCombination(
+                    f"hf: attention {name!r}: option 'scaling'={scaling} is not 1/sqrt(head_dim)"
+                    f" = {head_dim**-0.5:.6g}, and the variant takes no other softmax scale"
+                )
+            query = query * (scaling * head_dim**0.5)  # the kernel's 1/sqrt(D) then gives it
         key, value = _grouped(kernel, query, key), _grouped(kernel, query, value)
         extras = {}
         if attention_mask is not None:
@@ -189,7 +198,6 @@ def _attention_function(name: str):
                     "(option 'attention_mask')"
                 )
             extras["attention_mask"] = attention_mask[:, 0, 0, :]  # (B, L_kv)
-        layer = _cache_layer_of(key)
         if layer is not None:  # generation on the kernel's own cache (`KernelCache`)
             return layer.attend(kernel, query, key, value, extras.get("attention_mask"))
         q_length, kv_length = query.shape[2], key.shape[2]
@@ -300,12 +308,6 @@ class KernelCache(Cache):
 
 def _check_call(name, query, key, attention_mask, dropout, scaling, causal, kwargs) -> None:
     """`UnsupportedCombination` for what the variant's kernel cannot compute as asked."""
-    head_dim = query.shape[-1]
-    if scaling is not None and not math.isclose(scaling, head_dim**-0.5, rel_tol=1e-6):
-        raise UnsupportedCombination(
-            f"hf: attention {name!r}: option 'scaling'={scaling} is not 1/sqrt(head_dim) = "
-            f"{head_dim**-0.5:.6g}, the kernels' softmax scale"
-        )
     if dropout:
         raise UnsupportedCombination(
             f"hf: attention {name!r}: option 'dropout'={dropout}: kernels have no attention "

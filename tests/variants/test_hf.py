@@ -137,12 +137,18 @@ def test_a_bad_option_value_is_refused_at_register_leaving_nothing_registered(mo
         assert _llama("attnbench_full")(torch.zeros(1, 4, dtype=torch.long)).logits.isfinite().all()
 
 
-def test_another_softmax_scale_is_refused():
-    model = _llama("attnbench_full")
-    for layer in model.model.layers:
-        layer.self_attn.scaling = 0.5
+def test_another_softmax_scale_is_the_kernels_or_refused():
+    """A model's own softmax scale reaches a variant that takes one (as SDPA's `scale`); a
+    variant without one (linear attention) refuses it by name."""
+    tokens, _ = _padded_batch("left")
+    models = [_llama(name) for name in ("sdpa", "attnbench_full", "attnbench_linear")]
+    for model in models:
+        for layer in model.model.layers:
+            layer.self_attn.scaling = 0.5
+    with torch.no_grad():
+        torch.testing.assert_close(models[1](tokens).logits, models[0](tokens).logits)
     with pytest.raises(UnsupportedCombination, match="option 'scaling'=0.5"):
-        model(torch.zeros(1, 4, dtype=torch.long))
+        models[2](tokens)
 
 
 def _llama_config(attention: str, **fields):
