@@ -186,6 +186,29 @@ def padding(s: Subject) -> Result:
     return verdict("padding", worst, "padded values ignored (1e3, NaN); tail = unpadded run")
 
 
+def left_padding(s: Subject) -> Result:
+    """A causal row behind left padding (a batch of prompts of different lengths) gives the
+    outputs of the row alone, where the kernel is `shift_invariant`."""
+    if not (s.spec.supports_padding_mask and s.spec.causal_supported):
+        return Result("left_padding", NOT_CLAIMED, None, "not causal with padding masks")
+    kernel = s.build(True)
+    if not kernel.shift_invariant:
+        return Result("left_padding", NOT_CLAIMED, None, "shift_invariant=False")
+    pad = 13
+    q, k, v, g = s.inputs(batch=1)
+    filler = s.inputs(length=pad, batch=1, seed=s.seed + 7)
+    padded = [
+        None if x is None else torch.cat([f, x], dim=2)
+        for f, x in zip(filler, (q, k, v, g), strict=True)
+    ]
+    keep = torch.ones(1, s.length + pad, dtype=torch.bool)
+    keep[:, :pad] = False
+    with replaying():
+        alone = call(kernel, q, k, v, g)
+        behind = call(kernel, *padded, attention_mask=keep)[:, :, pad:]
+    return verdict("left_padding", deviation(alone, behind), "13 pads before a row = the row alone")
+
+
 def documents(s: Subject) -> Result:
     """No query reads another document (no gradient crosses a boundary); and, unless the
     kernel's pattern depends on every token (`past_fixed` False: LSH's sorted chunks), changing
@@ -322,6 +345,7 @@ PROPERTIES: dict[str, Callable[[Subject], Result]] = {
         causal_gradient,
         causal_append,
         padding,
+        left_padding,
         documents,
         grouped_heads,
         decode,

@@ -197,7 +197,14 @@ def _attention_function(name: str):
                     f"hf: attention {name!r} does not support padding masks "
                     "(option 'attention_mask')"
                 )
-            extras["attention_mask"] = attention_mask[:, 0, 0, :]  # (B, L_kv)
+            keep = attention_mask[:, 0, 0, :]  # (B, L_kv)
+            if not kernel.shift_invariant and bool((~keep[:, :-1] & keep[:, 1:]).any()):
+                raise UnsupportedCombination(
+                    f"hf: attention {name!r} does not take left-padded batches: its pattern is "
+                    "absolute in position (blocks, sinks), so padding would move a row's "
+                    "pattern; pad on the right or generate prompts one by one"
+                )
+            extras["attention_mask"] = keep
         if layer is not None:  # generation on the kernel's own cache (`KernelCache`)
             return layer.attend(kernel, query, key, value, extras.get("attention_mask"))
         q_length, kv_length = query.shape[2], key.shape[2]

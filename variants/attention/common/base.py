@@ -154,6 +154,13 @@ class Attention(nn.Module):
         return None
 
     @property
+    def shift_invariant(self) -> bool:
+        """True if its pattern depends on positions only through i - j (and on content), so
+        that left padding leaves a row's real outputs as the row alone gives them (a padded
+        batch of prompts); block grids and sink positions are absolute, so False by default."""
+        return False
+
+    @property
     def applies_shared_qk(self) -> bool:
         """True if the kernel derives its keys from k = q itself under the Reformer's rule
         (unit keys, no attending to oneself unless alone): LSH always, `full` and `blockwise`

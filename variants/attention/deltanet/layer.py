@@ -119,6 +119,10 @@ class DeltaNetAttention(Attention):
             self.conv = nn.Conv1d(channels, channels, self.short_conv, groups=channels, bias=False)
         self.norm_weight = nn.Parameter(torch.ones(head_dim)) if self.output_norm else None
 
+    @property
+    def shift_invariant(self) -> bool:  # its pattern reads positions through i - j alone
+        return True
+
     def attend(self, q, k, v, gates, **masks) -> torch.Tensor:
         """With a key padding mask or segment ids (`masks`), each document's real positions
         run as a sequence of their own (`masking.per_document`): the state (and the short

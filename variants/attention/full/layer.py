@@ -79,6 +79,10 @@ class FullAttention(Attention):
         self.impl = require_choice(self.name, "impl", impl, IMPLS)
         self.shared_qk = require_bool(self.name, "shared_qk", shared_qk)
 
+    @property
+    def shift_invariant(self) -> bool:  # its pattern reads positions through i - j alone
+        return True
+
     def attend(
         self,
         q: torch.Tensor,

@@ -44,6 +44,10 @@ class LinearAttention(Attention):
     supports_padding_mask = supports_segments = True  # one document at a time
     native_gqa = native_gqa_decode = True  # sums per KV head
 
+    @property
+    def shift_invariant(self) -> bool:  # its pattern reads positions through i - j alone
+        return True
+
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **masks) -> torch.Tensor:
         if masks:  # attention_mask and/or segment_ids
             return per_document(self.attend, q, k, v, **masks)

@@ -144,6 +144,10 @@ class PerformerAttention(Attention):
         self.draws += 1
         self.features.copy_(self._draw(self.features.dtype))
 
+    @property
+    def shift_invariant(self) -> bool:  # its pattern reads positions through i - j alone
+        return True
+
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **masks) -> torch.Tensor:
         """With a key padding mask or segment ids (`masks`) the features' attention runs on
         each document's real positions alone (`masking.per_document`): the sums restart at

@@ -83,6 +83,10 @@ class SlidingWindowAttention(Attention):
         band = patterns.Band(self.window)
         return band & patterns.Causal() if self.causal else band
 
+    @property
+    def shift_invariant(self) -> bool:  # the window is relative; sinks are the first positions
+        return self.sink_tokens == 0
+
     def kernel_path(self, device, dtype) -> str:
         return "explicit" if self.learned_sink else super().kernel_path(device, dtype)
 

@@ -92,6 +92,10 @@ class StridedAttention(Attention):
     def unsupported_input(self, option: str) -> str | None:
         return flex.mask_reason(self.impl, option) or super().unsupported_input(option)
 
+    @property
+    def shift_invariant(self) -> bool:  # its pattern reads positions through i - j alone
+        return True
+
     def attend(
         self,
         q: torch.Tensor,
