@@ -1,5 +1,6 @@
-"""DeltaNet's kernel: `chunked_delta_rule`, the delta rule in the chunked WY / UT form
-(the layer's module docstring derives it), through which autograd runs."""
+"""The delta rule's kernel (deltanet): `chunked_delta_rule`, the chunked WY / UT form
+(deltanet's layer docstring derives it), through which autograd runs. `delta_rule_flops`: its
+useful multiply-adds."""
 
 from __future__ import annotations
 
@@ -49,3 +50,13 @@ def chunked_delta_rule(
     scores = (q @ k.transpose(-1, -2)).masked_fill(later, 0)  # (B, H, N, C, C)
     out = q @ starts + scores @ corrected  # (B, H, N, C, D)
     return out.reshape(*sequences, -1, head_dim)[..., :length, :], state
+
+
+def delta_rule_flops(batch: int, heads: int, seq_len: int, head_dim: int, chunk: int) -> int:
+    """2 x multiply-adds of the chunked form: per position 3 d^2 (W M_0, K^T U', Q M_0)
+    and, with C = min(chunk, L), 2.5 C d for the triangular products (B K K^T, T B K,
+    T B V, lower(Q K^T), its product with U', half each) and C^2 / 6 for the solve. The decay's
+    element-wise products are not counted (no multiply-add of a matmul)."""
+    c, d = min(chunk, seq_len), head_dim
+    per_position = 3 * d * d + 2.5 * c * d + c * c / 6
+    return int(2 * batch * heads * seq_len * per_position)
