@@ -1,18 +1,20 @@
-"""`RecurrentAttention`: what the chunked state kernels share (deltanet).
+"""`RecurrentAttention`: what the d x d state kernels share (deltanet, gated_deltanet).
 
 A d x d state per head over the positions, run chunk-parallel by the subclass's `_kernel`
 (`_prepared` maps q, k, v and the gates to its inputs, `_step` is one position of decoding).
 The rest is here: the published layers' parts as options (`short_conv`: a causal depthwise
 convolution of q, k, v per head and channel; `feature_map=silu`; `output_norm`: an RMSNorm with
-a learned scale over each head's output), masks (each document's real positions as a sequence
-of its own, `masking.per_document`), grouped KV heads (k, v broadcast over each group, never
-repeated, but for the convolution's per-head channels), float32 at least with autocast off (a
-running state over thousands of positions in a half type loses its digits), and decoding on
+a learned scale over each head's output; `decay`: a decay gate taken as the decay or through
+Mamba-2's map), masks (each document's real positions as a sequence of its own,
+`masking.per_document`), grouped KV heads (k, v broadcast over each group, never repeated, but
+for the convolution's per-head channels), float32 at least with autocast off (a running state
+over thousands of positions in a half type loses its digits), and decoding on
 `cache.DeltaCache` (the state and, with a convolution, its last w - 1 inputs).
 """
 
 from __future__ import annotations
 
+import math
 from typing import ClassVar
 
 import torch
@@ -31,6 +33,13 @@ from variants.checks import (
 
 FEATURE_MAPS = ("identity", "silu")
 RMS_EPS = 1e-6
+# How a decay gate g in (0, 1) becomes the decay: "gate", alpha = g; "mamba", Mamba-2's
+# alpha = exp(-exp(A_h) softplus(logit(g) + dt_bias_h)) with A_h, dt_bias_h learned per head
+# (logit(g) is the layer's projection of the token, the x W of the paper).
+DECAYS = ("gate", "mamba")
+A_INIT = (1.0, 16.0)  # A_h ~ U(1, 16), as Mamba-2 and fla's GatedDeltaNet
+DT_INIT = (1e-3, 1e-1)  # softplus(dt_bias_h) log-uniform in it, at least DT_FLOOR
+DT_FLOOR = 1e-4
 
 
 def log_decay(gate: torch.Tensor) -> torch.Tensor:
@@ -38,6 +47,16 @@ def log_decay(gate: torch.Tensor) -> torch.Tensor:
     rounded to 0 (a sigmoid far below -87 in float32) gives a finite log, never -inf, whose
     differences within a chunk (-inf - -inf) would be NaN."""
     return gate.clamp_min(torch.finfo(gate.dtype).tiny).log()
+
+
+def mamba_log_decay(gate: torch.Tensor, a_log: torch.Tensor, dt_bias: torch.Tensor):
+    """-exp(A_h) softplus(logit(g) + dt_bias_h): gate (B, H, L) in (0, 1), a_log and dt_bias
+    (H,) -> (B, H, L), finite (g clamped into [tiny, 1 - eps], where a sigmoid rounds)."""
+    info = torch.finfo(gate.dtype)
+    gate = gate.clamp(info.tiny, 1 - info.eps)
+    logit = gate.log() - torch.log1p(-gate)  # the projection x W the sigmoid was taken of
+    dt = F.softplus(logit + dt_bias.to(gate.dtype)[:, None])  # (B, H, L)
+    return -a_log.to(gate.dtype).exp()[:, None] * dt
 
 
 class RecurrentAttention(Attention):
@@ -64,18 +83,23 @@ class RecurrentAttention(Attention):
         output_norm: bool = False,
         n_heads: int | None = None,
         head_dim: int | None = None,
+        decay: str | None = None,
         per_head: bool = False,
     ):
-        """`per_head`: a subclass's own option with weights per head is on."""
+        """`decay`: how the decay gate maps to the decay (`DECAYS`; None: no decay, deltanet);
+        `per_head`: a subclass's own option with weights per head is on."""
         super().__init__(causal=causal)
         self.chunk_size = require_positive_int(self.name, "chunk_size", chunk_size)
         self.short_conv = require_non_negative_int(self.name, "short_conv", short_conv)
         self.feature_map = require_choice(self.name, "feature_map", feature_map, FEATURE_MAPS)
         self.output_norm = require_bool(self.name, "output_norm", output_norm)
+        self.decay = None if decay is None else require_choice(self.name, "decay", decay, DECAYS)
+        per_head = per_head or self.decay == "mamba"
         if (self.short_conv or self.output_norm or per_head) and (
             n_heads is None or head_dim is None
         ):
-            named = " and ".join(repr(o) for o in self.per_head_options)
+            *first, last = (repr(o) for o in self.per_head_options)
+            named = f"{', '.join(first)} and {last}"
             raise ValueError(
                 f"{self.name}: options {named} need 'n_heads' and 'head_dim' (their weights are "
                 "per head; the model's layers pass both)"
@@ -85,6 +109,19 @@ class RecurrentAttention(Attention):
             channels = 3 * n_heads * head_dim  # q, k and v of every head
             self.conv = nn.Conv1d(channels, channels, self.short_conv, groups=channels, bias=False)
         self.norm_weight = nn.Parameter(torch.ones(head_dim)) if self.output_norm else None
+        self.a_log = self.dt_bias = None
+        if self.decay == "mamba":  # Mamba-2's initialisation (its mamba2_simple.py)
+            a = torch.empty(n_heads).uniform_(*A_INIT)
+            low, high = (math.log(x) for x in DT_INIT)
+            dt = torch.empty(n_heads).uniform_(low, high).exp().clamp_min(DT_FLOOR)
+            self.a_log = nn.Parameter(a.log())
+            self.dt_bias = nn.Parameter(dt + torch.log(-torch.expm1(-dt)))  # softplus^-1(dt)
+
+    def _log_decay(self, gate: torch.Tensor) -> torch.Tensor:
+        """The log-decay of a decay gate (B, H, L) by option `decay` (`DECAYS`)."""
+        if self.decay == "mamba":
+            return mamba_log_decay(gate, self.a_log, self.dt_bias)
+        return log_decay(gate)
 
     # --- the subclass's kernel ---------------------------------------------------------------
     def _prepared(self, q, k, v, gates, work) -> tuple:

@@ -52,6 +52,8 @@ CASES = [
     ("nsa", {"block_size": 16, "n_select": 2, "window": 3, "head_dim": D}),
     ("deltanet", {"chunk_size": 4}),
     ("deltanet", {"chunk_size": 64}),  # one chunk longer than the sequence
+    ("gated_deltanet", {"chunk_size": 4}),
+    ("gated_deltanet", {"chunk_size": 64}),
 ]
 
 
