@@ -1,4 +1,4 @@
-"""`RecurrentAttention`: what the d x d state kernels share (deltanet, gated_deltanet).
+"""`RecurrentAttention`: what the d x d state kernels share (deltanet, gated_deltanet, mamba2).
 
 A d x d state per head over the positions, run chunk-parallel by the subclass's `_kernel`
 (`_prepared` maps q, k, v and the gates to its inputs, `_step` is one position of decoding).

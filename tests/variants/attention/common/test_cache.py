@@ -54,6 +54,8 @@ CASES = [
     ("deltanet", {"chunk_size": 64}),  # one chunk longer than the sequence
     ("gated_deltanet", {"chunk_size": 4}),
     ("gated_deltanet", {"chunk_size": 64}),
+    ("mamba2", {"chunk_size": 4}),
+    ("mamba2", {"chunk_size": 64}),
 ]
 
 
