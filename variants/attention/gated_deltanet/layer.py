@@ -5,14 +5,13 @@ With unit q, k (as deltanet) and S_0 = 0 (d x d per head),
     S_t = alpha_t S_{t-1} (I - beta_t k_t k_t^T) + beta_t v_t k_t^T,     o_t = S_t q_t
 
 beta_t = `gates[..., 0]` in (0, 1) per head and position, alpha_t from `gates[..., 1]` (class
-docstring). The chunked
-form is deltanet's WY / UT form with the decay folded in (`common.delta_rule`, as fla's
-chunk_gated_delta_rule): decays are exp of differences of cumulative log-decays within a chunk,
-each <= 1, in float32 at least. Options, masks (the state restarts at every document), grouped
-KV heads and decoding (M = S^T, d x d per head in `cache.DeltaCache`; a position is
-M = alpha M, M += beta k (v - k^T M)^T, o = q M) are deltanet's (`common.recurrent`). The
-published layer (fla's GatedDeltaNet) is short_conv=4, feature_map=silu, output_norm=true,
-decay=mamba (its output gate SiLU(x W_g) is not here).
+docstring). The chunked form is deltanet's WY / UT form with the decay folded in
+(`common.delta_rule`, as fla's chunk_gated_delta_rule): decays are exp of differences of
+cumulative log-decays within a chunk, each <= 1, in float32 at least. Options, masks (the state
+restarts at every document), grouped KV heads and decoding (M = S^T, d x d per head in
+`cache.DeltaCache`; a position is M = alpha M, M += beta k (v - k^T M)^T, o = q M) are
+deltanet's (`common.recurrent`). The published layer (fla's GatedDeltaNet) is short_conv=4,
+feature_map=silu, output_norm=true, decay=mamba (its output gate SiLU(x W_g) is not here).
 """
 
 from __future__ import annotations
