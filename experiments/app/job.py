@@ -365,7 +365,8 @@ def _displace_other_stage(path: Path, digest: str) -> None:
 def _hash_of_record(path: Path) -> str | None:
     """The `config_hash` of the record in `path`; None if there is none or it is unreadable."""
     try:
-        other = store.read_record(path).get("config_hash")
+        # Unchecked: a record of another configuration moves aside whatever its values are.
+        other = store.read_record(path, checked=False).get("config_hash")
     except (OSError, ValueError):
         return None
     return other if isinstance(other, str) and other else None

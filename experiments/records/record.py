@@ -411,6 +411,36 @@ def is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
+def type_problem(rec: dict[str, Any]) -> str | None:
+    """Why the JSON object `rec` is not a record, or None: its `config_hash` is not a non-empty
+    text, its `status` not one of STATUSES, or a schema column holds a value of another type
+    (None is every column's gap; an int column takes a whole float, a float column an int).
+    The store leaves such a file out, naming it, rather than letting one hand-edited value
+    (a numeric timestamp, seq_len 64.5) stop the gathering of every other record."""
+    digest, status = rec.get("config_hash"), rec.get("status")
+    if not isinstance(digest, str) or not digest:
+        return f"'config_hash' is {digest!r}, not a non-empty text"
+    if status not in STATUSES:
+        return f"'status' is {status!r}, not one of {', '.join(STATUSES)}"
+    for name, value in rec.items():
+        spec = column(name)
+        if spec is None or value is None or _is_type(value, spec.type):
+            continue
+        return f"{name!r} is {value!r} ({type(value).__name__}), not {spec.type.__name__}"
+    return None
+
+
+def _is_type(value: Any, type_: type) -> bool:
+    if type_ is bool or isinstance(value, bool):
+        return type_ is bool and isinstance(value, bool)
+    if type_ is int:  # and one Parquet's int64 holds
+        whole = isinstance(value, int) or (isinstance(value, float) and value.is_integer())
+        return whole and -(2**63) <= value < 2**63
+    if type_ is float:
+        return isinstance(value, (int, float))
+    return isinstance(value, type_)
+
+
 def non_finite(columns: dict[str, Any]) -> list[str]:
     """The names of the float values in `columns` that are NaN or infinite: a record would
     show them as null, "not measured", so a job with any of them is `diverged` instead."""

@@ -11,9 +11,13 @@ each job ends and at the end of the multirun, so a killed sweep keeps what finis
 holds a lock on `<sweep>/.results.lock`, so parallel jobs (joblib) or two sweeps ending at once
 never write a table that misses a record another one had just written. The records are the
 truth: `python -m experiments.records.store <sweep dir>` (and `make report`) gathers them again.
-A `result.json` that cannot be read, or that holds anything but a JSON object, is reported by
-path and left out; it never stops a sweep. A multirun whose end cannot write the tables (a full
-disk, a symlink planted as the lock) says so in one line and exits 1 (`gather_at_end`).
+A `result.json` that cannot be read, that holds anything but a JSON object, or whose object is
+not a record of the schema's types (`record.type_problem`: `{}`, a numeric timestamp, seq_len
+64.5) is reported by path and left out; it never stops a sweep. An ok record holding NaN or
+infinities is kept, with a warning naming it and its columns. An extra column Parquet cannot
+take as it is (mixed kinds, lists of mixed items) is written to results.parquet as text. A
+multirun whose end cannot write the tables (a full disk, a symlink planted as the lock) says so
+in one line and exits 1 (`gather_at_end`).
 """
 
 from __future__ import annotations
@@ -52,13 +56,32 @@ class Unreadable:
     reason: str
 
 
-def read_record(path: Path) -> dict[str, Any]:
+def read_record(path: Path, *, checked: bool = True) -> dict[str, Any]:
     """The record in `path`: a JSON object. `OSError` if it cannot be read, `ValueError` if it
-    is not JSON or not an object (`[]`, a number, ...), so callers treat both as unreadable."""
+    is not JSON or not an object (`[]`, a number, ...), or (`checked`) not a record of the
+    schema's types (`record.type_problem`: `{}`, a numeric timestamp), so callers treat all of
+    these as unreadable. `checked=False`: any JSON object (a job reading the hash of a record
+    it is to move aside, whatever else that record holds)."""
     value = json.loads(Path(path).read_text())
     if not isinstance(value, dict):
         raise ValueError(f"not a JSON object but a JSON {type(value).__name__}")
+    problem = record.type_problem(value) if checked else None
+    if problem is not None:
+        raise ValueError(f"not a record: {problem}")
     return value
+
+
+def non_finite_warning(path: Path, rec: dict[str, Any]) -> str | None:
+    """A warning naming `path` and its columns if `rec` is ok but holds NaN or infinities
+    (a job records those as diverged; this record was written otherwise): it is kept, and
+    its non-finite values read as not measured."""
+    if rec.get("status") != record.OK:
+        return None
+    names = record.non_finite(rec)
+    if not names:
+        return None
+    values = ", ".join(f"{k}={rec[k]}" for k in names)
+    return f"ok record {path} holds non-finite {values} (read as not measured)"
 
 
 Stamp = tuple[int, int, int, int]  # a file's (device, inode, mtime in ns, size)
@@ -91,15 +114,37 @@ def read_records(
     `unchanged` (`record_stamps` taken earlier): leave out the files still as they were then,
     e.g. to read only the records a multirun wrote or rewrote.
     """
-    records, unreadable = [], []
+    found = scan(sweep_dir, unchanged=unchanged)
+    return found.records, found.unreadable
+
+
+@dataclass(frozen=True)
+class Scan:
+    """What a sweep dir holds: its readable records with their paths, the unreadable files,
+    and a warning per readable record that is suspect (`non_finite_warning`)."""
+
+    records: list[dict[str, Any]]
+    paths: list[Path]
+    unreadable: list[Unreadable]
+    warnings: list[str]
+
+
+def scan(sweep_dir: Path, *, unchanged: set[Stamp] | None = None) -> Scan:
+    """Every `result.json` below `sweep_dir` (as `read_records`), with paths and warnings."""
+    records, paths, unreadable, warnings = [], [], [], []
     for path in sorted(Path(sweep_dir).glob("**/result.json")):
         try:
             if unchanged is not None and _stamp(path) in unchanged:
                 continue
-            records.append(read_record(path))
+            rec = read_record(path)
         except (OSError, ValueError) as error:
             unreadable.append(Unreadable(path, " ".join(str(error).split())))
-    return records, unreadable
+            continue
+        records.append(rec)
+        paths.append(path)
+        if (warning := non_finite_warning(path, rec)) is not None:
+            warnings.append(warning)
+    return Scan(records, paths, unreadable, warnings)
 
 
 def iter_records(sweep_dir: Path) -> list[dict[str, Any]]:
@@ -124,11 +169,20 @@ def find_ok_record(sweep_dir: Path, config_hash: str) -> Path | None:
 
 def gather(sweep_dir: Path) -> pd.DataFrame:
     """All records of a sweep as a DataFrame, one row per configuration (newest record wins)."""
-    frame = pd.DataFrame(read_records(sweep_dir)[0])  # the callers report unreadable ones
+    return shown(read_records(sweep_dir)[0])  # the callers report unreadable ones
+
+
+def shown(records: list[dict[str, Any]]) -> pd.DataFrame:
+    """`records` (each of the schema's types: `record.type_problem`) as a frame, one row per
+    configuration: its newest record (a record without a timestamp is the oldest)."""
+    frame = pd.DataFrame(records)
     if frame.empty:
         return frame
-    frame = frame.sort_values("timestamp").drop_duplicates("config_hash", keep="last")
-    return frame.sort_values(["attention", "block", "seq_len"]).reset_index(drop=True)
+    if "timestamp" in frame:
+        frame = frame.sort_values("timestamp", kind="stable", na_position="first")
+    frame = frame.drop_duplicates("config_hash", keep="last")
+    order = [c for c in ("attention", "block", "seq_len") if c in frame]
+    return (frame.sort_values(order, kind="stable") if order else frame).reset_index(drop=True)
 
 
 def write_results(sweep_dir: Path, *, quiet: bool = False) -> pd.DataFrame:
@@ -195,14 +249,16 @@ def check_relative_name(option: str, value: object) -> str:
 def parquet_frame(frame: pd.DataFrame) -> pd.DataFrame:
     """The records with one type per column, as Parquet wants: a schema column in its type
     (`record.SCHEMA`; ints and bools nullable), any other column as it is when its values share
-    a kind, and as text when they mix (a config key such as `attention.stride`: 'auto' or 64)."""
+    a kind and Parquet can hold them, and as text when they mix (a config key such as
+    `attention.stride`: 'auto' or 64) or it cannot (lists of mixed items, an int past 64
+    bits: a hand-written record's extra column must not cost the sweep its results.parquet)."""
     typed = frame.copy()
     for name in typed.columns:
         column = record.column(name)
         values = typed[name]
         if column is None:
-            if values.dtype == object and _mixed(values):
-                typed[name] = values.map(text_or_none)
+            if values.dtype == object and (_mixed(values) or not _arrow_holds(values)):
+                typed[name] = values.map(_text)
         elif column.type is int:
             typed[name] = pd.array(pd.to_numeric(values, errors="coerce"), dtype="Int64")
         elif column.type is float:
@@ -212,6 +268,24 @@ def parquet_frame(frame: pd.DataFrame) -> pd.DataFrame:
         else:
             typed[name] = values.map(text_or_none)
     return typed
+
+
+def _arrow_holds(values: pd.Series) -> bool:
+    """Whether Parquet (pyarrow) takes these values as one column as they are."""
+    import pyarrow as pa
+
+    try:
+        pa.array(values.tolist(), from_pandas=True)
+    except (pa.ArrowException, OverflowError, TypeError, ValueError):
+        return False
+    return True
+
+
+def _text(value: Any) -> str | None:
+    """A value as Parquet text: a list or an object as its JSON, a gap as None."""
+    if isinstance(value, (list, dict)):
+        return json.dumps(value, sort_keys=True, default=str)
+    return text_or_none(value)
 
 
 def _mixed(values: pd.Series) -> bool:
@@ -298,13 +372,22 @@ def gather_at_end(sweep_dir: Path) -> pd.DataFrame | None:
             file=sys.stderr,
         )
         return None
-    for bad in read_records(sweep_dir)[1]:
-        print(f"warning: unreadable record {bad.path}: {bad.reason}", file=sys.stderr)
+    say_what_was_left_out(sweep_dir)
     if not frame.empty:
         print(format_records(frame))
         counts = frame["status"].value_counts().to_dict()
         print(f"{len(frame)} configurations {counts}; results: {sweep_dir / 'results.csv'}")
     return frame
+
+
+def say_what_was_left_out(sweep_dir: Path) -> None:
+    """A line on stderr per record of `sweep_dir` that was left out (unreadable, or not a
+    record of the schema's types) and per suspect record kept (`Scan.warnings`)."""
+    found = scan(sweep_dir)
+    for bad in found.unreadable:
+        print(f"warning: unreadable record {bad.path}: {bad.reason}", file=sys.stderr)
+    for warning in found.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -321,8 +404,7 @@ def main(argv: list[str] | None = None) -> int:
             code = 1
             continue
         frame = write_results(sweep_dir, quiet=True)
-        for bad in read_records(sweep_dir)[1]:
-            print(f"warning: unreadable record {bad.path}: {bad.reason}", file=sys.stderr)
+        say_what_was_left_out(sweep_dir)
         if frame.empty:
             print(f"warning: no readable records in {sweep_dir}", file=sys.stderr)
         else:

@@ -102,3 +102,11 @@ def test_cli_needs_results_or_wandb(tmp_path, capsys):
         report.main(["--out", str(tmp_path)])
     assert exit_info.value.code == 2
     assert "give RESULTS or --wandb ENTITY/PROJECT" in capsys.readouterr().err
+
+
+def test_a_record_of_the_wrong_type_is_named_and_left_out(small_sweep, capsys, monkeypatch):
+    monkeypatch.setattr(report, "FIGURES", {})
+    record = next(small_sweep.glob("*/result.json"))
+    record.write_text(record.read_text().replace('"timestamp": "', '"timestamp": 17, "x": "'))
+    assert report.main([str(small_sweep), "--out", str(small_sweep / "report")]) == 0
+    assert f"warning: unreadable record {record}: " in capsys.readouterr().err
