@@ -171,6 +171,7 @@ def build_report(
     decode: pd.DataFrame | None = None,
     sources: Iterable[str] = (),
     unreadable: Sequence[Unreadable] = (),
+    notes: Sequence[str] = (),
 ) -> dict[str, Path]:
     """Write the figures that have something to show (PNG and SVG) and report.md into
     `out_dir`; the PNG path per figure written. A figure left out has no files (an old one of
@@ -206,6 +207,7 @@ def build_report(
         decode=decode,
         sources=sources,
         unreadable=unreadable,
+        notes=notes,
         left_out=left_out,
     )
     (out_dir / "report.md").write_text(text)
@@ -241,6 +243,7 @@ def markdown(
     decode: pd.DataFrame | None = None,
     sources: Iterable[str] = (),
     unreadable: Sequence[Unreadable] = (),
+    notes: Sequence[str] = (),
     left_out: dict[str, str] | None = None,
 ) -> str:
     """report.md: the headline, provenance, unreadable records, every table that has data, then
@@ -274,6 +277,8 @@ def markdown(
             *(f"- `{bad.path}`: {bad.reason}" for bad in unreadable),
             "",
         ]
+    if notes:  # which record of a configuration is shown (`load.record_notes`)
+        parts += ["## Records shown", "", *(f"- {note}" for note in notes), ""]
     parts += [markdown_tables(frame, quality=quality, decode=decode), "## Figures", ""]
     for name, (_, caption) in FIGURES.items():
         if name in left_out:
@@ -357,6 +362,9 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     for bad in unreadable:
         print(f"warning: unreadable record {bad.path}: {bad.reason}", file=sys.stderr)
+    notes = load.record_notes(args.results)
+    for note in notes:
+        print(note, file=sys.stderr)
     if frame.empty:
         print(f"error: no readable records in {', '.join(sources)}", file=sys.stderr)
         return 1
@@ -381,6 +389,7 @@ def main(argv: list[str] | None = None) -> int:
         decode=decode_frame,
         sources=sources,
         unreadable=unreadable,
+        notes=notes,
     )
     summary = scaling_fits.variant_summary(frame)
     if summary is not None:

@@ -7,9 +7,11 @@ with its history beside it, and its W&B run. Any failure becomes the record's `s
 combination the variant cannot do is `skipped`, an invalid option or any other exception is
 `error` (nothing is tracked in W&B for a job that measured nothing). A record of another
 configuration found in the job's dir is moved aside (`displaced/<its hash>/`), never
-overwritten; the job holds claims on its dir and its configuration from the resume check to
-its record's last write (`claimed`), so a second sweep into the same dir waits rather than
-replacing a record it did not see. A record or history that cannot be written (a full disk)
+overwritten, and so is an ok record of its own configuration that a re-measure
+(`resume=false`) would replace: an ok measurement is never lost to a newer attempt. The job
+holds claims on its dir and its configuration from the resume check to its record's last write
+(`claimed`), so a second sweep into the same dir waits rather than replacing a record it did
+not see. A record or history that cannot be written (a full disk)
 raises `NotWritten`, one line naming the file. The Hydra entry point around it is
 experiments/run.py.
 """
@@ -127,7 +129,7 @@ def _measure_and_record(
     measure = import_for_measuring()
     import torch  # started by the measuring modules; the app's own import leaves it out
 
-    _displace_other_record(out_dir, digest)
+    _displace_other_record(out_dir, digest, keep_ok=True)
     rec: dict[str, Any] = {
         "sweep": resolved.sweep,
         "job": job,
@@ -311,32 +313,53 @@ def _device_or_as_configured(resolved: ResolvedConfig) -> str:
         return str(resolved.device)
 
 
-def _displace_other_record(out_dir: Path, digest: str) -> None:
-    """Move a record of another configuration out of this job's way, never overwrite it.
+def _displace_other_record(out_dir: Path, digest: str, *, keep_ok: bool = False) -> None:
+    """Move a record of another configuration out of this job's way, never overwrite it;
+    `keep_ok` (as a job starts): an ok record of this configuration too (a re-measure,
+    `resume=false`), so that whatever the new measurement ends in, the ok one is kept.
 
     Job dirs are numbered by position in the sweep, so a value inserted into or reordered in a
     re-run sweep gives a recorded configuration's dir to a new one. The old record moves to
-    `displaced/<its hash>/result.json` below it (a hash that is not a plain name, e.g.
-    `../x` in a crafted record, as `unsafe-<its sha256>`: `store.safe_name`), its curriculum
-    stages' records
+    `displaced/<its hash>/result.json` below it (`<its hash>.2`, ... if that is taken: a
+    record there is never replaced; a hash that is not a plain name, e.g. `../x` in a crafted
+    record, as `unsafe-<its sha256>`: `store.safe_name`), its curriculum stages' records
     (`stages/<seq_len>/result.json`) with it, where the store and resume still find them;
     each record's history moves with it.
     """
-    other = _hash_of_record(out_dir / "result.json")
-    if other is None or other == digest:
+    other, status = _identity_of_record(out_dir / "result.json")
+    if other is None or (other == digest and not (keep_ok and status == record.OK)):
         return
-    target = out_dir / "displaced" / store.safe_name(other)  # a name from a file: never a path
+    target = _aside(out_dir / "displaced", other)
     _move_record(out_dir / "result.json", target / "result.json")
     if (out_dir / "stages").is_dir():
         _move_stages(out_dir / "stages", target / "stages")
+    if other == digest:
+        log.warning(
+            "%s held an ok record of this configuration; measuring it again, the ok record is "
+            "kept at %s",
+            out_dir,
+            target / "result.json",
+        )
+        return
     log.warning(
         "%s held another configuration (%s); moved to %s", out_dir, other, target / "result.json"
     )
 
 
+def _aside(displaced: Path, digest: str) -> Path:
+    """A dir below `displaced` for a record of `digest` that no record uses yet: its hash as
+    a name (`store.safe_name`: a name from a file, never a path), then `<name>.2`, ..."""
+    name = store.safe_name(digest)
+    target, n = displaced / name, 1
+    while target.exists():
+        n += 1
+        target = displaced / f"{name}.{n}"
+    return target
+
+
 def _move_stages(source: Path, target: Path) -> None:
-    """Move every stage record below `source` to the same place below `target`; a record
-    already there (the same stage of the same configuration, an older copy) is replaced."""
+    """Move every stage record below `source` to the same place below `target` (a dir of its
+    own, `_aside`)."""
     for path in sorted(source.glob("*/result.json")):
         _move_record(path, target / path.parent.name / "result.json")
 
@@ -353,23 +376,31 @@ def _move_record(path: Path, destination: Path) -> None:
 
 
 def _displace_other_stage(path: Path, digest: str) -> None:
-    """A stage record of another configuration at `path` (a job dir whose own record was lost
-    or unreadable, so it did not move with it) moves to `displaced/<its hash>/` beside it."""
-    other = _hash_of_record(path)
-    if other is not None and other != digest:
-        target = path.parent / "displaced" / store.safe_name(other) / "result.json"
-        _move_record(path, target)
+    """A stage record at `path` of another configuration (a job dir whose own record was lost
+    or unreadable, so it did not move with it), or an ok one of this stage's configuration (a
+    re-measure of a job whose own record did not end ok), moves to `displaced/<its hash>/`
+    beside it (`_aside`): a stage's ok record is never written over either."""
+    other, status = _identity_of_record(path)
+    if other is None or (other == digest and status != record.OK):
+        return
+    target = _aside(path.parent / "displaced", other) / "result.json"
+    _move_record(path, target)
+    if other == digest:
+        log.warning("%s held an ok record of this stage; kept at %s", path, target)
+    else:
         log.warning("%s held another configuration (%s); moved to %s", path, other, target)
 
 
-def _hash_of_record(path: Path) -> str | None:
-    """The `config_hash` of the record in `path`; None if there is none or it is unreadable."""
+def _identity_of_record(path: Path) -> tuple[str | None, Any]:
+    """The `config_hash` and `status` of the record in `path`; (None, None) if there is none
+    or it is unreadable."""
     try:
         # Unchecked: a record of another configuration moves aside whatever its values are.
-        other = store.read_record(path, checked=False).get("config_hash")
+        found = store.read_record(path, checked=False)
     except (OSError, ValueError):
-        return None
-    return other if isinstance(other, str) and other else None
+        return None, None
+    other = found.get("config_hash")
+    return (other, found.get("status")) if isinstance(other, str) and other else (None, None)
 
 
 def _status_of(error: BaseException) -> str:

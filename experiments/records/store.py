@@ -6,7 +6,10 @@ Layout of a sweep dir (Hydra's `hydra.sweep.dir`):
     <sweep>/results.csv             every record of the sweep, one row per configuration
     <sweep>/results.parquet         the same, typed
 A configuration is identified by `config_hash`; if it was measured more than once (a re-run of a
-failed job), the newest record wins, so no configuration appears twice. The store is rewritten as
+failed job, a re-measure with `resume=false`), its newest ok record is shown, else its newest
+record (`chosen`), so no configuration appears twice, and the table shows what resume skips as
+done; the end of a sweep says so when an ok record is shown over a newer failure, and counts the
+older ok records kept beside the shown ones (`shown_notes`). The store is rewritten as
 each job ends and at the end of the multirun, so a killed sweep keeps what finished; gathering
 holds a lock on `<sweep>/.results.lock`, so parallel jobs (joblib) or two sweeps ending at once
 never write a table that misses a record another one had just written. The records are the
@@ -125,16 +128,18 @@ class Scan:
 
     records: list[dict[str, Any]]
     paths: list[Path]
+    mtimes: list[int]  # of each record's file, in ns
     unreadable: list[Unreadable]
     warnings: list[str]
 
 
 def scan(sweep_dir: Path, *, unchanged: set[Stamp] | None = None) -> Scan:
     """Every `result.json` below `sweep_dir` (as `read_records`), with paths and warnings."""
-    records, paths, unreadable, warnings = [], [], [], []
+    records, paths, mtimes, unreadable, warnings = [], [], [], [], []
     for path in sorted(Path(sweep_dir).glob("**/result.json")):
         try:
-            if unchanged is not None and _stamp(path) in unchanged:
+            stamp = _stamp(path)
+            if unchanged is not None and stamp in unchanged:
                 continue
             rec = read_record(path)
         except (OSError, ValueError) as error:
@@ -142,9 +147,10 @@ def scan(sweep_dir: Path, *, unchanged: set[Stamp] | None = None) -> Scan:
             continue
         records.append(rec)
         paths.append(path)
+        mtimes.append(stamp[2])
         if (warning := non_finite_warning(path, rec)) is not None:
             warnings.append(warning)
-    return Scan(records, paths, unreadable, warnings)
+    return Scan(records, paths, mtimes, unreadable, warnings)
 
 
 def iter_records(sweep_dir: Path) -> list[dict[str, Any]]:
@@ -168,21 +174,76 @@ def find_ok_record(sweep_dir: Path, config_hash: str) -> Path | None:
 
 
 def gather(sweep_dir: Path) -> pd.DataFrame:
-    """All records of a sweep as a DataFrame, one row per configuration (newest record wins)."""
-    return shown(read_records(sweep_dir)[0])  # the callers report unreadable ones
+    """All records of a sweep as a DataFrame, one row per configuration (`shown`)."""
+    found = scan(sweep_dir)  # the callers report unreadable ones
+    return shown(found.records, found.mtimes)
 
 
-def shown(records: list[dict[str, Any]]) -> pd.DataFrame:
+def shown(records: list[dict[str, Any]], mtimes: list[int] | None = None) -> pd.DataFrame:
     """`records` (each of the schema's types: `record.type_problem`) as a frame, one row per
-    configuration: its newest record (a record without a timestamp is the oldest)."""
-    frame = pd.DataFrame(records)
+    configuration: the record `chosen` for it."""
+    frame = pd.DataFrame([records[i] for i in chosen(records, mtimes)])
     if frame.empty:
         return frame
-    if "timestamp" in frame:
-        frame = frame.sort_values("timestamp", kind="stable", na_position="first")
-    frame = frame.drop_duplicates("config_hash", keep="last")
     order = [c for c in ("attention", "block", "seq_len") if c in frame]
     return (frame.sort_values(order, kind="stable") if order else frame).reset_index(drop=True)
+
+
+def chosen(records: list[dict[str, Any]], mtimes: list[int] | None = None) -> list[int]:
+    """The index of the record each configuration (`config_hash`) shows: its newest ok record,
+    else its newest record. Ok first, because a failed re-measure (`resume=false` under a
+    smaller budget) must not hide a measurement that resume then skips as done: the loader and
+    resume agree, and `shown_notes` names the newer failure. Newest by `timestamp` (none: the
+    oldest), then by the file's mtime (`mtimes`, as `Scan.mtimes`; timestamps are whole
+    seconds)."""
+    mtimes = mtimes or [0] * len(records)
+    best: dict[str, int] = {}
+    for i, rec in enumerate(records):
+        j = best.get(rec["config_hash"])
+        if j is None or _rank(rec, mtimes[i]) >= _rank(records[j], mtimes[j]):
+            best[rec["config_hash"]] = i
+    return sorted(best.values())
+
+
+def _rank(rec: dict[str, Any], mtime: int) -> tuple[bool, str, int]:
+    return rec.get("status") == record.OK, rec.get("timestamp") or "", mtime
+
+
+def shown_notes(found: Scan) -> list[str]:
+    """What a reader of the gathered table should know of the records it does not show: a
+    configuration whose ok record is shown over newer ones that did not end ok (each named),
+    and how many older ok records are kept beside the ones shown (`displaced/`)."""
+    by_hash: dict[str, list[int]] = {}
+    for j, rec in enumerate(found.records):
+        by_hash.setdefault(rec["config_hash"], []).append(j)
+    notes, older_ok, configurations = [], [], set()
+    for i in chosen(found.records, found.mtimes):
+        digest = found.records[i]["config_hash"]
+        shown_rec, shown_rank = found.records[i], _rank(found.records[i], found.mtimes[i])
+        others = [j for j in by_hash[digest] if j != i]
+        newer = [
+            j
+            for j in others
+            if found.records[j]["status"] != record.OK
+            and _rank(found.records[j], found.mtimes[j])[1:] > shown_rank[1:]
+        ]
+        if shown_rec["status"] == record.OK and newer:
+            failures = ", ".join(
+                f"{found.records[j]['status']} record {found.paths[j]}" for j in newer
+            )
+            notes.append(
+                f"configuration {digest}: shows its ok record {found.paths[i]}, not the newer "
+                f"{failures}"
+            )
+        ok = [j for j in others if found.records[j]["status"] == record.OK]
+        older_ok += ok
+        configurations |= {digest} if ok else set()
+    if older_ok:
+        notes.append(
+            f"{len(older_ok)} older ok record(s) of {len(configurations)} configuration(s) kept "
+            f"beside the one shown (its newest ok record), e.g. {found.paths[older_ok[0]]}"
+        )
+    return notes
 
 
 def write_results(sweep_dir: Path, *, quiet: bool = False) -> pd.DataFrame:
@@ -372,7 +433,7 @@ def gather_at_end(sweep_dir: Path) -> pd.DataFrame | None:
             file=sys.stderr,
         )
         return None
-    say_what_was_left_out(sweep_dir)
+    say_what_was_read(sweep_dir)
     if not frame.empty:
         print(format_records(frame))
         counts = frame["status"].value_counts().to_dict()
@@ -380,14 +441,17 @@ def gather_at_end(sweep_dir: Path) -> pd.DataFrame | None:
     return frame
 
 
-def say_what_was_left_out(sweep_dir: Path) -> None:
+def say_what_was_read(sweep_dir: Path) -> None:
     """A line on stderr per record of `sweep_dir` that was left out (unreadable, or not a
-    record of the schema's types) and per suspect record kept (`Scan.warnings`)."""
+    record of the schema's types), per suspect record kept (`Scan.warnings`) and per note on
+    which record of a configuration is shown (`shown_notes`)."""
     found = scan(sweep_dir)
     for bad in found.unreadable:
         print(f"warning: unreadable record {bad.path}: {bad.reason}", file=sys.stderr)
     for warning in found.warnings:
         print(f"warning: {warning}", file=sys.stderr)
+    for note in shown_notes(found):
+        print(f"note: {note}", file=sys.stderr)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -404,7 +468,7 @@ def main(argv: list[str] | None = None) -> int:
             code = 1
             continue
         frame = write_results(sweep_dir, quiet=True)
-        say_what_was_left_out(sweep_dir)
+        say_what_was_read(sweep_dir)
         if frame.empty:
             print(f"warning: no readable records in {sweep_dir}", file=sys.stderr)
         else:

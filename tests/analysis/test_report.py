@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -110,3 +111,17 @@ def test_a_record_of_the_wrong_type_is_named_and_left_out(small_sweep, capsys, m
     record.write_text(record.read_text().replace('"timestamp": "', '"timestamp": 17, "x": "'))
     assert report.main([str(small_sweep), "--out", str(small_sweep / "report")]) == 0
     assert f"warning: unreadable record {record}: " in capsys.readouterr().err
+
+
+def test_an_ok_record_shown_over_a_newer_failure_is_said(small_sweep, capsys, monkeypatch):
+    monkeypatch.setattr(report, "FIGURES", {})
+    ok = next(small_sweep.glob("*/result.json"))
+    rec = json.loads(ok.read_text())
+    assert rec["status"] == "ok"
+    failed = small_sweep / "again" / "result.json"
+    failed.parent.mkdir()
+    failed.write_text(json.dumps({**rec, "status": "oom", "timestamp": "2099-01-01T00:00:00"}))
+    assert report.main([str(small_sweep), "--out", str(small_sweep / "report")]) == 0
+    said = f"shows its ok record {ok}, not the newer oom record {failed}"
+    assert said in capsys.readouterr().err
+    assert said in (small_sweep / "report" / "report.md").read_text()

@@ -345,3 +345,33 @@ def test_an_ok_record_holding_a_non_finite_value_is_kept_with_a_warning(tmp_path
     assert f"warning: ok record {path} holds non-finite attn_fwd_ms=nan, step_ms=inf" in err
     assert store.main([str(tmp_path)]) == 0
     assert f"ok record {path} holds non-finite" in capsys.readouterr().err
+
+
+# --- Which record of a configuration is shown ---------------------------------------------------
+
+
+def test_an_ok_record_is_shown_over_a_newer_failure_and_the_store_says_so(tmp_path, capsys):
+    """A newer timeout and an older ok record of one configuration were shown as timeout while
+    resume skipped the configuration as ok; now both say ok, and the end of a sweep says
+    which record it shows and which it does not."""
+    ok = put(tmp_path, 0, rec("aaa", timestamp="2026-01-01T00:00:00+00:00", attn_fwd_ms=2.0))
+    failed = put(tmp_path, 1, rec("aaa", status="timeout", timestamp="2026-01-02T00:00:00+00:00"))
+    put(tmp_path, 2, rec("bbb", seq_len=32, status="oom"))
+    frame = store.gather(tmp_path).set_index("config_hash")
+    assert frame.loc["aaa", "status"] == "ok" and frame.loc["aaa", "attn_fwd_ms"] == 2.0
+    assert store.find_ok_record(tmp_path, "aaa") == ok
+    store.gather_at_end(tmp_path)
+    err = capsys.readouterr().err
+    assert f"shows its ok record {ok}" in err and f"not the newer timeout record {failed}" in err
+    assert "bbb" not in err
+
+
+def test_older_ok_records_kept_aside_are_counted(tmp_path, capsys):
+    put(tmp_path, 0, rec("aaa", timestamp="2026-01-01T00:00:00+00:00"))
+    newest = put(tmp_path, 1, rec("aaa", timestamp="2026-01-03T00:00:00+00:00"))
+    put(tmp_path, "0/displaced/aaa.2", rec("aaa", timestamp="2026-01-02T00:00:00+00:00"))
+    assert store.gather(tmp_path)["timestamp"].tolist() == ["2026-01-03T00:00:00+00:00"]
+    assert store.main([str(tmp_path)]) == 0
+    err = capsys.readouterr().err
+    assert "2 older ok record(s) of 1 configuration(s) kept beside the one shown" in err
+    assert str(newest) not in err
