@@ -32,7 +32,7 @@ from experiments.app import tracking
 from experiments.job_config import JobConfig, ResolvedConfig
 from experiments.measurement import budget
 from experiments.measurement.provenance import provenance
-from experiments.records import files, history, record, store
+from experiments.records import files, history, index, record, store
 from experiments.training import curriculum
 from variants.checks import UnsupportedCombination
 
@@ -65,7 +65,7 @@ def run_job(
     digest = resolved.hash()
     with claimed(out_dir, sweep_dir, digest):
         if sweep_dir is not None and resolved.resume:
-            previous = store.find_ok_record(sweep_dir, digest)
+            previous = index.find_ok_record(sweep_dir, digest)  # not a scan of the sweep
             if previous is not None:
                 log.info("already recorded with status ok in %s; skipping", previous)
                 return None
@@ -129,7 +129,7 @@ def _measure_and_record(
     measure = import_for_measuring()
     import torch  # started by the measuring modules; the app's own import leaves it out
 
-    _displace_other_record(out_dir, digest, keep_ok=True)
+    _displace_other_record(out_dir, digest, sweep_dir, keep_ok=True)
     rec: dict[str, Any] = {
         "sweep": resolved.sweep,
         "job": job,
@@ -177,7 +177,9 @@ def _measure_and_record(
                     job_config,
                     built,
                     on_step=_logged(steps, tracker),
-                    on_stage=_stage_recorder(job_config, rec, out_dir, tracker, steps, started),
+                    on_stage=_stage_recorder(
+                        job_config, rec, out_dir, sweep_dir, tracker, steps, started
+                    ),
                 )
             rec.update(measured)
             non_finite = record.non_finite(measured)
@@ -207,8 +209,9 @@ def _measure_and_record(
         # The history before the record, which makes the job's outcome final; a record of
         # another configuration that arrived meanwhile (not through the claims) moves aside.
         steps.write(out_dir / history.FILE)
-        _displace_other_record(out_dir, digest)
+        _displace_other_record(out_dir, digest, sweep_dir)
         record.write_json_atomic(out_dir / "result.json", rec)
+        _note_written(sweep_dir, out_dir / "result.json", rec)
     except OSError as error:  # a full disk: one line naming the file, the sweep goes on
         tracker.discard()
         if not (out_dir / "result.json").is_file():  # no curve without its record
@@ -258,7 +261,13 @@ def _logged(steps: history.History, tracker: tracking.Tracker):
 
 
 def _stage_recorder(
-    job: JobConfig, rec, out_dir: Path, tracker, steps: history.History, started: float
+    job: JobConfig,
+    rec,
+    out_dir: Path,
+    sweep_dir: Path | None,
+    tracker,
+    steps: history.History,
+    started: float,
 ):
     """Record each finished curriculum stage as its own configuration, as soon as it ends.
 
@@ -286,9 +295,10 @@ def _stage_recorder(
             "offline_run_dir": None if tracker.run_dir is None else str(tracker.run_dir),
         }
         path = out_dir / "stages" / stage.label / "result.json"
-        _displace_other_stage(path, stage_rec["config_hash"])
+        _displace_other_stage(path, stage_rec["config_hash"], sweep_dir)
         steps.write(history.beside(path))
         record.write_json_atomic(path, stage_rec)
+        _note_written(sweep_dir, path, stage_rec)
 
     return write
 
@@ -313,7 +323,9 @@ def _device_or_as_configured(resolved: ResolvedConfig) -> str:
         return str(resolved.device)
 
 
-def _displace_other_record(out_dir: Path, digest: str, *, keep_ok: bool = False) -> None:
+def _displace_other_record(
+    out_dir: Path, digest: str, sweep_dir: Path | None, *, keep_ok: bool = False
+) -> None:
     """Move a record of another configuration out of this job's way, never overwrite it;
     `keep_ok` (as a job starts): an ok record of this configuration too (a re-measure,
     `resume=false`), so that whatever the new measurement ends in, the ok one is kept.
@@ -324,15 +336,15 @@ def _displace_other_record(out_dir: Path, digest: str, *, keep_ok: bool = False)
     record there is never replaced; a hash that is not a plain name, e.g. `../x` in a crafted
     record, as `unsafe-<its sha256>`: `store.safe_name`), its curriculum stages' records
     (`stages/<seq_len>/result.json`) with it, where the store and resume still find them;
-    each record's history moves with it.
+    each record's history moves with it, and the sweep's index follows them (`index.moved`).
     """
     other, status = _identity_of_record(out_dir / "result.json")
     if other is None or (other == digest and not (keep_ok and status == record.OK)):
         return
     target = _aside(out_dir / "displaced", other)
-    _move_record(out_dir / "result.json", target / "result.json")
+    _move_record(out_dir / "result.json", target / "result.json", sweep_dir)
     if (out_dir / "stages").is_dir():
-        _move_stages(out_dir / "stages", target / "stages")
+        _move_stages(out_dir / "stages", target / "stages", sweep_dir)
     if other == digest:
         log.warning(
             "%s held an ok record of this configuration; measuring it again, the ok record is "
@@ -357,25 +369,37 @@ def _aside(displaced: Path, digest: str) -> Path:
     return target
 
 
-def _move_stages(source: Path, target: Path) -> None:
+def _move_stages(source: Path, target: Path, sweep_dir: Path | None) -> None:
     """Move every stage record below `source` to the same place below `target` (a dir of its
     own, `_aside`)."""
     for path in sorted(source.glob("*/result.json")):
-        _move_record(path, target / path.parent.name / "result.json")
+        _move_record(path, target / path.parent.name / "result.json", sweep_dir)
 
 
-def _move_record(path: Path, destination: Path) -> None:
+def _move_record(path: Path, destination: Path, sweep_dir: Path | None) -> None:
     """Move the record at `path` and its history (if any) to `destination` and beside it; a
-    history at the destination that the moved record does not have is removed."""
+    history at the destination that the moved record does not have is removed. In a sweep,
+    its index follows an ok record to where it now is."""
     destination.parent.mkdir(parents=True, exist_ok=True)
     if history.beside(path).is_file():
         os.replace(history.beside(path), history.beside(destination))
     else:
         history.beside(destination).unlink(missing_ok=True)
     os.replace(path, destination)
+    if sweep_dir is not None:
+        try:
+            index.moved(sweep_dir, destination, store.read_record(destination))
+        except (OSError, ValueError):  # not a record resume could skip on: nothing to note
+            pass
 
 
-def _displace_other_stage(path: Path, digest: str) -> None:
+def _note_written(sweep_dir: Path | None, path: Path, rec: dict[str, Any]) -> None:
+    """In a sweep, note a record just written in its index (`index.written`)."""
+    if sweep_dir is not None:
+        index.written(sweep_dir, path, rec)
+
+
+def _displace_other_stage(path: Path, digest: str, sweep_dir: Path | None) -> None:
     """A stage record at `path` of another configuration (a job dir whose own record was lost
     or unreadable, so it did not move with it), or an ok one of this stage's configuration (a
     re-measure of a job whose own record did not end ok), moves to `displaced/<its hash>/`
@@ -384,7 +408,7 @@ def _displace_other_stage(path: Path, digest: str) -> None:
     if other is None or (other == digest and status != record.OK):
         return
     target = _aside(path.parent / "displaced", other) / "result.json"
-    _move_record(path, target)
+    _move_record(path, target, sweep_dir)
     if other == digest:
         log.warning("%s held an ok record of this stage; kept at %s", path, target)
     else:

@@ -259,16 +259,20 @@ def write_results(sweep_dir: Path, *, quiet: bool = False) -> pd.DataFrame:
             log.warning("no records found in %s", sweep_dir)
         return pd.DataFrame()
     with results_lock(sweep_dir):
-        frame = gather(sweep_dir)
-        if frame.empty:
-            if not quiet:
-                log.warning("no records found in %s", sweep_dir)
-            return frame
-        write_atomic(sweep_dir / "results.csv", lambda path: frame.to_csv(path, index=False))
-        typed = parquet_frame(frame)
-        write_atomic(
-            sweep_dir / "results.parquet", lambda path: typed.to_parquet(path, index=False)
-        )
+        frame = write_results_locked(sweep_dir)
+    if frame.empty and not quiet:
+        log.warning("no records found in %s", sweep_dir)
+    return frame
+
+
+def write_results_locked(sweep_dir: Path) -> pd.DataFrame:
+    """`write_results` for a caller that holds the sweep's lock (`results_lock`) already."""
+    frame = gather(sweep_dir)
+    if frame.empty:
+        return frame
+    write_atomic(sweep_dir / "results.csv", lambda path: frame.to_csv(path, index=False))
+    typed = parquet_frame(frame)
+    write_atomic(sweep_dir / "results.parquet", lambda path: typed.to_parquet(path, index=False))
     return frame
 
 
