@@ -50,6 +50,7 @@ def run_job(
     sweep_dir: Path | None,
     added: Sequence[str] = (),
     parallel_jobs: int = 1,
+    lr_source: str | None = None,
 ) -> dict[str, Any] | None:
     """Measure and record one configuration; returns the record, or None if resumed (skipped).
 
@@ -60,6 +61,8 @@ def run_job(
     top-level keys the command line added with `+key=` (`experiments.job_config.added_keys`), an
     error record.
     `parallel_jobs`: how many jobs the launcher runs side by side (recorded: timings depend on it).
+    `lr_source`: where `train.lr` came from (`resolvers.lr_source_of`: tuned, untuned or None),
+    recorded as the record's `lr_source`.
     """
     resolved = ResolvedConfig(config)
     digest = resolved.hash()
@@ -77,6 +80,7 @@ def run_job(
             sweep_dir=sweep_dir,
             added=added,
             parallel_jobs=parallel_jobs,
+            lr_source=lr_source,
         )
 
 
@@ -123,6 +127,7 @@ def _measure_and_record(
     sweep_dir: Path | None,
     added: Sequence[str],
     parallel_jobs: int,
+    lr_source: str | None,
 ) -> dict[str, Any]:
     """The body of `run_job`, under the job's claims: measure, then write the record."""
     digest = resolved.hash()
@@ -137,6 +142,7 @@ def _measure_and_record(
         "status": record.OK,
         "error": None,
         **resolved.columns(),
+        "lr_source": lr_source,
     }
     tracker = tracking.Tracker()
     steps = history.History()

@@ -110,6 +110,16 @@ SCHEMA: tuple[Column, ...] = (
     _config("device", str, "cpu | cuda (auto resolved)", resolved=True),
     _config("threads", int, "torch intra-op threads (null resolved)", resolved=True),
     _config("shared_qk", bool, "shared QK (null resolved)", "model.shared_qk", resolved=True),
+    _config(
+        "lr_source",
+        str,
+        "tuned | untuned: train.lr from the preset's tuned table (`${tuned_lr:...}`, conf/tuned/), "
+        "or, the table having no usable rate for the variant, its default rate "
+        "(experiments/app/resolvers.py); empty: train.lr as given (a preset's, a grid's)",
+        resolved=True,
+        derived=True,
+        optional=True,
+    ),
     _measured("attn_fwd_ms", float, "ms", "kernel forward, median", shown=True, scaling=True),
     _measured("attn_fwd_iqr_ms", float, "ms", "its interquartile range over timed blocks"),
     _measured("attn_fwd_bwd_ms", float, "ms", "kernel forward+backward", shown=True, scaling=True),
@@ -541,13 +551,16 @@ def config_keys(columns: Iterable[str], *, hashed_only: bool = False) -> list[st
     `@<label>` evaluation column is a measurement). Left out: the keys an alias or a resolved
     key stands for, the sweep's bookkeeping (`sweep`, `resume`, `fail_on`, `report`,
     `train.progress`), and with `hashed_only` also `budget.*`, which decides whether a
-    measurement completes but not what it measures (as in `config_hash`). Top-level preset keys
+    measurement completes but not what it measures (as in `config_hash`), and `lr_source`,
+    which says where train.lr came from (the rate itself is hashed). Top-level preset keys
     without a dot (a preset's `train_as` label) are not recognised.
     """
     aliased = {*ALIASES.values(), *RESOLVED.values()} - {*ALIASES, *RESOLVED}
     left_out = ("budget",) if hashed_only else ()
     keys = []
     for column in columns:
+        if hashed_only and column == "lr_source":
+            continue
         if column in ALIASES or column in RESOLVED:
             keys.append(column)
         elif "." in column and "@" not in column and column not in aliased:
