@@ -7,7 +7,7 @@ RESULTS are sweep dirs or results files (analysis.load). The same figures come f
 notebooks in analysis/notebooks/, which call the functions listed here. A figure these results
 cannot fill (e.g. depth when depth was not swept) is left out and named, with the reason, under
 "Not drawn"; records that could not be read are listed in report.md and on stderr. Mistakes
-(no results, no W&B login) print one `error:` line and exit 1.
+(no results, no W&B login, an --out that cannot be written) print one `error:` line and exit 1.
 """
 
 from __future__ import annotations
@@ -382,15 +382,20 @@ def main(argv: list[str] | None = None) -> int:
         sources += paths
         unreadable += load.unreadable_records(paths)
     quality, decode_frame = extra["quality"], extra["decode"]
-    pngs = build_report(
-        frame,
-        args.out,
-        quality=quality,
-        decode=decode_frame,
-        sources=sources,
-        unreadable=unreadable,
-        notes=notes,
-    )
+    try:
+        pngs = build_report(
+            frame,
+            args.out,
+            quality=quality,
+            decode=decode_frame,
+            sources=sources,
+            unreadable=unreadable,
+            notes=notes,
+        )
+    except OSError as error:  # a read-only or full --out: one line, not a traceback
+        where = f": {error.filename}" if error.filename else ""
+        print(f"error: --out {args.out}: {error.strerror or error}{where}", file=sys.stderr)
+        return 1
     summary = scaling_fits.variant_summary(frame)
     if summary is not None:
         print(summary.markdown())

@@ -30,6 +30,7 @@ import numpy as np
 import pandas as pd
 
 from analysis.load import format_value
+from experiments.records.files import write_atomic
 
 LR = "train.lr"
 VALID = "valid_accuracy"
@@ -290,11 +291,12 @@ def _why_unusable(records: pd.DataFrame, name: str) -> str:
     return f"its jobs ended {counts}; none ended ok with a validation figure"
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> int:
     """`python -m analysis.tuning SWEEP_DIR... [--overrides | --write FILE]`: the learning rate
     chosen per family; or (--overrides) one line of Hydra overrides per family, to run more
     seeds or head dims at the chosen rate (`make capacity-seeds`); or (--write) the rates as
-    the table a preset reads (`conf/tuned/<preset>.yaml`, `${tuned_lr:...}`)."""
+    the table a preset reads (`conf/tuned/<preset>.yaml`, `${tuned_lr:...}`). A mistake (no
+    results, nothing to tune, a file that cannot be written) is one `error:` line, exit 1."""
     import argparse
 
     from analysis.load import load_results
@@ -305,25 +307,46 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--overrides", action="store_true", help="print Hydra overrides only")
     parser.add_argument("--write", metavar="FILE", help="write the rates as a tuned table")
     args = parser.parse_args(argv)
-    frame = load_results(args.paths)
+    try:
+        frame = load_results(args.paths)
+    except (FileNotFoundError, ValueError) as error:  # no results there, not a results file
+        return _error(" ".join(str(error).split()))
     rates = chosen_rates(frame, context_columns(frame)) if len(frame) else pd.DataFrame()
     if rates.empty:
-        raise SystemExit(f"no family with a learning-rate grid and validation in {args.paths}")
+        return _error(
+            f"no family with a learning-rate grid and validation in {', '.join(args.paths)}"
+        )
     if args.overrides:  # a family with no usable rate has no rate to run more seeds at
         for _, row in rates.iterrows():
             if _given(row["lr_chosen"]):
                 print(row["overrides"])
             else:
                 print(f"# no usable rate: {row['overrides']}", file=sys.stderr)
-        return
+        return 0
     if args.write:
-        Path(args.write).write_text(rate_table(rates, frame, " ".join(args.paths)))
+        target = Path(args.write)
+        try:
+            text = rate_table(rates, frame, " ".join(args.paths))
+        except ValueError as error:  # two rates for one variant
+            return _error(f"--write {target}: {error}")
+        if not target.parent.is_dir():
+            return _error(f"--write {target}: no such folder {target.parent}")
+        try:
+            write_atomic(target, lambda tmp: tmp.write_text(text))
+        except OSError as error:
+            return _error(f"--write {target}: {error.strerror or error}")
         print(f"wrote {args.write}: {len(rates)} rates")
-        return
+        return 0
     context = [c for c in context_columns(rates) if c in rates and rates[c].nunique() > 1]
     shown = ["variant", *context, "lr_grid", "lr_chosen", "lr_any_learned", VALID, VALID_LOSS]
     print(rates[[c for c in shown if c in rates]].to_string(index=False))
+    return 0
+
+
+def _error(message: str) -> int:
+    print(f"error: {message}", file=sys.stderr)
+    return 1
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -125,3 +125,20 @@ def test_an_ok_record_shown_over_a_newer_failure_is_said(small_sweep, capsys, mo
     said = f"shows its ok record {ok}, not the newer oom record {failed}"
     assert said in capsys.readouterr().err
     assert said in (small_sweep / "report" / "report.md").read_text()
+
+
+def test_an_out_dir_that_cannot_be_written_is_one_line(small_sweep, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(report, "FIGURES", {})
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a dir")
+    assert report.main([str(small_sweep), "--out", str(blocker / "report")]) == 1
+    err = capsys.readouterr().err.splitlines()
+    assert err[-1].startswith(f"error: --out {blocker / 'report'}: ") and len(err) == 1, err
+
+    def read_only(*args, **kwargs):
+        raise PermissionError(13, "Permission denied", str(tmp_path / "ro" / "report.md"))
+
+    monkeypatch.setattr(report.Path, "write_text", read_only)
+    assert report.main([str(small_sweep), "--out", str(tmp_path / "ro")]) == 1
+    err = capsys.readouterr().err.splitlines()
+    assert err == [f"error: --out {tmp_path / 'ro'}: Permission denied: {tmp_path}/ro/report.md"]

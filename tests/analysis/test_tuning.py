@@ -307,3 +307,35 @@ def test_untuned_rows_say_so_where_the_lr_is_shown():
         "0.001 (untuned)"
     )
     assert "untuned (no tuned rate): linear" in tuning.protocol_line(series.trained_quality(fixed))
+
+
+# --- Mistakes on the command line: one line, no traceback, non-zero exit -----------------------
+
+
+def _grid_csv(tmp_path):
+    path = tmp_path / "results.csv"
+    _grid_sweep(VALID, VALID, seeds=(0,)).drop(columns=["variant"]).to_csv(path, index=False)
+    return path
+
+
+@pytest.mark.parametrize("case", ["empty", "missing", "no grid"])
+def test_a_sweep_with_nothing_to_tune_is_one_line(tmp_path, capsys, case):
+    path = tmp_path / "sweep"
+    if case != "missing":
+        path.mkdir()
+    if case == "no grid":
+        (path / "0").mkdir()
+        (path / "0" / "result.json").write_text(
+            '{"config_hash": "a", "status": "ok", "attention": "full", "train.lr": 0.001}'
+        )
+    assert tuning.main([str(path)]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: ") and str(path) in err, err
+
+
+def test_write_into_a_missing_folder_is_one_line_naming_the_option(tmp_path, capsys):
+    target = tmp_path / "no" / "such" / "demo.yaml"
+    assert tuning.main([str(_grid_csv(tmp_path)), "--write", str(target)]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"error: --write {target}: "), err
+    assert not target.exists()
