@@ -110,6 +110,16 @@ SCHEMA: tuple[Column, ...] = (
     _config("device", str, "cpu | cuda (auto resolved)", resolved=True),
     _config("threads", int, "torch intra-op threads (null resolved)", resolved=True),
     _config("shared_qk", bool, "shared QK (null resolved)", "model.shared_qk", resolved=True),
+    _config(
+        "lr_source",
+        str,
+        "tuned | untuned: train.lr from the preset's tuned table (`${tuned_lr:...}`, conf/tuned/), "
+        "or, the table having no usable rate for the variant, its default rate "
+        "(experiments/app/resolvers.py); empty: train.lr as given (a preset's, a grid's)",
+        resolved=True,
+        derived=True,
+        optional=True,
+    ),
     _measured("attn_fwd_ms", float, "ms", "kernel forward, median", shown=True, scaling=True),
     _measured("attn_fwd_iqr_ms", float, "ms", "its interquartile range over timed blocks"),
     _measured("attn_fwd_bwd_ms", float, "ms", "kernel forward+backward", shown=True, scaling=True),
@@ -411,6 +421,36 @@ def is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
+def type_problem(rec: dict[str, Any]) -> str | None:
+    """Why the JSON object `rec` is not a record, or None: its `config_hash` is not a non-empty
+    text, its `status` not one of STATUSES, or a schema column holds a value of another type
+    (None is every column's gap; an int column takes a whole float, a float column an int).
+    The store leaves such a file out, naming it, rather than letting one hand-edited value
+    (a numeric timestamp, seq_len 64.5) stop the gathering of every other record."""
+    digest, status = rec.get("config_hash"), rec.get("status")
+    if not isinstance(digest, str) or not digest:
+        return f"'config_hash' is {digest!r}, not a non-empty text"
+    if status not in STATUSES:
+        return f"'status' is {status!r}, not one of {', '.join(STATUSES)}"
+    for name, value in rec.items():
+        spec = column(name)
+        if spec is None or value is None or _is_type(value, spec.type):
+            continue
+        return f"{name!r} is {value!r} ({type(value).__name__}), not {spec.type.__name__}"
+    return None
+
+
+def _is_type(value: Any, type_: type) -> bool:
+    if type_ is bool or isinstance(value, bool):
+        return type_ is bool and isinstance(value, bool)
+    if type_ is int:  # and one Parquet's int64 holds
+        whole = isinstance(value, int) or (isinstance(value, float) and value.is_integer())
+        return whole and -(2**63) <= value < 2**63
+    if type_ is float:
+        return isinstance(value, (int, float))
+    return isinstance(value, type_)
+
+
 def non_finite(columns: dict[str, Any]) -> list[str]:
     """The names of the float values in `columns` that are NaN or infinite: a record would
     show them as null, "not measured", so a job with any of them is `diverged` instead."""
@@ -511,13 +551,16 @@ def config_keys(columns: Iterable[str], *, hashed_only: bool = False) -> list[st
     `@<label>` evaluation column is a measurement). Left out: the keys an alias or a resolved
     key stands for, the sweep's bookkeeping (`sweep`, `resume`, `fail_on`, `report`,
     `train.progress`), and with `hashed_only` also `budget.*`, which decides whether a
-    measurement completes but not what it measures (as in `config_hash`). Top-level preset keys
+    measurement completes but not what it measures (as in `config_hash`), and `lr_source`,
+    which says where train.lr came from (the rate itself is hashed). Top-level preset keys
     without a dot (a preset's `train_as` label) are not recognised.
     """
     aliased = {*ALIASES.values(), *RESOLVED.values()} - {*ALIASES, *RESOLVED}
     left_out = ("budget",) if hashed_only else ()
     keys = []
     for column in columns:
+        if hashed_only and column == "lr_source":
+            continue
         if column in ALIASES or column in RESOLVED:
             keys.append(column)
         elif "." in column and "@" not in column and column not in aliased:
