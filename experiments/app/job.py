@@ -164,9 +164,9 @@ def _measure_and_record(
         tracker = tracking.start_tracker(
             resolved.logger,
             run_config=resolved.tree,
-            group=resolved.sweep,
+            group=tracking.group_of(resolved.sweep, sweep_dir),
             job_type=f"{rec['attention']}-{rec['block']}",
-            name=f"{job}-{digest}",
+            name=tracking.run_name(rec, digest),
             tags=[rec["attention"], rec["block"], rec["task"]],
             out_dir=out_dir,
             run_id=None  # made only if W&B is on: it writes `.sweep_id`

@@ -131,7 +131,7 @@ class Multirun:
                 logger_cfg,
                 records=records,
                 figures=figures,
-                group=str(self.config.sweep),
+                group=tracking.group_of(str(self.config.sweep), self.sweep_dir),
                 out_dir=self.sweep_dir,
                 results=results if results.is_file() else None,
             )
