@@ -128,7 +128,8 @@ class _WandbTracker(Tracker):
             self._guard(run.log, {SCALING_AXIS: rec[SCALING_AXIS], **scaling})
         # The config is the run's config, not its summary; a curve's last point (`eval/loss`)
         # is the record's column (`eval_loss`): one name per metric.
-        measured = {k: v for k, v in rec.items() if k not in set(record.config_keys(rec))}
+        config = {*record.config_keys(rec), *record.ALIASES.values(), *record.RESOLVED.values()}
+        measured = {k: v for k, v in rec.items() if k not in config}
         self._guard(run.summary.update, measured)
         self._guard(_close, run, exit_code)
 

@@ -19,7 +19,8 @@ import pandas as pd
 import pytest
 from omegaconf import OmegaConf
 
-from experiments.records import history
+from experiments.app import tracking
+from experiments.records import history, record
 from experiments.records.record import flatten
 from tests import wandb_runs
 from tests.experiments.conftest import CONF, MEASURE_NOTHING
@@ -183,10 +184,22 @@ def test_offline_wandb_runs_hold_the_same_config_and_summary(wandb_sweep):
         flat = flatten(run["config"])
         config_columns = {k: v for k, v in rec.items() if "." in k}  # e.g. attention.block_size
         assert {k: flat[k] for k in config_columns} == config_columns
-        # The summary carries every column of the record (W&B keeps no None values).
-        expected = {k: v for k, v in rec.items() if v is not None and k != "offline_run_dir"}
+        # The summary carries every measured column of the record (W&B keeps no None values);
+        # the configuration is the run's config, never copied into its summary.
+        configuration = {
+            *record.config_keys(rec),
+            *record.ALIASES.values(),
+            *record.RESOLVED.values(),
+        }
+        expected = {
+            k: v
+            for k, v in rec.items()
+            if v is not None and k != "offline_run_dir" and k not in configuration
+        }
         assert {k: run["summary"].get(k) for k in expected} == expected
-        assert (run["group"], run["name"]) == ("runner-test", f"{job}-{rec['config_hash']}")
+        assert not {"attention", "block", "model.depth"} & set(run["summary"])
+        assert run["group"] == "runner-test"
+        assert run["name"] == tracking.run_name(rec, rec["config_hash"])
         token = (wandb_sweep / ".sweep_id").read_text().strip()  # the sweep dir's identity
         assert run["run_id"] == f"runner-test-{token}-{rec['config_hash']}"  # same at re-runs
         assert run["exit_code"] == 0

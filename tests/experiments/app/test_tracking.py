@@ -67,7 +67,11 @@ def start(out_dir, logger_cfg=WANDB_LOGGER, name="job-0", tags=("lsh", "seq_len=
 def expected_summary(record):
     """The record but its configuration (that is the run's config, never copied into the
     summary). W&B keeps no None; it writes NaN as null, which reads back as absent too."""
-    config = set(rec_module.config_keys(record))
+    config = {
+        *rec_module.config_keys(record),
+        *rec_module.ALIASES.values(),
+        *rec_module.RESOLVED.values(),
+    }
     return {
         k: v
         for k, v in record.items()
