@@ -20,7 +20,7 @@ The contenders of a row are timed in interleaved rounds (no mask, padding, docum
 ...; H_kv=8, H_kv=2, ...) by `experiments.measurement.timing.time_in_rounds` with
 `round_timer` (one untimed call the first time a contender runs), and each ratio is the median
 over rounds of the with-input time over the without-input time of the same round
-(`timing.ratio`): above 1, the input costs time. A ratio above `BOUND` (1.3, issue 38) on a
+(`timing.ratio`): above 1, the input costs time. A ratio above `BOUND` (1.3) on a
 kernel that can skip whole blocks (its spec's `block_sparse_work`) is flagged in the table.
 """
 

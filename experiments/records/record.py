@@ -180,12 +180,12 @@ SCHEMA: tuple[Column, ...] = (
     _measured("approx_rel_error_gaussian", float, "relative", "the same on N(0, 1) q, k, v"),
     _measured("approx_reference_bits_per_byte", float, "bits/byte", "the reference model's eval"),
     _measured("approx_reference_digest", str, "", "the reference model measured on", optional=True),
-    # Errors in distribution (issue 22): the reference's trained length, the kernel's fitting,
+    # Errors in distribution: the reference's trained length, the kernel's fitting,
     # the kernel swap, and why an error is missing.
     _measured(
         "approx_reference_seq_len", int, "tokens", "the reference's trained length", optional=True
     ),
-    # Grouped KV heads (issue 38): the error is against grouped-head exact attention on k, v of
+    # Grouped KV heads: the error is against grouped-head exact attention on k, v of
     # this many heads; empty in records from before, which measured plain multi-head attention.
     _measured(
         "approx_reference_n_kv_heads",
@@ -329,7 +329,7 @@ SCHEMA: tuple[Column, ...] = (
     _measured("decode_read_gb_per_s", float, "GB/s", "cache_bytes / decode_ms_per_token"),
     _measured("decode_bandwidth_fraction", float, "fraction", "decode read rate / copy rate"),
     _measured("timing_warning", str, "", "figures whose timing spread widely", optional=True),
-    # issue 26 (nothing lost, nothing silent): float16 gradient checks
+    # Nothing lost, nothing silent: float16 gradient checks
     # (experiments/training/train.py)
     _measured(
         "grad_warning",
@@ -348,7 +348,7 @@ SCHEMA: tuple[Column, ...] = (
     _measured("speedup_vs_math", float, "×", "fwd+bwd speed-up over O(L²)", optional=True),
     _measured("speedup_vs_math_iqr", float, "×", "its IQR over rounds", optional=True),
     _measured("speedup_rounds", int, "", "alternating rounds behind the speed-ups", optional=True),
-    # --- the fused CUDA path (issue 25): which path the job's kernel ran ---
+    # --- the fused CUDA path: which path the job's kernel ran ---
     _measured(
         "kernel_path",
         str,
@@ -357,7 +357,7 @@ SCHEMA: tuple[Column, ...] = (
         "matmuls (`Attention.kernel_path`)",
         optional=True,
     ),
-    # issue 37: the exact baseline named. Full attention's `impl=sdpa_<backend>` pins it; plain
+    # The exact baseline named. Full attention's `impl=sdpa_<backend>` pins it; plain
     # `sdpa` is what PyTorch's own dispatcher chooses for the timed inputs.
     _measured(
         "sdpa_backend",

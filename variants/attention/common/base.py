@@ -113,7 +113,7 @@ class Attention(nn.Module):
     # True if the kernel's work is a set of (query block, key block) pairs (exact attention
     # through SDPA's tiles, the fixed and the selected block patterns), so a mask that empties a
     # block could drop that block's work: benchmarks/mask_cost.py holds what a mask costs such a
-    # kernel to its bound (issue 38), not a kernel whose work has no blocks to skip (a state
+    # kernel to its bound, not a kernel whose work has no blocks to skip (a state
     # over the sequence, LSH's or routing's sorted windows, Linformer's projection).
     block_sparse_work: ClassVar[bool] = False
     # How its softmax attention runs: "flash" (parts merged by logsumexp through

@@ -95,7 +95,7 @@ class FullAttention(Attention):
         # q (B, H, L, D); k, v (B, H_kv, L, D)
         if self.impl in SDPA_IMPLS and (attention_mask is not None or segment_ids is not None):
             # One dense (B, 1, L, L) mask cost SDPA its causal path and every block: 3.86x the
-            # unmasked kernel with 25 % padding, 5.11x with 8 documents at 16K (issue 38).
+            # unmasked kernel with 25 % padding, 5.11x with 8 documents at 16K.
             return per_document(
                 self.attend, q, k, v, attention_mask=attention_mask, segment_ids=segment_ids
             )
