@@ -81,8 +81,10 @@ def not_learned_text(rows: pd.DataFrame) -> str:
     if "lr_grid" in rows and rows["lr_grid"].notna().any():  # a learning-rate grid
         if not rows["lr_any_learned"].fillna(False).astype(bool).any():
             text += f" at any lr of {rows['lr_grid'].dropna().iloc[0]}"
-        else:
+        elif rows["lr_chosen"].notna().any():
             text += f" at lr {format_value(rows['lr_chosen'].dropna().iloc[0])}"
+        else:  # no rate of the grid ended ok with a validation figure (`tuning.usable_rates`)
+            text += f" (no usable lr of {rows['lr_grid'].dropna().iloc[0]})"
     control = rows["control_accuracy"].max()
     if pd.notna(control):
         text += f" (control {control:.1%})"

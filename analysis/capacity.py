@@ -131,11 +131,8 @@ def _learned_mark(jobs: pd.DataFrame) -> str:
 
 
 def _lr(jobs: pd.DataFrame) -> str:
-    """The learning rate the rows were trained at (the grid's choice, or the one rate)."""
-    rates = jobs["lr_chosen"].dropna().unique() if "lr_chosen" in jobs else []
-    if not len(rates) and "train.lr" in jobs:
-        rates = jobs["train.lr"].dropna().unique()
-    return ", ".join(format_value(r) for r in sorted(rates)) or "—"
+    """The learning rate the rows were trained at (`tuning.lr_text`)."""
+    return tuning.lr_text(jobs)
 
 
 def capacity_cells(frame: pd.DataFrame) -> dict[str, dict[int, str]]:

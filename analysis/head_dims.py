@@ -1,4 +1,4 @@
-"""report.md's tables for a sweep over head dims (`+experiment=heads`, issue 38).
+"""report.md's tables for a sweep over head dims (`+experiment=heads`).
 
 - `crossovers_by_head_dim`: per variant, its crossover L* against exact attention at each head
   dim, plain multi-head (`n_kv_heads` = `n_heads`), and which way it moves from the smallest

@@ -1,9 +1,9 @@
 """Sweep results -> one tidy DataFrame, one row per measured configuration (one job's record).
 
 Sources, which all give the same columns:
-  - a sweep dir: its `<job>/result.json` records (newest per `config_hash`, as the runner's
-    `experiments.records.store.gather` does), or when it has none, its `results.parquet` /
-    `results.csv`;
+  - a sweep dir: its `<job>/result.json` records (per `config_hash` the newest ok record, else
+    the newest, as the runner's `experiments.records.store.gather` does; `record_notes` says
+    which), or when it has none, its `results.parquet` / `results.csv`;
   - a results file: `results.csv`, `results.parquet` or one `result.json`;
   - a W&B project online (`load_wandb`), through `wandb.Api()`.
 W&B's offline run folders are never read: the records and histories beside them are the data.
@@ -69,6 +69,19 @@ def load_results(paths: Iterable[str | Path]) -> pd.DataFrame:
 def unreadable_records(paths: Iterable[str | Path]) -> list[store.Unreadable]:
     """The `result.json` files below the sweep dirs among `paths` that could not be read."""
     return [bad for p in paths if Path(p).is_dir() for bad in store.read_records(Path(p))[1]]
+
+
+def record_notes(paths: Iterable[str | Path]) -> list[str]:
+    """Warnings and notes on the records below the sweep dirs among `paths` that are shown:
+    ok records holding NaN, an ok record shown over a newer failure, older ok records kept
+    (`experiments.records.store.shown_notes`)."""
+    notes = []
+    for path in (Path(p) for p in paths):
+        if path.is_dir():
+            found = store.scan(path)
+            notes += [f"warning: {w}" for w in found.warnings]
+            notes += [f"note: {n}" for n in store.shown_notes(found)]
+    return notes
 
 
 def load_wandb(project: str, group: str | None = None, *, api: Any = None) -> pd.DataFrame:

@@ -7,7 +7,7 @@ RESULTS are sweep dirs or results files (analysis.load). The same figures come f
 notebooks in analysis/notebooks/, which call the functions listed here. A figure these results
 cannot fill (e.g. depth when depth was not swept) is left out and named, with the reason, under
 "Not drawn"; records that could not be read are listed in report.md and on stderr. Mistakes
-(no results, no W&B login) print one `error:` line and exit 1.
+(no results, no W&B login, an --out that cannot be written) print one `error:` line and exit 1.
 """
 
 from __future__ import annotations
@@ -173,6 +173,7 @@ def build_report(
     decode: pd.DataFrame | None = None,
     sources: Iterable[str] = (),
     unreadable: Sequence[Unreadable] = (),
+    notes: Sequence[str] = (),
 ) -> dict[str, Path]:
     """Write the figures that have something to show (PNG and SVG) and report.md into
     `out_dir`; the PNG path per figure written. A figure left out has no files (an old one of
@@ -208,6 +209,7 @@ def build_report(
         decode=decode,
         sources=sources,
         unreadable=unreadable,
+        notes=notes,
         left_out=left_out,
     )
     (out_dir / "report.md").write_text(text)
@@ -243,6 +245,7 @@ def markdown(
     decode: pd.DataFrame | None = None,
     sources: Iterable[str] = (),
     unreadable: Sequence[Unreadable] = (),
+    notes: Sequence[str] = (),
     left_out: dict[str, str] | None = None,
 ) -> str:
     """report.md: the headline, provenance, unreadable records, every table that has data, then
@@ -276,6 +279,8 @@ def markdown(
             *(f"- `{bad.path}`: {bad.reason}" for bad in unreadable),
             "",
         ]
+    if notes:  # which record of a configuration is shown (`load.record_notes`)
+        parts += ["## Records shown", "", *(f"- {note}" for note in notes), ""]
     parts += [markdown_tables(frame, quality=quality, decode=decode), "## Figures", ""]
     for name, (_, caption) in FIGURES.items():
         if name in left_out:
@@ -359,6 +364,9 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     for bad in unreadable:
         print(f"warning: unreadable record {bad.path}: {bad.reason}", file=sys.stderr)
+    notes = load.record_notes(args.results)
+    for note in notes:
+        print(note, file=sys.stderr)
     if frame.empty:
         print(f"error: no readable records in {', '.join(sources)}", file=sys.stderr)
         return 1
@@ -376,14 +384,20 @@ def main(argv: list[str] | None = None) -> int:
         sources += paths
         unreadable += load.unreadable_records(paths)
     quality, decode_frame = extra["quality"], extra["decode"]
-    pngs = build_report(
-        frame,
-        args.out,
-        quality=quality,
-        decode=decode_frame,
-        sources=sources,
-        unreadable=unreadable,
-    )
+    try:
+        pngs = build_report(
+            frame,
+            args.out,
+            quality=quality,
+            decode=decode_frame,
+            sources=sources,
+            unreadable=unreadable,
+            notes=notes,
+        )
+    except OSError as error:  # a read-only or full --out: one line, not a traceback
+        where = f": {error.filename}" if error.filename else ""
+        print(f"error: --out {args.out}: {error.strerror or error}{where}", file=sys.stderr)
+        return 1
     summary = scaling_fits.variant_summary(frame)
     if summary is not None:
         print(summary.markdown())

@@ -82,6 +82,7 @@ def update(
             out_dir,
             sources=[str(sweep_dir)],
             unreadable=load.unreadable_records([sweep_dir]),
+            notes=load.record_notes([sweep_dir]),
         )
         print(f"report: {out_dir / 'report.md'}")
         drawn = True

@@ -12,19 +12,25 @@ in among themselves (a curriculum stage's `seq_len` and `batch_size`, a mixture 
 learning rate's score is the mean `valid_accuracy` over all its records (every seed, every stage
 or point), a job that did not end ok scoring as 0; the best is kept (a tie: the smaller rate),
 and its records gain `lr_grid` (the family's grid, as text), `lr_chosen` and `lr_any_learned`
-(whether a job at any rate of the grid learned the task). A family with one rate, or whose
-records carry no validation accuracy, is left as it is.
+(whether a job that ended ok, at any rate of the grid, learned the task). Only a *usable* rate
+can be chosen: one with a record that ended ok and validated to a number. A family with no
+usable rate (every job diverged, or validated NaN) has none chosen: its smallest rate's records
+are kept with `lr_chosen` empty, written to a tuned table as `null` (an untuned variant for
+`${tuned_lr:...}`). A family with one rate, or a frame whose records carry no validation at
+all, is left as it is.
 """
 
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from analysis.load import format_value
+from experiments.records.files import write_atomic
 
 LR = "train.lr"
 VALID = "valid_accuracy"
@@ -65,20 +71,37 @@ def choose_learning_rates(frame: pd.DataFrame, context: list[str]) -> pd.DataFra
         if len(rates) == 1:
             kept.append(family.assign(lr_chosen=rates[0]))
             continue
-        if not rates or not _validated(family):
+        if not rates:
             kept.append(family)
             continue
         score = rate_scores(family)
-        best = min(rates, key=lambda r: (-score.get(r, 0.0), r))
+        usable = usable_rates(family)
+        best = min(usable or rates, key=lambda r: (-score.get(r, 0.0), r))
+        # A job that did not end ok learned nothing, whatever it recorded before it failed.
         learned = family[ACCURACY].fillna(0) >= LEARNED
         if "learned" in family:
             learned |= family["learned"].map(lambda v: v is True or v == 1)
+        if "status" in family:
+            learned &= family["status"] == "ok"
         kept.append(
             family[family[LR] == best].assign(
-                lr_grid=grid_text(rates), lr_chosen=best, lr_any_learned=bool(learned.any())
+                lr_grid=grid_text(rates),
+                lr_chosen=best if usable else np.nan,
+                lr_any_learned=bool(learned.any()),
             )
         )
     return pd.concat(kept) if kept else frame
+
+
+def usable_rates(family: pd.DataFrame) -> list[float]:
+    """The rates of one family a choice can fall on: those with a record that ended ok and
+    validated to a number (accuracy, or a byte task's loss)."""
+    ok = family["status"] == "ok" if "status" in family else pd.Series(True, index=family.index)
+    column = VALID if VALID in family and family[VALID].notna().any() else VALID_LOSS
+    if column not in family:
+        return []
+    values = pd.to_numeric(family[column], errors="coerce").astype(float)
+    return sorted(family.loc[ok & np.isfinite(values), LR].dropna().unique())
 
 
 def _validated(frame: pd.DataFrame) -> bool:
@@ -96,6 +119,8 @@ def rate_scores(family: pd.DataFrame) -> pd.Series:
         seeds = [s for s, runs in family.groupby("seed") if set(runs[LR].dropna()) >= set(rates)]
         family = family[family["seed"].isin(seeds)] if seeds else family
     ok = family["status"] == "ok" if "status" in family else True
+    if not usable_rates(family):  # nothing validated: no rate scores above another
+        return pd.Series(0.0, index=rates)
     if VALID not in family or family[VALID].isna().all():
         loss = family[VALID_LOSS].where(ok).fillna(np.inf)
         return -loss.groupby(family[LR]).mean()
@@ -113,17 +138,20 @@ def chosen_rates(frame: pd.DataFrame, context: list[str]) -> pd.DataFrame:
         return pd.DataFrame()
     columns = family_columns(frame, context)
     rows = []
-    for _, family in chosen.dropna(subset=["lr_chosen"]).groupby(columns, sort=False, dropna=False):
+    grid = chosen["lr_grid"] if "lr_grid" in chosen else pd.Series(None, index=chosen.index)
+    decided = chosen[chosen["lr_chosen"].notna() | grid.notna()]  # chosen, or none usable
+    for _, family in decided.groupby(columns, sort=False, dropna=False):
         first = family.iloc[0]
         keys = [c for c in columns if c.startswith("attention.") and c != "attention.name"]
         overrides = [f"attention={first['attention']}"]
         overrides += [f"{c}={override_value(first[c])}" for c in keys if _given(first[c])]
-        overrides.append(f"{LR}={format_value(first['lr_chosen'])}")
+        if _given(first["lr_chosen"]):  # none: no usable rate (`usable_rates`)
+            overrides.append(f"{LR}={format_value(first['lr_chosen'])}")
         rows.append(
             {
                 "variant": first.get("variant", first["attention"]),
                 **{c: first[c] for c in columns},
-                "lr_grid": first["lr_grid"],
+                "lr_grid": first.get("lr_grid"),
                 "lr_chosen": first["lr_chosen"],
                 "lr_any_learned": first["lr_any_learned"],
                 **{c: family[c].mean() for c in (VALID, VALID_LOSS) if c in family},
@@ -131,6 +159,26 @@ def chosen_rates(frame: pd.DataFrame, context: list[str]) -> pd.DataFrame:
             }
         )
     return pd.DataFrame(rows)
+
+
+def lr_text(records: pd.DataFrame) -> str:
+    """The learning rate(s) `records` trained at, as a table shows it: the grid's choice or
+    the one rate, "none usable" for a grid with no usable rate, and " (untuned)" when a
+    preset's tuned table had no rate for them (`lr_source`, experiments/app/resolvers.py)."""
+    chosen = records["lr_chosen"] if "lr_chosen" in records else pd.Series(dtype=float)
+    rates = chosen.dropna().unique()
+    if not len(rates):
+        if "lr_grid" in records and records["lr_grid"].notna().any():
+            return "none usable"
+        rates = records[LR].dropna().unique() if LR in records else []
+    text = ", ".join(format_value(r) for r in sorted(rates)) or "—"
+    return text + (" (untuned)" if _untuned(records).any() else "")
+
+
+def _untuned(records: pd.DataFrame) -> pd.Series:
+    if "lr_source" not in records:
+        return pd.Series(False, index=records.index)
+    return records["lr_source"] == "untuned"
 
 
 def override_value(value) -> str:
@@ -159,6 +207,10 @@ def protocol_line(records: pd.DataFrame) -> str:
         rates = ", ".join(format_value(r) for r in sorted(records[LR].dropna().unique()))
         per_variant = "lr_chosen" in records and records[LR].nunique() > 1
         parts.append(f"lr per variant, fixed (one each: {rates})" if per_variant else f"lr {rates}")
+    names = records.get("attention", pd.Series(None, index=records.index, dtype=object))
+    untuned = sorted(names[_untuned(records)].dropna().unique())
+    if untuned:  # the preset's tuned table had no usable rate for them
+        parts.append(f"untuned (no tuned rate): {', '.join(untuned)}")
     if "train.steps" in records and records["train.steps"].notna().any():
         parts.append(_caps(records))
     stop = records.get("train.stop_accuracy", pd.Series(dtype=float)).dropna()
@@ -194,9 +246,11 @@ def rate_table(rates: pd.DataFrame, records: pd.DataFrame, source: str) -> str:
     (experiments/app/resolvers.py): one `attention: rate` line per variant, under a header that
     says where the rates come from (the sweep, its commits and dates, the grid, what no rate
     learned). A variant tuned twice (two families, e.g. two option sets) at two different rates
-    is an error: the table keys by attention name only."""
+    is an error: the table keys by attention name only. A variant with no usable rate
+    (`usable_rates`: every job diverged, or none validated to a number) is written `null`, with
+    a comment line saying why: `${tuned_lr:...}` trains it untuned."""
     by_name: dict[str, float] = {}
-    for _, row in rates.iterrows():
+    for _, row in rates[rates["lr_chosen"].notna()].iterrows():
         name, rate = row["attention"], float(row["lr_chosen"])
         if by_name.get(name, rate) != rate:
             raise ValueError(
@@ -204,27 +258,45 @@ def rate_table(rates: pd.DataFrame, records: pd.DataFrame, source: str) -> str:
                 f"{rate}): a tuned table keys by attention name; tune one family per sweep"
             )
         by_name[name] = rate
+    unusable = sorted(set(rates.loc[rates["lr_chosen"].isna(), "attention"]) - set(by_name))
     commits = sorted({str(c)[:7] for c in records.get("git_commit", pd.Series()).dropna()})
     stamps = records.get("timestamp", pd.Series(dtype=str)).dropna().sort_values()
     dates = f"{stamps.iloc[0][:10]} … {stamps.iloc[-1][:10]}" if len(stamps) else "unknown"
-    unlearned = sorted(rates.loc[~rates["lr_any_learned"].astype(bool), "attention"].unique())
+    usable = rates[rates["lr_chosen"].notna()]
+    unlearned = sorted(usable.loc[~usable["lr_any_learned"].astype(bool), "attention"].unique())
     lines = [
         "# Learning rates chosen on the validation split of a grid (analysis/tuning.py),",
         f"# written by `python -m analysis.tuning {source} --write <this file>`.",
-        f"# Grid: {', '.join(sorted(rates['lr_grid'].unique()))}; records: commit "
+        f"# Grid: {', '.join(sorted(rates['lr_grid'].dropna().unique()))}; records: commit "
         f"{', '.join(commits) or 'unknown'}, {dates}.",
         f"# Learned at no rate of the grid: {', '.join(unlearned) or 'none'}",
         "# (their rate is the grid's best all the same: the tables say 'not learned').",
-        *(f"{name}: {format_value(rate)}" for name, rate in sorted(by_name.items())),
+    ]
+    if unusable:
+        lines += [f"# No usable rate: {name} ({_why_unusable(records, name)})" for name in unusable]
+        lines.append("# (null: `${tuned_lr:...}` trains it at its default rate, lr_source untuned)")
+    lines += [
+        f"{name}: {'null' if name in unusable else format_value(by_name[name])}"
+        for name in sorted([*by_name, *unusable])
     ]
     return "\n".join(lines) + "\n"
 
 
-def main(argv: list[str] | None = None) -> None:
+def _why_unusable(records: pd.DataFrame, name: str) -> str:
+    """ "every job ended diverged (3)", or how many ended ok without a validation figure."""
+    mine = records[records["attention"] == name]
+    jobs = mine.drop_duplicates("job") if "job" in mine else mine
+    statuses = jobs["status"] if "status" in jobs else pd.Series("ok", index=jobs.index)
+    counts = ", ".join(f"{n} {s}" for s, n in statuses.value_counts().items())
+    return f"its jobs ended {counts}; none ended ok with a validation figure"
+
+
+def main(argv: list[str] | None = None) -> int:
     """`python -m analysis.tuning SWEEP_DIR... [--overrides | --write FILE]`: the learning rate
     chosen per family; or (--overrides) one line of Hydra overrides per family, to run more
     seeds or head dims at the chosen rate (`make capacity-seeds`); or (--write) the rates as
-    the table a preset reads (`conf/tuned/<preset>.yaml`, `${tuned_lr:...}`)."""
+    the table a preset reads (`conf/tuned/<preset>.yaml`, `${tuned_lr:...}`). A mistake (no
+    results, nothing to tune, a file that cannot be written) is one `error:` line, exit 1."""
     import argparse
 
     from analysis.load import load_results
@@ -235,21 +307,46 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--overrides", action="store_true", help="print Hydra overrides only")
     parser.add_argument("--write", metavar="FILE", help="write the rates as a tuned table")
     args = parser.parse_args(argv)
-    frame = load_results(args.paths)
+    try:
+        frame = load_results(args.paths)
+    except (FileNotFoundError, ValueError) as error:  # no results there, not a results file
+        return _error(" ".join(str(error).split()))
     rates = chosen_rates(frame, context_columns(frame)) if len(frame) else pd.DataFrame()
     if rates.empty:
-        raise SystemExit(f"no family with a learning-rate grid and validation in {args.paths}")
-    if args.overrides:
-        print("\n".join(rates["overrides"]))
-        return
+        return _error(
+            f"no family with a learning-rate grid and validation in {', '.join(args.paths)}"
+        )
+    if args.overrides:  # a family with no usable rate has no rate to run more seeds at
+        for _, row in rates.iterrows():
+            if _given(row["lr_chosen"]):
+                print(row["overrides"])
+            else:
+                print(f"# no usable rate: {row['overrides']}", file=sys.stderr)
+        return 0
     if args.write:
-        Path(args.write).write_text(rate_table(rates, frame, " ".join(args.paths)))
+        target = Path(args.write)
+        try:
+            text = rate_table(rates, frame, " ".join(args.paths))
+        except ValueError as error:  # two rates for one variant
+            return _error(f"--write {target}: {error}")
+        if not target.parent.is_dir():
+            return _error(f"--write {target}: no such folder {target.parent}")
+        try:
+            write_atomic(target, lambda tmp: tmp.write_text(text))
+        except OSError as error:
+            return _error(f"--write {target}: {error.strerror or error}")
         print(f"wrote {args.write}: {len(rates)} rates")
-        return
+        return 0
     context = [c for c in context_columns(rates) if c in rates and rates[c].nunique() > 1]
     shown = ["variant", *context, "lr_grid", "lr_chosen", "lr_any_learned", VALID, VALID_LOSS]
     print(rates[[c for c in shown if c in rates]].to_string(index=False))
+    return 0
+
+
+def _error(message: str) -> int:
+    print(f"error: {message}", file=sys.stderr)
+    return 1
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -20,7 +20,7 @@ The contenders of a row are timed in interleaved rounds (no mask, padding, docum
 ...; H_kv=8, H_kv=2, ...) by `experiments.measurement.timing.time_in_rounds` with
 `round_timer` (one untimed call the first time a contender runs), and each ratio is the median
 over rounds of the with-input time over the without-input time of the same round
-(`timing.ratio`): above 1, the input costs time. A ratio above `BOUND` (1.3, issue 38) on a
+(`timing.ratio`): above 1, the input costs time. A ratio above `BOUND` (1.3) on a
 kernel that can skip whole blocks (its spec's `block_sparse_work`) is flagged in the table.
 """
 
@@ -117,7 +117,7 @@ def kernel(name: str, length: int, n_heads: int, n_kv_heads: int | None = None):
 
 def fwd_bwd(attn, heads: int, kv_heads: int, length: int, **masks) -> Callable[[], None]:
     """One forward+backward of `attn` on fixed random q (1, heads, L, D) and k, v
-    (1, kv_heads, L, D), with `masks` (key_padding_mask, segment_ids) passed through."""
+    (1, kv_heads, L, D), with `masks` (attention_mask, segment_ids) passed through."""
     q = torch.randn(1, heads, length, HEAD_DIM, requires_grad=True)
     k, v = (torch.randn(1, kv_heads, length, HEAD_DIM, requires_grad=True) for _ in range(2))
     grad_out = torch.randn(1, heads, length, HEAD_DIM)
@@ -163,7 +163,7 @@ def measure_masks(
     try:
         attn = kernel(name, length, MASK_HEADS)
         calls = {"none": fwd_bwd(attn, MASK_HEADS, MASK_HEADS, length)}
-        inputs = {"padding": {"key_padding_mask": padding_mask(length)}}
+        inputs = {"padding": {"attention_mask": padding_mask(length)}}
         inputs["documents"] = {"segment_ids": segment_ids(length)}
         for feature in features:
             calls[feature] = fwd_bwd(attn, MASK_HEADS, MASK_HEADS, length, **inputs[feature])

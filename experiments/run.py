@@ -26,7 +26,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from experiments.app import job as jobs
 from experiments.app import parent, plugins, sweep, sweep_clock
-from experiments.app.resolvers import config_dir, register
+from experiments.app.resolvers import TunedTableError, config_dir, lr_source_of, register
 from experiments.job_config import added_keys, check_required_keys
 from experiments.records import record, store
 from experiments.training import progress
@@ -61,6 +61,12 @@ def app(cfg: DictConfig) -> jobs.NotWritten | None:
     multirun = hydra_cfg.mode == RunMode.MULTIRUN
     parent.exit_with_parent()  # in a launcher's worker process: not past the sweep's end
     out_dir = Path(hydra_cfg.runtime.output_dir)
+    try:
+        # Before resolving: a damaged tuned table is one line, not a Hydra traceback.
+        lr_source = lr_source_of(cfg)
+    except TunedTableError as error:
+        print(f"error: config: {error}", file=sys.stderr)
+        sys.exit(2)
     config = OmegaConf.to_container(cfg, resolve=True)
     try:
         check_required_keys(config)  # `~seq_len`: no job can be recorded without it
@@ -88,6 +94,7 @@ def app(cfg: DictConfig) -> jobs.NotWritten | None:
             sweep_dir=sweep_dir,
             added=added,
             parallel_jobs=_parallel_jobs(hydra_cfg) if multirun else 1,
+            lr_source=lr_source,
         )
     except jobs.NotWritten as error:  # a full disk: one line; a sweep goes on to its end
         print(f"error: {error}", file=sys.stderr, flush=True)

@@ -360,7 +360,7 @@ def mask_kwargs(keep, segments):
     """The forward's mask keywords for a key padding mask and segment ids, either None."""
     masks = {}
     if keep is not None:
-        masks["key_padding_mask"] = keep
+        masks["attention_mask"] = keep
     if segments is not None:
         masks["segment_ids"] = segments
     return masks

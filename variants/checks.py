@@ -76,18 +76,25 @@ def require_divisible(owner: str, option: str, value: int, divisor_option: str, 
         )
 
 
-def check_qkv(owner: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+def check_qkv(
+    owner: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, fewer_queries=False
+) -> None:
     """Check q (batch, heads, seq_len, head_dim) and k, v (batch, kv_heads, seq_len, head_dim)
     are tensors of one floating dtype (integer inputs would fail deep in a kernel, or come back
     as integers), k and v of one shape, and kv_heads a divisor of heads (grouped KV heads: query
-    head h reads key head h // (heads / kv_heads); kv_heads = heads is plain multi-head)."""
+    head h reads key head h // (heads / kv_heads); kv_heads = heads is plain multi-head).
+    `fewer_queries`: q may hold fewer positions than k (the last ones of the keys')."""
     for label, t in (("q", q), ("k", k), ("v", v)):
         if t.dim() != 4:
             raise ValueError(
                 f"{owner}: input {label} must have shape (batch, heads, seq_len, head_dim), "
                 f"got {tuple(t.shape)}"
             )
-    same_but_heads = q.shape[0] == k.shape[0] and q.shape[2:] == k.shape[2:]
+    same_but_heads = q.shape[0] == k.shape[0] and q.shape[3] == k.shape[3]
+    if fewer_queries:
+        same_but_heads = same_but_heads and 0 < q.shape[2] <= k.shape[2]
+    else:
+        same_but_heads = same_but_heads and q.shape[2] == k.shape[2]
     if k.shape != v.shape or not same_but_heads:
         raise ValueError(
             f"{owner}: q, k and v must have the same shape (batch, heads, seq_len, head_dim), "
@@ -109,8 +116,32 @@ def check_qkv(owner: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> 
         raise ValueError(f"{owner}: q, k, v must be floating point, got {q.dtype}")
 
 
-def check_key_padding_mask(owner: str, mask: Any, q: torch.Tensor) -> None:
-    """Check `key_padding_mask` is a (batch, seq_len) bool tensor on q's device, True = a real
+def token_mask(owner: str, attention_mask: Any, key_padding_mask: Any) -> Any:
+    """The (batch, seq_len) bool mask of real tokens from `attention_mask` (True or 1 = a token:
+    Hugging Face's and SDPA's convention; a 0/1 integer tensor is taken as bool). PyTorch's
+    `key_padding_mask` means the opposite (True = padding), so it is refused by name rather
+    than read either way."""
+    import torch
+
+    if key_padding_mask is not None:
+        raise ValueError(
+            f"{owner}: option 'key_padding_mask' is not taken: attnbench's mask is "
+            "attention_mask, True/1 = a token (Hugging Face's and SDPA's convention); PyTorch's "
+            "key_padding_mask (True = padding) is its negation: pass "
+            "attention_mask=~key_padding_mask"
+        )
+    if (
+        isinstance(attention_mask, torch.Tensor)
+        and not attention_mask.dtype.is_floating_point
+        and attention_mask.dtype != torch.bool
+        and bool(((attention_mask == 0) | (attention_mask == 1)).all())
+    ):
+        return attention_mask.bool()
+    return attention_mask
+
+
+def check_attention_mask(owner: str, mask: Any, q: torch.Tensor) -> None:
+    """Check `attention_mask` is a (batch, seq_len) bool tensor on q's device, True = a real
     token (the flash-attention / Hugging Face convention; PyTorch's MultiheadAttention uses the
     opposite)."""
     import torch
@@ -123,11 +154,11 @@ def check_key_padding_mask(owner: str, mask: Any, q: torch.Tensor) -> None:
     ):
         got = f"{mask.dtype} {tuple(mask.shape)}" if isinstance(mask, torch.Tensor) else repr(mask)
         raise ValueError(
-            f"{owner}: option 'key_padding_mask' must be a bool tensor of shape (batch, seq_len)"
-            f" = {wanted} with True = a real token (keep), False = padding; got {got}"
+            f"{owner}: option 'attention_mask' must be a bool (or 0/1) tensor of shape (batch, "
+            f"seq_len) = {wanted} with True = a real token (keep), False = padding; got {got}"
         )
     if mask.device != q.device:
-        raise ValueError(f"{owner}: option 'key_padding_mask' is on {mask.device}, q on {q.device}")
+        raise ValueError(f"{owner}: option 'attention_mask' is on {mask.device}, q on {q.device}")
 
 
 def check_segment_ids(owner: str, ids: Any, q: torch.Tensor) -> None:

@@ -40,17 +40,11 @@ def cached_kernels(model, batch_size: int, max_len: int) -> Iterator[list]:
         yield [kernel.cache for kernel in wrapped]
 
 
-def check_decodable(model, total: int | None = None) -> None:
-    """`ValueError` unless `model` can decode `total` positions through its caches: sinusoidal
-    positions (a step sees only its new positions: rotary would need the cache's offset) and
-    `total` (unless None) within its `max_seq_len`. A kernel that cannot decode raises when its
-    cache is made (`cached_kernels`)."""
-    if model.config.positions != "sinusoidal":
-        raise ValueError(
-            f"{OWNER}: option 'positions'={model.config.positions!r} is not supported; "
-            "generation runs with positions='sinusoidal'"
-        )
-    if total is not None and total > model.config.max_seq_len:
+def check_decodable(model, total: int) -> None:
+    """`ValueError` unless `model` can decode `total` positions through its caches: `total`
+    within its `max_seq_len`. A kernel that cannot decode raises when its cache is made
+    (`cached_kernels`)."""
+    if total > model.config.max_seq_len:
         raise ValueError(
             f"{OWNER}: prompt + max_new_tokens = {total} exceeds option "
             f"'max_seq_len'={model.config.max_seq_len}"
@@ -60,9 +54,10 @@ def check_decodable(model, total: int | None = None) -> None:
 class Positions:
     """Runs `model` on the next positions of a sequence whose earlier positions are in the
     layers' caches (inside `cached_kernels`, without autograd): `step(new)` takes the tokens
-    (B, t) that follow and returns their logits (B, t, vocab_size). It keeps the offset (their
-    sinusoidal positions are their places in the whole sequence) and the last position's
-    embedding, which the token shift (if on) reads at the next step."""
+    (B, t) that follow and returns their logits (B, t, vocab_size). It keeps the offset (the
+    sinusoidal positions are the tokens' places in the whole sequence; rotary ones are each
+    layer's, offset by its cache) and the last position's embedding, which the token shift (if
+    on) reads at the next step."""
 
     def __init__(self, model):
         self.model = model
@@ -75,7 +70,9 @@ class Positions:
 
         model, start = self.model, self.start
         x = model.embed(new)  # (B, t, d_model)
-        x = x + sinusoidal_positions(start + new.shape[1], x.shape[-1], x.device, x.dtype)[start:]
+        if model.config.positions == "sinusoidal":  # rotary ones: each layer's, offset
+            where = sinusoidal_positions(start + new.shape[1], x.shape[-1], x.device, x.dtype)
+            x = x + where[start:]
         if model.shift is not None:
             before = x[:, :1] * 0 if self.previous is None else self.previous  # (B, 1, d_model)
             shifted = torch.cat([before, x[:, :-1]], dim=1)  # x_{i-1}
@@ -91,14 +88,20 @@ def generate(
     max_new_tokens: int,
     *,
     temperature: float = 0.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    eos_token_id: int | None = None,
     seed: int | None = None,
 ) -> torch.Tensor:
-    """prompt (B, T) int64 -> (B, T + max_new_tokens): the prompt and the generated tokens.
+    """prompt (B, T) int64 -> (B, T + n): the prompt and the generated tokens, n at most
+    `max_new_tokens` (fewer once every row has produced `eos_token_id`; a finished row is
+    padded with it).
 
-    temperature 0 is greedy (argmax); above 0 tokens are sampled from softmax(logits / t)
-    with a generator seeded with `seed` (the global RNG if None). Runs without autograd and in
-    eval mode. `ValueError` if a layer's kernel cannot decode (e.g. Linformer), the model is
-    not causal or uses rotary positions, or T + max_new_tokens exceeds the model's `max_seq_len`.
+    temperature 0 is greedy (argmax); above 0 tokens are sampled from softmax(logits / t),
+    among the `top_k` most likely and the smallest set whose probability reaches `top_p`
+    (nucleus), with a generator seeded with `seed` (the global RNG if None). Runs without
+    autograd and in eval mode. `ValueError` if a layer's kernel cannot decode (e.g.
+    Linformer), the model is not causal, or T + max_new_tokens exceeds its `max_seq_len`.
     """
     if prompt.dim() != 2 or prompt.shape[1] == 0:
         raise ValueError(
@@ -110,6 +113,10 @@ def generate(
         )
     if temperature < 0:
         raise ValueError(f"{OWNER}: option 'temperature' must be >= 0, got {temperature!r}")
+    if top_k is not None and (not isinstance(top_k, int) or top_k < 1):
+        raise ValueError(f"{OWNER}: option 'top_k' must be an int >= 1 or None, got {top_k!r}")
+    if top_p is not None and not 0 < top_p <= 1:
+        raise ValueError(f"{OWNER}: option 'top_p' must be in (0, 1] or None, got {top_p!r}")
     batch, length = prompt.shape
     total = length + max_new_tokens
     check_decodable(model, total)
@@ -117,18 +124,38 @@ def generate(
     if seed is not None and temperature > 0:
         generator = torch.Generator(device=prompt.device).manual_seed(seed)
     tokens = [prompt]
+    done = torch.zeros(batch, 1, dtype=torch.bool, device=prompt.device)  # rows past their eos
     with torch.no_grad(), evaluating(model), cached_kernels(model, batch, total):
         positions, new = Positions(model), prompt
         for _ in range(max_new_tokens):
             logits = positions.step(new)[:, -1]  # (B, vocab)
-            new = pick(logits, temperature, generator)  # (B, 1)
+            new = pick(logits, temperature, generator, top_k=top_k, top_p=top_p)  # (B, 1)
+            if eos_token_id is not None:
+                new = new.masked_fill(done, eos_token_id)
+                done = done | (new == eos_token_id)
             tokens.append(new)
+            if eos_token_id is not None and bool(done.all()):
+                break
     return torch.cat(tokens, dim=1)
 
 
-def pick(logits: torch.Tensor, temperature: float, generator) -> torch.Tensor:
-    """The next token from (B, vocab) logits: argmax at temperature 0, else a sample."""
+def pick(
+    logits: torch.Tensor, temperature: float, generator, *, top_k=None, top_p=None
+) -> torch.Tensor:
+    """The next token from (B, vocab) logits: argmax at temperature 0, else a sample among the
+    `top_k` most likely and the nucleus of probability `top_p`."""
     if temperature == 0:
         return logits.argmax(dim=-1, keepdim=True)  # (B, 1)
-    probs = F.softmax(logits.float() / temperature, dim=-1)
+    logits = logits.float() / temperature
+    if top_k is not None and top_k < logits.shape[-1]:
+        kth = logits.topk(top_k, dim=-1).values[:, -1:]  # (B, 1)
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p is not None and top_p < 1:
+        ordered, order = logits.sort(dim=-1, descending=True)  # (B, vocab)
+        probs = F.softmax(ordered, dim=-1)
+        before = probs.cumsum(dim=-1) - probs  # the probability of the likelier tokens
+        # Keep a token while the probability before it is below top_p (the first always).
+        drop = torch.zeros_like(before, dtype=torch.bool).scatter(-1, order, before >= top_p)
+        logits = logits.masked_fill(drop, float("-inf"))
+    probs = F.softmax(logits, dim=-1)
     return torch.multinomial(probs, 1, generator=generator)  # (B, 1)

@@ -180,18 +180,33 @@ def _attention_function(name: str):
         causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
         _check_call(name, query, key, attention_mask, dropout, scaling, causal, kwargs)
         kernel = _kernel(name, query, causal=bool(causal)).train(module.training)
+        layer = _cache_layer_of(key)  # before grouping: the keys its `update` returned
+        head_dim = query.shape[-1]
+        if scaling is not None and not math.isclose(scaling, head_dim**-0.5, rel_tol=1e-6):
+            if not kernel.takes_scale:
+                raise UnsupportedCombination(
+                    f"hf: attention {name!r}: option 'scaling'={scaling} is not 1/sqrt(head_dim)"
+                    f" = {head_dim**-0.5:.6g}, and the variant takes no other softmax scale"
+                )
+            query = query * (scaling * head_dim**0.5)  # the kernel's 1/sqrt(D) then gives it
         key, value = _grouped(kernel, query, key), _grouped(kernel, query, value)
         extras = {}
         if attention_mask is not None:
             if not getattr(kernel, "supports_padding_mask", False):
                 raise UnsupportedCombination(
                     f"hf: attention {name!r} does not support padding masks "
-                    "(option 'key_padding_mask')"
+                    "(option 'attention_mask')"
                 )
-            extras["key_padding_mask"] = attention_mask[:, 0, 0, :]  # (B, L_kv)
-        layer = _cache_layer_of(key)
+            keep = attention_mask[:, 0, 0, :]  # (B, L_kv)
+            if not kernel.shift_invariant and bool((~keep[:, :-1] & keep[:, 1:]).any()):
+                raise UnsupportedCombination(
+                    f"hf: attention {name!r} does not take left-padded batches: its pattern is "
+                    "absolute in position (blocks, sinks), so padding would move a row's "
+                    "pattern; pad on the right or generate prompts one by one"
+                )
+            extras["attention_mask"] = keep
         if layer is not None:  # generation on the kernel's own cache (`KernelCache`)
-            return layer.attend(kernel, query, key, value, extras.get("key_padding_mask"))
+            return layer.attend(kernel, query, key, value, extras.get("attention_mask"))
         q_length, kv_length = query.shape[2], key.shape[2]
         if q_length < kv_length:  # decoding: the new queries are the last positions
             before = query.new_zeros(*query.shape[:2], kv_length - q_length, query.shape[-1])
@@ -300,12 +315,6 @@ class KernelCache(Cache):
 
 def _check_call(name, query, key, attention_mask, dropout, scaling, causal, kwargs) -> None:
     """`UnsupportedCombination` for what the variant's kernel cannot compute as asked."""
-    head_dim = query.shape[-1]
-    if scaling is not None and not math.isclose(scaling, head_dim**-0.5, rel_tol=1e-6):
-        raise UnsupportedCombination(
-            f"hf: attention {name!r}: option 'scaling'={scaling} is not 1/sqrt(head_dim) = "
-            f"{head_dim**-0.5:.6g}, the kernels' softmax scale"
-        )
     if dropout:
         raise UnsupportedCombination(
             f"hf: attention {name!r}: option 'dropout'={dropout}: kernels have no attention "

@@ -18,17 +18,23 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from variants.attention.common.base import Attention, evaluating, replaying, shared_qk_keys
-from variants.checks import check_key_padding_mask, require_divisible, require_positive_int
+from variants.checks import (
+    check_attention_mask,
+    require_divisible,
+    require_positive_int,
+    token_mask,
+)
 from variants.model_config import OWNER, ModelConfig
 
 MULTIHEAD = "MultiheadAttention"
 ROTARY_BASE = 10000.0
 
 
-def rotary(x: torch.Tensor) -> torch.Tensor:
+def rotary(x: torch.Tensor, offset: int = 0) -> torch.Tensor:
     """Rotary position embedding (RoFormer, Su et al. 2021), halves form as in GPT-NeoX.
 
-    x: (B, H, L, D), D even -> (B, H, L, D). Feature pair (i, i + D/2) at position p is rotated
+    x: (B, H, L, D), D even, at positions offset .. offset + L - 1 (a decoding step's are
+    after its cache's) -> (B, H, L, D). Feature pair (i, i + D/2) at position p is rotated
     by the angle p * ROTARY_BASE^(-2i/D), so a dot product of a rotated query at m and a
     rotated key at n depends on the two positions only through m - n. Computed in float32
     or wider.
@@ -39,7 +45,8 @@ def rotary(x: torch.Tensor) -> torch.Tensor:
     freqs = torch.exp(
         torch.arange(half, device=x.device, dtype=wide) * (-2 * math.log(ROTARY_BASE) / dim)
     )  # (D/2,)
-    angles = torch.arange(length, device=x.device, dtype=wide)[:, None] * freqs  # (L, D/2)
+    positions = torch.arange(offset, offset + length, device=x.device, dtype=wide)
+    angles = positions[:, None] * freqs  # (L, D/2)
     cos, sin = angles.cos(), angles.sin()  # (L, D/2) each
     x1, x2 = x.to(wide)[..., :half], x.to(wide)[..., half:]  # (B, H, L, D/2) each
     return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).to(x.dtype)
@@ -125,25 +132,31 @@ class SelfAttention(nn.Module):
     def forward(
         self,
         x: torch.Tensor,
-        key_padding_mask: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
         segment_ids: torch.Tensor | None = None,
+        *,
+        key_padding_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """x: (B, L, d_model) -> (B, L, d_model).
 
-        key_padding_mask (B, L) bool, True = a real token, and segment_ids (B, L) int document
+        attention_mask (B, L) bool or 0/1, True = a real token (Hugging Face's and SDPA's
+        convention; PyTorch's `key_padding_mask`, True = padding, is refused by name), and
+        segment_ids (B, L) int document
         ids of packed sequences: handed to the kernel (`Attention.forward`), which refuses
         them with `UnsupportedCombination` where its spec does not support them. Padded
         tokens are read as zeros: whatever x holds there (NaN) reaches no real output and no
         gradient. A NaN in a real token reaches its sequence's outputs, causally earlier ones too
         (0 * NaN in masked products, as in PyTorch's SDPA), never another sequence's."""
         self._check_input(x)
-        masks = _masks(key_padding_mask, segment_ids)
-        if key_padding_mask is not None:
-            check_key_padding_mask(self.kernel.name, key_padding_mask, x[:, None])
+        if attention_mask is not None or key_padding_mask is not None:
+            attention_mask = token_mask(self.kernel.name, attention_mask, key_padding_mask)
+        masks = _masks(attention_mask, segment_ids)
+        if attention_mask is not None:
+            check_attention_mask(self.kernel.name, attention_mask, x[:, None])
             # The kernel reads padded q, k, v as zeros, but the projections' weight gradients
             # sum x over every position, and 0 * NaN is NaN: padded tokens must hold zeros
             # from the start. Real outputs and gradients are those of any finite padding.
-            x = x.masked_fill(~key_padding_mask[..., None], 0.0)
+            x = x.masked_fill(~attention_mask[..., None], 0.0)
         if self.head_groups > 1 and self.kernel.independent_heads:
             return self.dropout(self._by_head_groups(x, masks))
         batch, length, d_model = x.shape
@@ -154,7 +167,7 @@ class SelfAttention(nn.Module):
         if self.config.positions == "rotary":
             # Rotated after the shared-QK keys are derived: a rotation keeps norms, so the keys
             # stay the unit keys of the rotated queries, and k = q stays k = q.
-            q, k = rotary(q), rotary(k)
+            q, k = rotary(q, self._offset()), rotary(k, self._offset())
         gates = None
         if self.gates is not None:
             gates = torch.sigmoid(self._heads(self.gates(x)))  # (B, H, L, n_gates)
@@ -223,14 +236,14 @@ class SelfAttention(nn.Module):
 
     def _cached(self, x: torch.Tensor, cache) -> torch.Tensor:
         """The layer with its kernel bound to `cache`, without autograd and in eval mode."""
-        if self.config.positions == "rotary":
-            # Each call sees only its new positions: rotary would need the cache's offset.
-            raise ValueError(
-                f"{type(self).__name__}: option 'positions'='rotary' is not supported in decoding"
-            )
         bound = CachedKernel(self.kernel, cache)
         with torch.no_grad(), evaluating(self), kernels_swapped([self], [bound]):
             return self(x)
+
+    def _offset(self) -> int:
+        """The positions before x's: the cache's length when the kernel is bound to one (a
+        decoding step), else 0."""
+        return self.kernel.cache.length if isinstance(self.kernel, CachedKernel) else 0
 
     def _by_head_groups(self, x: torch.Tensor, masks: Mapping[str, torch.Tensor]) -> torch.Tensor:
         """The attention before dropout, one group of heads at a time under checkpointing:
@@ -305,12 +318,13 @@ class MultiheadAttention(SelfAttention):
     """Multi-head self-attention on any registered variant, for use in a model of one's own:
     `SelfAttention` built from its sizes instead of a whole `ModelConfig`.
 
-    x (batch, seq_len, d_model) -> (batch, seq_len, d_model), with optional `key_padding_mask`
+    x (batch, seq_len, d_model) -> (batch, seq_len, d_model), with optional `attention_mask`
     (B, L) bool (True = a real token) and `segment_ids` (B, L) document ids. It owns its q, k,
     v and output projections (k and v to `n_kv_heads` heads, default `n_heads`) and, for a
     gated variant (NSA, DeltaNet), the projection of the token to its gates; `options` are the
     kernel's own (`variants.attention_spec(attention).options`, e.g. DeltaNet's
-    `short_conv`). Positions are the caller's (none are added here). Decoding:
+    `short_conv`). `positions="rotary"` rotates q and k by their positions (RoPE; in decoding
+    after the cache's); by default none are added here. Decoding:
     `init_cache(batch_size, max_len=...)`, `prefill(x, cache)`, `decode(x, cache)`.
 
     - `shared_qk`: None is what the variant requires (True for LSH and routing).
@@ -334,6 +348,7 @@ class MultiheadAttention(SelfAttention):
         bias: bool = True,
         dropout: float = 0.0,
         max_seq_len: int = 4096,
+        positions: str | None = None,
         **options: Any,
     ):
         require_positive_int(MULTIHEAD, "d_model", d_model)
@@ -353,7 +368,14 @@ class MultiheadAttention(SelfAttention):
             dropout=dropout,
             max_seq_len=max_seq_len,
             n_kv_heads=n_kv_heads,
+            # The layer adds no absolute positions: "sinusoidal" is the model's embedding's.
+            positions="sinusoidal" if positions is None else positions,
         )
+        if positions == "sinusoidal":
+            raise ValueError(
+                f"{MULTIHEAD}: option 'positions' is None (the caller's) or 'rotary'; "
+                "sinusoidal positions belong to the embedding"
+            )
         super().__init__(config, config.kernel())
 
 
@@ -395,10 +417,10 @@ def _rows(bias: torch.Tensor | None, rows: torch.Tensor) -> torch.Tensor | None:
 
 
 def _masks(
-    key_padding_mask: torch.Tensor | None, segment_ids: torch.Tensor | None
+    attention_mask: torch.Tensor | None, segment_ids: torch.Tensor | None
 ) -> dict[str, torch.Tensor]:
     """The masks a layer was given, as the kernel's keyword arguments (only those given)."""
-    given = {"key_padding_mask": key_padding_mask, "segment_ids": segment_ids}
+    given = {"attention_mask": attention_mask, "segment_ids": segment_ids}
     return {name: mask for name, mask in given.items() if mask is not None}
 
 

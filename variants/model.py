@@ -198,14 +198,21 @@ class TransformerLM(nn.Module):
         max_new_tokens: int,
         *,
         temperature: float = 0.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        eos_token_id: int | None = None,
         seed: int | None = None,
     ) -> torch.Tensor:
-        """prompt (B, T) int64 -> (B, T + max_new_tokens) tokens, through every layer's decoding
-        cache: greedy at temperature 0, else sampled (seeded with `seed`). See
-        `variants.generation.generate`."""
+        """prompt (B, T) int64 -> (B, T + n) tokens, through every layer's decoding cache:
+        greedy at temperature 0, else sampled (top_k, top_p; seeded with `seed`); a row that
+        produced `eos_token_id` continues with it, and generation stops once every row has.
+        See `variants.generation.generate`."""
         from variants.generation import generate
 
-        return generate(self, prompt, max_new_tokens, temperature=temperature, seed=seed)
+        return generate(
+            self, prompt, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+            eos_token_id=eos_token_id, seed=seed,
+        )  # fmt: skip
 
 
 def check_tokens(owner: str, tokens: torch.Tensor, max_seq_len: int) -> None:

@@ -4,7 +4,7 @@ Python runs a signal's handler in the main thread between two bytecodes of whate
 and that may be a weakref callback or a `__del__` run as an object is freed (under W&B, a
 finished thread leaving `threading._dangling`, a `WeakSet`), where an exception cannot
 propagate: Python prints `Exception ignored in: ...` and goes on. The sweep's `Interrupted`
-(experiments/app/sweep.py) was so dropped, and every job ran (issue 36: 4 of 19 Ctrl-Cs under
+(experiments/app/sweep.py) was so dropped, and every job ran (4 of 19 Ctrl-Cs under
 the default logger). A handler made by `raising` is raised again until it propagates: the
 `sys.unraisablehook` installed with it takes such an interrupt (silently) and asks a helper
 thread to send SIGINT to the main thread again (`signal.pthread_kill`) every `RETRY_S`,

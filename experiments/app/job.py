@@ -7,9 +7,11 @@ with its history beside it, and its W&B run. Any failure becomes the record's `s
 combination the variant cannot do is `skipped`, an invalid option or any other exception is
 `error` (nothing is tracked in W&B for a job that measured nothing). A record of another
 configuration found in the job's dir is moved aside (`displaced/<its hash>/`), never
-overwritten; the job holds claims on its dir and its configuration from the resume check to
-its record's last write (`claimed`), so a second sweep into the same dir waits rather than
-replacing a record it did not see. A record or history that cannot be written (a full disk)
+overwritten, and so is an ok record of its own configuration that a re-measure
+(`resume=false`) would replace: an ok measurement is never lost to a newer attempt. The job
+holds claims on its dir and its configuration from the resume check to its record's last write
+(`claimed`), so a second sweep into the same dir waits rather than replacing a record it did
+not see. A record or history that cannot be written (a full disk)
 raises `NotWritten`, one line naming the file. The Hydra entry point around it is
 experiments/run.py.
 """
@@ -30,7 +32,7 @@ from experiments.app import tracking
 from experiments.job_config import JobConfig, ResolvedConfig
 from experiments.measurement import budget
 from experiments.measurement.provenance import provenance
-from experiments.records import files, history, record, store
+from experiments.records import files, history, index, record, store
 from experiments.training import curriculum
 from variants.checks import UnsupportedCombination
 
@@ -48,6 +50,7 @@ def run_job(
     sweep_dir: Path | None,
     added: Sequence[str] = (),
     parallel_jobs: int = 1,
+    lr_source: str | None = None,
 ) -> dict[str, Any] | None:
     """Measure and record one configuration; returns the record, or None if resumed (skipped).
 
@@ -58,12 +61,14 @@ def run_job(
     top-level keys the command line added with `+key=` (`experiments.job_config.added_keys`), an
     error record.
     `parallel_jobs`: how many jobs the launcher runs side by side (recorded: timings depend on it).
+    `lr_source`: where `train.lr` came from (`resolvers.lr_source_of`: tuned, untuned or None),
+    recorded as the record's `lr_source`.
     """
     resolved = ResolvedConfig(config)
     digest = resolved.hash()
     with claimed(out_dir, sweep_dir, digest):
         if sweep_dir is not None and resolved.resume:
-            previous = store.find_ok_record(sweep_dir, digest)
+            previous = index.find_ok_record(sweep_dir, digest)  # not a scan of the sweep
             if previous is not None:
                 log.info("already recorded with status ok in %s; skipping", previous)
                 return None
@@ -75,6 +80,7 @@ def run_job(
             sweep_dir=sweep_dir,
             added=added,
             parallel_jobs=parallel_jobs,
+            lr_source=lr_source,
         )
 
 
@@ -121,13 +127,14 @@ def _measure_and_record(
     sweep_dir: Path | None,
     added: Sequence[str],
     parallel_jobs: int,
+    lr_source: str | None,
 ) -> dict[str, Any]:
     """The body of `run_job`, under the job's claims: measure, then write the record."""
     digest = resolved.hash()
     measure = import_for_measuring()
     import torch  # started by the measuring modules; the app's own import leaves it out
 
-    _displace_other_record(out_dir, digest)
+    _displace_other_record(out_dir, digest, sweep_dir, keep_ok=True)
     rec: dict[str, Any] = {
         "sweep": resolved.sweep,
         "job": job,
@@ -135,6 +142,7 @@ def _measure_and_record(
         "status": record.OK,
         "error": None,
         **resolved.columns(),
+        "lr_source": lr_source,
     }
     tracker = tracking.Tracker()
     steps = history.History()
@@ -156,9 +164,9 @@ def _measure_and_record(
         tracker = tracking.start_tracker(
             resolved.logger,
             run_config=resolved.tree,
-            group=resolved.sweep,
+            group=tracking.group_of(resolved.sweep, sweep_dir),
             job_type=f"{rec['attention']}-{rec['block']}",
-            name=f"{job}-{digest}",
+            name=tracking.run_name(rec, digest),
             tags=[rec["attention"], rec["block"], rec["task"]],
             out_dir=out_dir,
             run_id=None  # made only if W&B is on: it writes `.sweep_id`
@@ -175,7 +183,9 @@ def _measure_and_record(
                     job_config,
                     built,
                     on_step=_logged(steps, tracker),
-                    on_stage=_stage_recorder(job_config, rec, out_dir, tracker, steps, started),
+                    on_stage=_stage_recorder(
+                        job_config, rec, out_dir, sweep_dir, tracker, steps, started
+                    ),
                 )
             rec.update(measured)
             non_finite = record.non_finite(measured)
@@ -205,8 +215,9 @@ def _measure_and_record(
         # The history before the record, which makes the job's outcome final; a record of
         # another configuration that arrived meanwhile (not through the claims) moves aside.
         steps.write(out_dir / history.FILE)
-        _displace_other_record(out_dir, digest)
+        _displace_other_record(out_dir, digest, sweep_dir)
         record.write_json_atomic(out_dir / "result.json", rec)
+        _note_written(sweep_dir, out_dir / "result.json", rec)
     except OSError as error:  # a full disk: one line naming the file, the sweep goes on
         tracker.discard()
         if not (out_dir / "result.json").is_file():  # no curve without its record
@@ -256,7 +267,13 @@ def _logged(steps: history.History, tracker: tracking.Tracker):
 
 
 def _stage_recorder(
-    job: JobConfig, rec, out_dir: Path, tracker, steps: history.History, started: float
+    job: JobConfig,
+    rec,
+    out_dir: Path,
+    sweep_dir: Path | None,
+    tracker,
+    steps: history.History,
+    started: float,
 ):
     """Record each finished curriculum stage as its own configuration, as soon as it ends.
 
@@ -284,9 +301,10 @@ def _stage_recorder(
             "offline_run_dir": None if tracker.run_dir is None else str(tracker.run_dir),
         }
         path = out_dir / "stages" / stage.label / "result.json"
-        _displace_other_stage(path, stage_rec["config_hash"])
+        _displace_other_stage(path, stage_rec["config_hash"], sweep_dir)
         steps.write(history.beside(path))
         record.write_json_atomic(path, stage_rec)
+        _note_written(sweep_dir, path, stage_rec)
 
     return write
 
@@ -311,64 +329,108 @@ def _device_or_as_configured(resolved: ResolvedConfig) -> str:
         return str(resolved.device)
 
 
-def _displace_other_record(out_dir: Path, digest: str) -> None:
-    """Move a record of another configuration out of this job's way, never overwrite it.
+def _displace_other_record(
+    out_dir: Path, digest: str, sweep_dir: Path | None, *, keep_ok: bool = False
+) -> None:
+    """Move a record of another configuration out of this job's way, never overwrite it;
+    `keep_ok` (as a job starts): an ok record of this configuration too (a re-measure,
+    `resume=false`), so that whatever the new measurement ends in, the ok one is kept.
 
     Job dirs are numbered by position in the sweep, so a value inserted into or reordered in a
     re-run sweep gives a recorded configuration's dir to a new one. The old record moves to
-    `displaced/<its hash>/result.json` below it (a hash that is not a plain name, e.g.
-    `../x` in a crafted record, as `unsafe-<its sha256>`: `store.safe_name`), its curriculum
-    stages' records
+    `displaced/<its hash>/result.json` below it (`<its hash>.2`, ... if that is taken: a
+    record there is never replaced; a hash that is not a plain name, e.g. `../x` in a crafted
+    record, as `unsafe-<its sha256>`: `store.safe_name`), its curriculum stages' records
     (`stages/<seq_len>/result.json`) with it, where the store and resume still find them;
-    each record's history moves with it.
+    each record's history moves with it, and the sweep's index follows them (`index.moved`).
     """
-    other = _hash_of_record(out_dir / "result.json")
-    if other is None or other == digest:
+    other, status = _identity_of_record(out_dir / "result.json")
+    if other is None or (other == digest and not (keep_ok and status == record.OK)):
         return
-    target = out_dir / "displaced" / store.safe_name(other)  # a name from a file: never a path
-    _move_record(out_dir / "result.json", target / "result.json")
+    target = _aside(out_dir / "displaced", other)
+    _move_record(out_dir / "result.json", target / "result.json", sweep_dir)
     if (out_dir / "stages").is_dir():
-        _move_stages(out_dir / "stages", target / "stages")
+        _move_stages(out_dir / "stages", target / "stages", sweep_dir)
+    if other == digest:
+        log.warning(
+            "%s held an ok record of this configuration; measuring it again, the ok record is "
+            "kept at %s",
+            out_dir,
+            target / "result.json",
+        )
+        return
     log.warning(
         "%s held another configuration (%s); moved to %s", out_dir, other, target / "result.json"
     )
 
 
-def _move_stages(source: Path, target: Path) -> None:
-    """Move every stage record below `source` to the same place below `target`; a record
-    already there (the same stage of the same configuration, an older copy) is replaced."""
+def _aside(displaced: Path, digest: str) -> Path:
+    """A dir below `displaced` for a record of `digest` that no record uses yet: its hash as
+    a name (`store.safe_name`: a name from a file, never a path), then `<name>.2`, ..."""
+    name = store.safe_name(digest)
+    target, n = displaced / name, 1
+    while target.exists():
+        n += 1
+        target = displaced / f"{name}.{n}"
+    return target
+
+
+def _move_stages(source: Path, target: Path, sweep_dir: Path | None) -> None:
+    """Move every stage record below `source` to the same place below `target` (a dir of its
+    own, `_aside`)."""
     for path in sorted(source.glob("*/result.json")):
-        _move_record(path, target / path.parent.name / "result.json")
+        _move_record(path, target / path.parent.name / "result.json", sweep_dir)
 
 
-def _move_record(path: Path, destination: Path) -> None:
+def _move_record(path: Path, destination: Path, sweep_dir: Path | None) -> None:
     """Move the record at `path` and its history (if any) to `destination` and beside it; a
-    history at the destination that the moved record does not have is removed."""
+    history at the destination that the moved record does not have is removed. In a sweep,
+    its index follows an ok record to where it now is."""
     destination.parent.mkdir(parents=True, exist_ok=True)
     if history.beside(path).is_file():
         os.replace(history.beside(path), history.beside(destination))
     else:
         history.beside(destination).unlink(missing_ok=True)
     os.replace(path, destination)
+    if sweep_dir is not None:
+        try:
+            index.moved(sweep_dir, destination, store.read_record(destination))
+        except (OSError, ValueError):  # not a record resume could skip on: nothing to note
+            pass
 
 
-def _displace_other_stage(path: Path, digest: str) -> None:
-    """A stage record of another configuration at `path` (a job dir whose own record was lost
-    or unreadable, so it did not move with it) moves to `displaced/<its hash>/` beside it."""
-    other = _hash_of_record(path)
-    if other is not None and other != digest:
-        target = path.parent / "displaced" / store.safe_name(other) / "result.json"
-        _move_record(path, target)
+def _note_written(sweep_dir: Path | None, path: Path, rec: dict[str, Any]) -> None:
+    """In a sweep, note a record just written in its index (`index.written`)."""
+    if sweep_dir is not None:
+        index.written(sweep_dir, path, rec)
+
+
+def _displace_other_stage(path: Path, digest: str, sweep_dir: Path | None) -> None:
+    """A stage record at `path` of another configuration (a job dir whose own record was lost
+    or unreadable, so it did not move with it), or an ok one of this stage's configuration (a
+    re-measure of a job whose own record did not end ok), moves to `displaced/<its hash>/`
+    beside it (`_aside`): a stage's ok record is never written over either."""
+    other, status = _identity_of_record(path)
+    if other is None or (other == digest and status != record.OK):
+        return
+    target = _aside(path.parent / "displaced", other) / "result.json"
+    _move_record(path, target, sweep_dir)
+    if other == digest:
+        log.warning("%s held an ok record of this stage; kept at %s", path, target)
+    else:
         log.warning("%s held another configuration (%s); moved to %s", path, other, target)
 
 
-def _hash_of_record(path: Path) -> str | None:
-    """The `config_hash` of the record in `path`; None if there is none or it is unreadable."""
+def _identity_of_record(path: Path) -> tuple[str | None, Any]:
+    """The `config_hash` and `status` of the record in `path`; (None, None) if there is none
+    or it is unreadable."""
     try:
-        other = store.read_record(path).get("config_hash")
+        # Unchecked: a record of another configuration moves aside whatever its values are.
+        found = store.read_record(path, checked=False)
     except (OSError, ValueError):
-        return None
-    return other if isinstance(other, str) and other else None
+        return None, None
+    other = found.get("config_hash")
+    return (other, found.get("status")) if isinstance(other, str) and other else (None, None)
 
 
 def _status_of(error: BaseException) -> str:

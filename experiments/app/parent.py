@@ -1,7 +1,7 @@
 """A job run in a worker process (the joblib launcher's) ends when its parent dies.
 
 `kill -9` of a sweep's process left its joblib workers running: each finished its job and added
-records for 20 s afterwards, colliding with a re-run (issue 36). The app marks its own process
+records for 20 s afterwards, colliding with a re-run. The app marks its own process
 at the start (`mark_launcher`: its pid in the environment, which the workers inherit); a job that
 runs in another process (`exit_with_parent`, called at each job's start) starts one daemon
 thread per process that checks every `POLL_S` that its parent is still the one it started with,

@@ -11,7 +11,11 @@ configs may use, and the W&B logger's structured config.
                                            preset takes new variants and plugins without an edit
     ${tuned_lr:TABLE,${attention.name}}    the learning rate a tuning grid chose for the variant,
                                            from conf/tuned/TABLE.yaml (`python -m analysis.tuning
-                                           SWEEP --write conf/tuned/TABLE.yaml` writes it)
+                                           SWEEP --write conf/tuned/TABLE.yaml` writes it); a
+                                           variant the table lacks or holds as null (no usable
+                                           rate) trains untuned at `default_lr()` (or at a third
+                                           argument: ${tuned_lr:TABLE,NAME,3e-3}), with a warning,
+                                           and its record's `lr_source` says `untuned`
 
 so a preset can train every variant causally where it can be and bidirectionally where it
 cannot (Linformer), instead of recording the latter as skipped. The logger's schema
@@ -24,13 +28,19 @@ registry is looked up when a resolver is called, not before.
 
 from __future__ import annotations
 
+import logging
+import math
+import re
 from pathlib import Path
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 import variants
 from experiments.app import cores, tracking
+from experiments.records.record import one_line
+
+log = logging.getLogger("attnbench")
 
 
 def supports_causal(name: str) -> bool:
@@ -56,20 +66,89 @@ def config_dir() -> Path:
     return installed if (installed / "config.yaml").is_file() else package.parent / "conf"
 
 
-def tuned_lr(table: str, name: str) -> float:
+class TunedTableError(ValueError):
+    """A tuned table that cannot be used (missing, or an entry that is not a known variant and
+    a positive rate or null): one line naming the file and the entry. The app prints it as a
+    config error (`experiments.run`)."""
+
+
+def tuned_lr(table: str, name: str, default: float | None = None) -> float:
     """The learning rate that `conf/tuned/<table>.yaml` holds for attention variant `name`: the
     rate a preset's grid chose on validation (`analysis.tuning --write`). A variant the table
-    lacks is an error naming both and how to get a rate: a guessed rate would be untuned."""
+    lacks, or holds as null (its grid had no usable rate), trains untuned: at `default`, else
+    at `default_lr()`, with a warning naming both; its record says `lr_source: untuned`
+    (`lr_source_of`), so no table shows that rate as tuned."""
+    rate = tuned_rates(table).get(name)
+    if rate is not None:
+        return rate
+    fallback = default_lr() if default is None else float(default)
+    log.warning(
+        "tuned_lr: %s.yaml has no usable rate for attention %r; training it untuned at lr %g "
+        "(run its grid, e.g. train.lr=1e-3,3e-3,1e-2, and analysis.tuning --write)",
+        table,
+        name,
+        fallback,
+    )
+    return fallback
+
+
+def tuned_rates(table: str) -> dict[str, float | None]:
+    """`conf/tuned/<table>.yaml` checked: attention variant -> its rate, or None (no usable
+    rate). `TunedTableError`, one line naming the file, if it is missing or holds anything but
+    known variants (`variants.attention_names`) with positive rates or null."""
     path = config_dir() / "tuned" / f"{table}.yaml"
     if not path.is_file():
-        raise ValueError(f"tuned_lr: no table {table!r} ({path} does not exist)")
-    rates = OmegaConf.to_container(OmegaConf.load(path))
-    if name not in rates:
-        raise ValueError(
-            f"tuned_lr: {path.name} has no learning rate for attention {name!r} (it has: "
-            f"{', '.join(rates)}); run its grid (train.lr=1e-3,3e-3,1e-2) or set train.lr="
-        )
-    return float(rates[name])
+        raise TunedTableError(f"tuned_lr: no table {table!r} ({path} does not exist)")
+    try:
+        rates = OmegaConf.to_container(OmegaConf.load(path))
+    except Exception as error:  # noqa: BLE001 — YAML's and OmegaConf's own errors
+        raise TunedTableError(f"tuned_lr: {path} is not YAML: {one_line(error)}") from None
+    if not isinstance(rates, dict):
+        raise TunedTableError(f"tuned_lr: {path} is not a mapping of attention -> lr")
+    known = set(variants.attention_names())
+    checked: dict[str, float | None] = {}
+    for key, value in rates.items():
+        if key not in known:
+            raise TunedTableError(
+                f"tuned_lr: {path}: {key!r} is not an attention variant (known: "
+                f"{', '.join(sorted(known))})"
+            )
+        number = value is not None and not isinstance(value, bool)
+        if number and isinstance(value, (int, float)) and math.isfinite(value) and value > 0:
+            checked[key] = float(value)
+        elif value is None:
+            checked[key] = None
+        else:
+            raise TunedTableError(
+                f"tuned_lr: {path}: {key!r}: {value!r} is not a positive learning rate (or "
+                "null: no usable rate)"
+            )
+    return checked
+
+
+def default_lr() -> float:
+    """The rate an untuned variant trains at: `train.lr` of conf/config.yaml (the rate every
+    job has unless a preset or the command line says otherwise)."""
+    return float(OmegaConf.load(config_dir() / "config.yaml").train.lr)
+
+
+def lr_source(table: str, name: str) -> str:
+    """`tuned` if `conf/tuned/<table>.yaml` holds a rate for `name`, else `untuned`."""
+    return "tuned" if tuned_rates(table).get(name) is not None else "untuned"
+
+
+_TUNED_LR = re.compile(r"^\$\{tuned_lr:\s*([^,}\s]+)\s*,")
+
+
+def lr_source_of(cfg: DictConfig) -> str | None:
+    """The record's `lr_source` for a job's config (unresolved, as Hydra gives it): `tuned` or
+    `untuned` when `train.lr` is `${tuned_lr:TABLE,...}` (`lr_source`), None when it is a rate
+    given as such (the preset's, or the command line's: a grid)."""
+    train = cfg.get("train")
+    if train is None or not OmegaConf.is_interpolation(train, "lr"):
+        return None
+    found = _TUNED_LR.match(str(train._get_node("lr")._value()))
+    return None if found is None else lr_source(found.group(1), cfg.attention.name)
 
 
 def register() -> None:

@@ -5,7 +5,9 @@
   sweep's clock (sweep_clock.py) and stamps the records already there: any other at the end (or
   one written again) is this multirun's.
   From then on Ctrl-C raises `Interrupted`, a KeyboardInterrupt that carries the multirun;
-- as each job ends it gathers the store, so even a killed sweep keeps results.csv;
+- as each job ends it gathers the store when due (experiments/records/index.py: after every
+  record in a small sweep, every 1/32 of its records in a large one), so even a killed sweep
+  keeps results.csv, up to its last few records;
 - at the multirun's end it runs `Multirun.end`, which does, in this order: gather the sweep's
   records into results.csv/.parquet and print them (the store could not be written: one line,
   and the exit code is 1); draw the report and log the W&B sweep-summary run, unless
@@ -47,7 +49,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from experiments.app import interrupts, sweep_clock, tracking
 from experiments.job_config import check_writable_dir
-from experiments.records import record, store
+from experiments.records import index, record, store
 
 log = logging.getLogger("attnbench")
 
@@ -129,7 +131,7 @@ class Multirun:
                 logger_cfg,
                 records=records,
                 figures=figures,
-                group=str(self.config.sweep),
+                group=tracking.group_of(str(self.config.sweep), self.sweep_dir),
                 out_dir=self.sweep_dir,
                 results=results if results.is_file() else None,
             )
@@ -205,6 +207,7 @@ class SweepEnd(Callback):
         self.multirun = multirun = Multirun(
             config, store.record_stamps(sweep_dir), fail_on, self.report_step
         )
+        index.rebuild(sweep_dir)  # what resume asks: records changed since are seen
         params = OmegaConf.select(config, "hydra.sweeper.params", default=None) or {}
         overrides = OmegaConf.select(config, "hydra.overrides.task", default=None) or []
         sweep_clock.SweepClock(multirun.sweep_dir).start(
@@ -227,8 +230,8 @@ class SweepEnd(Callback):
             return
         if self.multirun is not None and _returned(job_return) is not None:
             self.multirun.not_written.append(str(_returned(job_return)))  # the basic launcher's
-        try:
-            store.write_results(Path(config.hydra.sweep.dir), quiet=True)
+        try:  # when due: a rewrite after every job would cost each job the whole sweep
+            index.gather_if_due(Path(config.hydra.sweep.dir))
         except Exception as error:  # the end of the multirun gathers again
             log.warning("results not gathered after this job: %s", error)
 

@@ -126,7 +126,11 @@ class _WandbTracker(Tracker):
         scaling = {k: rec[k] for k in self._scaling_metrics if record.is_number(rec.get(k))}
         if scaling and record.is_number(rec.get(SCALING_AXIS)):
             self._guard(run.log, {SCALING_AXIS: rec[SCALING_AXIS], **scaling})
-        self._guard(run.summary.update, dict(rec))
+        # The config is the run's config, not its summary; a curve's last point (`eval/loss`)
+        # is the record's column (`eval_loss`): one name per metric.
+        config = {*record.config_keys(rec), *record.ALIASES.values(), *record.RESOLVED.values()}
+        measured = {k: v for k, v in rec.items() if k not in config}
+        self._guard(run.summary.update, measured)
         self._guard(_close, run, exit_code)
 
     def discard(self) -> None:
@@ -204,6 +208,26 @@ def start_tracker(
     except Exception as error:  # charts lose their axes, the run is still fine
         log.warning("W&B define_metric failed: %s", record.one_line(error))
     return _WandbTracker(run, scaling_metrics, offline=mode != "online")
+
+
+DEFAULT_SWEEP = "default"  # conf/config.yaml's `sweep`
+
+
+def group_of(sweep: str, sweep_dir: pathlib.Path | None) -> str:
+    """A sweep's W&B group: its `sweep` name, or, left at the default, its dir's name (two
+    sweeps into two dirs are two groups, not one `default`)."""
+    if sweep == DEFAULT_SWEEP and sweep_dir is not None:
+        return pathlib.Path(sweep_dir).resolve().name
+    return sweep
+
+
+def run_name(rec: Mapping, digest: str) -> str:
+    """A job's W&B run name: what ran, e.g. `linear-L256-residual-421e3a` (variant, length,
+    block, the stack where layers mix, and the config hash's head to tell the rest apart)."""
+    parts = [str(rec.get("attention")), f"L{rec.get('seq_len')}", str(rec.get("block"))]
+    if rec.get("layers") and rec.get("layers") != rec.get("attention"):
+        parts.append(str(rec["layers"]))
+    return "-".join([*parts, digest[:6]])
 
 
 def run_id(sweep: str, key: str, sweep_dir: pathlib.Path) -> str:
@@ -442,8 +466,10 @@ def _settings(logger_cfg: Mapping) -> dict[str, Any]:
 def _define_metrics(run: Any, scaling_metrics: Sequence[str]) -> None:
     """Training curves against `step`, per-job costs against `seq_len` (W&B chart x-axes)."""
     run.define_metric(STEP_AXIS)
-    run.define_metric("train/*", step_metric=STEP_AXIS)
-    run.define_metric("eval/*", step_metric=STEP_AXIS)
+    # A curve keeps no summary of its own: its final value is the record's column
+    # (`eval/loss` -> `eval_loss`), one name per metric.
+    run.define_metric("train/*", step_metric=STEP_AXIS, summary="none")
+    run.define_metric("eval/*", step_metric=STEP_AXIS, summary="none")
     run.define_metric(SCALING_AXIS)
     for metric in scaling_metrics:
         run.define_metric(metric, step_metric=SCALING_AXIS)

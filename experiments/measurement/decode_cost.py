@@ -43,7 +43,7 @@ from torch import nn
 from experiments.measurement.memory import peak_memory_bytes
 from variants import TransformerLM
 from variants.attention.common.base import Attention, evaluating, sample_gates
-from variants.generation import Positions, cached_kernels, check_decodable
+from variants.generation import Positions, cached_kernels
 
 
 def measure_decode(
@@ -111,17 +111,16 @@ def measure_model_decode(
     layers each through its own kernel's cache) for `batch` sequences at a context of `context`
     tokens: the prompt prefilled, then `steps` timed single-token steps after `warmup` untimed
     ones; `decode_state_bytes` is every layer's cache summed. `ValueError` if the model cannot
-    decode (a layer's kernel, rotary positions, a model of another family)."""
+    decode (a layer's kernel, a model of another family)."""
     if not isinstance(model, TransformerLM):
         raise ValueError(
             f"option measure.decode_scope='model' decodes with attnbench's TransformerLM, not "
             f"{type(model).__name__} (model.family={model.config.family!r}); use "
             "measure.decode_scope=kernel"
         )
-    new = warmup + steps
     # Past the model's max_seq_len (the job's seq_len) as the kernel alone decodes past it: a
-    # hard limit only for Linformer, which cannot decode.
-    check_decodable(model)
+    # hard limit only for Linformer, which cannot decode (its cache refuses).
+    new = warmup + steps
     generator = torch.Generator(device="cpu").manual_seed(0)
     vocab = model.config.vocab_size
     prompt = torch.randint(0, vocab, (batch, context), generator=generator).to(device)

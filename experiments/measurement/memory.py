@@ -13,7 +13,7 @@ a profiler runs and emptied only by frees seen while one runs: a block freed bet
 profilings leaves its entry behind, and a later block at the same address, allocated while no
 profiler ran, is then freed with the dead block's size. Summing those sizes made the same
 configuration's peak depend on which jobs the worker process had run before (Linformer at 4096:
-17.0 or 33.8 MB, issue 37). The profiler's own chatter on stderr (its start and stop lines, and
+17.0 or 33.8 MB). The profiler's own chatter on stderr (its start and stop lines, and
 that blocks allocated before it started have no known size) is kept off the console.
 """
 

@@ -118,6 +118,16 @@ SCHEMA: tuple[Column, ...] = (
     _config("device", str, "cpu | cuda (auto resolved)", resolved=True),
     _config("threads", int, "torch intra-op threads (null resolved)", resolved=True),
     _config("shared_qk", bool, "shared QK (null resolved)", "model.shared_qk", resolved=True),
+    _config(
+        "lr_source",
+        str,
+        "tuned | untuned: train.lr from the preset's tuned table (`${tuned_lr:...}`, conf/tuned/), "
+        "or, the table having no usable rate for the variant, its default rate "
+        "(experiments/app/resolvers.py); empty: train.lr as given (a preset's, a grid's)",
+        resolved=True,
+        derived=True,
+        optional=True,
+    ),
     _measured("attn_fwd_ms", float, "ms", "kernel forward, median", shown=True, scaling=True),
     _measured("attn_fwd_iqr_ms", float, "ms", "its interquartile range over timed blocks"),
     _measured("attn_fwd_bwd_ms", float, "ms", "kernel forward+backward", shown=True, scaling=True),
@@ -178,12 +188,12 @@ SCHEMA: tuple[Column, ...] = (
     _measured("approx_rel_error_gaussian", float, "relative", "the same on N(0, 1) q, k, v"),
     _measured("approx_reference_bits_per_byte", float, "bits/byte", "the reference model's eval"),
     _measured("approx_reference_digest", str, "", "the reference model measured on", optional=True),
-    # Errors in distribution (issue 22): the reference's trained length, the kernel's fitting,
+    # Errors in distribution: the reference's trained length, the kernel's fitting,
     # the kernel swap, and why an error is missing.
     _measured(
         "approx_reference_seq_len", int, "tokens", "the reference's trained length", optional=True
     ),
-    # Grouped KV heads (issue 38): the error is against grouped-head exact attention on k, v of
+    # Grouped KV heads: the error is against grouped-head exact attention on k, v of
     # this many heads; empty in records from before, which measured plain multi-head attention.
     _measured(
         "approx_reference_n_kv_heads",
@@ -334,7 +344,7 @@ SCHEMA: tuple[Column, ...] = (
     _measured("decode_read_gb_per_s", float, "GB/s", "decode_state_bytes / decode_ms_per_token"),
     _measured("decode_bandwidth_fraction", float, "fraction", "decode read rate / copy rate"),
     _measured("timing_warning", str, "", "figures whose timing spread widely", optional=True),
-    # issue 26 (nothing lost, nothing silent): float16 gradient checks
+    # Nothing lost, nothing silent: float16 gradient checks
     # (experiments/training/train.py)
     _measured(
         "grad_warning",
@@ -353,7 +363,7 @@ SCHEMA: tuple[Column, ...] = (
     _measured("speedup_vs_math", float, "×", "fwd+bwd speed-up over O(L²)", optional=True),
     _measured("speedup_vs_math_iqr", float, "×", "its IQR over rounds", optional=True),
     _measured("speedup_rounds", int, "", "alternating rounds behind the speed-ups", optional=True),
-    # --- the fused CUDA path (issue 25): which path the job's kernel ran ---
+    # --- the fused CUDA path: which path the job's kernel ran ---
     _measured(
         "kernel_path",
         str,
@@ -362,7 +372,7 @@ SCHEMA: tuple[Column, ...] = (
         "matmuls (`Attention.kernel_path`)",
         optional=True,
     ),
-    # issue 37: the exact baseline named. Full attention's `impl=sdpa_<backend>` pins it; plain
+    # The exact baseline named. Full attention's `impl=sdpa_<backend>` pins it; plain
     # `sdpa` is what PyTorch's own dispatcher chooses for the timed inputs.
     _measured(
         "sdpa_backend",
@@ -424,6 +434,36 @@ def one_line(error: BaseException) -> str:
 def is_number(value: Any) -> bool:
     """A finite int or float, not a bool: a value a numeric column can hold."""
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def type_problem(rec: dict[str, Any]) -> str | None:
+    """Why the JSON object `rec` is not a record, or None: its `config_hash` is not a non-empty
+    text, its `status` not one of STATUSES, or a schema column holds a value of another type
+    (None is every column's gap; an int column takes a whole float, a float column an int).
+    The store leaves such a file out, naming it, rather than letting one hand-edited value
+    (a numeric timestamp, seq_len 64.5) stop the gathering of every other record."""
+    digest, status = rec.get("config_hash"), rec.get("status")
+    if not isinstance(digest, str) or not digest:
+        return f"'config_hash' is {digest!r}, not a non-empty text"
+    if status not in STATUSES:
+        return f"'status' is {status!r}, not one of {', '.join(STATUSES)}"
+    for name, value in rec.items():
+        spec = column(name)
+        if spec is None or value is None or _is_type(value, spec.type):
+            continue
+        return f"{name!r} is {value!r} ({type(value).__name__}), not {spec.type.__name__}"
+    return None
+
+
+def _is_type(value: Any, type_: type) -> bool:
+    if type_ is bool or isinstance(value, bool):
+        return type_ is bool and isinstance(value, bool)
+    if type_ is int:  # and one Parquet's int64 holds
+        whole = isinstance(value, int) or (isinstance(value, float) and value.is_integer())
+        return whole and -(2**63) <= value < 2**63
+    if type_ is float:
+        return isinstance(value, (int, float))
+    return isinstance(value, type_)
 
 
 def non_finite(columns: dict[str, Any]) -> list[str]:
@@ -555,13 +595,16 @@ def config_keys(columns: Iterable[str], *, hashed_only: bool = False) -> list[st
     `@<label>` evaluation column is a measurement). Left out: the keys an alias or a resolved
     key stands for, the sweep's bookkeeping (`sweep`, `resume`, `fail_on`, `report`,
     `train.progress`), and with `hashed_only` also `budget.*`, which decides whether a
-    measurement completes but not what it measures (as in `config_hash`). Top-level preset keys
+    measurement completes but not what it measures (as in `config_hash`), and `lr_source`,
+    which says where train.lr came from (the rate itself is hashed). Top-level preset keys
     without a dot (a preset's `train_as` label) are not recognised.
     """
     aliased = {*ALIASES.values(), *RESOLVED.values()} - {*ALIASES, *RESOLVED}
     left_out = ("budget",) if hashed_only else ()
     keys = []
     for column in columns:
+        if hashed_only and column == "lr_source":
+            continue
         if column in ALIASES or column in RESOLVED:
             keys.append(column)
         elif "." in column and "@" not in column and column not in aliased:

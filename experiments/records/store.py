@@ -6,14 +6,21 @@ Layout of a sweep dir (Hydra's `hydra.sweep.dir`):
     <sweep>/results.csv             every record of the sweep, one row per configuration
     <sweep>/results.parquet         the same, typed
 A configuration is identified by `config_hash`; if it was measured more than once (a re-run of a
-failed job), the newest record wins, so no configuration appears twice. The store is rewritten as
+failed job, a re-measure with `resume=false`), its newest ok record is shown, else its newest
+record (`chosen`), so no configuration appears twice, and the table shows what resume skips as
+done; the end of a sweep says so when an ok record is shown over a newer failure, and counts the
+older ok records kept beside the shown ones (`shown_notes`). The store is rewritten as
 each job ends and at the end of the multirun, so a killed sweep keeps what finished; gathering
 holds a lock on `<sweep>/.results.lock`, so parallel jobs (joblib) or two sweeps ending at once
 never write a table that misses a record another one had just written. The records are the
 truth: `python -m experiments.records.store <sweep dir>` (and `make report`) gathers them again.
-A `result.json` that cannot be read, or that holds anything but a JSON object, is reported by
-path and left out; it never stops a sweep. A multirun whose end cannot write the tables (a full
-disk, a symlink planted as the lock) says so in one line and exits 1 (`gather_at_end`).
+A `result.json` that cannot be read, that holds anything but a JSON object, or whose object is
+not a record of the schema's types (`record.type_problem`: `{}`, a numeric timestamp, seq_len
+64.5) is reported by path and left out; it never stops a sweep. An ok record holding NaN or
+infinities is kept, with a warning naming it and its columns. An extra column Parquet cannot
+take as it is (mixed kinds, lists of mixed items) is written to results.parquet as text. A
+multirun whose end cannot write the tables (a full disk, a symlink planted as the lock) says so
+in one line and exits 1 (`gather_at_end`).
 """
 
 from __future__ import annotations
@@ -52,13 +59,32 @@ class Unreadable:
     reason: str
 
 
-def read_record(path: Path) -> dict[str, Any]:
+def read_record(path: Path, *, checked: bool = True) -> dict[str, Any]:
     """The record in `path`: a JSON object. `OSError` if it cannot be read, `ValueError` if it
-    is not JSON or not an object (`[]`, a number, ...), so callers treat both as unreadable."""
+    is not JSON or not an object (`[]`, a number, ...), or (`checked`) not a record of the
+    schema's types (`record.type_problem`: `{}`, a numeric timestamp), so callers treat all of
+    these as unreadable. `checked=False`: any JSON object (a job reading the hash of a record
+    it is to move aside, whatever else that record holds)."""
     value = json.loads(Path(path).read_text())
     if not isinstance(value, dict):
         raise ValueError(f"not a JSON object but a JSON {type(value).__name__}")
+    problem = record.type_problem(value) if checked else None
+    if problem is not None:
+        raise ValueError(f"not a record: {problem}")
     return value
+
+
+def non_finite_warning(path: Path, rec: dict[str, Any]) -> str | None:
+    """A warning naming `path` and its columns if `rec` is ok but holds NaN or infinities
+    (a job records those as diverged; this record was written otherwise): it is kept, and
+    its non-finite values read as not measured."""
+    if rec.get("status") != record.OK:
+        return None
+    names = record.non_finite(rec)
+    if not names:
+        return None
+    values = ", ".join(f"{k}={rec[k]}" for k in names)
+    return f"ok record {path} holds non-finite {values} (read as not measured)"
 
 
 Stamp = tuple[int, int, int, int]  # a file's (device, inode, mtime in ns, size)
@@ -91,15 +117,40 @@ def read_records(
     `unchanged` (`record_stamps` taken earlier): leave out the files still as they were then,
     e.g. to read only the records a multirun wrote or rewrote.
     """
-    records, unreadable = [], []
+    found = scan(sweep_dir, unchanged=unchanged)
+    return found.records, found.unreadable
+
+
+@dataclass(frozen=True)
+class Scan:
+    """What a sweep dir holds: its readable records with their paths, the unreadable files,
+    and a warning per readable record that is suspect (`non_finite_warning`)."""
+
+    records: list[dict[str, Any]]
+    paths: list[Path]
+    mtimes: list[int]  # of each record's file, in ns
+    unreadable: list[Unreadable]
+    warnings: list[str]
+
+
+def scan(sweep_dir: Path, *, unchanged: set[Stamp] | None = None) -> Scan:
+    """Every `result.json` below `sweep_dir` (as `read_records`), with paths and warnings."""
+    records, paths, mtimes, unreadable, warnings = [], [], [], [], []
     for path in sorted(Path(sweep_dir).glob("**/result.json")):
         try:
-            if unchanged is not None and _stamp(path) in unchanged:
+            stamp = _stamp(path)
+            if unchanged is not None and stamp in unchanged:
                 continue
-            records.append(read_record(path))
+            rec = read_record(path)
         except (OSError, ValueError) as error:
             unreadable.append(Unreadable(path, " ".join(str(error).split())))
-    return records, unreadable
+            continue
+        records.append(rec)
+        paths.append(path)
+        mtimes.append(stamp[2])
+        if (warning := non_finite_warning(path, rec)) is not None:
+            warnings.append(warning)
+    return Scan(records, paths, mtimes, unreadable, warnings)
 
 
 def iter_records(sweep_dir: Path) -> list[dict[str, Any]]:
@@ -123,12 +174,76 @@ def find_ok_record(sweep_dir: Path, config_hash: str) -> Path | None:
 
 
 def gather(sweep_dir: Path) -> pd.DataFrame:
-    """All records of a sweep as a DataFrame, one row per configuration (newest record wins)."""
-    frame = pd.DataFrame(read_records(sweep_dir)[0])  # the callers report unreadable ones
+    """All records of a sweep as a DataFrame, one row per configuration (`shown`)."""
+    found = scan(sweep_dir)  # the callers report unreadable ones
+    return shown(found.records, found.mtimes)
+
+
+def shown(records: list[dict[str, Any]], mtimes: list[int] | None = None) -> pd.DataFrame:
+    """`records` (each of the schema's types: `record.type_problem`) as a frame, one row per
+    configuration: the record `chosen` for it."""
+    frame = pd.DataFrame([records[i] for i in chosen(records, mtimes)])
     if frame.empty:
         return frame
-    frame = frame.sort_values("timestamp").drop_duplicates("config_hash", keep="last")
-    return frame.sort_values(["attention", "block", "seq_len"]).reset_index(drop=True)
+    order = [c for c in ("attention", "block", "seq_len") if c in frame]
+    return (frame.sort_values(order, kind="stable") if order else frame).reset_index(drop=True)
+
+
+def chosen(records: list[dict[str, Any]], mtimes: list[int] | None = None) -> list[int]:
+    """The index of the record each configuration (`config_hash`) shows: its newest ok record,
+    else its newest record. Ok first, because a failed re-measure (`resume=false` under a
+    smaller budget) must not hide a measurement that resume then skips as done: the loader and
+    resume agree, and `shown_notes` names the newer failure. Newest by `timestamp` (none: the
+    oldest), then by the file's mtime (`mtimes`, as `Scan.mtimes`; timestamps are whole
+    seconds)."""
+    mtimes = mtimes or [0] * len(records)
+    best: dict[str, int] = {}
+    for i, rec in enumerate(records):
+        j = best.get(rec["config_hash"])
+        if j is None or _rank(rec, mtimes[i]) >= _rank(records[j], mtimes[j]):
+            best[rec["config_hash"]] = i
+    return sorted(best.values())
+
+
+def _rank(rec: dict[str, Any], mtime: int) -> tuple[bool, str, int]:
+    return rec.get("status") == record.OK, rec.get("timestamp") or "", mtime
+
+
+def shown_notes(found: Scan) -> list[str]:
+    """What a reader of the gathered table should know of the records it does not show: a
+    configuration whose ok record is shown over newer ones that did not end ok (each named),
+    and how many older ok records are kept beside the ones shown (`displaced/`)."""
+    by_hash: dict[str, list[int]] = {}
+    for j, rec in enumerate(found.records):
+        by_hash.setdefault(rec["config_hash"], []).append(j)
+    notes, older_ok, configurations = [], [], set()
+    for i in chosen(found.records, found.mtimes):
+        digest = found.records[i]["config_hash"]
+        shown_rec, shown_rank = found.records[i], _rank(found.records[i], found.mtimes[i])
+        others = [j for j in by_hash[digest] if j != i]
+        newer = [
+            j
+            for j in others
+            if found.records[j]["status"] != record.OK
+            and _rank(found.records[j], found.mtimes[j])[1:] > shown_rank[1:]
+        ]
+        if shown_rec["status"] == record.OK and newer:
+            failures = ", ".join(
+                f"{found.records[j]['status']} record {found.paths[j]}" for j in newer
+            )
+            notes.append(
+                f"configuration {digest}: shows its ok record {found.paths[i]}, not the newer "
+                f"{failures}"
+            )
+        ok = [j for j in others if found.records[j]["status"] == record.OK]
+        older_ok += ok
+        configurations |= {digest} if ok else set()
+    if older_ok:
+        notes.append(
+            f"{len(older_ok)} older ok record(s) of {len(configurations)} configuration(s) kept "
+            f"beside the one shown (its newest ok record), e.g. {found.paths[older_ok[0]]}"
+        )
+    return notes
 
 
 def write_results(sweep_dir: Path, *, quiet: bool = False) -> pd.DataFrame:
@@ -144,16 +259,20 @@ def write_results(sweep_dir: Path, *, quiet: bool = False) -> pd.DataFrame:
             log.warning("no records found in %s", sweep_dir)
         return pd.DataFrame()
     with results_lock(sweep_dir):
-        frame = gather(sweep_dir)
-        if frame.empty:
-            if not quiet:
-                log.warning("no records found in %s", sweep_dir)
-            return frame
-        write_atomic(sweep_dir / "results.csv", lambda path: frame.to_csv(path, index=False))
-        typed = parquet_frame(frame)
-        write_atomic(
-            sweep_dir / "results.parquet", lambda path: typed.to_parquet(path, index=False)
-        )
+        frame = write_results_locked(sweep_dir)
+    if frame.empty and not quiet:
+        log.warning("no records found in %s", sweep_dir)
+    return frame
+
+
+def write_results_locked(sweep_dir: Path) -> pd.DataFrame:
+    """`write_results` for a caller that holds the sweep's lock (`results_lock`) already."""
+    frame = gather(sweep_dir)
+    if frame.empty:
+        return frame
+    write_atomic(sweep_dir / "results.csv", lambda path: frame.to_csv(path, index=False))
+    typed = parquet_frame(frame)
+    write_atomic(sweep_dir / "results.parquet", lambda path: typed.to_parquet(path, index=False))
     return frame
 
 
@@ -195,14 +314,16 @@ def check_relative_name(option: str, value: object) -> str:
 def parquet_frame(frame: pd.DataFrame) -> pd.DataFrame:
     """The records with one type per column, as Parquet wants: a schema column in its type
     (`record.SCHEMA`; ints and bools nullable), any other column as it is when its values share
-    a kind, and as text when they mix (a config key such as `attention.stride`: 'auto' or 64)."""
+    a kind and Parquet can hold them, and as text when they mix (a config key such as
+    `attention.stride`: 'auto' or 64) or it cannot (lists of mixed items, an int past 64
+    bits: a hand-written record's extra column must not cost the sweep its results.parquet)."""
     typed = frame.copy()
     for name in typed.columns:
         column = record.column(name)
         values = typed[name]
         if column is None:
-            if values.dtype == object and _mixed(values):
-                typed[name] = values.map(text_or_none)
+            if values.dtype == object and (_mixed(values) or not _arrow_holds(values)):
+                typed[name] = values.map(_text)
         elif column.type is int:
             typed[name] = pd.array(pd.to_numeric(values, errors="coerce"), dtype="Int64")
         elif column.type is float:
@@ -212,6 +333,24 @@ def parquet_frame(frame: pd.DataFrame) -> pd.DataFrame:
         else:
             typed[name] = values.map(text_or_none)
     return typed
+
+
+def _arrow_holds(values: pd.Series) -> bool:
+    """Whether Parquet (pyarrow) takes these values as one column as they are."""
+    import pyarrow as pa
+
+    try:
+        pa.array(values.tolist(), from_pandas=True)
+    except (pa.ArrowException, OverflowError, TypeError, ValueError):
+        return False
+    return True
+
+
+def _text(value: Any) -> str | None:
+    """A value as Parquet text: a list or an object as its JSON, a gap as None."""
+    if isinstance(value, (list, dict)):
+        return json.dumps(value, sort_keys=True, default=str)
+    return text_or_none(value)
 
 
 def _mixed(values: pd.Series) -> bool:
@@ -309,13 +448,25 @@ def gather_at_end(sweep_dir: Path) -> pd.DataFrame | None:
             file=sys.stderr,
         )
         return None
-    for bad in read_records(sweep_dir)[1]:
-        print(f"warning: unreadable record {bad.path}: {bad.reason}", file=sys.stderr)
+    say_what_was_read(sweep_dir)
     if not frame.empty:
         print(format_records(frame))
         counts = frame["status"].value_counts().to_dict()
         print(f"{len(frame)} configurations {counts}; results: {sweep_dir / 'results.csv'}")
     return frame
+
+
+def say_what_was_read(sweep_dir: Path) -> None:
+    """A line on stderr per record of `sweep_dir` that was left out (unreadable, or not a
+    record of the schema's types), per suspect record kept (`Scan.warnings`) and per note on
+    which record of a configuration is shown (`shown_notes`)."""
+    found = scan(sweep_dir)
+    for bad in found.unreadable:
+        print(f"warning: unreadable record {bad.path}: {bad.reason}", file=sys.stderr)
+    for warning in found.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+    for note in shown_notes(found):
+        print(f"note: {note}", file=sys.stderr)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -332,8 +483,7 @@ def main(argv: list[str] | None = None) -> int:
             code = 1
             continue
         frame = write_results(sweep_dir, quiet=True)
-        for bad in read_records(sweep_dir)[1]:
-            print(f"warning: unreadable record {bad.path}: {bad.reason}", file=sys.stderr)
+        say_what_was_read(sweep_dir)
         if frame.empty:
             print(f"warning: no readable records in {sweep_dir}", file=sys.stderr)
         else:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -102,3 +103,42 @@ def test_cli_needs_results_or_wandb(tmp_path, capsys):
         report.main(["--out", str(tmp_path)])
     assert exit_info.value.code == 2
     assert "give RESULTS or --wandb ENTITY/PROJECT" in capsys.readouterr().err
+
+
+def test_a_record_of_the_wrong_type_is_named_and_left_out(small_sweep, capsys, monkeypatch):
+    monkeypatch.setattr(report, "FIGURES", {})
+    record = next(small_sweep.glob("*/result.json"))
+    record.write_text(record.read_text().replace('"timestamp": "', '"timestamp": 17, "x": "'))
+    assert report.main([str(small_sweep), "--out", str(small_sweep / "report")]) == 0
+    assert f"warning: unreadable record {record}: " in capsys.readouterr().err
+
+
+def test_an_ok_record_shown_over_a_newer_failure_is_said(small_sweep, capsys, monkeypatch):
+    monkeypatch.setattr(report, "FIGURES", {})
+    ok = next(small_sweep.glob("*/result.json"))
+    rec = json.loads(ok.read_text())
+    assert rec["status"] == "ok"
+    failed = small_sweep / "again" / "result.json"
+    failed.parent.mkdir()
+    failed.write_text(json.dumps({**rec, "status": "oom", "timestamp": "2099-01-01T00:00:00"}))
+    assert report.main([str(small_sweep), "--out", str(small_sweep / "report")]) == 0
+    said = f"shows its ok record {ok}, not the newer oom record {failed}"
+    assert said in capsys.readouterr().err
+    assert said in (small_sweep / "report" / "report.md").read_text()
+
+
+def test_an_out_dir_that_cannot_be_written_is_one_line(small_sweep, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(report, "FIGURES", {})
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a dir")
+    assert report.main([str(small_sweep), "--out", str(blocker / "report")]) == 1
+    err = capsys.readouterr().err.splitlines()
+    assert err[-1].startswith(f"error: --out {blocker / 'report'}: ") and len(err) == 1, err
+
+    def read_only(*args, **kwargs):
+        raise PermissionError(13, "Permission denied", str(tmp_path / "ro" / "report.md"))
+
+    monkeypatch.setattr(report.Path, "write_text", read_only)
+    assert report.main([str(small_sweep), "--out", str(tmp_path / "ro")]) == 1
+    err = capsys.readouterr().err.splitlines()
+    assert err == [f"error: --out {tmp_path / 'ro'}: Permission denied: {tmp_path}/ro/report.md"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pandas as pd
+import pytest
 
 from analysis import capacity, load, series, tuning
 
@@ -234,3 +235,107 @@ def test_a_byte_task_keeps_the_rate_lowest_in_held_out_loss_not_in_reported_bits
     sweep = _byte_sweep(valid, reported, status={("full", 3e-3): "diverged"})
     trained = series.trained_quality(sweep, "eval_bits_per_byte")
     assert set(trained.loc[trained["attention"] == "full", "train.lr"]) == {1e-3}
+
+
+# --- A variant with no usable rate, and untuned variants -------------------------------------
+
+
+def _no_usable_rate_for_linear(how: str) -> pd.DataFrame:
+    """A grid where every linear job diverged (with figures that look learned) or, ok, validated
+    NaN; full is tuned as usual."""
+    if how == "diverged":
+        status = {("linear", r): "diverged" for r in RATES}
+        sweep = _grid_sweep(VALID, VALID, status=status, seeds=(0,))
+        rows = sweep["attention"] == "linear"
+        sweep.loc[rows, ["valid_accuracy", "eval_accuracy"]] = [0.5, 0.95]  # before it diverged
+        return sweep
+    sweep = _grid_sweep(VALID, VALID, seeds=(0,))
+    sweep.loc[sweep["attention"] == "linear", "valid_accuracy"] = float("nan")
+    return sweep
+
+
+@pytest.mark.parametrize("how", ["diverged", "validated NaN"])
+def test_a_variant_with_no_usable_rate_is_written_as_such_not_as_chosen(tmp_path, monkeypatch, how):
+    """Every linear job diverged (or validated NaN): the smallest rate was written as "chosen on
+    the validation split", and a diverged record at 95 % counted as learned."""
+    from experiments.app import resolvers
+
+    sweep = _no_usable_rate_for_linear(how)
+    rates = tuning.chosen_rates(sweep, series.context_columns(sweep)).set_index("attention")
+    assert rates.loc["full", "lr_chosen"] == 3e-3
+    assert pd.isna(rates.loc["linear", "lr_chosen"])
+    # Ok jobs at 95 % did learn, unvalidated; diverged ones never count.
+    assert rates.loc["linear", "lr_any_learned"] == (how != "diverged")
+    assert "train.lr" not in rates.loc["linear", "overrides"]
+    text = tuning.rate_table(rates.reset_index(), sweep, "multirun/x")
+    lines = text.splitlines()
+    assert "full: 0.003" in lines and "linear: null" in lines
+    assert any(line.startswith("# No usable rate: linear (") for line in lines), text
+    (tmp_path / "tuned").mkdir()
+    (tmp_path / "tuned" / "demo.yaml").write_text(text)
+    monkeypatch.setattr(resolvers, "config_dir", lambda: tmp_path)
+    assert resolvers.tuned_lr("demo", "full") == 3e-3
+    assert resolvers.tuned_lr("demo", "linear", 2e-3) == 2e-3  # untuned: the fallback
+
+
+def test_a_job_that_did_not_end_ok_never_counts_as_learned():
+    sweep = _no_usable_rate_for_linear("diverged")
+    chosen = tuning.choose_learning_rates(sweep, series.context_columns(sweep))
+    linear = chosen[chosen["attention"] == "linear"]
+    assert not linear["lr_any_learned"].any() and linear["lr_chosen"].isna().all()
+
+
+def test_an_unusable_rate_is_never_chosen_over_a_usable_one():
+    # linear's 1e-3 diverged; 3e-3 and 1e-2 ended ok but learned nothing (validation 0): the
+    # choice is among the rates that ended ok, not the smallest of all.
+    valid = {"linear": {1e-3: 0.0, 3e-3: 0.0, 1e-2: 0.0}}
+    sweep = _grid_sweep(valid, valid, seeds=(0,), status={("linear", 1e-3): "diverged"})
+    chosen = tuning.choose_learning_rates(sweep, series.context_columns(sweep))
+    assert set(chosen["lr_chosen"]) == {3e-3}
+
+
+def test_untuned_rows_say_so_where_the_lr_is_shown():
+    sweep = _grid_sweep(VALID, VALID)
+    fixed = sweep[
+        ((sweep["attention"] == "full") & (sweep["train.lr"] == 3e-3))
+        | ((sweep["attention"] == "linear") & (sweep["train.lr"] == 1e-3))
+    ].copy()
+    fixed["lr_source"] = fixed["attention"].map({"full": "tuned", "linear": "untuned"})
+    table = capacity.accuracy_by_pairs(fixed)
+    lr = dict(zip(table.frame["variant"], table.frame["lr"], strict=False))
+    assert lr["full"] == "0.003" and lr[next(v for v in lr if v.startswith("linear"))] == (
+        "0.001 (untuned)"
+    )
+    assert "untuned (no tuned rate): linear" in tuning.protocol_line(series.trained_quality(fixed))
+
+
+# --- Mistakes on the command line: one line, no traceback, non-zero exit -----------------------
+
+
+def _grid_csv(tmp_path):
+    path = tmp_path / "results.csv"
+    _grid_sweep(VALID, VALID, seeds=(0,)).drop(columns=["variant"]).to_csv(path, index=False)
+    return path
+
+
+@pytest.mark.parametrize("case", ["empty", "missing", "no grid"])
+def test_a_sweep_with_nothing_to_tune_is_one_line(tmp_path, capsys, case):
+    path = tmp_path / "sweep"
+    if case != "missing":
+        path.mkdir()
+    if case == "no grid":
+        (path / "0").mkdir()
+        (path / "0" / "result.json").write_text(
+            '{"config_hash": "a", "status": "ok", "attention": "full", "train.lr": 0.001}'
+        )
+    assert tuning.main([str(path)]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: ") and str(path) in err, err
+
+
+def test_write_into_a_missing_folder_is_one_line_naming_the_option(tmp_path, capsys):
+    target = tmp_path / "no" / "such" / "demo.yaml"
+    assert tuning.main([str(_grid_csv(tmp_path)), "--write", str(target)]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"error: --write {target}: "), err
+    assert not target.exists()

@@ -19,10 +19,11 @@ import pandas as pd
 import pytest
 from omegaconf import OmegaConf
 
-from experiments.records import history
+from experiments.app import tracking
+from experiments.records import history, record
 from experiments.records.record import flatten
 from tests import wandb_runs
-from tests.experiments.conftest import MEASURE_NOTHING
+from tests.experiments.conftest import CONF, MEASURE_NOTHING
 
 IDENTITY = ("sweep", "job", "config_hash", "status", "error")
 CONFIGURATION = (
@@ -183,10 +184,22 @@ def test_offline_wandb_runs_hold_the_same_config_and_summary(wandb_sweep):
         flat = flatten(run["config"])
         config_columns = {k: v for k, v in rec.items() if "." in k}  # e.g. attention.block_size
         assert {k: flat[k] for k in config_columns} == config_columns
-        # The summary carries every column of the record (W&B keeps no None values).
-        expected = {k: v for k, v in rec.items() if v is not None and k != "offline_run_dir"}
+        # The summary carries every measured column of the record (W&B keeps no None values);
+        # the configuration is the run's config, never copied into its summary.
+        configuration = {
+            *record.config_keys(rec),
+            *record.ALIASES.values(),
+            *record.RESOLVED.values(),
+        }
+        expected = {
+            k: v
+            for k, v in rec.items()
+            if v is not None and k != "offline_run_dir" and k not in configuration
+        }
         assert {k: run["summary"].get(k) for k in expected} == expected
-        assert (run["group"], run["name"]) == ("runner-test", f"{job}-{rec['config_hash']}")
+        assert not {"attention", "block", "model.depth"} & set(run["summary"])
+        assert run["group"] == "runner-test"
+        assert run["name"] == tracking.run_name(rec, rec["config_hash"])
         token = (wandb_sweep / ".sweep_id").read_text().strip()  # the sweep dir's identity
         assert run["run_id"] == f"runner-test-{token}-{rec['config_hash']}"  # same at re-runs
         assert run["exit_code"] == 0
@@ -261,6 +274,46 @@ def test_a_second_multirun_with_its_own_subdirs_records_jobs_by_their_dir(cli, t
         "more-0": 128,
     }
     assert sorted(results_csv(sweep_dir)["job"].map(str)) == ["0", "1", "more-0"]
+
+
+# --- Tuned learning rates ----------------------------------------------------------------------
+
+
+@pytest.fixture
+def tuned_table(tmp_path):
+    """A table in conf/tuned/ (where `${tuned_lr:...}` reads), removed after the test."""
+    path = CONF / "tuned" / f"test-{tmp_path.name}.yaml"
+    yield path
+    path.unlink(missing_ok=True)
+
+
+@pytest.mark.slow
+def test_a_variant_missing_from_its_tuned_table_trains_untuned_and_is_recorded(
+    cli, tmp_path, tuned_table
+):
+    """A missing entry arrived inside a Hydra traceback: no record for that job, and the
+    "did not end ok" table was not printed."""
+    tuned_table.write_text("full: 3.0e-3\n")
+    sweep_dir = tmp_path / "sweep"
+    lr = f"train.lr='${{tuned_lr:{tuned_table.stem},${{attention.name}}}}'"
+    done = cli.sweep(sweep_dir, "attention=full,linear", lr, *BOOKKEEPING)
+    assert "Traceback" not in done.stderr
+    said = f"{tuned_table.stem}.yaml has no usable rate for attention 'linear'"
+    assert said in done.stdout + done.stderr
+    records = {r["attention"]: r for r in job_records(sweep_dir).values()}
+    assert {a: (r["status"], r["train.lr"], r["lr_source"]) for a, r in records.items()} == {
+        "full": ("ok", 3e-3, "tuned"),
+        "linear": ("ok", 1e-3, "untuned"),
+    }
+    assert "lr_source" in done.stdout  # it varies: the sweep's table shows it
+    tuned_table.write_text("full: 3.0e-3\nlinear: fast\n")
+    damaged = cli.run(*cli.sweep_args(tmp_path / "again", "attention=full", lr, *BOOKKEEPING))
+    lines = [line for line in damaged.stderr.splitlines() if line.startswith("error")]
+    assert damaged.returncode == 2 and "Traceback" not in damaged.stderr, damaged.stderr
+    assert lines == [
+        f"error: config: tuned_lr: {tuned_table}: 'linear': 'fast' is not a positive learning "
+        "rate (or null: no usable rate)"
+    ]
 
 
 # --- Failures are data ------------------------------------------------------------------------

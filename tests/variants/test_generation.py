@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+import variants
 from variants import TransformerLM, attention_names, attention_spec, block_names
 
 # Small blocks, strides and windows so that the patterns matter within 17 tokens. The stride is
@@ -97,3 +98,53 @@ def test_generation_with_grouped_kv_heads_equals_recomputing_the_forward(attenti
     model = _model(attention, n_kv_heads=1)  # both query heads read one key head
     prompt = torch.randint(0, 11, (2, 5), generator=torch.Generator().manual_seed(1))
     assert torch.equal(model.generate(prompt, 6), _recomputed(model, prompt, 6))
+
+
+def _lm(**fields):
+    torch.manual_seed(0)
+    config = {"vocab_size": 50, "d_model": 32, "n_heads": 4, "depth": 2, "max_seq_len": 64}
+    return variants.TransformerLM(**(config | fields)).eval()
+
+
+@pytest.mark.parametrize("attention", ["full", "linear", "sliding_window"])
+def test_rotary_generation_equals_recomputing_the_forward(attention):
+    """The cache tracks the position offset: each decoded token is rotated at its place."""
+    model = _lm(attention=attention, positions="rotary")
+    prompt = torch.randint(0, 50, (2, 9), generator=torch.Generator().manual_seed(1))
+    out = model.generate(prompt, 6)
+    recomputed = prompt
+    with torch.no_grad():
+        for _ in range(6):
+            next_token = model(recomputed)[:, -1].argmax(-1, keepdim=True)
+            recomputed = torch.cat([recomputed, next_token], dim=1)
+    assert torch.equal(out, recomputed)
+
+
+def test_multihead_attention_rotary_decoding_equals_its_forward():
+    mha = variants.MultiheadAttention(32, 4, attention="full", positions="rotary").eval()
+    x = torch.randn(2, 10, 32)
+    cache = mha.init_cache(2, max_len=16)
+    with torch.no_grad():
+        steps = [mha.prefill(x[:, :4], cache)]
+        steps += [mha.decode(x[:, t : t + 1], cache) for t in range(4, 10)]
+        stepped = torch.cat(steps, dim=1)
+        torch.testing.assert_close(stepped, mha(x))
+    with pytest.raises(ValueError, match="option 'positions'"):
+        variants.MultiheadAttention(32, 4, attention="full", positions="sinusoidal")
+
+
+def test_generate_stops_at_eos_and_samples_within_top_k_and_top_p():
+    model = _lm(attention="full")
+    prompt = torch.randint(0, 50, (3, 5), generator=torch.Generator().manual_seed(2))
+    greedy = model.generate(prompt, 8)
+    eos = int(greedy[0, 6])  # the second token row 0 generates
+    stopped = model.generate(prompt, 8, eos_token_id=eos)
+    assert stopped.shape[1] <= greedy.shape[1]
+    assert (stopped[0, 7:] == eos).all() and torch.equal(stopped[0, :7], greedy[0, :7])
+    top1 = model.generate(prompt, 8, temperature=1.0, top_k=1, seed=0)
+    assert torch.equal(top1, greedy)  # one candidate: the argmax
+    nucleus = model.generate(prompt, 8, temperature=1.0, top_p=1e-6, seed=0)
+    assert torch.equal(nucleus, greedy)  # the smallest nucleus holds the likeliest token alone
+    for bad in ({"top_k": 0}, {"top_p": 1.5}):
+        with pytest.raises(ValueError, match=f"option '{next(iter(bad))}'"):
+            model.generate(prompt, 2, **bad)

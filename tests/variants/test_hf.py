@@ -137,12 +137,18 @@ def test_a_bad_option_value_is_refused_at_register_leaving_nothing_registered(mo
         assert _llama("attnbench_full")(torch.zeros(1, 4, dtype=torch.long)).logits.isfinite().all()
 
 
-def test_another_softmax_scale_is_refused():
-    model = _llama("attnbench_full")
-    for layer in model.model.layers:
-        layer.self_attn.scaling = 0.5
+def test_another_softmax_scale_is_the_kernels_or_refused():
+    """A model's own softmax scale reaches a variant that takes one (as SDPA's `scale`); a
+    variant without one (linear attention) refuses it by name."""
+    tokens, _ = _padded_batch("left")
+    models = [_llama(name) for name in ("sdpa", "attnbench_full", "attnbench_linear")]
+    for model in models:
+        for layer in model.model.layers:
+            layer.self_attn.scaling = 0.5
+    with torch.no_grad():
+        torch.testing.assert_close(models[1](tokens).logits, models[0](tokens).logits)
     with pytest.raises(UnsupportedCombination, match="option 'scaling'=0.5"):
-        model(torch.zeros(1, 4, dtype=torch.long))
+        models[2](tokens)
 
 
 def _llama_config(attention: str, **fields):
@@ -235,3 +241,21 @@ def test_kernel_cache_refuses_padded_prompts_and_beams_in_one_line():
                        max_new_tokens=2, do_sample=False)  # fmt: skip
     with pytest.raises(ValueError, match="option 'max_len' must be a positive int"):
         hf.KernelCache(max_len=0)
+
+
+@pytest.mark.parametrize("name", ["full", "linear", "strided", "blockwise", "moba"])
+def test_a_left_padded_row_equals_the_row_alone_or_the_batch_is_refused(name):
+    """Batched prompts: where the kernel is shift-invariant a left-padded row's logits are the
+    row's alone; where its pattern is absolute (blocks), the padded batch is refused."""
+    model = _llama(f"attnbench_{name}")
+    tokens, mask = _padded_batch("left")
+    kernel = hf.kernel_for(name, 4, 16, causal=True)
+    with torch.no_grad():
+        if not kernel.shift_invariant:
+            with pytest.raises(UnsupportedCombination, match="left-padded batches"):
+                model(tokens, attention_mask=mask)
+            return
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)  # as generate gives a padded batch
+        batched = model(tokens, attention_mask=mask, position_ids=positions).logits
+        alone = model(tokens[2:, 6:]).logits
+    torch.testing.assert_close(batched[2, 6:], alone[0], rtol=0, atol=1e-5)

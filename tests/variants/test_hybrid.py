@@ -94,9 +94,11 @@ def test_kernels_are_tied_within_their_entry(monkeypatch):
     assert calls == [(third, first)]
 
 
-@pytest.mark.parametrize("n_kv_heads", [None, 1])
-def test_generation_through_each_layers_cache_equals_the_forward(n_kv_heads):
-    model = _model(layers=[DELTANET, WINDOW, "linear", "full"], n_kv_heads=n_kv_heads)
+@pytest.mark.parametrize(("n_kv_heads", "positions"), [(None, "sinusoidal"), (1, "rotary")])
+def test_generation_through_each_layers_cache_equals_the_forward(n_kv_heads, positions):
+    model = _model(
+        layers=[DELTANET, WINDOW, "linear", "full"], n_kv_heads=n_kv_heads, positions=positions
+    )
     prompt = _tokens(length=5)
     got = model.generate(prompt, 10)
     tokens = prompt

@@ -300,7 +300,7 @@ def test_multihead_attention_padded_rows_equal_the_rows_alone(attention):
     x = torch.randn(2, 9, 16, dtype=torch.float64)
     keep = torch.ones(2, 9, dtype=torch.bool)
     keep[1, 6:] = False
-    y = layer(x, key_padding_mask=keep)
+    y = layer(x, attention_mask=keep)
     torch.testing.assert_close(y[1, :6], layer(x[1:, :6])[0])
     torch.testing.assert_close(y[0], layer(x[:1])[0])
 
@@ -331,7 +331,7 @@ def test_multihead_attention_padded_positions_values_never_reach_real_outputs(na
 
     def run(value):
         padded = x.masked_fill(~keep[..., None], value).requires_grad_()
-        y = layer(padded, key_padding_mask=keep)
+        y = layer(padded, attention_mask=keep)
         return y, torch.autograd.grad((y * weight).sum(), [padded, *layer.parameters()])
 
     y, grads = run(fill)
@@ -430,3 +430,16 @@ def test_grouped_kv_heads_refused_where_they_cannot_be_taken(fields, words):
 def test_kv_heads_must_divide_the_heads():
     with pytest.raises(ValueError, match="'n_heads'=4 must be divisible by 'n_kv_heads'=3"):
         ModelConfig(d_model=16, n_heads=4, n_kv_heads=3)
+
+
+def test_pytorchs_key_padding_mask_is_refused_by_name_and_hf_masks_are_taken():
+    """One mask convention a PyTorch user cannot get wrong: `attention_mask` True/1 = a token;
+    `key_padding_mask` (PyTorch's, True = padding) is refused naming both conventions."""
+    mha = variants.MultiheadAttention(32, 4, attention="full", causal=False)
+    x = torch.randn(2, 6, 32)
+    keep = torch.tensor([[1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 1]])
+    with pytest.raises(ValueError, match="'key_padding_mask' is not taken.*~key_padding_mask"):
+        mha(x, key_padding_mask=keep == 0)
+    with pytest.raises(ValueError, match="'key_padding_mask' is not taken"):
+        mha.kernel(*(torch.randn(2, 4, 6, 8) for _ in range(3)), key_padding_mask=keep == 0)
+    torch.testing.assert_close(mha(x, attention_mask=keep), mha(x, attention_mask=keep.bool()))

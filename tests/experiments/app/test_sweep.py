@@ -222,3 +222,14 @@ def test_a_sweep_name_that_leaves_multirun_is_refused_in_one_line(tmp_path, caps
 
 def test_a_nested_sweep_name_is_accepted():
     assert store.check_relative_name("sweep", "paper/scaling") == "paper/scaling"
+
+
+def test_a_record_of_the_wrong_type_is_named_and_the_rest_reported(tmp_path, capsys):
+    """A record with a numeric timestamp made the end say "gather failed / report failed: '<'
+    not supported" without naming the file, and exit 1."""
+    bad = rec("b", status="oom", timestamp=1733000000, job="1")
+    code = end_multirun(tmp_path, [rec("a"), bad, rec("c", status="timeout")])
+    out, err = capsys.readouterr()
+    assert code == 0 and "failed" not in err
+    assert f"unreadable record {tmp_path / '1' / 'result.json'}: " in err
+    assert "2 configurations" in out and "1 job(s) of this multirun did not end ok" in out

@@ -18,6 +18,7 @@ from omegaconf import OmegaConf
 
 from experiments.app import tracking
 from experiments.records import record
+from experiments.records import record as rec_module
 from tests import wandb_runs
 from tests.conftest import WANDB_LOGGER
 
@@ -40,6 +41,7 @@ RECORD = {
     "step_ms": 7.5,
     "peak_memory_bytes": 123456789,
     "approx_rel_error": float("nan"),
+    "eval_loss": 2.0,
     "timestamp": "2026-01-01T00:00:00",
 }
 
@@ -63,11 +65,17 @@ def start(out_dir, logger_cfg=WANDB_LOGGER, name="job-0", tags=("lsh", "seq_len=
 
 
 def expected_summary(record):
-    """W&B keeps no None; it writes NaN as null, which reads back as absent too."""
+    """The record but its configuration (that is the run's config, never copied into the
+    summary). W&B keeps no None; it writes NaN as null, which reads back as absent too."""
+    config = {
+        *rec_module.config_keys(record),
+        *rec_module.ALIASES.values(),
+        *rec_module.RESOLVED.values(),
+    }
     return {
         k: v
         for k, v in record.items()
-        if v is not None and not (isinstance(v, float) and math.isnan(v))
+        if v is not None and not (isinstance(v, float) and math.isnan(v)) and k not in config
     }
 
 
@@ -85,6 +93,10 @@ def test_offline_run_reads_back_as_logged(tmp_path):
     summary = expected_summary(RECORD)
     assert {k: run["summary"].get(k) for k in summary} == summary
     assert "error" not in run["summary"] and "approx_rel_error" not in run["summary"]
+    # One name per metric: the config stays in the config, a curve's last point is the
+    # record's column (eval_loss), not also `eval/loss`.
+    assert not {"attention", "attention.bucket_size", "causal"} & set(run["summary"])
+    assert run["summary"]["eval_loss"] == 2.0 and "eval/loss" not in run["summary"]
     steps = [row for row in run["history"] if "step" in row]
     assert [row["step"] for row in steps] == [0, 1, 2, 3, 4]
     assert [row["train/loss"] for row in steps] == [1.0, 0.5, 1 / 3, 0.25, 0.2]
@@ -358,3 +370,17 @@ def test_a_sweep_id_that_cannot_be_written_names_it_and_leaves_no_temp_file(tmp_
     with pytest.raises(OSError, match=r"No space left on device: '.*/\.sweep_id'"):
         tracking.sweep_id(tmp_path)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_runs_are_named_by_what_ran_and_grouped_by_their_sweep_dir(tmp_path):
+    """`linear-L256-residual-<hash>`, not the job's number; without `sweep=` the group is the
+    sweep dir's name, not `default` for every sweep."""
+    rec = {"attention": "linear", "seq_len": 256, "block": "residual", "layers": "linear"}
+    assert tracking.run_name(rec, "421e3a0b9c1d") == "linear-L256-residual-421e3a"
+    hybrid = rec | {"layers": "3×deltanet+full"}
+    assert (
+        tracking.run_name(hybrid, "421e3a0b9c1d") == "linear-L256-residual-3×deltanet+full-421e3a"
+    )
+    assert tracking.group_of("default", tmp_path / "mine") == "mine"
+    assert tracking.group_of("scaling", tmp_path / "mine") == "scaling"
+    assert tracking.group_of("default", None) == "default"

@@ -184,7 +184,7 @@ def test_every_config_alias_stands_for_a_key_of_the_resolved_config(resolved_con
     flat = record.flatten(resolved_config())
     for alias, key in {**record.ALIASES, **record.RESOLVED}.items():
         assert key in flat or record.COLUMNS[alias].derived, alias
-    assert [c.name for c in record.SCHEMA if c.derived] == ["head_dim"]
+    assert [c.name for c in record.SCHEMA if c.derived] == ["head_dim", "lr_source"]
 
 
 def test_a_stack_of_one_variant_keeps_its_hash_and_a_hybrid_names_its_stack(resolved_config):

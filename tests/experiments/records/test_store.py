@@ -280,3 +280,98 @@ def test_a_gap_of_a_nullable_column_stays_a_gap_not_the_text_na():
     for name in ("attention", "attention.stride"):
         assert typed[name].isna().tolist() == [False, True, False], typed[name].tolist()
         assert "<NA>" not in typed[name].dropna().tolist()
+
+
+# --- Records of the wrong type, mixed extra columns, non-finite values ---------------------------
+
+
+@pytest.mark.parametrize(
+    ("changed", "column"),
+    [
+        ({"timestamp": 1733000000}, "timestamp"),
+        ({"seq_len": 64.5}, "seq_len"),
+        ({"status": "fine"}, "status"),
+        ({"config_hash": 7}, "config_hash"),
+    ],
+)
+def test_a_record_of_the_wrong_type_is_named_and_left_out(tmp_path, capsys, changed, column):
+    """A numeric timestamp or seq_len 64.5 broke the end of the sweep ("'<' not supported",
+    the file not named) and `records.store`: now named with its column, the rest gathered."""
+    put(tmp_path, 0, rec("aaa"))
+    bad = put(tmp_path, 1, {**rec("bbb", seq_len=32), **changed})
+    records, unreadable = store.read_records(tmp_path)
+    assert [r["config_hash"] for r in records] == ["aaa"]
+    assert [u.path for u in unreadable] == [bad] and repr(column) in unreadable[0].reason
+    assert list(store.gather_at_end(tmp_path)["config_hash"]) == ["aaa"]
+    assert f"unreadable record {bad}: " in capsys.readouterr().err
+    assert len(pd.read_parquet(tmp_path / "results.parquet")) == 1
+    assert store.main([str(tmp_path)]) == 0
+    assert store.find_ok_record(tmp_path, "bbb") is None
+
+
+@pytest.mark.parametrize("text", ["{}", '{"status": "ok"}', '{"config_hash": "", "status": "ok"}'])
+def test_an_object_without_a_configuration_and_status_is_no_record(tmp_path, text):
+    put(tmp_path, 0, rec("aaa"))
+    (tmp_path / "1").mkdir()
+    (tmp_path / "1" / "result.json").write_text(text)
+    records, unreadable = store.read_records(tmp_path)
+    assert len(records) == 1 and [u.path.parent.name for u in unreadable] == ["1"]
+    assert len(store.write_results(tmp_path)) == 1
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        [[1, 2], [3, "a"]],  # lists whose items differ in kind
+        [{"a": 1}, {"a": "x"}],
+        [2**70, 3],  # beyond Parquet's int64
+        [[1], None],
+    ],
+)
+def test_a_mixed_extra_column_is_written_to_parquet_as_text(tmp_path, values):
+    put(tmp_path, 0, rec("aaa", **{"x.extra": values[0]}))
+    put(tmp_path, 1, rec("bbb", seq_len=32, **{"x.extra": values[1]}))
+    store.write_results(tmp_path)
+    assert len(pd.read_csv(tmp_path / "results.csv")) == 2
+    assert len(pd.read_parquet(tmp_path / "results.parquet")) == 2
+
+
+def test_an_ok_record_holding_a_non_finite_value_is_kept_with_a_warning(tmp_path, capsys):
+    path = tmp_path / "0" / "result.json"
+    path.parent.mkdir()
+    path.write_text(json.dumps(rec("aaa", attn_fwd_ms=float("nan"), step_ms=float("inf"))))
+    assert len(store.gather_at_end(tmp_path)) == 1
+    err = capsys.readouterr().err
+    assert f"warning: ok record {path} holds non-finite attn_fwd_ms=nan, step_ms=inf" in err
+    assert store.main([str(tmp_path)]) == 0
+    assert f"ok record {path} holds non-finite" in capsys.readouterr().err
+
+
+# --- Which record of a configuration is shown ---------------------------------------------------
+
+
+def test_an_ok_record_is_shown_over_a_newer_failure_and_the_store_says_so(tmp_path, capsys):
+    """A newer timeout and an older ok record of one configuration were shown as timeout while
+    resume skipped the configuration as ok; now both say ok, and the end of a sweep says
+    which record it shows and which it does not."""
+    ok = put(tmp_path, 0, rec("aaa", timestamp="2026-01-01T00:00:00+00:00", attn_fwd_ms=2.0))
+    failed = put(tmp_path, 1, rec("aaa", status="timeout", timestamp="2026-01-02T00:00:00+00:00"))
+    put(tmp_path, 2, rec("bbb", seq_len=32, status="oom"))
+    frame = store.gather(tmp_path).set_index("config_hash")
+    assert frame.loc["aaa", "status"] == "ok" and frame.loc["aaa", "attn_fwd_ms"] == 2.0
+    assert store.find_ok_record(tmp_path, "aaa") == ok
+    store.gather_at_end(tmp_path)
+    err = capsys.readouterr().err
+    assert f"shows its ok record {ok}" in err and f"not the newer timeout record {failed}" in err
+    assert "bbb" not in err
+
+
+def test_older_ok_records_kept_aside_are_counted(tmp_path, capsys):
+    put(tmp_path, 0, rec("aaa", timestamp="2026-01-01T00:00:00+00:00"))
+    newest = put(tmp_path, 1, rec("aaa", timestamp="2026-01-03T00:00:00+00:00"))
+    put(tmp_path, "0/displaced/aaa.2", rec("aaa", timestamp="2026-01-02T00:00:00+00:00"))
+    assert store.gather(tmp_path)["timestamp"].tolist() == ["2026-01-03T00:00:00+00:00"]
+    assert store.main([str(tmp_path)]) == 0
+    err = capsys.readouterr().err
+    assert "2 older ok record(s) of 1 configuration(s) kept beside the one shown" in err
+    assert str(newest) not in err

@@ -182,3 +182,21 @@ def test_the_stages_share_one_optimizer_whose_step_count_carries_over(job_config
     assert [step for _, step in runs] == [0, 3, 4]  # each stage continues the count
     optimizer = runs[0][0].optimizer
     assert int(optimizer.state[optimizer.param_groups[0]["params"][0]]["step"]) == 6
+
+
+def test_a_re_measure_keeps_the_ok_stage_records_aside(resolved_config, tmp_path, monkeypatch):
+    """resume=false over a curriculum job: the old record moves aside with its stages, the
+    new stages are written in their place (none of either is lost)."""
+    sweep_dir, out_dir = tmp_path / "sweep", tmp_path / "sweep" / "0"
+    schedule = ("train.curriculum=[{seq_len:32,steps:1}]", "train.steps=1", "resume=false")
+    config = resolved_config(*TINY, *schedule)
+    first = run_job(config, out_dir, job="0", sweep_dir=sweep_dir)
+    stage = json.loads((out_dir / "stages" / "32" / "result.json").read_text())
+    second = run_job(config, out_dir, job="0", sweep_dir=sweep_dir)
+    kept = out_dir / "displaced" / first["config_hash"]
+    assert json.loads((kept / "result.json").read_text()) == first
+    assert json.loads((kept / "stages" / "32" / "result.json").read_text()) == stage
+    new_stage = json.loads((out_dir / "stages" / "32" / "result.json").read_text())
+    assert new_stage["config_hash"] == stage["config_hash"] and new_stage != stage
+    assert json.loads((out_dir / "result.json").read_text()) == second
+    assert len(store.read_records(sweep_dir)[0]) == 4 and len(store.gather(sweep_dir)) == 2

@@ -115,8 +115,8 @@ def test_a_pinned_backend_takes_masks_and_grouped_heads(impl):
     padding = torch.ones(2, 12, dtype=torch.bool)
     padding[1, 9:] = False
     kernel = build_attention("full", causal=True, impl=impl)
-    out = kernel(q, k, v, key_padding_mask=padding)
-    plain = build_attention("full", causal=True, impl="sdpa")(q, k, v, key_padding_mask=padding)
+    out = kernel(q, k, v, attention_mask=padding)
+    plain = build_attention("full", causal=True, impl="sdpa")(q, k, v, attention_mask=padding)
     torch.testing.assert_close(out, plain)
 
 

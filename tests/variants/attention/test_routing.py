@@ -111,8 +111,8 @@ def test_padded_tokens_move_no_centroid_and_reach_no_real_output():
     changed_q[~keep[:, None].expand(-1, 2, -1)] *= -5  # padded tokens only
     changed_v[~keep[:, None].expand(-1, 2, -1)] += 1
     first, second, plain = build(decay=0.9), build(decay=0.9), build(decay=0.9)
-    out = first(q, q, v, key_padding_mask=keep, segment_ids=segments)
-    changed = second(changed_q, changed_q, changed_v, key_padding_mask=keep, segment_ids=segments)
+    out = first(q, q, v, attention_mask=keep, segment_ids=segments)
+    changed = second(changed_q, changed_q, changed_v, attention_mask=keep, segment_ids=segments)
     plain(q, q, v)
     assert torch.equal(first.centroid_sums, second.centroid_sums)
     assert torch.equal(first.centroid_counts, second.centroid_counts)

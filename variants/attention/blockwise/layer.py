@@ -46,6 +46,7 @@ class BlockwiseAttention(Attention):
     """
 
     family = "fixed"
+    takes_scale = True
     small_options = {"block_size": 8}
     knobs = ("block_size",)
 
@@ -102,7 +103,7 @@ class BlockwiseAttention(Attention):
         k: torch.Tensor,
         v: torch.Tensor,
         *,
-        key_padding_mask: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
         segment_ids: torch.Tensor | None = None,
     ) -> torch.Tensor:
         batch, heads, seq_len, _ = q.shape
@@ -131,7 +132,7 @@ class BlockwiseAttention(Attention):
             fwd,
             exclude_self=self.shared_qk,
             device=q.device,
-            key_padding_mask=key_padding_mask,
+            attention_mask=attention_mask,
             segment_ids=segment_ids,
         )  # (n, b, w*b), or (B, n, b, w*b) with masks
         if k.shape[1] != heads:

@@ -27,13 +27,13 @@ class CombinedPieces(torch.autograd.Function):
     saved: q, k, v, the output and its logsumexp (O(L d))."""
 
     @staticmethod
-    def forward(ctx, q, k, v, plan: Plan, key_padding_mask=None, segment_ids=None):
+    def forward(ctx, q, k, v, plan: Plan, attention_mask=None, segment_ids=None):
         """q: (B, H, L, D); k, v: (B, H_kv, L, D), H_kv dividing H (query head h reads key
-        head h // (H / H_kv)); key_padding_mask, segment_ids: (B, L) or None (folded into
+        head h // (H / H_kv)); attention_mask, segment_ids: (B, L) or None (folded into
         every piece's bias: `Documents`). Returns (B, H, L, D)."""
         documents = None
-        if key_padding_mask is not None or segment_ids is not None:
-            documents = Documents(key_padding_mask, segment_ids)
+        if attention_mask is not None or segment_ids is not None:
+            documents = Documents(attention_mask, segment_ids)
         pieces = Pieces(plan, q, documents, kv_heads=k.shape[1])
         out, lse = pieces.tiles_forward(q, k, v)  # (B, H, n*b, D), (B, H, n*b)
         view_out, view_lse = out[:, :, : plan.seq_len], lse[:, :, : plan.seq_len, None]
@@ -82,13 +82,13 @@ class Documents:
     condition on a piece's pairs: `masking.document_mask` (same document; key real or the
     query itself), for every pair of every piece, global rows and columns included."""
 
-    def __init__(self, key_padding_mask: torch.Tensor | None, segment_ids: torch.Tensor | None):
-        self.key_padding_mask, self.segment_ids = key_padding_mask, segment_ids
+    def __init__(self, attention_mask: torch.Tensor | None, segment_ids: torch.Tensor | None):
+        self.attention_mask, self.segment_ids = attention_mask, segment_ids
 
     def hide(self, hidden: torch.Tensor, query: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
         """A piece's hidden pairs (uint8 or bool, nonzero = hidden, broadcastable to the pairs
         of positions `query` x `key`) with the refused pairs added: uint8 (B, *pairs)."""
-        allowed = document_mask(self.key_padding_mask, self.segment_ids, query, key)
+        allowed = document_mask(self.attention_mask, self.segment_ids, query, key)
         return (~allowed).to(torch.uint8).bitwise_or_(hidden.to(torch.uint8))
 
 

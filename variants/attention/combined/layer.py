@@ -90,6 +90,7 @@ class CombinedAttention(Attention):
     """
 
     family = "combined"
+    takes_scale = True
     small_options = {"block_size": 8, "n_summary": 2}
 
     name = "combined"
@@ -208,7 +209,7 @@ class CombinedAttention(Attention):
         k: torch.Tensor,
         v: torch.Tensor,
         *,
-        key_padding_mask: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
         segment_ids: torch.Tensor | None = None,
     ) -> torch.Tensor:
         seq_len = q.shape[2]
@@ -224,7 +225,7 @@ class CombinedAttention(Attention):
             k, v = repeat_kv(k, q.shape[1]), repeat_kv(v, q.shape[1])  # (B, H, L, D) each
             return flex.attend(self.name, q, k, v, mask)
         plan = self.plan(seq_len, q.device)  # shared by batch and heads, masks or not
-        return CombinedPieces.apply(q, k, v, plan, key_padding_mask, segment_ids)  # (B, H, L, D)
+        return CombinedPieces.apply(q, k, v, plan, attention_mask, segment_ids)  # (B, H, L, D)
 
     def flops(self, batch: int, heads: int, seq_len: int, head_dim: int) -> int:
         return 4 * batch * heads * self.plan(seq_len).pairs() * head_dim

@@ -5,6 +5,8 @@ cache            the decoding caches (keys and values, windows, prefixes, states
 flash            softmax attention with its logsumexp, and its backward: parts merged by LSE
 flex             FlexAttention block masks from a pattern (`impl="flex"`)
 kernelized       feature-map attention and its causal prefix sums (performer, linear)
+recurrent        `RecurrentAttention`: a d x d state's layer (deltanet, gated_deltanet, mamba2)
+delta_rule       the delta rule, chunked, with a decay (deltanet, gated_deltanet)
 local            sliding windows of whole blocks (blockwise, strided, combined, MoBA)
 masking          key padding masks, documents, grouped KV heads
 columns          the column layout of a strided pattern (strided, combined)

@@ -30,12 +30,12 @@ cannot decode at all (Linformer: its projection mixes positions) leaves
 `supports_decode = False` and says why in `decode_reason`.
 
 Masks and grouped KV heads (`variants.attention.common.masking`). `forward` takes
-`key_padding_mask` (B, L) bool, **True = a real token**, and `segment_ids` (B, L) document ids
+`attention_mask` (B, L) bool, **True = a real token**, and `segment_ids` (B, L) document ids
 of packed sequences, each only where the class says `supports_padding_mask` /
 `supports_segments` (else `UnsupportedCombination`, naming the option and the class's
 `padding_mask_reason` / `segments_reason`); a variant whose support depends on its options
 (impl="flex") overrides `unsupported_input`. `attend` then receives the given masks as keyword
-arguments (`key_padding_mask=`, `segment_ids=`; neither is passed when not given, so the
+arguments (`attention_mask=`, `segment_ids=`; neither is passed when not given, so the
 calls without masks are exactly those of before), q, k, v and gates with zeros at padded
 positions, and the rows of padded queries of its output are set to zero here. k and v may
 have fewer heads than q (H_kv dividing H): a `native_gqa` kernel receives them as they are,
@@ -65,11 +65,12 @@ from variants.attention.common.masking import (
 )
 from variants.checks import (
     UnsupportedCombination,
-    check_key_padding_mask,
+    check_attention_mask,
     check_qkv,
     check_segment_ids,
     require_bool,
     require_positive_int,
+    token_mask,
 )
 from variants.patterns import Pattern
 
@@ -112,14 +113,14 @@ class Attention(nn.Module):
     # True if the kernel's work is a set of (query block, key block) pairs (exact attention
     # through SDPA's tiles, the fixed and the selected block patterns), so a mask that empties a
     # block could drop that block's work: benchmarks/mask_cost.py holds what a mask costs such a
-    # kernel to its bound (issue 38), not a kernel whose work has no blocks to skip (a state
+    # kernel to its bound, not a kernel whose work has no blocks to skip (a state
     # over the sequence, LSH's or routing's sorted windows, Linformer's projection).
     block_sparse_work: ClassVar[bool] = False
     # How its softmax attention runs: "flash" (parts merged by logsumexp through
     # `flash.attend`: fused where `flash.path` says so), "sdpa" (PyTorch's fused SDPA), or None
     # (no fused attention kernel: explicit matmuls of its own). Read by `kernel_path`.
     softmax_kernels: ClassVar[str | None] = None
-    # Masks (`forward`'s key_padding_mask, segment_ids) and grouped KV heads: module docstring.
+    # Masks (`forward`'s attention_mask, segment_ids) and grouped KV heads: module docstring.
     supports_padding_mask: ClassVar[bool] = False
     padding_mask_reason: ClassVar[str] = "its kernel takes no key padding mask yet"
     supports_segments: ClassVar[bool] = False
@@ -132,6 +133,9 @@ class Attention(nn.Module):
     # (the report draws error against it); `smaller_is_finer`: those finer when smaller.
     knobs: ClassVar[tuple[str, ...]] = ()
     smaller_is_finer: ClassVar[tuple[str, ...]] = ()
+    # Its output reads q only through softmax(q k / sqrt(D)) scores, so forward's `scale` is a
+    # scaled q (not so for linear or delta rules, or a kernel that normalises q).
+    takes_scale: ClassVar[bool] = False
     # Causally, an output never changes when tokens are appended (the conformance kit checks
     # it); False, with the reason, only where it cannot hold (LSH's chunk boundaries).
     past_fixed: ClassVar[bool] = True
@@ -150,6 +154,13 @@ class Attention(nn.Module):
         return None
 
     @property
+    def shift_invariant(self) -> bool:
+        """True if its pattern depends on positions only through i - j (and on content), so
+        that left padding leaves a row's real outputs as the row alone gives them (a padded
+        batch of prompts); block grids and sink positions are absolute, so False by default."""
+        return False
+
+    @property
     def applies_shared_qk(self) -> bool:
         """True if the kernel derives its keys from k = q itself under the Reformer's rule
         (unit keys, no attending to oneself unless alone): LSH always, `full` and `blockwise`
@@ -163,23 +174,32 @@ class Attention(nn.Module):
         v: torch.Tensor,
         gates: torch.Tensor | None = None,
         *,
-        key_padding_mask: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
         segment_ids: torch.Tensor | None = None,
+        key_padding_mask: torch.Tensor | None = None,
+        scale: float | None = None,
     ) -> torch.Tensor:
         """q: (batch, heads, seq_len, head_dim), k, v: (batch, kv_heads, seq_len, head_dim)
         with kv_heads dividing heads (grouped KV heads; kv_heads = heads by default) ->
         (batch, heads, seq_len, head_dim).
 
+        scale: the softmax's scale (default 1/sqrt(head_dim)), as SDPA's, where the variant
+        `takes_scale` (its output reads q only through softmax scores: q is scaled by
+        scale * sqrt(head_dim)). q may be shorter than k, v (T_q < T_k: the last T_q
+        positions of a causal context, chunked prefill) where the variant is causal, ungated,
+        has separate keys and a fixed past; the others refuse both in one line.
+
         gates: (batch, heads, seq_len, n_gates) in (0, 1), required by (and only by) a variant
         with `n_gates` > 0, which then receives them as `attend(q, k, v, gates)`.
 
-        key_padding_mask: (batch, seq_len) bool, **True = a real token (keep), False =
-        padding** (flash-attention's and Hugging Face's convention, the opposite of PyTorch's
-        MultiheadAttention). Padded keys are never attended to; the outputs at padded queries
-        are zeros (and pass no gradient). Padded positions of q, k, v and gates reach `attend`
-        as zeros, so whatever they hold (NaN, inf) never reaches a real output or gradient.
-        A NaN in a real token may reach every output of its sequence, causal or not (0 * NaN
-        in masked products, as in PyTorch's SDPA), never another sequence's.
+        attention_mask: (batch, seq_len) bool or 0/1, **True = a real token (keep), False =
+        padding** (Hugging Face's and SDPA's convention). PyTorch's `key_padding_mask` (True =
+        padding) is refused by name, never read either way. Padded keys are never attended
+        to; the outputs at padded queries are zeros (and pass no gradient). Padded positions
+        of q, k, v and gates reach `attend` as zeros, so whatever they hold (NaN, inf) never
+        reaches a real output or gradient. A NaN in a real token may reach every output of
+        its sequence, causal or not (0 * NaN in masked products, as in PyTorch's SDPA), never
+        another sequence's.
         segment_ids: (batch, seq_len) integer document ids of packed sequences, non-decreasing
         along seq_len: no query attends a key of another document.
         Either raises `UnsupportedCombination` on a variant that cannot take it
@@ -189,17 +209,22 @@ class Attention(nn.Module):
         q, k, v must be floating point (`check_qkv`). An empty batch (batch 0) never reaches
         `attend`: its output is empty (`empty_batch_output`), and backward goes through it.
         """
-        check_qkv(self.name, q, k, v)
+        check_qkv(self.name, q, k, v, fewer_queries=True)
+        attention_mask = token_mask(self.name, attention_mask, key_padding_mask)
+        if scale is not None:
+            q = self._scaled(q, scale)
+        if q.shape[2] < k.shape[2]:
+            return self._last_queries(q, k, v, gates, attention_mask, segment_ids)
         limit = self.max_seq_len
         if limit is not None and q.shape[2] > limit:
             raise ValueError(
                 f"{self.name}: seq_len {q.shape[2]} exceeds option 'max_seq_len'={limit}"
             )
         gated = self._gated(q, gates)
-        masks = self._masks(q, k, key_padding_mask, segment_ids)
+        masks = self._masks(q, k, attention_mask, segment_ids)
         if q.shape[0] == 0:
             return empty_batch_output(q, k, v, *gated)
-        if key_padding_mask is not None:
+        if attention_mask is not None:
             # Masks keep padded values out of every real output, but not out of the arithmetic:
             # a padded key's score is computed before its mask applies, a hidden value is
             # multiplied by probability 0, and NaN + bias or 0 * inf is NaN. Zeros selected in
@@ -209,18 +234,51 @@ class Attention(nn.Module):
             zeroed = {}
             for x in (q, k, v, *gated):
                 if id(x) not in zeroed:
-                    zeroed[id(x)] = zero_padded_positions(x, key_padding_mask)
+                    zeroed[id(x)] = zero_padded_positions(x, attention_mask)
             q, k, v, *gated = (zeroed[id(x)] for x in (q, k, v, *gated))
         if not self.native_gqa:
             k, v = repeat_kv(k, q.shape[1]), repeat_kv(v, q.shape[1])  # (B, H, L, D) each
         out = self.attend(q, k, v, *gated, **masks)  # (B, H, L, D)
-        return zero_padded_queries(out, key_padding_mask)
+        return zero_padded_queries(out, attention_mask)
+
+    def _scaled(self, q: torch.Tensor, scale: float) -> torch.Tensor:
+        """q such that the kernel's own 1/sqrt(D) gives softmax scale `scale`."""
+        if not self.takes_scale:
+            raise UnsupportedCombination(
+                f"attention {self.name!r} does not support option 'scale': its output is not a "
+                "softmax of scaled scores (or it normalises q)"
+            )
+        if not isinstance(scale, (int, float)) or isinstance(scale, bool) or not scale > 0:
+            raise ValueError(
+                f"{self.name}: option 'scale' must be a positive number, got {scale!r}"
+            )
+        return q * (scale * math.sqrt(q.shape[-1]))
+
+    def _last_queries(self, q, k, v, gates, attention_mask, segment_ids) -> torch.Tensor:
+        """q (B, H, T_q, D) as the last T_q positions of the T_k keys: the causal forward
+        with zero queries before them, their outputs dropped (a query's row reads only itself
+        and the keys where `past_fixed` and no gate or shared key ties rows together)."""
+        why = None
+        if not self.causal:
+            why = "a bidirectional kernel has no meaning for queries shorter than its keys"
+        elif self.n_gates or self.applies_shared_qk or not self.past_fixed:
+            why = "its rows depend on every position's gates, queries or the whole sequence"
+        elif segment_ids is not None:
+            why = "segment_ids need queries and keys of one length"
+        if why:
+            raise UnsupportedCombination(
+                f"attention {self.name!r}: q of {q.shape[2]} positions over k of "
+                f"{k.shape[2]}: {why}"
+            )
+        before = q.new_zeros(*q.shape[:2], k.shape[2] - q.shape[2], q.shape[3])
+        whole = torch.cat([before, q], dim=2)  # (B, H, T_k, D)
+        return self(whole, k, v, attention_mask=attention_mask)[:, :, -q.shape[2] :]
 
     def unsupported_input(self, option: str) -> str | None:
-        """Why this instance cannot take input `option` (key_padding_mask, segment_ids or
+        """Why this instance cannot take input `option` (attention_mask, segment_ids or
         grouped KV heads, "n_kv_heads"), or None if it can: the class flags by default."""
         supported, reason = {
-            "key_padding_mask": (self.supports_padding_mask, self.padding_mask_reason),
+            "attention_mask": (self.supports_padding_mask, self.padding_mask_reason),
             "segment_ids": (self.supports_segments, self.segments_reason),
             "n_kv_heads": (self.supports_gqa and not self.applies_shared_qk, self.gqa_reason),
         }[option]
@@ -238,16 +296,16 @@ class Attention(nn.Module):
                 f"attention {self.name!r} does not support option {option!r}: {reason}"
             )
 
-    def _masks(self, q, k, key_padding_mask, segment_ids) -> dict[str, torch.Tensor]:
+    def _masks(self, q, k, attention_mask, segment_ids) -> dict[str, torch.Tensor]:
         """The masks given, checked, as `attend`'s keyword arguments; raises for an input this
         variant cannot take (grouped KV heads included)."""
         if k.shape[1] != q.shape[1]:
             self.refuse_unsupported("n_kv_heads")
         masks = {}
-        if key_padding_mask is not None:
-            check_key_padding_mask(self.name, key_padding_mask, q)
-            self.refuse_unsupported("key_padding_mask")
-            masks["key_padding_mask"] = key_padding_mask
+        if attention_mask is not None:
+            check_attention_mask(self.name, attention_mask, q)
+            self.refuse_unsupported("attention_mask")
+            masks["attention_mask"] = attention_mask
         if segment_ids is not None:
             check_segment_ids(self.name, segment_ids, q)
             self.refuse_unsupported("segment_ids")

@@ -18,7 +18,8 @@ and its live size in bytes (`nbytes`: the entries it holds now, not the buffers 
   ClusterCache  each cluster's most recent members in a ring per cluster (routing)
   BlockKVCache  every key and value (a KVCache) plus one summary per finished block of keys
                 (and of values): MoBA's block means, NSA's compressed blocks
-  DeltaCache    the delta rule's fast-weight state, D x D per head (deltanet)
+  DeltaCache    a D x D state per head: the delta rule's fast weights (deltanet,
+                gated_deltanet), Mamba-2's SSM state (mamba2)
 
 All caches are tensors of one batch size, heads and head_dim, on one device and dtype, which
 each records (`Cache.misfit`: `Attention.prefill` and `decode` refuse other inputs up front).

@@ -38,9 +38,9 @@ def supports_backward(impl: str, device: torch.device) -> bool:
 
 
 def mask_reason(impl: str, option: str) -> str | None:
-    """Why `impl` cannot take input `option` (key_padding_mask, segment_ids), or None: the
+    """Why `impl` cannot take input `option` (attention_mask, segment_ids), or None: the
     compiled FlexAttention path is built per pattern, not per sequence."""
-    if impl == "flex" and option in ("key_padding_mask", "segment_ids"):
+    if impl == "flex" and option in ("attention_mask", "segment_ids"):
         return "impl='flex' takes no per-sequence masks yet; use impl='native'"
     return None
 

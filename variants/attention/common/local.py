@@ -96,7 +96,7 @@ def window_mask(
     *,
     exclude_self: bool = False,
     device: torch.device | None = None,
-    key_padding_mask: torch.Tensor | None = None,
+    attention_mask: torch.Tensor | None = None,
     segment_ids: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Which window keys each query may attend: bool (n, block_size, w * block_size), or
@@ -127,9 +127,9 @@ def window_mask(
     # Which keys exist depends only on the block: edge windows and padding miss some.
     real_key = (key_pos >= 0) & (key_pos < seq_len)  # (n, 1, w*b)
     allowed = allowed & real_key  # (n, b, w*b)
-    if key_padding_mask is not None or segment_ids is not None:
+    if attention_mask is not None or segment_ids is not None:
         query_pos = (block_start + query_offset[:, 0])[:, :, None]  # (n, b, 1)
-        documents = document_mask(key_padding_mask, segment_ids, query_pos, key_pos)
+        documents = document_mask(attention_mask, segment_ids, query_pos, key_pos)
         allowed = allowed & documents  # (B, n, b, w*b)
     if exclude_self:
         is_self = key_offset - query_offset == 0  # (b, w*b)

@@ -2,7 +2,7 @@
 
 The kernel contract (`Attention.forward`) takes two optional masks, both (B, L):
 
-  key_padding_mask  bool, **True = a real token (keep)**, False = padding: the flash-attention /
+  attention_mask  bool, **True = a real token (keep)**, False = padding: the flash-attention /
                     Hugging Face convention (PyTorch's MultiheadAttention uses the opposite).
                     Padded keys are never attended to; padded queries' outputs are zeros.
   segment_ids       integer document ids of packed sequences, non-decreasing along L: no query
@@ -47,7 +47,7 @@ def repeat_kv(x: torch.Tensor, n_heads: int) -> torch.Tensor:
 
 
 def document_mask(
-    key_padding_mask: torch.Tensor | None,
+    attention_mask: torch.Tensor | None,
     segment_ids: torch.Tensor | None,
     query: torch.Tensor,
     key: torch.Tensor,
@@ -55,11 +55,11 @@ def document_mask(
     """Bool (B, *pairs): True where the query at position `query` may attend the key at `key`
     as far as documents and padding go (same document; key real, or the query itself).
 
-    key_padding_mask, segment_ids: (B, L) or None (not both). query, key: integer positions
+    attention_mask, segment_ids: (B, L) or None (not both). query, key: integer positions
     broadcastable against each other (e.g. (n, b, 1) and (n, 1, w)); positions outside [0, L)
     are read at the nearest position (the kernel's own mask removes them).
     """
-    some = key_padding_mask if key_padding_mask is not None else segment_ids
+    some = attention_mask if attention_mask is not None else segment_ids
     length = some.shape[1]
     shape = torch.broadcast_shapes(query.shape, key.shape)
     # Positions are read unbroadcast (e.g. (n, b, 1) and (n, 1, w), not twice (n, b, w)) and
@@ -69,16 +69,16 @@ def document_mask(
     allowed = torch.ones((some.shape[0], *shape), dtype=torch.bool, device=some.device)
     if segment_ids is not None:
         allowed &= _at(segment_ids, q_at) == _at(segment_ids, k_at)
-    if key_padding_mask is not None:
-        allowed &= _at(key_padding_mask, k_at) | (q_at == k_at)
+    if attention_mask is not None:
+        allowed &= _at(attention_mask, k_at) | (q_at == k_at)
     return allowed
 
 
-def real_prefix(key_padding_mask: torch.Tensor) -> int:
+def real_prefix(attention_mask: torch.Tensor) -> int:
     """The batch's real prefix: 1 + the last position real in some sequence (at least 1), so
     every position from there on is padding in every sequence (a right-padded batch's tail
-    common to all its rows). key_padding_mask: (B, L) bool, True = real."""
-    real = key_padding_mask.any(dim=0).nonzero()  # (r, 1): positions real in some sequence
+    common to all its rows). attention_mask: (B, L) bool, True = real."""
+    real = attention_mask.any(dim=0).nonzero()  # (r, 1): positions real in some sequence
     return int(real[-1]) + 1 if real.numel() else 1
 
 
@@ -90,7 +90,7 @@ def on_real_prefix(
     there is no such tail. For kernels in which no real query reads a key, a summary or a
     routing score of that tail (MoBA, NSA), where the prefix alone is the same rule.
     tensors: (B, H, L, ...) each (q, k, v and any gates); masks: `attend`'s keywords, (B, L)."""
-    keep = masks.get("key_padding_mask")
+    keep = masks.get("attention_mask")
     length = tensors[0].shape[2]
     if keep is None or (real := real_prefix(keep)) >= length:
         return None
@@ -100,13 +100,13 @@ def on_real_prefix(
 
 
 def masking_masks(masks: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """`masks` (`attend`'s keywords, key_padding_mask and segment_ids (B, L)) without those
+    """`masks` (`attend`'s keywords, attention_mask and segment_ids (B, L)) without those
     that hide no pair: a padding mask with every token real, segment ids of one document per
     sequence. What is left hides exactly the pairs `masks` did."""
     kept = {}
-    keep, segments = masks.get("key_padding_mask"), masks.get("segment_ids")
+    keep, segments = masks.get("attention_mask"), masks.get("segment_ids")
     if keep is not None and not bool(keep.all()):
-        kept["key_padding_mask"] = keep
+        kept["attention_mask"] = keep
     if segments is not None and not bool((segments == segments[:, :1]).all()):
         kept["segment_ids"] = segments
     return kept
@@ -117,20 +117,18 @@ class SequenceDocuments:
     rounds, routing's clusters): S = B * heads sequences, B*H flattened (sequence s is batch
     row s // heads), each with its own positions at each sorted slot.
 
-    key_padding_mask, segment_ids: (B, L) or None (not both), as `document_mask` takes them.
+    attention_mask, segment_ids: (B, L) or None (not both), as `document_mask` takes them.
     """
 
     def __init__(
-        self, key_padding_mask: torch.Tensor | None, segment_ids: torch.Tensor | None, heads: int
+        self, attention_mask: torch.Tensor | None, segment_ids: torch.Tensor | None, heads: int
     ):
-        some = key_padding_mask if key_padding_mask is not None else segment_ids
+        some = attention_mask if attention_mask is not None else segment_ids
         self.batch, self.length = some.shape
         self.heads = heads
         # One row of B*L tokens: position p of batch row b is token b*L + p. A query and its
         # keys are always of one sequence, so documents never need telling apart across rows.
-        self.flat = [
-            None if x is None else x.reshape(1, -1) for x in (key_padding_mask, segment_ids)
-        ]
+        self.flat = [None if x is None else x.reshape(1, -1) for x in (attention_mask, segment_ids)]
 
     def allowed(self, sequences: slice, query: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
         """Bool (s, *pairs) for the sequences `sequences` (a slice of range(S)): query, key
@@ -149,25 +147,25 @@ def _at(per_token: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     return per_token[:, positions.reshape(-1)].view(per_token.shape[0], *positions.shape)
 
 
-def zero_padded_queries(out: torch.Tensor, key_padding_mask: torch.Tensor | None) -> torch.Tensor:
+def zero_padded_queries(out: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
     """out (B, H, L, D) with the rows of padded queries (mask False) set to 0; no gradient
     flows through them."""
-    if key_padding_mask is None:
+    if attention_mask is None:
         return out
-    return zero_padded_positions(out, key_padding_mask)
+    return zero_padded_positions(out, attention_mask)
 
 
-def zero_padded_positions(x: torch.Tensor, key_padding_mask: torch.Tensor) -> torch.Tensor:
+def zero_padded_positions(x: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
     """x (B, H, L, E) with the padded positions (mask False) set to 0; they pass no gradient."""
-    return x.masked_fill(~key_padding_mask[:, None, :, None], 0.0)
+    return x.masked_fill(~attention_mask[:, None, :, None], 0.0)
 
 
 def documents(
-    key_padding_mask: torch.Tensor | None, segment_ids: torch.Tensor | None, batch: int, length: int
+    attention_mask: torch.Tensor | None, segment_ids: torch.Tensor | None, batch: int, length: int
 ) -> list[list[torch.Tensor]]:
     """Per sequence, its documents' real positions: a list (B) of lists of (n,) int64 tensors,
     in position order, documents with no real token left out."""
-    device = (key_padding_mask if key_padding_mask is not None else segment_ids).device
+    device = (attention_mask if attention_mask is not None else segment_ids).device
     positions = torch.arange(length, device=device)
     out = []
     for b in range(batch):
@@ -176,8 +174,8 @@ def documents(
         else:
             _, counts = torch.unique_consecutive(segment_ids[b], return_counts=True)
             runs = list(positions.split(counts.tolist()))
-        if key_padding_mask is not None:
-            runs = [run[key_padding_mask[b, run]] for run in runs]
+        if attention_mask is not None:
+            runs = [run[attention_mask[b, run]] for run in runs]
         out.append([run for run in runs if len(run)])
     return out
 
@@ -185,7 +183,7 @@ def documents(
 def per_document(
     fn: Callable[..., torch.Tensor],
     *inputs: torch.Tensor,
-    key_padding_mask: torch.Tensor | None = None,
+    attention_mask: torch.Tensor | None = None,
     segment_ids: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """`fn(*inputs)` on every document's real positions as a sequence of its own, the outputs
@@ -197,7 +195,7 @@ def per_document(
     """
     batch, heads, length = inputs[0].shape[:3]
     rows = []
-    for b, runs in enumerate(documents(key_padding_mask, segment_ids, batch, length)):
+    for b, runs in enumerate(documents(attention_mask, segment_ids, batch, length)):
         shape = (heads, length, inputs[2].shape[-1])
         row = inputs[0].new_zeros(shape)  # (H, L, D)
         if runs:

@@ -37,7 +37,7 @@ class SelectedBlocks(torch.autograd.Function):
     when causal, before it. Returns (B, H, L, D). Saves q, k, v, the selection, the merged
     output and its logsumexp: O(L (S + d)).
 
-    key_padding_mask, segment_ids: (B, L) or None (`masking`): every (query, key) pair, in the
+    attention_mask, segment_ids: (B, L) or None (`masking`): every (query, key) pair, in the
     own block and in the selected ones, must also pass `masking.document_mask`. Only where it
     can hide a pair is it a bias: a clean block (every position real, one document) runs as
     without masks, as its own block (the kernels' causal flag) and in a tile whose queries
@@ -48,8 +48,8 @@ class SelectedBlocks(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, q, k, v, selected, block, causal, key_padding_mask=None, segment_ids=None):
-        plan = _Plan(q, k.shape[1], selected, block, causal, key_padding_mask, segment_ids)
+    def forward(ctx, q, k, v, selected, block, causal, attention_mask=None, segment_ids=None):
+        plan = _Plan(q, k.shape[1], selected, block, causal, attention_mask, segment_ids)
         out, lse = plan.own_forward(q, k, v)  # (B, H, L, D), (B, H, L)
         if plan.n_entries:
             out, lse = plan.tiles_forward(q, k, v, out, lse)
@@ -81,7 +81,7 @@ class _Plan:
         selected: torch.Tensor,
         block: int,
         causal: bool,
-        key_padding_mask: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
         segment_ids: torch.Tensor | None = None,
     ):
         self.batch, self.heads, self.length, self.head_dim = q.shape
@@ -90,13 +90,13 @@ class _Plan:
         self.block, self.causal = block, causal
         self.masks = None  # the masks flattened to (1, B*L): positions b*L + i (`_tile_hidden`)
         self.n_blocks = -(-self.length // block)
-        if key_padding_mask is not None or segment_ids is not None:
+        if attention_mask is not None or segment_ids is not None:
             self.masks = {
-                "key_padding_mask": _flat(key_padding_mask),
+                "attention_mask": _flat(attention_mask),
                 "segment_ids": _flat(segment_ids),
             }
             # (B, n): blocks whose `document_mask` hides nothing from a query of their document
-            self.clean = _clean_blocks(key_padding_mask, segment_ids, block)
+            self.clean = _clean_blocks(attention_mask, segment_ids, block)
             self.own_clean = self._own_clean()
         self.scale = self.head_dim**-0.5
         n_seq = self.batch * self.kv_heads  # key sequences
@@ -136,11 +136,11 @@ class _Plan:
             self.hidden = None
         self.n_clean = self.n_tiles  # tiles [0, n_clean) need no document mask
         if self.masks is not None:
-            self._clean_tiles_first(key_padding_mask, segment_ids)
+            self._clean_tiles_first(attention_mask, segment_ids)
         per_tile = (2 * block + 2 * rows) * self.head_dim * q.element_size()
         self.chunk = max(1, CHUNK_BYTES // per_tile)
 
-    def _clean_tiles_first(self, key_padding_mask, segment_ids) -> None:
+    def _clean_tiles_first(self, attention_mask, segment_ids) -> None:
         """Reorder the tiles so that those `document_mask` hides nothing in come first, the
         first `n_clean`: a clean key block (all real, one document) and every query of the
         tile of its document (MoBA's routing picks no other). Their chunks then take no
@@ -476,16 +476,16 @@ def _raise_ref(acc, norm, ref, index, part_lse) -> None:
     norm[rows] = norm[rows] * factor
 
 
-def _clean_blocks(key_padding_mask, segment_ids, block: int) -> torch.Tensor:
+def _clean_blocks(attention_mask, segment_ids, block: int) -> torch.Tensor:
     """(B, n) bool: the key blocks of `block` whose positions (before L) are all real and of
     one document (`segment_ids` non-decreasing: the first position's and the last's)."""
-    some = key_padding_mask if key_padding_mask is not None else segment_ids
+    some = attention_mask if attention_mask is not None else segment_ids
     length = some.shape[1]
     starts = torch.arange(0, length, block, device=some.device)  # (n,)
     last = (starts + block).clamp(max=length) - 1
     clean = torch.ones(some.shape[0], starts.numel(), dtype=torch.bool, device=some.device)
-    if key_padding_mask is not None:
-        padded = pad_to_multiple(~key_padding_mask[:, None], block).unflatten(2, (-1, block))
+    if attention_mask is not None:
+        padded = pad_to_multiple(~attention_mask[:, None], block).unflatten(2, (-1, block))
         clean &= ~padded.any(dim=3)[:, 0]
     if segment_ids is not None:
         clean &= segment_ids[:, starts] == segment_ids[:, last]

@@ -193,21 +193,21 @@ def attend_selected(
 class DocumentBlocks:
     """Where a call's key blocks of `block` lie among its documents and padding.
 
-    key_padding_mask, segment_ids: (B, L) or None (not both; `masking`). Per block (B, n): the
+    attention_mask, segment_ids: (B, L) or None (not both; `masking`). Per block (B, n): the
     document of its first and of its last position, and its number of real positions.
     """
 
-    def __init__(self, key_padding_mask, segment_ids, length: int, block: int):
-        some = key_padding_mask if key_padding_mask is not None else segment_ids
+    def __init__(self, attention_mask, segment_ids, length: int, block: int):
+        some = attention_mask if attention_mask is not None else segment_ids
         device = some.device
         if segment_ids is None:
             segment_ids = torch.zeros(some.shape, dtype=torch.long, device=device)
         self.segments = segment_ids  # (B, L)
-        self.keep = key_padding_mask  # (B, L) or None
+        self.keep = attention_mask  # (B, L) or None
         starts = torch.arange(0, length, block, device=device)  # (n,)
         last = (starts + block).clamp(max=length) - 1
         self.first_doc, self.last_doc = segment_ids[:, starts], segment_ids[:, last]  # (B, n)
-        weight = real_weight(key_padding_mask, some.shape[0], length, torch.float32, device)
+        weight = real_weight(attention_mask, some.shape[0], length, torch.float32, device)
         self.real = block_counts(weight, block)  # (B, n)
 
     def whole(self, rows: slice, count: int) -> torch.Tensor:
@@ -242,16 +242,16 @@ class DocumentRouting:
     another document's keys or a padded key.
 
     q: (B, H, L, D); k: (B, H_kv, L, D) (grouped KV heads: the summaries are per KV head);
-    key_padding_mask, segment_ids: (B, L) or None (not both).
+    attention_mask, segment_ids: (B, L) or None (not both).
     """
 
-    def __init__(self, q, k, block: int, key_padding_mask=None, segment_ids=None):
-        self.docs = DocumentBlocks(key_padding_mask, segment_ids, k.shape[2], block)
-        self.summaries, _ = real_block_mean(k, block, key_padding_mask)  # (B, H_kv, n, D)
+    def __init__(self, q, k, block: int, attention_mask=None, segment_ids=None):
+        self.docs = DocumentBlocks(attention_mask, segment_ids, k.shape[2], block)
+        self.summaries, _ = real_block_mean(k, block, attention_mask)  # (B, H_kv, n, D)
         self.block = block
         self.edges = []  # per edge: its block (B, L), q_i . piece mean (B, H, L), real (B, L)
         if segment_ids is not None:
-            means, counts = piece_mean(k, block, key_padding_mask, segment_ids)
+            means, counts = piece_mean(k, block, attention_mask, segment_ids)
             for at in _document_edges(segment_ids):  # (B, L) positions each
                 index = at[:, None, :, None].expand(-1, k.shape[1], -1, k.shape[3])
                 mean = means.gather(2, index)  # (B, H_kv, L, D): each query's edge piece mean

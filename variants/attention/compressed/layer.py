@@ -28,7 +28,7 @@ from real positions for mean and max; conv sees the zero padding (and adds its b
 acceptable because that block is a learned summary anyway. Causally it is never visible: it ends
 after the last real position.
 
-Masks (`key_padding_mask`, `segment_ids`): each document's real positions run as a sequence of
+Masks (`attention_mask`, `segment_ids`): each document's real positions run as a sequence of
 their own (`masking.per_document`), so the blocks are counted from the document's first real
 token and every summary pools real keys of one document only (a summary of no real key does not
 exist); causally the exact part is the query's own block of that sequence, up to itself. A
@@ -81,6 +81,7 @@ class CompressedAttention(Attention):
     """
 
     family = "fixed"
+    takes_scale = True
     small_options = {"factor": 4}
     knobs = ("factor",)
     smaller_is_finer = ("factor",)
@@ -123,14 +124,14 @@ class CompressedAttention(Attention):
         k: torch.Tensor,
         v: torch.Tensor,
         *,
-        key_padding_mask: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
         segment_ids: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """q (B, H, L, D), k, v (B, H_kv, L, D) -> (B, H, L, D); with masks, each document's
         real positions attend as a sequence of their own (module docstring)."""
-        if key_padding_mask is not None or segment_ids is not None:
+        if attention_mask is not None or segment_ids is not None:
             return per_document(
-                self.attend, q, k, v, key_padding_mask=key_padding_mask, segment_ids=segment_ids
+                self.attend, q, k, v, attention_mask=attention_mask, segment_ids=segment_ids
             )
         if self.method == "conv" and q.shape[-1] != self.head_dim:
             raise ValueError(

@@ -48,7 +48,7 @@ class FullAttention(Attention):
     other key. That takes an explicit (L, L) bool mask, so shared-QK full attention holds
     O(L^2) bytes even through SDPA.
 
-    Masks: through SDPA (`impl=sdpa*`), `key_padding_mask` and `segment_ids` run each
+    Masks: through SDPA (`impl=sdpa*`), `attention_mask` and `segment_ids` run each
     document's real positions as a sequence of its own (`per_document`), so SDPA keeps its
     causal path and never computes a cross-document or padded block; `impl=math` (the explicit
     ablation) folds them into one (B, 1, L, L) bool mask with the causal and shared-QK
@@ -59,6 +59,7 @@ class FullAttention(Attention):
     """
 
     family = "exact"
+    takes_scale = True
 
     name = "full"
     exact = True
@@ -78,23 +79,27 @@ class FullAttention(Attention):
         self.impl = require_choice(self.name, "impl", impl, IMPLS)
         self.shared_qk = require_bool(self.name, "shared_qk", shared_qk)
 
+    @property
+    def shift_invariant(self) -> bool:  # its pattern reads positions through i - j alone
+        return True
+
     def attend(
         self,
         q: torch.Tensor,
         k: torch.Tensor,
         v: torch.Tensor,
         *,
-        key_padding_mask: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
         segment_ids: torch.Tensor | None = None,
     ) -> torch.Tensor:
         # q (B, H, L, D); k, v (B, H_kv, L, D)
-        if self.impl in SDPA_IMPLS and (key_padding_mask is not None or segment_ids is not None):
+        if self.impl in SDPA_IMPLS and (attention_mask is not None or segment_ids is not None):
             # One dense (B, 1, L, L) mask cost SDPA its causal path and every block: 3.86x the
-            # unmasked kernel with 25 % padding, 5.11x with 8 documents at 16K (issue 38).
+            # unmasked kernel with 25 % padding, 5.11x with 8 documents at 16K.
             return per_document(
-                self.attend, q, k, v, key_padding_mask=key_padding_mask, segment_ids=segment_ids
+                self.attend, q, k, v, attention_mask=attention_mask, segment_ids=segment_ids
             )
-        mask = self._mask(q.shape[2], q.device, key_padding_mask, segment_ids)
+        mask = self._mask(q.shape[2], q.device, attention_mask, segment_ids)
         # mask: None, (L, L) or, with padding or documents, (B, 1, L, L) bool
         if self.shared_qk:
             k = shared_qk_keys(k)  # (B, H, L, D)
@@ -221,12 +226,12 @@ class FullAttention(Attention):
         self,
         length: int,
         device: torch.device,
-        key_padding_mask: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
         segment_ids: torch.Tensor | None = None,
     ) -> torch.Tensor | None:
         """The (L, L) shared-QK mask or, with padding or documents, the (B, 1, L, L) mask,
         True where a query may attend; None without any of them (SDPA's own causal path)."""
-        masked = key_padding_mask is not None or segment_ids is not None
+        masked = attention_mask is not None or segment_ids is not None
         if not (self.shared_qk or masked):
             return None
         position = torch.arange(length, device=device)
@@ -235,7 +240,7 @@ class FullAttention(Attention):
             allowed = allowed.tril()
         if masked:
             documents = document_mask(
-                key_padding_mask, segment_ids, position[:, None], position[None, :]
+                attention_mask, segment_ids, position[:, None], position[None, :]
             )  # (B, L, L)
             allowed = (allowed & documents)[:, None]  # (B, 1, L, L)
         if not self.shared_qk:

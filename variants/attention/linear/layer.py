@@ -44,8 +44,12 @@ class LinearAttention(Attention):
     supports_padding_mask = supports_segments = True  # one document at a time
     native_gqa = native_gqa_decode = True  # sums per KV head
 
+    @property
+    def shift_invariant(self) -> bool:  # its pattern reads positions through i - j alone
+        return True
+
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **masks) -> torch.Tensor:
-        if masks:  # key_padding_mask and/or segment_ids
+        if masks:  # attention_mask and/or segment_ids
             return per_document(self.attend, q, k, v, **masks)
         phi_q, phi_k = F.elu(q) + 1, F.elu(k) + 1  # (B, H, L, D), (B, H_kv, L, D), positive
         return kernelized.feature_attention(phi_q, phi_k, v, causal=self.causal)

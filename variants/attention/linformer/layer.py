@@ -12,7 +12,7 @@ Sharing modes (`share`), with parameters per layer for H heads:
   layerwise  like kv, and all layers use the first layer's projection (the model calls
              `tie_to`), so k N for the whole model.
 
-Masks. `key_padding_mask`: padded keys and values are zeroed before the length projection, so
+Masks. `attention_mask`: padded keys and values are zeroed before the length projection, so
 each projected key and value is a mix of real positions only, through the columns of their
 absolute positions; all k projected slots stay and keep their meaning (slot j is still
 sum_l E[j, l] k_l, over the real l). A right-padded sequence of n real tokens so gets exactly
@@ -71,6 +71,7 @@ class LinformerAttention(Attention):
     """
 
     family = "low_rank"
+    takes_scale = True
     small_options = {"k": 16}
     knobs = ("k",)
 
@@ -144,16 +145,16 @@ class LinformerAttention(Attention):
         k: torch.Tensor,
         v: torch.Tensor,
         *,
-        key_padding_mask: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
         segment_ids: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """q (B, H, L, D), k and v (B, H_kv, L, D) -> (B, H, L, D); padded keys and values
         zeroed before the projection, each document projected as a sequence of its own (module
         docstring)."""
-        if key_padding_mask is not None:
+        if attention_mask is not None:
             # Zeroed, padded keys and values add nothing to any projected slot.
-            k = zero_padded_positions(k, key_padding_mask)  # (B, H, L, D)
-            v = zero_padded_positions(v, key_padding_mask)
+            k = zero_padded_positions(k, attention_mask)  # (B, H, L, D)
+            v = zero_padded_positions(v, attention_mask)
         if segment_ids is not None:
             return per_document(self.attend, q, k, v, segment_ids=segment_ids)
         heads, length, kv_heads = q.shape[1], q.shape[2], k.shape[1]

@@ -62,7 +62,7 @@ attention itself (benchmarks/README.md, "LSH works on one round of a few sequenc
 A length that is not a multiple of m is padded; padded positions hash into an extra last bucket
 (so they sort to the end of every round), are never keys, and their outputs are dropped.
 
-Masks (`masking`: `key_padding_mask`, `segment_ids`): a (query, key) pair a round's window
+Masks (`masking`: `attention_mask`, `segment_ids`): a (query, key) pair a round's window
 offers is kept only if `masking.document_mask` allows it too (same document; key real or the
 query itself), tested on the sorted positions with the causal and dedup masks (`masks`), so no
 query attends across a document boundary or to a padded key. Tokens the key padding mask pads
@@ -117,6 +117,7 @@ class LSHAttention(Attention):
     """
 
     family = "learnable"
+    takes_scale = True
     small_options = {"bucket_size": 8, "n_hashes": 2}
     past_fixed = False
     past_fixed_reason = "later tokens move the sorted chunks' boundaries (its decode: own rule)"
@@ -165,7 +166,7 @@ class LSHAttention(Attention):
         k: torch.Tensor,
         v: torch.Tensor,
         *,
-        key_padding_mask: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
         segment_ids: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """q, v: (B, H, L, D) -> (B, H, L, D); masks (B, L) as `Attention.forward` takes them
@@ -175,10 +176,10 @@ class LSHAttention(Attention):
         v = pad_to_multiple(v, self.bucket_size)  # (B, H, Lp, D)
         padded = q.shape[2]
         documents = None
-        if key_padding_mask is not None or segment_ids is not None:
-            documents = SequenceDocuments(key_padding_mask, segment_ids, heads)
+        if attention_mask is not None or segment_ids is not None:
+            documents = SequenceDocuments(attention_mask, segment_ids, heads)
 
-        buckets = self._buckets(q, length, key_padding_mask)  # (B, H, R, Lp)
+        buckets = self._buckets(q, length, attention_mask)  # (B, H, R, Lp)
         # Buckets are < n_buckets + 1 and positions < Lp, so this key orders by bucket and then
         # by position with a single argsort (its keys are unique, so stability is moot).
         positions = torch.arange(padded, device=q.device)
@@ -200,12 +201,12 @@ class LSHAttention(Attention):
         return out.view(batch, heads, padded, head_dim)[:, :, :length]  # (B, H, L, D)
 
     def _buckets(
-        self, q: torch.Tensor, length: int, key_padding_mask: torch.Tensor | None = None
+        self, q: torch.Tensor, length: int, attention_mask: torch.Tensor | None = None
     ) -> torch.Tensor:
         """Bucket of every position in every round, (B, H, R, Lp) int64; cached for replays.
 
         q: (B, H, Lp, D), zero-padded after `length`. Padded positions (after `length`, and
-        where key_padding_mask (B, L) is False) get bucket n_buckets.
+        where attention_mask (B, L) is False) get bucket n_buckets.
         """
         batch, heads, padded, head_dim = q.shape
         n_buckets = self.n_buckets or 2 * padded // self.bucket_size
@@ -223,8 +224,8 @@ class LSHAttention(Attention):
         # product overshoots, which keeps similar vectors adjacent in the sort.
         buckets = buckets * n_buckets // math.prod(factors)
         buckets[..., length:] = n_buckets
-        if key_padding_mask is not None:
-            padding = ~key_padding_mask[:, None, None, :]  # (B, 1, 1, L)
+        if attention_mask is not None:
+            padding = ~attention_mask[:, None, None, :]  # (B, 1, 1, L)
             buckets[..., :length].masked_fill_(padding, n_buckets)
         # Kept in the narrowest integer type: every layer holds its buckets until its backward,
         # so at depth 12 int64 buckets were a quarter of a reversible stack's growth over depth 1.

@@ -38,7 +38,7 @@ query heads together, and a selected block's tile gathers the queries of every h
 that chose it (`SelectedBlocks`); the decode cache holds H_kv heads, each query head gathering
 its chosen blocks from its KV head.
 
-Masks (`key_padding_mask`, `segment_ids`; the predicate route of `masking`): query i's gate
+Masks (`attention_mask`, `segment_ids`; the predicate route of `masking`): query i's gate
 scores block c by the mean of the block's real keys of i's own document (a block wholly inside
 the document: its real keys' mean; the two blocks where the document starts and ends: the
 mean of that document's real keys in them), and a block with no real key of i's document is
@@ -80,6 +80,7 @@ class MoBAAttention(Attention):
     """MoBA: per query, its own block plus the top_k - 1 past blocks by <q, mean key>."""
 
     family = "selection"
+    takes_scale = True
     small_options = {"block_size": 8, "top_k": 3}
     knobs = ("top_k", "block_size")
 
@@ -101,7 +102,7 @@ class MoBAAttention(Attention):
 
     def selection(self, q: torch.Tensor, k: torch.Tensor, **masks) -> torch.Tensor:
         """Each query's selected other blocks: (B, H, L, S) int64 block indices, -1 where there
-        are fewer candidates than S = top_k - 1 slots. masks: `key_padding_mask`,
+        are fewer candidates than S = top_k - 1 slots. masks: `attention_mask`,
         `segment_ids` (B, L), if given (module docstring)."""
         slots = self.top_k - 1
         with torch.no_grad():
@@ -115,7 +116,7 @@ class MoBAAttention(Attention):
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **masks) -> torch.Tensor:
         """q (B, H, L, D), k and v (B, H_kv, L, D) -> (B, H, L, D); masks:
-        `key_padding_mask`, `segment_ids` (B, L), if given (the call without them is MoBA's of
+        `attention_mask`, `segment_ids` (B, L), if given (the call without them is MoBA's of
         before)."""
         # A padded tail common to the batch: the real prefix runs alone (module docstring: no
         # real query routes by or attends a padded key) and the tail's outputs are 0.
@@ -125,7 +126,7 @@ class MoBAAttention(Attention):
         selected = self.selection(q, k, **masks)  # (B, H, L, S)
         if not masks:
             return SelectedBlocks.apply(q, k, v, selected, self.block_size, self.causal)
-        keep, segments = masks.get("key_padding_mask"), masks.get("segment_ids")
+        keep, segments = masks.get("attention_mask"), masks.get("segment_ids")
         if keep is not None:  # a padded query's output is 0 (the base class): it needs no block
             selected.masked_fill_(~keep[:, None, :, None], -1)
         return SelectedBlocks.apply(q, k, v, selected, self.block_size, self.causal, keep, segments)

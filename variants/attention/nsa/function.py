@@ -122,7 +122,7 @@ class WindowBranch(torch.autograd.Function):
     q: (B, H, L, D), k, v: (B, H_kv, L, D); returns (B, H, L, D). Saves q, k, v, the output
     and logsumexp: O(L d). Grouped KV heads (H_kv < H) run one (sequence, KV head) per call,
     its G query heads as the fused kernel's heads and the tiles as its batch (strided views:
-    the keys are never repeated). key_padding_mask, segment_ids: (B, L) or None (`masking`):
+    the keys are never repeated). attention_mask, segment_ids: (B, L) or None (`masking`):
     every pair must also pass `masking.document_mask`, the calls' biases then one per sequence
     and head, in the calls where it hides a pair of the band from a real query (a padded
     query's output is 0 whatever it reads: its row keeps the band); the other calls run as
@@ -130,9 +130,9 @@ class WindowBranch(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, q, k, v, window, key_padding_mask=None, segment_ids=None):
+    def forward(ctx, q, k, v, window, attention_mask=None, segment_ids=None):
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-        tiles = _WindowTiles(q, window, key_padding_mask, segment_ids, kv_heads=k.shape[1])
+        tiles = _WindowTiles(q, window, attention_mask, segment_ids, kv_heads=k.shape[1])
         out = torch.empty_like(q)  # (B, H, L, D)
         lse_dtype = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
         lse = torch.empty(q.shape[:3], dtype=lse_dtype, device=q.device)  # (B, H, L)
@@ -183,15 +183,15 @@ class _WindowTiles:
     `masking.document_mask` does from a real query, if it hides one there."""
 
     def __init__(
-        self, q: torch.Tensor, window: int, key_padding_mask=None, segment_ids=None, kv_heads=None
+        self, q: torch.Tensor, window: int, attention_mask=None, segment_ids=None, kv_heads=None
     ):
         batch, heads, self.length, head_dim = q.shape
         self.batch, self.heads = batch, heads
         self.kv_heads = heads if kv_heads is None else kv_heads
         self.group = heads // self.kv_heads
         self.masks = None
-        if key_padding_mask is not None or segment_ids is not None:
-            self.masks = {"key_padding_mask": key_padding_mask, "segment_ids": segment_ids}
+        if attention_mask is not None or segment_ids is not None:
+            self.masks = {"attention_mask": attention_mask, "segment_ids": segment_ids}
         self.window = min(window, self.length)
         self.rows = min(WINDOW_ROWS, self.length)
         self.head = min(self.length, -(-self.window // self.rows) * self.rows)
@@ -228,7 +228,7 @@ class _WindowTiles:
         query = tile_first + torch.arange(n_rows, device=self.device)[:, None]  # (m, rows, 1)
         key = tile_first + offset + torch.arange(width, device=self.device)  # (m, 1, width)
         hidden = ~document_mask(**self.masks, query=query, key=key)  # (B, m, rows, width)
-        keep = self.masks["key_padding_mask"]
+        keep = self.masks["attention_mask"]
         if keep is not None:  # a padded query's row: its output is 0, the band will do
             hidden &= keep[:, query.reshape(-1)].view(keep.shape[0], *query.shape)
         if not bool((hidden & (band[0] == 0)).any()):

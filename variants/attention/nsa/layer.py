@@ -49,7 +49,7 @@ over its own block and the n_select - 1 earlier blocks whose compressed key scor
 gates the layer computed from its token. O((L / b + n b + w) d) per token, plus one block's
 compression every b tokens.
 
-Masks (`key_padding_mask`, `segment_ids`; the predicate route of `masking`; prefill and decode
+Masks (`attention_mask`, `segment_ids`; the predicate route of `masking`; prefill and decode
 take none):
 
   compressed  block c is read by query i only if, besides having ended, it lies wholly in i's
@@ -108,6 +108,7 @@ class NSAAttention(Attention):
     """NSA: gated compressed, selected (top-n blocks) and sliding-window branches."""
 
     family = "selection"
+    takes_scale = True
     small_options = {"block_size": 8, "n_select": 3, "window": 16}
     knobs = ("n_select", "window")
 
@@ -166,19 +167,19 @@ class NSAAttention(Attention):
             )
 
     def real_compressed(
-        self, x: torch.Tensor, mlp: BlockMLP | None, key_padding_mask: torch.Tensor | None
+        self, x: torch.Tensor, mlp: BlockMLP | None, attention_mask: torch.Tensor | None
     ) -> torch.Tensor:
         """`compressed` with padding left out: the mean of each block's real positions, or
         the MLP on x with padded positions zeroed. (B, H, L, D) -> (B, H, ceil(L / b), D)."""
-        if key_padding_mask is None:
+        if attention_mask is None:
             return self.compressed(x, mlp)
         if mlp is None:
-            return real_block_mean(x, self.block_size, key_padding_mask)[0]
-        return mlp(x * key_padding_mask[:, None, :, None].to(x.dtype))
+            return real_block_mean(x, self.block_size, attention_mask)[0]
+        return mlp(x * attention_mask[:, None, :, None].to(x.dtype))
 
     def attend(self, q, k, v, gates, **masks) -> torch.Tensor:
         """q (B, H, L, D), k and v (B, H_kv, L, D), gates (B, H, L, 3) -> (B, H, L, D); masks:
-        `key_padding_mask`, `segment_ids` (B, L), if given (module docstring)."""
+        `attention_mask`, `segment_ids` (B, L), if given (module docstring)."""
         self._check_head_dim(q.shape[-1])
         # A padded tail common to the batch: the real prefix runs alone (module docstring:
         # every branch is causal, so no real query reads a key or a summary there) and the
@@ -198,20 +199,20 @@ class NSAAttention(Attention):
         out_win = WindowBranch.apply(q, k, v, self.window)
         return GatedSum.apply(gates.to(q.dtype), out_cmp, out_sel, out_win)
 
-    def _attend_masked(self, q, k, v, gates, key_padding_mask=None, segment_ids=None):
+    def _attend_masked(self, q, k, v, gates, attention_mask=None, segment_ids=None):
         """`attend` under masks: each branch's rule of the module docstring."""
         block = self.block_size
-        docs = DocumentBlocks(key_padding_mask, segment_ids, q.shape[2], block)
-        keys = self.real_compressed(k, self.key_mlp, key_padding_mask)  # (B, H_kv, n, D)
-        values = self.real_compressed(v, self.value_mlp, key_padding_mask)  # (B, H_kv, n, D)
+        docs = DocumentBlocks(attention_mask, segment_ids, q.shape[2], block)
+        keys = self.real_compressed(k, self.key_mlp, attention_mask)  # (B, H_kv, n, D)
+        values = self.real_compressed(v, self.value_mlp, attention_mask)  # (B, H_kv, n, D)
         out_cmp = CompressedBranch.apply(q, keys, values, block, docs)  # (B, H, L, D)
         with torch.no_grad():
             slots = self.n_select - 1
             shared = self.shared_selection
             selected = top_blocks(q, keys, block, slots, True, docs.hide_outside, shared)
-            if key_padding_mask is not None:  # a padded query's output is 0: it needs no block
-                selected.masked_fill_(~key_padding_mask[:, None, :, None], -1)
-        masks = (key_padding_mask, segment_ids)
+            if attention_mask is not None:  # a padded query's output is 0: it needs no block
+                selected.masked_fill_(~attention_mask[:, None, :, None], -1)
+        masks = (attention_mask, segment_ids)
         out_sel = SelectedBlocks.apply(q, k, v, selected, block, True, *masks)
         out_win = WindowBranch.apply(q, k, v, self.window, *masks)
         return GatedSum.apply(gates.to(q.dtype), out_cmp, out_sel, out_win)

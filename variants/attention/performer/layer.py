@@ -90,6 +90,7 @@ class PerformerAttention(Attention):
     """Performer FAVOR+: positive orthogonal random features, seeded, optionally redrawn."""
 
     family = "kernel"
+    takes_scale = True
     knobs = ("n_features",)
 
     name = "performer"
@@ -142,6 +143,10 @@ class PerformerAttention(Attention):
         """Draw new features (the next of the kernel's seeded sequence of draws)."""
         self.draws += 1
         self.features.copy_(self._draw(self.features.dtype))
+
+    @property
+    def shift_invariant(self) -> bool:  # its pattern reads positions through i - j alone
+        return True
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **masks) -> torch.Tensor:
         """With a key padding mask or segment ids (`masks`) the features' attention runs on

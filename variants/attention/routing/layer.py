@@ -47,7 +47,7 @@ windows run on PyTorch's fused CPU flash kernels (`flash.attend`) a few chunks a
 the backward is their flash backward; other devices take explicit matmuls. Routing costs
 O(L K d) (K = n_clusters, no gradient) and the attention O(L m d).
 
-Masks (`masking`: `key_padding_mask`, `segment_ids`): a (query, key) pair of the query's run is
+Masks (`masking`: `attention_mask`, `segment_ids`): a (query, key) pair of the query's run is
 kept only if `masking.document_mask` allows it too (same document; key real or the query
 itself), tested on the sorted positions of each chunk's window
 (`cluster_windows.WindowDocuments`), so no query attends across a document boundary or to a
@@ -144,7 +144,7 @@ class RoutingAttention(Attention):
         k: torch.Tensor,
         v: torch.Tensor,
         *,
-        key_padding_mask: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
         segment_ids: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """q, v: (B, H, L, D) -> (B, H, L, D); masks (B, L) as `Attention.forward` takes them
@@ -156,7 +156,7 @@ class RoutingAttention(Attention):
                 f"must equal the inputs' heads and head_dim {heads}, {head_dim} "
                 f"(the centroids are per head)"
             )
-        clusters = self._clusters(q, key_padding_mask)  # (B, H, L) int64
+        clusters = self._clusters(q, attention_mask)  # (B, H, L) int64
         m = min(self.window, length)
         padded = -(-length // m) * m
         layout = ClusterLayout(clusters, self.n_clusters, padded, self.window, self.causal)
@@ -164,7 +164,7 @@ class RoutingAttention(Attention):
         # Padding alone needs no window mask: the padding cluster keeps every real query off
         # padded keys (a padded query's row, zeroed afterwards, may see padded tokens).
         if segment_ids is not None:
-            masks = SequenceDocuments(key_padding_mask, segment_ids, heads)
+            masks = SequenceDocuments(attention_mask, segment_ids, heads)
             windows = 2 if self.causal else 3
             documents = WindowDocuments(masks, layout.order_rows, padded, m, windows)
         q = F.pad(q, (0, 0, 0, padded - length)).flatten(0, 1)  # (S, Lp, D), S = B*H
@@ -183,12 +183,12 @@ class RoutingAttention(Attention):
         return out.view(batch, heads, padded, head_dim)[:, :, :length]  # (B, H, L, D)
 
     def _clusters(
-        self, q: torch.Tensor, key_padding_mask: torch.Tensor | None = None
+        self, q: torch.Tensor, attention_mask: torch.Tensor | None = None
     ) -> torch.Tensor:
         """Each position's cluster, (B, H, L) int64; cached for replays, EMA-updated in training.
 
         The nearest centroid by dot product to the query layer-normalised without scale; where
-        key_padding_mask (B, L) is False, n_clusters (the padding cluster), kept out of the
+        attention_mask (B, L) is False, n_clusters (the padding cluster), kept out of the
         centroids' update.
         """
         cached = self.last_clusters
@@ -206,9 +206,9 @@ class RoutingAttention(Attention):
                 scores = x[:, :, start : start + rows] @ centroids  # (B, H, l, K)
                 clusters[:, :, start : start + rows] = scores.argmax(dim=-1)
             if self.training and not is_replaying():
-                self._update_centroids(x, clusters, key_padding_mask)
-            if key_padding_mask is not None:
-                clusters.masked_fill_(~key_padding_mask[:, None], self.n_clusters)
+                self._update_centroids(x, clusters, attention_mask)
+            if attention_mask is not None:
+                clusters.masked_fill_(~attention_mask[:, None], self.n_clusters)
         self.last_clusters = clusters.to(index_dtype(self.n_clusters + 1))
         return clusters
 
@@ -273,17 +273,17 @@ class RoutingAttention(Attention):
         return out
 
     def _update_centroids(
-        self, x: torch.Tensor, clusters: torch.Tensor, key_padding_mask: torch.Tensor | None
+        self, x: torch.Tensor, clusters: torch.Tensor, attention_mask: torch.Tensor | None
     ) -> None:
         """One EMA step: counts and sums decay by `decay` and gain (1 - decay) times this
-        forward's members, padded tokens (key_padding_mask (B, L) False) not counted.
+        forward's members, padded tokens (attention_mask (B, L) False) not counted.
         x: (B, H, L, D) routing vectors; clusters: (B, H, L)."""
         heads, n_clusters, head_dim = self.centroid_sums.shape
         head = torch.arange(heads, device=x.device).view(1, heads, 1)
         index = (head * n_clusters + clusters).flatten()  # (B*H*L,) into (H*K,)
         vectors = x.flatten(0, 2)  # (B*H*L, D)
-        if key_padding_mask is not None:
-            real = key_padding_mask[:, None].expand_as(clusters).flatten()  # (B*H*L,)
+        if attention_mask is not None:
+            real = attention_mask[:, None].expand_as(clusters).flatten()  # (B*H*L,)
             index, vectors = index[real], vectors[real]
         counts = torch.bincount(index, minlength=heads * n_clusters)  # (H*K,)
         sums = x.new_zeros(heads * n_clusters, head_dim).index_add_(0, index, vectors)

@@ -43,6 +43,7 @@ class SlidingWindowAttention(Attention):
 
     name = "sliding_window"
     family = "fixed"
+    takes_scale = True
     exact = False
     knobs = ("window",)
     small_options = {"window": 8, "sink_tokens": 2}
@@ -82,17 +83,21 @@ class SlidingWindowAttention(Attention):
         band = patterns.Band(self.window)
         return band & patterns.Causal() if self.causal else band
 
+    @property
+    def shift_invariant(self) -> bool:  # the window is relative; sinks are the first positions
+        return self.sink_tokens == 0
+
     def kernel_path(self, device, dtype) -> str:
         return "explicit" if self.learned_sink else super().kernel_path(device, dtype)
 
-    def attend(self, q, k, v, *, key_padding_mask=None, segment_ids=None):
+    def attend(self, q, k, v, *, attention_mask=None, segment_ids=None):
         batch, heads, seq_len, dim = q.shape
         block = min(self.window, seq_len)
         back, fwd = 1, 0 if self.causal else 1
         q_blocks = to_blocks(q, block)  # (B, H, n, b, D)
         k_windows = key_windows(k, block, back, fwd)  # (B, H_kv, n, w*b, D)
         v_windows = key_windows(v, block, back, fwd)
-        masks = {"key_padding_mask": key_padding_mask, "segment_ids": segment_ids}
+        masks = {"attention_mask": attention_mask, "segment_ids": segment_ids}
         mask = window_mask(
             self._band(), seq_len, block, back, fwd, device=q.device, **masks
         )  # (n, b, w*b), or (B, n, b, w*b) with masks
@@ -128,7 +133,7 @@ class SlidingWindowAttention(Attention):
         if self.causal:
             allowed = allowed & (key <= query)
         if any(m is not None for m in masks.values()):
-            allowed = allowed & document_mask(masks["key_padding_mask"], masks["segment_ids"],
+            allowed = allowed & document_mask(masks["attention_mask"], masks["segment_ids"],
                                               query, key)  # fmt: skip
         if mask.dim() == 4 and allowed.dim() == 3:
             allowed = allowed.expand(mask.shape[0], *allowed.shape)

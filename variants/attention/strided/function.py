@@ -44,12 +44,12 @@ class LocalAndColumns(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, q, k, v, stride, causal, key_padding_mask=None, segment_ids=None):
+    def forward(ctx, q, k, v, stride, causal, attention_mask=None, segment_ids=None):
         """q: (B, H, L, D); k, v: (B, H_kv, L, D), H_kv dividing H (grouped heads: query
         head h reads key head h // (H / H_kv), never repeated); stride s <= L;
-        key_padding_mask, segment_ids: (B, L) or None (`masking.document_mask`, folded into
+        attention_mask, segment_ids: (B, L) or None (`masking.document_mask`, folded into
         both parts' biases, which are then per sequence). Returns (B, H, L, D)."""
-        parts = StridedParts(q, stride, causal, key_padding_mask, segment_ids, k.shape[1])
+        parts = StridedParts(q, stride, causal, attention_mask, segment_ids, k.shape[1])
         local_out, local_lse = flash.attend(*parts.local_inputs(q, k, v), **parts.local_options)
         out = parts.from_blocks(local_out)  # (B, H, Lp, D)
         lse = parts.from_blocks(local_lse.unsqueeze(-1))  # (B, H, Lp, 1)
@@ -113,7 +113,7 @@ class StridedParts:
         q: torch.Tensor,
         stride: int,
         causal: bool,
-        key_padding_mask: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
         segment_ids: torch.Tensor | None = None,
         kv_heads: int | None = None,
     ):
@@ -123,8 +123,8 @@ class StridedParts:
         self.rows = -(-self.length // stride)
         self.look_forward = 0 if causal else 1
         scale = head_dim**-0.5
-        masks = {"key_padding_mask": key_padding_mask, "segment_ids": segment_ids}
-        masked = key_padding_mask is not None or segment_ids is not None
+        masks = {"attention_mask": attention_mask, "segment_ids": segment_ids}
+        masked = attention_mask is not None or segment_ids is not None
         local, columns = strided_parts(stride, causal)
         allowed = window_mask(
             local, self.length, stride, 1, self.look_forward, device=q.device, **masks
@@ -144,7 +144,7 @@ class StridedParts:
             query, key = position[:, :, None], position[:, None, :]  # (s, rows, 1), (s, 1, rows)
         allowed = columns.allows(query, key) & (key < self.length)  # (s, rows', rows_k)
         if masked:
-            allowed = allowed & document_mask(key_padding_mask, segment_ids, query, key)
+            allowed = allowed & document_mask(attention_mask, segment_ids, query, key)
         # A query row may now have no column key at all: its finite logsumexp weighs 0 in the
         # merge (`flash.masked_score`), and its local part always holds the query itself.
         self.column_options = {"scale": scale, "bias": self._bias(~allowed, q.dtype)}

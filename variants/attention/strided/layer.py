@@ -44,6 +44,7 @@ class StridedAttention(Attention):
     """
 
     family = "fixed"
+    takes_scale = True
     knobs = ("stride",)
 
     name = "strided"
@@ -91,13 +92,17 @@ class StridedAttention(Attention):
     def unsupported_input(self, option: str) -> str | None:
         return flex.mask_reason(self.impl, option) or super().unsupported_input(option)
 
+    @property
+    def shift_invariant(self) -> bool:  # its pattern reads positions through i - j alone
+        return True
+
     def attend(
         self,
         q: torch.Tensor,
         k: torch.Tensor,
         v: torch.Tensor,
         *,
-        key_padding_mask: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
         segment_ids: torch.Tensor | None = None,
     ) -> torch.Tensor:
         seq_len = q.shape[2]
@@ -110,7 +115,7 @@ class StridedAttention(Attention):
             k, v = repeat_kv(k, q.shape[1]), repeat_kv(v, q.shape[1])  # (B, H, L, D) each
             return flex.attend(self.name, q, k, v, self._flex_mask[2])
         return LocalAndColumns.apply(
-            q, k, v, stride, self.causal, key_padding_mask, segment_ids
+            q, k, v, stride, self.causal, attention_mask, segment_ids
         )  # (B, H, L, D)
 
     # --- decoding: every key (each is a column key of some later query), read sparsely ------

@@ -16,7 +16,8 @@ import torch
 
 import variants
 from tests.reference import Gated, qkv
-from variants.attention.common.base import pattern_length, sample_gates
+from variants.attention.common.base import pattern_length, replaying, sample_gates
+from variants.checks import UnsupportedCombination
 
 # (B, H, L, D): L a multiple of no block, bucket or window size, and longer than routing's
 # window (128), so its sorted chunks attend to a previous chunk.
@@ -168,3 +169,45 @@ def test_length_dependent_patterns_are_taken_at_the_model_length():
     assert [pattern_length(n, 100, False) for n in (1, 100, 101)] == [100, 100, 101]
     assert [n for n in variants.attention_names()
             if not variants.attention_spec(n).past_fixed] == ["lsh"]  # fmt: skip
+
+
+@pytest.mark.parametrize("name", variants.attention_names())
+def test_scale_is_sdpas_where_the_variant_takes_it_and_refused_elsewhere(name):
+    """`scale=` as SDPA's: for exact attention the same numbers as SDPA's scale; for every
+    variant that takes it the output of queries scaled by scale * sqrt(D); others refuse."""
+    spec = variants.attention_spec(name)
+    model = {"n_heads": 2, "head_dim": 8, "max_seq_len": 64}
+    model = {k: v for k, v in model.items() if k in spec.model_options}
+    kernel = variants.build_attention(name, **model).double().eval()
+    q, k, v = qkv(1, 2, 16, 8, seed=5)
+    if kernel.applies_shared_qk:
+        k = q
+    gates = sample_gates(kernel, q, torch.Generator().manual_seed(4))
+    if not spec.cls.takes_scale:
+        with pytest.raises(UnsupportedCombination, match="option 'scale'"):
+            kernel(q, k, v, gates, scale=0.3)
+        return
+    with replaying():
+        got = kernel(q, k, v, gates, scale=0.3)
+        want = kernel(q * (0.3 * 8**0.5), k, v, gates)
+    torch.testing.assert_close(got, want)
+    if name == "full":
+        sdpa = torch.nn.functional.scaled_dot_product_attention(q, k, v, scale=0.3)
+        torch.testing.assert_close(got, sdpa)
+
+
+@pytest.mark.parametrize("name", variants.attention_names())
+def test_queries_shorter_than_keys_are_the_last_positions_or_refused(name):
+    spec = variants.attention_spec(name)
+    if not spec.causal_supported:
+        return
+    model = {"n_heads": 2, "head_dim": 8, "max_seq_len": 64, "causal": True}
+    model = {k: v for k, v in model.items() if k in spec.model_options}
+    kernel = variants.build_attention(name, **model).double().eval()
+    q, k, v = qkv(1, 2, 24, 8, seed=6)
+    supported = not (spec.n_gates or kernel.applies_shared_qk or not spec.past_fixed)
+    if not supported:
+        with pytest.raises(UnsupportedCombination, match="q of 5 positions over k of 24"):
+            kernel(q[:, :, -5:], k, v, sample_gates(kernel, q[:, :, -5:]))
+        return
+    torch.testing.assert_close(kernel(q[:, :, -5:], k, v), kernel(q, k, v)[:, :, -5:])

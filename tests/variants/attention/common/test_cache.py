@@ -55,6 +55,10 @@ CASES = [
     ("nsa", {"block_size": 16, "n_select": 2, "window": 3, "head_dim": D}),
     ("deltanet", {"chunk_size": 4}),
     ("deltanet", {"chunk_size": 64}),  # one chunk longer than the sequence
+    ("gated_deltanet", {"chunk_size": 4}),
+    ("gated_deltanet", {"chunk_size": 64}),
+    ("mamba2", {"chunk_size": 4}),
+    ("mamba2", {"chunk_size": 64}),
 ]
 
 

@@ -88,7 +88,9 @@ def test_the_cuda_dispatch_gives_the_cpu_results(name, options, request):
 
 def test_every_kernel_says_its_path():
     # No softmax attention: a feature map or a recurrence in explicit matmuls.
-    expected_cpu = {"performer": "explicit", "linear": "explicit", "deltanet": "explicit"}
+    expected_cpu = {
+        name: "explicit" for name in ("performer", "linear", "deltanet", "gated_deltanet", "mamba2")
+    }
     for name in attention_names():
         kernel = build_attention(name)
         assert kernel.kernel_path("cpu", torch.float32) == expected_cpu.get(name, "fused"), name

@@ -335,11 +335,11 @@ def _refusing(flag):
 
 @pytest.mark.parametrize(
     "option, flag",
-    [("key_padding_mask", "supports_padding_mask"), ("segment_ids", "supports_segments")],
+    [("attention_mask", "supports_padding_mask"), ("segment_ids", "supports_segments")],
 )
 def test_unsupported_masks_raise_naming_variant_and_option(option, flag):
     keep, segments = padding_and_documents(batch=1, length=64)
-    given = {"key_padding_mask": keep, "segment_ids": segments}[option]
+    given = {"attention_mask": keep, "segment_ids": segments}[option]
     q, k, v = qkv(1, 4, 64, 8)
     for name in _refusing(flag):
         kernel = _kernel(name, variants.attention_spec(name).causal_supported)
@@ -355,8 +355,8 @@ def test_unsupported_masks_raise_naming_variant_and_option(option, flag):
 def test_flex_refuses_masks_until_it_takes_them(name):
     q, k, v = qkv(length=16)
     kernel = variants.build_attention(name, impl="flex")
-    with pytest.raises(UnsupportedCombination, match="'key_padding_mask': impl='flex'"):
-        kernel(q, k, v, key_padding_mask=torch.ones(2, 16, dtype=torch.bool))
+    with pytest.raises(UnsupportedCombination, match="'attention_mask': impl='flex'"):
+        kernel(q, k, v, attention_mask=torch.ones(2, 16, dtype=torch.bool))
 
 
 @pytest.mark.parametrize(
@@ -368,10 +368,10 @@ def test_flex_refuses_masks_until_it_takes_them(name):
     ],
     ids=["float", "length", "no-batch"],
 )
-def test_a_bad_key_padding_mask_is_a_value_error_naming_it(mask):
+def test_a_bad_attention_mask_is_a_value_error_naming_it(mask):
     q, k, v = qkv(length=16)
-    with pytest.raises(ValueError, match="full: option 'key_padding_mask' must be a bool") as e:
-        variants.build_attention("full")(q, k, v, key_padding_mask=mask)
+    with pytest.raises(ValueError, match="full: option 'attention_mask' must be a bool") as e:
+        variants.build_attention("full")(q, k, v, attention_mask=mask)
     assert not isinstance(e.value, UnsupportedCombination)
     assert "True = a real token" in str(e.value)
 
@@ -400,7 +400,7 @@ def test_masks_that_mask_nothing_change_nothing():
         q,
         k,
         v,
-        key_padding_mask=torch.ones(2, 16, dtype=torch.bool),
+        attention_mask=torch.ones(2, 16, dtype=torch.bool),
         segment_ids=torch.zeros(2, 16, dtype=torch.int64),
     )
     torch.testing.assert_close(masked, plain)
@@ -460,7 +460,7 @@ def test_padded_positions_values_never_reach_real_outputs(name, causal, fill):
         xs = [x.masked_fill(~keep[:, None, :, None], value).requires_grad_() for x in inputs]
         keys = xs[0] if spec.shared_qk_required else xs[1]  # the layer's k = q
         extra = {} if gates is None else {"gates": xs[3]}
-        out = kernel(xs[0], keys, xs[2], **extra, key_padding_mask=keep)
+        out = kernel(xs[0], keys, xs[2], **extra, attention_mask=keep)
         grads = torch.autograd.grad((out * weight).sum(), [*xs, *params], allow_unused=True)
         return out, [g for g in grads if g is not None]
 
@@ -628,12 +628,12 @@ def test_moba_masks_that_mask_nothing_are_the_call_without_masks(causal):
     kernel = variants.build_attention("moba", causal=causal, block_size=4, top_k=3)
     q, k, v = qkv(length=LENGTH, seed=12)
     nothing = {
-        "key_padding_mask": torch.ones(2, LENGTH, dtype=torch.bool),
+        "attention_mask": torch.ones(2, LENGTH, dtype=torch.bool),
         "segment_ids": torch.full((2, LENGTH), 3, dtype=torch.int64),
     }
     assert torch.equal(kernel(q, k, v, **nothing), kernel(q, k, v))
     keep = torch.arange(LENGTH) < 17
-    out = kernel(q, k, v, key_padding_mask=keep.expand(2, -1))
+    out = kernel(q, k, v, attention_mask=keep.expand(2, -1))
     assert torch.equal(out[:, :, :17], kernel(q[:, :, :17], k[:, :, :17], v[:, :, :17]))
     assert not out[:, :, 17:].any()
 
@@ -832,7 +832,7 @@ def test_nsa_masks_that_mask_nothing_are_the_call_without_masks(compress):
         return out, grads
 
     nothing = {
-        "key_padding_mask": torch.ones(2, LENGTH, dtype=torch.bool),
+        "attention_mask": torch.ones(2, LENGTH, dtype=torch.bool),
         "segment_ids": torch.full((2, LENGTH), 3, dtype=torch.int64),
     }
     out, grads = run(LENGTH)
@@ -841,7 +841,7 @@ def test_nsa_masks_that_mask_nothing_are_the_call_without_masks(compress):
     assert all(torch.equal(a, b) for a, b in zip(masked_grads, grads, strict=True))
     keep = (torch.arange(LENGTH) < 17).expand(2, -1)
     out, grads = run(17)
-    tail_out, tail_grads = run(LENGTH, key_padding_mask=keep)
+    tail_out, tail_grads = run(LENGTH, attention_mask=keep)
     assert torch.equal(tail_out[:, :, :17], out) and not tail_out[:, :, 17:].any()
     for tail_grad, grad in zip(tail_grads[:4], grads[:4], strict=True):
         assert torch.equal(tail_grad[:, :, :17], grad) and not tail_grad[:, :, 17:].any()
