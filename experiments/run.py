@@ -25,7 +25,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from experiments.app import job as jobs
-from experiments.app import parent, plugins, sweep, sweep_clock
+from experiments.app import parent, plugin_options, sweep, sweep_clock
 from experiments.app.resolvers import TunedTableError, config_dir, lr_source_of, register
 from experiments.job_config import added_keys, check_required_keys
 from experiments.records import record, store
@@ -70,7 +70,7 @@ def app(cfg: DictConfig) -> jobs.NotWritten | None:
     config = OmegaConf.to_container(cfg, resolve=True)
     try:
         check_required_keys(config)  # `~seq_len`: no job can be recorded without it
-        plugins.load(config.get("plugins") or [])  # in a launcher's worker: imports them there
+        plugin_options.load(config.get("plugins") or [])  # in a launcher's worker too
     except ValueError as error:
         print(f"error: {error}", file=sys.stderr)
         sys.exit(2)
@@ -123,7 +123,7 @@ def main() -> None:
     """
     parent.mark_launcher()  # jobs in other processes (joblib's workers) end with this one
     try:
-        plugins.prepare(sys.argv[1:])  # before Hydra composes: `attention=<a plugin's>`
+        plugin_options.prepare(sys.argv[1:])  # before Hydra composes: `attention=<a plugin's>`
     except ValueError as error:  # a plugin that does not import, or a default not a config value
         print(f"error: {error}", file=sys.stderr)
         sys.exit(2)

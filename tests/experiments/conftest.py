@@ -13,7 +13,7 @@ from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf
 
 from experiments import job_config as job_config_module
-from experiments.app import plugins, resolvers
+from experiments.app import plugin_options, resolvers
 
 ROOT = Path(__file__).resolve().parents[2]  # the repo: `python -m experiments.run` runs from here
 CONF = ROOT / "conf"
@@ -142,7 +142,7 @@ def resolved_config():
     """compose(*overrides) -> the resolved job config, a plain dict as `experiments.run` sees it."""
 
     resolvers.register()  # as experiments.run does when it loads
-    plugins.store_group_options()  # and before Hydra composes: variants with no YAML
+    plugin_options.store_group_options()  # and before Hydra composes: variants with no YAML
 
     def build(*overrides: str) -> dict:
         GlobalHydra.instance().clear()  # in case an earlier test left Hydra initialised

@@ -9,7 +9,7 @@ import pytest
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
-from experiments.app import plugins
+from experiments.app import plugin_options
 from experiments.job_config import JobConfig
 from experiments.measurement import measure
 from experiments.records import record
@@ -31,7 +31,7 @@ def test_a_bad_model_layers_is_one_value_error_naming_the_option(job_config, lay
 
 
 def test_the_jobs_model_is_the_stack_model_layers_names(job_config):
-    plugins.store_group_options()  # sliding_window has no YAML: the app stores its options
+    plugin_options.store_group_options()  # sliding_window has no YAML: the app stores its options
     job = job_config(
         "attention=sliding_window",
         "attention.window=8",

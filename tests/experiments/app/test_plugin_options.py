@@ -1,6 +1,7 @@
-"""Plugins through the app (experiments/app/plugins.py): `plugins=[...]` and ATTNBENCH_PLUGINS
-reach the composition and every worker, a variant or task with no YAML gets its options from
-its constructor, presets list the registry, and a plugin that fails is one line."""
+"""Plugins through the app (experiments/app/plugin_options.py): `plugins=[...]` and
+ATTNBENCH_PLUGINS reach the composition and every worker, a variant or task with no YAML gets
+its options from its constructor, presets list the registry, and a plugin that fails is one
+line."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ import os
 import pytest
 from hydra.core.config_store import ConfigStore
 
-from experiments.app import plugins, resolvers
+from experiments.app import plugin_options as plugins
+from experiments.app import resolvers
 from tests.conftest import plugin_from_the_docs
 from tests.experiments.conftest import MEASURE_NOTHING
 
