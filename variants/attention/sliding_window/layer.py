@@ -115,6 +115,8 @@ class SlidingWindowAttention(Attention):
         q_blocks, k_windows, v_windows = (x.flatten(0, 1) for x in (q_blocks, k_windows, v_windows))
         if mask.dim() == 4:  # one mask per sequence: as (B*H, n, b, W)
             mask = mask[:, None].expand(batch, heads, *mask.shape[1:]).flatten(0, 1)
+        else:
+            mask = mask[None]  # (1, n, b, W): a 3-D mask takes SDPA's math path on CPU
         # Tiles on SDPA's head axis, the mask broadcast: its fused CPU kernel (as blockwise).
         out = F.scaled_dot_product_attention(q_blocks, k_windows, v_windows, attn_mask=mask)
         return from_blocks(out.unflatten(0, (batch, heads)), seq_len)  # (B, H, L, D)
