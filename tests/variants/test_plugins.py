@@ -61,3 +61,20 @@ def test_a_plugin_that_fails_to_import_is_one_line_naming_it(tmp_path, monkeypat
         plugins.load(["broken_plugin"])
     with pytest.raises(plugins.PluginError, match="dotted module names"):
         plugins.load(["not a module"])
+
+
+def test_installed_packages_advertise_plugins_through_the_entry_point_group(tmp_path, monkeypatch):
+    """`[project.entry-points."attnbench.plugins"]` in a package's pyproject: imported by
+    `load`, once; one that fails is one line naming it."""
+    from importlib import metadata
+
+    (tmp_path / "advertised_plugin.py").write_text("LOADED = True\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    found = [metadata.EntryPoint("mine", "advertised_plugin", plugins.ENTRY_POINT_GROUP)]
+    monkeypatch.setattr(plugins.metadata, "entry_points", lambda group: found)
+    assert "advertised_plugin" in plugins.load()
+    assert plugins._loaded["advertised_plugin"].LOADED
+    plugins._loaded.pop("advertised_plugin")
+    found[:] = [metadata.EntryPoint("bad", "no_such_advertised_module", plugins.ENTRY_POINT_GROUP)]
+    with pytest.raises(plugins.PluginError, match="'no_such_advertised_module' failed to import"):
+        plugins.load()
