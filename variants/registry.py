@@ -165,7 +165,7 @@ def _spec(name: str, cls: type, preset: dict[str, Any], summary: str | None) -> 
     return AttentionSpec(
         name=name,
         cls=cls,
-        summary=summary or (cls.__doc__ or "").strip().splitlines()[0],
+        summary=summary or ((cls.__doc__ or "").strip().splitlines() or [cls.name])[0],
         exact=cls.exact,
         causal_supported=cls.causal_supported,
         shared_qk_required=cls.shared_qk_required,

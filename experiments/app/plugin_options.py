@@ -12,6 +12,7 @@ to every launcher's workers with Hydra's singletons; the job imports the plugins
 from __future__ import annotations
 
 import inspect
+import os
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -43,6 +44,11 @@ def prepare(argv: Sequence[str]) -> None:
     if not modules and not plugins.from_environment() and any(a in _HELP for a in argv):
         return
     load(modules)
+    # Launchers' workers (joblib's, submitit's) inherit the environment, and may resolve a
+    # job's config (its resolvers read the registry) before the job imports its plugins.
+    named = list(dict.fromkeys([*plugins.from_environment(), *modules]))
+    if named:
+        os.environ[plugins.ENV] = ",".join(named)
     store_group_options()
 
 

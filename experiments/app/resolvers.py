@@ -43,19 +43,28 @@ from experiments.records.record import one_line
 log = logging.getLogger("attnbench")
 
 
+def _spec(name: str):
+    """Variant `name`'s spec, the plugins of the environment imported first: a launcher's
+    worker resolves a job's config before the job imports its `plugins` (the app puts them in
+    ATTNBENCH_PLUGINS for its workers: `plugin_options.prepare`)."""
+    variants.plugins.load()
+    return variants.attention_spec(name)
+
+
 def supports_causal(name: str) -> bool:
     """Whether attention variant `name` can be built with causal=True."""
-    return variants.attention_spec(name).causal_supported
+    return _spec(name).causal_supported
 
 
 def causal_only(name: str) -> bool:
     """Whether attention variant `name` refuses causal=False (NSA, DeltaNet)."""
-    return not variants.attention_spec(name).bidirectional_supported
+    return not _spec(name).bidirectional_supported
 
 
 def variant_list(*words: str) -> str:
     """The variants that have every capability among `words` (and the named ones first), as
     a sweep's comma-separated list."""
+    variants.plugins.load()  # as `_spec`
     return ",".join(variants.registry.select(*map(str, words)))
 
 
@@ -105,6 +114,7 @@ def tuned_rates(table: str) -> dict[str, float | None]:
         raise TunedTableError(f"tuned_lr: {path} is not YAML: {one_line(error)}") from None
     if not isinstance(rates, dict):
         raise TunedTableError(f"tuned_lr: {path} is not a mapping of attention -> lr")
+    variants.plugins.load()  # a plugin's variant may hold a rate here
     known = set(variants.attention_names())
     checked: dict[str, float | None] = {}
     for key, value in rates.items():

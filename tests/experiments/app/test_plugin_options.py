@@ -138,3 +138,31 @@ def test_a_plugin_that_fails_to_import_stops_before_any_job_in_one_line(cli, tmp
         "No module named 'no_such_plugin_module'"
     )
     assert not sweep.exists()
+
+
+def test_a_workers_resolvers_import_the_plugins_the_app_named(tmp_path, monkeypatch):
+    """A launcher's worker resolves `${causal_only:${attention.name}}` before the job imports
+    its plugins: the app hands them on in ATTNBENCH_PLUGINS, and the resolvers import them."""
+    import variants
+
+    (tmp_path / "late_plugin.py").write_text(
+        "import variants\n\n\n@variants.register_attention\nclass Late(variants.Attention):\n"
+        "    name = 'late'\n    exact = False\n    time_complexity = memory_complexity = 'O(1)'\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delenv("ATTNBENCH_PLUGINS", raising=False)
+    monkeypatch.setattr(plugins, "store_group_options", lambda: None)
+    plugins.prepare(["plugins=[late_plugin]"])
+    import os
+
+    assert os.environ["ATTNBENCH_PLUGINS"] == "late_plugin"  # what workers inherit
+    variants.registry._ATTENTION._entries.pop("late")  # as in a fresh worker process
+    from variants import plugins as variant_plugins
+
+    variant_plugins._loaded.pop("late_plugin")
+    import sys
+
+    sys.modules.pop("late_plugin")
+    assert resolvers.supports_causal("late") is True
+    variants.registry._ATTENTION._entries.pop("late")
+    variant_plugins._loaded.pop("late_plugin")
