@@ -100,7 +100,8 @@ def setup(job: JobConfig) -> Setup:
     torch.manual_seed(job.seed)
     task = build_task(job.task, seq_len=job.seq_len, batch_size=job.batch_size, seed=job.seed)
     # float32 master weights whatever the dtype: half types are autocast (training/precision.py).
-    model = variants.build_lm(job.model_config(task.vocab_size)).to(device=device)
+    readout = getattr(task, "readout", "tokens")  # MAD's compression: pooled
+    model = variants.build_lm(job.model_config(task.vocab_size, readout)).to(device=device)
     built = Setup(device, precision, task, model)
     for kernel in dict.fromkeys([built.kernel, *model.kernels()]):  # a hybrid's every layer's
         check_backward(job, kernel, device)
