@@ -150,7 +150,7 @@ def test_a_workers_resolvers_import_the_plugins_the_app_named(tmp_path, monkeypa
         "    name = 'late'\n    exact = False\n    time_complexity = memory_complexity = 'O(1)'\n"
     )
     monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.delenv("ATTNBENCH_PLUGINS", raising=False)
+    monkeypatch.setenv("ATTNBENCH_PLUGINS", "")  # recorded, so the value prepare sets is undone
     monkeypatch.setattr(plugins, "store_group_options", lambda: None)
     plugins.prepare(["plugins=[late_plugin]"])
     import os
