@@ -61,9 +61,8 @@ class Subject:
     def build(self, causal: bool) -> Attention:
         """The kernel, its model options at the kit's shapes; the same weights at every call."""
         model = {"n_heads": HEADS, "head_dim": HEAD_DIM, "max_seq_len": 2 * self.length}
-        model = {k: v for k, v in model.items() if k in self.spec.model_options}
-        torch.manual_seed(self.seed)
-        kernel = self.spec.build(**self.options, causal=causal, **model)
+        torch.manual_seed(self.seed)  # `built` takes the model options the variant declares
+        kernel = self.spec.built(self.spec.kernel_options(self.options), model | {"causal": causal})
         return kernel.to(torch.float64)
 
     def inputs(self, length: int | None = None, batch: int = BATCH, seed: int | None = None):

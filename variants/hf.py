@@ -224,7 +224,9 @@ _LAST_UPDATE: list = [None, None]
 
 
 def _cache_layer_of(key: torch.Tensor) -> KernelCacheLayer | None:
+    """The cache layer that returned `key`, taken once (no tensor is held past its call)."""
     layer, keys = _LAST_UPDATE
+    _LAST_UPDATE[:] = [None, None]
     return layer if keys is key else None
 
 
