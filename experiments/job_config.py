@@ -72,7 +72,15 @@ from variants.checks import require_non_negative_int, require_positive_int
 
 OWNER = "config"
 # The ModelConfig fields the app sets from other keys than `model.*`.
-_MODEL_FROM_ELSEWHERE = ("vocab_size", "max_seq_len", "attention", "attention_options", "block")
+# `readout` is the task's (`pooled` for MAD's compression, experiments/training/tasks/mad.py).
+_MODEL_FROM_ELSEWHERE = (
+    "vocab_size",
+    "max_seq_len",
+    "attention",
+    "attention_options",
+    "block",
+    "readout",
+)
 
 
 def model_keys() -> tuple[str, ...]:
@@ -308,12 +316,14 @@ class JobConfig(ResolvedConfig):
         """One line naming the curriculum stages this job is too short for, None if none."""
         return curriculum.skipped_note(self.seq_len, self.train.curriculum, self.stages)
 
-    def model_config(self, vocab_size: int) -> variants.ModelConfig:
-        """The model this job measures, for a task of `vocab_size` tokens (ValueErrors from the
-        registry pass through). Its longest sequence is the job's seq_len."""
+    def model_config(self, vocab_size: int, readout: str = "tokens") -> variants.ModelConfig:
+        """The model this job measures, for a task of `vocab_size` tokens read out as the task
+        asks (`readout`: `variants.ModelConfig`; ValueErrors from the registry pass through).
+        Its longest sequence is the job's seq_len."""
         options = {k: v for k, v in self.attention.items() if k != "name"}
         return variants.ModelConfig(
             vocab_size=vocab_size,
+            readout=readout,
             max_seq_len=self.seq_len,
             attention=self.attention_name,
             attention_options=options,

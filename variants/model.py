@@ -93,6 +93,19 @@ class TransformerLM(nn.Module):
         ]
         self.blocks = build_stack(config.block, layers)
         _tie(self.kernels())
+        # MAD's autoencoder readout (`readout="pooled"`): a non-expanding two-layer MLP.
+        self.decoder = (
+            nn.Sequential(
+                nn.LayerNorm(config.d_model),
+                nn.Linear(config.d_model, config.d_model),
+                nn.GELU(),
+                nn.LayerNorm(config.d_model),
+                nn.Linear(config.d_model, config.d_model),
+                nn.GELU(),
+            )
+            if config.readout == "pooled"
+            else None
+        )
         self.norm = nn.LayerNorm(config.d_model)
         self.head = nn.Linear(config.d_model, config.vocab_size, bias=False)
 
@@ -139,9 +152,21 @@ class TransformerLM(nn.Module):
         x = self.dropout(x)
         return self.blocks(x)  # (B, L, d_model)
 
+    def features(self, tokens: torch.Tensor) -> torch.Tensor:
+        """tokens: (B, L) int64 -> what the head reads at each position (B, L, d_model): the
+        last block's output, or with `readout="pooled"` the decoder MLP of the last position's
+        output plus each position's sinusoid (so a position's logits know only what the last
+        state holds: MAD's compression)."""
+        x = self.hidden(tokens)  # (B, L, d_model)
+        if self.decoder is None:
+            return x
+        length = tokens.shape[1]
+        positions = sinusoidal_positions(length, self.config.d_model, x.device, x.dtype)
+        return self.decoder(x[:, -1:] + positions)  # (B, L, d_model)
+
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         """tokens: (B, L) int64 -> logits (B, L, vocab_size)."""
-        return self.head(self.norm(self.hidden(tokens)))  # (B, L, vocab_size)
+        return self.head(self.norm(self.features(tokens)))  # (B, L, vocab_size)
 
     def loss(
         self, tokens: torch.Tensor, targets: torch.Tensor, loss_mask: torch.Tensor
@@ -157,7 +182,7 @@ class TransformerLM(nn.Module):
         and in backward; the price is one more norm and head per step. A mask with no position
         gives NaN, as the plain form.
         """
-        x = self.hidden(tokens)  # (B, L, d_model)
+        x = self.features(tokens)  # (B, L, d_model)
         count = loss_mask.sum()
         n_pieces = min(self.config.loss_chunks, x.shape[1])
         if n_pieces == 1:
@@ -198,9 +223,15 @@ class TransformerLM(nn.Module):
     ) -> torch.Tensor:
         """prompt (B, T) int64 -> (B, T + max_new_tokens) tokens, through every layer's decoding
         cache: greedy at temperature 0, else sampled (seeded with `seed`). See
-        `variants.generation.generate`."""
+        `variants.generation.generate`. A `pooled` readout does not generate (its logits are
+        not next-token predictions): `ValueError`."""
         from variants.generation import generate
 
+        if self.config.readout != "tokens":
+            raise ValueError(
+                f"{OWNER}: readout={self.config.readout!r} does not generate "
+                "(only readout='tokens' predicts next tokens)"
+            )
         return generate(self, prompt, max_new_tokens, temperature=temperature, seed=seed)
 
 

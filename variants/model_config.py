@@ -33,6 +33,10 @@ POSITIONS = ("sinusoidal", "rotary")
 # Which model the config builds (`variants.build_lm`): ours, or transformers' Llama with the
 # variant as its attention implementation (variants/hf.py, the `hf` extra).
 FAMILIES = ("attnbench", "hf_llama")
+# What the logits at each position are read from (`TransformerLM`): that position's state
+# (`tokens`, a language model), or the last position's state with the position's sinusoid
+# through an MLP (`pooled`, MAD's autoencoder for its compression task).
+READOUTS = ("tokens", "pooled")
 # What a Llama is regardless of the config: the fields it cannot vary, at the one value it has.
 HF_LLAMA_FIXED = {
     "block": "residual",
@@ -43,6 +47,7 @@ HF_LLAMA_FIXED = {
     "ff_chunks": 1,
     "loss_chunks": 1,
     "attention_chunks": 1,
+    "readout": "tokens",
 }
 
 
@@ -81,6 +86,11 @@ class ModelConfig:
       SwiGLU of width ff_mult * d_model, RMSNorm, its own rotary positions, the variant
       registered as its attention; `variants.hf.LlamaLM`); the fields a Llama cannot vary
       (`HF_LLAMA_FIXED`) must be at its value, a `ValueError` naming the field otherwise.
+    - `readout`: `tokens` (default: the logits at a position read that position's state) or
+      `pooled` (MAD's autoencoder, for its compression task: every position's logits read the
+      last position's state plus the position's sinusoid, through a two-layer MLP of width
+      d_model, so all a position can know of the input is what the last state holds). The
+      task sets it (experiments/training/tasks/mad.py), not `model:`.
     - `loss_chunks`, `attention_chunks`: memory switches for very long sequences, 1 (off) by
       default so that no default step changes: the LM loss computed over `loss_chunks` pieces of
       the sequence under checkpointing (`TransformerLM.loss`), and the attention sublayer run
@@ -108,6 +118,7 @@ class ModelConfig:
     attention_chunks: int = 1
     n_kv_heads: int | None = None
     family: str = "attnbench"
+    readout: str = "tokens"
 
     def __post_init__(self):
         for name in (
@@ -132,6 +143,7 @@ class ModelConfig:
             require_bool(OWNER, name, getattr(self, name))
         require_choice(OWNER, "positions", self.positions, POSITIONS)
         require_choice(OWNER, "family", self.family, FAMILIES)
+        require_choice(OWNER, "readout", self.readout, READOUTS)
         if self.family == "hf_llama":
             for name, value in HF_LLAMA_FIXED.items():
                 if getattr(self, name) != value:

@@ -93,7 +93,8 @@ def setup(job: JobConfig) -> Setup:
     torch.manual_seed(job.seed)
     task = build_task(job.task, seq_len=job.seq_len, batch_size=job.batch_size, seed=job.seed)
     # float32 master weights whatever the dtype: half types are autocast (training/precision.py).
-    model = variants.build_lm(job.model_config(task.vocab_size)).to(device=device)
+    readout = getattr(task, "readout", "tokens")  # MAD's compression: pooled
+    model = variants.build_lm(job.model_config(task.vocab_size, readout)).to(device=device)
     built = Setup(device, precision, task, model)
     check_backward(job, built.kernel, device)
     # A pinned SDPA backend that cannot run the job's inputs here is refused (skipped) now,

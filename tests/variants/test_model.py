@@ -36,6 +36,29 @@ def test_the_whole_model_is_causal(block):
     assert not torch.allclose(logits[:, 8:], changed_logits[:, 8:])
 
 
+def test_a_pooled_readout_reads_every_position_from_the_last_state_alone():
+    """MAD's autoencoder (compression): each position's logits are an MLP of the last
+    position's state and that position's sinusoid, so a causal model's first position depends
+    on the last token, and two inputs whose last states agree give the same logits."""
+    model = _tiny(readout="pooled").double()
+    tokens = torch.randint(0, 10, (2, 9))
+    changed = tokens.clone()
+    changed[:, -1] = (changed[:, -1] + 1) % 11
+    logits = model(tokens)
+    assert logits.shape == (2, 9, 11)
+    assert not torch.allclose(logits[:, 0], model(changed)[:, 0])
+    last = model.hidden(tokens)[:, -1:]  # (B, 1, d_model)
+    positions = variants.model.sinusoidal_positions(9, 16, last.device, last.dtype)
+    torch.testing.assert_close(logits, model.head(model.norm(model.decoder(last + positions))))
+    targets, mask = tokens, torch.ones_like(tokens, dtype=torch.bool)
+    torch.testing.assert_close(
+        model.loss(tokens, targets, mask), F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+    )
+    with pytest.raises(ValueError, match="readout='pooled' does not generate"):
+        model.generate(tokens, 2)
+    assert _tiny().decoder is None  # the default reads each position's own state
+
+
 @pytest.mark.parametrize("block", block_names())
 def test_loss_falls_on_a_copy_task(block):
     # Second half repeats the first: after the midpoint the next token is predictable.

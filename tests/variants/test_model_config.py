@@ -63,6 +63,11 @@ def test_shared_qk_resolves_to_what_the_variant_requires():
         ({"attention_options": {"n_heads": 2}}, ["model option 'n_heads'"]),
         ({"attention_options": [1]}, ["'attention_options'", "mapping"]),
         ({"attention": "nope"}, ["unknown attention variant 'nope'"]),
+        ({"readout": "mean"}, ["'readout'", "tokens", "pooled"]),
+        (
+            {"readout": "pooled", "family": "hf_llama", "positions": "rotary"},
+            ["'readout'", "hf_llama"],
+        ),
     ],
 )
 def test_bad_fields_are_refused_naming_the_option(fields, words):
