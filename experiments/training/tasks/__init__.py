@@ -53,7 +53,16 @@ class Task(Protocol):
 
 
 # Every task class by name; importing the built-in task modules registers them.
-_BUILTIN = ("duplication", "enwik8", "listops", "long_recall", "random_lm", "recall", "text")
+_BUILTIN = (
+    "duplication",
+    "enwik8",
+    "listops",
+    "long_recall",
+    "mad",
+    "random_lm",
+    "recall",
+    "text",
+)
 _TASKS: Registry[type] = Registry(
     "task", builtins=[f"experiments.training.tasks.{m}" for m in _BUILTIN]
 )
