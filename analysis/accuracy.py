@@ -83,6 +83,8 @@ def not_learned_text(rows: pd.DataFrame) -> str:
             text += f" at any lr of {rows['lr_grid'].dropna().iloc[0]}"
         else:
             text += f" at lr {format_value(rows['lr_chosen'].dropna().iloc[0])}"
+            if "wd_chosen" in rows and rows["wd_chosen"].notna().any():
+                text += f", wd {format_value(rows['wd_chosen'].dropna().iloc[0])}"
     control = rows["control_accuracy"].max()
     if pd.notna(control):
         text += f" (control {control:.1%})"

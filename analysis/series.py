@@ -68,13 +68,14 @@ def context_columns(frame: pd.DataFrame) -> list[str]:
     (`experiments.records.record.config_keys`: the model, block, task, training, threads, ...) but
     the attention's own (in `variant`), the seed, and `measure.*`, which decides which quantities
     are taken and for how long the clock runs, not the configuration they are taken of. The
-    learning rate is left out too: a grid of it is tuning, not a configuration (quality rows are
-    each variant's chosen rate, `trained_quality`), and it changes no time or memory, so a
-    variant's jobs at every rate of its grid are one series of speed and memory."""
+    learning rate (and weight decay) is left out too: a grid of it is tuning, not a
+    configuration (quality rows are each variant's chosen point, `trained_quality`), and it
+    changes no time or memory, so a variant's jobs at every point of its grid are one series of
+    speed and memory."""
     return [
         c
         for c in config_keys(frame.columns, hashed_only=True)
-        if c not in ("attention", "seed", tuning.LR)
+        if c not in ("attention", "seed", *tuning.TUNED)
         and not c.startswith(("attention.", "measure."))
     ]
 

@@ -24,7 +24,6 @@ from analysis.column_names import (
     TASK,
     TOKENS_PER_S,
 )
-from analysis.load import format_value
 from analysis.markdown_table import Table, format_length, with_keys
 from experiments.records.record import MIB
 from experiments.records.store import task_metrics
@@ -77,8 +76,7 @@ def quality(frame: pd.DataFrame) -> Table | None:
         own = labelled[labelled["series"] == name]
         row = {"series": name, "seeds": int(own[SEED].nunique() if SEED in own else len(own))}
         if "lr_grid" in own and own["lr_grid"].notna().any():
-            chosen, grid = own["lr_chosen"].iloc[0], own["lr_grid"].iloc[0]
-            row["lr (grid)"] = f"{format_value(chosen)} of {grid}"
+            row["lr (grid)"] = f"{tuning.chosen_text(own)} of {own['lr_grid'].iloc[0]}"
         for m in metrics + evaluations:
             row[_metric_title(m)] = _format_metric(m, values[m])
         row[f"Δ {QUALITY[primary]} vs {base}"] = "—" if name == base else f"{relative[name]:+.1f} %"
@@ -169,7 +167,7 @@ def quality_by_length(frame: pd.DataFrame) -> Table | None:
         if is_accuracy:
             row[LEARNED] = accuracy.learned_cell(records)
         if "lr_chosen" in records:
-            row["lr"] = ", ".join(map(format_value, sorted(records["lr_chosen"].dropna().unique())))
+            row["lr"] = tuning.chosen_text(records)
         rows.append(row)
     note = f"{BY_LENGTH[metric]} on the evaluation batches after training, mean over seeds "
     note += "(min–max when several; [Wilson 95 % interval over the distinct pairs] for one)."

@@ -6,14 +6,18 @@ learned" for reasons that are the protocol's; the best of a grid per variant is 
 practice. The choice is made on the validation split (`valid_accuracy`: batches held out from
 training and from the reported `eval_accuracy`), never on the numbers reported.
 
-A *family* is everything a job is but its learning rate, seed and the columns its records differ
-in among themselves (a curriculum stage's `seq_len` and `batch_size`, a mixture point's
-`task.n_pairs`): the variant with its options, and the context columns. Per family, each
-learning rate's score is the mean `valid_accuracy` over all its records (every seed, every stage
-or point), a job that did not end ok scoring as 0; the best is kept (a tie: the smaller rate),
-and its records gain `lr_grid` (the family's grid, as text), `lr_chosen` and `lr_any_learned`
-(whether a job at any rate of the grid learned the task). A family with one rate, or whose
-records carry no validation accuracy, is left as it is.
+A grid may also sweep the weight decay (`train.weight_decay`, MAD's {0, 0.1}): its points are
+then (learning rate, weight decay) pairs, chosen together as one; records gain `wd_chosen`, and
+`lr_grid` names both axes ("{0.001, 0.003} × wd {0, 0.1}").
+
+A *family* is everything a job is but its learning rate (and weight decay), seed and the
+columns its records differ in among themselves (a curriculum stage's `seq_len` and
+`batch_size`, a mixture point's `task.n_pairs`): the variant with its options, and the context
+columns. Per family, each learning rate's score is the mean `valid_accuracy` over all its
+records (every seed, every stage or point), a job that did not end ok scoring as 0; the best is
+kept (a tie: the smaller rate), and its records gain `lr_grid` (the family's grid, as text),
+`lr_chosen` and `lr_any_learned` (whether a job at any rate of the grid learned the task). A
+family with one rate, or whose records carry no validation accuracy, is left as it is.
 """
 
 from __future__ import annotations
@@ -27,17 +31,21 @@ import pandas as pd
 from analysis.load import format_value
 
 LR = "train.lr"
+WD = "train.weight_decay"
+# The axes a grid may sweep: tuning, not a configuration (`series.context_columns` leaves them
+# out of a series' identity).
+TUNED = (LR, WD)
 VALID = "valid_accuracy"
 VALID_LOSS = "valid_loss"  # a task without accuracy: chosen on its held-out loss
 ACCURACY = "eval_accuracy"
 LEARNED = 0.9
 # The columns a job's records differ in among themselves: not part of a family.
-PER_RECORD = ("seq_len", "batch_size", "task.n_pairs", LR)
+PER_RECORD = ("seq_len", "batch_size", "task.n_pairs", *TUNED)
 
 
 def family_columns(frame: pd.DataFrame, context: list[str]) -> list[str]:
     """The columns that make a family: the variant, its options and the `context` columns
-    (`analysis.series.context_columns`), less the learning rate and what differs between one
+    (`analysis.series.context_columns`), less the grid's axes and what differs between one
     job's records."""
     options = sorted(c for c in frame.columns if c.startswith("attention."))
     context = [c for c in context if c not in PER_RECORD]
@@ -49,36 +57,83 @@ def grid_text(rates) -> str:
     return "{" + ", ".join(format_value(r) for r in sorted(rates)) + "}"
 
 
+def grid_axes(frame: pd.DataFrame) -> list[str]:
+    """The grid axes (`TUNED`) that take more than one value in `frame`."""
+    return [c for c in TUNED if c in frame and frame[c].dropna().nunique() > 1]
+
+
+def grid_label(family: pd.DataFrame, axes: list[str]) -> str:
+    """The grid as tables print it: "{0.001, 0.003, 0.01}", with " × wd {0, 0.1}" when the
+    weight decay is an axis."""
+    text = grid_text(family[LR].dropna().unique()) if LR in family else "{}"
+    if WD in axes:
+        text += " × wd " + grid_text(family[WD].dropna().unique())
+    return text
+
+
 def choose_learning_rates(frame: pd.DataFrame, context: list[str]) -> pd.DataFrame:
-    """`frame` with, per family of more than one `train.lr`, only the chosen rate's records (the
-    module doc), each with `lr_grid`, `lr_chosen` and `lr_any_learned`; a family that ran one
-    rate where others ran another (a preset at tuned rates, conf/tuned/) keeps its records with
-    that rate as `lr_chosen` and no `lr_grid`. `context`: the frame's context columns
+    """`frame` with, per family of more than one grid point (`train.lr`, and `train.weight_decay`
+    when it is swept too), only the chosen point's records (the module doc), each with
+    `lr_grid`, `lr_chosen`, `lr_any_learned` (and `wd_chosen`); a family that ran one point
+    where others ran another (a preset at tuned rates, conf/tuned/) keeps its records with that
+    rate as `lr_chosen` and no `lr_grid`. `context`: the frame's context columns
     (`analysis.series.context_columns`)."""
-    if LR not in frame or not _validated(frame) or frame[LR].dropna().nunique() < 2:
+    axes = grid_axes(frame)
+    if LR not in frame or not axes or not _validated(frame):
         return frame
     columns = family_columns(frame, context)
     keys = frame[columns].apply(lambda row: "|".join(map(format_value, row)), axis=1)
     kept = []
     for _, family in frame.groupby(keys, sort=False):
-        rates = sorted(family[LR].dropna().unique())
-        if len(rates) == 1:
-            kept.append(family.assign(lr_chosen=rates[0]))
+        points = sorted(set(family[axes].dropna().itertuples(index=False, name=None)))
+        if len(points) == 1:
+            kept.append(family.assign(**_chosen(axes, points[0])))
             continue
-        if not rates or not _validated(family):
+        if not points or not _validated(family):
             kept.append(family)
             continue
-        score = rate_scores(family)
-        best = min(rates, key=lambda r: (-score.get(r, 0.0), r))
+        score = rate_scores(family, axes)
+        best = min(points, key=lambda p: (-score.get(_index(p), 0.0), p))
         learned = family[ACCURACY].fillna(0) >= LEARNED
         if "learned" in family:
             learned |= family["learned"].map(lambda v: v is True or v == 1)
+        at_best = (family[axes] == pd.Series(best, index=axes)).all(axis=1)
         kept.append(
-            family[family[LR] == best].assign(
-                lr_grid=grid_text(rates), lr_chosen=best, lr_any_learned=bool(learned.any())
+            family[at_best].assign(
+                lr_grid=grid_label(family, axes),
+                lr_any_learned=bool(learned.any()),
+                **_chosen(axes, best),
             )
         )
     return pd.concat(kept) if kept else frame
+
+
+def _chosen(axes: list[str], point: tuple) -> dict[str, float]:
+    """The chosen point's columns: `lr_chosen` (and `wd_chosen` when the weight decay is an
+    axis)."""
+    values = dict(zip(axes, point, strict=True))
+    chosen = {"lr_chosen": values[LR]} if LR in values else {}
+    if WD in values:
+        chosen["wd_chosen"] = values[WD]
+    return chosen
+
+
+def _index(point: tuple):
+    """A grid point as `rate_scores` indexes it: the value alone on one axis, else the tuple."""
+    return point[0] if len(point) == 1 else point
+
+
+def chosen_text(records: pd.DataFrame) -> str:
+    """ "0.003" or "0.003, wd 0.1": the chosen point of a variant's records, as tables print it
+    (empty when nothing was chosen)."""
+    if "lr_chosen" not in records or records["lr_chosen"].isna().all():
+        return ""
+    text = ", ".join(map(format_value, sorted(records["lr_chosen"].dropna().unique())))
+    if "wd_chosen" in records and records["wd_chosen"].notna().any():
+        text += ", wd " + ", ".join(
+            map(format_value, sorted(records["wd_chosen"].dropna().unique()))
+        )
+    return text
 
 
 def _validated(frame: pd.DataFrame) -> bool:
@@ -86,20 +141,27 @@ def _validated(frame: pd.DataFrame) -> bool:
     return any(c in frame and frame[c].notna().any() for c in (VALID, VALID_LOSS))
 
 
-def rate_scores(family: pd.DataFrame) -> pd.Series:
-    """Each learning rate's score in one family: the mean `valid_accuracy` of its records (a job
-    not ended ok scores 0), over the seeds that ran every rate of the grid (the tuning seeds),
-    so that seeds added later at the chosen rate alone cannot move the choice. A task without
+def rate_scores(family: pd.DataFrame, axes: list[str] | tuple[str, ...] = (LR,)) -> pd.Series:
+    """Each grid point's score in one family (indexed by the learning rate, or by (lr, weight
+    decay) tuples when both are `axes`): the mean `valid_accuracy` of its records (a job not
+    ended ok scores 0), over the seeds that ran every point of the grid (the tuning seeds), so
+    that seeds added later at the chosen point alone cannot move the choice. A task without
     accuracy (bits per byte) scores minus its mean `valid_loss` (a job not ended ok: -inf)."""
-    rates = family[LR].dropna().unique()
+    axes = list(axes)
+    points = set(family[axes].dropna().itertuples(index=False, name=None))
     if "seed" in family:
-        seeds = [s for s, runs in family.groupby("seed") if set(runs[LR].dropna()) >= set(rates)]
+        seeds = [
+            s
+            for s, runs in family.groupby("seed")
+            if set(runs[axes].dropna().itertuples(index=False, name=None)) >= points
+        ]
         family = family[family["seed"].isin(seeds)] if seeds else family
     ok = family["status"] == "ok" if "status" in family else True
+    by = [family[c] for c in axes] if len(axes) > 1 else family[axes[0]]
     if VALID not in family or family[VALID].isna().all():
         loss = family[VALID_LOSS].where(ok).fillna(np.inf)
-        return -loss.groupby(family[LR]).mean()
-    return family[VALID].where(ok).fillna(0.0).groupby(family[LR]).mean()
+        return -loss.groupby(by).mean()
+    return family[VALID].where(ok).fillna(0.0).groupby(by).mean()
 
 
 def chosen_rates(frame: pd.DataFrame, context: list[str]) -> pd.DataFrame:
@@ -119,12 +181,15 @@ def chosen_rates(frame: pd.DataFrame, context: list[str]) -> pd.DataFrame:
         overrides = [f"attention={first['attention']}"]
         overrides += [f"{c}={override_value(first[c])}" for c in keys if _given(first[c])]
         overrides.append(f"{LR}={format_value(first['lr_chosen'])}")
+        if "wd_chosen" in family and pd.notna(first["wd_chosen"]):
+            overrides.append(f"{WD}={format_value(first['wd_chosen'])}")
         rows.append(
             {
                 "variant": first.get("variant", first["attention"]),
                 **{c: first[c] for c in columns},
                 "lr_grid": first["lr_grid"],
                 "lr_chosen": first["lr_chosen"],
+                **({"wd_chosen": first["wd_chosen"]} if "wd_chosen" in family else {}),
                 "lr_any_learned": first["lr_any_learned"],
                 **{c: family[c].mean() for c in (VALID, VALID_LOSS) if c in family},
                 "overrides": " ".join(overrides),
@@ -154,7 +219,8 @@ def protocol_line(records: pd.DataFrame) -> str:
     parts = []
     if "lr_grid" in records and records["lr_grid"].notna().any():
         grids = ", ".join(records["lr_grid"].dropna().unique())
-        parts.append(f"lr per variant from {grids}, chosen on the validation split")
+        swept = "lr and weight decay" if "wd_chosen" in records else "lr"
+        parts.append(f"{swept} per variant from {grids}, chosen on the validation split")
     elif LR in records and records[LR].notna().any():
         rates = ", ".join(format_value(r) for r in sorted(records[LR].dropna().unique()))
         per_variant = "lr_chosen" in records and records[LR].nunique() > 1
@@ -195,6 +261,11 @@ def rate_table(rates: pd.DataFrame, records: pd.DataFrame, source: str) -> str:
     says where the rates come from (the sweep, its commits and dates, the grid, what no rate
     learned). A variant tuned twice (two families, e.g. two option sets) at two different rates
     is an error: the table keys by attention name only."""
+    if "wd_chosen" in rates:
+        raise ValueError(
+            "a tuned table holds learning rates only, and this grid also chose weight decays "
+            "(give them with train.weight_decay=, from --overrides)"
+        )
     by_name: dict[str, float] = {}
     for _, row in rates.iterrows():
         name, rate = row["attention"], float(row["lr_chosen"])
@@ -247,7 +318,8 @@ def main(argv: list[str] | None = None) -> None:
         print(f"wrote {args.write}: {len(rates)} rates")
         return
     context = [c for c in context_columns(rates) if c in rates and rates[c].nunique() > 1]
-    shown = ["variant", *context, "lr_grid", "lr_chosen", "lr_any_learned", VALID, VALID_LOSS]
+    shown = ["variant", *context, "lr_grid", "lr_chosen", "wd_chosen", "lr_any_learned"]
+    shown += [VALID, VALID_LOSS]
     print(rates[[c for c in shown if c in rates]].to_string(index=False))
 
 
