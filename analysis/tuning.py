@@ -78,16 +78,16 @@ def choose_learning_rates(frame: pd.DataFrame, context: list[str]) -> pd.DataFra
     where others ran another (a preset at tuned rates, conf/tuned/) keeps its records with that
     rate as `lr_chosen` and no `lr_grid`. `context`: the frame's context columns
     (`analysis.series.context_columns`)."""
-    axes = grid_axes(frame)
-    if LR not in frame or not axes or not _validated(frame):
+    if LR not in frame or not grid_axes(frame) or not _validated(frame):
         return frame
     columns = family_columns(frame, context)
     keys = frame[columns].apply(lambda row: "|".join(map(format_value, row)), axis=1)
+    axes = [c for c in TUNED if c in frame]
     kept = []
     for _, family in frame.groupby(keys, sort=False):
         points = sorted(set(family[axes].dropna().itertuples(index=False, name=None)))
         if len(points) == 1:
-            kept.append(family.assign(**_chosen(axes, points[0])))
+            kept.append(family.assign(lr_chosen=points[0][0]))
             continue
         if not points or not _validated(family):
             kept.append(family)
@@ -98,22 +98,23 @@ def choose_learning_rates(frame: pd.DataFrame, context: list[str]) -> pd.DataFra
         if "learned" in family:
             learned |= family["learned"].map(lambda v: v is True or v == 1)
         at_best = (family[axes] == pd.Series(best, index=axes)).all(axis=1)
+        swept = grid_axes(family)  # the weight decay is named only where this family swept it
         kept.append(
             family[at_best].assign(
-                lr_grid=grid_label(family, axes),
+                lr_grid=grid_label(family, swept),
                 lr_any_learned=bool(learned.any()),
-                **_chosen(axes, best),
+                **_chosen(swept, axes, best),
             )
         )
     return pd.concat(kept) if kept else frame
 
 
-def _chosen(axes: list[str], point: tuple) -> dict[str, float]:
-    """The chosen point's columns: `lr_chosen` (and `wd_chosen` when the weight decay is an
-    axis)."""
+def _chosen(swept: list[str], axes: list[str], point: tuple) -> dict[str, float]:
+    """The chosen point's columns: `lr_chosen`, and `wd_chosen` where the family swept the
+    weight decay."""
     values = dict(zip(axes, point, strict=True))
-    chosen = {"lr_chosen": values[LR]} if LR in values else {}
-    if WD in values:
+    chosen = {"lr_chosen": values[LR]}
+    if WD in swept:
         chosen["wd_chosen"] = values[WD]
     return chosen
 

@@ -303,3 +303,13 @@ def test_not_learned_at_the_chosen_point_names_its_weight_decay():
         accuracy.not_learned_text(trained)
         == "not learned in 600 steps at lr 0.001, wd 0 (control 40.0%)"
     )
+
+
+def test_a_family_that_swept_no_weight_decay_is_labelled_with_its_rates_alone():
+    """Beside a sweep over (lr, wd), a family with one weight decay keeps an lr-only grid."""
+    lr_only = _lr_wd_sweep({"lsh": {(1e-3, 0.01): 0.5, (3e-3, 0.01): 0.7}})
+    both = pd.concat([_lr_wd_sweep(LR_WD), lr_only.assign(sweep="other")], ignore_index=True)
+    trained = series.trained_quality(both)
+    lsh = trained[trained["attention"] == "lsh"]
+    assert set(lsh["lr_grid"]) == {"{0.001, 0.003}"} and lsh["wd_chosen"].isna().all()
+    assert tuning.chosen_text(lsh) == "0.003"
