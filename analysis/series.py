@@ -48,15 +48,22 @@ def smaller_is_finer() -> tuple[str, ...]:
 
 # Tasks whose loss carries no quality signal (uniform tokens: every model sits at ln V).
 NO_QUALITY_TASKS = ("random_lm",)
+# Tasks only their own table reads (analysis.suites): MAD's kinds differ in length, vocabulary
+# and what is scored, so their lengths are no length axis and their scores no one series.
+SUITE_TASKS = ("mad",)
 
 
-def trained_quality(frame: pd.DataFrame, metric: str = "eval_accuracy") -> pd.DataFrame:
+def trained_quality(
+    frame: pd.DataFrame, metric: str = "eval_accuracy", *, suites: bool = False
+) -> pd.DataFrame:
     """The records that measured a trained quality `metric`: status ok, a value, a task with a
-    quality signal (never random tokens); of a learning-rate grid, each variant's chosen rate's
-    (`tuning.choose_learning_rates`: `lr_grid`, `lr_chosen` columns)."""
+    quality signal (never random tokens) and, unless `suites`, none of `SUITE_TASKS`; of a
+    learning-rate grid, each variant's chosen rate's (`tuning.choose_learning_rates`:
+    `lr_grid`, `lr_chosen` columns)."""
     if metric not in frame or "task" not in frame:
         return frame.iloc[0:0]
-    quality = frame[~frame["task"].isin(NO_QUALITY_TASKS)]
+    left_out = NO_QUALITY_TASKS if suites else (*NO_QUALITY_TASKS, *SUITE_TASKS)
+    quality = frame[~frame["task"].isin(left_out)]
     # A learning-rate grid: each variant's chosen rate, from every job of the grid (those that
     # did not end ok included: they score 0), on the validation split (analysis/tuning.py).
     quality = tuning.choose_learning_rates(quality, context_columns(quality))
