@@ -172,9 +172,9 @@ def attention_solves_mad_recall_and_copying(frame: pd.DataFrame) -> tuple[str, s
     if scores.isna().any():
         return ours + " (not every task trained)", NOT_COMPARABLE
     low = [c for c, v in scores.items() if v < _published_mad("Transformer", c) - MAD_WITHIN]
-    return (ours + (f"; below the published level on {', '.join(low)}" if low else "")), (
-        FAILS if low else HOLDS
-    )
+    if low:
+        return ours + f" (more than 5 points below the published on {', '.join(low)})", FAILS
+    return ours, HOLDS
 
 
 DELTA_RECALL = ("In-context", "Noisy", "Fuzzy")
@@ -195,8 +195,10 @@ def delta_rule_recalls_in_context_like_attention(frame: pd.DataFrame) -> tuple[s
     )
     if not learned.loc[series.REFERENCE, "In-context"]:
         return ours + " (exact attention did not learn in-context recall)", NOT_COMPARABLE
-    holds = all(scores.loc["deltanet", c] >= scores.loc[series.REFERENCE, c] - 0.01 for c in both)
-    return ours, HOLDS if holds else FAILS
+    below = [c for c in both if scores.loc["deltanet", c] < scores.loc[series.REFERENCE, c] - 0.01]
+    if below:
+        return ours + f" (DeltaNet more than a point below on {', '.join(below)})", FAILS
+    return ours, HOLDS
 
 
 def attention_memorizes_better_than_delta_rule(frame: pd.DataFrame) -> tuple[str, str] | None:
@@ -209,7 +211,9 @@ def attention_memorizes_better_than_delta_rule(frame: pd.DataFrame) -> tuple[str
     ours = f"memorization: exact {_pct(exact)}, DeltaNet {_pct(delta)}"
     if min(exact, delta) >= SOLVED:
         return ours + " (both at the ceiling at this vocabulary)", NOT_COMPARABLE
-    return ours, HOLDS if exact > delta + 0.01 else FAILS
+    if exact <= delta + 0.01:
+        return ours + " (exact attention not a point above)", FAILS
+    return ours, HOLDS
 
 
 def attention_averages_above_delta_rule(frame: pd.DataFrame) -> tuple[str, str] | None:
@@ -221,7 +225,9 @@ def attention_averages_above_delta_rule(frame: pd.DataFrame) -> tuple[str, str] 
     if pd.isna(exact) or pd.isna(delta):
         return None
     ours = f"MAD average over the six tasks: exact {_pct(exact)}, DeltaNet {_pct(delta)}"
-    return ours, HOLDS if exact >= delta else FAILS
+    if exact < delta:
+        return ours + " (DeltaNet's is higher)", FAILS
+    return ours, HOLDS
 
 
 def _listops(frame: pd.DataFrame) -> pd.Series | None:
@@ -244,7 +250,9 @@ def no_variant_beats_attention_on_listops(frame: pd.DataFrame) -> tuple[str, str
     others = means.drop(series.REFERENCE)
     best = others.idxmax()
     ours = f"exact attention {_pct(exact)}; the best other, {best}, {_pct(others[best])}"
-    return ours, HOLDS if others[best] <= exact + LISTOPS_MARGIN else FAILS
+    if others[best] > exact + LISTOPS_MARGIN:
+        return ours + f" (more than {LISTOPS_MARGIN * 100:.0f} points above)", FAILS
+    return ours, HOLDS
 
 
 LISTOPS_FALLERS = {"performer": "Performer", "linear": "Linear Transformer", "blockwise": "Local"}
@@ -261,8 +269,11 @@ def kernel_and_local_fall_on_listops(frame: pd.DataFrame) -> tuple[str, str] | N
     floor = records["floor_accuracy"].mean() if "floor_accuracy" in records else float("nan")
     if pd.notna(floor) and exact < floor + LISTOPS_FALL:
         return ours + " (exact attention is near the floor: nothing to fall from)", NOT_COMPARABLE
-    fell = [v for v in present if means[v] < exact - LISTOPS_FALL]
-    return ours, HOLDS if len(fell) == len(present) else FAILS
+    held = [v for v in present if means[v] >= exact - LISTOPS_FALL]
+    if held:
+        fall = f"{LISTOPS_FALL * 100:.0f}"
+        return ours + f" ({', '.join(held)} within {fall} points of exact attention)", FAILS
+    return ours, HOLDS
 
 
 CLAIMS = (
