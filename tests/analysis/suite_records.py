@@ -10,9 +10,12 @@ KINDS = list(suites.MAD_COLUMNS.values())  # compression, fuzzy, in-context, mem
 LENGTHS = {"compression": 32, "memorization": 32}
 
 
-def mad_sweep(scores: dict[str, list[float]], *, worse: float = 0.2) -> pd.DataFrame:
+def mad_sweep(
+    scores: dict[str, list[float]], *, worse: float = 0.2, interval: float | None = None
+) -> pd.DataFrame:
     """A MAD grid: per variant and kind two grid points (lr 1e-3 wd 0, lr 3e-3 wd 0.1), the
-    second `scores` (the chosen one: better on validation), the first `worse` below it."""
+    second `scores` (the chosen one: better on validation), the first `worse` below it; with
+    `interval`, Wilson bounds that far either side of each score."""
     rows = []
     for attention, values in scores.items():
         for kind, value in zip(KINDS, values, strict=True):
@@ -39,6 +42,14 @@ def mad_sweep(scores: dict[str, list[float]], *, worse: float = 0.2) -> pd.DataF
                         "learned": score >= 0.9,
                         "chance_accuracy": 1 / 8,
                         "floor_accuracy": 0.3 if "recall" in kind else 0.15,
+                        **(
+                            {}
+                            if interval is None
+                            else {
+                                "eval_accuracy_ci_low": score - interval,
+                                "eval_accuracy_ci_high": score + interval,
+                            }
+                        ),
                     }
                 )
     return load.tidy(pd.DataFrame(rows))

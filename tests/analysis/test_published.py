@@ -115,6 +115,11 @@ def test_the_mad_claims_read_the_table():
         "memorizes": "not comparable",  # both at the ceiling of vocabulary 256
         "average": "does not hold",  # 82.0 vs 82.2
     }
+    behind = [0.25, 0.62, 1.00, 0.99, 1.00, 0.99]  # 3 points behind exact attention on fuzzy
+    sweep = mad_sweep({"full": EXACT_MAD, "deltanet": behind}, interval=0.03)
+    assert _suite_verdicts(sweep)["delta rule recalls"] == "holds"  # inside the intervals
+    sweep = mad_sweep({"full": EXACT_MAD, "deltanet": behind}, interval=0.01)
+    assert _suite_verdicts(sweep)["delta rule recalls"] == "does not hold"
     weak = [0.30, 0.40, 0.60, 0.99, 0.95, 0.98]  # exact attention below the paper in-context
     verdicts = _suite_verdicts(
         mad_sweep({"full": weak, "deltanet": [0.2, 0.3, 0.5, 0.6, 0.9, 0.9]})
