@@ -247,12 +247,11 @@ def _lr_wd_sweep(valid) -> pd.DataFrame:
         for (rate, decay), score in points.items():
             rows.append(
                 {
-                    "sweep": "mad",
+                    "sweep": "grid",
                     "job": str(len(rows)),
                     "status": "ok",
                     "attention": attention,
-                    "task": "mad",
-                    "task.kind": "in_context_recall",
+                    "task": "listops",
                     "train.lr": rate,
                     "train.weight_decay": decay,
                     "train.steps": 600,
