@@ -83,7 +83,9 @@ def not_learned_text(rows: pd.DataFrame) -> str:
             text += f" at any lr of {rows['lr_grid'].dropna().iloc[0]}"
         elif rows["lr_chosen"].notna().any():
             text += f" at lr {format_value(rows['lr_chosen'].dropna().iloc[0])}"
-        else:  # no rate of the grid ended ok with a validation figure (`tuning.usable_rates`)
+            if "wd_chosen" in rows and rows["wd_chosen"].notna().any():
+                text += f", wd {format_value(rows['wd_chosen'].dropna().iloc[0])}"
+        else:  # no rate of the grid ended ok with a validation figure (`tuning.usable_points`)
             text += f" (no usable lr of {rows['lr_grid'].dropna().iloc[0]})"
     control = rows["control_accuracy"].max()
     if pd.notna(control):

@@ -33,6 +33,7 @@ from analysis import (
     published,
     scaling_fits,
     series,
+    suites,
     trained_quality,
 )
 from analysis.head_dims import crossovers_by_head_dim, grouped_kv_heads
@@ -146,6 +147,8 @@ TABLES: list[Callable[[pd.DataFrame], Table | None]] = [
     trained_quality.quality_by_length,
     capacity.capacity,
     capacity.accuracy_by_pairs,
+    suites.mad_table,
+    suites.listops_table,
     published.published,
     knobs.error_by_knob,
     decode_report.decode_table,
@@ -155,7 +158,13 @@ TABLES: list[Callable[[pd.DataFrame], Table | None]] = [
 # With a separate quality frame (`quality=`; the main job trains a reduced long-range run beside
 # its scaling sweep), these figures and tables are drawn from it, the others from the cost frame.
 QUALITY_FIGURES = ("accuracy_vs_seq_len", "tradeoff", "training_curves")
-QUALITY_TABLES = (trained_quality.quality, trained_quality.quality_by_length, published.published)
+QUALITY_TABLES = (
+    trained_quality.quality,
+    trained_quality.quality_by_length,
+    suites.mad_table,
+    suites.listops_table,
+    published.published,
+)
 # With a separate decode frame (`decode=`; the main job's reduced decode series), these come
 # from it.
 DECODE_FIGURES = ("decode_vs_context",)

@@ -48,15 +48,22 @@ def smaller_is_finer() -> tuple[str, ...]:
 
 # Tasks whose loss carries no quality signal (uniform tokens: every model sits at ln V).
 NO_QUALITY_TASKS = ("random_lm",)
+# Tasks only their own table reads (analysis.suites): MAD's kinds differ in length, vocabulary
+# and what is scored, so their lengths are no length axis and their scores no one series.
+SUITE_TASKS = ("mad",)
 
 
-def trained_quality(frame: pd.DataFrame, metric: str = "eval_accuracy") -> pd.DataFrame:
+def trained_quality(
+    frame: pd.DataFrame, metric: str = "eval_accuracy", *, suites: bool = False
+) -> pd.DataFrame:
     """The records that measured a trained quality `metric`: status ok, a value, a task with a
-    quality signal (never random tokens); of a learning-rate grid, each variant's chosen rate's
-    (`tuning.choose_learning_rates`: `lr_grid`, `lr_chosen` columns)."""
+    quality signal (never random tokens) and, unless `suites`, none of `SUITE_TASKS`; of a
+    learning-rate grid, each variant's chosen rate's (`tuning.choose_learning_rates`:
+    `lr_grid`, `lr_chosen` columns)."""
     if metric not in frame or "task" not in frame:
         return frame.iloc[0:0]
-    quality = frame[~frame["task"].isin(NO_QUALITY_TASKS)]
+    left_out = NO_QUALITY_TASKS if suites else (*NO_QUALITY_TASKS, *SUITE_TASKS)
+    quality = frame[~frame["task"].isin(left_out)]
     # A learning-rate grid: each variant's chosen rate, from every job of the grid (those that
     # did not end ok included: they score 0), on the validation split (analysis/tuning.py).
     quality = tuning.choose_learning_rates(quality, context_columns(quality))
@@ -68,15 +75,15 @@ def context_columns(frame: pd.DataFrame) -> list[str]:
     (`experiments.records.record.config_keys`: the model, block, task, training, threads, ...) but
     the attention's own (in `variant`), the seed, and `measure.*`, which decides which quantities
     are taken and for how long the clock runs, not the configuration they are taken of. The
-    learning rate is left out too: a grid of it is tuning, not a configuration (quality rows are
-    each variant's chosen rate, `trained_quality`), and it changes no time or memory, so a
-    variant's jobs at every rate of its grid are one series of speed and memory. The stack
-    (`layers`) sets series apart only where one mixes variants: a plain model's is its
-    attention, already the variant."""
+    learning rate (and weight decay) is left out too: a grid of it is tuning, not a
+    configuration (quality rows are each variant's chosen point, `trained_quality`), and it
+    changes no time or memory, so a variant's jobs at every point of its grid are one series of
+    speed and memory. The stack (`layers`) sets series apart only where one mixes variants: a
+    plain model's is its attention, already the variant."""
     return [
         c
         for c in config_keys(frame.columns, hashed_only=True)
-        if c not in ("attention", "seed", tuning.LR)
+        if c not in ("attention", "seed", *tuning.TUNED)
         and not c.startswith(("attention.", "measure."))
         and (c != "layers" or has_hybrid(frame))  # else each record's attention again
     ]

@@ -52,7 +52,8 @@ def quality(frame: pd.DataFrame) -> Table | None:
     and of jobs that did not train are left out. Of a learning-rate grid, each series' chosen
     rate's records only (`series.trained_quality`), the rate and its grid in the row.
     """
-    trained = frame[(frame[STATUS] == "ok") & ~frame[TASK].isin(series.NO_QUALITY_TASKS)]
+    left_out = (*series.NO_QUALITY_TASKS, *series.SUITE_TASKS)  # the suites have their tables
+    trained = frame[(frame[STATUS] == "ok") & ~frame[TASK].isin(left_out)]
     metrics = [m for m in QUALITY if m in trained and trained[m].notna().any()]
     if trained.empty or not metrics:
         return None

@@ -6,18 +6,22 @@ learned" for reasons that are the protocol's; the best of a grid per variant is 
 practice. The choice is made on the validation split (`valid_accuracy`: batches held out from
 training and from the reported `eval_accuracy`), never on the numbers reported.
 
-A *family* is everything a job is but its learning rate, seed and the columns its records differ
-in among themselves (a curriculum stage's `seq_len` and `batch_size`, a mixture point's
-`task.n_pairs`): the variant with its options, and the context columns. Per family, each
-learning rate's score is the mean `valid_accuracy` over all its records (every seed, every stage
-or point), a job that did not end ok scoring as 0; the best is kept (a tie: the smaller rate),
-and its records gain `lr_grid` (the family's grid, as text), `lr_chosen` and `lr_any_learned`
-(whether a job that ended ok, at any rate of the grid, learned the task). Only a *usable* rate
-can be chosen: one with a record that ended ok and validated to a number. A family with no
-usable rate (every job diverged, or validated NaN) has none chosen: its smallest rate's records
-are kept with `lr_chosen` empty, written to a tuned table as `null` (an untuned variant for
-`${tuned_lr:...}`). A family with one rate, or a frame whose records carry no validation at
-all, is left as it is.
+A grid may also sweep the weight decay (`train.weight_decay`, MAD's {0, 0.1}): its points are
+then (learning rate, weight decay) pairs, chosen together as one; records gain `wd_chosen`, and
+`lr_grid` names both axes ("{0.001, 0.003} × wd {0, 0.1}").
+
+A *family* is everything a job is but its learning rate (and weight decay), seed and the
+columns its records differ in among themselves (a curriculum stage's `seq_len` and
+`batch_size`, a mixture point's `task.n_pairs`): the variant with its options, and the context
+columns. Per family, each grid point's score is the mean `valid_accuracy` over all its records
+(every seed, every stage or point), a job that did not end ok scoring as 0; the best is kept (a
+tie: the smaller point), and its records gain `lr_grid` (the family's grid, as text),
+`lr_chosen` and `lr_any_learned` (whether a job that ended ok, at any point of the grid,
+learned the task). Only a *usable* point can be chosen: one with a record that ended ok and
+validated to a number. A family with no usable point (every job diverged, or validated NaN) has
+none chosen: its smallest point's records are kept with `lr_chosen` empty, written to a tuned
+table as `null` (an untuned variant for `${tuned_lr:...}`). A family with one point, or a frame
+whose records carry no validation at all, is left as it is.
 """
 
 from __future__ import annotations
@@ -33,17 +37,21 @@ from analysis.load import format_value
 from experiments.records.files import write_atomic
 
 LR = "train.lr"
+WD = "train.weight_decay"
+# The axes a grid may sweep: tuning, not a configuration (`series.context_columns` leaves them
+# out of a series' identity).
+TUNED = (LR, WD)
 VALID = "valid_accuracy"
 VALID_LOSS = "valid_loss"  # a task without accuracy: chosen on its held-out loss
 ACCURACY = "eval_accuracy"
 LEARNED = 0.9
 # The columns a job's records differ in among themselves: not part of a family.
-PER_RECORD = ("seq_len", "batch_size", "task.n_pairs", LR)
+PER_RECORD = ("seq_len", "batch_size", "task.n_pairs", *TUNED)
 
 
 def family_columns(frame: pd.DataFrame, context: list[str]) -> list[str]:
     """The columns that make a family: the variant, its options and the `context` columns
-    (`analysis.series.context_columns`), less the learning rate and what differs between one
+    (`analysis.series.context_columns`), less the grid's axes and what differs between one
     job's records."""
     options = sorted(c for c in frame.columns if c.startswith("attention."))
     context = [c for c in context if c not in PER_RECORD]
@@ -55,53 +63,87 @@ def grid_text(rates) -> str:
     return "{" + ", ".join(format_value(r) for r in sorted(rates)) + "}"
 
 
+def grid_axes(frame: pd.DataFrame) -> list[str]:
+    """The grid axes (`TUNED`) that take more than one value in `frame`."""
+    return [c for c in TUNED if c in frame and frame[c].dropna().nunique() > 1]
+
+
+def grid_label(family: pd.DataFrame, axes: list[str]) -> str:
+    """The grid as tables print it: "{0.001, 0.003, 0.01}", with " × wd {0, 0.1}" when the
+    weight decay is an axis."""
+    text = grid_text(family[LR].dropna().unique()) if LR in family else "{}"
+    if WD in axes:
+        text += " × wd " + grid_text(family[WD].dropna().unique())
+    return text
+
+
 def choose_learning_rates(frame: pd.DataFrame, context: list[str]) -> pd.DataFrame:
-    """`frame` with, per family of more than one `train.lr`, only the chosen rate's records (the
-    module doc), each with `lr_grid`, `lr_chosen` and `lr_any_learned`; a family that ran one
-    rate where others ran another (a preset at tuned rates, conf/tuned/) keeps its records with
-    that rate as `lr_chosen` and no `lr_grid`. `context`: the frame's context columns
+    """`frame` with, per family of more than one grid point (`train.lr`, and `train.weight_decay`
+    when it is swept too), only the chosen point's records (the module doc), each with
+    `lr_grid`, `lr_chosen`, `lr_any_learned` (and `wd_chosen`); a family that ran one point
+    where others ran another (a preset at tuned rates, conf/tuned/) keeps its records with that
+    rate as `lr_chosen` and no `lr_grid`. `context`: the frame's context columns
     (`analysis.series.context_columns`)."""
-    if LR not in frame or not _validated(frame) or frame[LR].dropna().nunique() < 2:
+    if LR not in frame or not grid_axes(frame) or not _validated(frame):
         return frame
     columns = family_columns(frame, context)
     keys = frame[columns].apply(lambda row: "|".join(map(format_value, row)), axis=1)
+    axes = [c for c in TUNED if c in frame]
     kept = []
     for _, family in frame.groupby(keys, sort=False):
-        rates = sorted(family[LR].dropna().unique())
-        if len(rates) == 1:
-            kept.append(family.assign(lr_chosen=rates[0]))
+        points = sorted(set(family[axes].dropna().itertuples(index=False, name=None)))
+        if len(points) == 1:
+            kept.append(family.assign(lr_chosen=points[0][0]))
             continue
-        if not rates:
+        if not points:
             kept.append(family)
             continue
-        score = rate_scores(family)
-        usable = usable_rates(family)
-        best = min(usable or rates, key=lambda r: (-score.get(r, 0.0), r))
+        score = rate_scores(family, axes)
+        usable = usable_points(family, axes)
+        best = min(usable or points, key=lambda p: (-score.get(_index(p), 0.0), p))
         # A job that did not end ok learned nothing, whatever it recorded before it failed.
         learned = family[ACCURACY].fillna(0) >= LEARNED
         if "learned" in family:
             learned |= family["learned"].map(lambda v: v is True or v == 1)
         if "status" in family:
             learned &= family["status"] == "ok"
+        at_best = (family[axes] == pd.Series(best, index=axes)).all(axis=1)
+        swept = grid_axes(family)  # the weight decay is named only where this family swept it
         kept.append(
-            family[family[LR] == best].assign(
-                lr_grid=grid_text(rates),
-                lr_chosen=best if usable else np.nan,
+            family[at_best].assign(
+                lr_grid=grid_label(family, swept),
                 lr_any_learned=bool(learned.any()),
+                **(_chosen(swept, axes, best) if usable else {"lr_chosen": np.nan}),
             )
         )
     return pd.concat(kept) if kept else frame
 
 
-def usable_rates(family: pd.DataFrame) -> list[float]:
-    """The rates of one family a choice can fall on: those with a record that ended ok and
-    validated to a number (accuracy, or a byte task's loss)."""
+def usable_points(family: pd.DataFrame, axes: list[str] | tuple[str, ...] = (LR,)) -> list:
+    """The grid points (tuples over `axes`) of one family a choice can fall on: those with a
+    record that ended ok and validated to a number (accuracy, or a byte task's loss)."""
     ok = family["status"] == "ok" if "status" in family else pd.Series(True, index=family.index)
     column = VALID if VALID in family and family[VALID].notna().any() else VALID_LOSS
     if column not in family:
         return []
     values = pd.to_numeric(family[column], errors="coerce").astype(float)
-    return sorted(family.loc[ok & np.isfinite(values), LR].dropna().unique())
+    usable = family.loc[ok & np.isfinite(values), list(axes)].dropna()
+    return sorted(set(usable.itertuples(index=False, name=None)))
+
+
+def _chosen(swept: list[str], axes: list[str], point: tuple) -> dict[str, float]:
+    """The chosen point's columns: `lr_chosen`, and `wd_chosen` where the family swept the
+    weight decay."""
+    values = dict(zip(axes, point, strict=True))
+    chosen = {"lr_chosen": values[LR]}
+    if WD in swept:
+        chosen["wd_chosen"] = values[WD]
+    return chosen
+
+
+def _index(point: tuple):
+    """A grid point as `rate_scores` indexes it: the value alone on one axis, else the tuple."""
+    return point[0] if len(point) == 1 else point
 
 
 def _validated(frame: pd.DataFrame) -> bool:
@@ -109,22 +151,29 @@ def _validated(frame: pd.DataFrame) -> bool:
     return any(c in frame and frame[c].notna().any() for c in (VALID, VALID_LOSS))
 
 
-def rate_scores(family: pd.DataFrame) -> pd.Series:
-    """Each learning rate's score in one family: the mean `valid_accuracy` of its records (a job
-    not ended ok scores 0), over the seeds that ran every rate of the grid (the tuning seeds),
-    so that seeds added later at the chosen rate alone cannot move the choice. A task without
+def rate_scores(family: pd.DataFrame, axes: list[str] | tuple[str, ...] = (LR,)) -> pd.Series:
+    """Each grid point's score in one family (indexed by the learning rate, or by (lr, weight
+    decay) tuples when both are `axes`): the mean `valid_accuracy` of its records (a job not
+    ended ok scores 0), over the seeds that ran every point of the grid (the tuning seeds), so
+    that seeds added later at the chosen point alone cannot move the choice. A task without
     accuracy (bits per byte) scores minus its mean `valid_loss` (a job not ended ok: -inf)."""
-    rates = family[LR].dropna().unique()
+    axes = list(axes)
+    points = set(family[axes].dropna().itertuples(index=False, name=None))
     if "seed" in family:
-        seeds = [s for s, runs in family.groupby("seed") if set(runs[LR].dropna()) >= set(rates)]
+        seeds = [
+            s
+            for s, runs in family.groupby("seed")
+            if set(runs[axes].dropna().itertuples(index=False, name=None)) >= points
+        ]
         family = family[family["seed"].isin(seeds)] if seeds else family
     ok = family["status"] == "ok" if "status" in family else True
-    if not usable_rates(family):  # nothing validated: no rate scores above another
-        return pd.Series(0.0, index=rates)
+    if not usable_points(family, axes):  # nothing validated: no point scores above another
+        return pd.Series(0.0, index=[_index(p) for p in points])
+    by = [family[c] for c in axes] if len(axes) > 1 else family[axes[0]]
     if VALID not in family or family[VALID].isna().all():
         loss = family[VALID_LOSS].where(ok).fillna(np.inf)
-        return -loss.groupby(family[LR]).mean()
-    return family[VALID].where(ok).fillna(0.0).groupby(family[LR]).mean()
+        return -loss.groupby(by).mean()
+    return family[VALID].where(ok).fillna(0.0).groupby(by).mean()
 
 
 def chosen_rates(frame: pd.DataFrame, context: list[str]) -> pd.DataFrame:
@@ -145,14 +194,17 @@ def chosen_rates(frame: pd.DataFrame, context: list[str]) -> pd.DataFrame:
         keys = [c for c in columns if c.startswith("attention.") and c != "attention.name"]
         overrides = [f"attention={first['attention']}"]
         overrides += [f"{c}={override_value(first[c])}" for c in keys if _given(first[c])]
-        if _given(first["lr_chosen"]):  # none: no usable rate (`usable_rates`)
+        if _given(first["lr_chosen"]):  # none: no usable point (`usable_points`)
             overrides.append(f"{LR}={format_value(first['lr_chosen'])}")
+            if "wd_chosen" in family and pd.notna(first["wd_chosen"]):
+                overrides.append(f"{WD}={format_value(first['wd_chosen'])}")
         rows.append(
             {
                 "variant": first.get("variant", first["attention"]),
                 **{c: first[c] for c in columns},
                 "lr_grid": first.get("lr_grid"),
                 "lr_chosen": first["lr_chosen"],
+                **({"wd_chosen": first["wd_chosen"]} if "wd_chosen" in family else {}),
                 "lr_any_learned": first["lr_any_learned"],
                 **{c: family[c].mean() for c in (VALID, VALID_LOSS) if c in family},
                 "overrides": " ".join(overrides),
@@ -162,9 +214,10 @@ def chosen_rates(frame: pd.DataFrame, context: list[str]) -> pd.DataFrame:
 
 
 def lr_text(records: pd.DataFrame) -> str:
-    """The learning rate(s) `records` trained at, as a table shows it: the grid's choice or
-    the one rate, "none usable" for a grid with no usable rate, and " (untuned)" when a
-    preset's tuned table had no rate for them (`lr_source`, experiments/app/resolvers.py)."""
+    """The learning rate(s) `records` trained at, as a table shows it: the grid's choice (", wd
+    0.1" where it chose a weight decay too) or the one rate, "none usable" for a grid with no
+    usable rate, and " (untuned)" when a preset's tuned table had no rate for them
+    (`lr_source`, experiments/app/resolvers.py)."""
     chosen = records["lr_chosen"] if "lr_chosen" in records else pd.Series(dtype=float)
     rates = chosen.dropna().unique()
     if not len(rates):
@@ -172,6 +225,9 @@ def lr_text(records: pd.DataFrame) -> str:
             return "none usable"
         rates = records[LR].dropna().unique() if LR in records else []
     text = ", ".join(format_value(r) for r in sorted(rates)) or "—"
+    if "wd_chosen" in records and records["wd_chosen"].notna().any():  # a (lr, wd) grid
+        decays = sorted(records["wd_chosen"].dropna().unique())
+        text += ", wd " + ", ".join(map(format_value, decays))
     return text + (" (untuned)" if _untuned(records).any() else "")
 
 
@@ -202,7 +258,8 @@ def protocol_line(records: pd.DataFrame) -> str:
     parts = []
     if "lr_grid" in records and records["lr_grid"].notna().any():
         grids = ", ".join(records["lr_grid"].dropna().unique())
-        parts.append(f"lr per variant from {grids}, chosen on the validation split")
+        swept = "lr and weight decay" if "wd_chosen" in records else "lr"
+        parts.append(f"{swept} per variant from {grids}, chosen on the validation split")
     elif LR in records and records[LR].notna().any():
         rates = ", ".join(format_value(r) for r in sorted(records[LR].dropna().unique()))
         per_variant = "lr_chosen" in records and records[LR].nunique() > 1
@@ -247,8 +304,13 @@ def rate_table(rates: pd.DataFrame, records: pd.DataFrame, source: str) -> str:
     says where the rates come from (the sweep, its commits and dates, the grid, what no rate
     learned). A variant tuned twice (two families, e.g. two option sets) at two different rates
     is an error: the table keys by attention name only. A variant with no usable rate
-    (`usable_rates`: every job diverged, or none validated to a number) is written `null`, with
+    (`usable_points`: every job diverged, or none validated to a number) is written `null`, with
     a comment line saying why: `${tuned_lr:...}` trains it untuned."""
+    if "wd_chosen" in rates:
+        raise ValueError(
+            "a tuned table holds learning rates only, and this grid also chose weight decays "
+            "(give them with train.weight_decay=, from --overrides)"
+        )
     by_name: dict[str, float] = {}
     for _, row in rates[rates["lr_chosen"].notna()].iterrows():
         name, rate = row["attention"], float(row["lr_chosen"])
@@ -338,7 +400,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"wrote {args.write}: {len(rates)} rates")
         return 0
     context = [c for c in context_columns(rates) if c in rates and rates[c].nunique() > 1]
-    shown = ["variant", *context, "lr_grid", "lr_chosen", "lr_any_learned", VALID, VALID_LOSS]
+    shown = ["variant", *context, "lr_grid", "lr_chosen", "wd_chosen", "lr_any_learned"]
+    shown += [VALID, VALID_LOSS]
     print(rates[[c for c in shown if c in rates]].to_string(index=False))
     return 0
 

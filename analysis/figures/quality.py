@@ -41,7 +41,8 @@ def curve_records(frame: pd.DataFrame) -> pd.DataFrame:
     steps = frame[TRAINED_STEPS] if TRAINED_STEPS in frame else pd.Series(float("nan"), frame.index)
     if TRAIN_STEPS in frame:
         steps = steps.fillna(frame[TRAIN_STEPS])
-    quality = ~frame[TASK].isin(series.NO_QUALITY_TASKS)
+    # The suites' many short jobs (analysis.suites) have tables of their own, not curves.
+    quality = ~frame[TASK].isin((*series.NO_QUALITY_TASKS, *series.SUITE_TASKS))
     return frame[quality & (steps >= MIN_CURVE_STEPS)]
 
 

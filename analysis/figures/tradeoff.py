@@ -60,7 +60,8 @@ def tradeoff(frame: pd.DataFrame, seq_len: float | None = None) -> Figure:
         seq_len = style.pick_length(both, quality) if len(both) else None
     at_length = frame[frame[SEQ_LEN] == seq_len] if seq_len is not None else frame.iloc[0:0]
     if quality == EVAL_ACCURACY and len(at_length):
-        at_length = at_length[~at_length[TASK].isin(series.NO_QUALITY_TASKS)]
+        left_out = (*series.NO_QUALITY_TASKS, *series.SUITE_TASKS)
+        at_length = at_length[~at_length[TASK].isin(left_out)]
         at_length = at_length.assign(eval_accuracy=at_length[EVAL_ACCURACY] * 100)
     # The kernel's own memory where measured: a step's is mostly the rest of the model.
     kernel_memory = (

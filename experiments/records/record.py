@@ -292,13 +292,20 @@ SCHEMA: tuple[Column, ...] = (
         optional=True,
     ),
     _measured("precision", str, "", "float32 | bf16-mixed | fp16-mixed", optional=True),
-    # Quality you can trust (recall tasks): chance, the key-blind floor, an interval, learned.
-    _measured("chance_accuracy", float, "fraction", "a uniform guess: 1 / n_values", optional=True),
+    # Quality you can trust (recall tasks, MAD, ListOps): chance, the floor, an interval, learned.
+    _measured(
+        "chance_accuracy",
+        float,
+        "fraction",
+        "a uniform guess among the answers: 1 / n_values (MAD: its answer tokens; ListOps: 1/10)",
+        optional=True,
+    ),
     _measured(
         "floor_accuracy",
         float,
         "fraction",
-        "the key-blind predictor (most frequent value in the context) on the eval batches",
+        "the best guess blind to what is asked, on the eval batches: recall and MAD the most "
+        "frequent answer token in the context, ListOps the most frequent answer",
         optional=True,
     ),
     _measured(
@@ -310,7 +317,12 @@ SCHEMA: tuple[Column, ...] = (
     ),
     _measured("eval_accuracy_ci_high", float, "fraction", "and high", optional=True),
     _measured(
-        "eval_distinct_pairs", int, "", "distinct (sequence, key) pairs evaluated", optional=True
+        "eval_distinct_pairs",
+        int,
+        "",
+        "distinct (sequence, key) pairs evaluated (copying, compression: positions; ListOps: "
+        "expressions)",
+        optional=True,
     ),
     _measured(
         "learned",

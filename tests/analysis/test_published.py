@@ -6,6 +6,7 @@ import pandas as pd
 
 from analysis import load, published
 from tests.analysis.conftest import synthetic_records
+from tests.analysis.suite_records import listops_sweep, mad_sweep
 
 
 def _capacity(accuracy: dict[str, dict[int, float]]) -> pd.DataFrame:
@@ -78,3 +79,68 @@ def test_a_state_model_that_never_learned_is_not_comparable():
 def test_records_that_test_nothing_give_no_table():
     timing = load.tidy(pd.DataFrame(synthetic_records()))  # random-token timing runs
     assert published.published(timing) is None
+
+
+# --- MAD and ListOps (analysis/suites.py) ---
+
+#           compression fuzzy in-context memorize noisy copy
+EXACT_MAD = [0.30, 0.65, 1.00, 0.99, 1.00, 0.98]
+DELTA_MAD = [0.25, 0.70, 1.00, 0.99, 1.00, 0.99]
+
+
+def _suite_verdicts(frame: pd.DataFrame) -> dict[str, str]:
+    table = published.published(frame)
+    short = {
+        "attention solves": "MAD: attention solves",
+        "delta rule recalls": "MAD: the delta rule recalls",
+        "memorizes": "MAD: attention memorizes",
+        "average": "MAD: attention's average",
+        "no variant beats": "ListOps: no efficient",
+        "kernel and local fall": "ListOps: kernel and local",
+    }
+    rows = dict(zip(table.frame["published result"], table.frame["verdict"], strict=True))
+    return {
+        key: verdict
+        for key, start in short.items()
+        for result, verdict in rows.items()
+        if result.startswith(start)
+    }
+
+
+def test_the_mad_claims_read_the_table():
+    verdicts = _suite_verdicts(mad_sweep({"full": EXACT_MAD, "deltanet": DELTA_MAD}))
+    assert verdicts == {
+        "attention solves": "holds",
+        "delta rule recalls": "holds",
+        "memorizes": "not comparable",  # both at the ceiling of vocabulary 256
+        "average": "does not hold",  # 82.0 vs 82.2
+    }
+    behind = [0.25, 0.62, 1.00, 0.99, 1.00, 0.99]  # 3 points behind exact attention on fuzzy
+    sweep = mad_sweep({"full": EXACT_MAD, "deltanet": behind}, interval=0.03)
+    assert _suite_verdicts(sweep)["delta rule recalls"] == "holds"  # inside the intervals
+    sweep = mad_sweep({"full": EXACT_MAD, "deltanet": behind}, interval=0.01)
+    assert _suite_verdicts(sweep)["delta rule recalls"] == "does not hold"
+    weak = [0.30, 0.40, 0.60, 0.99, 0.95, 0.98]  # exact attention below the paper in-context
+    verdicts = _suite_verdicts(
+        mad_sweep({"full": weak, "deltanet": [0.2, 0.3, 0.5, 0.6, 0.9, 0.9]})
+    )
+    assert verdicts["attention solves"] == "does not hold"
+    assert verdicts["delta rule recalls"] == "not comparable"  # exact did not learn in-context
+    assert verdicts["memorizes"] == "holds" and verdicts["average"] == "holds"
+
+
+def test_the_listops_claims_read_the_table():
+    agreeing = {"full": 0.62, "lsh": 0.63, "performer": 0.3, "linear": 0.35, "blockwise": 0.4}
+    assert _suite_verdicts(listops_sweep(agreeing)) == {
+        "no variant beats": "holds",
+        "kernel and local fall": "holds",
+    }
+    within = {**agreeing, "lsh": 0.65}  # 3 points above, inside the +-4-point intervals
+    assert _suite_verdicts(listops_sweep(within))["no variant beats"] == "holds"
+    contradicting = {**agreeing, "lsh": 0.75, "linear": 0.6}
+    assert _suite_verdicts(listops_sweep(contradicting)) == {
+        "no variant beats": "does not hold",
+        "kernel and local fall": "does not hold",
+    }
+    at_floor = {"full": 0.2, "performer": 0.18}
+    assert _suite_verdicts(listops_sweep(at_floor))["kernel and local fall"] == "not comparable"

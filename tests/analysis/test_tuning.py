@@ -5,7 +5,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from analysis import capacity, load, series, tuning
+from analysis import accuracy, capacity, load, series, tuning
 
 PAIRS = (4, 16)
 RATES = (1e-3, 3e-3, 1e-2)
@@ -339,3 +339,80 @@ def test_write_into_a_missing_folder_is_one_line_naming_the_option(tmp_path, cap
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith(f"error: --write {target}: "), err
     assert not target.exists()
+
+
+# --- a grid over the weight decay too (MAD's {0, 0.1}): its points are (lr, wd) pairs ---
+
+
+def _lr_wd_sweep(valid) -> pd.DataFrame:
+    """One job per (variant, lr, wd) at seed 0; valid: variant -> (lr, wd) -> accuracy."""
+    rows = []
+    for attention, points in valid.items():
+        for (rate, decay), score in points.items():
+            rows.append(
+                {
+                    "sweep": "grid",
+                    "job": str(len(rows)),
+                    "status": "ok",
+                    "attention": attention,
+                    "task": "listops",
+                    "train.lr": rate,
+                    "train.weight_decay": decay,
+                    "train.steps": 600,
+                    "seq_len": 64,
+                    "seed": 0,
+                    "valid_accuracy": score,
+                    "eval_accuracy": score,
+                    "learned": score >= 0.9,
+                }
+            )
+    return load.tidy(pd.DataFrame(rows))
+
+
+LR_WD = {
+    "full": {(1e-3, 0.0): 0.5, (1e-3, 0.1): 0.6, (3e-3, 0.0): 0.97, (3e-3, 0.1): 0.99},
+    "linear": {(1e-3, 0.0): 0.4, (1e-3, 0.1): 0.3, (3e-3, 0.0): 0.2, (3e-3, 0.1): 0.2},
+}
+
+
+def test_a_weight_decay_grid_is_chosen_with_the_rate_as_one_point():
+    sweep = _lr_wd_sweep(LR_WD)
+    context = series.context_columns(sweep)
+    assert "train.weight_decay" not in context  # tuning, not a series of its own
+    trained = series.trained_quality(sweep)
+    chosen = trained.set_index("attention")[["lr_chosen", "wd_chosen"]].T.to_dict("list")
+    assert chosen == {"full": [3e-3, 0.1], "linear": [1e-3, 0.0]}
+    assert set(trained["lr_grid"]) == {"{0.001, 0.003} × wd {0, 0.1}"}
+    assert tuning.lr_text(trained[trained["attention"] == "full"]) == "0.003, wd 0.1"
+    assert "lr and weight decay per variant from {0.001, 0.003} × wd {0, 0.1}" in (
+        tuning.protocol_line(trained)
+    )
+    rates = tuning.chosen_rates(sweep, context)
+    assert set(rates["overrides"]) == {
+        "attention=full train.lr=0.003 train.weight_decay=0.1",
+        "attention=linear train.lr=0.001 train.weight_decay=0",
+    }
+    with pytest.raises(ValueError, match="learning rates only"):
+        tuning.rate_table(rates, sweep, "multirun/mad")
+
+
+def test_not_learned_at_the_chosen_point_names_its_weight_decay():
+    points = {"linear": {(1e-3, 0.0): 0.4, (1e-3, 0.1): 0.95, (3e-3, 0.0): 0.2, (3e-3, 0.1): 0.2}}
+    sweep = _lr_wd_sweep(points)
+    sweep.loc[sweep["valid_accuracy"] == 0.95, ["valid_accuracy", "eval_accuracy"]] = 0.1
+    sweep.loc[(sweep["train.lr"] == 1e-3) & (sweep["train.weight_decay"] == 0.1), "learned"] = True
+    trained = accuracy.with_learned(series.trained_quality(sweep))
+    assert (
+        accuracy.not_learned_text(trained)
+        == "not learned in 600 steps at lr 0.001, wd 0 (control 40.0%)"
+    )
+
+
+def test_a_family_that_swept_no_weight_decay_is_labelled_with_its_rates_alone():
+    """Beside a sweep over (lr, wd), a family with one weight decay keeps an lr-only grid."""
+    lr_only = _lr_wd_sweep({"lsh": {(1e-3, 0.01): 0.5, (3e-3, 0.01): 0.7}})
+    both = pd.concat([_lr_wd_sweep(LR_WD), lr_only.assign(sweep="other")], ignore_index=True)
+    trained = series.trained_quality(both)
+    lsh = trained[trained["attention"] == "lsh"]
+    assert set(lsh["lr_grid"]) == {"{0.001, 0.003}"} and lsh["wd_chosen"].isna().all()
+    assert tuning.lr_text(lsh) == "0.003"

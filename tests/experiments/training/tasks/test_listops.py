@@ -73,3 +73,13 @@ def test_answers_vary():
 def test_bad_options_are_value_errors_naming_them(options, match):
     with pytest.raises(ValueError, match=match):
         _task(**options)
+
+
+def test_the_floor_is_the_training_splits_most_frequent_answer_and_each_expression_one_answer():
+    task = _task()
+    prior = torch.cat([task.batch("train", i).targets for i in range(8)])
+    answers = prior[prior > 0]
+    majority = int(torch.bincount(answers).argmax())
+    batch = task.batch("eval", 0)
+    assert task.floor_hits(batch) == int((batch.targets[batch.loss_mask] == majority).sum())
+    assert task.distinct_queries(batch) == 16 and task.chance_accuracy == 0.1

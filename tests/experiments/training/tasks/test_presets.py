@@ -7,8 +7,10 @@ import torch
 from omegaconf import OmegaConf
 
 import variants
+from experiments.app import resolvers
 from experiments.job_config import JobConfig
 from experiments.measurement import measure
+from experiments.training.tasks import mad as mad_task
 from tests.experiments.conftest import CONF
 
 ROOT = CONF.parent
@@ -52,6 +54,7 @@ def test_table2_full_row_is_the_full_kernel_under_shared_qk(resolved_config):
 
 
 def _swept(preset: str) -> dict[str, list[str]]:
+    resolvers.register()  # `${variants:...}` lists, read without composing
     params = OmegaConf.load(CONF / "experiment" / f"{preset}.yaml").hydra.sweeper.params
     return {key: str(values).split(",") for key, values in params.items()}
 
@@ -154,3 +157,34 @@ def test_long_range_quick_trains_each_variant_at_the_rate_its_grid_chose(
         assert table[name] in (1e-3, 3e-3, 1e-2)
     # The grid stays one override away, and wins over the table.
     assert resolved_config("+experiment=long_range_quick", "train.lr=0.01")["train"]["lr"] == 0.01
+
+
+def test_the_mad_preset_runs_every_variant_on_every_kind_on_mads_grid():
+    swept = _swept("mad")
+    assert sorted(swept["attention"]) == sorted(variants.attention_names())
+    assert swept["task.kind"] == list(mad_task.KINDS)
+    assert swept["train.lr"] == ["1.0e-3", "3.0e-3", "1.0e-2"]
+    assert swept["train.weight_decay"] == ["0.0", "0.1"]  # MAD's
+
+
+@pytest.mark.parametrize("kind", mad_task.KINDS)
+def test_every_mad_kind_builds_at_its_setting_with_its_readout(resolved_config, kind):
+    config = resolved_config("+experiment=mad", f"task.kind={kind}", "attention=linformer")
+    setting = OmegaConf.load(CONF / "experiment" / "mad.yaml").mad_settings[kind]
+    assert config["seq_len"] == setting.seq_len and config["train"]["steps"] == setting.steps
+    built = measure.setup(JobConfig.of(config))
+    assert built.task.kind == kind and built.task.vocab_size == setting.vocab_size
+    assert built.model.config.readout == ("pooled" if kind == "compression" else "tokens")
+    assert not built.model.config.causal  # Linformer cannot be: it trains bidirectionally
+    batch = built.task.batch("train", 0)
+    assert batch.inputs.shape == (config["batch_size"], config["seq_len"])
+    built.model(batch.inputs).sum().backward()
+
+
+def test_the_listops_preset_runs_every_variant_on_an_lr_grid(resolved_config):
+    swept = _swept("listops")
+    assert sorted(swept["attention"]) == sorted(variants.attention_names())
+    assert len(swept["train.lr"]) == 3
+    config = resolved_config("+experiment=listops", "attention=full")
+    built = measure.setup(JobConfig.of(config))
+    assert built.task.name == "listops" and config["seq_len"] < 2000
