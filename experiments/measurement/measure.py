@@ -26,7 +26,7 @@ from torch import nn
 import variants
 from experiments.job_config import JobConfig, MeasureConfig
 from experiments.measurement.approximation import approx_columns
-from experiments.measurement.decode_cost import measure_decode, measure_model_decode
+from experiments.measurement.decode_cost import measure_decode, measure_model_decode, state_columns
 from experiments.measurement.diagnostics import kernel_input_columns
 from experiments.measurement.memory import peak_memory_bytes, peak_rss_bytes
 from experiments.measurement.timing import (
@@ -211,6 +211,12 @@ def measure(
     bar.close()
     if task.has_accuracy and trained_steps:  # is a state model in the key-blind trap?
         columns.update(kernel_input_columns(model, task, device, precision))
+    if m_cfg.decode_state and not m_cfg.decode:  # before the mixture's points: theirs too
+        scope, kv_heads = m_cfg.decode_scope, model.config.kv_heads
+        with precision.autocast():
+            columns.update(
+                state_columns(kernel, model, shape, device, dtype, scope=scope, kv_heads=kv_heads)
+            )
     if on_stage is not None and job.train.steps:
         for point, columns_at in mixture_points(job, built, result, run):
             on_stage(point, {**columns, **columns_at, "trained_steps": trained_steps})
