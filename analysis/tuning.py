@@ -312,7 +312,13 @@ def rate_table(
 
     `merged_into`: the text of an existing table (`--merge`): its lines are kept but the entries
     of the variants `rates` tunes, and these rates follow as a block of their own, under a
-    header naming this sweep (`merged_table`)."""
+    header naming this sweep (`merged_table`). A family that ran one rate (no `lr_grid`: a
+    variant run at a fixed rate beside the grid) chose nothing and is not written.
+
+    `ValueError` if no family ran a grid."""
+    rates = rates[rates["lr_grid"].notna()] if "lr_grid" in rates else rates.iloc[0:0]
+    if rates.empty:
+        raise ValueError("no variant here ran a learning-rate grid: nothing was chosen")
     if "wd_chosen" in rates:
         raise ValueError(
             "a tuned table holds learning rates only, and this grid also chose weight decays "

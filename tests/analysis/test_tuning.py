@@ -215,6 +215,20 @@ def test_merge_keeps_the_tables_other_variants_and_replaces_the_tuned_ones(
     assert capsys.readouterr().err == "error: --merge: only with --write FILE\n"
 
 
+def test_a_variant_run_at_one_rate_beside_the_grid_is_not_written_as_chosen():
+    """A sweep that holds a grid for some variants and one rate for another (a reference run
+    at a fixed rate): the table holds the grid's choices only."""
+    sweep = _grid_sweep(VALID, VALID, seeds=(0,))
+    fixed = sweep[(sweep["attention"] == "linear") & (sweep["train.lr"] == 1e-3)]
+    frame = pd.concat([sweep[sweep["attention"] == "full"], fixed], ignore_index=True)
+    rates = tuning.chosen_rates(frame, series.context_columns(frame))
+    assert set(rates["attention"]) == {"full", "linear"}  # --overrides runs both
+    lines = tuning.rate_table(rates, frame, "multirun/x").splitlines()
+    assert "full: 0.003" in lines and not any(line.startswith("linear:") for line in lines)
+    with pytest.raises(ValueError, match="no variant here ran a learning-rate grid"):
+        tuning.rate_table(rates[rates["attention"] == "linear"], frame, "multirun/x")
+
+
 def test_a_run_at_fixed_rates_per_variant_is_labelled_fixed_not_chosen():
     """The preset at its tuned rates: one rate per variant, no grid in the records."""
     sweep = _grid_sweep(VALID, VALID)
