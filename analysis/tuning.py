@@ -334,12 +334,14 @@ def rate_table(
             )
         by_name[name] = rate
     unusable = sorted(set(rates.loc[rates["lr_chosen"].isna(), "attention"]) - set(by_name))
+    names = sorted([*by_name, *unusable])
+    if "attention" in records:  # provenance of the grid's records, not of the others
+        records = records[records["attention"].isin(names)]
     commits = sorted({str(c)[:7] for c in records.get("git_commit", pd.Series()).dropna()})
     stamps = records.get("timestamp", pd.Series(dtype=str)).dropna().sort_values()
     dates = f"{stamps.iloc[0][:10]} … {stamps.iloc[-1][:10]}" if len(stamps) else "unknown"
     usable = rates[rates["lr_chosen"].notna()]
     unlearned = sorted(usable.loc[~usable["lr_any_learned"].astype(bool), "attention"].unique())
-    names = sorted([*by_name, *unusable])
     if merged_into is None:
         lines = [
             "# Learning rates chosen on the validation split of a grid (analysis/tuning.py),",
@@ -347,8 +349,9 @@ def rate_table(
         ]
     else:
         lines = [
-            f"# {', '.join(names)}: merged by `python -m analysis.tuning {source} --write <this",
-            "# file> --merge` (the entries above are other grids', kept).",
+            f"# {', '.join(names)}: merged by",
+            f"# `python -m analysis.tuning {source} --write <this file> --merge`",
+            "# (the entries above are other grids', kept).",
         ]
     lines += [
         f"# Grid: {', '.join(sorted(rates['lr_grid'].dropna().unique()))}; records: commit "
@@ -385,7 +388,7 @@ def merged_table(existing: str, names: list[str], block: str) -> str:
     return "\n\n".join([*kept, block.rstrip("\n")]) + "\n"
 
 
-_MERGED = re.compile(r"^# ([\w, ]+): merged by `python -m analysis\.tuning")
+_MERGED = re.compile(r"^# ([\w, ]+): merged by\n# `python -m analysis\.tuning")
 
 
 def _why_unusable(records: pd.DataFrame, name: str) -> str:
@@ -456,7 +459,8 @@ def main(argv: list[str] | None = None) -> int:
             write_atomic(target, lambda tmp: tmp.write_text(text))
         except OSError as error:
             return _error(f"--write {target}: {error.strerror or error}")
-        print(f"wrote {args.write}: {len(rates)} rates")
+        written = rates["lr_grid"].notna().sum() if "lr_grid" in rates else 0
+        print(f"wrote {args.write}: {written} rates" + (" merged" if args.merge else ""))
         return 0
     context = [c for c in context_columns(rates) if c in rates and rates[c].nunique() > 1]
     shown = ["variant", *context, "lr_grid", "lr_chosen", "wd_chosen", "lr_any_learned"]

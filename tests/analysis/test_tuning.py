@@ -198,7 +198,7 @@ def test_merge_keeps_the_tables_other_variants_and_replaces_the_tuned_ones(
     assert tuning.main([str(_grid_csv(tmp_path)), "--write", str(target), "--merge"]) == 0
     text = target.read_text()
     assert text.startswith("# An earlier grid.\n") and "# lsh's note" in text
-    assert "# full, linear: merged by `python -m analysis.tuning" in text
+    assert "# full, linear: merged by\n# `python -m analysis.tuning" in text
     entries = [line for line in text.splitlines() if not line.startswith("#") and line]
     assert entries == ["lsh: 0.001", "full: 0.003", "linear: 0.01"]
     monkeypatch.setattr(resolvers, "config_dir", lambda: tmp_path)
