@@ -44,6 +44,32 @@ def test_shorter_inputs_use_the_first_columns():
     torch.testing.assert_close(module(q, k, v), dense_attention(q, k, v))
 
 
+@pytest.mark.parametrize("share", ["none", "headwise", "kv", "layerwise"])
+def test_identity_init_with_k_equal_to_length_starts_as_full_attention(share):
+    q, k, v = qkv(length=16)
+    torch.testing.assert_close(
+        build(share=share, init="identity")(q, k, v), dense_attention(q, k, v)
+    )
+
+
+def test_identity_init_with_k_above_length_adds_null_slots():
+    """k = 24 > L = 10 (of N = 32): the L keys and values, plus 14 slots whose key and value are
+    0 (each scores 0 and adds nothing but weight to the softmax's denominator)."""
+    q, k, v = qkv(length=10)
+    null = torch.zeros(*k.shape[:2], 14, k.shape[-1], dtype=k.dtype)
+    expected = dense_attention(q, torch.cat([k, null], dim=2), torch.cat([v, null], dim=2))
+    torch.testing.assert_close(build(k=24, max_seq_len=32, init="identity")(q, k, v), expected)
+
+
+def test_default_init_is_the_papers_xavier_bound():
+    """xavier-uniform with gain 1/sqrt(2) over (k, N): U(-b, b), b = sqrt(3 / (k + N))."""
+    module = build_attention("linformer", k=64, n_heads=2, max_seq_len=192)
+    bound = (3 / (64 + 192)) ** 0.5
+    for proj in (module.key_proj, module.value_proj):
+        assert proj.abs().max() <= bound
+        assert proj.abs().max() > 0.9 * bound
+
+
 @pytest.mark.parametrize(
     ("share", "n_params"),
     [("none", 2 * 3 * 5 * 16), ("headwise", 2 * 5 * 16), ("kv", 5 * 16), ("layerwise", 5 * 16)],
@@ -107,6 +133,7 @@ def test_longer_than_max_seq_len_is_refused():
     [
         ({"share": "heads"}, "linformer: option 'share' must be one of none, headwise, kv"),
         ({"k": 0}, "linformer: option 'k' must be a positive integer"),
+        ({"init": "eye"}, "linformer: option 'init' must be one of xavier, identity"),
         ({"max_seq_len": 0}, "linformer: option 'max_seq_len' must be a positive integer"),
     ],
 )

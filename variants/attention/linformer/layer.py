@@ -30,9 +30,16 @@ attention reads them grouped; with share='none' each query head projects its KV 
 and values with its own E and F, so only the k projected rows per query head exist, never the
 L keys repeated to H heads.
 
-Initialisation follows the paper's fairseq code: xavier-uniform over each (k, N) matrix with gain
-1/sqrt(2), i.e. U(-b, b) with b = sqrt(3 / (k + N)); a projected key then has about L / (k + N)
-times the variance of a key, never more.
+Initialisation (`init`). `xavier`, the default, follows the paper's fairseq code: xavier-uniform
+over each (k, N) matrix with gain 1/sqrt(2), i.e. U(-b, b) with b = sqrt(3 / (k + N)); a projected
+key then has about L / (k + N) times the variance of a key, never more. `identity` starts E and F
+at [I; 0] (E[j, j] = 1 for j < min(k, N), every other entry 0), still learned: with k >= L the
+kernel then starts as exact bidirectional attention over the L keys plus k - L null slots (key and
+value 0). Not the paper's; it is the probe that separates the kernel from its projection: on
+long-range recall's 64-token control the paper's start stayed at the key-blind floor, where at
+random a perfect key match puts no more of the output's weight on its own position than on any
+other, and the identity start learned as exact attention does (docs/quality.md, "Covering
+patterns").
 """
 
 from __future__ import annotations
@@ -49,14 +56,24 @@ from variants.checks import UnsupportedCombination, require_choice, require_posi
 from variants.registry import register_attention
 
 SHARE_MODES = ("none", "headwise", "kv", "layerwise")
+INITS = ("xavier", "identity")
 
 
-def sequence_projection(copies: int, proj_len: int, max_seq_len: int) -> nn.Parameter:
-    """`copies` xavier-uniform (gain 1/sqrt(2)) projections, (copies, proj_len, max_seq_len).
+def sequence_projection(
+    copies: int, proj_len: int, max_seq_len: int, init: str = "xavier"
+) -> nn.Parameter:
+    """`copies` projections (copies, proj_len, max_seq_len): xavier-uniform with gain 1/sqrt(2)
+    (`init="xavier"`), or [I; 0] (`init="identity"`: ones at (j, j), j < min(proj_len,
+    max_seq_len)).
 
     Initialised by hand because nn.init.xavier_uniform_ would read a 3-d tensor as a conv
     weight and take the wrong fans.
     """
+    if init == "identity":
+        diagonal = torch.arange(min(proj_len, max_seq_len))
+        weight = torch.zeros(copies, proj_len, max_seq_len)
+        weight[:, diagonal, diagonal] = 1.0
+        return nn.Parameter(weight)
     bound = math.sqrt(3.0 / (proj_len + max_seq_len))
     weight = torch.empty(copies, proj_len, max_seq_len).uniform_(-bound, bound)
     return nn.Parameter(weight)
@@ -99,6 +116,7 @@ class LinformerAttention(Attention):
         causal: bool = False,
         k: int = 256,
         share: str = "none",
+        init: str = "xavier",
         n_heads: int = 4,
         max_seq_len: int = 4096,
     ):
@@ -109,13 +127,14 @@ class LinformerAttention(Attention):
             )
         self.proj_len = require_positive_int(self.name, "k", k)
         self.share = require_choice(self.name, "share", share, SHARE_MODES)
+        self.init = require_choice(self.name, "init", init, INITS)
         self.n_heads = require_positive_int(self.name, "n_heads", n_heads)
         self._max_seq_len = require_positive_int(self.name, "max_seq_len", max_seq_len)
 
         copies = n_heads if share == "none" else 1
-        self.key_proj = sequence_projection(copies, k, max_seq_len)  # E: (H or 1, k, N)
+        self.key_proj = sequence_projection(copies, k, max_seq_len, init)  # E: (H or 1, k, N)
         if share in ("none", "headwise"):
-            self.value_proj = sequence_projection(copies, k, max_seq_len)  # F: (H or 1, k, N)
+            self.value_proj = sequence_projection(copies, k, max_seq_len, init)  # F: (H or 1, k, N)
         else:
             self.register_parameter("value_proj", None)  # F is E
 
@@ -189,6 +208,6 @@ class LinformerAttention(Attention):
 
     def extra_repr(self) -> str:
         return (
-            f"k={self.proj_len}, share={self.share}, n_heads={self.n_heads}, "
+            f"k={self.proj_len}, share={self.share}, init={self.init}, n_heads={self.n_heads}, "
             f"max_seq_len={self._max_seq_len}"
         )
