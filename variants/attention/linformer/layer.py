@@ -35,11 +35,12 @@ over each (k, N) matrix with gain 1/sqrt(2), i.e. U(-b, b) with b = sqrt(3 / (k 
 key then has about L / (k + N) times the variance of a key, never more. `identity` starts E and F
 at [I; 0] (E[j, j] = 1 for j < min(k, N), every other entry 0), still learned: with k >= L the
 kernel then starts as exact bidirectional attention over the L keys plus k - L null slots (key and
-value 0). Not the paper's; it is the probe that separates the kernel from its projection: on
-long-range recall's 64-token control the paper's start stayed at the key-blind floor, where at
-random a perfect key match puts no more of the output's weight on its own position than on any
-other, and the identity start learned as exact attention does (docs/quality.md, "Covering
-patterns").
+value 0). `learn_projection=False` keeps E and F at their start (not trained: no gradient, so
+AdamW leaves them as they are). Neither is the paper's; they are the probes that separate the
+kernel from its projection (docs/quality.md, "Covering patterns"): on long-range recall's
+64-token control the paper's start stays at the key-blind floor (at random, a perfect key match
+puts no more of the output's weight on its own position than on any other), E and F learned
+from [I; 0] drift off it, and held at [I; 0] the same model learns as exact attention does.
 """
 
 from __future__ import annotations
@@ -52,7 +53,12 @@ from torch import nn
 
 from variants.attention.common.base import Attention
 from variants.attention.common.masking import per_document, zero_padded_positions
-from variants.checks import UnsupportedCombination, require_choice, require_positive_int
+from variants.checks import (
+    UnsupportedCombination,
+    require_bool,
+    require_choice,
+    require_positive_int,
+)
 from variants.registry import register_attention
 
 SHARE_MODES = ("none", "headwise", "kv", "layerwise")
@@ -117,6 +123,7 @@ class LinformerAttention(Attention):
         k: int = 256,
         share: str = "none",
         init: str = "xavier",
+        learn_projection: bool = True,
         n_heads: int = 4,
         max_seq_len: int = 4096,
     ):
@@ -128,6 +135,7 @@ class LinformerAttention(Attention):
         self.proj_len = require_positive_int(self.name, "k", k)
         self.share = require_choice(self.name, "share", share, SHARE_MODES)
         self.init = require_choice(self.name, "init", init, INITS)
+        self.learn_projection = require_bool(self.name, "learn_projection", learn_projection)
         self.n_heads = require_positive_int(self.name, "n_heads", n_heads)
         self._max_seq_len = require_positive_int(self.name, "max_seq_len", max_seq_len)
 
@@ -137,6 +145,9 @@ class LinformerAttention(Attention):
             self.value_proj = sequence_projection(copies, k, max_seq_len, init)  # F: (H or 1, k, N)
         else:
             self.register_parameter("value_proj", None)  # F is E
+        for proj in (self.key_proj, self.value_proj):
+            if proj is not None:
+                proj.requires_grad_(learn_projection)
 
     @property
     def max_seq_len(self) -> int:
@@ -208,6 +219,7 @@ class LinformerAttention(Attention):
 
     def extra_repr(self) -> str:
         return (
-            f"k={self.proj_len}, share={self.share}, init={self.init}, n_heads={self.n_heads}, "
+            f"k={self.proj_len}, share={self.share}, init={self.init}, "
+            f"learn_projection={self.learn_projection}, n_heads={self.n_heads}, "
             f"max_seq_len={self._max_seq_len}"
         )
