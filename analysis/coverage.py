@@ -166,10 +166,13 @@ def sentence(label: str, rows: pd.DataFrame, probes: pd.DataFrame) -> str:
     """One not-learned row against its probes: what each changed and measured, then what that
     says (the first probe that learned names what did not; none: the cause stays open)."""
     mine, head_dim = _options(rows), _head_dim(rows)
+    rates = rows["train.lr"].dropna().unique() if "train.lr" in rows else []
     parts, reading = [], None
     for _, probe in probes.sort_values("learned", kind="stable").iterrows():  # learned last
         changes = _changes(mine, probe["options"])
         where = [f"lr {format_value(probe['lr'])}"] if pd.notna(probe["lr"]) else []
+        if where and len(rates) == 1 and rates[0] != probe["lr"]:
+            where[0] += f", the row's {format_value(rates[0])}"
         if probe["head_dim"] is not None and probe["head_dim"] != head_dim:
             where.insert(0, f"head dim {probe['head_dim']}")
         context = f" ({', '.join(where)})" if where else ""

@@ -4,8 +4,10 @@ the same variant and protocol, and the committed snapshot against the preset."""
 from __future__ import annotations
 
 import pandas as pd
+from omegaconf import OmegaConf
 
 from analysis import capacity, coverage, load, trained_quality
+from tests.experiments.conftest import CONF
 
 CURRICULUM = '[{"seq_len": 64, "steps": 1000}]'
 
@@ -159,3 +161,29 @@ def test_the_capacity_table_reads_the_probes_beside_it():
     table = capacity.capacity(pd.concat([sweep, probe], ignore_index=True))
     assert "performer at head dim 16: not learned; n_features default → 256: learned" in table.note
     assert "learned by step 300: 99.0 / 99.0 % at 4 / 64 pairs" in table.note
+
+
+def test_a_probe_at_another_rate_than_the_rows_says_both():
+    slower = PROBES.assign(**{"train.lr": 0.01})
+    text = next(s for s in rows_sentences(probes=slower) if s.startswith("strided"))
+    assert "stride auto → 64 (lr 0.01, the row's 0.003): learned by step 250" in text
+
+
+def test_the_snapshot_holds_one_job_per_probe_of_the_preset():
+    """docs/data/coverage_probes/ is the preset's measured records: a job per probe file, each
+    of that file's variant."""
+    names = sorted(
+        _variant_of(path) for path in (CONF / "experiment" / "coverage_probes").glob("*.yaml")
+    )
+    jobs = coverage.probe_jobs(coverage.probe_records())
+    assert sorted(jobs["attention"]) == names
+    assert jobs["result"].str.len().gt(0).all()
+
+
+def _variant_of(path) -> str:
+    """The variant a probe file runs: its `override /attention:` default (moba_small is moba)."""
+    for entry in OmegaConf.to_container(OmegaConf.load(path))["defaults"]:
+        if isinstance(entry, dict) and "override /attention" in entry:
+            setting = entry["override /attention"]
+            return OmegaConf.load(CONF / "attention" / f"{setting}.yaml")["name"]
+    raise AssertionError(f"{path}: no override of /attention")
