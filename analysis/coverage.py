@@ -285,8 +285,7 @@ def main(argv: list[str] | None = None) -> None:
     if len(records):
         lines += sentences(records, [ATTENTION, "head_dim"], jobs)
     trained = series.trained_quality(frame)
-    lengths = trained[trained[PAIRS].isna()] if PAIRS in trained else trained
-    lengths = lengths[lengths["task"] != "recall"] if "task" in lengths else lengths
+    lengths = trained[trained["task"] != "recall"] if "task" in trained else trained  # capacity's
     if len(lengths) and lengths[SEQ_LEN].nunique() > 1:
         lines += sentences(accuracy.with_learned(lengths), [ATTENTION], jobs)
     print("\n".join(f"- {line}" for line in lines) or "no row of these records is not learned")

@@ -187,3 +187,18 @@ def _variant_of(path) -> str:
             setting = entry["override /attention"]
             return OmegaConf.load(CONF / "attention" / f"{setting}.yaml")["name"]
     raise AssertionError(f"{path}: no override of /attention")
+
+
+def test_the_command_prints_a_sentence_per_not_learned_row(tmp_path, capsys):
+    ROWS.to_csv(tmp_path / "rows.csv", index=False)
+    (tmp_path / "probes").mkdir()
+    PROBES.to_csv(tmp_path / "probes" / "results.csv", index=False)
+    coverage.main([str(tmp_path / "rows.csv"), "--probes", str(tmp_path / "probes")])
+    lines = capsys.readouterr().out.splitlines()
+    assert sorted(line.split(":")[0] for line in lines) == [
+        "- linformer",
+        "- performer",
+        "- strided",
+    ]
+    coverage.main(["--probes", str(tmp_path / "probes")])
+    assert "| strided | stride 64 | long_recall (64, 1024) |" in capsys.readouterr().out
