@@ -1,6 +1,6 @@
 """MoBA's autograd function, also NSA's selected branch: each query over its own block and the
 blocks `selection` chose, merged by logsumexp; the backward runs each piece's attention backward
-given the merged output and logsumexp (MoBA's layer docstring says how the tiles run)."""
+given the merged output and logsumexp (how the tiles run: docs/variants/moba.md)."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ SHIFT_LIMIT = 20.0
 
 class SelectedBlocks(torch.autograd.Function):
     """Softmax attention of each query over its own block (causal inside it when causal) and
-    the key blocks `selected` names, merged by logsumexp (module docstring: how it runs).
+    the key blocks `selected` names, merged by logsumexp (docs/variants/moba.md: how it runs).
 
     q: (B, H, L, D); k, v: (B, H_kv, L, D), H_kv dividing H (grouped KV heads: query head h
     reads KV head h // (H / H_kv); the own blocks run a KV head's G query heads as the fused
