@@ -6,28 +6,13 @@ attention interface and to its mask interface as `attnbench_<name>`.
     model = LlamaForCausalLM(LlamaConfig(..., attn_implementation="attnbench_linear"))
 
 The optional extra `pip install -e .[hf]` installs transformers (5.x); nothing else in
-`variants` imports this module.
+`variants` imports this module. Masks: only the padding is passed on (True = a real token);
+the kernel is built causal where the attention module is. `generate(...,
+cache=KernelCache(max_len))` decodes on the kernels' own caches; HF's default cache runs a
+causal forward per token. Gated, shared-QK, parametrised and non-causal variants are refused
+when registered (`registry.hf_reason`).
 
-Why both interfaces: a model asks `AttentionMaskInterface[config._attn_implementation]` for
-its masks and, for a name that interface does not know, builds no mask at all, so an
-attention function registered alone never sees causal or padding masks (transformers
-#45811). Ours (`padding_mask`) passes on only the padding, (B, 1, 1, L_kv) bool with True = a
-real token, or None: the kernel is built causal where the attention module is
-(`is_causal`, as HF's SDPA path reads it) and masks padded keys itself, so no (L, L) mask is
-ever built.
-
-Decoding on the kernels' own caches: `generate(..., cache=KernelCache(max_len))`
-keeps, per layer, what the variant's decoder keeps (a window of keys, a running sum, block
-summaries: `Attention.init_cache`), so a token costs what `TransformerLM.generate` costs,
-flat in the context for window and state variants. With HF's default cache instead, the
-attention function gets the new queries and every cached key (L_q < L_kv) and runs the causal
-forward over L_kv positions, the new queries last: exact, but every token costs a forward.
-
-Refused when registered (`registry.hf_reason`; `register()` leaves them out; the README's
-registry table says which): gated variants (their gates come from the layer's input), shared-QK
-ones (an HF layer has its own key projection), kernels with parameters (one kernel serves every
-layer, so they would belong to no model) and non-causal ones. Refused at the call: another
-softmax scale, attention dropout, masks other than causal or bidirectional plus padding.
+Why both interfaces, decoding and what is refused, in full: docs/variants/hf.md.
 """
 
 from __future__ import annotations

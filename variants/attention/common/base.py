@@ -2,48 +2,17 @@
 
 A variant subclasses `Attention`, declares its capabilities as class attributes, takes its
 options as keyword-only constructor arguments (their defaults are the registry's defaults) and
-implements `attend(q, k, v)` and `flops(...)`.
+implements `attend(q, k, v)` and `flops(...)`. A causal variant that decodes sets
+`supports_decode = True` and implements `new_cache`, `cache_prompt` and `decode_step` (and
+`prefill_attend` where its pattern depends on a length, taken at `pattern_length`); the public
+`init_cache`, `prefill` and `decode` check every input against the cache before any hook runs
+and run the hooks without autograd, in eval mode. `forward` takes `attention_mask` (B, L),
+**True = a real token**, and `segment_ids` (B, L) where the class supports them (else
+`UnsupportedCombination`), hands them to `attend` as keywords only when given, and zeroes
+padded queries' outputs. k and v may have H_kv heads dividing q's H: a `native_gqa` kernel
+takes them as they are, the others get them repeated (`repeat_kv`).
 
-Decoding (one new position at a time, with a cache; `variants.attention.common.cache`). A causal
-variant that decodes sets `supports_decode = True` and implements three hooks:
-
-  new_cache(batch, heads, head_dim, max_len=, device=, dtype=) -> a `cache.Cache`
-  cache_prompt(q, k, v, cache)   fill an empty cache with a prompt's (B, H, T, D) positions
-  decode_step(q, k, v, cache)    (B, H, 1, D) -> (B, H, 1, D); append the position, attend
-
-and, where the forward's pattern depends on a length (auto stride, random blocks), also
-`prefill_attend(q, k, v, cache)`: the causal forward over the prompt with the pattern taken at
-`pattern_length(cache.max_len, ...)`. Causally such a pattern is taken at
-`pattern_length`, max(L, the model's `max_seq_len`), never at the input's own length alone:
-else the outputs at the first positions would change with the number of tokens after them
-(`past_fixed`). A variant whose forward leaves the cache's content as a by-product
-(DeltaNet's final state) overrides `prefill_into`, which by default is `prefill_attend` then
-`cache_prompt`. A gated variant (`n_gates` > 0) gets the positions' gates as one more argument
-of every hook, `gates` (B, H, T, n_gates): `prefill` and `decode` take them as the forward
-does (the layer computes the new position's gates from its token). The public `init_cache`,
-`prefill` and `decode` check the inputs, and against the cache (batch, heads, head_dim, dtype,
-device, room below max_len: `Cache.misfit`) before any hook runs, so a refused call leaves the
-cache as it was; they run the hooks without autograd and in eval mode (learned state is used,
-never updated). A variant whose decode cannot equal its forward (LSH: later tokens move chunk
-boundaries) sets `decode_matches_forward = False` and documents its decode rule; one that
-cannot decode at all (Linformer: its projection mixes positions) leaves
-`supports_decode = False` and says why in `decode_reason`.
-
-Masks and grouped KV heads (`variants.attention.common.masking`). `forward` takes
-`attention_mask` (B, L) bool, **True = a real token**, and `segment_ids` (B, L) document ids
-of packed sequences, each only where the class says `supports_padding_mask` /
-`supports_segments` (else `UnsupportedCombination`, naming the option and the class's
-`padding_mask_reason` / `segments_reason`); a variant whose support depends on its options
-(impl="flex") overrides `unsupported_input`. `attend` then receives the given masks as keyword
-arguments (`attention_mask=`, `segment_ids=`; neither is passed when not given, so the
-calls without masks are exactly those of before), q, k, v and gates with zeros at padded
-positions, and the rows of padded queries of its output are set to zero here. k and v may
-have fewer heads than q (H_kv dividing H): a `native_gqa` kernel receives them as they are,
-the others receive them repeated to H heads (`repeat_kv`);
-`supports_gqa = False` (shared-QK kernels, whose keys are the queries) refuses them. In
-decoding, a `native_gqa_decode` variant's cache holds `init_cache(..., n_kv_heads=)` heads;
-the others' hold all H heads, the new keys repeated before the hooks. Prefill and decode take
-no masks.
+The decoding hooks and the mask and grouped-head contract in full: docs/variants/common.md.
 """
 
 from __future__ import annotations
@@ -120,7 +89,7 @@ class Attention(nn.Module):
     # `flash.attend`: fused where `flash.path` says so), "sdpa" (PyTorch's fused SDPA), or None
     # (no fused attention kernel: explicit matmuls of its own). Read by `kernel_path`.
     softmax_kernels: ClassVar[str | None] = None
-    # Masks (`forward`'s attention_mask, segment_ids) and grouped KV heads: module docstring.
+    # Masks (`forward`'s attention_mask, segment_ids), grouped KV heads: docs/variants/common.md.
     supports_padding_mask: ClassVar[bool] = False
     padding_mask_reason: ClassVar[str] = "its kernel takes no key padding mask yet"
     supports_segments: ClassVar[bool] = False

@@ -4,25 +4,15 @@ A variant that decodes (`Attention.supports_decode`) builds one of these in `ini
 updates it in place in `prefill` (a prompt) and `decode` (one new position). Every cache knows
 how many positions it has seen (`length`), the longest sequence it was built for (`max_len`)
 and its live size in bytes (`nbytes`: the entries it holds now, not the buffers it reserved).
+All are tensors of one batch size, heads and head_dim, on one device and dtype, which each
+records (`Cache.misfit`: `Attention.prefill` and `decode` refuse other inputs up front).
 
-  KVCache       every key and value, in position order, in buffers reserved for max_len
-                positions: one token appends in place (no concatenation), and the keys so far
-                are a view that the fused kernel reads once (full, strided, LSH)
-  WindowCache   the last `window` positions in a ring, plus the older positions a pattern still
-                needs (global tokens, random blocks, summary columns) in a second buffer, each
-                position in one of the two (blockwise, combined and its presets)
-  PrefixCache   a growing prefix of summaries followed by one open block of raw keys
-                (compressed: the summaries of finished blocks, then the current block)
-  StateCache    the running sums of a feature attention: S' = sum_j phi(k_j) [v_j, 1]^T
-                (linear, performer): O(E D) whatever the length
-  ClusterCache  each cluster's most recent members in a ring per cluster (routing)
-  BlockKVCache  every key and value (a KVCache) plus one summary per finished block of keys
-                (and of values): MoBA's block means, NSA's compressed blocks
-  DeltaCache    a D x D state per head: the delta rule's fast weights (deltanet,
-                gated_deltanet), Mamba-2's SSM state (mamba2)
+KVCache (every key and value), WindowCache (a ring of the last `window` positions and the older
+ones a pattern needs), PrefixCache (summaries, then one open block), StateCache (a feature
+attention's running sums), ClusterCache (a ring per cluster), BlockKVCache (every key and value
+plus block summaries) and DeltaCache (a D x D state per head).
 
-All caches are tensors of one batch size, heads and head_dim, on one device and dtype, which
-each records (`Cache.misfit`: `Attention.prefill` and `decode` refuse other inputs up front).
+What each keeps, and for which variants: docs/variants/common.md, "The decoding caches".
 """
 
 from __future__ import annotations
