@@ -1,55 +1,17 @@
 """The job's configuration as the app passes it down: one typed object, built once per job.
 
-Hydra composes `conf/` into a nested dict, the resolved config. Past the app's entry
-(`experiments.run.app`: the dict out of Hydra, `threads` filled in for the launcher) it is read
-here and nowhere else. `ResolvedConfig` holds it as composed, before any check, for what every
-record takes from it whether or not it checks out: its hash and configuration columns
-(experiments/records/record.py flattens and hashes it), the app's bookkeeping keys,
-`model.shared_qk` resolved, the W&B run's config. `JobConfig.of(config)` is the same config with its
-typed parts (a `ResolvedConfig` too: one object, passed down), each checked on construction with a
-`ValueError` naming the key, so that the app, measure, training, the budgets and the model read
-fields instead of string keys:
+Hydra composes `conf/` into a nested dict, the resolved config; past the app's entry
+(`experiments.run.app`) it is read here and nowhere else. `ResolvedConfig` holds it as composed,
+before any check, for what every record takes from it (its hash and configuration columns, the
+app's bookkeeping keys, `model.shared_qk` resolved, the W&B run's config). `JobConfig.of(config)`
+is the same config with its typed parts (`attention`, `block`, `task`, `model`, `train`,
+`measure`, `budget`, `eval_attention`, `stages`), each checked on construction with a
+`ValueError` naming the key. The defaults stay in `conf/config.yaml`; these classes hold types
+and constraints, and are not Hydra structured configs. `check_added_keys` refuses a top-level
+key the command line adds with `+key=` (a typo as far as the app can tell).
 
-    JobConfig        tree, seq_len, batch_size, seed, device, dtype, threads, and
-      .attention       {"name": variant, **its options}    (the registry checks them)
-      .block, .task    {"name": ..., **options}            (the block and task registries)
-      .model           the `variants.ModelConfig` fields of `model:` (d_model, n_heads, ...);
-                       `model_config(vocab_size)` is the model's one config object
-      .train           TrainConfig (experiments/training/train_config.py): what training trains with
-      .measure         MeasureConfig: what measurement/measure.py measures, and how long
-      .budget          BudgetConfig: experiments/measurement/budget.py's limits
-      .eval_attention  label -> attention config, the kernels a trained model is also evaluated with
-      .stages          the curriculum's stages, then the job's own (training/curriculum.py)
-      .shared_qk       model.shared_qk as the job runs it (null: what the variant requires)
-      .hash(), .columns()  the record's config_hash and configuration columns (ResolvedConfig's)
-      .at_stage(stage) the configuration a curriculum stage is recorded as
-
-The defaults stay in `conf/config.yaml`, the user's control panel; these classes hold types and
-constraints. They are not Hydra structured configs: a schema would coerce an int given for a
-float field (`train.grad_clip=1` -> 1.0) and so change the hash of every such configuration,
-and a bad value would abort a whole sweep at composition instead of becoming that job's
-`error` record. The bookkeeping keys (`sweep`, `resume`, `fail_on`, `report`, `logger`) are the
-app's own: `ResolvedConfig` reads them (`fail_on` and `report` are the sweep's, read by
-experiments/app/sweep.py from Hydra's config at the multirun's start and end). The one
-structured config is the W&B logger's (`tracking.WandbLogger`, registered by the app): its
-settings are neither hashed nor measured, one bad value is every job's, so Hydra checking their
-types at composition loses nothing, and its `scaling_metrics` default comes from the record
-schema.
-
-Keys come from the config files (conf/config.yaml, and the keys a preset declares, such as
-`train_as`); the command line sets them. A top-level key the command line *adds* with `+key=`
-(`+seqlen=128`) is a typo as far as the app can tell, so `added_keys` finds such keys in a job's
-overrides and `check_added_keys` refuses them, naming the nearest known key; `+group=option`
-(`+experiment=scaling`) adds a config group and is fine, and `++key=value` adds a key on purpose.
-
-The OmegaConf resolvers the configs may use (`${supports_causal:...}`, ...) and the logger's
-schema are the app's: experiments/app/resolvers.py registers them when the app loads. This
-module imports only the floors below it (records, training, variants), none of which imports it
-back (training's `TrainConfig` lives in training/train_config.py, imported from there by all;
-tests/experiments/test_packages.py checks both directions).
-
-Importing this module starts no torch (`python -m experiments.run --help` imports it): the
-registry is looked up when a config is checked or resolved, not before.
+Imports only the floors below it (records, training, variants) and starts no torch (`--help`
+imports it). The fields, and why no structured configs: docs/internals.md, "job_config".
 """
 
 from __future__ import annotations

@@ -6,14 +6,12 @@
 with its history beside it, and its W&B run. Any failure becomes the record's `status`: a
 combination the variant cannot do is `skipped`, an invalid option or any other exception is
 `error` (nothing is tracked in W&B for a job that measured nothing). A record of another
-configuration found in the job's dir is moved aside (`displaced/<its hash>/`), never
-overwritten, and so is an ok record of its own configuration that a re-measure
-(`resume=false`) would replace: an ok measurement is never lost to a newer attempt. The job
-holds claims on its dir and its configuration from the resume check to its record's last write
-(`claimed`), so a second sweep into the same dir waits rather than replacing a record it did
-not see. A record or history that cannot be written (a full disk)
-raises `NotWritten`, one line naming the file. The Hydra entry point around it is
-experiments/run.py.
+configuration found in the job's dir, and an ok record of its own that a re-measure
+(`resume=false`) would replace, are moved aside (`displaced/<its hash>/`), never overwritten.
+The job holds claims on its dir and its configuration from the resume check to its record's
+last write (`claimed`), so a second sweep into the same dir waits rather than replacing a
+record it did not see. A record or history that cannot be written raises `NotWritten`, one line
+naming the file. The Hydra entry point around it is experiments/run.py.
 """
 
 from __future__ import annotations
