@@ -1,27 +1,16 @@
 """Learning rates chosen from a grid, on held-out data, as Zoology reports MQAR.
 
-A quality sweep runs every variant at several `train.lr` (a grid, e.g. `train.lr=1e-3,3e-3,1e-2`
-in the preset's sweep). One learning rate for every variant leaves the slow learners "not
-learned" for reasons that are the protocol's; the best of a grid per variant is the published
-practice. The choice is made on the validation split (`valid_accuracy`: batches held out from
-training and from the reported `eval_accuracy`), never on the numbers reported.
+A quality sweep runs every variant at several `train.lr` (and may sweep `train.weight_decay`:
+its points are then (learning rate, weight decay) pairs, chosen together). Per *family*
+(everything a job is but its learning rate, weight decay, seed and the columns its records
+differ in among themselves), each grid point's score is the mean `valid_accuracy` over all its
+records, a job that did not end ok scoring 0; the best *usable* point is kept (a tie: the
+smaller), and its records gain `lr_grid`, `lr_chosen`, `lr_any_learned` (and `wd_chosen`). The
+choice is made on the validation split, never on the numbers reported. A family with no usable
+point has none chosen (`lr_chosen` empty; `null` in a tuned table); a family with one point, or
+records with no validation, are left as they are.
 
-A grid may also sweep the weight decay (`train.weight_decay`, MAD's {0, 0.1}): its points are
-then (learning rate, weight decay) pairs, chosen together as one; records gain `wd_chosen`, and
-`lr_grid` names both axes ("{0.001, 0.003} × wd {0, 0.1}").
-
-A *family* is everything a job is but its learning rate (and weight decay), seed and the
-columns its records differ in among themselves (a curriculum stage's `seq_len` and
-`batch_size`, a mixture point's `task.n_pairs`): the variant with its options, and the context
-columns. Per family, each grid point's score is the mean `valid_accuracy` over all its records
-(every seed, every stage or point), a job that did not end ok scoring as 0; the best is kept (a
-tie: the smaller point), and its records gain `lr_grid` (the family's grid, as text),
-`lr_chosen` and `lr_any_learned` (whether a job that ended ok, at any point of the grid,
-learned the task). Only a *usable* point can be chosen: one with a record that ended ok and
-validated to a number. A family with no usable point (every job diverged, or validated NaN) has
-none chosen: its smallest point's records are kept with `lr_chosen` empty, written to a tuned
-table as `null` (an untuned variant for `${tuned_lr:...}`). A family with one point, or a frame
-whose records carry no validation at all, is left as it is.
+Families, scores and usable points in full: docs/internals.md, "tuning".
 """
 
 from __future__ import annotations
