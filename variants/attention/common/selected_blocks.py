@@ -177,7 +177,7 @@ class _Plan:
     def _own_grouped(self, x: torch.Tensor) -> torch.Tensor:
         """One sequence's (H or H_kv, L, E) -> (n, H or H_kv, b, E), zero-padded: its blocks
         as the batch and the heads as the fused kernel's (grouped) heads, a strided view of
-        `x` when L is a multiple of b (as `blockwise.grouped_window_attention`)."""
+        `x` when L is a multiple of b (as `local.grouped_window_attention`)."""
         return to_blocks(x[None], self.block)[0].transpose(0, 1)
 
     def _own_clean(self) -> torch.Tensor:
