@@ -113,7 +113,7 @@ def test_training_knows_nothing_of_measuring_the_app_or_analysis():
 
 @pytest.mark.parametrize("floor", FLOORS)
 def test_no_floor_imports_one_above_it(floor):
-    """Issue 39: experiments/app/sweep.py imported analysis inside a function (the end-of-sweep
+    """experiments/app/sweep.py once imported analysis inside a function (the end-of-sweep
     report), a loop with analysis reading experiments.records that the delayed import hid;
     conf/config.yaml now names the report step, and no module of a floor imports a floor above
     it, at the top or not."""

@@ -1,5 +1,5 @@
 """Ctrl-C in a multirun is never dropped: in-process where it lands in a weakref callback, and
-by real SIGINTs to a real sweep under the default W&B logger (issue 36, item 4)."""
+by real SIGINTs to a real sweep under the default W&B logger."""
 
 from __future__ import annotations
 

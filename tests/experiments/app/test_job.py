@@ -77,7 +77,7 @@ def test_a_top_level_key_added_on_the_command_line_is_an_error_naming_the_neares
     )
 
 
-# --- Issue 36: two sweeps into one dir, a record that names a path ------------------------------
+# --- two sweeps into one dir, a record that names a path: no record lost or written elsewhere --
 
 
 @pytest.mark.slow

@@ -1,4 +1,4 @@
-"""A joblib sweep's workers end when its process is killed (issue 36, item 8)."""
+"""A joblib sweep's workers end when its process is killed (they once ran on, adding records)."""
 
 from __future__ import annotations
 

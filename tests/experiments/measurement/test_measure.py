@@ -416,7 +416,7 @@ def test_the_kernels_peak_memory_is_the_same_in_its_first_measured_call_and_late
     """As measure() takes it: a step measured first, the kernel's warm-up call, then its
     forward+backward. Its gradients were freed at the start of each call, at a size the profiler
     knew only if an earlier profiling had seen them allocated: Linformer's peak at 1024 was
-    4.46 MB in the first call and 1.31 MB in every later one (issue 37)."""
+    4.46 MB in the first call and 1.31 MB in every later one."""
     config = job_config(*TINY, "seq_len=256", f"attention={attention}", "model.causal=false")
     built = measure.setup(config)
     shape = measure.kernel_shape(config, built.model)
