@@ -175,7 +175,20 @@ class CombinedAttention(Attention):
         """How the pattern runs at `seq_len` on `device`: its disjoint pieces (`Plan`); with
         `at`, length-dependent parts taken at length `at` (`part_patterns`)."""
         kind = "plan" if at is None else f"plan@{at}"
-        return self._cached(kind, seq_len, device, lambda: Plan.build(self, seq_len, device, at))
+        return self._cached(kind, seq_len, device, lambda: self._new_plan(seq_len, device, at))
+
+    def _new_plan(self, seq_len: int, device: torch.device | None, at: int | None) -> Plan:
+        parts = self.part_patterns(seq_len, at)
+        stride = min(self.stride_for(at or seq_len), seq_len) if "strided" in parts else None
+        return Plan.build(
+            parts,
+            seq_len,
+            device,
+            causal=self.causal,
+            block_size=self.block_size,
+            n_global=self.n_global,
+            stride=stride,
+        )
 
     def supports_backward(self, device: torch.device) -> bool:
         return flex.supports_backward(self.impl, device)
