@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from variants.attention.common.base import evaluating
 from variants.layers import CachedKernel, kernels_swapped
 from variants.model_config import OWNER
+from variants.positions import sinusoidal_positions
 
 
 @contextmanager
@@ -28,7 +29,7 @@ def cached_kernels(model, batch_size: int, max_len: int) -> Iterator[list]:
     of `max_len` positions (each layer its own kernel's: a hybrid stack's differ); yields the
     caches, in layer order. The kernels come back on leaving it, also on an error."""
     weight = model.head.weight
-    layers = list(model._attention_layers())
+    layers = list(model.attention_layers())
     wrapped = [
         CachedKernel(
             layer.kernel,
@@ -66,8 +67,6 @@ class Positions:
 
     def step(self, new: torch.Tensor) -> torch.Tensor:
         """new (B, t) int64 -> logits (B, t, vocab_size)."""
-        from variants.model import sinusoidal_positions  # model imports this module's caller
-
         model, start = self.model, self.start
         x = model.embed(new)  # (B, t, d_model)
         if model.config.positions == "sinusoidal":  # rotary ones: each layer's, offset

@@ -34,7 +34,7 @@ from transformers.masking_utils import (
 
 from variants.attention.common.base import Attention
 from variants.checks import UnsupportedCombination
-from variants.model import check_tokens
+from variants.positions import check_tokens
 from variants.registry import AttentionSpec, attention_names, attention_spec, hf_reason
 
 PREFIX = "attnbench_"
