@@ -22,14 +22,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from analysis.load import format_value
+from analysis.context import LR, TUNED, WD, context_columns
+from analysis.load import format_value, load_results
 from experiments.records.files import write_atomic
 
-LR = "train.lr"
-WD = "train.weight_decay"
-# The axes a grid may sweep: tuning, not a configuration (`series.context_columns` leaves them
-# out of a series' identity).
-TUNED = (LR, WD)
 VALID = "valid_accuracy"
 VALID_LOSS = "valid_loss"  # a task without accuracy: chosen on its held-out loss
 ACCURACY = "eval_accuracy"
@@ -40,7 +36,7 @@ PER_RECORD = ("seq_len", "batch_size", "task.n_pairs", *TUNED)
 
 def family_columns(frame: pd.DataFrame, context: list[str]) -> list[str]:
     """The columns that make a family: the variant, its options and the `context` columns
-    (`analysis.series.context_columns`), less the grid's axes and what differs between one
+    (`analysis.context.context_columns`), less the grid's axes and what differs between one
     job's records."""
     options = sorted(c for c in frame.columns if c.startswith("attention."))
     context = [c for c in context if c not in PER_RECORD]
@@ -72,7 +68,7 @@ def choose_learning_rates(frame: pd.DataFrame, context: list[str]) -> pd.DataFra
     `lr_grid`, `lr_chosen`, `lr_any_learned` (and `wd_chosen`); a family that ran one point
     where others ran another (a preset at tuned rates, conf/tuned/) keeps its records with that
     rate as `lr_chosen` and no `lr_grid`. `context`: the frame's context columns
-    (`analysis.series.context_columns`)."""
+    (`analysis.context.context_columns`)."""
     if LR not in frame or not grid_axes(frame) or not _validated(frame):
         return frame
     columns = family_columns(frame, context)
@@ -349,9 +345,6 @@ def main(argv: list[str] | None = None) -> int:
     the table a preset reads (`conf/tuned/<preset>.yaml`, `${tuned_lr:...}`). A mistake (no
     results, nothing to tune, a file that cannot be written) is one `error:` line, exit 1."""
     import argparse
-
-    from analysis.load import load_results
-    from analysis.series import context_columns
 
     parser = argparse.ArgumentParser(prog="python -m analysis.tuning", description=main.__doc__)
     parser.add_argument("paths", nargs="+", help="sweep dirs or results files")
