@@ -146,11 +146,18 @@ def generate(
         raise ValueError(f"{OWNER}: option 'top_p' must be in (0, 1] or None, got {top_p!r}")
     if attention_mask is not None:
         attention_mask = token_mask(OWNER, attention_mask, None)
-        if not isinstance(attention_mask, torch.Tensor) or attention_mask.shape != prompt.shape:
-            got = getattr(attention_mask, "shape", attention_mask)
+        if (
+            not isinstance(attention_mask, torch.Tensor)
+            or attention_mask.dtype != torch.bool
+            or attention_mask.shape != prompt.shape
+            or attention_mask.device != prompt.device
+        ):
+            got = attention_mask
+            if isinstance(got, torch.Tensor):
+                got = f"{got.dtype} {tuple(got.shape)} on {got.device}"
             raise ValueError(
                 f"{OWNER}: option 'attention_mask' must be a bool (or 0/1) tensor of the "
-                f"prompt's shape {tuple(prompt.shape)}, got {got}"
+                f"prompt's shape {tuple(prompt.shape)} on its device, got {got}"
             )
         left_pads(OWNER, attention_mask)  # left padding, or a one-line error
     batch, length = prompt.shape

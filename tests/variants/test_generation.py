@@ -252,8 +252,9 @@ def test_a_mask_that_is_not_left_padding_is_refused_in_one_line():
     empty[0] = False
     with pytest.raises(ValueError, match="option 'attention_mask' must be left padding"):
         model.generate(prompt, 3, attention_mask=empty)  # a row of no token
-    with pytest.raises(ValueError, match="option 'attention_mask' must be a bool .* shape"):
-        model.generate(prompt, 3, attention_mask=mask[:, 1:])
+    for bad in (mask[:, 1:], mask.double()):
+        with pytest.raises(ValueError, match="option 'attention_mask' must be a bool .* shape"):
+            model.generate(prompt, 3, attention_mask=bad)
 
 
 @pytest.mark.parametrize("attention", ["full", "linear"])
