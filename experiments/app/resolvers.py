@@ -9,6 +9,8 @@ configs may use, and the W&B logger's structured config.
                                            sweep's comma list (variants.registry.select: names
                                            given first, then the rest in registry order), so a
                                            preset takes new variants and plugins without an edit
+    ${job_dir:}                            a multirun job's dir, named by its configuration
+                                           (`job_dirs.job_dir`: hydra.sweep.subdir)
     ${tuned_lr:TABLE,${attention.name}}    the learning rate a tuning grid chose for the variant,
                                            from conf/tuned/TABLE.yaml (`python -m analysis.tuning
                                            SWEEP --write conf/tuned/TABLE.yaml` writes it); a
@@ -37,7 +39,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
 import variants
-from experiments.app import cores, tracking
+from experiments.app import cores, job_dirs, tracking
 from experiments.records.record import one_line
 
 log = logging.getLogger("attnbench")
@@ -174,5 +176,7 @@ def register() -> None:
         OmegaConf.register_new_resolver("variants", variant_list)
     if not OmegaConf.has_resolver("tuned_lr"):
         OmegaConf.register_new_resolver("tuned_lr", tuned_lr)
+    if not OmegaConf.has_resolver("job_dir"):
+        OmegaConf.register_new_resolver("job_dir", job_dirs.job_dir)
     # Stored outside the `logger` group, so that `--help` does not offer it as a logger.
     ConfigStore.instance().store(name="wandb_logger_schema", node=tracking.WandbLogger)

@@ -1,8 +1,8 @@
 """The local results store: one `result.json` per job, gathered per sweep into CSV and Parquet.
 
 Layout of a sweep dir (Hydra's `hydra.sweep.dir`):
-    <sweep>/<job>/result.json       one record per job (its dir: the job number by default),
-                                    written atomically by the job
+    <sweep>/<job>/result.json       one record per job (its dir: named by its configuration,
+                                    experiments/app/job_dirs.py), written atomically by the job
     <sweep>/results.csv             every record of the sweep, one row per configuration
     <sweep>/results.parquet         the same, typed
 A configuration is identified by `config_hash`; if it was measured more than once (a re-run of a

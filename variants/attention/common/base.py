@@ -42,8 +42,15 @@ have fewer heads than q (H_kv dividing H): a `native_gqa` kernel receives them a
 the others receive them repeated to H heads (`repeat_kv`);
 `supports_gqa = False` (shared-QK kernels, whose keys are the queries) refuses them. In
 decoding, a `native_gqa_decode` variant's cache holds `init_cache(..., n_kv_heads=)` heads;
-the others' hold all H heads, the new keys repeated before the hooks. Prefill and decode take
-no masks.
+the others' hold all H heads, the new keys repeated before the hooks.
+
+Prefill takes a left-padded prompt (`attention_mask` (B, T), each row's pads first: a batch of
+prompts of different lengths) where the kernel takes padding masks, is `shift_invariant`, and
+either holds a state (`Cache.holds_positions` False: each row prefilled alone, then put in) or
+says `decode_masks_padding` (the masked forward over the prompt, the pads' slots kept and left
+out of every decode step); else it refuses in one line (`padded_prefill_reason`). A row's
+outputs are then those of its real tokens alone. Decode takes no masks: every new position is
+real.
 """
 
 from __future__ import annotations
@@ -51,13 +58,14 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from contextlib import contextmanager
+from functools import partial
 from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from variants.attention.common import flash, flex
+from variants.attention.common import flash, flex, left_padding
 from variants.attention.common.masking import (
     repeat_kv,
     zero_padded_positions,
@@ -78,6 +86,11 @@ from variants.patterns import Pattern
 # needs dV, dP, dQ, dK (4 matmuls) plus one recompute of QK^T in fused kernels: (2 + 5) / 2.
 # This is the convention of FlashAttention's reported figures (docs/measurements.md, FLOPs).
 FWD_BWD_FLOP_FACTOR = 3.5
+# Why a kernel that is not `shift_invariant` takes no left-padded batch (prefill, variants.hf).
+MOVED_BY_LEFT_PADDING = (
+    "its pattern is absolute in position (blocks, chunks, sinks), so left padding would move "
+    "a row's pattern"
+)
 # Shared-QK keys are k / max(|k|, eps), as F.normalize: padded (zero) positions give zero keys.
 SHARED_QK_NORM_EPS = 1e-12
 
@@ -106,6 +119,9 @@ class Attention(nn.Module):
     supports_decode: ClassVar[bool] = False
     decode_reason: ClassVar[str] = "it has no decode path"
     decode_matches_forward: ClassVar[bool] = True
+    # Its `prefill_attend` takes `attention_mask` and its `decode_step` leaves out the cache's
+    # pad slots (`Cache.real_keys`): a cache of positions then takes left-padded prompts.
+    decode_masks_padding: ClassVar[bool] = False
     # True if each head's output depends on that head's q, k, v alone, with no per-head
     # parameters, state or per-call draws: the layer may then run groups of heads as separate
     # calls (`model.attention_chunks`) and get exactly the output of one call.
@@ -386,17 +402,39 @@ class Attention(nn.Module):
         v: torch.Tensor,
         cache,
         gates: torch.Tensor | None = None,
+        *,
+        attention_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """The causal forward over a prompt, q, k, v (B, H, T, D) -> (B, H, T, D); leaves the
         (empty) cache as if the prompt had been decoded token by token. `gates`
-        (B, H, T, n_gates): as the forward's, for (and only for) a gated variant."""
+        (B, H, T, n_gates): as the forward's, for (and only for) a gated variant.
+
+        attention_mask: (B, T) bool or 0/1, True = a real token, left padding (each row's pads
+        first): each row's outputs, and every later decode step, are those of its real tokens
+        alone; padded queries' outputs are zeros. `UnsupportedCombination` where the kernel
+        cannot (`padded_prefill_reason`); a mask without pads is no mask."""
         check_qkv(self.name, q, k, v)
         if cache.length:
             raise ValueError(f"{self.name}: prefill needs an empty cache, it holds {cache.length}")
         self._check_fit("prefill", q, k, v, cache, gates)
         gated = self._gated(q, gates)
+        pads = left_padding.prompt_pads(self, q, cache, attention_mask)  # (B,) or None
         k, v = self._decoding_heads(q, k, v)
-        return self._run(self.prefill_into, q, k, v, cache, *gated)  # (B, H, T, D)
+        if pads is None:
+            return self._run(self.prefill_into, q, k, v, cache, *gated)  # (B, H, T, D)
+        by = left_padding.prefill_masked if cache.holds_positions else left_padding.prefill_rows
+        return self._run(partial(by, self, pads=pads), q, k, v, cache, *gated)  # (B, H, T, D)
+
+    def padded_prefill_reason(self, cache) -> str | None:
+        """Why this kernel cannot prefill a left-padded prompt into `cache`, or None."""
+        reason = self.unsupported_input("attention_mask")
+        if reason is not None:
+            return reason
+        if not self.shift_invariant:
+            return MOVED_BY_LEFT_PADDING
+        if cache.holds_positions and not self.decode_masks_padding:
+            return "its decode step does not leave out a cache's padded slots"
+        return None
 
     def decode(
         self,
@@ -464,8 +502,9 @@ class Attention(nn.Module):
         self.cache_prompt(q, k, v, cache, *gates)
         return out
 
-    def prefill_attend(self, q, k, v, cache, *gates) -> torch.Tensor:
-        return self.attend(q, k, v, *gates)
+    def prefill_attend(self, q, k, v, cache, *gates, **masks) -> torch.Tensor:
+        """`masks`: `attention_mask` (B, T) for a left-padded prompt (`decode_masks_padding`)."""
+        return self.attend(q, k, v, *gates, **masks)
 
     def cache_prompt(self, q, k, v, cache, *gates) -> None:
         raise NotImplementedError

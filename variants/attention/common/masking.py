@@ -21,6 +21,10 @@ Compressed attention does the same, so its blocks start at each document's first
 Linformer zeroes padded keys and values before its length projection and projects each
 document as a sequence of its own (`per_document` over all its positions).
 
+Left padding (a batch of prompts of different lengths, generation's convention): each row's
+pads come first, then its real tokens (`left_pads`). Decoding takes no other padding: a
+prompt's row is then its real tokens alone at positions shifted by the row's pads.
+
 Grouped KV heads: k and v have H_kv heads dividing q's H; query head h reads key head
 h // (H / H_kv), as PyTorch's `enable_gqa` and Hugging Face's `repeat_kv`. Kernels that can use
 the grouping directly say `native_gqa`; the others get repeated keys (`repeat_kv`).
@@ -72,6 +76,22 @@ def document_mask(
     if attention_mask is not None:
         allowed &= _at(attention_mask, k_at) | (q_at == k_at)
     return allowed
+
+
+def left_pads(owner: str, attention_mask: torch.Tensor | None) -> torch.Tensor | None:
+    """Each row's count of leading pads (B,) int64 for a left-padded (B, T) bool mask, True =
+    a real token; None without a mask or when no row is padded. `ValueError` naming `owner`
+    unless every row is pads then at least one real token."""
+    if attention_mask is None or bool(attention_mask.all()):
+        return None
+    if bool((attention_mask[:, :-1] & ~attention_mask[:, 1:]).any()) or not bool(
+        attention_mask[:, -1].all()
+    ):
+        raise ValueError(
+            f"{owner}: option 'attention_mask' must be left padding (each row False then True, "
+            "at least one True) for a prompt"
+        )
+    return (~attention_mask).sum(dim=1)  # (B,)
 
 
 def real_prefix(attention_mask: torch.Tensor) -> int:
