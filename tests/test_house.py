@@ -71,7 +71,7 @@ def test_the_rules_see_what_they_are_for(tmp_path):
     cited = "iss" + "ue"  # spelled apart, so this file cites nothing itself
     assert citations(f"# {cited} 39: the page lacked a dozen") == [f"{cited} 39"]
     assert citations(f"({cited.title()} #26, scenario 5)") and citations(f"{cited}7")
-    assert not citations("the tissue 3 layers") and not citations(f"an {cited} of scale")
+    assert not citations(f"the t{cited} 3 layers") and not citations(f"an {cited} of scale")
     long = tmp_path / "long.py"
     long.write_text('"""' + "\n".join(["line"] * (MAX_DOC_LINES + 1)) + '\n"""\n')
     assert docstring_lines(long) == MAX_DOC_LINES + 1

@@ -229,10 +229,13 @@ class TransformerLM(nn.Module):
         top_p: float | None = None,
         eos_token_id: int | None = None,
         seed: int | None = None,
+        attention_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """prompt (B, T) int64 -> (B, T + n) tokens, through every layer's decoding cache:
         greedy at temperature 0, else sampled (top_k, top_p; seeded with `seed`); a row that
         produced `eos_token_id` continues with it, and generation stops once every row has.
+        `attention_mask` (B, T), True = a real token: prompts of different lengths
+        left-padded, each row generating what it generates alone.
         See `variants.generation.generate`. A `pooled` readout does not generate (its logits
         are not next-token predictions): `ValueError`."""
         if self.config.readout != "tokens":
@@ -242,7 +245,7 @@ class TransformerLM(nn.Module):
             )
         return generate(
             self, prompt, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
-            eos_token_id=eos_token_id, seed=seed,
+            eos_token_id=eos_token_id, seed=seed, attention_mask=attention_mask,
         )  # fmt: skip
 
 

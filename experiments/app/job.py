@@ -5,13 +5,13 @@
 (resume), measures it (experiments/measurement/measure.py) and writes `<job dir>/result.json`
 with its history beside it, and its W&B run. Any failure becomes the record's `status`: a
 combination the variant cannot do is `skipped`, an invalid option or any other exception is
-`error` (nothing is tracked in W&B for a job that measured nothing). A record of another
-configuration found in the job's dir, and an ok record of its own that a re-measure
-(`resume=false`) would replace, are moved aside (`displaced/<its hash>/`), never overwritten.
-The job holds claims on its dir and its configuration from the resume check to its record's
-last write (`claimed`), so a second sweep into the same dir waits rather than replacing a
-record it did not see. A record or history that cannot be written raises `NotWritten`, one line
-naming the file. The Hydra entry point around it is experiments/run.py.
+`error` (nothing is tracked in W&B for a job that measured nothing). A job's dir is named by its
+configuration (experiments/app/job_dirs.py); an ok record of its own configuration that a
+re-measure (`resume=false`) would replace, and a record of another configuration found there,
+are moved aside (`displaced/<its hash>/`), never overwritten. The job holds claims on its dir
+and its configuration from the resume check to its record's last write (`claimed`), so a second
+sweep into the same dir waits. A record or history that cannot be written raises `NotWritten`,
+one line naming the file. The Hydra entry point around it is experiments/run.py.
 """
 
 from __future__ import annotations
@@ -334,8 +334,9 @@ def _displace_other_record(
     `keep_ok` (as a job starts): an ok record of this configuration too (a re-measure,
     `resume=false`), so that whatever the new measurement ends in, the ok one is kept.
 
-    Job dirs are numbered by position in the sweep, so a value inserted into or reordered in a
-    re-run sweep gives a recorded configuration's dir to a new one. The old record moves to
+    Job dirs are named by configuration (experiments/app/job_dirs.py), so another
+    configuration's record is found in one only where the command line named the subdirs
+    (`hydra.sweep.subdir=...`) or records were copied in by hand. The old record moves to
     `displaced/<its hash>/result.json` below it (`<its hash>.2`, ... if that is taken: a
     record there is never replaced; a hash that is not a plain name, e.g. `../x` in a crafted
     record, as `unsafe-<its sha256>`: `store.safe_name`), its curriculum stages' records

@@ -5,14 +5,13 @@ configs may use, and the W&B logger's structured config.
     ${causal_only:${attention.name}}       true if the variant cannot be bidirectional
     ${timing_workers:${device}}            jobs side by side in a timing sweep
     ${variants:causal,decodes}             every registered variant with those capabilities
+    ${job_dir:}                            a multirun job's dir, named by its configuration
     ${tuned_lr:TABLE,${attention.name}}    the learning rate a tuning grid chose for the
                                            variant, from conf/tuned/TABLE.yaml
 
 The logger's schema (`tracking.WandbLogger`) lets Hydra check the types of its settings at
 composition. Importing this module starts no torch (`--help` imports it): the registry is
-looked up when a resolver is called, not before.
-
-Each resolver in full: docs/internals.md, "resolvers".
+looked up when a resolver is called, not before. Each resolver: docs/internals.md, "resolvers".
 """
 
 from __future__ import annotations
@@ -26,7 +25,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
 import variants
-from experiments.app import cores, tracking
+from experiments.app import cores, job_dirs, tracking
 from experiments.records.record import one_line
 
 log = logging.getLogger("attnbench")
@@ -163,5 +162,7 @@ def register() -> None:
         OmegaConf.register_new_resolver("variants", variant_list)
     if not OmegaConf.has_resolver("tuned_lr"):
         OmegaConf.register_new_resolver("tuned_lr", tuned_lr)
+    if not OmegaConf.has_resolver("job_dir"):
+        OmegaConf.register_new_resolver("job_dir", job_dirs.job_dir)
     # Stored outside the `logger` group, so that `--help` does not offer it as a logger.
     ConfigStore.instance().store(name="wandb_logger_schema", node=tracking.WandbLogger)

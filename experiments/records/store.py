@@ -1,16 +1,16 @@
 """The local results store: one `result.json` per job, gathered per sweep into CSV and Parquet.
 
 Layout of a sweep dir (Hydra's `hydra.sweep.dir`):
-    <sweep>/<job>/result.json       one record per job, written atomically by the job
+    <sweep>/<job>/result.json       one record per job (its dir: named by its configuration,
+                                    experiments/app/job_dirs.py), written atomically by the job
     <sweep>/results.csv             every record of the sweep, one row per configuration
     <sweep>/results.parquet         the same, typed
 A configuration is identified by `config_hash`; measured more than once, its newest ok record
-is shown, else its newest (`chosen`), so no configuration appears twice. The store is rewritten
-as jobs end and at the end of the multirun, under a lock on `<sweep>/.results.lock`. The
-records are the truth: `python -m experiments.records.store <sweep dir>` gathers them again. A
-`result.json` that cannot be read, or is not a record of the schema's types, is reported by
-path and left out, never stopping a sweep; a multirun whose end cannot write the tables says so
-in one line and exits 1 (`gather_at_end`).
+is shown, else its newest (`chosen`). The store is rewritten as jobs end and at the end of the
+multirun, under a lock on `<sweep>/.results.lock`. The records are the truth:
+`python -m experiments.records.store <sweep dir>` gathers them again. A `result.json` that
+cannot be read, or is not a record of the schema's types, is reported by path and left out; a
+multirun whose end cannot write the tables says so in one line and exits 1 (`gather_at_end`).
 
 What is shown, locking, damaged records and Parquet's text columns: docs/internals.md, "store".
 """

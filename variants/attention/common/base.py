@@ -6,13 +6,13 @@ implements `attend(q, k, v)` and `flops(...)`. A causal variant that decodes set
 `supports_decode = True` and implements `new_cache`, `cache_prompt` and `decode_step` (and
 `prefill_attend` where its pattern depends on a length, taken at `pattern_length`); the public
 `init_cache`, `prefill` and `decode` check every input against the cache before any hook runs
-and run the hooks without autograd, in eval mode. `forward` takes `attention_mask` (B, L),
-**True = a real token**, and `segment_ids` (B, L) where the class supports them (else
-`UnsupportedCombination`), hands them to `attend` as keywords only when given, and zeroes
-padded queries' outputs. k and v may have H_kv heads dividing q's H: a `native_gqa` kernel
-takes them as they are, the others get them repeated (`repeat_kv`).
+and run the hooks without autograd, in eval mode; prefill takes a left-padded prompt where the
+kernel can (`padded_prefill_reason`). `forward` takes `attention_mask` (B, L), **True = a real
+token**, and `segment_ids` (B, L) where the class supports them (else `UnsupportedCombination`),
+hands them to `attend` as keywords only when given, and zeroes padded queries' outputs. k and v
+may have H_kv heads dividing q's H: `native_gqa` kernels take them as they are, others repeated.
 
-The decoding hooks and the mask and grouped-head contract in full: docs/variants/common.md.
+The decoding hooks, left-padded prefill, masks and grouped heads in full: docs/variants/common.md.
 """
 
 from __future__ import annotations
@@ -20,13 +20,14 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from contextlib import contextmanager
+from functools import partial
 from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from variants.attention.common import flash, flex
+from variants.attention.common import flash, flex, left_padding
 from variants.attention.common.masking import (
     repeat_kv,
     zero_padded_positions,
@@ -47,6 +48,11 @@ from variants.patterns import Pattern
 # needs dV, dP, dQ, dK (4 matmuls) plus one recompute of QK^T in fused kernels: (2 + 5) / 2.
 # This is the convention of FlashAttention's reported figures (docs/measurements.md, FLOPs).
 FWD_BWD_FLOP_FACTOR = 3.5
+# Why a kernel that is not `shift_invariant` takes no left-padded batch (prefill, variants.hf).
+MOVED_BY_LEFT_PADDING = (
+    "its pattern is absolute in position (blocks, chunks, sinks), so left padding would move "
+    "a row's pattern"
+)
 # Shared-QK keys are k / max(|k|, eps), as F.normalize: padded (zero) positions give zero keys.
 SHARED_QK_NORM_EPS = 1e-12
 
@@ -75,6 +81,9 @@ class Attention(nn.Module):
     supports_decode: ClassVar[bool] = False
     decode_reason: ClassVar[str] = "it has no decode path"
     decode_matches_forward: ClassVar[bool] = True
+    # Its `prefill_attend` takes `attention_mask` and its `decode_step` leaves out the cache's
+    # pad slots (`Cache.real_keys`): a cache of positions then takes left-padded prompts.
+    decode_masks_padding: ClassVar[bool] = False
     # True if each head's output depends on that head's q, k, v alone, with no per-head
     # parameters, state or per-call draws: the layer may then run groups of heads as separate
     # calls (`model.attention_chunks`) and get exactly the output of one call.
@@ -355,17 +364,39 @@ class Attention(nn.Module):
         v: torch.Tensor,
         cache,
         gates: torch.Tensor | None = None,
+        *,
+        attention_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """The causal forward over a prompt, q, k, v (B, H, T, D) -> (B, H, T, D); leaves the
         (empty) cache as if the prompt had been decoded token by token. `gates`
-        (B, H, T, n_gates): as the forward's, for (and only for) a gated variant."""
+        (B, H, T, n_gates): as the forward's, for (and only for) a gated variant.
+
+        attention_mask: (B, T) bool or 0/1, True = a real token, left padding (each row's pads
+        first): each row's outputs, and every later decode step, are those of its real tokens
+        alone; padded queries' outputs are zeros. `UnsupportedCombination` where the kernel
+        cannot (`padded_prefill_reason`); a mask without pads is no mask."""
         check_qkv(self.name, q, k, v)
         if cache.length:
             raise ValueError(f"{self.name}: prefill needs an empty cache, it holds {cache.length}")
         self._check_fit("prefill", q, k, v, cache, gates)
         gated = self._gated(q, gates)
+        pads = left_padding.prompt_pads(self, q, cache, attention_mask)  # (B,) or None
         k, v = self._decoding_heads(q, k, v)
-        return self._run(self.prefill_into, q, k, v, cache, *gated)  # (B, H, T, D)
+        if pads is None:
+            return self._run(self.prefill_into, q, k, v, cache, *gated)  # (B, H, T, D)
+        by = left_padding.prefill_masked if cache.holds_positions else left_padding.prefill_rows
+        return self._run(partial(by, self, pads=pads), q, k, v, cache, *gated)  # (B, H, T, D)
+
+    def padded_prefill_reason(self, cache) -> str | None:
+        """Why this kernel cannot prefill a left-padded prompt into `cache`, or None."""
+        reason = self.unsupported_input("attention_mask")
+        if reason is not None:
+            return reason
+        if not self.shift_invariant:
+            return MOVED_BY_LEFT_PADDING
+        if cache.holds_positions and not self.decode_masks_padding:
+            return "its decode step does not leave out a cache's padded slots"
+        return None
 
     def decode(
         self,
@@ -433,8 +464,9 @@ class Attention(nn.Module):
         self.cache_prompt(q, k, v, cache, *gates)
         return out
 
-    def prefill_attend(self, q, k, v, cache, *gates) -> torch.Tensor:
-        return self.attend(q, k, v, *gates)
+    def prefill_attend(self, q, k, v, cache, *gates, **masks) -> torch.Tensor:
+        """`masks`: `attention_mask` (B, T) for a left-padded prompt (`decode_masks_padding`)."""
+        return self.attend(q, k, v, *gates, **masks)
 
     def cache_prompt(self, q, k, v, cache, *gates) -> None:
         raise NotImplementedError

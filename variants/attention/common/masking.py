@@ -6,12 +6,12 @@ convention), and `segment_ids`, integer document ids of packed sequences, non-de
 L. Padded keys are never attended to, padded queries' outputs are zeros, and no query attends a
 key of another document. Pattern variants fold both into `document_mask` (same document, and
 the key real or the query itself, so no row is ever empty); state variants, compressed and
-Linformer run each document as a sequence of its own (`per_document`). Grouped KV heads: query
-head h reads key head h // (H / H_kv), as PyTorch's `enable_gqa`; kernels that cannot use the
-grouping directly get repeated keys (`repeat_kv`).
+Linformer run each document as a sequence of its own (`per_document`). Left padding (prompts of
+different lengths): each row's pads come first (`left_pads`). Grouped KV heads: query head h
+reads key head h // (H / H_kv), as PyTorch's `enable_gqa`; kernels that cannot use the grouping
+directly get repeated keys (`repeat_kv`).
 
-The conventions and which variant takes which route, in full: docs/variants/common.md, "Masks'
-conventions".
+The conventions and which variant takes which route: docs/variants/common.md, "Masks' conventions".
 """
 
 from __future__ import annotations
@@ -60,6 +60,22 @@ def document_mask(
     if attention_mask is not None:
         allowed &= _at(attention_mask, k_at) | (q_at == k_at)
     return allowed
+
+
+def left_pads(owner: str, attention_mask: torch.Tensor | None) -> torch.Tensor | None:
+    """Each row's count of leading pads (B,) int64 for a left-padded (B, T) bool mask, True =
+    a real token; None without a mask or when no row is padded. `ValueError` naming `owner`
+    unless every row is pads then at least one real token."""
+    if attention_mask is None or bool(attention_mask.all()):
+        return None
+    if bool((attention_mask[:, :-1] & ~attention_mask[:, 1:]).any()) or not bool(
+        attention_mask[:, -1].all()
+    ):
+        raise ValueError(
+            f"{owner}: option 'attention_mask' must be left padding (each row False then True, "
+            "at least one True) for a prompt"
+        )
+    return (~attention_mask).sum(dim=1)  # (B,)
 
 
 def real_prefix(attention_mask: torch.Tensor) -> int:
