@@ -26,7 +26,7 @@ from experiments.job_config import JobConfig
 from experiments.measurement.approximation import approx_columns
 from experiments.measurement.decode_cost import measure_decode, measure_model_decode
 from experiments.measurement.diagnostics import kernel_input_columns
-from experiments.measurement.kernel_time import kernel_calls, round_timings, timing_columns
+from experiments.measurement.kernel_rounds import kernel_calls, round_timings, timing_columns
 from experiments.measurement.memory import peak_memory_bytes, peak_rss_bytes
 from experiments.measurement.timing import Timing, spread_warnings, time_call
 from experiments.training.precision import FLOAT32, Precision
@@ -204,7 +204,7 @@ def other_kernels(m: Measuring) -> dict[str, Any]:
 
 def kernel_time(m: Measuring) -> dict[str, Any]:
     """The kernel alone: forward and forward+backward in rounds against exact attention and the
-    matmul (`kernel_time.round_timings`), its FLOPs and FLOP rates. Its inputs are drawn here
+    matmul (`kernel_rounds.round_timings`), its FLOPs and FLOP rates. Its inputs are drawn here
     whenever the kernel is timed or its memory taken, so later draws see the same RNG stream."""
     built, m_cfg = m.built, m.job.measure
     kernel, device, dtype = built.kernel, built.device, built.dtype
