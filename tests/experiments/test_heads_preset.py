@@ -50,11 +50,13 @@ def test_a_grouped_heads_kernel_is_timed_on_keys_of_n_kv_heads(monkeypatch):
     import torch
 
     import variants
-    from experiments.measurement import measure
+    from experiments.measurement import kernel_rounds
 
     kernel = variants.build_attention("full", causal=True)
     seen = []
     monkeypatch.setattr(kernel, "forward", lambda q, k, v, gates=None: seen.append(k.shape) or q)
-    fwd, _ = measure._kernel_calls(kernel, (1, 4, 32, 8), torch.device("cpu"), torch.float32, 2)
+    fwd, _ = kernel_rounds.kernel_calls(
+        kernel, (1, 4, 32, 8), torch.device("cpu"), torch.float32, 2
+    )
     fwd()
     assert seen == [(1, 2, 32, 8)]

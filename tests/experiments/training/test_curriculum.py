@@ -11,7 +11,7 @@ from experiments.app.job import run_job
 from experiments.job_config import JobConfig
 from experiments.measurement import measure
 from experiments.records import record, store
-from experiments.training import curriculum
+from experiments.training import curriculum, stages
 from tests.experiments import conftest
 
 TINY = (
@@ -175,7 +175,7 @@ def test_the_stages_share_one_optimizer_whose_step_count_carries_over(job_config
         runs.append((run, None if run is None else run.step))
         return real(*args, run=run, **kwargs)
 
-    monkeypatch.setattr(measure, "train", spy)
+    monkeypatch.setattr(stages, "train", spy)
     config = job_config(*TINY, SCHEDULE)
     measure.measure(config, measure.setup(config))
     assert len({id(r) for r, _ in runs}) == 1 and runs[0][0] is not None
