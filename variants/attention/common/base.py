@@ -18,7 +18,7 @@ The decoding hooks, left-padded prefill, masks and grouped heads in full: docs/v
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from functools import partial
 from typing import ClassVar
@@ -111,6 +111,9 @@ class Attention(nn.Module):
     # (the report draws error against it); `smaller_is_finer`: those finer when smaller.
     knobs: ClassVar[tuple[str, ...]] = ()
     smaller_is_finer: ClassVar[tuple[str, ...]] = ()
+    # The published model it is in each suite's table (suite -> model, e.g. {"lra": "Reformer"}):
+    # the tables that set published rows beside ours read it (analysis/suites.py).
+    published_as: ClassVar[Mapping[str, str]] = {}
     # Its output reads q only through softmax(q k / sqrt(D)) scores, so forward's `scale` is a
     # scaled q (not so for linear or delta rules, or a kernel that normalises q).
     takes_scale: ClassVar[bool] = False

@@ -31,6 +31,7 @@ class DeltaNetAttention(RecurrentAttention):
     """DeltaNet: the delta rule S_t = S_{t-1}(I - beta k k^T) + beta v k^T, chunk-parallel."""
 
     name = "deltanet"
+    published_as = {"mad": "DeltaNet"}
     exact = False
     time_complexity = "O(L C d + L d^2)"
     memory_complexity = "O(L C + L d^2 / C)"

@@ -62,6 +62,7 @@ class FullAttention(Attention):
     takes_scale = True
 
     name = "full"
+    published_as = {"lra": "Transformer", "mad": "Transformer"}
     exact = True
     block_sparse_work = True
     time_complexity = "O(L^2 d)"

@@ -34,6 +34,7 @@ class LinearAttention(Attention):
     family = "kernel"
 
     name = "linear"
+    published_as = {"lra": "Linear Transformer"}
     exact = False
     time_complexity = "O(L d^2)"
     memory_complexity = "O(L d + d^2)"

@@ -56,6 +56,7 @@ class LinformerAttention(Attention):
     knobs = ("k",)
 
     name = "linformer"
+    published_as = {"lra": "Linformer"}
     exact = False
     time_complexity = "O(L k d)"
     memory_complexity = "O(L k)"

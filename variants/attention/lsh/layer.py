@@ -61,6 +61,7 @@ class LSHAttention(Attention):
     knobs = ("n_hashes", "bucket_size")
 
     name = "lsh"
+    published_as = {"lra": "Reformer"}
     exact = False
     time_complexity = "O(n_hashes L m d)"
     memory_complexity = "O(n_hashes L m)"

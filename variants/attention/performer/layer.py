@@ -63,6 +63,7 @@ class PerformerAttention(Attention):
     knobs = ("n_features",)
 
     name = "performer"
+    published_as = {"lra": "Performer"}
     exact = False
     time_complexity = "O(L m d)"
     memory_complexity = "O(L m + m d)"

@@ -42,6 +42,7 @@ class SlidingWindowAttention(Attention):
     """
 
     name = "sliding_window"
+    published_as = {"lra": "Local Attention"}
     family = "fixed"
     takes_scale = True
     exact = False

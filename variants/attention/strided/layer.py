@@ -48,6 +48,7 @@ class StridedAttention(Attention):
     knobs = ("stride",)
 
     name = "strided"
+    published_as = {"lra": "Sparse Transformer"}
     exact = False
     block_sparse_work = True
     time_complexity = "O(L sqrt(L) d)"
