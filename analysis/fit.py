@@ -11,7 +11,7 @@ Pure functions of arrays (no DataFrames): `analysis.scaling_fits` applies them p
   comes from two series' costs (`crossover_length`) or from speed-ups measured in each job with
   their spread (`crossover_from_speedups`), which also says when the spread makes it uncertain.
 
-Why a weighted fit rather than interpolation (measured): docs/internals.md, "fit".
+Why a weighted fit rather than interpolation (measured): docs/internals-analysis.md, "fit".
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ the longest trained length with floor and chance ("not learned in N steps" where
 with `--busy` the L* under load and its ratio, and capacity per head dim and decode cost where
 such records exist. A cell with nothing measured says "—". Above the table: the sweeps, the
 newest record's date, the machine and the commit. `--write FILE` replaces the text between BEGIN
-and END in FILE; without it the table is printed. Each column: docs/internals.md, "glance".
+and END in FILE; without it the table is printed. Each column: docs/internals-analysis.md, "glance".
 """
 
 from __future__ import annotations

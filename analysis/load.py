@@ -11,7 +11,7 @@ The frame has every record column in the schema's type (experiments/records/reco
 "lsh n_hashes=2 bucket_size=64"), `source`, `history_path` and `wandb_path`. Per-step training
 curves: `load_curves(frame)`.
 
-The frame's schema column by column: docs/internals.md, "load".
+The frame's schema column by column: docs/internals-analysis.md, "load".
 """
 
 from __future__ import annotations

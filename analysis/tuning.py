@@ -10,7 +10,7 @@ choice is made on the validation split, never on the numbers reported. A family 
 point has none chosen (`lr_chosen` empty; `null` in a tuned table); a family with one point, or
 records with no validation, are left as they are.
 
-Families, scores and usable points in full: docs/internals.md, "tuning".
+Families, scores and usable points in full: docs/internals-analysis.md, "tuning".
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ call without. The contenders of a row are timed in interleaved rounds
 input costs time. A ratio above `BOUND` (1.3) on a kernel that can skip whole blocks (its
 spec's `block_sparse_work`) is flagged in the table.
 
-The shapes and the timing in full: docs/internals.md, "mask_cost".
+The shapes and the timing in full: docs/internals-analysis.md, "mask_cost".
 """
 
 from __future__ import annotations

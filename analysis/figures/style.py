@@ -10,7 +10,7 @@ draw says why; every legend is below its panel, every figure ends in `finish`, a
 go through `place_labels`. tests/analysis/test_figure_layout.py checks them by bounding box.
 Figures are `matplotlib.figure.Figure`, not pyplot: no global state and no GUI.
 
-The conventions in full: docs/internals.md, "figures/style".
+The conventions in full: docs/internals-analysis.md, "figures/style".
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """`python -m benchmarks.targets` (`__main__`) measures the performance targets outside the Hydra
-app and prints one table; it measures with the project's own parts (docs/internals.md). Roles:
+app and prints one table, measured with the project's own parts (docs/internals-analysis.md). Roles:
 
 table            a row of the table (`Target`), its bounds, the table printed and as CSV
 kernels          the shape every target measures at (`Shape`), the kernels timed, the model
