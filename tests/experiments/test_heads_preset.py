@@ -5,7 +5,7 @@ from __future__ import annotations
 from omegaconf import OmegaConf
 
 from experiments.app.job import run_job
-from experiments.job_config import JobConfig
+from experiments.job_config import JobConfig, JobIdentity
 from tests.experiments.conftest import CONF
 
 
@@ -25,7 +25,7 @@ def test_the_preset_sweeps_head_dim_at_fixed_width_and_kv_heads_at_4k_and_16k(re
             assert model.kv_heads == (int(n_heads) if n_kv_heads == "null" else int(n_kv_heads))
             assert job.measure.kernel and job.measure.memory and not job.measure.step
             assert not job.measure.approx_error and job.train.steps == 0
-            columns = job.columns()
+            columns = JobIdentity(config).columns
             assert (columns["head_dim"], columns["n_kv_heads"]) == (model.head_dim, model.kv_heads)
             head_dims.add(model.head_dim)
     assert head_dims == {32, 64, 128}

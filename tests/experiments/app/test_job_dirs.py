@@ -12,7 +12,7 @@ from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf, open_dict
 
 from experiments.app import job_dirs, plugin_options, resolvers
-from experiments.job_config import ResolvedConfig
+from experiments.job_config import JobIdentity
 from tests.experiments.conftest import CONF
 
 
@@ -42,7 +42,7 @@ def test_a_job_dir_is_its_attention_length_and_the_hash_of_its_record(composed, 
     """The name's hash is the record's `config_hash` of the job's resolved config (threads
     null: the basic launcher)."""
     overrides = ("attention=linear", "seq_len=96", "model.depth=2")
-    digest = ResolvedConfig(resolved_config(*overrides)).hash()
+    digest = JobIdentity(resolved_config(*overrides)).config_hash
     assert _subdir(composed(*overrides)) == f"linear-L96-{digest}"
 
 
@@ -52,7 +52,7 @@ def test_under_joblib_the_hash_is_of_the_threads_each_job_gets(composed, resolve
     overrides = ("hydra/launcher=joblib", "hydra.launcher.n_jobs=2", "seq_len=64")
     config = resolved_config(*overrides)
     config["threads"] = max(1, (os.cpu_count() or 1) // 2)
-    assert _subdir(composed(*overrides)) == f"full-L64-{ResolvedConfig(config).hash()}"
+    assert _subdir(composed(*overrides)) == f"full-L64-{JobIdentity(config).config_hash}"
     assert _subdir(composed(*overrides)) != _subdir(composed("seq_len=64"))
 
 
