@@ -10,6 +10,7 @@ Which test checks which generated block (each exactly one):
 
 from __future__ import annotations
 
+import csv
 import re
 from pathlib import Path
 
@@ -145,4 +146,15 @@ def test_the_conformance_table_is_generated():
     table = conformance.table(registry.attention_names())
     assert table in (DOCS / "variants.md").read_text(), (
         "docs/variants.md's conformance table is stale: run python -m variants.conformance --table"
+    )
+
+
+def test_the_hf_generate_table_is_its_snapshots():
+    from benchmarks import hf_generate
+
+    with open(ROOT / "docs" / "results" / "hf_generate.csv", newline="") as f:
+        table = hf_generate.table(list(csv.DictReader(f)))
+    assert table in (DOCS / "variants" / "hf.md").read_text(), (
+        "docs/variants/hf.md's generate table is not its snapshot's: run "
+        "python -m benchmarks.hf_generate --table-from docs/results/hf_generate.csv"
     )
