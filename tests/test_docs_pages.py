@@ -158,3 +158,16 @@ def test_the_hf_generate_table_is_its_snapshots():
         "docs/variants/hf.md's generate table is not its snapshot's: run "
         "python -m benchmarks.hf_generate --table-from docs/results/hf_generate.csv"
     )
+
+
+def test_the_listops_table_is_its_snapshots():
+    from analysis import suites
+    from analysis.load import load_results
+
+    frame = load_results([str(ROOT / "docs" / "results" / "listops.csv")])
+    assert (
+        suites.listops_table(frame).markdown() in (DOCS / "quality" / "listops.md").read_text()
+    ), (
+        "docs/quality/listops.md's table is not its snapshot's: run "
+        "python -m analysis.suites docs/results/listops.csv"
+    )
