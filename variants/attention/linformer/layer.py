@@ -4,43 +4,19 @@ softmax(Q (E K)^T / sqrt(d)) (F V) with learned E, F in R^{k x N}, N = max_seq_l
 length L < N uses the first L columns of E and F. Time O(L k d) and memory O(L k) instead of
 O(L^2). Every projected key mixes all positions, future ones included, so Linformer cannot be
 causal: building it with causal=True is refused, and the lengths it accepts are bounded by N.
+`share` (none | headwise | kv | layerwise) shares E and F across heads, keys and values, layers.
 
-Sharing modes (`share`), with parameters per layer for H heads:
-  none       a separate E and F for each head         2 H k N
-  headwise   one E and one F shared by all heads      2 k N
-  kv         one projection used as both E and F      k N
-  layerwise  like kv, and all layers use the first layer's projection (the model calls
-             `tie_to`), so k N for the whole model.
+Masks: padded keys and values are zeroed before the projection (columns stay at their absolute
+positions), and each document is projected as a sequence of its own, from column 0. Grouped KV
+heads are taken as they are: each KV head's keys and values are projected, never repeated to H.
+Initialised as the paper's fairseq code (xavier-uniform, gain 1/sqrt(2)).
 
-Masks. `attention_mask`: padded keys and values are zeroed before the length projection, so
-each projected key and value is a mix of real positions only, through the columns of their
-absolute positions; all k projected slots stay and keep their meaning (slot j is still
-sum_l E[j, l] k_l, over the real l). A right-padded sequence of n real tokens so gets exactly
-what it gets alone (the first n columns of E and F); a padded run inside a sequence or on the
-left leaves its columns unused (the later tokens keep theirs). `segment_ids`: each document runs
-as a sequence of its own (`masking.per_document` over its positions, padded ones included and
-zeroed), so its projection starts at column 0 and mixes no other document's positions; a
-document is thus projected exactly as it would be alone. A padded query's output is zero (the
-base class). Without masks the call is the unmasked one of before; documents cost a Python loop
-over the batch's documents, padding alone one masked fill.
+`init` (xavier | identity) and `learn_projection` are probes, not the paper's: identity starts E
+and F at [I; 0] (with k >= L, exact attention plus k - L null slots), and learn_projection=False
+keeps them where they start.
 
-Grouped KV heads (k, v with H_kv heads dividing q's H) are taken as they are: a shared
-projection (headwise, kv, layerwise) projects each KV head's keys and values once, and the fused
-attention reads them grouped; with share='none' each query head projects its KV head's keys
-and values with its own E and F, so only the k projected rows per query head exist, never the
-L keys repeated to H heads.
-
-Initialisation (`init`). `xavier`, the default, follows the paper's fairseq code: xavier-uniform
-over each (k, N) matrix with gain 1/sqrt(2), i.e. U(-b, b) with b = sqrt(3 / (k + N)); a projected
-key then has about L / (k + N) times the variance of a key, never more. `identity` starts E and F
-at [I; 0] (E[j, j] = 1 for j < min(k, N), every other entry 0), still learned: with k >= L the
-kernel then starts as exact bidirectional attention over the L keys plus k - L null slots (key and
-value 0). `learn_projection=False` keeps E and F at their start (not trained: no gradient, so
-AdamW leaves them as they are). Neither is the paper's; they are the probes that separate the
-kernel from its projection (docs/quality.md, "Covering patterns"): on long-range recall's
-64-token control the paper's start stays at the key-blind floor (at random, a perfect key match
-puts no more of the output's weight on its own position than on any other), E and F learned
-from [I; 0] drift off it, and held at [I; 0] the same model learns as exact attention does.
+Sharing modes' parameter counts, the masks' rules, grouped heads and the probes in full:
+docs/variants/linformer.md.
 """
 
 from __future__ import annotations
@@ -99,6 +75,7 @@ class LinformerAttention(Attention):
     knobs = ("k",)
 
     name = "linformer"
+    published_as = {"lra": "Linformer"}
     exact = False
     time_complexity = "O(L k d)"
     memory_complexity = "O(L k)"
