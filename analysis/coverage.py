@@ -9,8 +9,8 @@ says the cause is not what the probe changed, and stays open. One sentence per n
 with its evidence, for the tables' notes (`note`); rows with no probe on their protocol say so.
 
 The probes' records: the frame's own records of the `coverage_probes` sweep when it has them,
-else the snapshot committed in docs/data/coverage_probes/ (each job's result.json and its stage
-and count records, as the sweep wrote them; their histories are not kept).
+else the snapshot committed in docs/results/coverage_probes.csv (the sweep's results.csv: every
+job's record and its stages' and counts').
 
     python -m analysis.coverage                                   # every probe (the snapshot)
     python -m analysis.coverage multirun/capacity multirun/long_range_quick   # the sentences
@@ -32,7 +32,7 @@ from analysis.load import format_value, load_results
 from analysis.markdown_table import Table
 
 SWEEP = "coverage_probes"
-SNAPSHOT = Path(__file__).resolve().parent.parent / "docs" / "data" / SWEEP
+SNAPSHOT = Path(__file__).resolve().parent.parent / "docs" / "results" / f"{SWEEP}.csv"
 # What makes a probe's protocol the row's: the task, the stages and the cap (the rate, the head
 # dim and the seed are the probe's own and said in its sentence).
 PROTOCOL = ("task.name", "train.curriculum", "train.steps")

@@ -170,7 +170,7 @@ def test_a_probe_at_another_rate_than_the_rows_says_both():
 
 
 def test_the_snapshot_holds_one_job_per_probe_of_the_preset():
-    """docs/data/coverage_probes/ is the preset's measured records: a job per probe file, each
+    """docs/results/coverage_probes.csv is the preset's measured records: a job per probe file, each
     of that file's variant."""
     names = sorted(
         _variant_of(path) for path in (CONF / "experiment" / "coverage_probes").glob("*.yaml")
