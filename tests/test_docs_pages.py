@@ -171,3 +171,15 @@ def test_the_listops_table_is_its_snapshots():
         "docs/quality/listops.md's table is not its snapshot's: run "
         "python -m analysis.suites docs/results/listops.csv"
     )
+
+
+def test_the_coverage_table_is_its_snapshots():
+    from analysis import coverage
+    from analysis.load import load_results
+
+    table = coverage.probe_table(load_results([str(coverage.SNAPSHOT)]))
+    rows = table.markdown().split("\n")[2 : 4 + len(table.frame)]  # header, rule and rows
+    assert "\n".join(rows) in (DOCS / "quality.md").read_text(), (
+        "docs/quality.md's covering-pattern table is not its snapshot's: run "
+        "python -m analysis.coverage"
+    )
