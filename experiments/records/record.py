@@ -511,6 +511,8 @@ HASH_NEUTRAL_DEFAULTS = {
     "attention.feature_map": "identity",
     "attention.output_norm": False,
     "attention.shared_selection": False,
+    "attention.init": "xavier",  # linformer's probes (docs/variants/linformer.md)
+    "attention.learn_projection": True,
     "model.projection_bias": True,
     "model.n_kv_heads": None,
     "model.layers": None,
