@@ -80,15 +80,12 @@ report: $(BASE)  ## gather a sweep's records again and redraw its report: make r
 
 # The capacity preset's second half: after its learning-rate grid (head dim 16, seed 0), seed 1
 # and head dim 32 with each variant at the rate chosen on validation (analysis/tuning.py); the
-# grid's own jobs are found in the store and not run again. Each variant's multirun writes
-# its own subdirs (seeds<i>-<n>): job numbers restart at 0 in every multirun, and a job's
-# records are told apart by their dir's name.
+# grid's own jobs are found in the store and not run again. Each job's dir is named by its
+# configuration, so every variant's multirun writes its own.
 capacity-seeds: $(BASE)  ## capacity: seed 1 and head dim 32 at each variant's chosen rate (after the grid)
-	$(PY) -m analysis.tuning multirun/capacity --overrides | { i=0; while read -r chosen; do \
-		i=$$((i + 1)); \
+	$(PY) -m analysis.tuning multirun/capacity --overrides | { while read -r chosen; do \
 		$(PY) -m experiments.run -m +experiment=capacity hydra/launcher=joblib $$chosen \
-			seed=0,1 model.n_heads=4,2 report=false \
-			"hydra.sweep.subdir=seeds$$i-\$${hydra.job.num}" || exit 1; \
+			seed=0,1 model.n_heads=4,2 report=false || exit 1; \
 	done; }
 	$(PY) -m analysis.report multirun/capacity --out multirun/capacity/report
 

@@ -25,8 +25,9 @@ ACCURACY = "eval_accuracy"
 
 
 def job_key(frame: pd.DataFrame) -> pd.Series:
-    """Which job each record belongs to: its sweep and the job number before a stage's `/L`;
-    records without a job number (hand-made frames): the same configuration but its length."""
+    """Which job each record belongs to: its sweep and the job (its dir's name) before a
+    stage's `/L`; records without a job (hand-made frames): the same configuration but its
+    length."""
     sweep = frame["sweep"].map(str) if "sweep" in frame else pd.Series("", index=frame.index)
     if "job" in frame and frame["job"].notna().all():
         return sweep + "#" + frame["job"].map(lambda j: str(j).split("/", 1)[0])

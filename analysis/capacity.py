@@ -15,7 +15,7 @@ import pandas as pd
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
-from analysis import accuracy, series, tuning
+from analysis import accuracy, coverage, series, tuning
 from analysis.column_names import ATTENTION, D_MODEL, EVAL_ACCURACY, HEAD_DIM, N_HEADS, SEQ_LEN
 from analysis.figures import style
 from analysis.load import format_value
@@ -174,7 +174,7 @@ def capacity(frame: pd.DataFrame) -> Table | None:
         f"seeds) stays within {WITHIN * 100:.0f} points of exact attention's at the same head dim "
         "(every smaller number too); '< n' when it is already further at the smallest, '≥ n' "
         "when it never is. " + _exact_note(_means(records)) + " " + tuning.protocol_line(records)
-    )
+    ) + coverage.note(records, [ATTENTION, HEAD_DIM], frame)
     return Table("Recall capacity per head dim", pd.DataFrame(rows), note)
 
 

@@ -2,22 +2,16 @@
 
 Pure functions of arrays (no DataFrames): `analysis.scaling_fits` applies them per variant.
 
-- Exponent: the least-squares slope of log(cost) against log(seq_len), so cost ≈ c·L^α.
-  Exact attention is α = 2 asymptotically; overheads flatten the short-length end, hence the
-  optional `tail` (fit only the longest lengths).
+- Exponent: the least-squares slope of log(cost) against log(seq_len), so cost ≈ c·L^α; the
+  optional `tail` fits only the longest lengths (overheads flatten the short-length end).
 - Crossover: the length where a variant's cost falls below the reference's (exact attention).
-  Which two measured lengths it lies between is read off the signs of the log cost ratio; where
-  in that stretch it lies comes from a straight line through log ratio against log L, fitted by
-  least squares with weights that fall with the distance from the crossing (a Gaussian of one
-  octave, `BANDWIDTH_OCTAVES`, re-centred on the line's own crossing), over the lengths from
-  the last slower one on. Each length is its own job, so its timing error is its own: the fit
-  lets every job near the crossing vote where interpolating between the two around it lets
-  two jobs decide, and a crossing moved less between runs (the four runs of the main job's
-  scaling part in docs/running.md: at most 1.28× apart for every variant against 1.42× when
-  interpolated). Where both costs are power laws the line is exact, as interpolation is. The
-  ratio is either taken from two series' costs (`crossover_length`) or measured in each job as
-  a speed-up with its spread (`crossover_from_speedups`), which also says when the spread
-  makes it uncertain.
+  The two measured lengths it lies between come from the signs of the log cost ratio; where in
+  that stretch, from a straight line through log ratio against log L, fitted by least squares
+  with weights that fall with the distance from the crossing (`BANDWIDTH_OCTAVES`). The ratio
+  comes from two series' costs (`crossover_length`) or from speed-ups measured in each job with
+  their spread (`crossover_from_speedups`), which also says when the spread makes it uncertain.
+
+Why a weighted fit rather than interpolation (measured): docs/internals-analysis.md, "fit".
 """
 
 from __future__ import annotations

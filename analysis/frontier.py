@@ -1,23 +1,16 @@
 """Recall against decoding state: each variant's MQAR recall beside the bytes it decodes with.
 
-Zoology (Arora et al. 2023) and Based (Arora et al. 2024) read every sequence mixer's recall
-against its state size: what a decoder keeps to generate the next token. Exact attention's
-KV cache grows with the context and recalls everything; a d x d state (linear attention,
-DeltaNet, Gated DeltaNet, Mamba-2) is fixed and holds as many pairs as it can; a window keeps
-its last w positions. From the records of the capacity preset (`+experiment=capacity`, which
-records `decode_state_bytes` with `measure.decode_state`): one point per variant (with its
-knob settings where the records vary them, e.g. a window, and per head dim), at each
-variant's chosen learning rate (`series.trained_quality`):
+Zoology and Based read every mixer's recall against its state: a KV cache grows with the
+context, a d x d state (linear, DeltaNet, Gated DeltaNet, Mamba-2) is fixed, a window keeps w
+positions. From capacity records that carry `decode_state_bytes` (`measure.decode_state`): a
+point per variant configuration (knobs that vary, e.g. a window) and head dim, at each
+variant's chosen rate; state = `decode_state_bytes` / `batch_size` (per sequence, at the
+records' length and `measure.decode_scope`), recall = the mean over the pair counts (and seeds)
+of the trained accuracy, and at the most pairs.
 
-- state: `decode_state_bytes` / `batch_size`, the bytes per sequence at the records' length
-  (the whole model's with `measure.decode_scope=model`, the preset's: every layer's cache);
-- recall: the mean over the pair counts of the trained accuracy (mean over seeds), and the
-  accuracy at the most pairs.
-
-A point is on the **Pareto frontier** when no other point recalls at least as well with at most
-as much state, and strictly better in one of the two (`pareto_front`). A variant whose jobs
-never learned (no evaluation at 90 %) is drawn hollow and kept off the frontier: its accuracy is
-the budget's, not the method's (docs/quality.md).
+A point is on the Pareto frontier (`pareto_front`) when no other recalls at least as well with
+at most as much state, strictly better in one; a variant that never learned (no evaluation at
+90 %) is drawn hollow and kept off it: its accuracy is the budget's (docs/quality.md).
 """
 
 from __future__ import annotations

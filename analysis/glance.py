@@ -4,21 +4,13 @@
         --decode multirun/decode_quick [--capacity multirun/capacity] \\
         [--busy multirun_busy/scaling] [--write README.md]
 
-Per variant, from the same functions the report uses, so the two agree:
-- L* vs SDPA: where its kernel's forward+backward overtakes exact attention's fused kernel
-  (`scaling_fits.scaling_fits`, as the headline and "Per variant" tables);
-- kernel memory against the O(L²) form at the longest length both measured
-  (`headline.memory_factor`);
-- recall at the longest trained length, with the key-blind floor and chance in the header; a
-  variant whose job never reached 90 % says "not learned in N steps (control x %)", never a
-  number (`analysis.accuracy`);
-- with `--busy`, the L* of the same scaling sweep run beside a CPU-bound process, and its
-  ratio to the first where both crossed (how far the crossovers move with the machine's load);
-- capacity per head dim (`capacity.capacity`) and decode cost at the longest context
-  (`decode_report.per_context`), where such records exist.
-A cell with nothing measured says "—". Above the table: the sweeps, the newest record's date,
-the machine and the git commit, from the records themselves. `--write FILE` replaces the text
-between BEGIN and END in FILE; without it the table is printed.
+Per variant, from the same functions the report uses, so the two agree: L* vs SDPA
+(`scaling_fits`), kernel memory against the O(L²) form (`headline.memory_factor`), recall at
+the longest trained length with floor and chance ("not learned in N steps" where never 90 %),
+with `--busy` the L* under load and its ratio, and capacity per head dim and decode cost where
+such records exist. A cell with nothing measured says "—". Above the table: the sweeps, the
+newest record's date, the machine and the commit. `--write FILE` replaces the text between BEGIN
+and END in FILE; without it the table is printed. Each column: docs/internals-analysis.md, "glance".
 """
 
 from __future__ import annotations

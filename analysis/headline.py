@@ -2,18 +2,15 @@
 
 Three answers per efficient variant, from the same functions the tables use, so they agree:
 - speed: the length from which its kernel's forward+backward is faster than exact attention's
-  fused kernel (SDPA), and than its O(L²) form (`impl=math`) where that was measured, from
-  the speed-ups each job measured against them in alternating rounds (`analysis.scaling_fits`);
-  "≈ L* (uncertain: timing spread)" where the rounds' spread around L* straddles 1;
-- memory: its kernel's own forward+backward peak at the longest length it reached, as a
-  factor against SDPA and the O(L²) form at that length (or where those stopped);
+  fused kernel (SDPA), and than its O(L²) form (`impl=math`) where that was measured, from the
+  speed-ups each job measured in alternating rounds (`analysis.scaling_fits`); "≈ L*
+  (uncertain: timing spread)" where the rounds' spread around L* straddles 1;
+- memory: its kernel's own forward+backward peak at the longest length it reached, as a factor
+  against SDPA and the O(L²) form at that length (or where those stopped);
 - quality: trained accuracy at the longest length where exact attention reached the task's
-  ceiling, in points against exact attention's (from the quality records, which may come from
-  another sweep: the main job trains a reduced long-range run beside its scaling sweep); a
-  variant that never reached 90 % is "not learned in N steps (control x %)", not a cost. From
-  a capacity sweep (one length, several numbers of pairs) the quality answer is instead the
-  variant's recall capacity per head dim, as its table gives it (`analysis.capacity`).
-
+  ceiling, in points against exact attention's; a variant that never reached 90 % is "not
+  learned in N steps (control x %)". From a capacity sweep, the variant's recall capacity per
+  head dim instead (`analysis.capacity`).
 A variant says only what was measured: a clause is left out when its records are missing.
 """
 

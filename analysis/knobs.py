@@ -99,6 +99,6 @@ def error_by_knob(frame: pd.DataFrame) -> Table | None:
         f"never rises by more than {KNOB_STEP:.0%} a step and ends at least {KNOB_FLAT:.0%} "
         f"lower; 'flat': it moves less than {KNOB_FLAT:.0%} from the coarsest to the finest; "
         "'NO': it does not fall as the approximation gets finer on these inputs "
-        "(docs/quality.md, 'Knobs', says why where we measured it)."
+        "(docs/quality/approximation.md, 'Knobs', says why where we measured it)."
     )
     return Table("Approximation error against each variant's knob", pd.DataFrame(rows), note)

@@ -1,33 +1,17 @@
 """Sweep results -> one tidy DataFrame, one row per measured configuration (one job's record).
 
-Sources, which all give the same columns:
-  - a sweep dir: its `<job>/result.json` records (per `config_hash` the newest ok record, else
-    the newest, as the runner's `experiments.records.store.gather` does; `record_notes` says
-    which), or when it has none, its `results.parquet` / `results.csv`;
-  - a results file: `results.csv`, `results.parquet` or one `result.json`;
-  - a W&B project online (`load_wandb`), through `wandb.Api()`.
-W&B's offline run folders are never read: the records and histories beside them are the data.
+Sources, which all give the same columns: a sweep dir (its `<job>/result.json` records, per
+`config_hash` the newest ok record, else the newest, as `experiments.records.store.gather`
+does; `record_notes` says which; or, with none, its results.parquet / results.csv); a results
+file (`results.csv`, `results.parquet` or one `result.json`); a W&B project online
+(`load_wandb`). W&B's offline run folders are never read.
 
-Schema of the frame (one row per record), from the record schema (experiments/records/record.py):
-  record columns  every column the runner writes, each in the schema's type (`record.SCHEMA`):
-                  identity    sweep, job, config_hash, status (record.STATUSES), error
-                  config      the aliases (attention, block, task, seq_len, ...), the resolved
-                              keys (device, threads, shared_qk) and the flattened
-                              attention.*, block.*, task.*, model.*, train.*, measure.*, budget.*
-                  measured    MEASUREMENTS: float, NaN when not measured (status != ok or a
-                              measure.* switch off); always present as columns; the schema's
-                              optional ones (eval_bits_per_byte, notes) when some record has them
-                  provenance  git_commit, torch_version, device_name, hostname, timestamp,
-                              thp_mem_alloc, offline_run_dir (as recorded, maybe on another
-                              machine)
-  variant         attention name plus the attention.* options that differ between that
-                  attention's rows, e.g. "lsh n_hashes=2 bucket_size=64"; just "full" when none do
-  source          the path (or W&B URL) the row was read from
-  history_path    the row's per-step history (`history.parquet` beside its result.json,
-                  experiments/records/history.py) when there is one below the source, else None
-  wandb_path      "entity/project/run_id" for rows read online, else None
-Per-step training curves: `load_curves(frame)` reads each row's history file, or for rows read
-online, the run's history through the W&B API.
+The frame has every record column in the schema's type (experiments/records/record.py), plus
+`variant` (the attention name and the options that differ between that attention's rows, e.g.
+"lsh n_hashes=2 bucket_size=64"), `source`, `history_path` and `wandb_path`. Per-step training
+curves: `load_curves(frame)`.
+
+The frame's schema column by column: docs/internals-analysis.md, "load".
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from analysis import accuracy, capacity, hybrid, series, suites
+from analysis import accuracy, capacity, coverage, hybrid, series, suites
 from analysis.column_names import ATTENTION, EVAL_ACCURACY, LAYERS, SEQ_LEN, TASK
 from analysis.load import format_value
 from analysis.markdown_table import Table
@@ -224,6 +224,32 @@ def windows_lose_beyond_reach(frame: pd.DataFrame) -> tuple[str, str] | None:
     if block[short] < 0.9:
         return ours + " (control not learned)", NOT_COMPARABLE
     return ours, HOLDS if block[short] - block[long] > 0.5 else FAILS
+
+
+def moba_with_every_block_is_full_attention(frame: pd.DataFrame) -> tuple[str, str] | None:
+    """With a capacity sweep at hand: the covering probe of MoBA (every block selected,
+    `+experiment=coverage_probes`) at each count, against the level exact attention is asked
+    for; None without a capacity sweep or without that probe."""
+    if _capacity_means(frame) is None:
+        return None
+    probes = coverage.probe_records(frame)
+    if probes.empty or TASK not in probes:
+        return None
+    moba = probes[(probes[ATTENTION] == "moba") & (probes[TASK] == "recall")]
+    moba = moba[(moba["status"] == "ok") & moba[EVAL_ACCURACY].notna()]
+    if moba.empty or capacity.PAIRS not in moba:
+        return None
+    by = moba.groupby(capacity.PAIRS)[EVAL_ACCURACY].mean().sort_index()
+    options = coverage.probe_jobs(moba)["options"].iloc[0]
+    ours = (
+        f"MoBA, blocks of {format_value(options.get('block_size'))} and top_k "
+        f"{format_value(options.get('top_k'))} (every block), at "
+        + " / ".join(format_value(p) for p in by.index)
+        + " pairs: "
+        + " / ".join(f"{a * 100:.1f}" for a in by)
+        + " %"
+    )
+    return ours, HOLDS if by.min() >= SOLVED else FAILS
 
 
 def _long_range(frame: pd.DataFrame) -> pd.DataFrame | None:
@@ -439,6 +465,12 @@ CLAIMS = (
         windows_lose_beyond_reach,
     ),
     Claim(
+        "MoBA moves between sparse and full attention: selecting every block it is full "
+        "attention, and recalls as exact attention does",
+        "MoBA (Lu et al. 2025, arXiv 2502.13189); our covering probe (analysis/coverage.py)",
+        moba_with_every_block_is_full_attention,
+    ),
+    Claim(
         "MAD: attention solves in-context recall, noisy recall and selective copying "
         "(Transformer 94.1 / 86.8 / 99.6 %)",
         suites.MAD_SOURCE,
@@ -501,10 +533,11 @@ def published(frame: pd.DataFrame) -> Table | None:
         "Mamba-2; the hybrid with the fewest full layers within "
         f"{HYBRID_WITHIN * 100:.0f} points of the all-full stack, for each efficient layer "
         "whose own stack is further below it; a window's recall down by more than 50 "
-        "points beyond its reach; MAD: exact attention within 5 points of the published "
-        "Transformer, DeltaNet within a point of exact attention or above, exact attention "
-        "more than a point above DeltaNet; ListOps: no variant more than 2 points above exact "
-        "attention, Performer, linear and blockwise each more than 10 points below it); not "
+        "points beyond its reach; MoBA with every block ≥ 95 % at every count; MAD: exact "
+        "attention within 5 points of the published Transformer, DeltaNet within a point of "
+        "exact attention or above, exact attention more than a point above DeltaNet; ListOps: "
+        "no variant more than 2 points above exact attention, Performer, linear and blockwise "
+        "each more than 10 points below it); not "
         "comparable: a control not learned, or both at the ceiling."
         + (
             f" {untested} more published result(s) need records these do not hold."

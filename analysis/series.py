@@ -15,9 +15,9 @@ from collections.abc import Sequence
 import pandas as pd
 
 from analysis import tuning
+from analysis.context import context_columns
 from analysis.load import format_value
-from experiments.records.record import config_keys
-from experiments.records.store import has_hybrid, short_names
+from experiments.records.store import short_names
 
 REFERENCE = "full"  # exact attention: what crossovers are measured against
 FUSED = "sdpa"  # its fused kernel (O(L) memory on every device): the default baseline
@@ -68,25 +68,6 @@ def trained_quality(
     # did not end ok included: they score 0), on the validation split (analysis/tuning.py).
     quality = tuning.choose_learning_rates(quality, context_columns(quality))
     return quality[(quality["status"] == "ok") & quality[metric].notna()]
-
-
-def context_columns(frame: pd.DataFrame) -> list[str]:
-    """The configuration columns that set series apart: every hashed config key of the frame
-    (`experiments.records.record.config_keys`: the model, block, task, training, threads, ...) but
-    the attention's own (in `variant`), the seed, and `measure.*`, which decides which quantities
-    are taken and for how long the clock runs, not the configuration they are taken of. The
-    learning rate (and weight decay) is left out too: a grid of it is tuning, not a
-    configuration (quality rows are each variant's chosen point, `trained_quality`), and it
-    changes no time or memory, so a variant's jobs at every point of its grid are one series of
-    speed and memory. The stack (`layers`) sets series apart only where one mixes variants: a
-    plain model's is its attention, already the variant."""
-    return [
-        c
-        for c in config_keys(frame.columns, hashed_only=True)
-        if c not in ("attention", "seed", *tuning.TUNED)
-        and not c.startswith(("attention.", "measure."))
-        and (c != "layers" or has_hybrid(frame))  # else each record's attention again
-    ]
 
 
 def varying(frame: pd.DataFrame, columns: Sequence[str]) -> list[str]:

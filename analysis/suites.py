@@ -23,6 +23,7 @@ from analysis import accuracy, series, tuning
 from analysis.column_names import ATTENTION, EVAL_ACCURACY, SEQ_LEN, TASK
 from analysis.load import format_value
 from analysis.markdown_table import Table
+from variants import registry
 
 KIND = "task.kind"
 # The paper's column order (DeltaNet paper Fig. 3) and each column's task kind.
@@ -42,8 +43,6 @@ MAD_PUBLISHED = {
     "Transformer": (51.6, 29.8, 94.1, 85.2, 86.8, 99.6, 74.5),
     "DeltaNet": (42.2, 35.7, 100.0, 52.8, 100.0, 100.0, 71.8),
 }
-# The variant of ours each published MAD row is.
-MAD_OURS = {"Transformer": "full", "DeltaNet": "deltanet"}
 
 LRA_SOURCE = "Tay et al. 2020 (Long Range Arena, arXiv 2011.04006) Table 1, ListOps"
 # LRA Table 1's ListOps column (%), in its order.
@@ -60,21 +59,16 @@ LRA_LISTOPS = {
     "Linear Transformer": 16.13,
     "Performer": 18.01,
 }
-# Our variant -> the LRA model it is (the same method; sizes and lengths differ). The Sparse
-# Transformer's two patterns (strided, fixed) are both its; local windows are LRA's Local.
-LRA_OURS = {
-    "full": "Transformer",
-    "blockwise": "Local Attention",
-    "sliding_window": "Local Attention",
-    "strided": "Sparse Transformer",
-    "sparse_fixed": "Sparse Transformer",
-    "longformer": "Longformer",
-    "linformer": "Linformer",
-    "lsh": "Reformer",
-    "bigbird": "BigBird",
-    "linear": "Linear Transformer",
-    "performer": "Performer",
-}
+
+
+def published_as(attention: str, suite: str) -> str | None:
+    """The published model `attention` is in `suite`'s table (`Attention.published_as`: the
+    same method; sizes and lengths differ), None for a variant it has no row for or one not
+    registered here."""
+    try:
+        return registry.attention_spec(attention).published_as.get(suite)
+    except ValueError:
+        return None
 
 
 def _pct(value) -> str:
@@ -208,7 +202,7 @@ def listops_table(frame: pd.DataFrame) -> Table | None:
             cell += f" ({stats.loc[name, 'min'] * 100:.1f}–{stats.loc[name, 'max'] * 100:.1f})"
         else:
             cell += " " + (accuracy.interval_text(mine) or "")
-        model = LRA_OURS.get(str(mine[ATTENTION].iloc[0]))
+        model = published_as(str(mine[ATTENTION].iloc[0]), "lra")
         matched.add(model)
         rows.append(
             {

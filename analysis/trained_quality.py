@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from analysis import accuracy, series, tuning
+from analysis import accuracy, coverage, series, tuning
 from analysis.column_names import (
     ATTENTION,
     EVAL_ACCURACY,
@@ -191,6 +191,7 @@ def quality_by_length(frame: pd.DataFrame) -> Table | None:
             "a variant that did not is not learned, not a cost. Key-blind floor: the most "
             "frequent value in the context, on the same batches. "
             + _ceiling_note(labelled, stats, lengths)
+            + coverage.note(labelled, ["series"], frame)
         )
     note += " " + tuning.protocol_line(labelled)
     return Table(

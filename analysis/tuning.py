@@ -1,27 +1,16 @@
 """Learning rates chosen from a grid, on held-out data, as Zoology reports MQAR.
 
-A quality sweep runs every variant at several `train.lr` (a grid, e.g. `train.lr=1e-3,3e-3,1e-2`
-in the preset's sweep). One learning rate for every variant leaves the slow learners "not
-learned" for reasons that are the protocol's; the best of a grid per variant is the published
-practice. The choice is made on the validation split (`valid_accuracy`: batches held out from
-training and from the reported `eval_accuracy`), never on the numbers reported.
+A quality sweep runs every variant at several `train.lr` (and may sweep `train.weight_decay`:
+its points are then (learning rate, weight decay) pairs, chosen together). Per *family*
+(everything a job is but its learning rate, weight decay, seed and the columns its records
+differ in among themselves), each grid point's score is the mean `valid_accuracy` over all its
+records, a job that did not end ok scoring 0; the best *usable* point is kept (a tie: the
+smaller), and its records gain `lr_grid`, `lr_chosen`, `lr_any_learned` (and `wd_chosen`). The
+choice is made on the validation split, never on the numbers reported. A family with no usable
+point has none chosen (`lr_chosen` empty; `null` in a tuned table); a family with one point, or
+records with no validation, are left as they are.
 
-A grid may also sweep the weight decay (`train.weight_decay`, MAD's {0, 0.1}): its points are
-then (learning rate, weight decay) pairs, chosen together as one; records gain `wd_chosen`, and
-`lr_grid` names both axes ("{0.001, 0.003} × wd {0, 0.1}").
-
-A *family* is everything a job is but its learning rate (and weight decay), seed and the
-columns its records differ in among themselves (a curriculum stage's `seq_len` and
-`batch_size`, a mixture point's `task.n_pairs`): the variant with its options, and the context
-columns. Per family, each grid point's score is the mean `valid_accuracy` over all its records
-(every seed, every stage or point), a job that did not end ok scoring as 0; the best is kept (a
-tie: the smaller point), and its records gain `lr_grid` (the family's grid, as text),
-`lr_chosen` and `lr_any_learned` (whether a job that ended ok, at any point of the grid,
-learned the task). Only a *usable* point can be chosen: one with a record that ended ok and
-validated to a number. A family with no usable point (every job diverged, or validated NaN) has
-none chosen: its smallest point's records are kept with `lr_chosen` empty, written to a tuned
-table as `null` (an untuned variant for `${tuned_lr:...}`). A family with one point, or a frame
-whose records carry no validation at all, is left as it is.
+Families, scores and usable points in full: docs/internals-analysis.md, "tuning".
 """
 
 from __future__ import annotations
@@ -34,14 +23,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from analysis.load import format_value
+from analysis.context import LR, TUNED, WD, context_columns
+from analysis.load import format_value, load_results
 from experiments.records.files import write_atomic
 
-LR = "train.lr"
-WD = "train.weight_decay"
-# The axes a grid may sweep: tuning, not a configuration (`series.context_columns` leaves them
-# out of a series' identity).
-TUNED = (LR, WD)
 VALID = "valid_accuracy"
 VALID_LOSS = "valid_loss"  # a task without accuracy: chosen on its held-out loss
 ACCURACY = "eval_accuracy"
@@ -52,7 +37,7 @@ PER_RECORD = ("seq_len", "batch_size", "task.n_pairs", *TUNED)
 
 def family_columns(frame: pd.DataFrame, context: list[str]) -> list[str]:
     """The columns that make a family: the variant, its options and the `context` columns
-    (`analysis.series.context_columns`), less the grid's axes and what differs between one
+    (`analysis.context.context_columns`), less the grid's axes and what differs between one
     job's records."""
     options = sorted(c for c in frame.columns if c.startswith("attention."))
     context = [c for c in context if c not in PER_RECORD]
@@ -84,7 +69,7 @@ def choose_learning_rates(frame: pd.DataFrame, context: list[str]) -> pd.DataFra
     `lr_grid`, `lr_chosen`, `lr_any_learned` (and `wd_chosen`); a family that ran one point
     where others ran another (a preset at tuned rates, conf/tuned/) keeps its records with that
     rate as `lr_chosen` and no `lr_grid`. `context`: the frame's context columns
-    (`analysis.series.context_columns`)."""
+    (`analysis.context.context_columns`)."""
     if LR not in frame or not grid_axes(frame) or not _validated(frame):
         return frame
     columns = family_columns(frame, context)
@@ -409,9 +394,6 @@ def main(argv: list[str] | None = None) -> int:
     variants). A mistake (no results, nothing to tune, a file that cannot be written) is one
     `error:` line, exit 1."""
     import argparse
-
-    from analysis.load import load_results
-    from analysis.series import context_columns
 
     parser = argparse.ArgumentParser(prog="python -m analysis.tuning", description=main.__doc__)
     parser.add_argument("paths", nargs="+", help="sweep dirs or results files")

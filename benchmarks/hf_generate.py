@@ -54,6 +54,18 @@ def ms_per_token(model, prompt, new: int, rounds: int) -> dict[str, float]:
     return {label: statistics.median(values) for label, values in times.items()}
 
 
+def table(rows: list[dict]) -> str:
+    """The Markdown table of `rows` (this script's, or its CSV's read back)."""
+    lines = [
+        "| variant | prompt | ms/token, HF's cache | ms/token, KernelCache |",
+        "|---|---|---|---|",
+    ]
+    lines += [
+        f"| {r['variant']} | {r['prompt']} | {r['default_ms']} | {r['kernel_ms']} |" for r in rows
+    ]
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.hf_generate", description=__doc__)
     parser.add_argument("--variants", default="full,linear,blockwise,moba")
@@ -62,7 +74,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--csv", default=None)
+    parser.add_argument(
+        "--table-from", metavar="CSV", help="print the table of a CSV this script wrote, no runs"
+    )
     args = parser.parse_args(argv)
+    if args.table_from:
+        with open(args.table_from, newline="") as f:
+            print(table(list(csv.DictReader(f))))
+        return 0
     from variants import hf
 
     try:
@@ -85,10 +104,7 @@ def main(argv: list[str] | None = None) -> int:
                 | {f"{label}_ms": round(ms, 2) for label, ms in got.items()}
             )
             print(rows[-1], file=sys.stderr, flush=True)
-    print("| variant | prompt | ms/token, HF's cache | ms/token, KernelCache |")
-    print("|---|---|---|---|")
-    for row in rows:
-        print(f"| {row['variant']} | {row['prompt']} | {row['default_ms']} | {row['kernel_ms']} |")
+    print(table(rows))
     if args.csv:
         with open(args.csv, "w", newline="") as f:
             writer = csv.DictWriter(f, fieldnames=list(rows[0]))

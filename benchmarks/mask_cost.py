@@ -3,25 +3,16 @@
     python -m benchmarks.mask_cost                          # 16K tokens, every variant that can
     python -m benchmarks.mask_cost --seq-len 4096 --kernels full,blockwise --markdown out.md
 
-For every variant whose spec takes the input (`supports_padding_mask`, `supports_segments`,
-`supports_gqa`; shared-QK variants take no grouped heads), the kernel's forward+backward
-(gradients of q, k, v, and of its own parameters) at batch 1, fp32, causal where the variant
-can be (Linformer cannot), one thread by default, each variant at its registry defaults:
+For every variant whose spec takes the input, the kernel's forward+backward at batch 1, fp32,
+causal where it can be, one thread by default, at its registry defaults: `padding` (the last
+25 % of the keys padded), `documents` (8 documents of L/8 tokens packed) and `GQA` (8 query
+heads on 2 key/value heads, against 8: time, and the peak memory ratio), each against the same
+call without. The contenders of a row are timed in interleaved rounds
+(`timing.time_in_rounds`), each ratio the median over rounds (`timing.ratio`): above 1, the
+input costs time. A ratio above `BOUND` (1.3) on a kernel that can skip whole blocks (its
+spec's `block_sparse_work`) is flagged in the table.
 
-  padding    a key padding mask with the last 25 % of the keys padded, against no mask
-             (H=4, head_dim 64: d_model 256, as `+experiment=scaling`);
-  documents  8 documents of L/8 tokens packed (`segment_ids`), against none (same shape);
-  GQA        H=8 query heads on H_kv=2 key/value heads, against H_kv=8 (head_dim 64): the
-             time ratio, and the ratio of the forward+backward's peak memory
-             (`memory.peak_memory_bytes`: what the call allocates, its inputs excluded), which
-             is what grouped heads are for.
-
-The contenders of a row are timed in interleaved rounds (no mask, padding, documents, no mask,
-...; H_kv=8, H_kv=2, ...) by `experiments.measurement.timing.time_in_rounds` with
-`round_timer` (one untimed call the first time a contender runs), and each ratio is the median
-over rounds of the with-input time over the without-input time of the same round
-(`timing.ratio`): above 1, the input costs time. A ratio above `BOUND` (1.3) on a
-kernel that can skip whole blocks (its spec's `block_sparse_work`) is flagged in the table.
+The shapes and the timing in full: docs/internals-analysis.md, "mask_cost".
 """
 
 from __future__ import annotations

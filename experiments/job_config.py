@@ -1,55 +1,16 @@
 """The job's configuration as the app passes it down: one typed object, built once per job.
 
-Hydra composes `conf/` into a nested dict, the resolved config. Past the app's entry
-(`experiments.run.app`: the dict out of Hydra, `threads` filled in for the launcher) it is read
-here and nowhere else. `ResolvedConfig` holds it as composed, before any check, for what every
-record takes from it whether or not it checks out: its hash and configuration columns
-(experiments/records/record.py flattens and hashes it), the app's bookkeeping keys,
-`model.shared_qk` resolved, the W&B run's config. `JobConfig.of(config)` is the same config with its
-typed parts (a `ResolvedConfig` too: one object, passed down), each checked on construction with a
-`ValueError` naming the key, so that the app, measure, training, the budgets and the model read
-fields instead of string keys:
+Hydra composes `conf/` into a nested dict, the resolved config; past the app's entry
+(`experiments.run.app`) it is read here and nowhere else. `JobIdentity` is computed from it once,
+before any check: the record's hash and configuration columns, the app's bookkeeping keys, the
+W&B run's config. `JobConfig.of(config)` is the job as typed data (`attention`, `block`, `task`,
+`model`, `train`, `measure`, `budget`, `eval_attention`, `stages`), each part checked on
+construction with a `ValueError` naming the key. The defaults stay in `conf/config.yaml`; these
+classes hold types and constraints, and are not Hydra structured configs. `check_added_keys`
+refuses a top-level key the command line adds with `+key=` (a typo as far as the app can tell).
 
-    JobConfig        tree, seq_len, batch_size, seed, device, dtype, threads, and
-      .attention       {"name": variant, **its options}    (the registry checks them)
-      .block, .task    {"name": ..., **options}            (the block and task registries)
-      .model           the `variants.ModelConfig` fields of `model:` (d_model, n_heads, ...);
-                       `model_config(vocab_size)` is the model's one config object
-      .train           TrainConfig (experiments/training/train_config.py): what training trains with
-      .measure         MeasureConfig: what measurement/measure.py measures, and how long
-      .budget          BudgetConfig: experiments/measurement/budget.py's limits
-      .eval_attention  label -> attention config, the kernels a trained model is also evaluated with
-      .stages          the curriculum's stages, then the job's own (training/curriculum.py)
-      .shared_qk       model.shared_qk as the job runs it (null: what the variant requires)
-      .hash(), .columns()  the record's config_hash and configuration columns (ResolvedConfig's)
-      .at_stage(stage) the configuration a curriculum stage is recorded as
-
-The defaults stay in `conf/config.yaml`, the user's control panel; these classes hold types and
-constraints. They are not Hydra structured configs: a schema would coerce an int given for a
-float field (`train.grad_clip=1` -> 1.0) and so change the hash of every such configuration,
-and a bad value would abort a whole sweep at composition instead of becoming that job's
-`error` record. The bookkeeping keys (`sweep`, `resume`, `fail_on`, `report`, `logger`) are the
-app's own: `ResolvedConfig` reads them (`fail_on` and `report` are the sweep's, read by
-experiments/app/sweep.py from Hydra's config at the multirun's start and end). The one
-structured config is the W&B logger's (`tracking.WandbLogger`, registered by the app): its
-settings are neither hashed nor measured, one bad value is every job's, so Hydra checking their
-types at composition loses nothing, and its `scaling_metrics` default comes from the record
-schema.
-
-Keys come from the config files (conf/config.yaml, and the keys a preset declares, such as
-`train_as`); the command line sets them. A top-level key the command line *adds* with `+key=`
-(`+seqlen=128`) is a typo as far as the app can tell, so `added_keys` finds such keys in a job's
-overrides and `check_added_keys` refuses them, naming the nearest known key; `+group=option`
-(`+experiment=scaling`) adds a config group and is fine, and `++key=value` adds a key on purpose.
-
-The OmegaConf resolvers the configs may use (`${supports_causal:...}`, ...) and the logger's
-schema are the app's: experiments/app/resolvers.py registers them when the app loads. This
-module imports only the floors below it (records, training, variants), none of which imports it
-back (training's `TrainConfig` lives in training/train_config.py, imported from there by all;
-tests/experiments/test_packages.py checks both directions).
-
-Importing this module starts no torch (`python -m experiments.run --help` imports it): the
-registry is looked up when a config is checked or resolved, not before.
+Imports only the floors below it (records, training, variants) and starts no torch (`--help`
+imports it). The fields, and why no structured configs: docs/internals.md, "job_config".
 """
 
 from __future__ import annotations
@@ -176,13 +137,20 @@ class BudgetConfig:
 
 
 @dataclass(frozen=True)
-class ResolvedConfig:
-    """The job's config as Hydra composed and resolved it (a nested dict of plain values),
-    before any check, and what is read from it whether or not it checks out: the record's hash
-    and configuration columns, the bookkeeping keys, `model.shared_qk` resolved. `tree` is
-    never changed (`at` copies it); W&B logs it as the run's config."""
+class JobIdentity:
+    """What a record is, computed once at the door from the composed config (a nested dict of
+    plain values), before any check, so a config that fails its checks is still recorded under
+    it: `config_hash` and the configuration `columns` (`experiments.records.record`), and the
+    composed `tree` itself, which W&B logs as the run's config; and the app's bookkeeping keys
+    (never hashed), read whether or not the config checks."""
 
     tree: Mapping[str, Any] = field(repr=False)
+    config_hash: str = field(init=False)
+    columns: Mapping[str, Any] = field(init=False, repr=False)
+
+    def __post_init__(self):
+        object.__setattr__(self, "config_hash", record.config_hash(self.tree))
+        object.__setattr__(self, "columns", record.config_columns(self.tree))
 
     @property
     def sweep(self) -> str:
@@ -204,42 +172,36 @@ class ResolvedConfig:
 
     @property
     def shared_qk(self) -> bool | None:
-        """`model.shared_qk` as a job runs it: null resolved to what the variant requires
-        (`variants.resolve_shared_qk`), None if the variant is unknown. The one place the app
-        resolves it."""
-        try:
-            return variants.resolve_shared_qk(
-                self.tree["attention"]["name"], self.tree["model"]["shared_qk"]
-            )
-        except ValueError:
-            return None
+        """The record's `shared_qk` (`resolved_shared_qk`), whether or not the config checks."""
+        return resolved_shared_qk(self.tree)
 
-    def hash(self) -> str:
-        """The record's `config_hash`: what is measured, bookkeeping left out."""
-        return record.config_hash(self.tree)
-
-    def columns(self) -> dict[str, Any]:
-        """The record's configuration columns (`record.config_columns`)."""
-        return record.config_columns(self.tree)
-
-    def at(
-        self, seq_len: int, batch_size: int, task: Mapping[str, Any] | None = None
-    ) -> ResolvedConfig:
-        """The same config at another `seq_len` and `batch_size` (a curriculum stage's), with
-        `task` options replaced (a mixture's evaluation point: `n_pairs`)."""
+    def at(self, stage: curriculum.Stage) -> JobIdentity:
+        """The identity curriculum `stage` is recorded under: this config at the stage's
+        seq_len and batch_size, with its task options (a mixture's point: `n_pairs`)."""
         tree = copy.deepcopy(dict(self.tree))
-        tree["seq_len"], tree["batch_size"] = seq_len, batch_size
-        tree["task"] = {**tree["task"], **(task or {})}
-        return ResolvedConfig(tree)
+        tree["seq_len"], tree["batch_size"] = stage.seq_len, stage.batch_size
+        tree["task"] = {**tree["task"], **dict(stage.task)}
+        return JobIdentity(tree)
+
+
+def resolved_shared_qk(config: Mapping[str, Any]) -> bool | None:
+    """`model.shared_qk` as a job runs it: null resolved to what the variant requires
+    (`variants.resolve_shared_qk`), None if the variant is unknown. The one place the app
+    resolves it."""
+    try:
+        return variants.resolve_shared_qk(config["attention"]["name"], config["model"]["shared_qk"])
+    except ValueError:
+        return None
 
 
 @dataclass(frozen=True)
-class JobConfig(ResolvedConfig):
-    """One job's configuration, typed and checked (see the module doc): the resolved config
-    (`tree`, and what `ResolvedConfig` reads from it: `hash()`, `columns()`, `shared_qk`,
-    `device` ...) with its parts checked. A job's config is a `ResolvedConfig` before it is
-    checked, so that a config that fails its checks is still recorded under its identity."""
+class JobConfig:
+    """One job's configuration, typed and checked (see the module doc), plain data: what is
+    measured and how, `shared_qk` resolved. `JobConfig.of(config)` builds it from the composed
+    config; the record's identity and the app's bookkeeping are `JobIdentity`'s."""
 
+    device: str  # as configured: auto, cpu, cuda (or a bad name: setup says so)
+    shared_qk: bool | None
     seq_len: int
     batch_size: int
     seed: int
@@ -283,29 +245,27 @@ class JobConfig(ResolvedConfig):
         object.__setattr__(self, "stages", tuple(stages))
 
     @classmethod
-    def of(cls, config: Mapping[str, Any] | ResolvedConfig, added: Iterable[str] = ()) -> JobConfig:
-        """The typed view of a resolved job config (Hydra's, as a plain nested dict, or that
-        dict as a `ResolvedConfig`). `added`: the top-level keys the command line added with
-        `+key=` (`added_keys`), refused (`check_added_keys`)."""
-        resolved = config if isinstance(config, ResolvedConfig) else ResolvedConfig(config)
-        tree = resolved.tree
-        check_required_keys(tree)  # `~seq_len`: a job cannot run without it
-        check_added_keys(tree, added)  # `+seqlen=128`: a typo, not a setting
+    def of(cls, config: Mapping[str, Any], added: Iterable[str] = ()) -> JobConfig:
+        """The typed view of a composed job config (Hydra's, resolved, as a plain nested dict;
+        its required keys checked at the door, `check_required_keys`). `added`: the top-level
+        keys the command line added with `+key=` (`added_keys`), refused (`check_added_keys`)."""
+        check_added_keys(config, added)  # `+seqlen=128`: a typo, not a setting
         return cls(
-            tree=tree,
-            seq_len=tree["seq_len"],
-            batch_size=tree["batch_size"],
-            seed=tree["seed"],
-            dtype=tree["dtype"],
-            threads=tree["threads"],
-            attention=dict(tree["attention"]),
-            block=dict(tree["block"]),
-            task=dict(tree["task"]),
-            model=dict(tree["model"]),
-            train=_typed(TrainConfig, "train", tree["train"]),
-            measure=_typed(MeasureConfig, "measure", tree["measure"]),
-            budget=_typed(BudgetConfig, "budget", tree["budget"]),
-            eval_attention=dict((tree.get("eval") or {}).get("attention") or {}),
+            device=config["device"],
+            shared_qk=resolved_shared_qk(config),
+            seq_len=config["seq_len"],
+            batch_size=config["batch_size"],
+            seed=config["seed"],
+            dtype=config["dtype"],
+            threads=config["threads"],
+            attention=dict(config["attention"]),
+            block=dict(config["block"]),
+            task=dict(config["task"]),
+            model=dict(config["model"]),
+            train=_typed(TrainConfig, "train", config["train"]),
+            measure=_typed(MeasureConfig, "measure", config["measure"]),
+            budget=_typed(BudgetConfig, "budget", config["budget"]),
+            eval_attention=dict((config.get("eval") or {}).get("attention") or {}),
         )
 
     @property
@@ -313,16 +273,13 @@ class JobConfig(ResolvedConfig):
         return self.attention["name"]
 
     def at_stage(self, stage: curriculum.Stage) -> JobConfig:
-        """The configuration curriculum `stage` is recorded as: this job's at the stage's
-        seq_len and batch_size (its `stages`: the curriculum's below that length, then it) and
-        task options (a mixture's evaluation point, `n_pairs=P`)."""
-        task = dict(stage.task)
+        """This job at curriculum `stage`: its seq_len and batch_size (its `stages`: the
+        curriculum's below that length, then it) and task options (a mixture's point)."""
         return dataclasses.replace(
             self,
             seq_len=stage.seq_len,
             batch_size=stage.batch_size,
-            task={**self.task, **task},
-            tree=self.at(stage.seq_len, stage.batch_size, task).tree,
+            task={**self.task, **dict(stage.task)},
         )
 
     def skipped_note(self) -> str | None:

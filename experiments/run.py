@@ -9,7 +9,6 @@ did not end ok and sets the exit code.
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
@@ -22,36 +21,16 @@ allocator.enable_by_default()
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from experiments.app import job as jobs
-from experiments.app import parent, plugin_options, sweep, sweep_clock
+from experiments.app import job_dirs, parent, plugin_options, sweep, sweep_clock
 from experiments.app.resolvers import TunedTableError, config_dir, lr_source_of, register
 from experiments.job_config import added_keys, check_required_keys
 from experiments.records import record, store
 from experiments.training import progress
 
 register()
-
-
-def _parallel_jobs(hydra_cfg) -> int:
-    """Jobs the launcher runs side by side: joblib's n_jobs (-1: every core), else 1."""
-    launcher = hydra_cfg.launcher
-    if "joblib" not in str(launcher.get("_target_", "")).lower():
-        return 1
-    n_jobs = int(launcher.get("n_jobs", -1))
-    return (os.cpu_count() or 1) if n_jobs <= 0 else n_jobs
-
-
-def _threads_per_job(hydra_cfg) -> int | None:
-    """With the joblib launcher, split the cores between the parallel jobs (None = torch default).
-
-    n_jobs processes each using every core oversubscribe the machine and make every timing
-    slower and noisier; giving each job cores // n_jobs threads keeps them apart.
-    """
-    if "joblib" not in str(hydra_cfg.launcher.get("_target_", "")).lower():
-        return None
-    return max(1, (os.cpu_count() or 1) // _parallel_jobs(hydra_cfg))
 
 
 @hydra.main(config_path=str(config_dir()), config_name="config", version_base="1.3")
@@ -67,22 +46,21 @@ def app(cfg: DictConfig) -> jobs.NotWritten | None:
     except TunedTableError as error:
         print(f"error: config: {error}", file=sys.stderr)
         sys.exit(2)
-    config = OmegaConf.to_container(cfg, resolve=True)
+    config = job_dirs.job_config(cfg, hydra_cfg)  # what its dir is named by (`${job_dir:}`)
     try:
         check_required_keys(config)  # `~seq_len`: no job can be recorded without it
         plugin_options.load(config.get("plugins") or [])  # in a launcher's worker too
     except ValueError as error:
         print(f"error: {error}", file=sys.stderr)
         sys.exit(2)
-    if config["threads"] is None:
-        config["threads"] = _threads_per_job(hydra_cfg)
     sweep_dir = Path(hydra_cfg.sweep.dir) if multirun else None
-    # The job is its dir's name: hydra.job.num under the default subdir, and unique where a
-    # second multirun into the same sweep dir names its own subdirs (job numbers restart at 0,
-    # and analysis tells a job's records apart by sweep and job: `accuracy.job_key`).
+    # The job is its dir's name: its configuration's (`job_dirs`, the default subdir), so
+    # unique in its sweep dir whatever multirun wrote it (analysis tells a job's records apart
+    # by sweep and job: `accuracy.job_key`).
     job = out_dir.name
     if multirun and progress.enabled(config["train"].get("progress")):
-        line = sweep_clock.SweepClock(sweep_dir).line(job, list(hydra_cfg.overrides.task))
+        clock = sweep_clock.SweepClock(sweep_dir)
+        line = clock.line(str(hydra_cfg.job.num), list(hydra_cfg.overrides.task))
         if line:
             print(f"sweep: {line}", file=sys.stderr, flush=True)
     added = added_keys(list(hydra_cfg.overrides.task), hydra_cfg.runtime.choices.keys())
@@ -93,7 +71,7 @@ def app(cfg: DictConfig) -> jobs.NotWritten | None:
             job=job,
             sweep_dir=sweep_dir,
             added=added,
-            parallel_jobs=_parallel_jobs(hydra_cfg) if multirun else 1,
+            parallel_jobs=job_dirs.parallel_jobs(hydra_cfg) if multirun else 1,
             lr_source=lr_source,
         )
     except jobs.NotWritten as error:  # a full disk: one line; a sweep goes on to its end

@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("analysis", "benchmarks", "experiments", "variants")
 ROLE_NAMES = {"__init__.py", "__main__.py", "conftest.py"}
 PER_VARIANT = {"layer.py", "function.py"}
-# Collisions known and left to the work on those folders (issue 39); each entry lists exactly
+# Collisions known and left to the work on those folders; each entry lists exactly
 # the colliding paths, so a third file of the same name still fails. Remove an entry when its
 # collision is gone.
 PENDING: dict[str, set[str]] = {}

@@ -23,6 +23,7 @@ import yaml
 
 from variants import plugins, registry
 from variants.attention.common.base import Attention, replaying
+from variants.checks import UnsupportedCombination
 
 HELD, FAILED, NOT_CLAIMED = "held", "FAILED", "n/a"
 # Differences below this are fp64 rounding (outputs and gradients are O(1)).
@@ -288,6 +289,51 @@ def decode(s: Subject) -> Result:
     return verdict("decode", deviation(decoded, forward), "prefill + decode = forward")
 
 
+def padded_decode(s: Subject) -> Result:
+    """A batch of a left-padded row and a full one, prefilled then decoded: each row's outputs
+    are those of the row alone (padded queries' zeros), where the kernel takes left-padded
+    prompts (`padded_prefill_reason`); elsewhere prefill refuses them."""
+    if not s.spec.supports_decode:
+        return Result("padded_decode", NOT_CLAIMED, None, s.spec.cls.decode_reason)
+    kernel = s.build(True).eval()
+    pad = 5
+    length = s.length + pad
+    q, k, v, g = s.inputs(length=length)  # (2, H, L + pad, D): row 0 behind `pad` pads
+    keep = torch.ones(BATCH, length, dtype=torch.bool)
+    keep[0, :pad] = False
+    cut = pad + s.length // 2  # the prompt: row 0's first half behind its pads
+
+    def decoded(rows: slice, first: int, mask=None) -> torch.Tensor:
+        """Prefill positions [first, cut) of `rows`, then decode the rest one by one."""
+        x = [None if t is None else t[rows, :, first:] for t in (q, k, v, g)]
+        if kernel.applies_shared_qk:
+            x[1] = x[0]
+        batch = x[0].shape[0]
+        cache = kernel.init_cache(batch, HEADS, HEAD_DIM, max_len=length, dtype=torch.float64)
+        at = [lambda a, b, t=t: None if t is None else t[:, :, a:b] for t in x]
+        outs = [kernel.prefill(*(f(0, cut - first) for f in at[:3]), cache, at[3](0, cut - first),
+                               attention_mask=mask)]  # fmt: skip
+        for t in range(cut - first, length - first):
+            outs.append(kernel.decode(*(f(t, t + 1) for f in at[:3]), cache, at[3](t, t + 1)))
+        return torch.cat(outs, dim=2)  # (batch, H, length - first, D)
+
+    probe = kernel.init_cache(BATCH, HEADS, HEAD_DIM, max_len=length, dtype=torch.float64)
+    reason = kernel.padded_prefill_reason(probe)
+    if reason is not None:
+        try:
+            decoded(slice(None), 0, keep[:, :cut])
+        except UnsupportedCombination:
+            return Result("padded_decode", NOT_CLAIMED, None, f"refused: {reason}")
+        return Result("padded_decode", FAILED, None, f"took a padded prompt though {reason}")
+    batched = decoded(slice(None), 0, keep[:, :cut])
+    worst = worse(
+        deviation(batched[:1, :, pad:], decoded(slice(0, 1), pad)),
+        deviation(batched[1:], decoded(slice(1, 2), 0)),
+        deviation(batched[:1, :, :pad], torch.zeros(())),
+    )
+    return verdict("padded_decode", worst, f"{pad} pads before a row: prefill + decode = alone")
+
+
 def finite_gradients(s: Subject) -> Result:
     worst = 0.0
     for causal in s.directions():
@@ -349,6 +395,7 @@ PROPERTIES: dict[str, Callable[[Subject], Result]] = {
         documents,
         grouped_heads,
         decode,
+        padded_decode,
         finite_gradients,
         empty_batch,
         clear_errors,

@@ -7,6 +7,12 @@ layer's kernel temporarily wrapped (`layers.CachedKernel`) so that the layer's q
 kernel's `prefill` (the prompt, empty cache) or `decode` (one new position) instead of its
 forward. The sinusoidal positions are those of the tokens' places in the whole sequence and
 the token shift (if on) takes the previous position's embedding, kept between steps.
+
+Prompts of different lengths go in one batch left-padded, with their `attention_mask` (B, T),
+True = a real token (Hugging Face's convention): each row's positions count from its first
+real token, its pads' embeddings are zeros (the token shift's "before the first token"), and
+every kernel takes the mask in its prefill (`Attention.prefill`), so that each row generates
+what it generates alone.
 """
 
 from __future__ import annotations
@@ -18,21 +24,28 @@ import torch
 import torch.nn.functional as F
 
 from variants.attention.common.base import evaluating
+from variants.attention.common.masking import left_pads
+from variants.checks import token_mask
 from variants.layers import CachedKernel, kernels_swapped
 from variants.model_config import OWNER
+from variants.positions import sinusoidal_positions
 
 
 @contextmanager
-def cached_kernels(model, batch_size: int, max_len: int) -> Iterator[list]:
+def cached_kernels(
+    model, batch_size: int, max_len: int, attention_mask: torch.Tensor | None = None
+) -> Iterator[list]:
     """Within the block every attention layer of `model` runs its kernel through a fresh cache
-    of `max_len` positions (each layer its own kernel's: a hybrid stack's differ); yields the
-    caches, in layer order. The kernels come back on leaving it, also on an error."""
+    of `max_len` positions (each layer its own kernel's: a hybrid stack's differ), prefilled
+    with the prompt's `attention_mask` (B, T) if given; yields the caches, in layer order.
+    The kernels come back on leaving it, also on an error."""
     weight = model.head.weight
-    layers = list(model._attention_layers())
+    layers = list(model.attention_layers())
     wrapped = [
         CachedKernel(
             layer.kernel,
             layer.init_cache(batch_size, max_len=max_len, device=weight.device, dtype=weight.dtype),
+            attention_mask,
         )
         for layer in layers
     ]
@@ -57,22 +70,29 @@ class Positions:
     (B, t) that follow and returns their logits (B, t, vocab_size). It keeps the offset (the
     sinusoidal positions are the tokens' places in the whole sequence; rotary ones are each
     layer's, offset by its cache) and the last position's embedding, which the token shift (if
-    on) reads at the next step."""
+    on) reads at the next step. `attention_mask` (B, T): the first step's, a left-padded
+    prompt's (each row's positions then count from its first real token)."""
 
-    def __init__(self, model):
+    def __init__(self, model, attention_mask: torch.Tensor | None = None):
         self.model = model
         self.start = 0
         self.previous = None  # the last position's embedding, for the token shift
+        self.attention_mask = attention_mask
+        self.pads = left_pads(OWNER, attention_mask)  # (B,) or None
 
     def step(self, new: torch.Tensor) -> torch.Tensor:
         """new (B, t) int64 -> logits (B, t, vocab_size)."""
-        from variants.model import sinusoidal_positions  # model imports this module's caller
-
         model, start = self.model, self.start
         x = model.embed(new)  # (B, t, d_model)
         if model.config.positions == "sinusoidal":  # rotary ones: each layer's, offset
             where = sinusoidal_positions(start + new.shape[1], x.shape[-1], x.device, x.dtype)
-            x = x + where[start:]
+            if self.pads is None:
+                x = x + where[start:]
+            else:  # each row's own: its pads' (negative) read as 0, zeroed below
+                at = torch.arange(start, start + new.shape[1], device=x.device)
+                x = x + where[(at - self.pads[:, None]).clamp_min(0)]  # (B, t, d_model)
+        if self.pads is not None and start == 0:
+            x = x.masked_fill(~self.attention_mask[..., None], 0.0)  # pads: as before a row
         if model.shift is not None:
             before = x[:, :1] * 0 if self.previous is None else self.previous  # (B, 1, d_model)
             shifted = torch.cat([before, x[:, :-1]], dim=1)  # x_{i-1}
@@ -92,10 +112,16 @@ def generate(
     top_p: float | None = None,
     eos_token_id: int | None = None,
     seed: int | None = None,
+    attention_mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """prompt (B, T) int64 -> (B, T + n): the prompt and the generated tokens, n at most
     `max_new_tokens` (fewer once every row has produced `eos_token_id`; a finished row is
     padded with it).
+
+    attention_mask: (B, T) bool or 0/1, True = a real token, for prompts of different lengths
+    left-padded (each row's pads first): each row generates what it generates alone (its
+    positions counted from its first real token). A kernel that cannot take the padding
+    refuses it in one line (`Attention.padded_prefill_reason`).
 
     temperature 0 is greedy (argmax); above 0 tokens are sampled from softmax(logits / t),
     among the `top_k` most likely and the smallest set whose probability reaches `top_p`
@@ -117,6 +143,22 @@ def generate(
         raise ValueError(f"{OWNER}: option 'top_k' must be an int >= 1 or None, got {top_k!r}")
     if top_p is not None and not 0 < top_p <= 1:
         raise ValueError(f"{OWNER}: option 'top_p' must be in (0, 1] or None, got {top_p!r}")
+    if attention_mask is not None:
+        attention_mask = token_mask(OWNER, attention_mask, None)
+        if (
+            not isinstance(attention_mask, torch.Tensor)
+            or attention_mask.dtype != torch.bool
+            or attention_mask.shape != prompt.shape
+            or attention_mask.device != prompt.device
+        ):
+            got = attention_mask
+            if isinstance(got, torch.Tensor):
+                got = f"{got.dtype} {tuple(got.shape)} on {got.device}"
+            raise ValueError(
+                f"{OWNER}: option 'attention_mask' must be a bool (or 0/1) tensor of the "
+                f"prompt's shape {tuple(prompt.shape)} on its device, got {got}"
+            )
+        left_pads(OWNER, attention_mask)  # left padding, or a one-line error
     batch, length = prompt.shape
     total = length + max_new_tokens
     check_decodable(model, total)
@@ -125,8 +167,8 @@ def generate(
         generator = torch.Generator(device=prompt.device).manual_seed(seed)
     tokens = [prompt]
     done = torch.zeros(batch, 1, dtype=torch.bool, device=prompt.device)  # rows past their eos
-    with torch.no_grad(), evaluating(model), cached_kernels(model, batch, total):
-        positions, new = Positions(model), prompt
+    with torch.no_grad(), evaluating(model), cached_kernels(model, batch, total, attention_mask):
+        positions, new = Positions(model, attention_mask), prompt
         for _ in range(max_new_tokens):
             logits = positions.step(new)[:, -1]  # (B, vocab)
             new = pick(logits, temperature, generator, top_k=top_k, top_p=top_p)  # (B, 1)

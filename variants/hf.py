@@ -6,28 +6,13 @@ attention interface and to its mask interface as `attnbench_<name>`.
     model = LlamaForCausalLM(LlamaConfig(..., attn_implementation="attnbench_linear"))
 
 The optional extra `pip install -e .[hf]` installs transformers (5.x); nothing else in
-`variants` imports this module.
+`variants` imports this module. Masks: only the padding is passed on (True = a real token);
+the kernel is built causal where the attention module is. `generate(...,
+cache=KernelCache(max_len))` decodes on the kernels' own caches (a left-padded batch prefilled
+where the kernel can); HF's default cache runs a causal forward per token. Gated, shared-QK,
+parametrised and non-causal variants are refused when registered (`registry.hf_reason`).
 
-Why both interfaces: a model asks `AttentionMaskInterface[config._attn_implementation]` for
-its masks and, for a name that interface does not know, builds no mask at all, so an
-attention function registered alone never sees causal or padding masks (transformers
-#45811). Ours (`padding_mask`) passes on only the padding, (B, 1, 1, L_kv) bool with True = a
-real token, or None: the kernel is built causal where the attention module is
-(`is_causal`, as HF's SDPA path reads it) and masks padded keys itself, so no (L, L) mask is
-ever built.
-
-Decoding on the kernels' own caches: `generate(..., cache=KernelCache(max_len))`
-keeps, per layer, what the variant's decoder keeps (a window of keys, a running sum, block
-summaries: `Attention.init_cache`), so a token costs what `TransformerLM.generate` costs,
-flat in the context for window and state variants. With HF's default cache instead, the
-attention function gets the new queries and every cached key (L_q < L_kv) and runs the causal
-forward over L_kv positions, the new queries last: exact, but every token costs a forward.
-
-Refused when registered (`registry.hf_reason`; `register()` leaves them out; the README's
-registry table says which): gated variants (their gates come from the layer's input), shared-QK
-ones (an HF layer has its own key projection), kernels with parameters (one kernel serves every
-layer, so they would belong to no model) and non-causal ones. Refused at the call: another
-softmax scale, attention dropout, masks other than causal or bidirectional plus padding.
+Why both interfaces, decoding and what is refused, in full: docs/variants/hf.md.
 """
 
 from __future__ import annotations
@@ -47,9 +32,9 @@ from transformers.masking_utils import (
     prepare_padding_mask,
 )
 
-from variants.attention.common.base import Attention
+from variants.attention.common.base import MOVED_BY_LEFT_PADDING, Attention
 from variants.checks import UnsupportedCombination
-from variants.model import check_tokens
+from variants.positions import check_tokens
 from variants.registry import AttentionSpec, attention_names, attention_spec, hf_reason
 
 PREFIX = "attnbench_"
@@ -200,9 +185,8 @@ def _attention_function(name: str):
             keep = attention_mask[:, 0, 0, :]  # (B, L_kv)
             if not kernel.shift_invariant and bool((~keep[:, :-1] & keep[:, 1:]).any()):
                 raise UnsupportedCombination(
-                    f"hf: attention {name!r} does not take left-padded batches: its pattern is "
-                    "absolute in position (blocks, sinks), so padding would move a row's "
-                    "pattern; pad on the right or generate prompts one by one"
+                    f"hf: attention {name!r} does not take left-padded batches: "
+                    f"{MOVED_BY_LEFT_PADDING}; pad on the right or generate prompts one by one"
                 )
             extras["attention_mask"] = keep
         if layer is not None:  # generation on the kernel's own cache (`KernelCache`)
@@ -271,17 +255,14 @@ class KernelCacheLayer(CacheLayerMixin):
 
     def attend(self, kernel: Attention, query, key, value, keep) -> tuple[torch.Tensor, None]:
         """The new queries (B, H, T, D) over the kernel's cache, after adding key, value
-        (B, H_kv, T, D): prefill on the first call, then one decode step per position."""
+        (B, H_kv, T, D): prefill on the first call, then one decode step per position.
+        keep: None or (B, L_kv) bool, True = a real token: the prompt left-padded (the kernel
+        refuses what it cannot take, `Attention.padded_prefill_reason`), every later position
+        real."""
         if not kernel.supports_decode:
             raise UnsupportedCombination(
                 f"hf: attention {kernel.name!r} cannot generate on its own cache: "
                 f"{kernel.decode_reason}"
-            )
-        if keep is not None and not bool(keep.all()):
-            raise UnsupportedCombination(
-                f"hf: attention {kernel.name!r}: KernelCache takes prompts without padding "
-                "(prefill takes no key padding mask yet); generate padded prompts one by one "
-                "or with HF's default cache"
             )
         if self.kernel_cache is None:
             batch, heads, _, dim = query.shape
@@ -289,7 +270,12 @@ class KernelCacheLayer(CacheLayerMixin):
                 batch, heads, dim, max_len=self.max_len, device=query.device,
                 dtype=query.dtype, n_kv_heads=key.shape[1],
             )  # fmt: skip
-            out = kernel.prefill(query, key, value, self.kernel_cache)  # (B, H, T, D)
+            out = kernel.prefill(query, key, value, self.kernel_cache, attention_mask=keep)
+        elif keep is not None and not bool(keep[:, -query.shape[2] :].all()):
+            raise UnsupportedCombination(
+                f"hf: attention {kernel.name!r}: KernelCache takes padding in the prompt only "
+                "(option 'attention_mask' pads a new position)"
+            )
         else:
             steps = [
                 kernel.decode(

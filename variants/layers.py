@@ -18,6 +18,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from variants.attention.common.base import Attention, evaluating, replaying, shared_qk_keys
+from variants.attention.common.masking import left_pads
 from variants.checks import (
     check_attention_mask,
     require_divisible,
@@ -30,11 +31,12 @@ MULTIHEAD = "MultiheadAttention"
 ROTARY_BASE = 10000.0
 
 
-def rotary(x: torch.Tensor, offset: int = 0) -> torch.Tensor:
+def rotary(x: torch.Tensor, offset: int | torch.Tensor = 0) -> torch.Tensor:
     """Rotary position embedding (RoFormer, Su et al. 2021), halves form as in GPT-NeoX.
 
     x: (B, H, L, D), D even, at positions offset .. offset + L - 1 (a decoding step's are
-    after its cache's) -> (B, H, L, D). Feature pair (i, i + D/2) at position p is rotated
+    after its cache's; `offset` (B,) a row's own, behind a left-padded prompt's pads) ->
+    (B, H, L, D). Feature pair (i, i + D/2) at position p is rotated
     by the angle p * ROTARY_BASE^(-2i/D), so a dot product of a rotated query at m and a
     rotated key at n depends on the two positions only through m - n. Computed in float32
     or wider.
@@ -45,9 +47,13 @@ def rotary(x: torch.Tensor, offset: int = 0) -> torch.Tensor:
     freqs = torch.exp(
         torch.arange(half, device=x.device, dtype=wide) * (-2 * math.log(ROTARY_BASE) / dim)
     )  # (D/2,)
-    positions = torch.arange(offset, offset + length, device=x.device, dtype=wide)
-    angles = positions[:, None] * freqs  # (L, D/2)
-    cos, sin = angles.cos(), angles.sin()  # (L, D/2) each
+    if isinstance(offset, torch.Tensor):  # per row: (B, 1, L) positions
+        positions = torch.arange(length, device=x.device, dtype=wide) + offset.to(wide)[:, None]
+        positions = positions[:, None]
+    else:
+        positions = torch.arange(offset, offset + length, device=x.device, dtype=wide)  # (L,)
+    angles = positions[..., None] * freqs  # (L, D/2) or (B, 1, L, D/2)
+    cos, sin = angles.cos(), angles.sin()
     x1, x2 = x.to(wide)[..., :half], x.to(wide)[..., half:]  # (B, H, L, D/2) each
     return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).to(x.dtype)
 
@@ -216,14 +222,18 @@ class SelfAttention(nn.Module):
             n_kv_heads=self.kv_heads,
         )
 
-    def prefill(self, x: torch.Tensor, cache) -> torch.Tensor:
+    def prefill(
+        self, x: torch.Tensor, cache, attention_mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """The layer over a prompt, x (B, T, d_model) -> (B, T, d_model) as the causal forward,
-        leaving the empty `cache` (`init_cache`) as if the prompt had been decoded."""
+        leaving the empty `cache` (`init_cache`) as if the prompt had been decoded.
+        `attention_mask` (B, T), True = a real token: a left-padded prompt, each row then its
+        real tokens alone (rotary positions counted from its first; `Attention.prefill`)."""
         if cache.length:
             raise ValueError(
                 f"{type(self).__name__}: prefill needs an empty cache, it holds {cache.length}"
             )
-        return self._cached(x, cache)
+        return self._cached(x, cache, attention_mask)
 
     def decode(self, x: torch.Tensor, cache) -> torch.Tensor:
         """The T positions after the cache's, x (B, T, d_model) -> (B, T, d_model), decoded one
@@ -234,16 +244,17 @@ class SelfAttention(nn.Module):
             )
         return self._cached(x, cache)
 
-    def _cached(self, x: torch.Tensor, cache) -> torch.Tensor:
-        """The layer with its kernel bound to `cache`, without autograd and in eval mode."""
-        bound = CachedKernel(self.kernel, cache)
+    def _cached(self, x: torch.Tensor, cache, attention_mask=None) -> torch.Tensor:
+        """The layer with its kernel bound to `cache` (and a prompt's `attention_mask`),
+        without autograd and in eval mode."""
+        bound = CachedKernel(self.kernel, cache, attention_mask)
         with torch.no_grad(), evaluating(self), kernels_swapped([self], [bound]):
             return self(x)
 
-    def _offset(self) -> int:
-        """The positions before x's: the cache's length when the kernel is bound to one (a
-        decoding step), else 0."""
-        return self.kernel.cache.length if isinstance(self.kernel, CachedKernel) else 0
+    def _offset(self) -> int | torch.Tensor:
+        """The position of x's first token: 0, or when the kernel is bound to a cache the
+        cache's (`CachedKernel.offset`, per row (B,) behind a left-padded prompt)."""
+        return self.kernel.offset() if isinstance(self.kernel, CachedKernel) else 0
 
     def _by_head_groups(self, x: torch.Tensor, masks: Mapping[str, torch.Tensor]) -> torch.Tensor:
         """The attention before dropout, one group of heads at a time under checkpointing:
@@ -381,13 +392,24 @@ class MultiheadAttention(SelfAttention):
 
 class CachedKernel(nn.Module):
     """A layer's kernel bound to its decoding cache: q, k, v (B, H, T, D) of the next T
-    positions -> (B, H, T, D); the prompt (empty cache) by `prefill`, then one position at a
-    time by `decode`."""
+    positions -> (B, H, T, D); the prompt (empty cache) by `prefill`, with `attention_mask`
+    (B, T) if it is left-padded, then one position at a time by `decode`."""
 
-    def __init__(self, kernel: Attention, cache):
+    def __init__(self, kernel: Attention, cache, attention_mask: torch.Tensor | None = None):
         super().__init__()
         self.inner = kernel
         self.cache = cache
+        self.attention_mask = attention_mask
+
+    def offset(self) -> int | torch.Tensor:
+        """The position of the next token in each row's own sequence: the cache's length, less
+        a row's left pads ((B,) int64 once a padded prompt is in or about to go in)."""
+        if self.cache.length:
+            pads = self.cache.pads
+        else:
+            mask = token_mask(self.inner.name, self.attention_mask, None)
+            pads = left_pads(self.inner.name, mask)
+        return self.cache.length if pads is None else self.cache.length - pads
 
     @property
     def applies_shared_qk(self) -> bool:  # the layer asks its kernel (`SelfAttention`)
@@ -399,7 +421,9 @@ class CachedKernel(nn.Module):
         """gates (B, H, T, n_gates): a gated kernel's, from the positions' tokens (the layer
         computes them), handed to `prefill` and `decode` with their positions."""
         if self.cache.length == 0:
-            return self.inner.prefill(q, k, v, self.cache, gates)
+            return self.inner.prefill(
+                q, k, v, self.cache, gates, attention_mask=self.attention_mask
+            )
         pieces = []
         for t in range(q.shape[2]):
             at = slice(t, t + 1)

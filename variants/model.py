@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
@@ -15,8 +14,10 @@ from torch.utils.checkpoint import checkpoint
 from variants.attention.common.base import Attention
 from variants.blocks import block_names, build_stack, wire
 from variants.checks import require_choice
+from variants.generation import generate
 from variants.layers import SelfAttention, kernels_swapped, pre_norm_sublayers
 from variants.model_config import OWNER, ModelConfig
+from variants.positions import check_tokens, sinusoidal_positions
 from variants.registry import attention_spec
 
 
@@ -115,7 +116,7 @@ class TransformerLM(nn.Module):
 
     def kernels(self) -> Iterator[Attention]:
         """The attention kernels, one per layer, in layer order."""
-        return (layer.kernel for layer in self._attention_layers())
+        return (layer.kernel for layer in self.attention_layers())
 
     @contextmanager
     def kernels_replaced(
@@ -133,13 +134,14 @@ class TransformerLM(nn.Module):
         """
         spec = attention_spec(attention)
         options = attention_options or {}
-        layers = list(self._attention_layers())
+        layers = list(self.attention_layers())
         replacements = [layer.as_replacement(self.config.kernel(spec, options)) for layer in layers]
         _tie(replacements)
         with kernels_swapped(layers, replacements):
             yield
 
-    def _attention_layers(self) -> Iterator[SelfAttention]:
+    def attention_layers(self) -> Iterator[SelfAttention]:
+        """The attention sublayers, one per layer, in layer order."""
         return (m for m in self.blocks.modules() if isinstance(m, SelfAttention))
 
     def hidden(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -227,14 +229,15 @@ class TransformerLM(nn.Module):
         top_p: float | None = None,
         eos_token_id: int | None = None,
         seed: int | None = None,
+        attention_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """prompt (B, T) int64 -> (B, T + n) tokens, through every layer's decoding cache:
         greedy at temperature 0, else sampled (top_k, top_p; seeded with `seed`); a row that
         produced `eos_token_id` continues with it, and generation stops once every row has.
+        `attention_mask` (B, T), True = a real token: prompts of different lengths
+        left-padded, each row generating what it generates alone.
         See `variants.generation.generate`. A `pooled` readout does not generate (its logits
         are not next-token predictions): `ValueError`."""
-        from variants.generation import generate
-
         if self.config.readout != "tokens":
             raise ValueError(
                 f"{OWNER}: readout={self.config.readout!r} does not generate "
@@ -242,21 +245,8 @@ class TransformerLM(nn.Module):
             )
         return generate(
             self, prompt, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
-            eos_token_id=eos_token_id, seed=seed,
+            eos_token_id=eos_token_id, seed=seed, attention_mask=attention_mask,
         )  # fmt: skip
-
-
-def check_tokens(owner: str, tokens: torch.Tensor, max_seq_len: int) -> None:
-    """`ValueError` naming `owner` unless tokens are (batch, seq_len) with seq_len at most
-    option `max_seq_len`."""
-    if tokens.dim() != 2:
-        raise ValueError(
-            f"{owner}: tokens must have shape (batch, seq_len), got {tuple(tokens.shape)}"
-        )
-    if tokens.shape[1] > max_seq_len:
-        raise ValueError(
-            f"{owner}: seq_len {tokens.shape[1]} exceeds option 'max_seq_len'={max_seq_len}"
-        )
 
 
 def _at_least_float32(logits: torch.Tensor) -> torch.Tensor:
@@ -275,20 +265,3 @@ def _tie(kernels: Iterable[Attention], groups: Iterable[int] | None = None) -> N
         first = firsts.setdefault(group, kernel)
         if first is not kernel:
             kernel.tie_to(first)
-
-
-def sinusoidal_positions(
-    length: int, d_model: int, device=None, dtype=torch.float32
-) -> torch.Tensor:
-    """Fixed positional encoding (L, d_model): [sin(p w_i), cos(p w_i)], w_i = 10000^(-2i/d).
-
-    Sines fill the first half of the features and cosines the second (an odd d_model drops the
-    last cosine).
-    """
-    n_freqs = (d_model + 1) // 2
-    freqs = torch.exp(
-        torch.arange(n_freqs, device=device, dtype=torch.float32)
-        * (-2 * math.log(10000.0) / d_model)
-    )  # (d_model/2,)
-    angles = torch.arange(length, device=device, dtype=torch.float32)[:, None] * freqs  # (L, d/2)
-    return torch.cat([angles.sin(), angles.cos()], dim=-1)[:, :d_model].to(dtype)  # (L, d_model)

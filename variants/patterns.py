@@ -1,32 +1,16 @@
 """Fixed attention patterns as predicates on (query index, key index), and their block form.
 
-A pattern says which key positions j a query position i may attend to. Each one here is a small
-predicate, `allows(i, j)`, on broadcastable integer tensors of positions, and patterns compose:
-`a | b` is their union, `a & b` their intersection, `~a` the complement. One predicate is the
-single source of a pattern's meaning: the kernels' element masks (`variants.attention.common.local`,
-`strided`, `combined`), FlexAttention's block masks (`common.flex`), the FLOP counts
-(allowed pairs) and the pictures (`analysis.pattern_pictures`) all evaluate it. The tests check
-every predicate against a dense mask written out by hand.
+A pattern says which key positions j a query position i may attend to: a small predicate,
+`allows(i, j)`, on broadcastable integer tensors of positions; `a | b` is a union, `a & b` an
+intersection, `~a` the complement. The one predicate is a pattern's single source of meaning:
+the kernels' element masks, FlexAttention's block masks, the FLOP counts and the pictures all
+evaluate it. Its block form, `tile_states`, says for every (query tile, key tile) whether no
+pair is allowed (EMPTY), every pair is (FULL) or some are (PARTIAL), from the tiles' position
+ranges in O((L / tile)^2), never from an (L, L) mask.
 
-Each pattern also has a block form for execution: cut queries and keys into tiles of `tile`
-positions; `tile_states` says for every (query tile, key tile) whether no pair is allowed
-(EMPTY: the tile is skipped), every pair is (FULL: no element mask needed) or some are
-(PARTIAL: the predicate is evaluated inside that tile only). The primitive patterns compute it
-from the tiles' position ranges in O((L / tile)^2), never from an (L, L) mask; unions and
-intersections combine their parts' states, exactly where a part decides and conservatively
-(PARTIAL) otherwise. Tiles at the end of the sequence hold only real positions.
-
-The vocabulary (Sparse Transformer, Longformer, BigBird and attention-gym's mask functions):
-  Everything()                   every pair (exact attention)
-  Causal()                       j <= i
-  Local(block, back, forward)    j's block within [i's block - back, i's block + forward]
-  Band(width)                    |i - j| < width (a sliding window)
-  Strided(stride)                (i - j) mod stride == 0
-  Global(n, causal)              j < n (every query sees the first n keys) or, when not
-                                 causal, i < n (the first n queries see every key)
-  Random.draw(...)               each query block sees a few key blocks drawn with a seed
-  Summary(block, width)          the last `width` positions of every block (Sparse Transformer
-                                 "fixed": summary columns every later query sees)
+The vocabulary: Everything, Causal, Local(block, back, forward), Band(width), Strided(stride),
+Global(n, causal), Random.draw(...), Summary(block, width). Each one's rule and the block form
+in full: docs/variants/combined.md, "The pattern vocabulary".
 """
 
 from __future__ import annotations

@@ -9,6 +9,7 @@ is `combined` with BigBird's published shape: it builds, records and plots under
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -63,6 +64,7 @@ class AttentionSpec:
     block_sparse_work: bool = False
     knobs: tuple[str, ...] = ()  # options that set how close to exact (`Attention.knobs`)
     smaller_is_finer: tuple[str, ...] = ()
+    published_as: Mapping[str, str] = field(default_factory=dict)  # `Attention.published_as`
 
     @property
     def variant(self) -> str:
@@ -155,10 +157,21 @@ def register_attention(cls: type) -> type:
     return cls
 
 
-def register_preset(name: str, variant: type, summary: str, **options: Any) -> None:
+def register_preset(
+    name: str,
+    variant: type,
+    summary: str,
+    *,
+    published_as: Mapping[str, str] | None = None,
+    **options: Any,
+) -> None:
     """Register `name` as `variant` (a registered class) with `options` as its defaults; every
-    other option keeps the variant's default and any option can still be overridden."""
-    _ATTENTION.add(name, _spec(name, variant, dict(options), summary))
+    other option keeps the variant's default and any option can still be overridden.
+    `published_as`: the published model the preset is per suite (`Attention.published_as`)."""
+    spec = _spec(name, variant, dict(options), summary)
+    if published_as is not None:
+        spec = dataclasses.replace(spec, published_as=dict(published_as))
+    _ATTENTION.add(name, spec)
 
 
 def _spec(name: str, cls: type, preset: dict[str, Any], summary: str | None) -> AttentionSpec:
@@ -186,6 +199,7 @@ def _spec(name: str, cls: type, preset: dict[str, Any], summary: str | None) -> 
         block_sparse_work=cls.block_sparse_work,
         knobs=tuple(cls.knobs),
         smaller_is_finer=tuple(cls.smaller_is_finer),
+        published_as=dict(cls.published_as),
     )
 
 

@@ -3,26 +3,14 @@
 failure markers at the wall, legends, the layout pass every figure ends with, labels placed
 only where they fit, and the marker of a panel with nothing to draw.
 
-Conventions shared by every figure:
-  - one fixed colour per attention variant in every report (`variant_color`: registry order,
-    exact attention black), shaded and given its own marker per configuration of that variant;
-    one line style per block type (residual solid, reversible dashed, checkpoint dotted);
-  - a line is the mean over seeds and repeats, its band the minimum..maximum across them;
-  - a configuration that ended oom, timeout, skipped, error or diverged is a downward triangle at
-    the top wall of the panel, labelled with its status: failures are data, never dropped;
-  - a panel with nothing to draw says why (`message`); a figure with nothing drawn in any panel
-    is one that `nothing_drawn` names, and the report leaves it out.
-  - every legend is `legend_below` its panel, under the x tick labels and label; every figure
-    function returns through `finish`, which puts the legends there and grows the figure until
-    each panel keeps `_MIN_PANEL_INCHES` and nothing drawn is clipped; long titles and axis labels
-    wrap;
-  - labels drawn on a panel (crossover L*, point names, knob values) go through `place_labels`:
-    a label is drawn only where it overlaps no other and no marker it must not hide, and the
-    panel's title says how many were left out and where their text is instead (the legend).
-  tests/analysis/test_figure_layout.py checks all of this by bounding box for every figure.
-Figures are built with `matplotlib.figure.Figure`, not pyplot: no global state and no GUI, so
-saving uses Agg (PNG) and the SVG backend whatever the session's backend is; in a notebook a
-returned Figure displays inline.
+Conventions: one fixed colour per variant (`variant_color`) and one line style per block type;
+a line is the mean over seeds and repeats, its band their range; a configuration that did not
+end ok is a triangle at the panel's top wall, labelled with its status; a panel with nothing to
+draw says why; every legend is below its panel, every figure ends in `finish`, and panel labels
+go through `place_labels`. tests/analysis/test_figure_layout.py checks them by bounding box.
+Figures are `matplotlib.figure.Figure`, not pyplot: no global state and no GUI.
+
+The conventions in full: docs/internals-analysis.md, "figures/style".
 """
 
 from __future__ import annotations

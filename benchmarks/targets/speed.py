@@ -1,20 +1,16 @@
 """The kernel targets: speed-ups over SDPA, FLOP-rate fractions, scaling exponents and the
 ratios to the public implementations (`peers`), from 4K to 32K.
 
-Kernel timings are forward+backward (gradients of q, k, v) of every registered variant (and
-the blockwise comparisons; `kernels.kernel_settings`) at `kernels.shape()` (batch 1, 4 heads,
-head_dim 64, fp32 on the CPU unless the flags say otherwise), causal where the variant can be
-(Linformer cannot and runs unmasked), all against a bare
-`F.scaled_dot_product_attention(q, k, v, is_causal=True)` call. The machine is shared and its
-speed drifts, so every length is measured in rounds that time each contender once, and a
+Kernel timings are forward+backward (gradients of q, k, v) of every registered variant (and the
+blockwise comparisons; `kernels.kernel_settings`) at `kernels.shape()`, causal where the variant
+can be (Linformer runs unmasked), all against a bare `F.scaled_dot_product_attention(q, k, v,
+is_causal=True)` call. Every length is measured in rounds that time each contender once; a
 variant's speed-up is the median over rounds of SDPA's time / its time in the same round, and
 its FLOP fraction the median of its useful FLOP/s over the rate of a 1024^3 matmul timed just
-before and just after it.
-
-The combined presets (`longformer`, `bigbird`) are also timed against `blockwise` with the same
-number of key blocks per query block. `--kernels` restricts the registry variants timed (SDPA
-always runs). The bounds below are the targets some variants are held to at the default
-shape; every other variant measured gets rows without a bound.
+before and just after it. The combined presets (`longformer`, `bigbird`) are also timed against
+`blockwise` with the same number of key blocks per query block. `--kernels` restricts the
+registry variants timed (SDPA always runs). The bounds below are the targets some variants are
+held to at the default shape; every other variant measured gets rows without a bound.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ torch threads and one core taken by another process, every parallel region waits
 thread that shares a core, and the kernels that spend their time in many small calls (sparse
 patterns, kernel methods) lose far more than SDPA's few large fused calls; interleaved rounds
 cancel drift, not that. At one thread a job's speed-ups over SDPA measured beside a busy core
-agree with a quiet machine's (docs/running.md "Crossovers, busy and quiet"). Why one job per
+agree with a quiet machine's (docs/report.md "Crossovers, busy and quiet"). Why one job per
 free core: a quiet machine is still used whole, and a busy one is not oversubscribed.
 
 The figure is taken once, by the process that launches the sweep, and handed to its workers

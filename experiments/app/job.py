@@ -1,19 +1,17 @@
 """One job: a configuration measured under its budgets and recorded, whatever happens.
 
-`run_job` reads the resolved config once (`ResolvedConfig` for the record's identity, the checked
+`run_job` reads the resolved config once (`JobIdentity` for the record's identity, the checked
 `JobConfig` for everything below), skips a configuration already recorded ok in the sweep dir
 (resume), measures it (experiments/measurement/measure.py) and writes `<job dir>/result.json`
 with its history beside it, and its W&B run. Any failure becomes the record's `status`: a
 combination the variant cannot do is `skipped`, an invalid option or any other exception is
-`error` (nothing is tracked in W&B for a job that measured nothing). A record of another
-configuration found in the job's dir is moved aside (`displaced/<its hash>/`), never
-overwritten, and so is an ok record of its own configuration that a re-measure
-(`resume=false`) would replace: an ok measurement is never lost to a newer attempt. The job
-holds claims on its dir and its configuration from the resume check to its record's last write
-(`claimed`), so a second sweep into the same dir waits rather than replacing a record it did
-not see. A record or history that cannot be written (a full disk)
-raises `NotWritten`, one line naming the file. The Hydra entry point around it is
-experiments/run.py.
+`error` (nothing is tracked in W&B for a job that measured nothing). A job's dir is named by its
+configuration (experiments/app/job_dirs.py); an ok record of its own configuration that a
+re-measure (`resume=false`) would replace, and a record of another configuration found there,
+are moved aside (`displaced/<its hash>/`), never overwritten. The job holds claims on its dir
+and its configuration from the resume check to its record's last write (`claimed`), so a second
+sweep into the same dir waits. A record or history that cannot be written raises `NotWritten`,
+one line naming the file. The Hydra entry point around it is experiments/run.py.
 """
 
 from __future__ import annotations
@@ -29,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from experiments.app import tracking
-from experiments.job_config import JobConfig, ResolvedConfig
+from experiments.job_config import JobConfig, JobIdentity
 from experiments.measurement import budget
 from experiments.measurement.provenance import provenance
 from experiments.records import files, history, index, record, store
@@ -55,7 +53,7 @@ def run_job(
     """Measure and record one configuration; returns the record, or None if resumed (skipped).
 
     `config` is the resolved config (Hydra's, as a plain nested dict), read here once: as
-    `ResolvedConfig` for the record's identity, and as the checked `JobConfig` that everything
+    `JobIdentity` for the record's identity, and as the checked `JobConfig` that everything
     below takes. `sweep_dir` is set in a multirun: a configuration already recorded there with
     status ok is not measured again (resume), and nothing is written for it. `added`: the
     top-level keys the command line added with `+key=` (`experiments.job_config.added_keys`), an
@@ -64,17 +62,18 @@ def run_job(
     `lr_source`: where `train.lr` came from (`resolvers.lr_source_of`: tuned, untuned or None),
     recorded as the record's `lr_source`.
     """
-    resolved = ResolvedConfig(config)
-    digest = resolved.hash()
+    identity = JobIdentity(config)  # the record's identity, computed once, at the door
+    digest = identity.config_hash
     with claimed(out_dir, sweep_dir, digest):
-        if sweep_dir is not None and resolved.resume:
+        if sweep_dir is not None and identity.resume:
             previous = index.find_ok_record(sweep_dir, digest)  # not a scan of the sweep
             if previous is not None:
                 log.info("already recorded with status ok in %s; skipping", previous)
                 return None
             _say_if_unreadable(out_dir / "result.json")
         return _measure_and_record(
-            resolved,
+            config,
+            identity,
             out_dir,
             job=job,
             sweep_dir=sweep_dir,
@@ -120,7 +119,8 @@ def claimed(out_dir: Path, sweep_dir: Path | None, digest: str):
 
 
 def _measure_and_record(
-    resolved: ResolvedConfig,
+    config: dict[str, Any],
+    identity: JobIdentity,
     out_dir: Path,
     *,
     job: str,
@@ -130,18 +130,18 @@ def _measure_and_record(
     lr_source: str | None,
 ) -> dict[str, Any]:
     """The body of `run_job`, under the job's claims: measure, then write the record."""
-    digest = resolved.hash()
+    digest = identity.config_hash
     measure = import_for_measuring()
     import torch  # started by the measuring modules; the app's own import leaves it out
 
     _displace_other_record(out_dir, digest, sweep_dir, keep_ok=True)
     rec: dict[str, Any] = {
-        "sweep": resolved.sweep,
+        "sweep": identity.sweep,
         "job": job,
         "config_hash": digest,
         "status": record.OK,
         "error": None,
-        **resolved.columns(),
+        **identity.columns,
         "lr_source": lr_source,
     }
     tracker = tracking.Tracker()
@@ -149,7 +149,7 @@ def _measure_and_record(
     device = None
     started = time.perf_counter()
     try:
-        job_config = JobConfig.of(resolved, added)  # the job as one typed object, checked
+        job_config = JobConfig.of(config, added)  # the job as one typed object, checked
         if note := job_config.skipped_note():
             log.warning(note)
         built = measure.setup(job_config)
@@ -162,16 +162,16 @@ def _measure_and_record(
     else:
         device = built.device
         tracker = tracking.start_tracker(
-            resolved.logger,
-            run_config=resolved.tree,
-            group=tracking.group_of(resolved.sweep, sweep_dir),
+            identity.logger,
+            run_config=identity.tree,
+            group=tracking.group_of(identity.sweep, sweep_dir),
             job_type=f"{rec['attention']}-{rec['block']}",
             name=tracking.run_name(rec, digest),
             tags=[rec["attention"], rec["block"], rec["task"]],
             out_dir=out_dir,
             run_id=None  # made only if W&B is on: it writes `.sweep_id`
             if sweep_dir is None
-            else lambda: tracking.run_id(resolved.sweep, digest, sweep_dir),
+            else lambda: tracking.run_id(identity.sweep, digest, sweep_dir),
             replace_in=sweep_dir,
         )
         try:
@@ -184,7 +184,7 @@ def _measure_and_record(
                     built,
                     on_step=_logged(steps, tracker),
                     on_stage=_stage_recorder(
-                        job_config, rec, out_dir, sweep_dir, tracker, steps, started
+                        identity, rec, out_dir, sweep_dir, tracker, steps, started
                     ),
                 )
             rec.update(measured)
@@ -206,9 +206,9 @@ def _measure_and_record(
     if (
         rec["status"] != record.OK
     ):  # as it would have run: `auto` and null resolved, as measured ones
-        rec["device"] = device.type if device is not None else _device_or_as_configured(resolved)
+        rec["device"] = device.type if device is not None else _device_or_as_configured(identity)
         rec["threads"] = torch.get_num_threads()
-    rec["shared_qk"] = resolved.shared_qk  # None: the variant is unknown
+    rec["shared_qk"] = identity.shared_qk  # None: the variant is unknown
     rec.update(provenance(device), parallel_jobs=parallel_jobs)
     rec["offline_run_dir"] = None
     try:
@@ -267,7 +267,7 @@ def _logged(steps: history.History, tracker: tracking.Tracker):
 
 
 def _stage_recorder(
-    job: JobConfig,
+    identity: JobIdentity,
     rec,
     out_dir: Path,
     sweep_dir: Path | None,
@@ -278,7 +278,7 @@ def _stage_recorder(
     """Record each finished curriculum stage as its own configuration, as soon as it ends.
 
     A stage's record is the job's config at the stage's seq_len and batch_size
-    (`JobConfig.at_stage`; a mixture point's at its task options), in
+    (`JobIdentity.at`; a mixture point's at its task options), in
     `<job dir>/stages/<label>/result.json`, where the store,
     resume and the report find it like any other record, with the job's history up to the end
     of the stage beside it. A stage record of another configuration found there is displaced,
@@ -288,12 +288,12 @@ def _stage_recorder(
     def write(stage: curriculum.Stage, columns: dict[str, Any]) -> None:
         import torch  # the job's measuring started it
 
-        staged = job.at_stage(stage)
+        staged = identity.at(stage)
         stage_rec = {
             **rec,
             "job": f"{rec['job']}/{stage.label}",
-            "config_hash": staged.hash(),
-            **staged.columns(),
+            "config_hash": staged.config_hash,
+            **staged.columns,
             **columns,
             "shared_qk": staged.shared_qk,
             "job_seconds": time.perf_counter() - started,
@@ -319,14 +319,14 @@ def _say_if_unreadable(path: Path) -> None:
         log.warning("%s is unreadable (%s); measuring this configuration again", path, error)
 
 
-def _device_or_as_configured(resolved: ResolvedConfig) -> str:
+def _device_or_as_configured(identity: JobIdentity) -> str:
     """The device the job would have used (auto resolved), or the configured name if invalid."""
     from experiments.measurement import measure
 
     try:
-        return measure.resolve_device(resolved.device).type
+        return measure.resolve_device(identity.device).type
     except ValueError:
-        return str(resolved.device)
+        return str(identity.device)
 
 
 def _displace_other_record(
@@ -336,8 +336,9 @@ def _displace_other_record(
     `keep_ok` (as a job starts): an ok record of this configuration too (a re-measure,
     `resume=false`), so that whatever the new measurement ends in, the ok one is kept.
 
-    Job dirs are numbered by position in the sweep, so a value inserted into or reordered in a
-    re-run sweep gives a recorded configuration's dir to a new one. The old record moves to
+    Job dirs are named by configuration (experiments/app/job_dirs.py), so another
+    configuration's record is found in one only where the command line named the subdirs
+    (`hydra.sweep.subdir=...`) or records were copied in by hand. The old record moves to
     `displaced/<its hash>/result.json` below it (`<its hash>.2`, ... if that is taken: a
     record there is never replaced; a hash that is not a plain name, e.g. `../x` in a crafted
     record, as `unsafe-<its sha256>`: `store.safe_name`), its curriculum stages' records

@@ -3,27 +3,15 @@ configs may use, and the W&B logger's structured config.
 
     ${supports_causal:${attention.name}}   true if the variant can be causal, else false
     ${causal_only:${attention.name}}       true if the variant cannot be bidirectional
-    ${timing_workers:${device}}            jobs side by side in a timing sweep: one per free
-                                           CPU core at launch, 1 on CUDA (experiments/app/cores.py)
-    ${variants:causal,decodes}             every registered variant with those capabilities, as a
-                                           sweep's comma list (variants.registry.select: names
-                                           given first, then the rest in registry order), so a
-                                           preset takes new variants and plugins without an edit
-    ${tuned_lr:TABLE,${attention.name}}    the learning rate a tuning grid chose for the variant,
-                                           from conf/tuned/TABLE.yaml (`python -m analysis.tuning
-                                           SWEEP --write conf/tuned/TABLE.yaml` writes it); a
-                                           variant the table lacks or holds as null (no usable
-                                           rate) trains untuned at `default_lr()` (or at a third
-                                           argument: ${tuned_lr:TABLE,NAME,3e-3}), with a warning,
-                                           and its record's `lr_source` says `untuned`
+    ${timing_workers:${device}}            jobs side by side in a timing sweep
+    ${variants:causal,decodes}             every registered variant with those capabilities
+    ${job_dir:}                            a multirun job's dir, named by its configuration
+    ${tuned_lr:TABLE,${attention.name}}    the learning rate a tuning grid chose for the
+                                           variant, from conf/tuned/TABLE.yaml
 
-so a preset can train every variant causally where it can be and bidirectionally where it
-cannot (Linformer), instead of recording the latter as skipped. The logger's schema
-(`tracking.WandbLogger`) lets Hydra check the types of its settings at composition (why that
-is the one structured config: experiments/job_config.py).
-
-Importing this module starts no torch (`python -m experiments.run --help` imports it): the
-registry is looked up when a resolver is called, not before.
+The logger's schema (`tracking.WandbLogger`) lets Hydra check the types of its settings at
+composition. Importing this module starts no torch (`--help` imports it): the registry is
+looked up when a resolver is called, not before. Each resolver: docs/internals.md, "resolvers".
 """
 
 from __future__ import annotations
@@ -37,7 +25,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
 import variants
-from experiments.app import cores, tracking
+from experiments.app import cores, job_dirs, tracking
 from experiments.records.record import one_line
 
 log = logging.getLogger("attnbench")
@@ -174,5 +162,7 @@ def register() -> None:
         OmegaConf.register_new_resolver("variants", variant_list)
     if not OmegaConf.has_resolver("tuned_lr"):
         OmegaConf.register_new_resolver("tuned_lr", tuned_lr)
+    if not OmegaConf.has_resolver("job_dir"):
+        OmegaConf.register_new_resolver("job_dir", job_dirs.job_dir)
     # Stored outside the `logger` group, so that `--help` does not offer it as a logger.
     ConfigStore.instance().store(name="wandb_logger_schema", node=tracking.WandbLogger)

@@ -1,33 +1,18 @@
 """How a multirun ends: one step in plain order (gather, report, the jobs not ok, exit code).
 
-`SweepEnd` is the app's one Hydra callback (conf/config.yaml, `hydra.callbacks.sweep_end`):
-- at the multirun's start it checks `fail_on` (an unknown status: one line, exit 2), starts the
-  sweep's clock (sweep_clock.py) and stamps the records already there: any other at the end (or
-  one written again) is this multirun's.
-  From then on Ctrl-C raises `Interrupted`, a KeyboardInterrupt that carries the multirun;
-- as each job ends it gathers the store when due (experiments/records/index.py: after every
-  record in a small sweep, every 1/32 of its records in a large one), so even a killed sweep
-  keeps results.csv, up to its last few records;
-- at the multirun's end it runs `Multirun.end`, which does, in this order: gather the sweep's
-  records into results.csv/.parquet and print them (the store could not be written: one line,
-  and the exit code is 1); draw the report and log the W&B sweep-summary run, unless
-  `report=false` (both only when the records changed); print one
-  table of this multirun's jobs that did not end ok (status, the keys that vary in the sweep,
-  the one-line reason); return the exit code: 1 when one of them ended in a status of
-  `fail_on` (default: error, i.e. an invalid option or a crash), else 0 — skipped (an
-  unsupported combination), oom, timeout and diverged are results.
+`SweepEnd` is the app's one Hydra callback (conf/config.yaml, `hydra.callbacks.sweep_end`): at
+the multirun's start it checks `fail_on` (an unknown status: one line, exit 2), starts the
+sweep's clock and stamps the records already there; as each job ends it gathers the store when
+due (experiments/records/index.py); at the end `Multirun.end` gathers the records into
+results.csv/.parquet, draws the report and logs the W&B summary run (unless `report=false`),
+prints the jobs that did not end ok, and returns the exit code: 1 when one ended in a status of
+`fail_on` (default: error), else 0. A code other than 0 ends the process (`SystemExit`); on
+Ctrl-C, `Interrupted` carries the multirun to `experiments.run.main`, which ends it and
+returns 130. The report is analysis's, a floor above, which this module does not import: the
+callback is given its `report_step` (conf/config.yaml names analysis/sweep_report.py's
+`update`).
 
-How the exit code reaches the process, with no state kept in a module: a code other than 0 ends
-the process right there (`SystemExit`, which Hydra lets through; ending the multirun is the last
-thing Hydra does), and 0 lets the app return. On Ctrl-C the interrupt itself carries the
-multirun: `experiments.run.main` catches `Interrupted` and calls its `end(interrupted=True)`,
-which gathers and reports the jobs that finished, says how to continue and returns 130.
-
-The report is drawn by analysis, a floor above, which this module does not import: the callback
-is given its `report_step` (a `ReportStep`), named in conf/config.yaml
-(`hydra.callbacks.sweep_end.report_step`: analysis/sweep_report.py's `update`), and hands it
-the sweep dir, the logger's settings and `summarize`, which logs the W&B sweep-summary run
-(tracking.py).
+Each step, and how the exit code reaches the process: docs/internals.md, "sweep".
 """
 
 from __future__ import annotations

@@ -1,29 +1,18 @@
 """Weights & Biases tracking for the experiment runner, offline by default.
 
-A job calls `start_tracker(cfg.logger, ...)`, logs training steps with `Tracker.log_step`, and hands
-its finished record to `Tracker.finish`. With `logger=none`, `mode: disabled`, or when W&B cannot
-start, the tracker is a no-op: tracking never stops a job from recording its result locally.
+A job calls `start_tracker(cfg.logger, ...)`, logs training steps with `Tracker.log_step`, and
+hands its finished record to `Tracker.finish`. With `logger=none`, `mode: disabled`, or when W&B
+cannot start, the tracker is a no-op: tracking never stops a job from recording its result
+locally. WANDB_MODE, when set, wins over `logger.mode`. Nothing here reads W&B's offline logs:
+the record and the per-step history are kept locally whatever the logger.
 
-Mode precedence: the environment variable WANDB_MODE, when set, wins over `logger.mode` (so a
-shell or CI can force `offline`/`disabled` whatever the config says); `logger=none` turns W&B
-off altogether.
+One run per configuration of a sweep, and one summary run per sweep, however often the sweep is
+re-run: their ids come from the sweep's name, the sweep dir's identity (`<sweep dir>/.sweep_id`)
+and the configuration's hash, so a re-measured configuration replaces its offline run and
+resumes its online one. A job interrupted by Ctrl-C discards its run.
 
-An offline run is a folder `<dir>/wandb/offline-run-<time>-<id>/` holding W&B's own log of the
-run, which `wandb sync` uploads later. Nothing here reads that log: the record (result.json) and
-the per-step history (history.parquet, experiments/records/history.py) are kept locally whatever the
-logger, and offline run folders are found by W&B's folder name alone (`offline_run_dirs`).
-
-One run per configuration of a sweep, and one summary run per sweep, however often the sweep
-is re-run: their ids are derived from the sweep's name, the sweep dir's identity (a random token
-the first job stores in `<sweep dir>/.sweep_id`; it moves with the dir) and the configuration's
-hash, so a re-measured configuration *replaces* its offline run (the superseded folder is deleted
-before the new run starts) and *resumes* its online run (`resume="allow"`: the summary is the
-newest measurement's, the history holds every attempt's steps), while two sweep dirs of the same
-name sharing one `logger.dir` never touch each other's runs. Two sweeps into one dir at once
-share its `.sweep_id`, and a configuration is measured by one process at a time (the job's
-claims, experiments/app/job.py), so it still has one run: the same id, replaced or resumed,
-never a second folder `...-<id>-1` of two runs started together. A job interrupted by Ctrl-C
-discards its run.
+Mode precedence, offline folders and how run ids are kept unique: docs/internals.md,
+"tracking".
 """
 
 from __future__ import annotations

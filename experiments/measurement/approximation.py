@@ -1,19 +1,16 @@
 """A kernel's approximation error against exact attention, and what swapping it into a trained
 model costs: `approx_columns` gives a job's approximation-error columns. Exact attention over
 q, k, v drawn from N(0, 1) is nearly uniform at realistic head sizes, so every approximation
-looks broken on such inputs (relative errors above 1: `gaussian_inputs`, kept for comparison
-only); what a user cares about is the error on the queries, keys and values a trained model
-produces, so `approx_rel_error` is measured on the q, k, v of the reference model
-(experiments/measurement/reference_model.py) on held-out text at the job's length
-(`trained_inputs`), with a kernel that has learned state fitted to it first
-(experiments/measurement/kernel_fit.py), and `swap_bits_per_byte` is the reference's held-out
-bits/byte with the kernel in every layer instead of exact attention.
+looks broken on such inputs (`gaussian_inputs`, kept for comparison only); `approx_rel_error` is
+measured on the q, k, v of the reference model (experiments/measurement/reference_model.py) on
+held-out text at the job's length (`trained_inputs`), with a kernel that has learned state
+fitted to it first (experiments/measurement/kernel_fit.py), and `swap_bits_per_byte` is the
+reference's held-out bits/byte with the kernel in every layer instead of exact attention.
 
 Grouped KV heads (`model.n_kv_heads` = H_kv < H): the reference model has the job's H_kv key
-heads, so its k, v are grouped, and the Gaussian k, v are drawn with H_kv heads; the kernel runs
-on those grouped k, v and exact attention on the same ones is grouped-head exact attention
-(query head h reads key head h // (H / H_kv), `variants.attention.common.masking.repeat_kv`,
-PyTorch's `enable_gqa`: `exact_attention`). `approx_reference_n_kv_heads` records H_kv.
+heads, the Gaussian k, v are drawn with H_kv heads, and the kernel and exact attention
+(`exact_attention`: query head h reads key head h // (H / H_kv)) run on those grouped k, v.
+`approx_reference_n_kv_heads` records H_kv.
 """
 
 from __future__ import annotations

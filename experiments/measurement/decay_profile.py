@@ -2,22 +2,14 @@
 
     python -m experiments.measurement.decay_profile [--seq-len 64] [--models 20]
 
-For each of gated_deltanet and mamba2 at `decay=gate` and at `decay=mamba`: `--models` models
-of the long-range recall presets' shape (d_model 64, 2 heads, 2 layers, token_shift), each
-freshly initialised from its own seed, read on one batch of the presets' task (long_recall,
-16 pairs of 32 keys and values) at `--seq-len` tokens, before any training. Printed per row:
-
-- alpha (the per-token decay) at the 5, 25, 50, 75 and 95 % quantiles over layers, heads and
-  positions, and the half-life of the median, log(1/2) / log(alpha) tokens;
-- *kept at the query*: the median over the scored queries of the product of alpha from the
-  position after the queried pair's value to the query, the share of the value's write that
-  is still in the state (as a decay alone: the delta rule's erasures come on top) when its key
-  is asked for. Gradients that would teach the layer to keep the pair pass through the same
-  product.
-
-A last row draws the paper's initialisation directly (Mamba-2's mamba2_simple.py, fla's
-GatedDeltaNet: A ~ U(1, 16), dt log-uniform in [0.001, 0.1], alpha = exp(-A dt) at a zero
-projection), so the decay a model starts with can be read against it.
+Per variant and `decay` (gate, mamba): `--models` freshly initialised models of the long-range
+presets' shape (d_model 64, 2 heads, 2 layers, token_shift), read on one batch of their task
+(long_recall, 16 pairs of 32) before any training: alpha's 5-95 % quantiles over layers, heads
+and positions, the median's half-life log(1/2) / log(alpha), and *kept at the query*: the
+median over scored queries of the product of alpha from the position after the pair's value to
+the query (the share of the value's write the decay leaves, and of the gradient that would
+teach the gate to keep it). A last row draws the paper's initialisation (Mamba-2, fla's
+GatedDeltaNet: A ~ U(1, 16), dt log-uniform in [0.001, 0.1], alpha = exp(-A dt) at x W = 0).
 """
 
 from __future__ import annotations

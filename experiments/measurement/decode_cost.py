@@ -1,38 +1,18 @@
 """What a variant costs to generate with: prefill a context, then decode token by token.
 
-`measure_decode` runs the job's attention kernel alone (as the kernel timings do) at the job's
-shape (`measure.decode_scope=kernel`, the default): the prompt is the job's seq_len positions of
-random q, k, v, prefilled into a cache reserved for seq_len + warm-up + timed steps; then one
-position at a time is decoded onto it, each step timed on its own (the cache grows by one per
-step, so steps are not repeatable calls for `timing.time_call`). A gated kernel (NSA, DeltaNet)
-gets gates drawn as the model would give them (`base.sample_gates`), for the prompt and for each
-new position. `measure_model_decode` (`measure.decode_scope=model`) decodes with the whole model
-instead, each layer through its own kernel's cache (`variants.generation`): a prompt of seq_len
-random tokens, then one random token at a time (what is decoded does not change what it costs),
-so that a hybrid stack's decode is its layers' together, with the embedding, feed-forwards and
-head. Next to each step a copy of a tensor the size of the decoder's state is timed: decoding is
-memory-bound (exact attention reads its whole cache per token), and the copy is the machine's
-bandwidth, as the matmul rate is its compute. Columns (experiments/records/record.py, the
-"decode" block):
+`measure_decode` runs the job's attention kernel alone at the job's shape
+(`measure.decode_scope=kernel`, the default): the job's seq_len positions of random q, k, v
+prefilled into a cache reserved for seq_len + warm-up + timed steps, then one position at a time
+decoded onto it, each step timed on its own (gated kernels get gates drawn as the model would
+give them, `base.sample_gates`). `measure_model_decode` (`measure.decode_scope=model`) decodes
+with the whole model instead, each layer through its own kernel's cache (`variants.generation`),
+so a hybrid stack's decode is its layers' together. Next to each step a copy of a tensor the
+size of the decoder's state is timed: decoding is memory-bound, and the copy is the machine's
+bandwidth, as the matmul rate is its compute.
 
-  decode_prefill_ms          the prefill (cache built, forward over the prompt), one call,
-                             timed while the profiler takes its memory
-  decode_prefill_peak_bytes  peak live tensors of that call, forward only (the cache included)
-  decode_state_bytes         what the decoder keeps to generate the next token, after the
-                             prefill: the kernel's cache (`Cache.nbytes`), or with the whole
-                             model every layer's cache summed (records from before it was named
-                             so call it `cache_bytes`: analysis/load.py reads them as this)
-  decode_ms_per_token        median over the timed steps (IQR in decode_iqr_ms_per_token)
-  decode_copy_gb_per_s       copy bandwidth, STREAM's convention: bytes read + written / time
-  decode_read_gb_per_s       decode_state_bytes / decode_ms_per_token: the state read per token
-  decode_bandwidth_fraction  the two's ratio: 1 = the decode reads its state as fast as the
-                             machine copies; meaningless for states that fit in the CPU caches
-                             (linear, performer: a few hundred KiB)
-
-`state_columns` (`measure.decode_state`) is `decode_state_bytes` alone, nothing timed: the same
-prefill (of the kernel, or of the whole model) into a cache reserved for one more token, so a
-training preset's records can carry the state a variant decodes with (the recall-against-state
-frontier, analysis/frontier.py) at the cost of one forward.
+The columns (`decode_prefill_ms`, `decode_state_bytes`, `decode_ms_per_token`,
+`decode_bandwidth_fraction`, ...): docs/measurements.md and the record schema's "decode" block.
+`state_columns` (`measure.decode_state`): `decode_state_bytes` alone, untimed (the frontier).
 """
 
 from __future__ import annotations

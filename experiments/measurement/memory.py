@@ -1,20 +1,14 @@
 """Peak memory of a piece of work, with the same meaning on CPU and CUDA.
 
-`peak_memory_bytes` is the peak of bytes held by tensors allocated while `fn` runs, above what was
-live before it started. On CUDA it is the caching allocator's peak after a reset; on CPU the
+`peak_memory_bytes` is the peak of bytes held by tensors allocated while `fn` runs, above what
+was live before it started. On CUDA it is the caching allocator's peak after a reset; on CPU the
 allocator keeps no such counter, so we replay the profiler's allocation and free events in time
 order and take the running maximum, which is the same quantity when `fn` frees nothing that was
 live before it started (the suite's measured calls release their gradients at their end, not at
-their start: `experiments/measurement/measure.py`).
+their start: `experiments/measurement/measure.py`). The replay counts a free only of a block it
+saw allocated, with the size it saw, and keeps the profiler's own chatter off the console.
 
-The replay counts a free only of a block it saw allocated, with the size it saw. The size the
-profiler reports with a free comes from c10's table of CPU block sizes, which is filled only while
-a profiler runs and emptied only by frees seen while one runs: a block freed between two
-profilings leaves its entry behind, and a later block at the same address, allocated while no
-profiler ran, is then freed with the dead block's size. Summing those sizes made the same
-configuration's peak depend on which jobs the worker process had run before (Linformer at 4096:
-17.0 or 33.8 MB). The profiler's own chatter on stderr (its start and stop lines, and
-that blocks allocated before it started have no known size) is kept off the console.
+Why only frees of blocks it saw allocated (a measured case): docs/internals.md, "memory".
 """
 
 from __future__ import annotations

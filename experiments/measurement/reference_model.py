@@ -4,21 +4,15 @@
 training, its on-disk cache (`load_or_train`) and the q, k, v each of its layers' kernels
 receives on held-out text (`attention_inputs`, `for_kernel`).
 
-The errors are taken in distribution: the reference uses rotary positions (relative, as
-modern LMs do) and, after its stage at `seq_len`, trains a short stage at `long_seq_len` with the
-same optimizer and learning-rate schedule, so its `trained_length` covers the lengths the main job
-reports. A job longer than that gets no error (`approximation.py` records NaN and says why). A
-shared-QK kernel is measured on a reference trained with shared QK (`shared_qk`).
+The reference uses rotary positions and, after its stage at `seq_len`, trains a short stage at
+`long_seq_len`, so its `trained_length` covers the lengths the main job reports (a job longer
+than that gets no error). A shared-QK kernel is measured on a reference trained with shared QK.
+Models and fitted kernels are cached under `$ATTNBENCH_CACHE_DIR` (else
+`$XDG_CACHE_HOME/attnbench`, else `~/.cache/attnbench`), keyed by a digest of every setting that
+shapes them; concurrent jobs wait on a file lock, and a cached file that fails to load is moved
+aside and rebuilt.
 
-Models and fitted kernels (experiments/measurement/kernel_fit.py) are cached under the user's
-cache directory (`$ATTNBENCH_CACHE_DIR`, else `$XDG_CACHE_HOME/attnbench`, else
-`~/.cache/attnbench`) as `reference/<digest>.pt` and `reference/<digest>/kernel-<key>.pt`. The
-digest covers every setting that shapes the model (`ReferenceConfig` and the corpus's size), the
-key every setting that shapes the fitted kernel, so a changed config trains a new one; concurrent
-jobs wait on a file lock (the project's one, experiments/records/files.py: opened without
-following symlinks) instead of training twice. Files are written by the project's one atomic
-write, durably (fsynced before their rename), and a cached file that fails to load is moved aside
-(a warning names it) and rebuilt (`_cached`).
+The cache's layout, keys, locking and writes: docs/internals.md, "reference_model".
 """
 
 from __future__ import annotations

@@ -7,13 +7,10 @@ then moves one block, not the median. A figure whose blocks spread widely is fla
 
 A ratio of two calls' times (a kernel against exact attention) is taken in rounds that time each
 contender once in turn (`time_in_rounds`), as the median of the per-round ratios (`ratio`): a
-change in the machine's load between rounds moves both times of a round alike, so it cancels
-in the ratio instead of landing on whichever contender ran while the machine was busy.
-
-The machine's matmul rate, which achieved FLOP/s are divided by, is such a contender too (the
-`yardstick` of `timed_against`): timed in the kernel's own rounds, right after the kernel, never
-once per process, so a worker whose first matmul ran while the machine was busy cannot lend that
-rate to every later job.
+change in the machine's load between rounds moves both times of a round alike and cancels. The
+machine's matmul rate, which achieved FLOP/s are divided by, is such a contender too (the
+`yardstick` of `timed_against`): timed in the kernel's own rounds, never once per process, so a
+worker whose first matmul ran while the machine was busy cannot lend that rate to later jobs.
 """
 
 from __future__ import annotations

@@ -1,24 +1,18 @@
 """A sweep's index of its records, so that a job's bookkeeping does not grow with the sweep.
 
-Without it, each job read every record of its sweep twice: the resume check parsed every
-`result.json` looking for an ok one of its configuration, and the store was gathered again as
-the job ended (0.37 s per job at 1000 records on the 2-core test machine, so a 1000-job sweep
-spent quadratic time on its own records). With it:
-
 - resume asks `<sweep>/.index/ok/<config_hash>`, a marker holding the path (relative to the
   sweep dir) of an ok record of that configuration, and checks that record (`find_ok_record`);
 - a job notes each record it writes (`written`) or moves (`moved`), under the store's lock;
 - the tables are rewritten at a job's end only when due (`gather_if_due`): after every record
   up to `EVERY_RECORD` configurations, then once 1/`EVERY_RECORD` of them have been written
-  since (so their cost per record stays constant), or when the last rewrite is older than
-  `SLACK` times its own duration. The end of a multirun always gathers the records themselves.
+  since, or when the last rewrite is older than `SLACK` times its own duration. The end of a
+  multirun always gathers the records themselves.
 
 The records stay the truth and the index a cache of them: it is rebuilt from a full scan at a
-multirun's start (`rebuild`: records added, edited or removed by hand in between are seen), and
-whenever a lookup finds it incomplete (no `state.json`, or one marked incomplete after a note
-could not be written) or a marker pointing at anything but an ok record of its configuration.
-Records copied into a sweep dir by hand *during* a multirun are seen by its end and by the next
-multirun's resume.
+multirun's start (`rebuild`), and whenever a lookup finds it incomplete or a marker pointing at
+anything but an ok record of its configuration.
+
+Why (the quadratic cost it removed), and when it is rebuilt: docs/internals.md, "index".
 """
 
 from __future__ import annotations

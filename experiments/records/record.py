@@ -82,8 +82,8 @@ SCHEMA: tuple[Column, ...] = (
         "job",
         IDENTITY,
         str,
-        doc="the job's dir in its sweep: its number under Hydra's default subdir "
-        "(`<job>/<label>`: a stage or a mixture's count)",
+        doc="the job's dir in its sweep: `<attention>-L<seq_len>-<config_hash>` under the "
+        "default subdir (`<job>/<label>`: a stage or a mixture's count)",
     ),
     Column("config_hash", IDENTITY, str, doc="hash of what is measured (`config_hash`)"),
     Column("status", IDENTITY, str, doc=" | ".join(STATUSES)),
@@ -511,6 +511,8 @@ HASH_NEUTRAL_DEFAULTS = {
     "attention.feature_map": "identity",
     "attention.output_norm": False,
     "attention.shared_selection": False,
+    "attention.init": "xavier",  # linformer's probes (docs/variants/linformer.md)
+    "attention.learn_projection": True,
     "model.projection_bias": True,
     "model.n_kv_heads": None,
     "model.layers": None,

@@ -1,26 +1,18 @@
 """The local results store: one `result.json` per job, gathered per sweep into CSV and Parquet.
 
 Layout of a sweep dir (Hydra's `hydra.sweep.dir`):
-    <sweep>/<job>/result.json       one record per job (its dir: the job number by default),
-                                    written atomically by the job
+    <sweep>/<job>/result.json       one record per job (its dir: named by its configuration,
+                                    experiments/app/job_dirs.py), written atomically by the job
     <sweep>/results.csv             every record of the sweep, one row per configuration
     <sweep>/results.parquet         the same, typed
-A configuration is identified by `config_hash`; if it was measured more than once (a re-run of a
-failed job, a re-measure with `resume=false`), its newest ok record is shown, else its newest
-record (`chosen`), so no configuration appears twice, and the table shows what resume skips as
-done; the end of a sweep says so when an ok record is shown over a newer failure, and counts the
-older ok records kept beside the shown ones (`shown_notes`). The store is rewritten as
-each job ends and at the end of the multirun, so a killed sweep keeps what finished; gathering
-holds a lock on `<sweep>/.results.lock`, so parallel jobs (joblib) or two sweeps ending at once
-never write a table that misses a record another one had just written. The records are the
-truth: `python -m experiments.records.store <sweep dir>` (and `make report`) gathers them again.
-A `result.json` that cannot be read, that holds anything but a JSON object, or whose object is
-not a record of the schema's types (`record.type_problem`: `{}`, a numeric timestamp, seq_len
-64.5) is reported by path and left out; it never stops a sweep. An ok record holding NaN or
-infinities is kept, with a warning naming it and its columns. An extra column Parquet cannot
-take as it is (mixed kinds, lists of mixed items) is written to results.parquet as text. A
-multirun whose end cannot write the tables (a full disk, a symlink planted as the lock) says so
-in one line and exits 1 (`gather_at_end`).
+A configuration is identified by `config_hash`; measured more than once, its newest ok record
+is shown, else its newest (`chosen`). The store is rewritten as jobs end and at the end of the
+multirun, under a lock on `<sweep>/.results.lock`. The records are the truth:
+`python -m experiments.records.store <sweep dir>` gathers them again. A `result.json` that
+cannot be read, or is not a record of the schema's types, is reported by path and left out; a
+multirun whose end cannot write the tables says so in one line and exits 1 (`gather_at_end`).
+
+What is shown, locking, damaged records and Parquet's text columns: docs/internals.md, "store".
 """
 
 from __future__ import annotations

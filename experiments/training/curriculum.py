@@ -2,25 +2,17 @@
 
 A job trains at its `seq_len` for `train.steps` steps. With `train.curriculum` (a list of
 `{seq_len, steps}`, lengths increasing and shorter than the job's), the same model first trains
-at each of those lengths in turn, then at its own. Every stage sees the same number of tokens per
-step as the job (batch_size x seq_len), so a stage at a quarter of the length trains on four
-times the sequences. Recall tasks are learned through a sudden transition after many steps at
-short lengths and carry over to longer ones within a few hundred steps; a curriculum with the
-same schedule for every variant is a fair way to reach long lengths in budget (and what a job
-reports at each stage is how far a model trained that way gets at that length).
+at each of those lengths in turn, then at its own. Every stage sees the same number of tokens
+per step as the job (batch_size x seq_len). The stages are one training run (one optimizer
+state and one learning-rate schedule: experiments/training/train.py, `TrainingRun`), and every
+stage's record says how many steps the model had trained (`trained_steps`). A job shorter than
+some stages takes those below its length; `skipped_note` says so in one line.
 
-The stages are one training run: one optimizer state and one learning-rate schedule over all
-of them (experiments/training/train.py, `TrainingRun`), so a later length continues, not restarts,
-and every stage's record says how many steps the model had trained (`trained_steps`).
+`experiments.job_config.JobConfig` computes the job's `stages` when it is built, and
+`JobConfig.at_stage(stage)` is the configuration each earlier stage is recorded as. This module
+takes plain values and knows nothing of the config.
 
-A job shorter than some of the curriculum's stages (a preset run at a shorter `seq_len`) takes
-the stages below its length and leaves the others out; `skipped_note` says so in one line.
-
-The schedule is part of the job's settings: `experiments.job_config.JobConfig` computes its
-`stages` when it is built (a bad schedule is a config error before anything is built), and
-`JobConfig.at_stage(stage)` is the configuration each stage before the last is recorded as (the
-job's, at that stage's `seq_len` and `batch_size`), so the results hold one row per (variant,
-length) whatever the schedule. This module takes plain values and knows nothing of the config.
+Why a curriculum, and how stages are recorded: docs/internals.md, "curriculum".
 """
 
 from __future__ import annotations

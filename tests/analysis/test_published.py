@@ -43,7 +43,11 @@ def _verdicts(frame: pd.DataFrame) -> dict[str, str]:
 EXACT = {4: 1.0, 16: 0.99, 64: 0.98}
 
 
-def test_each_claim_holds_or_not_by_the_numbers():
+def test_each_claim_holds_or_not_by_the_numbers(monkeypatch):
+    from analysis import coverage
+
+    # without probe records (the snapshot's MoBA row: its own test below)
+    monkeypatch.setattr(coverage, "probe_records", lambda frame=None, snapshot=None: pd.DataFrame())
     agreeing = _capacity(
         {
             "full": EXACT,
@@ -146,6 +150,25 @@ def test_the_listops_claims_read_the_table():
     }
     at_floor = {"full": 0.2, "performer": 0.18}
     assert _suite_verdicts(listops_sweep(at_floor))["kernel and local fall"] == "not comparable"
+
+
+def test_moba_with_every_block_reads_its_covering_probe_beside_a_capacity_sweep(monkeypatch):
+    from analysis import coverage
+
+    capacity_sweep = _capacity({"full": EXACT})
+    claim = published.moba_with_every_block_is_full_attention
+    ours, verdict = claim(capacity_sweep)  # the committed snapshot's probe
+    assert ours.startswith("MoBA, blocks of 16 and top_k 16 (every block), at 4 / 8 / 16 / 32 / 64")
+    assert verdict == "holds"
+    probe = _capacity({"moba": {4: 0.99, 16: 0.9, 64: 0.6}}).assign(
+        sweep="coverage_probes", **{"attention.block_size": 16, "attention.top_k": 16}
+    )
+    monkeypatch.setattr(coverage, "probe_records", lambda frame=None, snapshot=None: probe)
+    assert claim(capacity_sweep) == (
+        "MoBA, blocks of 16 and top_k 16 (every block), at 4 / 16 / 64 pairs: 99.0 / 90.0 / 60.0 %",
+        "does not hold",
+    )
+    assert claim(load.tidy(pd.DataFrame([{"attention": "full", "task": "long_recall"}]))) is None
 
 
 # --- the 2026 families: Gated DeltaNet, and hybrid stacks ---

@@ -5,7 +5,7 @@ from __future__ import annotations
 from omegaconf import OmegaConf
 
 from experiments.app.job import run_job
-from experiments.job_config import JobConfig
+from experiments.job_config import JobConfig, JobIdentity
 from tests.experiments.conftest import CONF
 
 
@@ -25,7 +25,7 @@ def test_the_preset_sweeps_head_dim_at_fixed_width_and_kv_heads_at_4k_and_16k(re
             assert model.kv_heads == (int(n_heads) if n_kv_heads == "null" else int(n_kv_heads))
             assert job.measure.kernel and job.measure.memory and not job.measure.step
             assert not job.measure.approx_error and job.train.steps == 0
-            columns = job.columns()
+            columns = JobIdentity(config).columns
             assert (columns["head_dim"], columns["n_kv_heads"]) == (model.head_dim, model.kv_heads)
             head_dims.add(model.head_dim)
     assert head_dims == {32, 64, 128}
@@ -50,11 +50,13 @@ def test_a_grouped_heads_kernel_is_timed_on_keys_of_n_kv_heads(monkeypatch):
     import torch
 
     import variants
-    from experiments.measurement import measure
+    from experiments.measurement import kernel_rounds
 
     kernel = variants.build_attention("full", causal=True)
     seen = []
     monkeypatch.setattr(kernel, "forward", lambda q, k, v, gates=None: seen.append(k.shape) or q)
-    fwd, _ = measure._kernel_calls(kernel, (1, 4, 32, 8), torch.device("cpu"), torch.float32, 2)
+    fwd, _ = kernel_rounds.kernel_calls(
+        kernel, (1, 4, 32, 8), torch.device("cpu"), torch.float32, 2
+    )
     fwd()
     assert seen == [(1, 2, 32, 8)]

@@ -10,7 +10,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
 from experiments.app import plugin_options
-from experiments.job_config import JobConfig
+from experiments.job_config import JobConfig, JobIdentity
 from experiments.measurement import measure
 from experiments.records import record
 from tests.experiments.conftest import CONF, MEASURE_NOTHING
@@ -30,9 +30,9 @@ def test_a_bad_model_layers_is_one_value_error_naming_the_option(job_config, lay
         measure.setup(job)
 
 
-def test_the_jobs_model_is_the_stack_model_layers_names(job_config):
+def test_the_jobs_model_is_the_stack_model_layers_names(resolved_config):
     plugin_options.store_group_options()  # sliding_window has no YAML: the app stores its options
-    job = job_config(
+    config = resolved_config(
         "attention=sliding_window",
         "attention.window=8",
         "seq_len=32",
@@ -41,10 +41,11 @@ def test_the_jobs_model_is_the_stack_model_layers_names(job_config):
         "model.depth=4",
         "model.layers=[sliding_window,{name: full, impl: math}]",
     )
+    job = JobConfig.of(config)
     kernels = list(measure.setup(job).model.kernels())
     assert [k.name for k in kernels] == ["sliding_window", "full"] * 2
     assert kernels[0].window == 8 and kernels[1].impl == "math"
-    assert job.columns()["layers"] == "sliding_window+full(impl=math)"
+    assert JobIdentity(config).columns["layers"] == "sliding_window+full(impl=math)"
 
 
 @pytest.mark.slow
@@ -65,7 +66,8 @@ def test_a_cli_sweep_of_stacks_records_each_stack(cli, tmp_path):
         "model.depth=2",
         "model.layers=null,[linear,full]",
     )
-    records = [json.loads(p.read_text()) for p in sorted(sweep_dir.glob("*/result.json"))]
+    records = [json.loads(p.read_text()) for p in sweep_dir.glob("*/result.json")]
+    records.sort(key=lambda r: r["layers"])  # dirs are named by hash: no launch order
     assert [r["status"] for r in records] == ["ok", "ok"], [r["error"] for r in records]
     assert [r["layers"] for r in records] == ["linear", "linear+full"]
     assert all(r["attention"] == "linear" for r in records)

@@ -3,7 +3,9 @@ imports, read from the source (every import, at the top or inside a function, re
 resolved, and the modules named by `importlib.import_module` and kin with a literal name).
 
 The top-level floors, lowest first: variants <- experiments <- analysis <- benchmarks. A floor
-imports only those below it; inside experiments, analysis reads only the records.
+imports only those below it; inside experiments, analysis reads only the records. No import is
+delayed (into a function, or under `if TYPE_CHECKING`) to hide a cycle between the project's
+modules: the piece both sides need moves below them.
 """
 
 from __future__ import annotations
@@ -113,7 +115,7 @@ def test_training_knows_nothing_of_measuring_the_app_or_analysis():
 
 @pytest.mark.parametrize("floor", FLOORS)
 def test_no_floor_imports_one_above_it(floor):
-    """Issue 39: experiments/app/sweep.py imported analysis inside a function (the end-of-sweep
+    """experiments/app/sweep.py once imported analysis inside a function (the end-of-sweep
     report), a loop with analysis reading experiments.records that the delayed import hid;
     conf/config.yaml now names the report step, and no module of a floor imports a floor above
     it, at the top or not."""
@@ -153,3 +155,107 @@ def report():
     } <= names
     in_package = module_imports("from . import record", "experiments.records", package=True)
     assert in_package == {"experiments.records", "experiments.records.record"}
+
+
+def statement_imports(source: str, module: str, *, package: bool = False):
+    """Per import statement of `module`'s source, whether it is delayed (inside a function or
+    under `if TYPE_CHECKING`: an import a cycle can hide behind) and the modules it names (as
+    `module_imports` names them)."""
+    found = []
+
+    def visit(node: ast.AST, delayed: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            inside = delayed or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef))
+            if isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
+                inside = True
+            if isinstance(child, (ast.Import, ast.ImportFrom)):
+                names = module_imports(ast.unparse(child), module, package=package)
+                found.append((inside, names))
+            visit(child, inside)
+
+    visit(ast.parse(source), False)
+    return found
+
+
+def delayed_imports(source: str, module: str, *, package: bool = False) -> set[str]:
+    """The modules `module` imports inside a function or under `if TYPE_CHECKING`."""
+    rows = statement_imports(source, module, package=package)
+    return {name for delayed, names in rows if delayed for name in names}
+
+
+def project_graph() -> tuple[dict[str, set[str]], dict[str, set[str]]]:
+    """module -> the project modules it imports (every import statement), and module -> those
+    it imports delayed. A name resolves to the longest dotted prefix that is a project module;
+    `from pkg import sub` of a module `sub` imports pkg only as its parent, as any import of a
+    submodule does, and is not counted as an import of pkg."""
+    sources = {}
+    for floor in FLOORS:
+        for path in sorted((ROOT / floor).glob("**/*.py")):
+            package = path.name == "__init__.py"
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            sources[".".join(parts[:-1] if package else parts)] = (path.read_text(), package)
+
+    def resolve(names: set[str], module: str) -> set[str]:
+        parents = {n.rsplit(".", 1)[0] for n in names if n in sources and "." in n}
+        found = set()
+        for name in names - parents:
+            parts = name.split(".")
+            prefixes = (".".join(parts[:i]) for i in range(len(parts), 0, -1))
+            home = next((p for p in prefixes if p in sources), None)
+            if home is not None and home != module:
+                found.add(home)
+        return found
+
+    every, delayed = {}, {}
+    for module, (source, package) in sources.items():
+        every[module], delayed[module] = set(), set()
+        for later, names in statement_imports(source, module, package=package):
+            targets = resolve(names, module)
+            every[module] |= targets
+            if later:
+                delayed[module] |= targets
+    return every, delayed
+
+
+def reaches(graph: dict[str, set[str]], start: str, goal: str) -> bool:
+    seen, todo = {start}, [start]
+    while todo:
+        for nxt in graph.get(todo.pop(), ()):
+            if nxt == goal:
+                return True
+            if nxt not in seen:
+                seen.add(nxt)
+                todo.append(nxt)
+    return False
+
+
+def hidden_cycles(every: dict[str, set[str]], delayed: dict[str, set[str]]) -> list[str]:
+    """Each delayed import A -> B where B imports A back, directly or through others."""
+    return sorted(
+        f"{a} -> {b}" for a, targets in delayed.items() for b in targets if reaches(every, b, a)
+    )
+
+
+def test_no_delayed_import_hides_a_cycle_between_the_projects_modules():
+    """model <-> generation, model <-> hf, analysis.series <-> analysis.tuning and the combined
+    plan <-> layer once imported each other, one side in a function or under TYPE_CHECKING;
+    the shared pieces moved below both (variants/positions.py, analysis/context.py, the plan
+    built from plain values)."""
+    cycles = hidden_cycles(*project_graph())
+    assert cycles == [], f"delayed imports that hide a cycle: {cycles}"
+
+
+def test_the_cycle_reader_sees_imports_in_functions_and_under_type_checking():
+    source = """
+from typing import TYPE_CHECKING
+import variants.checks
+if TYPE_CHECKING:
+    from variants.attention.combined.layer import CombinedAttention
+def step():
+    from variants.model import sinusoidal_positions
+"""
+    names = delayed_imports(source, "variants.generation")
+    assert "variants.attention.combined.layer" in names and "variants.model" in names
+    assert "variants.checks" not in names
+    every = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert hidden_cycles(every, {"c": {"a"}, "d": {"a"}}) == ["c -> a"]

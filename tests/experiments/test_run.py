@@ -85,6 +85,14 @@ def job_records(sweep_dir: Path) -> dict[str, dict]:
     return {p.parent.name: json.loads(p.read_text()) for p in paths}
 
 
+def by_seq_len(sweep_dir: Path) -> dict[int, dict]:
+    """{seq_len: record} of a sweep's job dirs, each asserted to be named by its record."""
+    records = job_records(sweep_dir)
+    for job, rec in records.items():
+        assert job == f"{rec['attention']}-L{rec['seq_len']}-{rec['config_hash']}" == rec["job"]
+    return {rec["seq_len"]: rec for rec in records.values()}
+
+
 def record_mtimes(sweep_dir: Path) -> dict[str, int]:
     return {p.parent.name: p.stat().st_mtime_ns for p in sweep_dir.glob("*/result.json")}
 
@@ -117,7 +125,7 @@ def wandb_sweep(module_cli, tmp_path_factory) -> Path:
 
 def ok_records(sweep_dir: Path) -> dict[str, dict]:
     records = job_records(sweep_dir)
-    assert sorted(records) == ["0", "1", "2"]
+    assert sorted(job.split("-")[0] for job in records) == ["blockwise", "full", "linformer"]
     return {job: rec for job, rec in records.items() if rec["attention"] != "linformer"}
 
 
@@ -219,13 +227,13 @@ def test_killed_sweep_resumes_with_only_the_missing_jobs(cli, tmp_path):
     command = cli.sweep_args(sweep_dir, "seq_len=64,96,128", *BOOKKEEPING)
     process = cli.start(*command)
     deadline = time.monotonic() + 240
-    while not (sweep_dir / "0" / "result.json").exists():  # kill right after the first record
+    while not list(sweep_dir.glob("*/result.json")):  # kill right after the first record
         assert process.poll() is None and time.monotonic() < deadline, process.communicate()[1]
         time.sleep(0.02)
     process.kill()
     process.communicate()
     before = record_mtimes(sweep_dir)
-    assert "0" in before and len(before) < 3
+    assert 1 <= len(before) < 3
 
     done = cli.run(*command)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -234,46 +242,55 @@ def test_killed_sweep_resumes_with_only_the_missing_jobs(cli, tmp_path):
     assert sorted(results_csv(sweep_dir)["seq_len"]) == [64, 96, 128]
 
     # Extend the sweep after losing one record and failing another, with a value inserted
-    # first (every job dir now holds another configuration) and one appended: the lost, the
-    # failed and the two new configurations are measured; the one still recorded ok is not,
-    # though its record was moved out of the way of the inserted value's job.
-    (sweep_dir / "1" / "result.json").unlink()
-    failed = sweep_dir / "2" / "result.json"
+    # first and one appended: the lost, the failed and the two new configurations are
+    # measured, each in its own dir; the one still recorded ok is not, and its record stays.
+    jobs = {rec["seq_len"]: job for job, rec in job_records(sweep_dir).items()}
+    (sweep_dir / jobs[96] / "result.json").unlink()
+    failed = sweep_dir / jobs[128] / "result.json"
     failed.write_text(json.dumps({**json.loads(failed.read_text()), "status": "error"}))
-    # Written just now, before the sweep starts: an earlier run's record all the same (a sweep
-    # that counted records by their time would take it for its own error).
-    kept = json.loads((sweep_dir / "0" / "result.json").read_text())
     before = record_mtimes(sweep_dir)
     done = cli.sweep(sweep_dir, "seq_len=32,64,96,128,160", *BOOKKEEPING)
     assert_ran(done, ran=4, skipped=1)
-    moved = sweep_dir / "0" / "displaced" / kept["config_hash"] / "result.json"
-    assert json.loads(moved.read_text()) == kept and moved.stat().st_mtime_ns == before["0"]
-    assert {job: rec["seq_len"] for job, rec in job_records(sweep_dir).items()} == {
-        "0": 32,
-        "2": 96,
-        "3": 128,
-        "4": 160,
-    }
+    assert record_mtimes(sweep_dir)[jobs[64]] == before[jobs[64]]
+    records = by_seq_len(sweep_dir)
+    assert sorted(records) == [32, 64, 96, 128, 160]
+    assert {records[n]["job"] for n in (64, 96, 128)} == {jobs[64], jobs[96], jobs[128]}
+    assert not list(sweep_dir.glob("**/displaced"))
     frame = results_csv(sweep_dir)
     assert sorted(frame["seq_len"]) == [32, 64, 96, 128, 160] and set(frame["status"]) == {"ok"}
 
 
+def test_a_rerun_with_one_more_configuration_leaves_every_dir_its_configuration(cli, tmp_path):
+    """Job dirs are named by configuration (`experiments/app/job_dirs.py`): a sweep of two
+    lengths re-run with a third inserted first measures the new one in a dir of its own, and
+    each earlier dir holds the configuration it held (with numbered dirs the inserted value
+    took dir 0 and moved its record to `0/displaced/`)."""
+    sweep_dir = tmp_path / "sweep"
+    cli.sweep(sweep_dir, "seq_len=64,96", *BOOKKEEPING)
+    first = job_records(sweep_dir)
+    assert sorted(rec["seq_len"] for rec in first.values()) == [64, 96]
+    done = cli.sweep(sweep_dir, "seq_len=32,64,96", *BOOKKEEPING)
+    assert_ran(done, ran=1, skipped=2)
+    again = job_records(sweep_dir)
+    assert {job: again[job] for job in first} == first  # each dir: the same record
+    assert sorted(rec["seq_len"] for rec in again.values()) == [32, 64, 96]
+    assert set(by_seq_len(sweep_dir)) == {32, 64, 96}  # each dir named by its record
+    assert not list(sweep_dir.glob("**/displaced"))
+
+
 def test_a_second_multirun_with_its_own_subdirs_records_jobs_by_their_dir(cli, tmp_path):
-    """Job numbers restart at 0 in every multirun; a second one into the same sweep dir that
-    names its own subdirs (`make capacity-seeds`) gets jobs named by their dirs, so no two
-    jobs of the sweep share a name (analysis tells a job's records apart by it)."""
+    """A subdir named on the command line wins over the configuration's name; job numbers
+    restart at 0 in every multirun, and the jobs are named by their dirs, so no two jobs of
+    the sweep share a name (analysis tells a job's records apart by it)."""
     sweep_dir = tmp_path / "sweep"
     assert cli.sweep(sweep_dir, "seq_len=64,96", *BOOKKEEPING).returncode == 0
     done = cli.sweep(
         sweep_dir, "seq_len=128", "hydra.sweep.subdir=more-${hydra.job.num}", *BOOKKEEPING
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    assert {job: rec["seq_len"] for job, rec in job_records(sweep_dir).items()} == {
-        "0": 64,
-        "1": 96,
-        "more-0": 128,
-    }
-    assert sorted(results_csv(sweep_dir)["job"].map(str)) == ["0", "1", "more-0"]
+    named = {job: rec["seq_len"] for job, rec in job_records(sweep_dir).items()}
+    assert named.pop("more-0") == 128 and sorted(named.values()) == [64, 96]
+    assert sorted(results_csv(sweep_dir)["job"].map(str)) == sorted(["more-0", *named])
 
 
 # --- Tuned learning rates ----------------------------------------------------------------------
@@ -331,10 +348,10 @@ def test_oom_under_a_memory_cap_is_recorded_and_the_sweep_goes_on(cli, tmp_path)
         "budget.max_memory_gb=0.3",
         "logger=none",
     )
-    records = job_records(sweep_dir)
-    assert records["0"]["status"] == "oom" and "memory" in records["0"]["error"].lower()
-    assert "attn_fwd_ms" not in records["0"] and records["0"]["seq_len"] == 8192
-    assert records["1"]["status"] == "ok", records["1"]["error"]
+    records = by_seq_len(sweep_dir)
+    assert records[8192]["status"] == "oom" and "memory" in records[8192]["error"].lower()
+    assert "attn_fwd_ms" not in records[8192]
+    assert records[64]["status"] == "ok", records[64]["error"]
     assert sorted(results_csv(sweep_dir)["status"]) == ["ok", "oom"]
 
 
@@ -370,13 +387,13 @@ def test_sweep_with_an_invalid_option_lists_what_did_not_end_ok_and_exits_1(cli,
     header, *rows = table.splitlines()[1:5]
     assert header.split()[:2] == ["job", "status"] and header.split()[-1] == "reason"
     assert {"n_hashes", "shared_qk"} <= set(header.split())  # the keys that vary
-    assert [row.split()[:2] for row in rows] == [
-        ["0", "error"],
-        ["1", "skipped"],
-        ["3", "skipped"],
-    ]
-    assert "'n_hashes' must be a positive integer, got 0" in rows[0]
-    assert "requires option 'shared_qk'=True" in rows[1] and "shared_qk" in rows[2]
+    jobs = {r["job"]: r["status"] for r in job_records(sweep_dir).values() if r["status"] != "ok"}
+    assert {row.split()[0]: row.split()[1] for row in rows} == jobs  # by dir name
+    assert sorted(jobs.values()) == ["error", "skipped", "skipped"]
+    (error,) = [row for row in rows if row.split()[1] == "error"]
+    assert "'n_hashes' must be a positive integer, got 0" in error
+    skips = [row for row in rows if row.split()[1] == "skipped"]
+    assert any("requires option 'shared_qk'=True" in row for row in skips)
     assert "error: 1 error in this sweep" in done.stderr
 
 
@@ -387,12 +404,19 @@ def test_ctrl_c_keeps_what_finished_and_leaves_no_run_of_the_interrupted_job(cli
     process = cli.start(
         *cli.sweep_args(sweep_dir, "train.steps=1,100000", *MEASURE_NOTHING), new_session=True
     )
-    first, deadline = sweep_dir / "0" / "result.json", time.monotonic() + 240
-    while not (first.exists() and json.loads(first.read_text() or "{}").get("offline_run_dir")):
+    deadline = time.monotonic() + 240
+
+    def first_recorded() -> bool:
+        found = list(sweep_dir.glob("*/result.json"))
+        return bool(found) and bool(json.loads(found[0].read_text() or "{}").get("offline_run_dir"))
+
+    while not first_recorded():
         assert process.poll() is None and time.monotonic() < deadline, process.communicate()[1]
         time.sleep(0.05)
-    while not (sweep_dir / "1" / ".hydra").exists():
+    (first,) = sweep_dir.glob("*/result.json")
+    while len(list(sweep_dir.glob("*/.hydra"))) < 2:  # the second job has started
         time.sleep(0.05)
+    (second,) = [p.parent for p in sweep_dir.glob("*/.hydra") if p.parent != first.parent]
     time.sleep(1.0)
     os.killpg(process.pid, signal.SIGINT)  # as Ctrl-C in a terminal: the whole process group
     stdout, stderr = process.communicate(timeout=240)
@@ -404,7 +428,7 @@ def test_ctrl_c_keeps_what_finished_and_leaves_no_run_of_the_interrupted_job(cli
     # re-run leaves no failed run beside the good one (re-runs replace runs: test_tracking.py).
     runs = [wandb_runs.read(r) for r in wandb_runs.find(sweep_dir)]
     assert sorted(r["job_type"] for r in runs) == ["full-residual", "sweep-summary"]
-    assert not wandb_runs.find(sweep_dir / "1")
+    assert not wandb_runs.find(second)
 
 
 # --- Launchers --------------------------------------------------------------------------------
@@ -417,7 +441,7 @@ def test_submitit_local_launch_records_and_gathers(cli, tmp_path):
     # recorded and gathered.
     cli.sweep(sweep_dir, "hydra/launcher=submitit_local", "attention=full,blockwise", *BOOKKEEPING)
     records = job_records(sweep_dir)
-    assert sorted(records) == ["0", "1"]
+    assert sorted(job.split("-")[0] for job in records) == ["blockwise", "full"]
     assert [r["status"] for r in records.values()] == ["ok", "ok"]
     assert (sweep_dir / ".submitit").is_dir()  # the jobs really went through submitit
     assert sorted(results_csv(sweep_dir)["attention"]) == ["blockwise", "full"]

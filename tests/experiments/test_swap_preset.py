@@ -7,7 +7,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from experiments.app.job import run_job
-from experiments.job_config import JobConfig
+from experiments.job_config import JobConfig, JobIdentity
 from tests.experiments.conftest import CONF
 
 pytest.importorskip("transformers")
@@ -21,14 +21,15 @@ FAST = (
 def test_the_preset_trains_a_grouped_llama_on_text_at_1024_over_an_lr_grid(resolved_config):
     swept = OmegaConf.load(CONF / "experiment" / "swap.yaml").hydra.sweeper.params
     assert len(str(swept["train.lr"]).split(",")) >= 3
-    job = JobConfig.of(resolved_config("+experiment=swap"))
+    config = resolved_config("+experiment=swap")
+    job = JobConfig.of(config)
     model = job.model_config(vocab_size=256)
     assert (model.family, model.positions, model.kv_heads, model.n_heads) == (
         "hf_llama", "rotary", 2, 4,
     )  # fmt: skip
     assert job.seq_len == 1024 and job.task["name"] == "text"
     assert job.measure.step and job.train.steps > 0
-    assert job.columns()["model.family"] == "hf_llama"
+    assert JobIdentity(config).columns["model.family"] == "hf_llama"
 
 
 def test_a_swap_job_records_bits_per_byte_and_step_time(resolved_config, tmp_path):

@@ -32,11 +32,13 @@ EXACT_DECODERS = [
 ]
 
 
-def _model(attention, **options):
+def _model(attention, attention_options=None, **options):
     torch.manual_seed(0)
     config = {"vocab_size": 11, "d_model": 16, "n_heads": 2, "depth": 2, "max_seq_len": 32}
+    if attention_options is None:
+        attention_options = OPTIONS.get(attention, {})
     model = TransformerLM(
-        **config, attention=attention, attention_options=OPTIONS.get(attention, {}), **options
+        **config, attention=attention, attention_options=attention_options, **options
     )
     return model.double().eval()
 
@@ -148,3 +150,129 @@ def test_generate_stops_at_eos_and_samples_within_top_k_and_top_p():
     for bad in ({"top_k": 0}, {"top_p": 1.5}):
         with pytest.raises(ValueError, match=f"option '{next(iter(bad))}'"):
             model.generate(prompt, 2, **bad)
+
+
+# --- left-padded batches: each row generates what it generates alone ------------------------
+LENGTHS = (5, 9, 12)
+PADDED = {  # case: (attention, the model's other fields)
+    "full": ("full", {}),
+    "full, rotary": ("full", {"positions": "rotary"}),
+    "full, token shift, grouped KV heads": ("full", {"token_shift": True, "n_kv_heads": 1}),
+    "sliding_window": ("sliding_window", {"attention_options": {"window": 4}}),
+    "sliding_window, rotary, learned sink": ("sliding_window", {
+        "positions": "rotary", "attention_options": {"window": 4, "learned_sink": True},
+    }),
+    "strided": ("strided", {}),
+    "linear": ("linear", {}),
+    "linear, rotary": ("linear", {"positions": "rotary"}),
+    "performer": ("performer", {}),
+    "deltanet, short conv": ("deltanet", {"attention_options": {"chunk_size": 4, "short_conv": 3}}),
+    "gated_deltanet, rotary": ("gated_deltanet", {"positions": "rotary"}),
+    "mamba2": ("mamba2", {}),
+    "hybrid gated_deltanet : full": ("full", {"layers": ["gated_deltanet", "full"]}),
+}  # fmt: skip
+
+
+def _left_padded(lengths=LENGTHS, vocab=11):
+    """Rows of `lengths` random tokens in 1..vocab - 1, left-padded with 0 to the longest:
+    the rows, the prompt (B, T) and its mask (B, T), True = a real token."""
+    generator = torch.Generator().manual_seed(4)
+    rows = [torch.randint(1, vocab, (n,), generator=generator) for n in lengths]
+    width = max(lengths)
+    prompt = torch.zeros(len(rows), width, dtype=torch.long)
+    mask = torch.zeros(len(rows), width, dtype=torch.bool)
+    for i, row in enumerate(rows):
+        prompt[i, width - len(row) :], mask[i, width - len(row) :] = row, True
+    return rows, prompt, mask
+
+
+def _stepped_logits(model, prompt, mask, steps):
+    """Greedy decoding through the caches: the logits of the prompt's positions and of each
+    new token's, (B, T + steps, vocab_size)."""
+    from variants.generation import Positions, cached_kernels
+
+    with torch.no_grad(), cached_kernels(model, prompt.shape[0], prompt.shape[1] + steps, mask):
+        positions = Positions(model, mask)
+        logits = [positions.step(prompt)]
+        for _ in range(steps):
+            logits.append(positions.step(logits[-1][:, -1].argmax(-1, keepdim=True)))
+    return torch.cat(logits, dim=1)
+
+
+@pytest.mark.parametrize("case", list(PADDED))
+def test_a_left_padded_row_generates_what_it_generates_alone(case):
+    """Prompts of 5, 9 and 12 tokens in one left-padded batch: each row's greedy tokens are
+    the row's alone, and its logits at every real position (prompt and generated) those of
+    the uncached forward over the row's tokens alone (fp64)."""
+    attention, fields = PADDED[case]
+    model = _model(attention, **fields)
+    rows, prompt, mask = _left_padded()
+    steps, width = 8, prompt.shape[1]
+    batched = model.generate(prompt, steps, attention_mask=mask)
+    logits = _stepped_logits(model, prompt, mask, steps)
+    for i, row in enumerate(rows):
+        pads = width - len(row)
+        alone = model.generate(row[None], steps)  # (1, len + steps)
+        assert torch.equal(batched[i, pads:], alone[0]), f"row {i}"
+        with torch.no_grad():
+            torch.testing.assert_close(logits[i, pads:], model(alone)[0])
+
+
+def test_an_unpadded_mask_changes_nothing():
+    model = _model("blockwise")  # it refuses padding, not a mask without pads
+    prompt = torch.randint(0, 11, (2, 5), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones(2, 5, dtype=torch.long)
+    assert torch.equal(model.generate(prompt, 6, attention_mask=mask), model.generate(prompt, 6))
+
+
+@pytest.mark.parametrize(
+    ("attention", "options", "why"),
+    [
+        ("blockwise", {}, "absolute in position"),
+        ("sliding_window", {"sink_tokens": 2}, "absolute in position"),
+        ("routing", {}, "absolute in position"),
+    ],
+)
+def test_a_kernel_whose_pattern_padding_moves_refuses_a_padded_batch(attention, options, why):
+    model = _model(attention, attention_options=OPTIONS.get(attention, {}) | options)
+    _, prompt, mask = _left_padded()
+    with pytest.raises(ValueError, match=f"'{attention}' does not prefill a left-padded option "
+                       f"'attention_mask': its pattern is {why}") as error:  # fmt: skip
+        model.generate(prompt, 3, attention_mask=mask)
+    assert "\n" not in str(error.value)
+    assert [k.name for k in model.kernels()] == [attention] * 2  # kernels restored
+
+
+def test_a_mask_that_is_not_left_padding_is_refused_in_one_line():
+    model = _model("full")
+    _, prompt, mask = _left_padded()
+    with pytest.raises(ValueError, match="option 'attention_mask' must be left padding"):
+        model.generate(prompt, 3, attention_mask=mask.flip(1))  # right padding
+    empty = mask.clone()
+    empty[0] = False
+    with pytest.raises(ValueError, match="option 'attention_mask' must be left padding"):
+        model.generate(prompt, 3, attention_mask=empty)  # a row of no token
+    for bad in (mask[:, 1:], mask.double()):
+        with pytest.raises(ValueError, match="option 'attention_mask' must be a bool .* shape"):
+            model.generate(prompt, 3, attention_mask=bad)
+
+
+@pytest.mark.parametrize("attention", ["full", "linear"])
+def test_multihead_attention_prefills_a_left_padded_batch_as_each_row_alone(attention):
+    """The layer's own prefill takes the mask: rotary positions count from a row's first
+    real token, and decoding after it equals the row's forward alone."""
+    torch.manual_seed(0)
+    mha = variants.MultiheadAttention(16, 2, attention=attention, positions="rotary").double()
+    mha.eval()
+    x = torch.randn(2, 10, 16, dtype=torch.float64)
+    mask = torch.ones(2, 6, dtype=torch.bool)
+    mask[0, :4] = False  # row 0's prompt: 2 real tokens behind 4 pads
+    cache = mha.init_cache(2, max_len=10)
+    with torch.no_grad():
+        steps = [mha.prefill(x[:, :6], cache, attention_mask=mask)]
+        steps += [mha.decode(x[:, t : t + 1], cache) for t in range(6, 10)]
+        stepped = torch.cat(steps, dim=1)  # (2, 10, 16)
+        torch.testing.assert_close(stepped[0, 4:], mha(x[:1, 4:])[0])
+        torch.testing.assert_close(stepped[1], mha(x[1:])[0])
+        bias = mha.out.bias.expand(4, -1)  # padded positions: the kernel's zeros, projected
+        torch.testing.assert_close(stepped[0, :4], bias, rtol=0, atol=0)

@@ -233,12 +233,52 @@ def test_generation_on_the_kernels_own_cache_equals_the_uncached_forward(name):
     torch.testing.assert_close(torch.stack(cached.logits), torch.stack(plain.logits))
 
 
-def test_kernel_cache_refuses_padded_prompts_and_beams_in_one_line():
-    model = _llama("attnbench_linear")
-    tokens, mask = _padded_batch("left")
-    with pytest.raises(UnsupportedCombination, match="KernelCache takes prompts without padding"):
+def _left_padded_prompts(lengths=(5, 9, 12)):
+    """Rows of `lengths` tokens, left-padded with 0 to the longest: the rows, the batch (B, T)
+    and its attention mask (B, T) of 0/1, as a tokenizer gives them for generation."""
+    generator = torch.Generator().manual_seed(5)
+    rows = [torch.randint(1, 100, (n,), generator=generator) for n in lengths]
+    width = max(lengths)
+    tokens = torch.zeros(len(rows), width, dtype=torch.long)
+    mask = torch.zeros(len(rows), width, dtype=torch.long)
+    for i, row in enumerate(rows):
+        tokens[i, width - len(row) :], mask[i, width - len(row) :] = row, 1
+    return rows, tokens, mask
+
+
+@pytest.mark.parametrize("name", ["full", "sliding_window", "strided", "linear", "performer"])
+def test_kernel_cache_generates_a_left_padded_batch_as_each_prompt_alone(name):
+    """HF's `generate(input_ids, attention_mask=...)` on KernelCache: prompts of 5, 9 and 12
+    tokens left-padded in one batch give each prompt's greedy tokens alone and its logits
+    within float32 rounding (HF counts a row's rotary positions from its first real token)."""
+    model = _llama(f"attnbench_{name}")
+    rows, tokens, mask = _left_padded_prompts()
+    settings = {"max_new_tokens": 6, "do_sample": False, "output_logits": True}
+    settings |= {"return_dict_in_generate": True, "pad_token_id": 0}
+    with torch.no_grad():
+        batched = model.generate(
+            tokens, attention_mask=mask, cache=hf.KernelCache(max_len=32), **settings
+        )
+        for i, row in enumerate(rows):
+            alone = model.generate(
+                row[None], attention_mask=torch.ones(1, len(row), dtype=torch.long),
+                cache=hf.KernelCache(max_len=32), **settings,
+            )  # fmt: skip
+            generated = batched.sequences[i, tokens.shape[1] :]
+            assert torch.equal(generated, alone.sequences[0, len(row) :])
+            got = torch.stack([step[i] for step in batched.logits])  # (steps, vocab)
+            torch.testing.assert_close(got, torch.stack(alone.logits)[:, 0])
+
+
+def test_kernel_cache_refuses_a_padded_batch_its_kernel_cannot_take_in_one_line():
+    """blockwise's blocks are absolute positions: a left-padded batch is refused (by the
+    attention function, before any cache); `max_len` is checked when the cache is built."""
+    model = _llama("attnbench_blockwise")
+    _, tokens, mask = _left_padded_prompts()
+    with pytest.raises(UnsupportedCombination, match="'blockwise' does not take left-padded") as e:
         model.generate(tokens, attention_mask=mask, cache=hf.KernelCache(max_len=32),
-                       max_new_tokens=2, do_sample=False)  # fmt: skip
+                       max_new_tokens=2, do_sample=False, pad_token_id=0)  # fmt: skip
+    assert "\n" not in str(e.value)
     with pytest.raises(ValueError, match="option 'max_len' must be a positive int"):
         hf.KernelCache(max_len=0)
 

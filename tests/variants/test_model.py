@@ -48,7 +48,7 @@ def test_a_pooled_readout_reads_every_position_from_the_last_state_alone():
     assert logits.shape == (2, 9, 11)
     assert not torch.allclose(logits[:, 0], model(changed)[:, 0])
     last = model.hidden(tokens)[:, -1:]  # (B, 1, d_model)
-    positions = variants.model.sinusoidal_positions(9, 16, last.device, last.dtype)
+    positions = variants.positions.sinusoidal_positions(9, 16, last.device, last.dtype)
     torch.testing.assert_close(logits, model.head(model.norm(model.decoder(last + positions))))
     targets, mask = tokens, torch.ones_like(tokens, dtype=torch.bool)
     torch.testing.assert_close(

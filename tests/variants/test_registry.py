@@ -13,6 +13,7 @@ from omegaconf import OmegaConf
 
 import variants
 from tests.reference import Gated, assert_causal, qkv
+from variants import registry
 
 CONF = Path(__file__).resolve().parents[2] / "conf" / "attention"
 README = Path(__file__).resolve().parents[2] / "README.md"
@@ -209,3 +210,14 @@ def test_the_table_command_says_what_it_prints():
     )
     assert done.returncode == 0 and "usage: python -m variants" in done.stdout
     assert "README.md" in done.stdout and "registry table" in done.stdout
+
+
+def test_published_as_comes_from_the_class_or_the_preset_and_reaches_the_suite_tables():
+    from analysis import suites
+
+    assert registry.attention_spec("longformer").published_as == {"lra": "Longformer"}
+    assert registry.attention_spec("combined").published_as == {}  # the preset's, not its base's
+    assert registry.attention_spec("lsh").published_as == {"lra": "Reformer"}
+    assert suites.published_as("lsh", "lra") == "Reformer"
+    assert suites.published_as("lsh", "mad") is None
+    assert suites.published_as("not_registered", "lra") is None

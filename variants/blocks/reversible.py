@@ -1,12 +1,8 @@
 """Reversible blocks (RevNet coupling, as in the Reformer): activation memory independent of depth.
 
-A block maps two streams (x1, x2) to
-
-    y1 = x1 + Attn(LN x2)
-    y2 = x2 + FF(LN y1)
-
-and is inverted exactly by x2 = y2 - FF(LN y1), x1 = y1 - Attn(LN x2). The stack runs all
-blocks inside one autograd Function that keeps only the last block's outputs; backward walks the
+A block maps two streams (x1, x2) to y1 = x1 + Attn(LN x2), y2 = x2 + FF(LN y1), and is
+inverted exactly by x2 = y2 - FF(LN y1), x1 = y1 - Attn(LN x2). The stack runs all blocks
+inside one autograd Function that keeps only the last block's outputs; backward walks the
 blocks in reverse, reconstructing each block's inputs from its outputs and differentiating one
 sublayer at a time. So activation memory is that of one sublayer, whatever the depth, at the
 price of about one extra forward per step.

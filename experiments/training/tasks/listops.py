@@ -1,23 +1,18 @@
 """ListOps (Long Range Arena): evaluate a nested list expression, one of 10 answers per sequence.
 
-An expression is a tree of operators over digits, written in prefix form with brackets:
+An expression is a tree of operators (MAX, MIN, MED, SM) over digits, written in prefix form
+with brackets:
 
     [MAX 2 9 [MIN 4 7 ] 0 ]   -> 9
 
-Operators: MAX, MIN, MED (the median, rounded down as an int) and SM (sum modulo 10). Trees are
-drawn as in the LRA generator, reimplemented: below `max_depth`, a node is a digit with
-probability 3/4, else an operator over 2..`max_args` subtrees; at `max_depth` it is a digit.
-Expressions are redrawn until their token count is in [min_length, seq_len]. The draws use a
-`random.Random` seeded from `generator(seed, split, index)`, so batches are reproducible.
+Trees are drawn as in the LRA generator, reimplemented (`max_depth`, `max_args`), and redrawn
+until their token count is in [min_length, seq_len]; batches are reproducible from
+`generator(seed, split, index)`. Tokens: 0 padding, 1..10 the digits, 11..14 the opening
+operators, 15 the closing bracket. Only the expression's last token has a target, the answer
+digit; the metric is accuracy, chance 1/10, and the floor (`floor_hits`) the training split's
+most frequent answer.
 
-As a sequence task: tokens are 0 padding, 1..10 the digits 0..9, 11..14 the opening operators,
-15 the closing bracket; the sequence is the expression then padding. Only the expression's last
-token has a target, the answer digit, so a causal model answers after reading all of it; the
-metric is accuracy. Chance is 1/10; the floor (`floor_hits`) is the best guess blind to the
-expression, the training split's most frequent answer (about 15 % on LRA's trees, where MAX
-and MIN favour 9 and 0; 11 % on the listops preset's shallow ones), read off its first
-`PRIOR_BATCHES` batches; each expression is one answer (`distinct_queries`), which an
-interval rests on.
+The draw, the tokens and the floor in full: docs/tasks.md, "ListOps".
 """
 
 from __future__ import annotations

@@ -1,28 +1,15 @@
 """Long-range multi-query associative recall: the lookup distance grows with the length.
 
 A sequence of seq_len tokens has two halves. The first half holds `n_pairs` key-value pairs
-k v at random, distinct, pair-aligned slots (positions 2s, 2s + 1), padding elsewhere. The
-second half holds only query keys, each drawn uniformly from the sequence's keys, and every
-query position is scored on the value of its key:
+k v at random, distinct, pair-aligned slots, padding elsewhere. The second half holds only query
+keys, each drawn uniformly from the sequence's keys, and every query position is scored on the
+value of its key, which never appears in the input (the same task for causal and bidirectional
+models). A query's distance to its value is triangular on (0, seq_len), mean seq_len / 2.
+Values are distinct unless `distinct_values=false`; chance is 1 / n_values and the key-blind
+floor 1 / n_pairs. Token ids: 0 padding, keys 1 .. n_keys, values n_keys + 1 .. n_keys +
+n_values. Batches are a pure function of (seed, split, index).
 
-    inputs   . k1 v1 . . . k2 v2 . . k3 v3 . | k2 k3 k1 k1 k3 ...
-    targets                                  | v2 v3 v1 v1 v3 ...   (loss only here)
-
-The answers never appear in the input, so the task is the same for causal and bidirectional
-models (a bidirectional model sees the other query keys too, which hold nothing): every answer
-is hidden and predicted in place, and no query can copy an earlier query's answer. A query's
-distance to its value is the difference of two uniform positions, one in each half: triangular
-on (0, seq_len) with mean seq_len / 2, so it grows in proportion to the length, and a pattern
-that reaches w tokens back sees the value of about 2 (w / seq_len)^2 of the queries
-(w <= seq_len / 2: the sum of two uniforms on (0, seq_len / 2) has density
-d / (seq_len / 2)^2 below seq_len / 2; w = seq_len / 4 gives 1/8). Keeping `n_pairs` fixed
-across lengths keeps the lookup itself equally hard, so a change of accuracy with length is what
-the attention can reach, not what it must store.
-
-Values are distinct within a sequence unless `distinct_values=false`; chance is 1 / n_values
-and the key-blind floor (experiments/training/tasks/recall.py, `RecallScoring`) 1 / n_pairs. Token
-ids: 0 padding, keys 1 .. n_keys, values n_keys + 1 .. n_keys + n_values. Batches are a pure
-function of (seed, split, index).
+The layout and the distance's derivation: docs/tasks.md, "Long-range recall".
 """
 
 from __future__ import annotations

@@ -2,60 +2,14 @@
 `mad` whose `kind` option picks one of them. Written from the paper's and the repo's task
 definitions; token ids are laid out as MAD lays them out, so `vocab_size` means what MAD's does.
 
-- `in_context_recall` (multi-query associative recall): a sequence of key-value pairs; a key's
-  value is fixed within the sequence (drawn, with replacement, when the key first appears) and
-  redrawn for every sequence. Every value that follows a key already shown is scored: the
-  answer is the value paired with that key earlier in the sequence. The last pair is always
-  such a query.
+Kinds: `in_context_recall`, `noisy_recall`, `fuzzy_recall`, `selective_copying`, `compression`
+(read with the model's `pooled` readout) and `memorization`. Training draws its rows from a
+fixed pool of `train_examples` sequences; evaluation and validation are fresh draws; everything
+is a pure function of (seed, split, index). Defaults are MAD's baseline settings (`BASELINE`);
+an option that does not belong to the kind is an error. Scoring: accuracy on the scored
+positions, with chance and a key-blind floor (`floor_hits`).
 
-      k3 v1 k5 v7 k3 v1 k2 v4 k5 v7 ...        (scored: the second k3's v1, k5's v7, ...)
-
-  Keys 0 .. K-1 and values K .. 2K-1 with K = vocab_size // 2 (16: 8 keys, 8 values).
-- `noisy_recall`: the same, and each pair slot is instead two noise tokens (from a vocabulary
-  of `noise_vocab_size` of their own, the last ids) with probability `frac_noise`; at least
-  one slot of a sequence is a pair. Noise is never scored.
-- `fuzzy_recall`: keys and values are runs of 1 .. `key_motif` (`value_motif`) distinct tokens
-  (keys from the first half of the ids, values from the second, so a run's ends are visible);
-  a key's value is fixed within the sequence; every token of a value that follows a key shown
-  before is scored. Training keys have every length; evaluation (and validation) keys all have
-  `key_motif` tokens, as MAD's test set. One probe pair is placed at a random point of the
-  sequence and asked again at its end; the sequence is left-padded (the last id) to seq_len.
-- `selective_copying`: `copy_tokens` data tokens at random positions among blanks, a copy token,
-  then blanks: at each of the last `copy_tokens` positions the model outputs the data tokens in
-  their order (scored there; the inputs there are blanks, not the answers so far).
-
-      3 . . 7 . 2 . . . 9 . [copy] . . . .     (targets at the last four: 3 7 2 9)
-
-- `compression`: seq_len - 1 random tokens, then a compression token; the model (with the
-  `pooled` readout, variants/model.py: an MLP reads each position's token from the last
-  position's state and that position's sinusoid alone, MAD's autoencoder) reconstructs the
-  sequence from the compression token's state. Scored: the seq_len - 1 tokens. MAD's code also
-  scores the compression token itself, a constant that adds 1 / seq_len to every score (3.1
-  points at 32 tokens); it carries nothing and is not scored here.
-- `memorization`: a fixed key -> value map, the same for every sequence of every split (drawn
-  once from the seed); a sequence is pairs `k [insert]`, and at each insert token the model
-  outputs k's value, which never appears in any input: the map must be learned into the
-  weights. Keys 0 .. K-1, values K .. 2K-1 with K = (vocab_size - 1) // 2, insert the last id.
-
-Training data, as MAD's: a fixed set of `train_examples` sequences (MAD's 12,800; 256 for
-memorization), each training batch drawing its rows from it uniformly (with replacement; MAD
-shuffles epochs). Evaluation and validation batches are fresh draws from the same distribution
-(MAD's test set is 1,280 fresh draws), so no eval sequence is a training one (the draws are
-random: a repeat needs two equal sequences of dozens of tokens), except that memorization's map
-is the same in every split, by definition. Everything is a pure function of (seed, split,
-index): the pool's examples come from generators labelled `pool/<chunk>` and the map from
-`map`, neither a split nor shared with any batch.
-
-Defaults are MAD's baseline settings (`BASELINE`): vocabulary 16, 128 tokens, 12,800 training
-sequences; noisy recall 32 tokens with 16 of them noise and 20 % noise; fuzzy recall motifs of
-up to 3; selective copying 256 tokens with 16 to copy; compression 32 tokens; memorization a
-vocabulary of 256 at 32 tokens over 256 sequences. seq_len is the job's (the presets set MAD's
-lengths). An option that does not belong to the kind is an error.
-
-Scoring: accuracy on the scored positions; chance is a uniform guess among the tokens an answer
-can be (the values; the data tokens); the floor (`floor_hits`) is the best guess blind to what
-is asked: the most frequent answer token among the inputs the position can see (all of them
-for compression), which beats chance where values repeat (MAD draws values with replacement).
+Each kind's layout, the data and the scoring in full: docs/tasks.md, "MAD's six tasks".
 """
 
 from __future__ import annotations

@@ -5,46 +5,14 @@ k v as fit, each query key drawn uniformly from the P keys and followed by its v
 
     k_1 v_1 k_2 v_2 ... k_P v_P | k_a v_a k_b v_b ...  (0-padded to seq_len if one short)
 
-Causal next-token prediction; only the values after a query key count (the loss mask), so the
-metric is recall accuracy: chance is 1 / n_values, a perfect model looks each key up. The value
-can be anywhere up to seq_len positions back, so this is long-range retrieval by content,
-unlike the duplication task's fixed offset.
+Only the values after a query key count (the loss mask): the metric is recall accuracy, with
+chance 1 / n_values and the key-blind floor (`floor_hits`) 1 / n_pairs when values are distinct
+(`distinct_values`). Options: mixtures of pair counts (`train_pairs`) and of lengths
+(`train_lengths`) in training, and Zoology's query format (`query_format=zoology`: each key
+queried once, the answer never shown). Token ids: 0 padding, keys 1 .. n_keys, values
+n_keys + 1 .. n_keys + n_values.
 
-Values are distinct within a sequence (`distinct_values`, default true, as in Zoology's MQAR):
-drawn with replacement, a few values repeat, and a predictor blind to the key that answers the
-most frequent value in the context beats chance (16 pairs over 16 values: 19 %). Every recall
-task also reports that key-blind predictor's accuracy on the same eval batches (`floor_hits`):
-with distinct values it is 1 / n_pairs, the floor a model must clear to have used the key.
-
-A mixture of pair counts (`train_pairs`, Zoology's MQAR training set): each training sequence
-draws its number of pairs from the list (its queries fill the rest); evaluation stays at
-`n_pairs`. One model trained so is evaluated at every count of the list
-(experiments/measurement/measure.py records each as its own configuration), and learns sooner than
-at the largest count alone: the small counts bootstrap the lookup the large ones need.
-
-A mixture of lengths (`train_lengths`, one per count of `train_pairs`; Zoology's MQAR trains 4
-pairs at 64 tokens, 8 at 128, more at 256): each training batch draws one count and is built at
-that count's length, so a step over few pairs costs a fraction of a full-length one. Evaluation
-(and validation) stays at `seq_len`: what is measured is recall at the job's length, reached
-from training that saw it only for some counts.
-
-Two query formats (`query_format`):
-
-- `repeated` (the default): as above, queries fill the sequence, each key drawn with
-  replacement and followed by its value, so later queries can copy an answer shown earlier.
-- `zoology` (Zoology's MQAR, `multiquery_ar`): every key is queried exactly once, at query
-  slots drawn without replacement with probability proportional to slot^(a - 1) (a = 0.01:
-  power-law gaps, most queries soon after the pairs, some far), and the answer is never shown
-  in the input (the position after a query is padding; only its target is the value):
-
-      k_1 v_1 ... k_P v_P | k_c . . . k_a . k_d . . . . . k_b . ...   (targets at the k's: v's)
-
-  With answers shown, "repeat a recent value" is a cheap cut in the loss that every answer in
-  the input offers; here only the lookup answers. Zoology fills the empty positions with random
-  tokens; they stay padding here, so the key-blind floor stays 1 / n_pairs. Needs
-  seq_len >= 4 * n_pairs (a slot per key).
-
-Token ids: 0 padding, keys 1 .. n_keys, values n_keys + 1 .. n_keys + n_values.
+The floor, the mixtures and the query formats: docs/tasks.md, "Multi-query associative recall".
 """
 
 from __future__ import annotations

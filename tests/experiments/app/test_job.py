@@ -10,6 +10,7 @@ import logging
 import math
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -77,13 +78,14 @@ def test_a_top_level_key_added_on_the_command_line_is_an_error_naming_the_neares
     )
 
 
-# --- Issue 36: two sweeps into one dir, a record that names a path ------------------------------
+# --- two sweeps into one dir, a record that names a path: no record lost or written elsewhere --
 
 
 @pytest.mark.slow
 def test_two_concurrent_sweeps_into_one_dir_keep_every_configurations_record(cli, tmp_path):
     """Item 1: `attention=full,linear` and, at the same time, `attention=blockwise,moba` into
-    one sweep dir both printed D/0 and D/1, and only one sweep's two records survived."""
+    one sweep dir both printed D/0 and D/1, and only one sweep's two records survived. Job
+    dirs are named by configuration now: each of the four in a dir of its own."""
     sweep_dir = tmp_path / "sweep"
     quick = (*BOOKKEEPING, "train.steps=2")  # a little training: the jobs overlap
     first = cli.start(*cli.sweep_args(sweep_dir, "attention=full,linear", *quick))
@@ -94,7 +96,8 @@ def test_two_concurrent_sweeps_into_one_dir_keep_every_configurations_record(cli
     said = "".join(out + err for out, err in outputs)
     records = [json.loads(p.read_text()) for p in sweep_dir.glob("**/result.json")]
     assert sorted(r["attention"] for r in records) == ["blockwise", "full", "linear", "moba"]
-    assert "held another configuration" in said  # a displaced record is said, not silent
+    assert all(r["job"].startswith(f"{r['attention']}-L") for r in records)
+    assert "held another configuration" not in said  # nothing displaced
     frame = store.write_results(sweep_dir, quiet=True)
     assert sorted(frame["attention"]) == ["blockwise", "full", "linear", "moba"]
 
@@ -191,7 +194,7 @@ class Full:
 def patched(file, mode="r", *args, **kwargs):
     opened = real_open(file, mode, *args, **kwargs)
     if not state.get("over"):
-        state["full"] = state["full"] or (sweep_dir / "0" / "result.json").exists()
+        state["full"] = state["full"] or any(sweep_dir.glob("full-*/result.json"))
     path = Path(os.fsdecode(file)) if isinstance(file, (str, bytes, os.PathLike)) else None
     if (
         state["full"] and path is not None and set(mode) & set("wax")
@@ -237,15 +240,16 @@ def test_a_full_disk_between_jobs_is_one_line_naming_the_file_and_the_sweep_ends
         timeout=TIMEOUT_S,
     )
     assert "Traceback" not in done.stderr, done.stderr[-3000:]
-    lost = sweep_dir / "1" / "result.json"
     lines = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    lost = Path(lines[0].split()[1])  # the second job's, linear's
+    assert lost.parent.name.startswith("linear-L64-") and lost.name == "result.json", lines
     assert lines[0].startswith(f"error: {lost} not written (No space left on device)"), lines
     assert "1 job(s) of this multirun could not write their record" in lines[-1]
     assert "1 configurations {'ok': 1}" in done.stdout  # the end of the sweep, printed
     assert done.returncode == 1
     hidden = {p.name for p in sweep_dir.glob("**/.*") if ".hydra" not in p.parts}
     assert hidden <= {".job.lock", ".multirun.json", ".results.lock", ".claims", ".index"}
-    assert not lost.exists() and not (sweep_dir / "1" / "history.parquet").exists()
+    assert not lost.exists() and not (lost.parent / "history.parquet").exists()
 
 
 def test_grouped_kv_heads_a_variant_cannot_take_are_skipped_naming_the_option(

@@ -1,4 +1,4 @@
-"""A joblib sweep's workers end when its process is killed (issue 36, item 8)."""
+"""A joblib sweep's workers end when its process is killed (they once ran on, adding records)."""
 
 from __future__ import annotations
 
@@ -61,7 +61,7 @@ def test_kill_9_of_a_joblib_sweep_ends_its_workers_and_adds_no_record(cli, tmp_p
         )
     )
     deadline = time.monotonic() + 120
-    while not all((sweep_dir / job / ".hydra").is_dir() for job in ("0", "1")):
+    while len(list(sweep_dir.glob("*/.hydra"))) < 2:  # both jobs started
         assert process.poll() is None and time.monotonic() < deadline, process.communicate()
         time.sleep(0.05)
     time.sleep(1.0)  # both jobs are in the app, training

@@ -98,7 +98,7 @@ def test_an_unknown_fail_on_status_stops_the_multirun_with_one_line(tmp_path, ca
 
 
 def test_a_sweep_whose_results_could_not_be_gathered_fails_with_one_line(tmp_path, capsys):
-    """Issue 26: with the sweep's lock file a symlink (or the disk full), the end of the multirun
+    """With the sweep's lock file a symlink (or the disk full), the end of the multirun once
     wrote no results.csv, Hydra printed a two-line warning and the sweep exited 0."""
     elsewhere = tmp_path / "precious.txt"
     elsewhere.write_text("keep me")
@@ -143,8 +143,8 @@ def test_report_false_draws_no_report(tmp_path):
 
 
 def test_the_report_step_is_analysis_named_in_the_config_not_imported():
-    """Issue 39: experiments imports nothing of analysis; conf/config.yaml names the report step
-    the end-of-sweep callback is built with (tests/experiments/test_packages.py: no import)."""
+    """experiments imports nothing of analysis (a floor above); conf/config.yaml names the report
+    step the end-of-sweep callback is built with (tests/experiments/test_packages.py: no import)."""
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
     from hydra.utils import instantiate
@@ -207,7 +207,7 @@ def test_the_callback_goes_to_each_jobs_process_without_the_multirun(tmp_path):
 
 @pytest.mark.parametrize("name", ["../../x", "/tmp/x", "a/../../x", ".."])
 def test_a_sweep_name_that_leaves_multirun_is_refused_in_one_line(tmp_path, capsys, name):
-    """Issue 36, item 2: `sweep=../../x` wrote outside multirun/."""
+    """A sweep name is a folder under multirun/: `sweep=../../x` once wrote outside it."""
     config = multirun_config(tmp_path / "multirun" / name)
     config.sweep = name
     for start in (sweep.SweepEnd().on_multirun_start, sweep.SweepEnd().on_run_start):

@@ -166,7 +166,7 @@ def test_one_summary_run_per_sweep_however_often_it_ends(tmp_path):
 
 
 def test_two_sweep_dirs_of_one_name_sharing_a_logger_dir_keep_each_others_runs(tmp_path):
-    """Issue 26, scenario 5: the second sweep (default name, same `logger.dir`) used to delete
+    """The second sweep (default name, same `logger.dir`) used to delete
     the first's offline run of the same configuration, leaving its record pointing at nothing."""
     shared = {**WANDB_LOGGER, "dir": str(tmp_path / "wandb")}
     first_dir, second_dir = tmp_path / "a" / "default", tmp_path / "b" / "default"
@@ -343,8 +343,8 @@ def test_sweep_summary_logs_table_and_figures(tmp_path):
 
 
 def test_a_symlinked_sweep_id_is_not_followed_nor_quoted(tmp_path, caplog):
-    """Issue 36, item 10: a symlinked `.sweep_id` was followed and 20 characters of its
-    target echoed in the warning."""
+    """A symlinked `.sweep_id` was followed and 20 characters of its target echoed in the
+    warning: a sweep dir must not leak another file."""
     secret = tmp_path / "secret"
     secret.write_text("hunter2-do-not-print-me\n")
     sweep_dir = tmp_path / "sweep"
@@ -360,7 +360,7 @@ def test_a_symlinked_sweep_id_is_not_followed_nor_quoted(tmp_path, caplog):
 
 
 def test_a_sweep_id_that_cannot_be_written_names_it_and_leaves_no_temp_file(tmp_path, monkeypatch):
-    """Issue 36, item 7: ENOSPC writing `.sweep_id` named no file and left its temp file."""
+    """ENOSPC writing `.sweep_id` named no file and left its temp file."""
 
     def full(self, *args, **kwargs):
         with open(self, "w"):  # created, then no space for its data

@@ -107,7 +107,7 @@ def test_shared_qk_kernels_are_measured_on_a_shared_qk_reference(job_config, cor
     )
 
 
-# Grouped KV heads (issue 38): k, v of H_kv heads dividing q's H; query head h reads key head
+# Grouped KV heads: k, v of H_kv heads dividing q's H; query head h reads key head
 # h // (H / H_kv). The exact reference is grouped-head exact attention and the kernel runs on
 # the same grouped k, v.
 GROUPED = (1, 4, 64, 8)  # (B, H, L, D) of q; k, v have KV_HEADS heads

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import variants
-from experiments.measurement import measure, timing
+from experiments.measurement import kernel_rounds, measure, timing
 from experiments.measurement.memory import peak_memory_bytes
 from experiments.records import record
 from tests.experiments import conftest
@@ -416,12 +416,12 @@ def test_the_kernels_peak_memory_is_the_same_in_its_first_measured_call_and_late
     """As measure() takes it: a step measured first, the kernel's warm-up call, then its
     forward+backward. Its gradients were freed at the start of each call, at a size the profiler
     knew only if an earlier profiling had seen them allocated: Linformer's peak at 1024 was
-    4.46 MB in the first call and 1.31 MB in every later one (issue 37)."""
+    4.46 MB in the first call and 1.31 MB in every later one."""
     config = job_config(*TINY, "seq_len=256", f"attention={attention}", "model.causal=false")
     built = measure.setup(config)
     shape = measure.kernel_shape(config, built.model)
-    _, fwd_bwd = measure._kernel_calls(built.kernel, shape, CPU, torch.float32)
-    step = measure._training_step(built.model, built.task, CPU)
+    _, fwd_bwd = kernel_rounds.kernel_calls(built.kernel, shape, CPU, torch.float32)
+    step = measure.training_step(built.model, built.task, CPU)
     step()
     peak_memory_bytes(step)
     fwd_bwd()

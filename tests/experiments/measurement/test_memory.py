@@ -59,7 +59,7 @@ print(peak_memory_bytes(fn), n // 2)
 def test_a_block_freed_between_profilings_does_not_lower_a_later_peak():
     """c10 keeps a block's size from one profiling to the next when the block is freed in
     between; a later block at its address, freed in a later profiling, was subtracted at the
-    dead block's size, so a job's peak depended on the jobs its worker had run (issue 37)."""
+    dead block's size, so a job's peak depended on the jobs its worker had run."""
     env = {**os.environ, allocator.VARIABLE: "1", "PYTHONPATH": str(ROOT)}
     done = subprocess.run(
         [sys.executable, "-c", STALE_SIZE], env=env, capture_output=True, text=True, timeout=120

@@ -1,6 +1,6 @@
 """docs/measurements.md against the record schema: its generated table of every column is the
-schema's, and its hand-written part says how each measured column is taken (issue 39: the page
-said it covered every column and lacked a dozen)."""
+schema's, and its hand-written part says how each measured column is taken (the page once said
+it covered every column and lacked a dozen)."""
 
 from __future__ import annotations
 

@@ -210,3 +210,18 @@ def test_a_stack_of_one_variant_keeps_its_hash_and_a_hybrid_names_its_stack(reso
     assert record.stack_label([{"name": "sliding_window", "window": 64}, "full", "full"]) == (
         "sliding_window(window=64)+2×full"
     )
+
+
+def test_linformers_probe_options_at_their_defaults_keep_its_older_hashes(resolved_config):
+    """Linformer's records from before `init` and `learn_projection` are found on resume."""
+    config = resolved_config("attention=linformer", "model.causal=false")
+    older = {
+        **config,
+        "attention": {
+            k: v for k, v in config["attention"].items() if k not in ("init", "learn_projection")
+        },
+    }
+    assert record.config_hash(older) == record.config_hash(config)
+    for overrides in (["attention.init=identity"], ["attention.learn_projection=false"]):
+        changed = resolved_config("attention=linformer", "model.causal=false", *overrides)
+        assert record.config_hash(changed) != record.config_hash(config)

@@ -171,7 +171,7 @@ def test_the_end_of_a_multirun_gathers_when_every_job_failed(tmp_path, statuses)
     assert sorted(pd.read_csv(tmp_path / "results.csv")["status"]) == sorted(statuses)
 
 
-# --- Issue 26: damaged records and parallel gathering -------------------------------------------
+# --- damaged records and parallel gathering: neither stops a sweep nor loses a record -----------
 
 
 @pytest.mark.parametrize("text", ["[]", "3", '"ok"', "null"])

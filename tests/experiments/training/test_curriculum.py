@@ -8,10 +8,10 @@ import json
 import pytest
 
 from experiments.app.job import run_job
-from experiments.job_config import JobConfig
+from experiments.job_config import JobConfig, JobIdentity
 from experiments.measurement import measure
 from experiments.records import record, store
-from experiments.training import curriculum
+from experiments.training import curriculum, stages
 from tests.experiments import conftest
 
 TINY = (
@@ -44,14 +44,16 @@ def test_stages_keep_the_tokens_per_step_and_end_with_the_job(resolved_config):
     )
     staged = job.at_stage(job.stages[0])
     assert (staged.seq_len, staged.batch_size, staged.train) == (16, 8, job.train)
+    identity = JobIdentity(config)
+    staged_identity = identity.at(job.stages[0])
     # Recorded as the job's config with only seq_len and batch_size changed (edited by hand).
     expected = copy.deepcopy(config)
     expected["seq_len"], expected["batch_size"] = 16, 8
-    assert staged.columns() == record.config_columns(expected)
-    assert staged.hash() == record.config_hash(expected) != job.hash()
+    assert staged_identity.columns == record.config_columns(expected)
+    assert staged_identity.config_hash == record.config_hash(expected) != identity.config_hash
     assert staged.stages == (curriculum.Stage(16, 8, 2),)  # as a job of that record would run
     assert config["seq_len"] == 64 and job.seq_len == 64  # the job's config is left as it was
-    assert job.hash() == record.config_hash(config)
+    assert identity.config_hash == record.config_hash(config)
 
 
 @pytest.mark.parametrize(
@@ -175,7 +177,7 @@ def test_the_stages_share_one_optimizer_whose_step_count_carries_over(job_config
         runs.append((run, None if run is None else run.step))
         return real(*args, run=run, **kwargs)
 
-    monkeypatch.setattr(measure, "train", spy)
+    monkeypatch.setattr(stages, "train", spy)
     config = job_config(*TINY, SCHEDULE)
     measure.measure(config, measure.setup(config))
     assert len({id(r) for r, _ in runs}) == 1 and runs[0][0] is not None

@@ -61,7 +61,7 @@ def test_shared_qk_must_be_a_bool():
         build_attention("full", shared_qk=1)
 
 
-# --- impl: PyTorch's choice of SDPA backend, or one pinned (issue 37) ------------------------
+# --- impl: PyTorch's choice of SDPA backend, or one pinned, so every machine times one kernel ---
 CPU_KERNEL_OPS = {  # the aten op each CPU backend runs, as the profiler names it
     "flash": "aten::_scaled_dot_product_flash_attention_for_cpu",
     "math": "aten::_scaled_dot_product_attention_math",

@@ -44,6 +44,65 @@ def test_shorter_inputs_use_the_first_columns():
     torch.testing.assert_close(module(q, k, v), dense_attention(q, k, v))
 
 
+@pytest.mark.parametrize("share", ["none", "headwise", "kv", "layerwise"])
+def test_identity_init_with_k_equal_to_length_starts_as_full_attention(share):
+    q, k, v = qkv(length=16)
+    torch.testing.assert_close(
+        build(share=share, init="identity")(q, k, v), dense_attention(q, k, v)
+    )
+
+
+def test_identity_init_with_k_above_length_adds_null_slots():
+    """k = 24 > L = 10 (of N = 32): the L keys and values, plus 14 slots whose key and value are
+    0 (each scores 0 and adds nothing but weight to the softmax's denominator)."""
+    q, k, v = qkv(length=10)
+    null = torch.zeros(*k.shape[:2], 14, k.shape[-1], dtype=k.dtype)
+    expected = dense_attention(q, torch.cat([k, null], dim=2), torch.cat([v, null], dim=2))
+    torch.testing.assert_close(build(k=24, max_seq_len=32, init="identity")(q, k, v), expected)
+
+
+def test_learn_projection_false_keeps_e_and_f_out_of_training():
+    """The same outputs; E and F take no gradient, so no optimizer moves them."""
+    q, k, v = qkv(length=12, requires_grad=True)
+    learned, fixed = build(init="identity"), build(init="identity", learn_projection=False)
+    out = fixed(q, k, v)
+    torch.testing.assert_close(out, learned(q, k, v))
+    out.sum().backward()
+    assert not any(p.requires_grad for p in fixed.parameters())
+    assert all(p.grad is None for p in fixed.parameters())
+
+
+def test_at_the_papers_start_a_key_match_does_not_select_its_position():
+    """Why the control sits at the key-blind floor (docs/quality.md, "Covering patterns"): with
+    E and F drawn as the paper's code draws them (k = 256 of N = 1024, L = 64), a query whose
+    score is 10 at one position and 0 elsewhere gets an output whose weights over the positions
+    (softmax(E s) F) put about 1/L of their mass on that position; from [I; 0], all of it."""
+
+    def share_on_match(init: str) -> float:
+        torch.manual_seed(0)
+        module = build_attention("linformer", k=256, n_heads=1, max_seq_len=1024, init=init)
+        e, f = (p.detach()[0, :, :64] for p in (module.key_proj, module.value_proj))
+        shares = []
+        for position in range(64):
+            scores = torch.zeros(64)
+            scores[position] = 10.0
+            weights = torch.softmax(e @ scores, 0) @ f  # (L,) each position's weight
+            shares.append((weights[position].abs() / weights.abs().sum()).item())
+        return sum(shares) / len(shares)
+
+    assert share_on_match("xavier") < 2 / 64
+    assert share_on_match("identity") > 0.99
+
+
+def test_default_init_is_the_papers_xavier_bound():
+    """xavier-uniform with gain 1/sqrt(2) over (k, N): U(-b, b), b = sqrt(3 / (k + N))."""
+    module = build_attention("linformer", k=64, n_heads=2, max_seq_len=192)
+    bound = (3 / (64 + 192)) ** 0.5
+    for proj in (module.key_proj, module.value_proj):
+        assert proj.abs().max() <= bound
+        assert proj.abs().max() > 0.9 * bound
+
+
 @pytest.mark.parametrize(
     ("share", "n_params"),
     [("none", 2 * 3 * 5 * 16), ("headwise", 2 * 5 * 16), ("kv", 5 * 16), ("layerwise", 5 * 16)],
@@ -107,6 +166,8 @@ def test_longer_than_max_seq_len_is_refused():
     [
         ({"share": "heads"}, "linformer: option 'share' must be one of none, headwise, kv"),
         ({"k": 0}, "linformer: option 'k' must be a positive integer"),
+        ({"init": "eye"}, "linformer: option 'init' must be one of xavier, identity"),
+        ({"learn_projection": "no"}, "linformer: option 'learn_projection' must be"),
         ({"max_seq_len": 0}, "linformer: option 'max_seq_len' must be a positive integer"),
     ],
 )

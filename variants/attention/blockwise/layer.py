@@ -51,6 +51,7 @@ class BlockwiseAttention(Attention):
     knobs = ("block_size",)
 
     name = "blockwise"
+    published_as = {"lra": "Local Attention"}
     exact = False
     block_sparse_work = True
     time_complexity = "O(L b d)"

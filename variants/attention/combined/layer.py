@@ -1,38 +1,18 @@
-"""Combinations of fixed patterns (Longformer, BigBird, Sparse Transformer "fixed"), run
-block-sparsely.
+"""Combinations of fixed patterns (Longformer, BigBird, Sparse Transformer "fixed"), block-sparse.
 
 The layer: `CombinedAttention`, the registry's entry (options, patterns, decoding). Its other
 roles, beside it: `plan` (the disjoint pieces a pattern runs as at one length), `function`
 (`CombinedPieces`: the pieces' forward and backward, an autograd function) and `presets` (the
 Longformer, BigBird and Sparse Transformer shapes, registered under their own names).
 
-The pattern is the union of `parts` from the vocabulary of `variants.patterns`, intersected
-with `Causal` when causal. A pair allowed by several parts is one key of one softmax: the union
-is split into disjoint pieces by construction, each computed on the layout that makes it cheap
-and merged with the others by logsumexp (`flash.merge_into`):
+The pattern is the union of `parts` from `variants.patterns`, intersected with `Causal` when
+causal; a pair several parts allow is one key of one softmax. The union runs as disjoint pieces
+(tiles of gathered key blocks, strided columns, summary columns, dense global rows) merged by
+logsumexp, with no (L, L) tensor; a row no piece gives a key is zero. Masks are one more
+condition on every pair of every piece. The random blocks' seed is fixed at construction
+(`seed`, or one drawn from the model's seed).
 
-  tiles    per query block of `block_size`, the union of the key blocks it needs (local
-           window, global key block, random blocks, its own block's summary columns), each
-           block once, gathered into one key sequence and fed to the fused kernels with query
-           blocks as heads; an element mask only where a tile is PARTIAL (the predicate,
-           evaluated inside those tiles), no mask at all where every tile is FULL
-  strided  every (i - j) mod stride == 0 pair, in the column layout of `common.columns.to_columns`
-           (causal: the kernels' causal flag, no mask); the tiles leave those pairs out
-  summary  the summary columns of other blocks: gathered once into one short key sequence;
-           causally query block c sees exactly its first c * n_summary keys, a prefix
-  rows     without causality, the first `n_global` queries see every key: one dense
-           attention of those rows, which replaces whatever the other pieces gave them (it
-           already holds every key), so they never make every tile of the first block needed
-
-No (L, L) tensor exists: the tiles' mask is O(L * keys per query) bytes (uint8, cached per
-length), turned into a float bias per range of query blocks as it is needed.
-Rows that no piece gives a key (e.g. causal `random` alone in the first block) are zero, as a
-softmax over nothing is taken to be (the tests' dense reference does the same).
-
-Masks: a key padding mask and segment ids are one more condition on every pair of every piece
-(`masking.document_mask`, in `function.Documents`): the plan stays the one of the length,
-shared by batch and heads, and each piece's bias becomes per sequence (FULL tiles then get a
-bias too). No piece is skipped, even where the masks leave a tile no key.
+The pieces and the masks in full: docs/variants/combined.md.
 """
 
 from __future__ import annotations
@@ -141,7 +121,7 @@ class CombinedAttention(Attention):
         # Not a limit (`Attention.max_seq_len` stays None): where length-dependent parts are
         # taken causally.
         self.model_max_len = require_positive_int(self.name, "max_seq_len", max_seq_len)
-        # The seed the random blocks are drawn with: fixed at construction (see the docstring).
+        # The seed the random blocks are drawn with: fixed at construction (module docstring).
         self.random_seed = seed
         if "random" in self.parts and seed is None:
             self.random_seed = int(torch.randint(2**31 - 1, ()))
@@ -195,7 +175,20 @@ class CombinedAttention(Attention):
         """How the pattern runs at `seq_len` on `device`: its disjoint pieces (`Plan`); with
         `at`, length-dependent parts taken at length `at` (`part_patterns`)."""
         kind = "plan" if at is None else f"plan@{at}"
-        return self._cached(kind, seq_len, device, lambda: Plan.build(self, seq_len, device, at))
+        return self._cached(kind, seq_len, device, lambda: self._new_plan(seq_len, device, at))
+
+    def _new_plan(self, seq_len: int, device: torch.device | None, at: int | None) -> Plan:
+        parts = self.part_patterns(seq_len, at)
+        stride = min(self.stride_for(at or seq_len), seq_len) if "strided" in parts else None
+        return Plan.build(
+            parts,
+            seq_len,
+            device,
+            causal=self.causal,
+            block_size=self.block_size,
+            n_global=self.n_global,
+            stride=stride,
+        )
 
     def supports_backward(self, device: torch.device) -> bool:
         return flex.supports_backward(self.impl, device)

@@ -4,15 +4,11 @@ length and device by `CombinedAttention.plan` and read by `function.CombinedPiec
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 
 from variants import patterns
 from variants.attention.common import flash
-
-if TYPE_CHECKING:
-    from variants.attention.combined.layer import CombinedAttention
 
 
 @dataclass(eq=False)
@@ -42,9 +38,19 @@ class Plan:
     pieces: dict[str, patterns.Pattern]
 
     @classmethod
-    def build(cls, attention: CombinedAttention, seq_len: int, device, at=None) -> Plan:
-        parts = attention.part_patterns(seq_len, at)
-        causal, block_size = attention.causal, attention.block_size
+    def build(
+        cls,
+        parts: dict[str, patterns.Pattern],
+        seq_len: int,
+        device,
+        *,
+        causal: bool,
+        block_size: int,
+        n_global: int,
+        stride: int | None,
+    ) -> Plan:
+        """The plan of `parts` (the layer's `part_patterns`, before the causal cut) at
+        `seq_len`; `stride` is the strided part's at this length (None without one)."""
         cut = (lambda p: p & patterns.Causal()) if causal else (lambda p: p)
         own_block = patterns.Local(block_size, 0, 0)
         pieces, excluded = {}, []
@@ -57,7 +63,7 @@ class Plan:
             excluded.append(summary & ~own_block)
         tile_parts = [parts[name] for name in ("local", "random") if name in parts]
         if "global" in parts:  # its key columns; its rows are a piece of their own
-            tile_parts.append(patterns.Global(attention.n_global, causal=True))
+            tile_parts.append(patterns.Global(n_global, causal=True))
         if summary is not None:
             tile_parts.append(summary & own_block)
         tile_pattern = None
@@ -68,7 +74,7 @@ class Plan:
             pieces["tiles"] = tile_pattern
         # Without causality the first n_global queries see every key: their own piece (the
         # other pieces' results in those rows are replaced).
-        global_rows = min(attention.n_global, seq_len) if "global" in parts and not causal else 0
+        global_rows = min(n_global, seq_len) if "global" in parts and not causal else 0
         block = min(block_size, seq_len)
         tiles, kinds, hidden = _tile_lists(tile_pattern, seq_len, block)
         summary_keys = None if summary is None else summary.positions(seq_len)
@@ -79,9 +85,7 @@ class Plan:
             tiles=tiles,
             kinds=kinds,
             hidden=hidden,
-            stride=(
-                min(attention.stride_for(at or seq_len), seq_len) if "strided" in parts else None
-            ),
+            stride=stride,
             summary=summary,
             summary_keys=summary_keys,
             global_rows=global_rows,

@@ -1,4 +1,4 @@
-"""The pieces the attention variants share; no variant imports another variant's module.
+"""Pieces two or more variants share, imported from here by all; no variant imports another's.
 
 base             `Attention`, the contract every variant fulfils, and the small helpers of it
 cache            the decoding caches (keys and values, windows, prefixes, states, clusters)
@@ -11,9 +11,6 @@ local            sliding windows of whole blocks (blockwise, strided, combined, 
 masking          key padding masks, documents, grouped KV heads
 columns          the column layout of a strided pattern (strided, combined)
 pooling          block summaries: `block_mean` (compressed, MoBA, NSA)
-selection        which key blocks a query selects (MoBA, NSA)
-selected_blocks  `SelectedBlocks`: the attention over the selected blocks (MoBA, NSA)
+selection        which key blocks a query selects, and `selected_blocks` attends them (MoBA, NSA)
 buffers          work cut so that temporaries stay small; index dtypes (LSH, routing)
-
-A helper moves here once two variants use it; its first owner imports it from here too.
 """

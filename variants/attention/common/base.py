@@ -2,62 +2,32 @@
 
 A variant subclasses `Attention`, declares its capabilities as class attributes, takes its
 options as keyword-only constructor arguments (their defaults are the registry's defaults) and
-implements `attend(q, k, v)` and `flops(...)`.
+implements `attend(q, k, v)` and `flops(...)`. A causal variant that decodes sets
+`supports_decode = True` and implements `new_cache`, `cache_prompt` and `decode_step` (and
+`prefill_attend` where its pattern depends on a length, taken at `pattern_length`); the public
+`init_cache`, `prefill` and `decode` check every input against the cache before any hook runs
+and run the hooks without autograd, in eval mode; prefill takes a left-padded prompt where the
+kernel can (`padded_prefill_reason`). `forward` takes `attention_mask` (B, L), **True = a real
+token**, and `segment_ids` (B, L) where the class supports them (else `UnsupportedCombination`),
+hands them to `attend` as keywords only when given, and zeroes padded queries' outputs. k and v
+may have H_kv heads dividing q's H: `native_gqa` kernels take them as they are, others repeated.
 
-Decoding (one new position at a time, with a cache; `variants.attention.common.cache`). A causal
-variant that decodes sets `supports_decode = True` and implements three hooks:
-
-  new_cache(batch, heads, head_dim, max_len=, device=, dtype=) -> a `cache.Cache`
-  cache_prompt(q, k, v, cache)   fill an empty cache with a prompt's (B, H, T, D) positions
-  decode_step(q, k, v, cache)    (B, H, 1, D) -> (B, H, 1, D); append the position, attend
-
-and, where the forward's pattern depends on a length (auto stride, random blocks), also
-`prefill_attend(q, k, v, cache)`: the causal forward over the prompt with the pattern taken at
-`pattern_length(cache.max_len, ...)`. Causally such a pattern is taken at
-`pattern_length`, max(L, the model's `max_seq_len`), never at the input's own length alone:
-else the outputs at the first positions would change with the number of tokens after them
-(`past_fixed`). A variant whose forward leaves the cache's content as a by-product
-(DeltaNet's final state) overrides `prefill_into`, which by default is `prefill_attend` then
-`cache_prompt`. A gated variant (`n_gates` > 0) gets the positions' gates as one more argument
-of every hook, `gates` (B, H, T, n_gates): `prefill` and `decode` take them as the forward
-does (the layer computes the new position's gates from its token). The public `init_cache`,
-`prefill` and `decode` check the inputs, and against the cache (batch, heads, head_dim, dtype,
-device, room below max_len: `Cache.misfit`) before any hook runs, so a refused call leaves the
-cache as it was; they run the hooks without autograd and in eval mode (learned state is used,
-never updated). A variant whose decode cannot equal its forward (LSH: later tokens move chunk
-boundaries) sets `decode_matches_forward = False` and documents its decode rule; one that
-cannot decode at all (Linformer: its projection mixes positions) leaves
-`supports_decode = False` and says why in `decode_reason`.
-
-Masks and grouped KV heads (`variants.attention.common.masking`). `forward` takes
-`attention_mask` (B, L) bool, **True = a real token**, and `segment_ids` (B, L) document ids
-of packed sequences, each only where the class says `supports_padding_mask` /
-`supports_segments` (else `UnsupportedCombination`, naming the option and the class's
-`padding_mask_reason` / `segments_reason`); a variant whose support depends on its options
-(impl="flex") overrides `unsupported_input`. `attend` then receives the given masks as keyword
-arguments (`attention_mask=`, `segment_ids=`; neither is passed when not given, so the
-calls without masks are exactly those of before), q, k, v and gates with zeros at padded
-positions, and the rows of padded queries of its output are set to zero here. k and v may
-have fewer heads than q (H_kv dividing H): a `native_gqa` kernel receives them as they are,
-the others receive them repeated to H heads (`repeat_kv`);
-`supports_gqa = False` (shared-QK kernels, whose keys are the queries) refuses them. In
-decoding, a `native_gqa_decode` variant's cache holds `init_cache(..., n_kv_heads=)` heads;
-the others' hold all H heads, the new keys repeated before the hooks. Prefill and decode take
-no masks.
+The decoding hooks, left-padded prefill, masks and grouped heads in full: docs/variants/common.md.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from functools import partial
 from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from variants.attention.common import flash, flex
+from variants.attention.common import flash, flex, left_padding
 from variants.attention.common.masking import (
     repeat_kv,
     zero_padded_positions,
@@ -78,6 +48,11 @@ from variants.patterns import Pattern
 # needs dV, dP, dQ, dK (4 matmuls) plus one recompute of QK^T in fused kernels: (2 + 5) / 2.
 # This is the convention of FlashAttention's reported figures (docs/measurements.md, FLOPs).
 FWD_BWD_FLOP_FACTOR = 3.5
+# Why a kernel that is not `shift_invariant` takes no left-padded batch (prefill, variants.hf).
+MOVED_BY_LEFT_PADDING = (
+    "its pattern is absolute in position (blocks, chunks, sinks), so left padding would move "
+    "a row's pattern"
+)
 # Shared-QK keys are k / max(|k|, eps), as F.normalize: padded (zero) positions give zero keys.
 SHARED_QK_NORM_EPS = 1e-12
 
@@ -106,6 +81,9 @@ class Attention(nn.Module):
     supports_decode: ClassVar[bool] = False
     decode_reason: ClassVar[str] = "it has no decode path"
     decode_matches_forward: ClassVar[bool] = True
+    # Its `prefill_attend` takes `attention_mask` and its `decode_step` leaves out the cache's
+    # pad slots (`Cache.real_keys`): a cache of positions then takes left-padded prompts.
+    decode_masks_padding: ClassVar[bool] = False
     # True if each head's output depends on that head's q, k, v alone, with no per-head
     # parameters, state or per-call draws: the layer may then run groups of heads as separate
     # calls (`model.attention_chunks`) and get exactly the output of one call.
@@ -120,7 +98,7 @@ class Attention(nn.Module):
     # `flash.attend`: fused where `flash.path` says so), "sdpa" (PyTorch's fused SDPA), or None
     # (no fused attention kernel: explicit matmuls of its own). Read by `kernel_path`.
     softmax_kernels: ClassVar[str | None] = None
-    # Masks (`forward`'s attention_mask, segment_ids) and grouped KV heads: module docstring.
+    # Masks (`forward`'s attention_mask, segment_ids), grouped KV heads: docs/variants/common.md.
     supports_padding_mask: ClassVar[bool] = False
     padding_mask_reason: ClassVar[str] = "its kernel takes no key padding mask yet"
     supports_segments: ClassVar[bool] = False
@@ -133,6 +111,9 @@ class Attention(nn.Module):
     # (the report draws error against it); `smaller_is_finer`: those finer when smaller.
     knobs: ClassVar[tuple[str, ...]] = ()
     smaller_is_finer: ClassVar[tuple[str, ...]] = ()
+    # The published model it is in each suite's table (suite -> model, e.g. {"lra": "Reformer"}):
+    # the tables that set published rows beside ours read it (analysis/suites.py).
+    published_as: ClassVar[Mapping[str, str]] = {}
     # Its output reads q only through softmax(q k / sqrt(D)) scores, so forward's `scale` is a
     # scaled q (not so for linear or delta rules, or a kernel that normalises q).
     takes_scale: ClassVar[bool] = False
@@ -386,17 +367,39 @@ class Attention(nn.Module):
         v: torch.Tensor,
         cache,
         gates: torch.Tensor | None = None,
+        *,
+        attention_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """The causal forward over a prompt, q, k, v (B, H, T, D) -> (B, H, T, D); leaves the
         (empty) cache as if the prompt had been decoded token by token. `gates`
-        (B, H, T, n_gates): as the forward's, for (and only for) a gated variant."""
+        (B, H, T, n_gates): as the forward's, for (and only for) a gated variant.
+
+        attention_mask: (B, T) bool or 0/1, True = a real token, left padding (each row's pads
+        first): each row's outputs, and every later decode step, are those of its real tokens
+        alone; padded queries' outputs are zeros. `UnsupportedCombination` where the kernel
+        cannot (`padded_prefill_reason`); a mask without pads is no mask."""
         check_qkv(self.name, q, k, v)
         if cache.length:
             raise ValueError(f"{self.name}: prefill needs an empty cache, it holds {cache.length}")
         self._check_fit("prefill", q, k, v, cache, gates)
         gated = self._gated(q, gates)
+        pads = left_padding.prompt_pads(self, q, cache, attention_mask)  # (B,) or None
         k, v = self._decoding_heads(q, k, v)
-        return self._run(self.prefill_into, q, k, v, cache, *gated)  # (B, H, T, D)
+        if pads is None:
+            return self._run(self.prefill_into, q, k, v, cache, *gated)  # (B, H, T, D)
+        by = left_padding.prefill_masked if cache.holds_positions else left_padding.prefill_rows
+        return self._run(partial(by, self, pads=pads), q, k, v, cache, *gated)  # (B, H, T, D)
+
+    def padded_prefill_reason(self, cache) -> str | None:
+        """Why this kernel cannot prefill a left-padded prompt into `cache`, or None."""
+        reason = self.unsupported_input("attention_mask")
+        if reason is not None:
+            return reason
+        if not self.shift_invariant:
+            return MOVED_BY_LEFT_PADDING
+        if cache.holds_positions and not self.decode_masks_padding:
+            return "its decode step does not leave out a cache's padded slots"
+        return None
 
     def decode(
         self,
@@ -464,8 +467,9 @@ class Attention(nn.Module):
         self.cache_prompt(q, k, v, cache, *gates)
         return out
 
-    def prefill_attend(self, q, k, v, cache, *gates) -> torch.Tensor:
-        return self.attend(q, k, v, *gates)
+    def prefill_attend(self, q, k, v, cache, *gates, **masks) -> torch.Tensor:
+        """`masks`: `attention_mask` (B, T) for a left-padded prompt (`decode_masks_padding`)."""
+        return self.attend(q, k, v, *gates, **masks)
 
     def cache_prompt(self, q, k, v, cache, *gates) -> None:
         raise NotImplementedError

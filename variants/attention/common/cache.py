@@ -4,30 +4,21 @@ A variant that decodes (`Attention.supports_decode`) builds one of these in `ini
 updates it in place in `prefill` (a prompt) and `decode` (one new position). Every cache knows
 how many positions it has seen (`length`), the longest sequence it was built for (`max_len`)
 and its live size in bytes (`nbytes`: the entries it holds now, not the buffers it reserved).
+All are tensors of one batch size, heads and head_dim, on one device and dtype (`Cache.misfit`).
+KVCache (every key and value), WindowCache (a ring of the last `window` positions and the older
+ones a pattern needs), PrefixCache (summaries, then one open block), StateCache (a feature
+attention's running sums), ClusterCache (a ring per cluster), BlockKVCache (every key and value
+plus block summaries) and DeltaCache (a D x D state per head). A left-padded prompt: a cache of
+positions keeps the pads' slots and each row's count (`pads`, read by `real_keys`); a state
+cache (`holds_positions` False) takes each row's state from its real tokens alone (`put_row`).
 
-  KVCache       every key and value, in position order, in buffers reserved for max_len
-                positions: one token appends in place (no concatenation), and the keys so far
-                are a view that the fused kernel reads once (full, strided, LSH)
-  WindowCache   the last `window` positions in a ring, plus the older positions a pattern still
-                needs (global tokens, random blocks, summary columns) in a second buffer, each
-                position in one of the two (blockwise, combined and its presets)
-  PrefixCache   a growing prefix of summaries followed by one open block of raw keys
-                (compressed: the summaries of finished blocks, then the current block)
-  StateCache    the running sums of a feature attention: S' = sum_j phi(k_j) [v_j, 1]^T
-                (linear, performer): O(E D) whatever the length
-  ClusterCache  each cluster's most recent members in a ring per cluster (routing)
-  BlockKVCache  every key and value (a KVCache) plus one summary per finished block of keys
-                (and of values): MoBA's block means, NSA's compressed blocks
-  DeltaCache    a D x D state per head: the delta rule's fast weights (deltanet,
-                gated_deltanet), Mamba-2's SSM state (mamba2)
-
-All caches are tensors of one batch size, heads and head_dim, on one device and dtype, which
-each records (`Cache.misfit`: `Attention.prefill` and `decode` refuse other inputs up front).
+What each keeps, and for which variants: docs/variants/common.md, "The decoding caches".
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -41,6 +32,9 @@ class Cache:
     keys' heads; `query_heads` the queries', more under grouped KV heads held as they are),
     inputs of `dtype` on `device`, which `misfit` checks a call against."""
 
+    # False for a state with no position axis (running sums, a d x d matrix): module docstring.
+    holds_positions: ClassVar[bool] = True
+
     def __init__(self, owner: str, batch, heads, head_dim, *, max_len: int, device, dtype):
         if not isinstance(max_len, int) or isinstance(max_len, bool) or max_len < 1:
             raise ValueError(f"{owner}: option 'max_len' must be a positive int, got {max_len!r}")
@@ -51,6 +45,14 @@ class Cache:
         self.query_heads = heads  # `init_cache` sets n_heads where the cache holds n_kv_heads
         self.dtype = dtype or torch.get_default_dtype()
         self.device = torch.empty(0, device=device).device  # "cuda" -> "cuda:0", None -> default
+        self.pads: torch.Tensor | None = None  # (B,) a left-padded prompt's pads per row
+
+    def real_keys(self, positions: torch.Tensor) -> torch.Tensor | None:
+        """(B, 1, 1, n) bool, True where held position `positions` (n,) is a real token of
+        the row, not one of its prompt's left pads; None when no row was padded."""
+        if self.pads is None:
+            return None
+        return (positions[None, :] >= self.pads[:, None])[:, None, None]
 
     @property
     def nbytes(self) -> int:
@@ -257,6 +259,8 @@ class StateCache(Cache):
     `shift` (B, H, 1, 1) (performer's largest key exponent so far; None for linear) the sums are
     held times exp(-shift), so that exponentials of large exponents stay in range."""
 
+    holds_positions = False
+
     def __init__(
         self, owner, batch, heads, features, head_dim, *, max_len, device=None, dtype=None
     ):
@@ -276,6 +280,14 @@ class StateCache(Cache):
             self.shift = shift
         values = F.pad(v.to(self.state.dtype), (0, 1), value=1.0)  # (B, H, T, D+1)
         self.state += phi_k.to(self.state.dtype).transpose(-1, -2) @ values
+
+    def put_row(self, row: int, other: StateCache) -> None:
+        """Row `row`'s sums (and shift) become those of `other`, a cache of one row."""
+        self.state[row] = other.state[0]
+        if other.shift is not None:
+            if self.shift is None:
+                self.shift = other.shift.new_zeros(self.batch, *other.shift.shape[1:])
+            self.shift[row] = other.shift[0]
 
     def read(self, phi_q: torch.Tensor, denominator_eps=0.0) -> torch.Tensor:
         """phi_q: (B, H_q, T, E) -> out (B, H_q, T, D): numerator over denominator (padded by
@@ -371,12 +383,22 @@ class DeltaCache(Cache):
     """The delta rule's state as M = S^T (so that o = q M): (B, H, D, D), zero before the first
     position, in float32 or wider (as the chunked forward computes)."""
 
+    holds_positions = False
+
     def __init__(self, owner, batch, heads, head_dim, *, max_len, device=None, dtype=None):
         super().__init__(owner, batch, heads, head_dim, max_len=max_len, device=device, dtype=dtype)
         work = torch.promote_types(dtype or torch.get_default_dtype(), torch.float32)
         self.state = torch.zeros(batch, heads, head_dim, head_dim, device=device, dtype=work)
         # With a short convolution: the last w - 1 positions' q, k, v (B, H, w - 1, 3D).
         self.conv_tail: torch.Tensor | None = None
+
+    def put_row(self, row: int, other: DeltaCache) -> None:
+        """Row `row`'s state (and convolution tail) become those of `other`, of one row."""
+        self.state[row] = other.state[0]
+        if other.conv_tail is not None:
+            if self.conv_tail is None:
+                self.conv_tail = other.conv_tail.new_zeros(self.batch, *other.conv_tail.shape[1:])
+            self.conv_tail[row] = other.conv_tail[0]
 
     @property
     def nbytes(self) -> int:
@@ -386,15 +408,17 @@ class DeltaCache(Cache):
         return self.state.numel() * self.state.element_size() + tail
 
 
-def attend_prefix(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale=None):
+def attend_prefix(
+    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale=None, mask=None
+) -> torch.Tensor:
     """Softmax attention of new queries over held keys: q (B, H, T, D), keys and values
     (B, H_kv, n, D) with H_kv dividing H (views are fine: the fused CPU kernel reads them in
     place) -> (B, H, T, D). n = 0 gives zeros (a softmax over nothing, as `combined` takes
-    it)."""
+    it). `mask`: None or (B, 1, 1, n) bool, True where a key is read (`Cache.real_keys`)."""
     if keys.shape[2] == 0:
         return torch.zeros_like(q)
     gqa = {"enable_gqa": True} if keys.shape[1] != q.shape[1] else {}
-    return F.scaled_dot_product_attention(q, keys, values, scale=scale, **gqa)
+    return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=scale, **gqa)
 
 
 def attend_allowed(

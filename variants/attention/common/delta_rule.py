@@ -1,5 +1,5 @@
 """The delta rule's kernel, with or without a decay (deltanet, gated_deltanet):
-`chunked_delta_rule`, the chunked WY / UT form (deltanet's layer docstring derives it; the decay
+`chunked_delta_rule`, the chunked WY / UT form (docs/variants/deltanet.md derives it; the decay
 is folded in as flash-linear-attention's chunk_gated_delta_rule), through which autograd runs.
 `delta_rule_flops`: its useful multiply-adds."""
 

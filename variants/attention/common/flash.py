@@ -1,21 +1,16 @@
 """Softmax attention that returns its logsumexp, and its backward given any output and logsumexp.
 
-Kernels that split a query's keys into disjoint parts (LSH rounds, strided attention's local
-windows and columns, compressed attention's past blocks and own block) attend to each part,
-then combine the parts' outputs with their logsumexps: o = sum_p exp(lse_p - LSE) o_p with
-LSE = logsumexp_p lse_p. (With dedup=False LSH's rounds may share keys; the same formula then
-counts a shared key once per round, which is what that option means.) The gradient of the
-combined o with respect to each part's q, k, v is a standard attention backward of that part
-given the *combined* o and LSE (the flash-attention form, dS = P (dO V^T - rowsum(dO * o)) with
-P = exp(S - LSE)), so no gradient flows through the logsumexps themselves.
+Kernels that split a query's keys into disjoint parts (LSH rounds, strided attention's windows
+and columns, compressed attention's past blocks and own block) attend to each part and combine
+the parts' outputs by their logsumexps, o = sum_p exp(lse_p - LSE) o_p; each part's gradient is
+a standard attention backward given the *combined* o and LSE, so no gradient flows through the
+logsumexps. On CPU both directions run on PyTorch's fused flash-attention kernels (private ATen
+ops), on CUDA on the memory-efficient SDPA kernels (float32 and half types); other devices and
+dtypes take explicit matmuls. `path(device, dtype)` says which (`fused` | `explicit`): every
+record's `kernel_path`.
 
-On CPU both directions run on PyTorch's fused flash-attention kernels: private ATen ops (what
-`F.scaled_dot_product_attention` calls on CPU, plus the logsumexp it does not return). On CUDA
-they run on the memory-efficient SDPA kernels (`_scaled_dot_product_efficient_attention` and
-its backward: the kernel SDPA picks with an additive mask, which returns its logsumexp) for
-float32 and half types, so a kernel that merges parts runs fused wherever exact attention does.
-Other devices, other dtypes (float64 on CUDA), or a PyTorch without the ops take explicit
-matmuls. `path(device, dtype)` says which (`fused` | `explicit`): every record's `kernel_path`.
+The merge, its backward and the paths in full: docs/variants/common.md, "Parts merged by
+logsumexp".
 """
 
 from __future__ import annotations

@@ -4,27 +4,15 @@ Given non-negative features phi(q_i), phi(k_j) (width E) of the queries and keys
 
     out_i = phi(q_i)^T S_i / phi(q_i)^T z_i,   S_i = sum_j phi(k_j) v_j^T,   z_i = sum_j phi(k_j)
 
-with j over all positions, or j <= i when causal. The denominator is computed with the numerator:
-the values get a column of ones, v' = [v, 1], so that one state S' = sum_j phi(k_j) v'_j^T
-(E x (D+1)) holds both S and z.
+with j over all positions, or j <= i when causal; the values get a column of ones, v' = [v, 1],
+so one state S' = sum_j phi(k_j) v'_j^T (E x (D+1)) holds both S and z. Non-causal, S' is one
+matmul. Causal, `causal_product` works in chunks of CHUNK positions (dense within a chunk, a
+running state across them, groups of chunks vectorised within STATE_BYTES), and its backward is
+three more such products: never more than O(L (E + D)) plus one group of states is held.
+Grouped KV heads are taken as they are: the G query heads of a group read their KV head's
+states.
 
-Non-causal, S' is one matmul: O(L E D) time, O(L (E + D) + E D) memory.
-
-Causal, a plain cumulative sum of phi(k_j) v'_j^T would materialise an (L, E, D+1) tensor per
-head (L E D floats: 4.4 GB for one 16K layer of a performer). Instead `causal_product` cuts the
-sequence into chunks of CHUNK positions: within a chunk the pairs are scored densely with a
-triangular mask; across chunks a running state (E x (D+1) per sequence) carries the sum of
-earlier chunks. One sequence at a time, groups of chunks are vectorised (their states are a
-cumulative sum over the group's chunk axis, kept within STATE_BYTES), and the group's total
-carries to the next group. Its autograd Function saves only its three inputs; its backward is
-three more products of the same kind (one forward in position order, two in reverse), so
-neither direction ever holds more than O(L (E + D)) plus one group of states.
-
-Grouped KV heads (k, v with H_kv heads dividing q's H, query head h on KV head h // (H / H_kv))
-are taken as they are: the key features, values and states are per KV head, and the G = H / H_kv
-query heads of a group read the same states (non-causal, as one matmul of G L rows; causal, one
-read-out per query head of each chunk group's states, which are built once). The backward sums
-the G heads' contributions to the keys' and values' gradients inside the same products.
+The chunked products and grouped heads in full: docs/variants/common.md, "Feature-map attention".
 """
 
 from __future__ import annotations
@@ -52,7 +40,7 @@ def feature_attention(
     """Normalised linear attention over feature maps (formula in the module docstring).
 
     phi_q: (B, H, L, E) and phi_k: (B, H_kv, L, E), non-negative; v: (B, H_kv, L, D), H_kv
-    dividing H (grouped KV heads, module docstring). Returns (B, H, L, D) in v's dtype.
+    dividing H (grouped KV heads: docs/variants/common.md). Returns (B, H, L, D) in v's dtype.
     `denominator_eps` (a number, or a tensor broadcasting to (B, H_kv, 1, 1)): added to every
     feature of the key sum z_i in the denominator only (phi(q_i)^T (z_i + eps)), as
     performer-pytorch's causal path. A row whose denominator
@@ -98,7 +86,7 @@ def causal_product(
 
     a: (S, G_a, L, E); b: (S, G_b, L, E); c: (S, G_b, L, F): G_a heads read the sums over G_b
     heads (grouped KV heads: G_a = G, G_b = 1 forward; the reverse in the backward). Returns
-    (S, G_a, L, F). Chunked as the module docstring says:
+    (S, G_a, L, F). Chunked as docs/variants/common.md says:
     O(L CHUNK (E + F) + L E F) time, temporaries within STATE_BYTES (one chunk at least).
     One sequence at a time, so that every group of chunks is a contiguous block and the batched
     matmuls run on it (and on its transposes) in place: slices across sequences made the

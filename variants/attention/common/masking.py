@@ -1,29 +1,17 @@
 """Padding masks, document (segment) masks and grouped KV heads: the pieces kernels share.
 
 The kernel contract (`Attention.forward`) takes two optional masks, both (B, L):
+`attention_mask`, bool, **True = a real token (keep)** (the flash-attention / Hugging Face
+convention), and `segment_ids`, integer document ids of packed sequences, non-decreasing along
+L. Padded keys are never attended to, padded queries' outputs are zeros, and no query attends a
+key of another document. Pattern variants fold both into `document_mask` (same document, and
+the key real or the query itself, so no row is ever empty); state variants, compressed and
+Linformer run each document as a sequence of its own (`per_document`). Left padding (prompts of
+different lengths): each row's pads come first (`left_pads`). Grouped KV heads: query head h
+reads key head h // (H / H_kv), as PyTorch's `enable_gqa`; kernels that cannot use the grouping
+directly get repeated keys (`repeat_kv`).
 
-  attention_mask  bool, **True = a real token (keep)**, False = padding: the flash-attention /
-                    Hugging Face convention (PyTorch's MultiheadAttention uses the opposite).
-                    Padded keys are never attended to; padded queries' outputs are zeros.
-  segment_ids       integer document ids of packed sequences, non-decreasing along L: no query
-                    attends a key of another document.
-
-Pattern variants fold both into their predicate as one more condition on a (query, key) pair,
-`document_mask`: same document, and the key real or the query itself. The last clause keeps a
-padded query's row non-empty (its own key), so fused kernels never see a row with no key (a
-NaN on some paths); the row's output is zeroed afterwards (`zero_padded_queries`) and, its
-gradient being zero, its key gets no gradient from it. A real query always keeps its own key.
-
-Variants whose output does not depend on absolute positions (linear, performer, deltanet: a
-state over the sequence) run each document's real positions as a sequence of its own
-(`per_document`): the state restarts at every boundary and padding never enters it.
-Compressed attention does the same, so its blocks start at each document's first real token.
-Linformer zeroes padded keys and values before its length projection and projects each
-document as a sequence of its own (`per_document` over all its positions).
-
-Grouped KV heads: k and v have H_kv heads dividing q's H; query head h reads key head
-h // (H / H_kv), as PyTorch's `enable_gqa` and Hugging Face's `repeat_kv`. Kernels that can use
-the grouping directly say `native_gqa`; the others get repeated keys (`repeat_kv`).
+The conventions and which variant takes which route: docs/variants/common.md, "Masks' conventions".
 """
 
 from __future__ import annotations
@@ -72,6 +60,22 @@ def document_mask(
     if attention_mask is not None:
         allowed &= _at(attention_mask, k_at) | (q_at == k_at)
     return allowed
+
+
+def left_pads(owner: str, attention_mask: torch.Tensor | None) -> torch.Tensor | None:
+    """Each row's count of leading pads (B,) int64 for a left-padded (B, T) bool mask, True =
+    a real token; None without a mask or when no row is padded. `ValueError` naming `owner`
+    unless every row is pads then at least one real token."""
+    if attention_mask is None or bool(attention_mask.all()):
+        return None
+    if bool((attention_mask[:, :-1] & ~attention_mask[:, 1:]).any()) or not bool(
+        attention_mask[:, -1].all()
+    ):
+        raise ValueError(
+            f"{owner}: option 'attention_mask' must be left padding (each row False then True, "
+            "at least one True) for a prompt"
+        )
+    return (~attention_mask).sum(dim=1)  # (B,)
 
 
 def real_prefix(attention_mask: torch.Tensor) -> int:

@@ -1,6 +1,6 @@
 """MoBA's autograd function, also NSA's selected branch: each query over its own block and the
 blocks `selection` chose, merged by logsumexp; the backward runs each piece's attention backward
-given the merged output and logsumexp (MoBA's layer docstring says how the tiles run)."""
+given the merged output and logsumexp (how the tiles run: docs/variants/moba.md)."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ SHIFT_LIMIT = 20.0
 
 class SelectedBlocks(torch.autograd.Function):
     """Softmax attention of each query over its own block (causal inside it when causal) and
-    the key blocks `selected` names, merged by logsumexp (module docstring: how it runs).
+    the key blocks `selected` names, merged by logsumexp (docs/variants/moba.md: how it runs).
 
     q: (B, H, L, D); k, v: (B, H_kv, L, D), H_kv dividing H (grouped KV heads: query head h
     reads KV head h // (H / H_kv); the own blocks run a KV head's G query heads as the fused
@@ -177,7 +177,7 @@ class _Plan:
     def _own_grouped(self, x: torch.Tensor) -> torch.Tensor:
         """One sequence's (H or H_kv, L, E) -> (n, H or H_kv, b, E), zero-padded: its blocks
         as the batch and the heads as the fused kernel's (grouped) heads, a strided view of
-        `x` when L is a multiple of b (as `blockwise.grouped_window_attention`)."""
+        `x` when L is a multiple of b (as `local.grouped_window_attention`)."""
         return to_blocks(x[None], self.block)[0].transpose(0, 1)
 
     def _own_clean(self) -> torch.Tensor:

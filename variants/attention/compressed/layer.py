@@ -1,54 +1,18 @@
 """Memory-compressed attention (Liu et al. 2018): attend to keys and values shortened f-fold.
 
-Keys and values are compressed along the sequence: compressed block c summarises positions
-[c*f, (c+1)*f - 1], giving C = ceil(L / f) keys; queries are not compressed. Without a causal
-mask every query attends to all C compressed keys.
+Keys and values are compressed along the sequence by `factor` f (`method`: conv, a learned
+Conv1d shared by the heads; mean; max): block c summarises positions [c*f, (c+1)*f - 1];
+queries are not compressed. Without a causal mask every query attends to all ceil(L / f)
+summaries. Causally a query at i attends to the summaries of the blocks that end before its
+own block starts, and exactly to the raw keys of its own block up to itself: nothing leaks, no
+row is empty, and the two disjoint parts are merged by logsumexp, each on the fused kernels'
+causal flag (`PastBlocksAndOwnBlock`), with no mask tensor. Masks: each document's real
+positions run as a sequence of their own (`masking.per_document`), so a packed document is
+compressed exactly as it would be alone. Grouped KV heads are compressed once per KV head and
+never repeated.
 
-Causally, a compressed key summarises its whole block, so it may only be seen by queries at or
-after the block's last position. A query at i therefore attends to
-  - the compressed blocks that end before its own block starts (so they end at or before i), and
-  - exactly, the raw keys of its own block up to itself, [floor(i/f)*f, i].
-Nothing leaks, and no row is empty: position i always sees itself. A block that ends exactly at i
-is seen raw, not also compressed, so no position is counted twice; with f = 1 and an identity
-compression this is full causal attention. The two parts are softmaxes over disjoint key sets and
-are merged with their logsumexps. Each part is an ordinary causal attention in its own layout
-(see `PastBlocksAndOwnBlock`), so on CPU the fused kernels' causal flag masks both and no mask
-tensor is built: O(L) memory beyond the compressed keys, where an explicit (L, C) mask and its
-scores took O(L^2 / f) and ran slower than exact attention. Other devices take the explicit
-path of `flash`, which does build the (C-1)^2 f and C f^2 scores.
-
-Compression `method`:
-  conv  a learned Conv1d over the head_dim channels with kernel = stride = f; separate convs for
-        keys and values, each shared by all heads (the paper convolves the full model width;
-        sharing across heads keeps the kernel independent of n_heads).
-  mean  the average of the block's real positions.
-  max   the per-channel maximum over the block's real positions.
-A length that is not a multiple of f is padded internally. The partial last block is built only
-from real positions for mean and max; conv sees the zero padding (and adds its bias), which is
-acceptable because that block is a learned summary anyway. Causally it is never visible: it ends
-after the last real position.
-
-Masks (`attention_mask`, `segment_ids`): each document's real positions run as a sequence of
-their own (`masking.per_document`), so the blocks are counted from the document's first real
-token and every summary pools real keys of one document only (a summary of no real key does not
-exist); causally the exact part is the query's own block of that sequence, up to itself. A
-packed document is thus compressed exactly as it would be alone, and a right-padded sequence
-exactly as the sequence without its padding; a padded run inside a sequence is cut out (the
-tokens after it move up into its blocks). Summaries aligned to absolute positions instead would
-straddle document boundaries: pooling each straddling block per document gives a summary set
-that depends on the query's document, and dropping the blocks not wholly inside a document
-hides a document's first keys from its own bidirectional queries; either also needs a mask in
-both causal parts, where now the fused kernels' causal flag alone masks (no mask tensor, see
-`PastBlocksAndOwnBlock`). Without masks the call is the unmasked one of before. The cost is a
-Python loop over the batch's documents.
-
-Grouped KV heads (k, v of H_kv heads dividing H): keys and values are compressed once per KV
-head and never repeated; query head h reads KV head h // (H / H_kv) through the fused kernels'
-own grouping (`PastBlocksAndOwnBlock`'s `OwnBlocks`; SDPA's `enable_gqa` non-causal), and the
-decoding cache holds H_kv heads.
-
-Unlike a public implementation, masked scores are -inf (not +inf) and there is no dropout on the
-scores before the softmax.
+The causal split, the methods, the masks (and why per document) in full:
+docs/variants/compressed.md.
 """
 
 from __future__ import annotations
@@ -77,7 +41,7 @@ class CompressedAttention(Attention):
     """Memory-compressed attention: keys and values shortened f-fold (strided conv, mean or max).
 
     Masks: each document's real positions attend as a sequence of their own, blocks counted
-    from its first real token (`per_document`; why in the module docstring).
+    from its first real token (`per_document`; why: docs/variants/compressed.md).
     """
 
     family = "fixed"
@@ -94,7 +58,7 @@ class CompressedAttention(Attention):
     supports_decode = True
     softmax_kernels = "flash"
     independent_heads = True
-    supports_padding_mask = supports_segments = True  # each document alone (module docstring)
+    supports_padding_mask = supports_segments = True  # docs/variants/compressed.md, "Masks"
     native_gqa = native_gqa_decode = True  # summaries per KV head, never repeated
 
     def __init__(
@@ -128,7 +92,7 @@ class CompressedAttention(Attention):
         segment_ids: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """q (B, H, L, D), k, v (B, H_kv, L, D) -> (B, H, L, D); with masks, each document's
-        real positions attend as a sequence of their own (module docstring)."""
+        real positions attend as a sequence of their own (docs/variants/compressed.md)."""
         if attention_mask is not None or segment_ids is not None:
             return per_document(
                 self.attend, q, k, v, attention_mask=attention_mask, segment_ids=segment_ids

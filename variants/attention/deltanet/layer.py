@@ -1,52 +1,18 @@
 """DeltaNet (Schlag et al. 2021; Yang et al. 2024): linear attention whose state is edited.
 
-q and k are L2-normalised per head (q / max(|q|, 1e-12)); with the state S_0 = 0 (d x d per
-head),
+q and k are L2-normalised per head; with the state S_0 = 0 (d x d per head),
 
     S_t = S_{t-1} (I - beta_t k_t k_t^T) + beta_t v_t k_t^T,     o_t = S_t q_t
 
 (no further scale), beta_t = `gates[..., 0]` in (0, 1) per head and position, computed by the
-layer from the token. The recurrent form is the definition (and the tests' reference); this
-kernel runs it chunk-parallel in the WY / UT-transform form of Yang et al. 2024. With
-M = S^T (so o_t^T = q_t^T M_t) and M_0 the state at a chunk's start, within a chunk of C
-positions (rows of K, V, Q; diag(beta) = B):
+layer from the token. The recurrence is the definition (and the tests' reference); the kernel
+(`common.delta_rule`) runs it chunk-parallel in the WY / UT form, `chunk_size` changing only the
+rounding, in float32 at least. fla's layer parts are options (`short_conv`, `feature_map`,
+`output_norm`), off by default; the layer, masks, grouped KV heads and decoding (a d x d state
+per head in `cache.DeltaCache`, O(d^2) per token) are `common.recurrent`'s. Causal only.
 
-    T = (I + strict_lower(B K K^T))^{-1}         one triangular solve per chunk
-    W = T B K,   U = T B V                       the UT transform
-    U' = U - W M_0                               the chunk's corrected values
-    O = Q M_0 + lower(Q K^T) U'                  (diagonal included)
-    M_next = M_0 + K^T U'
-
-Everything but the last three lines runs batched over all chunks; those run as a loop over the
-L / C chunks (three small matmuls each; never a loop over positions), and the outputs are then
-two batched matmuls. Time O(L C d + L d^2 + L C^2), memory O(L C + (L / C) d^2) per head.
-Gradients are PyTorch's autograd through these operations (its triangular solve included).
-`chunk_size` changes only the rounding, not the function. Computed in float32 at least, with
-autocast off (a running state over thousands of positions in a half type loses its digits).
-
-The published layer's parts (fla's `DeltaNet` layer), as options, each off by default:
-`short_conv` = w > 0 runs a causal depthwise convolution of width w over q, k and v (per head
-and channel; fla's ShortConvolution, width 4) before the delta rule; `feature_map=silu` passes
-q, k and v through SiLU before q and k are L2-normalised (fla's qk_activation and its
-convolution's activation); `output_norm` applies an RMSNorm with a learned scale over each
-head's output (fla's o_norm). The projections' biases are the model's
-(`model.projection_bias`; fla has none). They give the kernel parameters, so the layer passes
-`n_heads` and `head_dim`.
-
-Grouped KV heads (k, v with H_kv heads dividing q's H): beta is per query head, so the state,
-the beta-weighted keys and values and the UT transform are per query head; the chunked form
-takes k and v as they are and broadcasts them over each group's G query heads (never repeated
-to H heads). With `short_conv`, whose k and v channels are per query head, they are repeated
-first. The decode cache holds the state alone, per query head: a new token's k and v are
-repeated (one position).
-
-The kernel is `common.delta_rule`'s (gated_deltanet's too), the layer's parts, masks, grouped
-heads and decoding `common.recurrent`'s. Decoding (`cache.DeltaCache`): the state M alone,
-d x d per head (with `short_conv`, also the last w - 1 inputs of q, k, v, which the next
-position's convolution reads). A new position is one delta-rule update,
-M += beta k (v - k^T M)^T, and the read o = q M: O(d^2) per token whatever the context.
-`prefill` runs the chunked form over the prompt and keeps its final state, the
-recurrence's state after the prompt (up to rounding).
+The chunked form's derivation, the layer's parts, grouped heads and decoding in full:
+docs/variants/deltanet.md.
 """
 
 from __future__ import annotations
@@ -65,6 +31,7 @@ class DeltaNetAttention(RecurrentAttention):
     """DeltaNet: the delta rule S_t = S_{t-1}(I - beta k k^T) + beta v k^T, chunk-parallel."""
 
     name = "deltanet"
+    published_as = {"mad": "DeltaNet"}
     exact = False
     time_complexity = "O(L C d + L d^2)"
     memory_complexity = "O(L C + L d^2 / C)"

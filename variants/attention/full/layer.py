@@ -62,6 +62,7 @@ class FullAttention(Attention):
     takes_scale = True
 
     name = "full"
+    published_as = {"lra": "Transformer", "mad": "Transformer"}
     exact = True
     block_sparse_work = True
     time_complexity = "O(L^2 d)"
@@ -71,6 +72,7 @@ class FullAttention(Attention):
     independent_heads = True
     supports_padding_mask = supports_segments = True
     native_gqa = native_gqa_decode = True
+    decode_masks_padding = True  # a left-padded prompt's slots left out (`Cache.real_keys`)
     # Decoding (`decode_step`) attends through plain SDPA whatever the impl, as for impl=math:
     # one query row, where the backends differ little.
 
@@ -218,9 +220,11 @@ class FullAttention(Attention):
         key is left out unless it is the only one."""
         self.cache_prompt(q, k, v, cache)
         keys, values = cache.keys(), cache.values()  # (B, H, n, D) views
+        held = cache.length
         if self.shared_qk and cache.length > 1:
-            keys, values = keys[:, :, :-1], values[:, :, :-1]
-        return attend_prefix(q, keys, values)  # (B, H, 1, D); keys of H_kv heads
+            keys, values, held = keys[:, :, :-1], values[:, :, :-1], held - 1
+        real = cache.real_keys(torch.arange(held, device=keys.device))  # (B, 1, 1, n) or None
+        return attend_prefix(q, keys, values, mask=real)  # (B, H, 1, D); keys of H_kv heads
 
     def _mask(
         self,

@@ -10,11 +10,9 @@ different attention: its `approx_rel_error` against exact attention does not shr
 option, and it has none beyond `causal`.
 
 With a key padding mask or segment ids each document's real positions run as a sequence of
-their own (`masking.per_document`): the sums restart at every document boundary and never
-hold a padded key.
-
-Grouped KV heads (k, v with fewer heads than q) are taken as they are: the sums are per KV head,
-read by each of its query heads (`kernelized`), and the decode cache holds H_kv heads.
+their own (`masking.per_document`): the sums restart at every document boundary and never hold
+a padded key. Grouped KV heads (k, v with fewer heads than q) are taken as they are: the sums
+are per KV head, read by each of its query heads, and the decode cache holds H_kv heads.
 """
 
 from __future__ import annotations
@@ -36,6 +34,7 @@ class LinearAttention(Attention):
     family = "kernel"
 
     name = "linear"
+    published_as = {"lra": "Linear Transformer"}
     exact = False
     time_complexity = "O(L d^2)"
     memory_complexity = "O(L d + d^2)"

@@ -4,35 +4,19 @@ softmax(Q (E K)^T / sqrt(d)) (F V) with learned E, F in R^{k x N}, N = max_seq_l
 length L < N uses the first L columns of E and F. Time O(L k d) and memory O(L k) instead of
 O(L^2). Every projected key mixes all positions, future ones included, so Linformer cannot be
 causal: building it with causal=True is refused, and the lengths it accepts are bounded by N.
+`share` (none | headwise | kv | layerwise) shares E and F across heads, keys and values, layers.
 
-Sharing modes (`share`), with parameters per layer for H heads:
-  none       a separate E and F for each head         2 H k N
-  headwise   one E and one F shared by all heads      2 k N
-  kv         one projection used as both E and F      k N
-  layerwise  like kv, and all layers use the first layer's projection (the model calls
-             `tie_to`), so k N for the whole model.
+Masks: padded keys and values are zeroed before the projection (columns stay at their absolute
+positions), and each document is projected as a sequence of its own, from column 0. Grouped KV
+heads are taken as they are: each KV head's keys and values are projected, never repeated to H.
+Initialised as the paper's fairseq code (xavier-uniform, gain 1/sqrt(2)).
 
-Masks. `attention_mask`: padded keys and values are zeroed before the length projection, so
-each projected key and value is a mix of real positions only, through the columns of their
-absolute positions; all k projected slots stay and keep their meaning (slot j is still
-sum_l E[j, l] k_l, over the real l). A right-padded sequence of n real tokens so gets exactly
-what it gets alone (the first n columns of E and F); a padded run inside a sequence or on the
-left leaves its columns unused (the later tokens keep theirs). `segment_ids`: each document runs
-as a sequence of its own (`masking.per_document` over its positions, padded ones included and
-zeroed), so its projection starts at column 0 and mixes no other document's positions; a
-document is thus projected exactly as it would be alone. A padded query's output is zero (the
-base class). Without masks the call is the unmasked one of before; documents cost a Python loop
-over the batch's documents, padding alone one masked fill.
+`init` (xavier | identity) and `learn_projection` are probes, not the paper's: identity starts E
+and F at [I; 0] (with k >= L, exact attention plus k - L null slots), and learn_projection=False
+keeps them where they start.
 
-Grouped KV heads (k, v with H_kv heads dividing q's H) are taken as they are: a shared
-projection (headwise, kv, layerwise) projects each KV head's keys and values once, and the fused
-attention reads them grouped; with share='none' each query head projects its KV head's keys
-and values with its own E and F, so only the k projected rows per query head exist, never the
-L keys repeated to H heads.
-
-Initialisation follows the paper's fairseq code: xavier-uniform over each (k, N) matrix with gain
-1/sqrt(2), i.e. U(-b, b) with b = sqrt(3 / (k + N)); a projected key then has about L / (k + N)
-times the variance of a key, never more.
+Sharing modes' parameter counts, the masks' rules, grouped heads and the probes in full:
+docs/variants/linformer.md.
 """
 
 from __future__ import annotations
@@ -45,18 +29,33 @@ from torch import nn
 
 from variants.attention.common.base import Attention
 from variants.attention.common.masking import per_document, zero_padded_positions
-from variants.checks import UnsupportedCombination, require_choice, require_positive_int
+from variants.checks import (
+    UnsupportedCombination,
+    require_bool,
+    require_choice,
+    require_positive_int,
+)
 from variants.registry import register_attention
 
 SHARE_MODES = ("none", "headwise", "kv", "layerwise")
+INITS = ("xavier", "identity")
 
 
-def sequence_projection(copies: int, proj_len: int, max_seq_len: int) -> nn.Parameter:
-    """`copies` xavier-uniform (gain 1/sqrt(2)) projections, (copies, proj_len, max_seq_len).
+def sequence_projection(
+    copies: int, proj_len: int, max_seq_len: int, init: str = "xavier"
+) -> nn.Parameter:
+    """`copies` projections (copies, proj_len, max_seq_len): xavier-uniform with gain 1/sqrt(2)
+    (`init="xavier"`), or [I; 0] (`init="identity"`: ones at (j, j), j < min(proj_len,
+    max_seq_len)).
 
     Initialised by hand because nn.init.xavier_uniform_ would read a 3-d tensor as a conv
     weight and take the wrong fans.
     """
+    if init == "identity":
+        diagonal = torch.arange(min(proj_len, max_seq_len))
+        weight = torch.zeros(copies, proj_len, max_seq_len)
+        weight[:, diagonal, diagonal] = 1.0
+        return nn.Parameter(weight)
     bound = math.sqrt(3.0 / (proj_len + max_seq_len))
     weight = torch.empty(copies, proj_len, max_seq_len).uniform_(-bound, bound)
     return nn.Parameter(weight)
@@ -76,6 +75,7 @@ class LinformerAttention(Attention):
     knobs = ("k",)
 
     name = "linformer"
+    published_as = {"lra": "Linformer"}
     exact = False
     time_complexity = "O(L k d)"
     memory_complexity = "O(L k)"
@@ -99,6 +99,8 @@ class LinformerAttention(Attention):
         causal: bool = False,
         k: int = 256,
         share: str = "none",
+        init: str = "xavier",
+        learn_projection: bool = True,
         n_heads: int = 4,
         max_seq_len: int = 4096,
     ):
@@ -109,15 +111,20 @@ class LinformerAttention(Attention):
             )
         self.proj_len = require_positive_int(self.name, "k", k)
         self.share = require_choice(self.name, "share", share, SHARE_MODES)
+        self.init = require_choice(self.name, "init", init, INITS)
+        self.learn_projection = require_bool(self.name, "learn_projection", learn_projection)
         self.n_heads = require_positive_int(self.name, "n_heads", n_heads)
         self._max_seq_len = require_positive_int(self.name, "max_seq_len", max_seq_len)
 
         copies = n_heads if share == "none" else 1
-        self.key_proj = sequence_projection(copies, k, max_seq_len)  # E: (H or 1, k, N)
+        self.key_proj = sequence_projection(copies, k, max_seq_len, init)  # E: (H or 1, k, N)
         if share in ("none", "headwise"):
-            self.value_proj = sequence_projection(copies, k, max_seq_len)  # F: (H or 1, k, N)
+            self.value_proj = sequence_projection(copies, k, max_seq_len, init)  # F: (H or 1, k, N)
         else:
             self.register_parameter("value_proj", None)  # F is E
+        for proj in (self.key_proj, self.value_proj):
+            if proj is not None:
+                proj.requires_grad_(learn_projection)
 
     @property
     def max_seq_len(self) -> int:
@@ -189,6 +196,7 @@ class LinformerAttention(Attention):
 
     def extra_repr(self) -> str:
         return (
-            f"k={self.proj_len}, share={self.share}, n_heads={self.n_heads}, "
+            f"k={self.proj_len}, share={self.share}, init={self.init}, "
+            f"learn_projection={self.learn_projection}, n_heads={self.n_heads}, "
             f"max_seq_len={self._max_seq_len}"
         )

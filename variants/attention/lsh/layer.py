@@ -1,81 +1,18 @@
 """Reformer's LSH attention, the layer: shared-QK keys hashed into angular buckets, sorted and
-chunked. Its parts by role (as flash-linear-attention splits a layer, its algorithm and its
-autograd function): this module (the registry's `LSHAttention` and its decoding cache),
-`hashing` (the angular hash), `function` (`RoundsWindowAttention`: the rounds' forward and
-backward), `bucket_windows` (a round's sorted layout, chunk windows and score bias), `masks` (the
-keys a query must not see) and `buffers` (how the work is cut so its temporaries stay small).
+chunked. This module holds the registry's `LSHAttention` and its decoding cache; beside it
+`hashing`, `function`, `bucket_windows` and `masks` (the package's docstring says each one's
+role) and `common.buffers` (how the work is cut so its temporaries stay small).
 
-Each of `n_hashes` rounds hashes every position into one of `n_buckets` buckets, sorts the
-positions by (bucket, position), cuts the sorted sequence into chunks of m = `bucket_size` and
-lets every chunk attend to itself and to the previous chunk of its round (the first chunk wraps
-around to the round's last). The rounds are then combined with their logsumexp weights,
-o = sum_r exp(lse_r - logsumexp_r lse_r) o_r. A query scores at most 2m keys per round, so time
-and memory are linear in L.
+Each of `n_hashes` rounds hashes every position into one of `n_buckets` buckets, sorts by
+(bucket, position), cuts the sorted sequence into chunks of m = `bucket_size`, and every chunk
+attends to itself and the previous chunk of its round; the rounds are combined by logsumexp.
+Keys are the unit-normalised queries (scores q . k_hat), a token attends to itself only when it
+has no other key, and with `dedup=True` a pair met in several rounds counts once. Time and
+memory are linear in L. Causally no later key or value is read, but later tokens' hashes move
+the chunk boundaries (`past_fixed = False`). Masks: no query attends across a document or to a
+padded key; a query with no allowed key attends to itself alone.
 
-Choices where published implementations differ:
-- Keys are the unit-normalised queries (shared QK) and scores are q . k_hat, as in the
-  Reformer's own code (trax RMS-normalises keys to norm sqrt(d), then applies the usual
-  1/sqrt(d)); a widely used PyTorch port divides by a further sqrt(d), which measured 9 % worse
-  bits per byte here (see `base.shared_qk_keys`).
-- Hash: one random rotation R per round, drawn per forward and shared by every batch row and
-  head (the vectors are still hashed independently; only the projection is shared), bucket =
-  argmax([xR; -xR]). Fresh from the global RNG each call, or the same every call when `seed` is
-  set. `n_buckets` defaults to the paper's 2 L/m, about two buckets per chunk.
-  Deviation above `hashing.SINGLE_HASH_MAX_BUCKETS` (128) buckets, i.e. beyond L = 4096
-  with the defaults: a bucket is the pair of two independent angular hashes of about
-  sqrt(n_buckets) buckets each (the classic LSH concatenation; collision probability the
-  product of the two), mapped monotonically onto exactly n_buckets. One rotation of
-  n_buckets/2 columns would cost n_hashes L d n_buckets multiply-adds, O(L^2 d / m) with the
-  default count: at 32K that is 4.5x the attention's own forward+backward FLOPs. The pair
-  costs O(L d sqrt(L / m)).
-- Self: a token attends to itself only when it has no other key. The paper (and trax)
-  subtract 1e5 from its score; we put it `flash.SELF_MARGIN` (100) below the lowest score
-  any other key can reach, -|q| (see `window_bias`): the same outputs, without float32 losing the
-  digits of a score near -1e5 in the backward's exp(score - logsumexp).
-- How pairs that collide in several rounds are counted: with `dedup=True` (the default) a
-  (query, key) pair counts once however many rounds put the key in the query's window, so the
-  combined output is exactly a softmax over the union of the windows, as in the Reformer's own
-  trax code. Trax lowers the pair's score by log(number of such rounds) in each of them; we
-  count it in the first round that offers it and mask it in the later ones, which gives the
-  same output (each pair's exp(score) enters the combined sum once either way) with a mask
-  instead of a division, and compares chunk indices only against earlier rounds. With
-  `dedup=False` a pair counts once per round it collides in (cheaper; as a widely used public
-  implementation). No key is ever twice in one window: a single chunk is attended once, and
-  with two chunks the wrap-around brings the other chunk, not a copy.
-- Causal: keys after the query are masked, so no later key or value is ever read. The sort is
-  global, though: a later token's bucket can move chunk boundaries and so change *which*
-  earlier keys share a query's window. Outputs at positions <= t therefore depend on the hashes
-  of tokens after t (not on their values); with buckets replayed they do not. This is inherent
-  in the Reformer's causal LSH.
-
-Speed: the per-chunk attention runs on PyTorch's fused CPU flash-attention kernels (forward
-and backward) with an additive mask, chunks playing the role of heads; the rounds are combined
-inside the same autograd Function, so its backward is a flash backward per round (over ranges
-of chunks) given the combined output and logsumexp (`RoundsWindowAttention`). Other devices
-take explicit matmuls.
-Both directions sort, attend and unsort one round of as many sequences at a time as keep the
-window temporaries within `buffers.SLICE_BYTES` (one sequence at least: 16 MiB each at 32K
-tokens, 32 MiB at 64K, with m = d = 64 in float32): on CPU, memory blocks above glibc's mmap
-threshold come back as fresh pages on every call, and faulting them in took as long as the
-attention itself (benchmarks/README.md, "LSH works on one round of a few sequences at a time").
-
-A length that is not a multiple of m is padded; padded positions hash into an extra last bucket
-(so they sort to the end of every round), are never keys, and their outputs are dropped.
-
-Masks (`masking`: `attention_mask`, `segment_ids`): a (query, key) pair a round's window
-offers is kept only if `masking.document_mask` allows it too (same document; key real or the
-query itself), tested on the sorted positions with the causal and dedup masks (`masks`), so no
-query attends across a document boundary or to a padded key. Tokens the key padding mask pads
-go to the extra last bucket as the alignment padding does (their vectors are still projected,
-their buckets ignored): they sort to the end and take no slot in the chunks of real tokens.
-Documents are hashed and sorted together: a window may hold keys of other documents, which are
-masked, so a query near few keys of its own document has fewer keys than without documents.
-A query whose window (in every round) holds no allowed key but itself attends to itself alone
-(output its own value), the self rule's fallback; it is always defined, never NaN.
-
-Hashing (no gradient) costs n_hashes * L * d * (sum of the factors' bucket counts / 2)
-multiply-adds: below the attention's own matmuls at every length. `flops` counts only the
-attention matmuls.
+The choices where implementations differ, the cost and the masks in full: docs/variants/lsh.md.
 """
 
 from __future__ import annotations
@@ -113,7 +50,7 @@ class LSHAttention(Attention):
 
     Causally the past is not fixed (`past_fixed = False`): appended tokens, and the
     default n_buckets of 2 L / m, move the chunk boundaries of the global sort, so the outputs
-    at earlier positions change with what follows (module docstring, "Causal").
+    at earlier positions change with what follows (docs/variants/lsh.md, "Causal").
     """
 
     family = "learnable"
@@ -124,6 +61,7 @@ class LSHAttention(Attention):
     knobs = ("n_hashes", "bucket_size")
 
     name = "lsh"
+    published_as = {"lra": "Reformer"}
     exact = False
     time_complexity = "O(n_hashes L m d)"
     memory_complexity = "O(n_hashes L m)"
@@ -170,7 +108,8 @@ class LSHAttention(Attention):
         segment_ids: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """q, v: (B, H, L, D) -> (B, H, L, D); masks (B, L) as `Attention.forward` takes them
-        (module docstring: masked inside the windows, padded tokens in the padding bucket)."""
+        (docs/variants/lsh.md, "Padding and masks": masked inside the windows, padded tokens in
+        the padding bucket)."""
         batch, heads, length, head_dim = q.shape
         q = pad_to_multiple(q, self.bucket_size)  # (B, H, Lp, D)
         v = pad_to_multiple(v, self.bucket_size)  # (B, H, Lp, D)
@@ -281,7 +220,7 @@ class LSHAttention(Attention):
     def flops(self, batch: int, heads: int, seq_len: int, head_dim: int) -> int:
         # Scores and values over each query's window (2m keys, m with a single chunk) in every
         # round. Causal masking hides a data-dependent part of the window, so the whole window
-        # is counted; hashing, O(n_hashes L n_buckets d), is not (see the module docstring).
+        # is counted; hashing, O(n_hashes L n_buckets d), is not (docs/variants/lsh.md, "Speed").
         padded = -(-seq_len // self.bucket_size) * self.bucket_size
         window_keys = self.bucket_size * min(2, padded // self.bucket_size)
         return 4 * batch * heads * self.n_hashes * padded * window_keys * head_dim

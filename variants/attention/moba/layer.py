@@ -3,57 +3,16 @@ The layer (`MoBAAttention`, the registry's entry); NSA shares the rest, in `comm
 (which blocks a query sees) and `selected_blocks` (`SelectedBlocks`, the autograd function that
 attends to them).
 
-Keys are cut into blocks of `block_size` (the last one may be shorter). Causally, a query at
-position i scores every block that ends before its own block (floor(i / b)) begins by
-<q_i, mean of that block's keys>, takes the `top_k - 1` highest (all of them if there are
-fewer) and always takes its own block, causal inside it; it attends with one softmax (scale
-1/sqrt(d)) over the union of the selected blocks' keys. The selection is per query and per head
-and discrete: no gradient flows through it (the block means get none). Bidirectionally every
-other block is a candidate (a short last block scored by the mean of its real keys) and the own
-block is seen whole.
+Keys are cut into blocks of `block_size`. Causally a query at i scores every block that ends
+before its own block begins by <q_i, mean of the block's keys>, takes the `top_k - 1` highest
+and always its own block (causal inside), and attends with one softmax (scale 1/sqrt(d)) over
+their union; the choice is per query and head, with no gradient through it. Bidirectionally
+every other block is a candidate and the own block is seen whole. Memory O(L top_k d); time
+O(L top_k b d + L (L / b) d). Grouped KV heads are taken as they are; decoding on
+`cache.BlockKVCache` follows the forward's rule. Masks: no query attends, or routes by, a key of
+another document or a padded key; padded queries' outputs are 0.
 
-How it runs (`selected_blocks.SelectedBlocks`), without any per-query gather of keys: the own block
-is one blockwise attention (blocks as the batch, the fused kernel's causal flag). For the
-selected blocks MoBA's own implementation is turned around: every (query, selected block) pair
-is sorted by block, each block's queries are cut into tiles of `selected_blocks.TILE_ROWS` rows, and
-one fused attention runs each tile's queries against its block's keys (a batch of tiles,
-chunked to bound memory).
-Each chunk's parts are folded into per-query running sums as they come out (outputs weighted
-by exp(lse - reference), the own block's lse the first reference), so no per-part output is
-kept: the result is the logsumexp merge of the own block and up to top_k - 1 others. The
-backward runs each piece's attention backward given the merged output and logsumexp
-(`variants.attention.common.flash`). Memory O(L top_k d); time O(L top_k b d + L (L / b) d), the
-second term the routing scores.
-
-Decoding (causal): the cache (`cache.BlockKVCache`) holds every key and value, since a later
-query may select any finished block, and the mean key of every finished block. A new query at
-i scores the finished blocks before its own by <q_i, mean>, takes the top_k - 1 highest and
-attends over their keys and its own block's keys up to itself: the forward's rule, O(L d / b +
-top_k b d) per token. A block's mean is taken when its last position arrives (the open block's
-mean is never scored: it is always the query's own block).
-
-Grouped KV heads (k, v with H_kv heads dividing q's H) are taken as they are: the block means
-are per KV head and each query head routes by its KV head's; the own blocks run a KV head's
-query heads together, and a selected block's tile gathers the queries of every head of the group
-that chose it (`SelectedBlocks`); the decode cache holds H_kv heads, each query head gathering
-its chosen blocks from its KV head.
-
-Masks (`attention_mask`, `segment_ids`; the predicate route of `masking`): query i's gate
-scores block c by the mean of the block's real keys of i's own document (a block wholly inside
-the document: its real keys' mean; the two blocks where the document starts and ends: the
-mean of that document's real keys in them), and a block with no real key of i's document is
-never a candidate (`selection.DocumentRouting`). Inside the selected blocks and the own block
-every (query, key) pair must also pass `masking.document_mask` (same document; key real or the
-query itself). So no query attends, or routes by, a key of another document or a padded key;
-padded queries' outputs are 0 (the base class). The blocks stay at absolute positions: a
-document's output depends on where it starts modulo block_size, not on the other documents.
-What the masks cost is kept to where they hide something: a tail padded in every sequence
-(`masking.real_prefix`) is cut off before anything runs (no real query routes by or attends
-a key there, so the real prefix alone is the same rule) and its outputs are 0; masks that
-hide nothing (`masking.masking_masks`) are dropped, so a batch padded only at the tail, all
-rows alike, is the call without masks on its prefix; a padded query selects no block; and
-`SelectedBlocks` gives a bias only to the tiles and own blocks where a pair is hidden
-(padding or a document's edge in the block).
+How it runs, decoding, grouped heads and the masks' rules in full: docs/variants/moba.md.
 """
 
 from __future__ import annotations
@@ -92,7 +51,7 @@ class MoBAAttention(Attention):
     softmax_kernels = "flash"
     supports_decode = True
     independent_heads = True
-    supports_padding_mask = supports_segments = True  # module docstring: the routing's rule
+    supports_padding_mask = supports_segments = True  # docs/variants/moba.md, "Masks"
     native_gqa = native_gqa_decode = True  # block means and keys per KV head
 
     def __init__(self, *, causal: bool = False, block_size: int = 128, top_k: int = 4):
@@ -103,7 +62,7 @@ class MoBAAttention(Attention):
     def selection(self, q: torch.Tensor, k: torch.Tensor, **masks) -> torch.Tensor:
         """Each query's selected other blocks: (B, H, L, S) int64 block indices, -1 where there
         are fewer candidates than S = top_k - 1 slots. masks: `attention_mask`,
-        `segment_ids` (B, L), if given (module docstring)."""
+        `segment_ids` (B, L), if given (docs/variants/moba.md, "Masks")."""
         slots = self.top_k - 1
         with torch.no_grad():
             if not masks:
@@ -118,7 +77,7 @@ class MoBAAttention(Attention):
         """q (B, H, L, D), k and v (B, H_kv, L, D) -> (B, H, L, D); masks:
         `attention_mask`, `segment_ids` (B, L), if given (the call without them is MoBA's of
         before)."""
-        # A padded tail common to the batch: the real prefix runs alone (module docstring: no
+        # A padded tail common to the batch: the real prefix runs alone (docs/variants/moba.md: no
         # real query routes by or attends a padded key) and the tail's outputs are 0.
         if (out := on_real_prefix(self.attend, [q, k, v], masks)) is not None:
             return out

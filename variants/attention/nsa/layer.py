@@ -2,81 +2,16 @@
 The layer (`NSAAttention`, the registry's entry); beside it `function` (the compressed and
 window branches' autograd functions).
 
-Keys and values are cut into blocks of `block_size` (compression and selection blocks equal,
-stride = size; the paper uses blocks of 32 with stride 16 for compression and 64 for
-selection). Three branches per query at position i, all softmax attention with scale 1/sqrt(d):
+Keys and values are cut into blocks of `block_size`. A query at i reads three softmax branches
+(scale 1/sqrt(d)): compressed, over the summaries (`compress`: mean | mlp) of the blocks that
+ended at or before i (none: 0); selected, its own block (causal) and the `n_select - 1` earlier
+blocks with the largest compressed-branch probability (no gradient through the choice);
+window, i - window < j <= i. Output g_cmp o_cmp + g_sel o_sel + g_win o_win, the gates
+`gates[..., 0:3]` computed by the layer from the token. Causal only; grouped KV heads taken as
+they are; decoding on `cache.BlockKVCache`. Under masks no branch reads a key of another
+document or a padded key, and padded queries' outputs are 0.
 
-  compressed  over the compressed key and value of every block that ends at or before i
-              ((c + 1) b - 1 <= i); before the first block ends there is none and the branch
-              gives 0. `compress`: `mean` (the block's average) or `mlp` (the paper's learned
-              map with intra-block positions: a learned position vector added to each of the
-              block's b keys, the b x d block flattened, Linear(b d, d), GELU, Linear(d, d);
-              one MLP for keys and one for values, shared by the heads).
-  selected    the `n_select` blocks with the largest compressed-branch probability for this
-              query among the blocks it may see, always including its own block: its own block
-              (causal inside it) plus the `n_select - 1` other blocks with the largest
-              probability (all of them if fewer). The other candidates are the blocks before
-              its own (the compressed branch scores exactly those, and the own block when it
-              has just ended); a softmax over one query's scores ranks as the scores do, so
-              the ranking uses q . compressed key. Per query and per query head by
-              default; with grouped KV heads and `shared_selection`, per query and GQA group
-              as the paper has it (its kernel loads a group's blocks once): a block's score
-              is the sum over the group's query heads of its compressed-branch probability,
-              and every head of the group reads the group's blocks. No gradient flows
-              through the selection.
-  window      over the last `window` tokens up to i, i included (i - window < j <= i).
-
-Grouped KV heads (k, v with H_kv heads dividing q's H) are taken as they are: the compression
-runs on the KV heads, the compressed branch's fused calls take the heads grouped, the selected
-branch is MoBA's grouped kernel and the window branch runs a KV head's G query heads per call;
-the decode cache holds H_kv heads.
-
-Output g_cmp o_cmp + g_sel o_sel + g_win o_win with the gates `gates[..., 0]`, `[..., 1]`,
-`[..., 2]` in (0, 1) per head and position (the layer computes them from the token).
-
-Causal only: every branch is defined on the past. The selected branch is MoBA's kernel
-(`common.selected_blocks.SelectedBlocks`), the window one `function.WindowBranch` (query tiles
-against an overlapping view of the keys, one band bias) and the compressed one a fused
-attention over row ranges, each range against the compressed keys its last row may see, with a
-bias for the rest.
-
-Decoding (`cache.BlockKVCache`): every raw key and value (a later query may select any block,
-and the window is the cache's last `window` positions) and the compressed key and value of
-every ended block, compressed when its last position arrives (that position's query already
-sees it). A new query at i: the compressed branch over the held summaries, the selected one
-over its own block and the n_select - 1 earlier blocks whose compressed key scores highest
-(`common.selection.attend_selected`), the window over the last `window` positions, gated by the
-gates the layer computed from its token. O((L / b + n b + w) d) per token, plus one block's
-compression every b tokens.
-
-Masks (`attention_mask`, `segment_ids`; the predicate route of `masking`; prefill and decode
-take none):
-
-  compressed  block c is read by query i only if, besides having ended, it lies wholly in i's
-              document and holds at least one real key (`selection.DocumentBlocks.whole`): a
-              block summary is not split by documents. Summaries leave padding out: `mean`
-              averages the block's real keys (values), `mlp` sees padded positions as zeros
-              (as the short last block's padding). A query left with no such block gets 0.
-  selected    its candidates are the blocks its compressed branch reads (the ranking is that
-              branch's scores), so a block where i's document starts mid-block is selected
-              only as the own block; inside the own and the selected blocks every (query, key)
-              pair must also pass `masking.document_mask` (same document; key real or the
-              query itself).
-  window      the pairs of the window that pass `masking.document_mask`.
-
-So no branch reads a key of another document or a padded key; padded queries' outputs are 0
-(the base class). Blocks stay at absolute positions (a document's blocks depend on where it
-starts modulo block_size). The mask-free call is NSA's of before. What the masks cost is kept
-to where they hide something: a tail padded in every sequence (`masking.real_prefix`) is cut
-off before anything runs (every branch is causal: no real query reads a key or a summary
-there, so the real prefix alone is the same rule) and its outputs are 0, its gates without
-gradient; masks that hide nothing (`masking.masking_masks`) are dropped, so a batch padded
-only at the tail, all rows alike, is the call without masks on its prefix; a padded query
-selects no block; and the per-sequence biases are built only where a real query has a pair
-hidden that the branch's own rule shows: compressed row ranges and window calls without one
-run as without masks (a padded query's row, 0 in the end, keeps the branch's rule), and
-`SelectedBlocks` biases only the tiles and own blocks whose block holds padding or a
-document's edge.
+Each branch's full rule, how it runs, decoding and the masks' rules: docs/variants/nsa.md.
 """
 
 from __future__ import annotations
@@ -125,7 +60,7 @@ class NSAAttention(Attention):
     n_gates = 3
     supports_decode = True
     independent_heads = True
-    supports_padding_mask = supports_segments = True  # module docstring: each branch's rule
+    supports_padding_mask = supports_segments = True  # docs/variants/nsa.md, "Masks"
     native_gqa = native_gqa_decode = True  # every branch reads the KV heads as they are
 
     def __init__(
@@ -179,9 +114,9 @@ class NSAAttention(Attention):
 
     def attend(self, q, k, v, gates, **masks) -> torch.Tensor:
         """q (B, H, L, D), k and v (B, H_kv, L, D), gates (B, H, L, 3) -> (B, H, L, D); masks:
-        `attention_mask`, `segment_ids` (B, L), if given (module docstring)."""
+        `attention_mask`, `segment_ids` (B, L), if given (docs/variants/nsa.md, "Masks")."""
         self._check_head_dim(q.shape[-1])
-        # A padded tail common to the batch: the real prefix runs alone (module docstring:
+        # A padded tail common to the batch: the real prefix runs alone (docs/variants/nsa.md:
         # every branch is causal, so no real query reads a key or a summary there) and the
         # tail's outputs are 0 (its gates get no gradient).
         if (out := on_real_prefix(self.attend, [q, k, v, gates], masks)) is not None:
@@ -200,7 +135,7 @@ class NSAAttention(Attention):
         return GatedSum.apply(gates.to(q.dtype), out_cmp, out_sel, out_win)
 
     def _attend_masked(self, q, k, v, gates, attention_mask=None, segment_ids=None):
-        """`attend` under masks: each branch's rule of the module docstring."""
+        """`attend` under masks: each branch's rule of docs/variants/nsa.md, "Masks"."""
         block = self.block_size
         docs = DocumentBlocks(attention_mask, segment_ids, q.shape[2], block)
         keys = self.real_compressed(k, self.key_mlp, attention_mask)  # (B, H_kv, n, D)

@@ -1,47 +1,16 @@
 """Performer (Choromanski et al. 2021): softmax attention estimated with FAVOR+ random features.
 
 exp(q . k / sqrt(d)) = E_w[phi(q) . phi(k)] for phi(x) = exp(W x' - |x'|^2 / 2) / sqrt(m), with
-x' = x / d^(1/4) and the m rows of W Gaussian. Attention then becomes the normalised linear
-attention of `kernelized` over these features: O(L m d) time, O(L (m + d) + m d) memory,
-causal through chunked prefix sums. The estimate is unbiased and positive; its error shrinks
-as 1/sqrt(m).
+x' = x / d^(1/4) and the m rows of W Gaussian; attention becomes the normalised linear
+attention of `kernelized` over these features: O(L m d) time, O(L (m + d) + m d) memory, causal
+through chunked prefix sums, error shrinking as 1/sqrt(m). The features are positive and
+orthogonal, m = `n_features` (default round(d ln d)), drawn once from `seed` and redrawn every
+`redraw_interval` training forwards if set (never in eval or inside `base.replaying()`).
+Stabilisers cancel exactly, causally with no future key entering a past output; `eps` and
+`denominator_eps` keep float32 gradients finite. Grouped KV heads are taken as they are; half
+types are computed in float32.
 
-Choices where published implementations differ:
-- Features: positive orthogonal random features. W is made of independent blocks of d rows,
-  each an orthogonal matrix (QR of a Gaussian, signs fixed so it is Haar-distributed), the
-  rows rescaled to the lengths of d-dimensional Gaussian vectors, so that every row is N(0, I)
-  marginally (the paper's "regularised" alternative, rows of length sqrt(d), is not offered).
-  m = `n_features` defaults to round(d ln d) (the paper's d log d; 266 at d = 64), as
-  performer-pytorch; xformers takes ceil(d (1 + log2 d)) = 448 at d = 64.
-- Drawn once, when the kernel is built: from a generator seeded with `seed`, or with a seed
-  taken from the global RNG when `seed` is None (so the model's seed fixes them). With
-  `redraw_interval` = n, a training forward draws new features every n calls (the paper
-  redraws during training; performer-pytorch every 1000 calls by default); never in eval,
-  never inside `base.replaying()` (a reversible or checkpointed recompute uses the features
-  of its forward). Redraws use the kernel's own generator, never the global RNG, so dropout
-  masks replay alike whether or not a forward redrew.
-- Stabilisers, which cancel exactly between numerator and denominator: a query's features are
-  divided by their largest (a per-row constant, so its exp(-|q'|^2/2) and 1/sqrt(m) go too);
-  keys' by one constant per sequence, the largest key exponent (as the reference code), causal
-  or not. Causal, that constant is the only thing a future key changes, and it cancels; a
-  float32 key feature more than ~e^87 below it underflows, which matters only to a query whose
-  keys so far all lie that far below a later key (the running maximum of the key exponents
-  rising by over 87 within a sequence). (A fixed bound, max_f |w_f|^2 / 2 >= every key
-  exponent, underflowed every key feature in float32 from head dim ~160: zero outputs.)
-- `eps` (1e-4, performer-pytorch's) is added to every feature and `denominator_eps` (1e-6, its
-  causal path's) to the key sum in the denominator. Without them, once a model's logits grow
-  (about +-150 in the long-range preset) a row's key features all underflow in float32: its
-  output stays finite (the clamped denominator) but its gradients are inf * 0 = NaN. A
-  query's eps is relative to its largest feature, as the reference; a key's (and a query's
-  `denominator_eps`) relative to the largest key exponent so far: the sequence's non-causal
-  (as the reference), the running maximum up to it causal, so no future key changes it. eps
-  biases the estimate towards uniform weights among the keys (eps = 0: the unbiased
-  estimator).
-- Grouped KV heads (k, v with fewer heads than q) are taken as they are: the key features and
-  the sums are per KV head, read by each of its query heads (`kernelized`); a key stabiliser is
-  its KV head's; the decode cache holds H_kv heads.
-- Half-precision inputs are computed in float32 (exponentials of the projections overflow
-  float16) and returned in their dtype.
+The choices where published implementations differ, and why: docs/variants/performer.md.
 """
 
 from __future__ import annotations
@@ -94,6 +63,7 @@ class PerformerAttention(Attention):
     knobs = ("n_features",)
 
     name = "performer"
+    published_as = {"lra": "Performer"}
     exact = False
     time_complexity = "O(L m d)"
     memory_complexity = "O(L m + m d)"
@@ -198,9 +168,9 @@ class PerformerAttention(Attention):
     def feature_maps(self, q: torch.Tensor, k: torch.Tensor):
         """Positive random features of q (B, H, L, D) and k (B, H_kv, L, D) -> (B, *, L, m)
         each, up to the per-row and per-sequence constants that cancel in the attention, with
-        `eps` added (module docstring); and the keys' scale (B, H_kv, L or 1, 1): exp of the
-        largest key exponent so far (non-causal: the sequence's) less the sequence's, which
-        the keys' eps and `denominator_eps` are relative to."""
+        `eps` added (docs/variants/performer.md); and the keys' scale (B, H_kv, L or 1, 1): exp
+        of the largest key exponent so far (non-causal: the sequence's) less the sequence's,
+        which the keys' eps and `denominator_eps` are relative to."""
         phi_q = self.query_features(q)
         exponent = self.key_exponents(k)  # (B, H_kv, L, m)
         largest = exponent.detach().amax(dim=-1, keepdim=True)  # (B, H_kv, L, 1)

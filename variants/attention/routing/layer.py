@@ -3,62 +3,15 @@ The layer (`RoutingAttention`, the registry's entry, with its centroids); beside
 `cluster_windows` (the sort by cluster and each chunk's window of keys) and `function`
 (`ClusterWindowAttention`, the autograd function that attends over those windows).
 
-Every token's routing vector is its query layer-normalised without scale or bias (shared QK:
-the query is also the key, as in the reference code's default). It goes to the nearest of
-`n_clusters` per-head centroids, nearest by dot product (distance -x . mu, as the reference
-code), and attends only to members of its own cluster:
+A token's routing vector is its query layer-normalised without scale (shared QK); it goes to the
+nearest (by dot product) of `n_clusters` per-head centroids and attends to the `window` most
+recent members of its cluster up to itself (non-causal: the members fewer than `window` places
+away), with unit keys and the shared-QK self rule. No later token changes which keys an earlier
+query gets. Centroids are seeded random vectors moved by a VQ-VAE-style EMA (`decay`) in
+training forwards only; `last_clusters` is replayed inside `base.replaying()`. Time O(L K d) to
+route, O(L m d) to attend. Masks: no query attends across a document or to a padded key.
 
-- causal: the `window` most recent members of its cluster up to and including itself;
-- non-causal: the members of its cluster fewer than `window` places away in position order
-  (up to window - 1 on either side, and itself).
-
-Scores are q . k_hat with unit keys and a token attends to itself only when it has no other
-key (the suite's shared-QK rule, `base.without_self`), so no row is ever empty: a cluster's
-first member attends to itself. With one cluster and `window` >= seq_len this is exact
-shared-QK attention, causal or not (a test checks it).
-
-Causality: a token's cluster depends only on its own query and the centroids, and its keys
-are members at or before it, chosen by position alone, so no later token changes *which*
-keys an earlier query gets, nor reaches it through values. (The reference code's balanced
-clusters, each centroid's top-`window` nearest tokens, let a later token push an earlier key
-out of a cluster; chunks of a globally sorted sequence, as LSH's, move with later tokens.)
-Non-causal we use the same assignment rather than balanced clusters: every token is in
-exactly one cluster, so no token is left in none and no pair is counted in two; a pattern is
-one sort with no dedup masks.
-
-Centroids: per head, initialised when the kernel is built as random vectors of norm sqrt(d)
-(the norm of every layer-normalised vector), from a generator seeded with `seed` (or with a
-seed from the global RNG), so evaluating before any training works. They are exponential
-moving averages in the VQ-VAE style: running counts and sums of the assigned routing
-vectors, decayed by `decay` (the reference code's 0.999) per training forward, the initial
-vector counting as one member; centroid = sum / count. Updated only in training forwards,
-never in eval and never inside `base.replaying()`. No commitment loss: the centroids follow
-the projections, not the other way round (the reference code's 1e-4-weighted loss would have
-to reach the LM's loss and the record).
-
-Replay: the clusters of the last forward are kept in `last_clusters`; inside `replaying()`
-a forward of the same shape reuses them, so a reversible or checkpointed recompute attends
-with the pattern of its forward (the centroids may have moved since) and gradients are exact.
-
-Layout: positions sorted by (cluster, position), cut into chunks of m = min(window, seq_len);
-each chunk attends to the previous chunk and itself (and the next one, non-causal), with a
-bias hiding every key outside the query's own run of cluster members within the window. The
-windows run on PyTorch's fused CPU flash kernels (`flash.attend`) a few chunks at a time, and
-the backward is their flash backward; other devices take explicit matmuls. Routing costs
-O(L K d) (K = n_clusters, no gradient) and the attention O(L m d).
-
-Masks (`masking`: `attention_mask`, `segment_ids`): a (query, key) pair of the query's run is
-kept only if `masking.document_mask` allows it too (same document; key real or the query
-itself), tested on the sorted positions of each chunk's window
-(`cluster_windows.WindowDocuments`), so no query attends across a document boundary or to a
-padded key. Tokens the key padding mask pads join the extra last cluster of the alignment
-padding: they take no place in a real cluster's window, and they do not move the centroids
-(their routing vectors are computed, their clusters ignored); so padding alone takes no window
-mask, only documents do (a padded query's row, zeroed afterwards, may then hold other padded
-tokens: that changes no real output nor gradient). Documents are routed together: a cluster's
-window may hold members of other documents, which are masked, so a query at a document's edge
-has fewer keys than without documents. A query left with no allowed key but itself attends to
-itself alone (output its own value), the self rule's fallback; it is always defined, never NaN.
+The rule, causality, centroids, layout and masks in full: docs/variants/routing.md.
 """
 
 from __future__ import annotations
@@ -148,7 +101,8 @@ class RoutingAttention(Attention):
         segment_ids: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """q, v: (B, H, L, D) -> (B, H, L, D); masks (B, L) as `Attention.forward` takes them
-        (module docstring: masked inside the windows, padded tokens in the padding cluster)."""
+        (docs/variants/routing.md, "Masks": masked inside the windows, padded tokens in the
+        padding cluster)."""
         batch, heads, length, head_dim = q.shape
         if (heads, head_dim) != (self.n_heads, self.head_dim):
             raise ValueError(

@@ -42,6 +42,7 @@ class SlidingWindowAttention(Attention):
     """
 
     name = "sliding_window"
+    published_as = {"lra": "Local Attention"}
     family = "fixed"
     takes_scale = True
     exact = False
@@ -54,6 +55,7 @@ class SlidingWindowAttention(Attention):
     softmax_kernels = "sdpa"
     supports_padding_mask = supports_segments = True
     native_gqa = native_gqa_decode = True
+    decode_masks_padding = True  # a left-padded prompt's slots left out (`Cache.real_keys`)
 
     def __init__(
         self,
@@ -177,11 +179,14 @@ class SlidingWindowAttention(Attention):
         cache.append(k, v)
         query = torch.tensor(cache.length - 1, device=cache.ring_positions.device)
         allows = self.pattern(cache.max_len).allows
-        keys, values, _ = cache.gather(lambda held: allows(query, held))  # (B, H_kv, n, D)
+        keys, values, held = cache.gather(lambda held: allows(query, held))  # (B, H_kv, n, D)
+        real = cache.real_keys(held)  # (B, 1, 1, n) or None
         if not self.learned_sink:
-            return attend_prefix(q, keys, values)  # (B, H, 1, D)
+            return attend_prefix(q, keys, values, mask=real)  # (B, H, 1, D)
         keys, values = repeat_kv(keys, q.shape[1]), repeat_kv(values, q.shape[1])
         scores = q @ keys.transpose(-1, -2) / math.sqrt(q.shape[-1])  # (B, H, 1, n)
+        if real is not None:
+            scores = scores.masked_fill(~real, float("-inf"))
         return self._sink_softmax(scores) @ values
 
     def flops(self, batch: int, heads: int, seq_len: int, head_dim: int) -> int:

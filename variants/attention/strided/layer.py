@@ -48,6 +48,7 @@ class StridedAttention(Attention):
     knobs = ("stride",)
 
     name = "strided"
+    published_as = {"lra": "Sparse Transformer"}
     exact = False
     block_sparse_work = True
     time_complexity = "O(L sqrt(L) d)"
@@ -57,6 +58,7 @@ class StridedAttention(Attention):
     independent_heads = True
     supports_padding_mask = supports_segments = True
     native_gqa = native_gqa_decode = True
+    decode_masks_padding = True  # a left-padded prompt's slots left out (`Cache.real_keys`)
 
     def __init__(
         self,
@@ -124,11 +126,11 @@ class StridedAttention(Attention):
             self.name, batch_size, n_heads, head_dim, max_len=max_len, device=device, dtype=dtype
         )
 
-    def prefill_attend(self, q, k, v, cache: KVCache) -> torch.Tensor:
+    def prefill_attend(self, q, k, v, cache: KVCache, attention_mask=None) -> torch.Tensor:
         # The stride decoding uses (auto: at the cache's pattern length): the forward's, unless
         # max_len exceeds max_seq_len.
         stride = self.stride_for(q.shape[2], at=cache.max_len)
-        return LocalAndColumns.apply(q, k, v, stride, True)  # (B, H, T, D)
+        return LocalAndColumns.apply(q, k, v, stride, True, attention_mask)  # (B, H, T, D)
 
     def cache_prompt(self, q, k, v, cache: KVCache) -> None:
         cache.append(k, v)
@@ -142,7 +144,9 @@ class StridedAttention(Attention):
         column = slice(position % stride, max(0, position - stride + 1), stride)
         keys = torch.cat([cache.keys_buffer[:, :, column], cache.keys_buffer[:, :, near]], 2)
         values = torch.cat([cache.values_buffer[:, :, column], cache.values_buffer[:, :, near]], 2)
-        return attend_prefix(q, keys, values)  # (B, H, 1, D)
+        held = torch.arange(cache.length, device=keys.device)
+        real = cache.real_keys(torch.cat([held[column], held[near]]))  # (B, 1, 1, n) or None
+        return attend_prefix(q, keys, values, mask=real)  # (B, H, 1, D)
 
     def flops(self, batch: int, heads: int, seq_len: int, head_dim: int) -> int:
         # Counted in closed form: the pattern has no sparse block form (stride-th keys fall in

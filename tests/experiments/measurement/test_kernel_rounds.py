@@ -8,7 +8,7 @@ import torch
 
 import variants
 from experiments.job_config import MeasureConfig
-from experiments.measurement import measure, timing
+from experiments.measurement import kernel_rounds, timing
 from variants.attention.common.base import FWD_BWD_FLOP_FACTOR
 
 CPU = torch.device("cpu")
@@ -60,7 +60,7 @@ def kernel_seconds(kernel, fraction: float) -> float:
 def job(worker: Worker, kernel) -> dict:
     """One job's rounds in `worker`: the kernel, SDPA and the matmul, scripted."""
     fwd, fwd_bwd = worker.call(1e-3), worker.call(kernel_seconds(kernel, 0.5))
-    _, columns = measure.round_timings(
+    _, columns = kernel_rounds.round_timings(
         kernel, fwd, fwd_bwd, SHAPE, CPU, torch.float32, M_CFG, clock=worker.clock
     )
     return columns
@@ -72,8 +72,8 @@ def scripted(monkeypatch):
 
     def on(worker: Worker) -> None:
         sdpa = (worker.call(2e-3), worker.call(2e-3))
-        monkeypatch.setattr(measure, "_kernel_calls", lambda exact, *args: sdpa)
-        monkeypatch.setattr(measure, "matmul_call", worker.matmul_call)
+        monkeypatch.setattr(kernel_rounds, "kernel_calls", lambda exact, *args: sdpa)
+        monkeypatch.setattr(kernel_rounds, "matmul_call", worker.matmul_call)
 
     return on
 
@@ -124,7 +124,7 @@ def test_a_widely_spread_matmul_is_flagged_like_every_timing():
         timing.Ratio(0.1, 0.0, 5),
     )
     kernel = variants.build_attention("full")
-    columns = measure._fraction_columns(kernel, SHAPE, noisy, SIZE, prefix="fwd_")
+    columns = kernel_rounds.fraction_columns(kernel, SHAPE, noisy, SIZE, prefix="fwd_")
     assert columns["_matmul_warning"] == (
         "matmul_peak_gflops_per_s IQR 90% of its median over 5 rounds"
     )

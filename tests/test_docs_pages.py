@@ -1,0 +1,185 @@
+"""docs/ reads as reference: every page is short, every relative link and #anchor resolves, and
+every generated block is what its generator writes.
+
+Which test checks which generated block (each exactly one):
+- README's registry table: tests/variants/test_registry.py (`python -m variants --write`);
+- docs/measurements.md's columns: tests/experiments/records/test_docs.py;
+- docs/variants.md's conformance table: here (`python -m variants.conformance --table`);
+- README's glance table: here, its markers only (its generator reads sweeps that are not
+  committed; tests/analysis/test_glance.py checks what it writes between them)."""
+
+from __future__ import annotations
+
+import csv
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = ROOT / "docs"
+MAX_PAGE_LINES = 300
+MAX_README_LINES = 250
+PAGES = sorted(DOCS.rglob("*.md"))
+MARKDOWN = [ROOT / "README.md", ROOT / "benchmarks" / "README.md", *PAGES]
+LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)\)")
+FENCE = re.compile(r"^\s*(```|~~~)")
+
+
+def rel(path: Path) -> str:
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else path.name
+
+
+def prose_lines(text: str) -> list[str]:
+    """`text`'s lines outside fenced code blocks."""
+    lines, fenced = [], False
+    for line in text.splitlines():
+        if FENCE.match(line):
+            fenced = not fenced
+        elif not fenced:
+            lines.append(line)
+    return lines
+
+
+def slug(heading: str) -> str:
+    """A heading's anchor as GitHub makes it: links to their text, lowercase, punctuation
+    dropped (letters, digits, '_', '-' and spaces kept), each space a '-'."""
+    text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", heading.strip()).lower()
+    text = re.sub(r"[^\w\- ]", "", text)
+    return text.replace(" ", "-")
+
+
+def anchors(path: Path) -> set[str]:
+    """Every heading's anchor in `path`, repeats numbered as GitHub numbers them."""
+    seen: dict[str, int] = {}
+    found = set()
+    for line in prose_lines(path.read_text(encoding="utf-8")):
+        if m := re.match(r"#{1,6}\s+(.*?)\s*#*\s*$", line):
+            base = slug(m.group(1))
+            n = seen.get(base, 0)
+            seen[base] = n + 1
+            found.add(base if n == 0 else f"{base}-{n}")
+    return found
+
+
+def broken_links(path: Path) -> list[str]:
+    """The relative links of `path` whose file or #anchor does not exist."""
+    broken = []
+    for line in prose_lines(path.read_text(encoding="utf-8")):
+        for target in LINK.findall(re.sub(r"`[^`]*`", "", line)):
+            if re.match(r"[a-z][a-z0-9+.-]*:", target):  # https:, mailto:
+                continue
+            file, _, anchor = target.partition("#")
+            dest = (path.parent / file).resolve() if file else path
+            if not dest.exists():
+                broken.append(f"{rel(path)}: {target} (no such file)")
+            elif anchor and dest.suffix == ".md" and anchor not in anchors(dest):
+                broken.append(f"{rel(path)}: {target} (no such anchor)")
+    return broken
+
+
+def test_the_slug_is_githubs():
+    assert slug("The main job (`make run`)") == "the-main-job-make-run"
+    assert slug("Results and W&B") == "results-and-wb"
+    assert slug("`long_range` tuned (2026-12-04, 48 + 16 jobs)") == (
+        "long_range-tuned-2026-12-04-48--16-jobs"
+    )
+
+
+def test_the_link_check_sees_a_missing_file_and_anchor(tmp_path):
+    page = tmp_path / "a.md"
+    page.write_text(
+        "# Top\n## Two words\n[ok](#two-words) [ok](a.md#top) [web](https://x.org/#y)\n"
+        "[bad](#three) [bad](b.md)\n```\n[code](nowhere.md)\n```\n"
+    )
+    assert [b.split(": ", 1)[1] for b in broken_links(page)] == [
+        "#three (no such anchor)",
+        "b.md (no such file)",
+    ]
+
+
+def test_every_docs_page_is_short():
+    long = {rel(p): n for p in PAGES if (n := len(p.read_text().splitlines())) > MAX_PAGE_LINES}
+    assert not long, f"docs pages over {MAX_PAGE_LINES} lines (split; git keeps history): {long}"
+
+
+def test_the_readme_is_short():
+    assert len((ROOT / "README.md").read_text().splitlines()) <= MAX_README_LINES
+
+
+def test_every_relative_link_resolves():
+    broken = [b for path in MARKDOWN for b in broken_links(path)]
+    assert not broken, "links to files or anchors that do not exist:\n" + "\n".join(broken)
+
+
+CODE_REF = re.compile(r"docs/([\w/.-]+\.md)")
+
+
+def code_files() -> list[Path]:
+    dirs = ["variants", "experiments", "analysis", "benchmarks", "conf"]
+    files = [p for d in dirs for p in (ROOT / d).rglob("*") if p.suffix in {".py", ".yaml"}]
+    return [*files, ROOT / "Makefile", ROOT / "pyproject.toml"]
+
+
+def test_every_docs_page_the_code_names_exists():
+    missing = sorted(
+        f"{rel(p)}: docs/{m}"
+        for p in code_files()
+        for m in CODE_REF.findall(p.read_text(encoding="utf-8"))
+        if not (DOCS / m).exists()
+    )
+    assert not missing, "code names docs pages that do not exist:\n" + "\n".join(missing)
+
+
+def test_the_glance_markers_are_in_the_readme_once():
+    from analysis import glance
+
+    text = (ROOT / "README.md").read_text()
+    assert text.count(glance.BEGIN) == text.count(glance.END) == 1
+    assert text.index(glance.BEGIN) < text.index(glance.END)
+
+
+@pytest.mark.slow
+def test_the_conformance_table_is_generated():
+    from variants import conformance, registry
+
+    table = conformance.table(registry.attention_names())
+    assert table in (DOCS / "variants.md").read_text(), (
+        "docs/variants.md's conformance table is stale: run python -m variants.conformance --table"
+    )
+
+
+def test_the_hf_generate_table_is_its_snapshots():
+    from benchmarks import hf_generate
+
+    with open(ROOT / "docs" / "results" / "hf_generate.csv", newline="") as f:
+        table = hf_generate.table(list(csv.DictReader(f)))
+    assert table in (DOCS / "variants" / "hf.md").read_text(), (
+        "docs/variants/hf.md's generate table is not its snapshot's: run "
+        "python -m benchmarks.hf_generate --table-from docs/results/hf_generate.csv"
+    )
+
+
+def test_the_listops_table_is_its_snapshots():
+    from analysis import suites
+    from analysis.load import load_results
+
+    frame = load_results([str(ROOT / "docs" / "results" / "listops.csv")])
+    assert (
+        suites.listops_table(frame).markdown() in (DOCS / "quality" / "listops.md").read_text()
+    ), (
+        "docs/quality/listops.md's table is not its snapshot's: run "
+        "python -m analysis.suites docs/results/listops.csv"
+    )
+
+
+def test_the_coverage_table_is_its_snapshots():
+    from analysis import coverage
+    from analysis.load import load_results
+
+    table = coverage.probe_table(load_results([str(coverage.SNAPSHOT)]))
+    rows = table.markdown().split("\n")[2 : 4 + len(table.frame)]  # header, rule and rows
+    assert "\n".join(rows) in (DOCS / "quality.md").read_text(), (
+        "docs/quality.md's covering-pattern table is not its snapshot's: run "
+        "python -m analysis.coverage"
+    )
