@@ -24,6 +24,7 @@ from analysis import (
     capacity,
     decode_report,
     figures,
+    frontier,
     headline,
     hybrid,
     knobs,
@@ -89,6 +90,13 @@ FIGURES: dict[str, tuple[Callable[[pd.DataFrame], Figure], str]] = {
         "Recall capacity: trained accuracy against the number of key-value pairs per head dim "
         "(mean, band min–max over seeds); dashed: chance, dash-dotted: the key-blind floor.",
     ),
+    "recall_vs_state": (
+        frontier.recall_vs_state,
+        "Recall against decoding state (Zoology, Based): each variant's MQAR recall on the "
+        "capacity preset (mean over the pair counts) against the bytes its decoder keeps per "
+        "sequence at that length (decode_state_bytes); marker per head dim, hollow: not "
+        "learned; dashed: the Pareto frontier.",
+    ),
     "tradeoff": (
         figures.tradeoff,
         "Quality against the kernel's forward+backward time at the longest length with both "
@@ -120,6 +128,11 @@ WHEN: dict[str, Callable[[pd.DataFrame], str | None]] = {
         if not capacity.capacity_records(frame).empty
         else "no trained accuracy over several n_pairs at one length (the capacity preset)"
     ),
+    "recall_vs_state": lambda frame: (
+        None
+        if frontier.has_points(frame)
+        else "no capacity records with decode_state_bytes (measure.decode_state)"
+    ),
     "decode_vs_context": lambda frame: (
         None if decode_report.has_decode(frame) else "no decode measurements (measure.decode=true)"
     ),
@@ -147,6 +160,7 @@ TABLES: list[Callable[[pd.DataFrame], Table | None]] = [
     trained_quality.quality_by_length,
     capacity.capacity,
     capacity.accuracy_by_pairs,
+    frontier.frontier_table,
     suites.mad_table,
     suites.listops_table,
     published.published,

@@ -16,6 +16,7 @@ Families, scores and usable points in full: docs/internals-analysis.md, "tuning"
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -283,14 +284,26 @@ def _caps(records: pd.DataFrame) -> str:
     return f"cap {'/'.join(format_value(s) for s in finals)} steps (the final stage's)"
 
 
-def rate_table(rates: pd.DataFrame, records: pd.DataFrame, source: str) -> str:
+def rate_table(
+    rates: pd.DataFrame, records: pd.DataFrame, source: str, merged_into: str | None = None
+) -> str:
     """`rates` (`chosen_rates`) as the YAML a preset reads with `${tuned_lr:TABLE,...}`
     (experiments/app/resolvers.py): one `attention: rate` line per variant, under a header that
     says where the rates come from (the sweep, its commits and dates, the grid, what no rate
     learned). A variant tuned twice (two families, e.g. two option sets) at two different rates
     is an error: the table keys by attention name only. A variant with no usable rate
     (`usable_points`: every job diverged, or none validated to a number) is written `null`, with
-    a comment line saying why: `${tuned_lr:...}` trains it untuned."""
+    a comment line saying why: `${tuned_lr:...}` trains it untuned.
+
+    `merged_into`: the text of an existing table (`--merge`): its lines are kept but the entries
+    of the variants `rates` tunes, and these rates follow as a block of their own, under a
+    header naming this sweep (`merged_table`). A family that ran one rate (no `lr_grid`: a
+    variant run at a fixed rate beside the grid) chose nothing and is not written.
+
+    `ValueError` if no family ran a grid."""
+    rates = rates[rates["lr_grid"].notna()] if "lr_grid" in rates else rates.iloc[0:0]
+    if rates.empty:
+        raise ValueError("no variant here ran a learning-rate grid: nothing was chosen")
     if "wd_chosen" in rates:
         raise ValueError(
             "a tuned table holds learning rates only, and this grid also chose weight decays "
@@ -306,14 +319,26 @@ def rate_table(rates: pd.DataFrame, records: pd.DataFrame, source: str) -> str:
             )
         by_name[name] = rate
     unusable = sorted(set(rates.loc[rates["lr_chosen"].isna(), "attention"]) - set(by_name))
+    names = sorted([*by_name, *unusable])
+    if "attention" in records:  # provenance of the grid's records, not of the others
+        records = records[records["attention"].isin(names)]
     commits = sorted({str(c)[:7] for c in records.get("git_commit", pd.Series()).dropna()})
     stamps = records.get("timestamp", pd.Series(dtype=str)).dropna().sort_values()
     dates = f"{stamps.iloc[0][:10]} … {stamps.iloc[-1][:10]}" if len(stamps) else "unknown"
     usable = rates[rates["lr_chosen"].notna()]
     unlearned = sorted(usable.loc[~usable["lr_any_learned"].astype(bool), "attention"].unique())
-    lines = [
-        "# Learning rates chosen on the validation split of a grid (analysis/tuning.py),",
-        f"# written by `python -m analysis.tuning {source} --write <this file>`.",
+    if merged_into is None:
+        lines = [
+            "# Learning rates chosen on the validation split of a grid (analysis/tuning.py),",
+            f"# written by `python -m analysis.tuning {source} --write <this file>`.",
+        ]
+    else:
+        lines = [
+            f"# {', '.join(names)}: merged by",
+            f"# `python -m analysis.tuning {source} --write <this file> --merge`",
+            "# (the entries above are other grids', kept).",
+        ]
+    lines += [
         f"# Grid: {', '.join(sorted(rates['lr_grid'].dropna().unique()))}; records: commit "
         f"{', '.join(commits) or 'unknown'}, {dates}.",
         f"# Learned at no rate of the grid: {', '.join(unlearned) or 'none'}",
@@ -323,10 +348,32 @@ def rate_table(rates: pd.DataFrame, records: pd.DataFrame, source: str) -> str:
         lines += [f"# No usable rate: {name} ({_why_unusable(records, name)})" for name in unusable]
         lines.append("# (null: `${tuned_lr:...}` trains it at its default rate, lr_source untuned)")
     lines += [
-        f"{name}: {'null' if name in unusable else format_value(by_name[name])}"
-        for name in sorted([*by_name, *unusable])
+        f"{name}: {'null' if name in unusable else format_value(by_name[name])}" for name in names
     ]
-    return "\n".join(lines) + "\n"
+    block = "\n".join(lines) + "\n"
+    return block if merged_into is None else merged_table(merged_into, names, block)
+
+
+def merged_table(existing: str, names: list[str], block: str) -> str:
+    """`existing` (a tuned table's text) without the entries (`name: rate` lines) of `names`,
+    nor an earlier merged block (a paragraph headed "# a, b: merged by") of those names only,
+    then `block` (their new entries under their header) after one blank line."""
+    kept = []
+    for paragraph in existing.strip("\n").split("\n\n"):
+        header = _MERGED.match(paragraph)
+        if header and set(header.group(1).split(", ")) <= set(names):
+            continue  # superseded whole
+        lines = [
+            line
+            for line in paragraph.splitlines()
+            if not any(line.startswith(f"{name}:") for name in names)
+        ]
+        if any(line.strip() for line in lines):
+            kept.append("\n".join(lines))
+    return "\n\n".join([*kept, block.rstrip("\n")]) + "\n"
+
+
+_MERGED = re.compile(r"^# ([\w, ]+): merged by\n# `python -m analysis\.tuning")
 
 
 def _why_unusable(records: pd.DataFrame, name: str) -> str:
@@ -339,18 +386,27 @@ def _why_unusable(records: pd.DataFrame, name: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m analysis.tuning SWEEP_DIR... [--overrides | --write FILE]`: the learning rate
-    chosen per family; or (--overrides) one line of Hydra overrides per family, to run more
-    seeds or head dims at the chosen rate (`make capacity-seeds`); or (--write) the rates as
-    the table a preset reads (`conf/tuned/<preset>.yaml`, `${tuned_lr:...}`). A mistake (no
-    results, nothing to tune, a file that cannot be written) is one `error:` line, exit 1."""
+    """`python -m analysis.tuning SWEEP_DIR... [--overrides | --write FILE [--merge]]`: the
+    learning rate chosen per family; or (--overrides) one line of Hydra overrides per family, to
+    run more seeds or head dims at the chosen rate (`make capacity-seeds`); or (--write) the
+    rates as the table a preset reads (`conf/tuned/<preset>.yaml`, `${tuned_lr:...}`), with
+    --merge into the table FILE already holds (its other variants kept: a grid of a few new
+    variants). A mistake (no results, nothing to tune, a file that cannot be written) is one
+    `error:` line, exit 1."""
     import argparse
 
     parser = argparse.ArgumentParser(prog="python -m analysis.tuning", description=main.__doc__)
     parser.add_argument("paths", nargs="+", help="sweep dirs or results files")
     parser.add_argument("--overrides", action="store_true", help="print Hydra overrides only")
     parser.add_argument("--write", metavar="FILE", help="write the rates as a tuned table")
+    parser.add_argument(
+        "--merge",
+        action="store_true",
+        help="with --write: keep FILE's other variants, replace (or add) these",
+    )
     args = parser.parse_args(argv)
+    if args.merge and not args.write:
+        return _error("--merge: only with --write FILE")
     try:
         frame = load_results(args.paths)
     except (FileNotFoundError, ValueError) as error:  # no results there, not a results file
@@ -369,17 +425,24 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.write:
         target = Path(args.write)
-        try:
-            text = rate_table(rates, frame, " ".join(args.paths))
-        except ValueError as error:  # two rates for one variant
-            return _error(f"--write {target}: {error}")
         if not target.parent.is_dir():
             return _error(f"--write {target}: no such folder {target.parent}")
+        existing = None
+        if args.merge and target.is_file():
+            try:
+                existing = target.read_text()
+            except (OSError, UnicodeDecodeError) as error:
+                return _error(f"--write {target} --merge: {getattr(error, 'strerror', error)}")
+        try:
+            text = rate_table(rates, frame, " ".join(args.paths), merged_into=existing)
+        except ValueError as error:  # two rates for one variant
+            return _error(f"--write {target}: {error}")
         try:
             write_atomic(target, lambda tmp: tmp.write_text(text))
         except OSError as error:
             return _error(f"--write {target}: {error.strerror or error}")
-        print(f"wrote {args.write}: {len(rates)} rates")
+        written = rates["lr_grid"].notna().sum() if "lr_grid" in rates else 0
+        print(f"wrote {args.write}: {written} rates" + (" merged" if args.merge else ""))
         return 0
     context = [c for c in context_columns(rates) if c in rates and rates[c].nunique() > 1]
     shown = ["variant", *context, "lr_grid", "lr_chosen", "wd_chosen", "lr_any_learned"]

@@ -76,7 +76,9 @@ class MeasureConfig:
     rounds (experiments/measurement/measure.py); empty: the kernel is timed alone. `decode`: measure
     decoding (prefill the seq_len context, then `decode_steps` timed tokens;
     experiments/measurement/decode_cost.py) with the kernel alone (`decode_scope` kernel) or the
-    whole model, every layer through its own cache (`model`: a hybrid stack's decode)."""
+    whole model, every layer through its own cache (`model`: a hybrid stack's decode).
+    `decode_state`: `decode_state_bytes` alone, untimed (the same prefill, at `decode_scope`),
+    for a training preset's records; nothing more where `decode` measures it anyway."""
 
     kernel: bool
     step: bool
@@ -92,6 +94,7 @@ class MeasureConfig:
     decode: bool = False
     decode_steps: int = 32
     decode_scope: str = "kernel"
+    decode_state: bool = False
 
     def __post_init__(self):
         for key in ("approx_seeds", "matmul_size", "rounds"):
@@ -104,8 +107,9 @@ class MeasureConfig:
                 f"{', '.join(SPEEDUP_REFERENCES)}, got {list(speedup_vs)!r}"
             )
         object.__setattr__(self, "speedup_vs", speedup_vs)
-        if not isinstance(self.decode, bool):
-            raise ValueError(f"{OWNER}: option 'measure.decode' must be true or false")
+        for key in ("decode", "decode_state"):
+            if not isinstance(getattr(self, key), bool):
+                raise ValueError(f"{OWNER}: option 'measure.{key}' must be true or false")
         if isinstance(self.decode_steps, bool) or not isinstance(self.decode_steps, int):
             raise ValueError(f"{OWNER}: option 'measure.decode_steps' must be an int >= 2")
         if self.decode_steps < 2:

@@ -12,6 +12,7 @@ bandwidth, as the matmul rate is its compute.
 
 The columns (`decode_prefill_ms`, `decode_state_bytes`, `decode_ms_per_token`,
 `decode_bandwidth_fraction`, ...): docs/measurements.md and the record schema's "decode" block.
+`state_columns` (`measure.decode_state`): `decode_state_bytes` alone, untimed (the frontier).
 """
 
 from __future__ import annotations
@@ -45,14 +46,16 @@ def measure_decode(
     `model.n_kv_heads`), which the cache of a `native_gqa_decode` variant holds, so
     `decode_state_bytes` and the read per token are the grouped cache's. `ValueError` if the kernel
     cannot decode; `UnsupportedCombination` if it takes no grouped KV heads."""
-    if not kernel.supports_decode or not kernel.causal:
-        reason = kernel.decode_reason if not kernel.supports_decode else "it is not causal"
-        raise ValueError(
-            f"attention {kernel.name!r}: option measure.decode=true, but it cannot decode: {reason}"
-        )
+    _require_decodable(kernel, "measure.decode")
+    prefill, step = _kernel_decoder(kernel, shape, device, dtype, warmup + steps, kv_heads)
+    return _timed(prefill, step, lambda cache: cache.nbytes, device, steps=steps, warmup=warmup)
+
+
+def _kernel_decoder(kernel, shape, device, dtype, new: int, kv_heads: int | None):
+    """`prefill()` (the cache of `kernel` at shape (B, H, context, D), reserved for `new` more
+    positions, with the prompt prefilled) and `step(cache, t)` (the t-th new position)."""
     batch, heads, context, head_dim = shape
     kv_heads = heads if kv_heads is None else kv_heads
-    new = warmup + steps
     max_len = context + new
     generator = torch.Generator(device="cpu").manual_seed(0)
 
@@ -79,7 +82,7 @@ def measure_decode(
         gates = None if following_gates is None else following_gates[:, :, t : t + 1]
         kernel.decode(q, k, v, cache, gates)
 
-    return _timed(prefill, step, lambda cache: cache.nbytes, device, steps=steps, warmup=warmup)
+    return prefill, step
 
 
 def measure_model_decode(
@@ -96,12 +99,7 @@ def measure_model_decode(
     tokens: the prompt prefilled, then `steps` timed single-token steps after `warmup` untimed
     ones; `decode_state_bytes` is every layer's cache summed. `ValueError` if the model cannot
     decode (a layer's kernel, a model of another family)."""
-    if not isinstance(model, TransformerLM):
-        raise ValueError(
-            f"option measure.decode_scope='model' decodes with attnbench's TransformerLM, not "
-            f"{type(model).__name__} (model.family={model.config.family!r}); use "
-            "measure.decode_scope=kernel"
-        )
+    _require_ours(model)
     # Past the model's max_seq_len (the job's seq_len) as the kernel alone decodes past it: a
     # hard limit only for Linformer, which cannot decode (its cache refuses).
     new = warmup + steps
@@ -126,6 +124,53 @@ def measure_model_decode(
             return sum(cache.nbytes for cache in every)
 
         return _timed(prefill, step, state_bytes, device, steps=steps, warmup=warmup)
+
+
+def state_columns(
+    kernel: Attention,
+    model: nn.Module,
+    shape: tuple[int, int, int, int],
+    device: torch.device,
+    dtype: torch.dtype,
+    *,
+    scope: str,
+    kv_heads: int | None = None,
+) -> dict[str, Any]:
+    """`decode_state_bytes` alone, untimed: what the decoder keeps after prefilling the
+    context of shape (B, H, context, D), the kernel's cache (`scope` "kernel", as
+    `measure_decode`) or every layer's summed (`scope` "model", as `measure_model_decode`;
+    B sequences of context random tokens). `ValueError`, as those, if it cannot decode."""
+    batch, _, context, _ = shape
+    if scope == "model":
+        _require_ours(model)
+        generator = torch.Generator(device="cpu").manual_seed(0)
+        prompt = torch.randint(0, model.config.vocab_size, (batch, context), generator=generator)
+        with torch.no_grad(), evaluating(model), cached_kernels(model, batch, context + 1) as c:
+            Positions(model).step(prompt.to(device))
+            return {"decode_state_bytes": sum(cache.nbytes for cache in c)}
+    _require_decodable(kernel, "measure.decode_state")
+    prefill, _ = _kernel_decoder(kernel, shape, device, dtype, 1, kv_heads)
+    with torch.no_grad():
+        return {"decode_state_bytes": prefill().nbytes}
+
+
+def _require_decodable(kernel: Attention, option: str) -> None:
+    """`ValueError` naming `option` (true) unless `kernel` decodes (causal, with a cache)."""
+    if not kernel.supports_decode or not kernel.causal:
+        reason = kernel.decode_reason if not kernel.supports_decode else "it is not causal"
+        raise ValueError(
+            f"attention {kernel.name!r}: option {option}=true, but it cannot decode: {reason}"
+        )
+
+
+def _require_ours(model: nn.Module) -> None:
+    """`ValueError` unless `model` is attnbench's TransformerLM (whose layers decode)."""
+    if not isinstance(model, TransformerLM):
+        raise ValueError(
+            f"option measure.decode_scope='model' decodes with attnbench's TransformerLM, not "
+            f"{type(model).__name__} (model.family={model.config.family!r}); use "
+            "measure.decode_scope=kernel"
+        )
 
 
 def _timed(prefill, step, state_bytes, device, *, steps: int, warmup: int) -> dict[str, Any]:

@@ -2,11 +2,11 @@
 
 `setup(job)` builds the task and the model a job's `experiments.job_config.JobConfig` describes;
 `measure(job, built)` runs `MEASUREMENTS` in order, each a small function of the job in
-progress (`Measuring`) returning its columns: training, the key-blind diagnostic, a mixture's
-points, other kernels' evaluation, the kernel's time and FLOPs, the step's time, the timing
-warning, memory, approximation error, decoding cost, the process's peak. It returns the
-measurement columns of the record; the job (experiments/app/job.py `run_job`) adds identity,
-status and provenance.
+progress (`Measuring`) returning its columns: training, the key-blind diagnostic, the decode
+state alone, a mixture's points, other kernels' evaluation, the kernel's time and FLOPs, the
+step's time, the timing warning, memory, approximation error, decoding cost, the process's
+peak. It returns the measurement columns of the record; the job (experiments/app/job.py
+`run_job`) adds identity, status and provenance.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from torch import nn
 import variants
 from experiments.job_config import JobConfig
 from experiments.measurement.approximation import approx_columns
-from experiments.measurement.decode_cost import measure_decode, measure_model_decode
+from experiments.measurement.decode_cost import measure_decode, measure_model_decode, state_columns
 from experiments.measurement.diagnostics import kernel_input_columns
 from experiments.measurement.kernel_rounds import kernel_calls, round_timings, timing_columns
 from experiments.measurement.memory import peak_memory_bytes, peak_rss_bytes
@@ -178,6 +178,20 @@ def key_blind(m: Measuring) -> dict[str, Any]:
     return kernel_input_columns(built.model, built.task, built.device, built.precision)
 
 
+def decode_state(m: Measuring) -> dict[str, Any]:
+    """`measure.decode_state` (without `measure.decode`, which measures it too): the decoder's
+    state alone, untimed; before a mixture's points, so that every count's record has it."""
+    built, m_cfg = m.built, m.job.measure
+    if not m_cfg.decode_state or m_cfg.decode:
+        return {}
+    scope, kv_heads = m_cfg.decode_scope, built.model.config.kv_heads
+    with built.precision.autocast():
+        return state_columns(
+            built.kernel, built.model, m.shape, built.device, built.dtype,
+            scope=scope, kv_heads=kv_heads,
+        )  # fmt: skip
+
+
 def mixture(m: Measuring) -> dict[str, Any]:
     """A recall mixture's other counts, each its own record through `on_stage`."""
     if m.on_stage is not None and m.job.train.steps:
@@ -300,6 +314,7 @@ MEASUREMENTS: tuple[Callable[[Measuring], dict[str, Any]], ...] = (
     environment,
     training,
     key_blind,
+    decode_state,
     mixture,
     other_kernels,
     kernel_time,

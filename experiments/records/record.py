@@ -346,9 +346,9 @@ SCHEMA: tuple[Column, ...] = (
         "decode_state_bytes",
         int,
         "bytes",
-        "what the decoder keeps to generate the next token at seq_len context: the kernel's "
-        "cache (measure.decode_scope=kernel), every layer's summed (model); older records' "
-        "cache_bytes",
+        "what the decoder keeps to generate the next token at seq_len context (batch_size "
+        "sequences): the kernel's cache (measure.decode_scope=kernel), every layer's summed "
+        "(model); with measure.decode_state alone, untimed; older records' cache_bytes",
     ),
     _measured("decode_ms_per_token", float, "ms/token", "one token at seq_len context"),
     _measured("decode_iqr_ms_per_token", float, "ms/token", "its interquartile range"),
@@ -517,6 +517,7 @@ HASH_NEUTRAL_DEFAULTS = {
     "model.n_kv_heads": None,
     "model.layers": None,
     "measure.decode_scope": "kernel",
+    "measure.decode_state": False,
 }
 
 

@@ -19,10 +19,11 @@ from matplotlib.figure import Figure
 from matplotlib.text import Text
 from matplotlib.transforms import Bbox
 
-from analysis import capacity, decode_report, figures, load, report
+from analysis import capacity, decode_report, figures, frontier, load, report
 from tests.analysis.conftest import FIXTURE, synthetic_records
 from tests.analysis.test_capacity import _mixture_sweep
 from tests.analysis.test_decode_report import decode_records
+from tests.analysis.test_frontier import frontier_sweep
 from tests.analysis.test_quality_by_length import long_range_records
 
 TOLERANCE = 1.0  # pixels: extents are rounded to the pixel grid
@@ -157,6 +158,7 @@ CASES: dict[str, Callable[[], Figure | None]] = {
     "tradeoff:16 variants": _draw("tradeoff", many_trained),
     "accuracy_vs_seq_len:16 variants": _draw("accuracy_vs_seq_len", many_trained),
     "accuracy_vs_pairs:capacity": lambda: capacity.accuracy_vs_pairs(_mixture_sweep()),
+    "recall_vs_state:frontier": lambda: frontier.recall_vs_state(frontier_sweep()),
     "decode_vs_context:decode": lambda: decode_report.decode_vs_context(
         load.tidy(pd.DataFrame(decode_records()))
     ),

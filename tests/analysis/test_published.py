@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pandas as pd
 
 from analysis import load, published
@@ -167,3 +169,75 @@ def test_moba_with_every_block_reads_its_covering_probe_beside_a_capacity_sweep(
         "does not hold",
     )
     assert claim(load.tidy(pd.DataFrame([{"attention": "full", "task": "long_recall"}]))) is None
+
+
+# --- the 2026 families: Gated DeltaNet, and hybrid stacks ---
+
+GATED = "Gated DeltaNet recalls at least as well as DeltaNet and Mamba-2"
+HYBRID = "A few full attention layers recover exact attention's recall in a hybrid stack"
+
+
+def test_gated_deltanet_against_deltanet_and_mamba2_on_capacity():
+    rivals = {"deltanet": {4: 1.0, 16: 0.9, 64: 0.5}, "mamba2": {4: 0.95, 16: 0.6, 64: 0.2}}
+    level = _capacity({"full": EXACT, "gated_deltanet": {4: 1.0, 16: 0.9, 64: 0.49}, **rivals})
+    table = published.published(level)
+    row = table.frame.set_index("published result").loc[GATED]
+    assert row["verdict"] == "holds"  # 79.7 against 80.0: within a point
+    assert "Gated DeltaNet 79.7 %, deltanet 80.0 %, mamba2 58.3 %" in row["ours"]
+    behind = _capacity({"full": EXACT, "gated_deltanet": {4: 1.0, 16: 0.8, 64: 0.4}, **rivals})
+    assert _verdicts(behind)[GATED] == "does not hold"
+    # Mamba-2 never learned: only DeltaNet counts; neither learned: not comparable.
+    unlearned = {**rivals, "mamba2": {4: 0.3, 16: 0.1, 64: 0.05}}
+    frame = _capacity({"full": EXACT, "gated_deltanet": {4: 1.0, 16: 0.95, 64: 0.6}, **unlearned})
+    row = published.published(frame).frame.set_index("published result").loc[GATED]
+    assert row["verdict"] == "holds" and "(mamba2: not both learned, not counted)" in row["ours"]
+    alone = _capacity({"full": EXACT, "gated_deltanet": {4: 0.5, 16: 0.3, 64: 0.1}, **rivals})
+    assert _verdicts(alone)[GATED] == "not comparable"
+    assert GATED not in _verdicts(_capacity({"full": EXACT, **rivals}))  # nothing to test
+
+
+def _hybrid(accuracy: dict[str, float], learned_full: bool = True) -> pd.DataFrame:
+    """Recall jobs of the hybrid preset's shape: each stack at 64 and 1024 tokens."""
+    from tests.analysis.test_hybrid import STACKS
+
+    rows = []
+    for number, (stack, value) in enumerate(accuracy.items()):
+        layers = STACKS[stack][0] if stack in STACKS else stack.split("|")
+        label = stack if stack in STACKS else stack.replace("|", "+")
+        for length, acc in ((64, 1.0 if learned_full or stack != "full" else 0.5), (1024, value)):
+            rows.append(
+                {
+                    "sweep": "hybrid",
+                    "job": f"{number}" + ("/64" if length == 64 else ""),
+                    "status": "ok",
+                    "attention": "full",
+                    "layers": label,
+                    "model.layers": None if layers is None else json.dumps(layers),
+                    "task": "long_recall",
+                    "seq_len": length,
+                    "depth": 4,
+                    "d_model": 64,
+                    "seed": 0,
+                    "eval_accuracy": acc,
+                    "trained_steps": 1000 if length == 64 else 1150,
+                }
+            )
+    return load.tidy(pd.DataFrame(rows))
+
+
+def test_a_hybrid_with_few_full_layers_recovers_recall_or_not():
+    recovers = _hybrid({"full": 0.99, "deltanet": 0.3, "3×deltanet+full": 0.97})
+    row = published.published(recovers).frame.set_index("published result").loc[HYBRID]
+    assert row["verdict"] == "holds"
+    assert row["ours"] == (
+        "at 1024 tokens, every layer full 99.0 %; deltanet 30.0 % → 3×deltanet+full 97.0 %"
+    )
+    short = _hybrid({"full": 0.99, "deltanet": 0.3, "3×deltanet+full": 0.8})
+    assert _verdicts(short)[HYBRID] == "does not hold"
+    # The all-efficient stack already recalls: no gap, nothing to recover.
+    level = _hybrid({"full": 0.99, "deltanet": 0.97, "3×deltanet+full": 0.98})
+    assert _verdicts(level)[HYBRID] == "not comparable"
+    # The all-full stack never learned: not comparable.
+    unlearned = _hybrid({"full": 0.5, "deltanet": 0.3, "3×deltanet+full": 0.4}, learned_full=False)
+    assert _verdicts(unlearned)[HYBRID] == "not comparable"
+    assert HYBRID not in _verdicts(_capacity({"full": EXACT, "linear": EXACT}))

@@ -185,6 +185,50 @@ def test_the_written_table_is_what_the_preset_reads(tmp_path, monkeypatch):
     assert "multirun/x" in (tmp_path / "tuned" / "demo.yaml").read_text()
 
 
+def test_merge_keeps_the_tables_other_variants_and_replaces_the_tuned_ones(
+    tmp_path, monkeypatch, capsys
+):
+    """`--write FILE --merge`: a grid of a few variants joins the table; the entries of other
+    variants (and their comments) stay, a variant tuned again has one entry, the new one."""
+    from experiments.app import resolvers
+
+    (tmp_path / "tuned").mkdir()
+    target = tmp_path / "tuned" / "demo.yaml"
+    target.write_text("# An earlier grid.\nfull: 0.01\nlsh: 0.001\n# lsh's note\n")
+    assert tuning.main([str(_grid_csv(tmp_path)), "--write", str(target), "--merge"]) == 0
+    text = target.read_text()
+    assert text.startswith("# An earlier grid.\n") and "# lsh's note" in text
+    assert "# full, linear: merged by\n# `python -m analysis.tuning" in text
+    entries = [line for line in text.splitlines() if not line.startswith("#") and line]
+    assert entries == ["lsh: 0.001", "full: 0.003", "linear: 0.01"]
+    monkeypatch.setattr(resolvers, "config_dir", lambda: tmp_path)
+    assert resolvers.tuned_rates("demo") == {"lsh": 1e-3, "full": 3e-3, "linear": 1e-2}
+    # Merged again: the same table (nothing doubled).
+    assert tuning.main([str(_grid_csv(tmp_path)), "--write", str(target), "--merge"]) == 0
+    assert target.read_text() == text
+    # Into a table that does not exist yet: written whole; --merge alone is a mistake.
+    fresh = tmp_path / "tuned" / "fresh.yaml"
+    assert tuning.main([str(_grid_csv(tmp_path)), "--write", str(fresh), "--merge"]) == 0
+    assert fresh.read_text().startswith("# Learning rates chosen on the validation split")
+    capsys.readouterr()
+    assert tuning.main([str(_grid_csv(tmp_path)), "--merge"]) == 1
+    assert capsys.readouterr().err == "error: --merge: only with --write FILE\n"
+
+
+def test_a_variant_run_at_one_rate_beside_the_grid_is_not_written_as_chosen():
+    """A sweep that holds a grid for some variants and one rate for another (a reference run
+    at a fixed rate): the table holds the grid's choices only."""
+    sweep = _grid_sweep(VALID, VALID, seeds=(0,))
+    fixed = sweep[(sweep["attention"] == "linear") & (sweep["train.lr"] == 1e-3)]
+    frame = pd.concat([sweep[sweep["attention"] == "full"], fixed], ignore_index=True)
+    rates = tuning.chosen_rates(frame, series.context_columns(frame))
+    assert set(rates["attention"]) == {"full", "linear"}  # --overrides runs both
+    lines = tuning.rate_table(rates, frame, "multirun/x").splitlines()
+    assert "full: 0.003" in lines and not any(line.startswith("linear:") for line in lines)
+    with pytest.raises(ValueError, match="no variant here ran a learning-rate grid"):
+        tuning.rate_table(rates[rates["attention"] == "linear"], frame, "multirun/x")
+
+
 def test_a_run_at_fixed_rates_per_variant_is_labelled_fixed_not_chosen():
     """The preset at its tuned rates: one rate per variant, no grid in the records."""
     sweep = _grid_sweep(VALID, VALID)

@@ -143,3 +143,58 @@ def test_a_hybrid_times_the_jobs_attention_alone(job_config):
     built = measure.setup(absent)
     assert built.kernel.name == "full"
     assert all(kernel.name == "linear" for kernel in built.model.kernels())
+
+
+STATE_ONLY = (*DECODE_ONLY[:-3], "measure.decode_state=true", "logger=none")
+
+
+@pytest.mark.parametrize(
+    ("overrides", "timed"),
+    [
+        (("attention=full",), ("measure.decode=true",)),
+        (("attention=sliding_window", "attention.window=16"), ("measure.decode=true",)),
+        (
+            ("attention=full", "model.depth=4", "model.layers=[gated_deltanet,full]"),
+            ("measure.decode=true", "measure.decode_scope=model"),
+        ),
+    ],
+)
+def test_decode_state_alone_is_the_timed_decodes_state_and_times_nothing(
+    job_config, overrides, timed
+):
+    """measure.decode_state: decode_state_bytes from one untimed prefill, the figure the timed
+    decode records at the same scope, and no other decode column."""
+    scope = [o for o in timed if o.startswith("measure.decode_scope")]
+    alone = job_config(*STATE_ONLY, *overrides, *scope)
+    columns = measure.measure(alone, measure.setup(alone))
+    assert set(columns) & DECODE == {"decode_state_bytes"}
+    with_timing = job_config(*DECODE_ONLY[:-3], "logger=none", *overrides, *timed)
+    timed_columns = measure.measure(with_timing, measure.setup(with_timing))
+    assert columns["decode_state_bytes"] == timed_columns["decode_state_bytes"]
+
+
+def test_decode_state_is_refused_where_there_is_no_decoder(job_config):
+    config = job_config(*STATE_ONLY, "attention=linformer", "model.causal=false")
+    with pytest.raises(ValueError, match="measure.decode_state=true, but it cannot decode"):
+        measure.measure(config, measure.setup(config))
+    with pytest.raises(ValueError, match="'measure.decode_state' must be true or false"):
+        job_config(*STATE_ONLY[:-2], "measure.decode_state=3")
+
+
+def test_a_trained_mixture_records_the_state_at_every_count(job_config):
+    """On a recall mixture (the capacity preset's), every count's record carries the state."""
+    config = job_config(
+        *STATE_ONLY[:-3],
+        "train.steps=2",
+        "task=recall",
+        "task.n_pairs=4",
+        "task.train_pairs=[4,8]",
+        "task.n_keys=16",
+        "task.n_values=16",
+        "measure.decode_state=true",
+        "logger=none",
+    )
+    points = []
+    columns = measure.measure(config, measure.setup(config), on_stage=lambda s, c: points.append(c))
+    assert points and columns["decode_state_bytes"] > 0
+    assert [p["decode_state_bytes"] for p in points] == [columns["decode_state_bytes"]]

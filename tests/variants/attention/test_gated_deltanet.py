@@ -58,7 +58,7 @@ def _reference(q, k, v, gates):
 )
 def test_chunked_form_equals_the_recurrence_forward_and_gradients(length, chunk):
     q, k, v, gates = _inputs(length, seed=length)
-    out = build_attention("gated_deltanet", chunk_size=chunk)(q, k, v, gates=gates)
+    out = build_attention("gated_deltanet", decay="gate", chunk_size=chunk)(q, k, v, gates=gates)
     expected = _reference(q, k, v, gates)
     torch.testing.assert_close(out, expected, **EXACT)
     weights = torch.randn_like(out)
@@ -73,7 +73,7 @@ def test_strong_decay_is_exact_where_a_product_of_the_decays_would_underflow(alp
     """Over a chunk of 64 the decays' product (1e-384, 1e-12800) is 0 in float64: the kernel's
     differences of cumulative log-decays still give each pair's own decay."""
     q, k, v, gates = _inputs(100, seed=3, alpha=alpha)
-    out = build_attention("gated_deltanet")(q, k, v, gates=gates)
+    out = build_attention("gated_deltanet", decay="gate")(q, k, v, gates=gates)
     torch.testing.assert_close(out, _reference(q, k, v, gates), **EXACT)
     grads = torch.autograd.grad(out.sum(), (q, k, v, gates))
     assert all(torch.isfinite(g).all() for g in grads)
@@ -82,9 +82,9 @@ def test_strong_decay_is_exact_where_a_product_of_the_decays_would_underflow(alp
 def test_a_gate_rounded_to_zero_forgets_everything_before_it():
     q, k, v, gates = (x.detach() for x in _inputs(20, seed=5))
     gates[:, :, 11, 1] = 0.0
-    out = build_attention("gated_deltanet", chunk_size=8)(q, k, v, gates=gates)
+    out = build_attention("gated_deltanet", decay="gate", chunk_size=8)(q, k, v, gates=gates)
     torch.testing.assert_close(out, _reference(q, k, v, gates), **EXACT)
-    alone = build_attention("gated_deltanet", chunk_size=8)(
+    alone = build_attention("gated_deltanet", decay="gate", chunk_size=8)(
         q[:, :, 11:], k[:, :, 11:], v[:, :, 11:], gates=gates[:, :, 11:]
     )
     torch.testing.assert_close(out[:, :, 11:], alone, **EXACT)
@@ -92,7 +92,7 @@ def test_a_gate_rounded_to_zero_forgets_everything_before_it():
 
 def test_no_decay_is_deltanet():
     q, k, v, gates = (x.detach() for x in _inputs(45, seed=6, alpha=1.0))
-    out = build_attention("gated_deltanet", chunk_size=8)(q, k, v, gates=gates)
+    out = build_attention("gated_deltanet", decay="gate", chunk_size=8)(q, k, v, gates=gates)
     deltanet = build_attention("deltanet", chunk_size=8)(q, k, v, gates=gates[..., :1])
     torch.testing.assert_close(out, deltanet, **EXACT)
 
@@ -100,7 +100,7 @@ def test_no_decay_is_deltanet():
 def test_chunk_size_changes_nothing_beyond_rounding():
     q, k, v, gates = (x.detach() for x in _inputs(45, seed=2))
     outs = [
-        build_attention("gated_deltanet", chunk_size=c)(q, k, v, gates=gates)
+        build_attention("gated_deltanet", decay="gate", chunk_size=c)(q, k, v, gates=gates)
         for c in (1, 3, 16, 64)
     ]
     for out in outs[1:]:
@@ -112,7 +112,9 @@ def test_float32_over_many_chunks_matches_the_float64_recurrence():
     decays underflows float32; the outputs keep float32's digits."""
     q, k, v, gates = (x.detach() for x in _inputs(600, seed=4))
     gates[..., 1] = gates[..., 1].clamp_min(1e-3)
-    out = build_attention("gated_deltanet")(*(x.float() for x in (q, k, v)), gates=gates.float())
+    out = build_attention("gated_deltanet", decay="gate")(
+        *(x.float() for x in (q, k, v)), gates=gates.float()
+    )
     assert out.dtype == torch.float32
     torch.testing.assert_close(out.double(), _reference(q, k, v, gates), rtol=1e-4, atol=1e-5)
 
@@ -124,9 +126,9 @@ def test_gated_deltanet_is_causal_only_and_needs_its_two_gates():
         build_attention("gated_deltanet", causal=False)
     q, k, v, _ = _inputs(5)
     with pytest.raises(ValueError, match="gated_deltanet: option 'gates' is required"):
-        build_attention("gated_deltanet")(q, k, v)
+        build_attention("gated_deltanet", decay="gate")(q, k, v)
     with pytest.raises(ValueError, match=r"gated_deltanet: option 'gates' must have shape .*2\)"):
-        build_attention("gated_deltanet")(q, k, v, gates=torch.rand(2, 3, 5, 1))
+        build_attention("gated_deltanet", decay="gate")(q, k, v, gates=torch.rand(2, 3, 5, 1))
 
 
 @pytest.mark.parametrize(
@@ -136,8 +138,7 @@ def test_gated_deltanet_is_causal_only_and_needs_its_two_gates():
         ({"short_conv": -1}, "gated_deltanet: option 'short_conv' must be a non-negative"),
         ({"feature_map": "relu"}, "gated_deltanet: option 'feature_map' must be one of"),
         ({"decay": "exp"}, "gated_deltanet: option 'decay' must be one of gate, mamba"),
-        ({"output_norm": True}, "options 'short_conv', 'output_norm' and 'decay' need 'n_heads'"),
-        ({"decay": "mamba"}, "options 'short_conv', 'output_norm' and 'decay' need 'n_heads'"),
+        ({"output_norm": True}, "options 'short_conv' and 'output_norm' need 'n_heads'"),
     ],
 )
 def test_bad_options_are_refused(options, message):
@@ -157,7 +158,7 @@ def test_the_layer_gives_beta_and_alpha_from_the_token_through_a_sigmoid():
 
 
 def test_flops_are_deltanets():
-    ours, deltanet = build_attention("gated_deltanet"), build_attention("deltanet")
+    ours, deltanet = build_attention("gated_deltanet", decay="gate"), build_attention("deltanet")
     assert ours.flops(2, 4, 1000, 64) == deltanet.flops(2, 4, 1000, 64) > 0
 
 
@@ -202,7 +203,13 @@ def test_mamba_decay_starts_as_mamba2_and_stays_finite_at_saturated_gates():
 
 
 def _published(**options):
-    options = {"short_conv": 4, "feature_map": "silu", "output_norm": True, **options}
+    options = {
+        "short_conv": 4,
+        "feature_map": "silu",
+        "output_norm": True,
+        "decay": "gate",
+        **options,
+    }
     torch.manual_seed(0)
     module = build_attention("gated_deltanet", n_heads=3, head_dim=8, **options).double()
     with torch.no_grad():
@@ -264,7 +271,7 @@ def test_prefill_and_decode_equal_the_forward(prompt, kv_heads, options):
 @pytest.mark.parametrize("prompt", [1, 8, 19])
 def test_prefill_leaves_the_recurrences_state(prompt):
     q, k, v, gates = (x.detach() for x in _inputs(prompt, seed=8))
-    module = build_attention("gated_deltanet", chunk_size=4)
+    module = build_attention("gated_deltanet", decay="gate", chunk_size=4)
     cache = module.init_cache(2, 3, 8, max_len=32, dtype=torch.float64)
     module.prefill(q, k, v, cache, gates)
     _, state = recurrence(q, k, v, gates[..., 0], gates[..., 1], return_state=True)
@@ -281,7 +288,7 @@ def test_masks_run_each_documents_real_positions_as_their_own_sequence(masks):
     keep = keep if masks != "documents" else None
     segments = segments if masks != "padding" else None
     q, k, v, gates = _inputs(37, seed=9)
-    kernel = build_attention("gated_deltanet", chunk_size=8)
+    kernel = build_attention("gated_deltanet", decay="gate", chunk_size=8)
 
     def reference(q, k, v, gates):
         return each_document_alone(_reference, (q, k, v, gates), keep, segments)

@@ -52,7 +52,7 @@ def _reference(q, k, v, gates):
 )
 def test_ssd_equals_the_recurrence_forward_and_gradients(length, chunk):
     q, k, v, gates = _inputs(length, seed=length)
-    out = build_attention("mamba2", chunk_size=chunk)(q, k, v, gates=gates)
+    out = build_attention("mamba2", decay="gate", chunk_size=chunk)(q, k, v, gates=gates)
     expected = _reference(q, k, v, gates)
     torch.testing.assert_close(out, expected, **EXACT)
     weights = torch.randn_like(out)
@@ -67,7 +67,7 @@ def test_strong_decay_is_exact_where_a_product_of_the_decays_would_underflow(a):
     """Over a chunk of 64 the decays' product (1e-384, 1e-12800) is 0 in float64: segment sums
     (differences of cumulative log-decays) still give each pair's own decay."""
     q, k, v, gates = _inputs(100, seed=3, a=a)
-    out = build_attention("mamba2")(q, k, v, gates=gates)
+    out = build_attention("mamba2", decay="gate")(q, k, v, gates=gates)
     torch.testing.assert_close(out, _reference(q, k, v, gates), **EXACT)
     grads = torch.autograd.grad(out.sum(), (q, k, v, gates))
     assert all(torch.isfinite(g).all() for g in grads)
@@ -76,9 +76,9 @@ def test_strong_decay_is_exact_where_a_product_of_the_decays_would_underflow(a):
 def test_a_gate_rounded_to_zero_forgets_everything_before_it():
     q, k, v, gates = (x.detach() for x in _inputs(20, seed=5))
     gates[:, :, 11, 0] = 0.0
-    out = build_attention("mamba2", chunk_size=8)(q, k, v, gates=gates)
+    out = build_attention("mamba2", decay="gate", chunk_size=8)(q, k, v, gates=gates)
     torch.testing.assert_close(out, _reference(q, k, v, gates), **EXACT)
-    alone = build_attention("mamba2", chunk_size=8)(
+    alone = build_attention("mamba2", decay="gate", chunk_size=8)(
         q[:, :, 11:], k[:, :, 11:], v[:, :, 11:], gates=gates[:, :, 11:]
     )
     torch.testing.assert_close(out[:, :, 11:], alone, **EXACT)
@@ -86,14 +86,17 @@ def test_a_gate_rounded_to_zero_forgets_everything_before_it():
 
 def test_no_decay_is_causal_linear_attention_without_a_denominator():
     q, k, v, gates = (x.detach() for x in _inputs(30, seed=6, a=1.0))
-    out = build_attention("mamba2", chunk_size=8)(q, k, v, gates=gates)
+    out = build_attention("mamba2", decay="gate", chunk_size=8)(q, k, v, gates=gates)
     scores = (q @ k.transpose(-1, -2)).tril()  # (B, H, L, L)
     torch.testing.assert_close(out, scores @ v, **EXACT)
 
 
 def test_chunk_size_changes_nothing_beyond_rounding():
     q, k, v, gates = (x.detach() for x in _inputs(45, seed=2))
-    outs = [build_attention("mamba2", chunk_size=c)(q, k, v, gates=gates) for c in (1, 3, 16, 64)]
+    outs = [
+        build_attention("mamba2", decay="gate", chunk_size=c)(q, k, v, gates=gates)
+        for c in (1, 3, 16, 64)
+    ]
     for out in outs[1:]:
         torch.testing.assert_close(out, outs[0], rtol=1e-12, atol=1e-12)
 
@@ -103,7 +106,9 @@ def test_float32_over_many_chunks_matches_the_float64_recurrence():
     decays underflows float32; the outputs keep float32's digits."""
     q, k, v, gates = (x.detach() for x in _inputs(600, seed=4))
     gates = gates.clamp_min(1e-3)
-    out = build_attention("mamba2")(*(x.float() for x in (q, k, v)), gates=gates.float())
+    out = build_attention("mamba2", decay="gate")(
+        *(x.float() for x in (q, k, v)), gates=gates.float()
+    )
     assert out.dtype == torch.float32
     torch.testing.assert_close(out.double(), _reference(q, k, v, gates), rtol=1e-4, atol=1e-4)
 
@@ -113,9 +118,9 @@ def test_mamba2_is_causal_only_and_needs_its_gate():
         build_attention("mamba2", causal=False)
     q, k, v, _ = _inputs(5)
     with pytest.raises(ValueError, match="mamba2: option 'gates' is required"):
-        build_attention("mamba2")(q, k, v)
+        build_attention("mamba2", decay="gate")(q, k, v)
     with pytest.raises(ValueError, match=r"mamba2: option 'gates' must have shape .*1\)"):
-        build_attention("mamba2")(q, k, v, gates=torch.rand(2, 3, 5, 2))
+        build_attention("mamba2", decay="gate")(q, k, v, gates=torch.rand(2, 3, 5, 2))
 
 
 @pytest.mark.parametrize(
@@ -125,9 +130,8 @@ def test_mamba2_is_causal_only_and_needs_its_gate():
         ({"short_conv": -1}, "mamba2: option 'short_conv' must be a non-negative"),
         ({"d_skip": 1}, "mamba2: option 'd_skip' must be true or false"),
         ({"decay": "exp"}, "mamba2: option 'decay' must be one of gate, mamba"),
-        ({"d_skip": True}, "options 'short_conv', 'd_skip' and 'decay' need 'n_heads' and"),
-        ({"short_conv": 4}, "options 'short_conv', 'd_skip' and 'decay' need 'n_heads' and"),
-        ({"decay": "mamba"}, "options 'short_conv', 'd_skip' and 'decay' need 'n_heads' and"),
+        ({"d_skip": True}, "options 'short_conv' and 'd_skip' need 'n_heads' and"),
+        ({"short_conv": 4}, "options 'short_conv' and 'd_skip' need 'n_heads' and"),
     ],
 )
 def test_bad_options_are_refused(options, message):
@@ -150,7 +154,7 @@ def test_the_layer_gives_the_decay_from_the_token_and_trains_d():
 
 
 def test_flops_count_the_chunked_forms_matmuls():
-    kernel = build_attention("mamba2", chunk_size=64)
+    kernel = build_attention("mamba2", decay="gate", chunk_size=64)
     assert kernel.flops(1, 1, 1000, 64) == 2 * 1000 * (64 * 64 + 2 * 64 * 64)
     assert kernel.flops(1, 1, 10, 64) == 2 * 10 * (10 * 64 + 2 * 64 * 64)  # one short chunk
 
@@ -179,7 +183,7 @@ def test_mamba_decay_is_mamba2s_map_of_the_gate_forward_and_gradients():
 
 
 def _published(**options):
-    options = {"short_conv": 4, "feature_map": "silu", "d_skip": True, **options}
+    options = {"short_conv": 4, "feature_map": "silu", "d_skip": True, "decay": "gate", **options}
     torch.manual_seed(0)
     module = build_attention("mamba2", n_heads=3, head_dim=8, **options).double()
     with torch.no_grad():
@@ -210,7 +214,9 @@ def test_published_parts_equal_their_definitions_over_the_recurrence():
 
 
 def test_d_skip_alone_adds_d_times_v():
-    module = build_attention("mamba2", chunk_size=8, d_skip=True, n_heads=3, head_dim=8).double()
+    module = build_attention(
+        "mamba2", decay="gate", chunk_size=8, d_skip=True, n_heads=3, head_dim=8
+    ).double()
     with torch.no_grad():
         module.skip.copy_(torch.tensor([0.5, -2.0, 3.0]))
     q, k, v, gates = (x.detach() for x in _inputs(19, seed=8))
@@ -251,7 +257,7 @@ def test_prefill_and_decode_equal_the_forward(prompt, kv_heads, options):
 @pytest.mark.parametrize("prompt", [1, 8, 19])
 def test_prefill_leaves_the_recurrences_state(prompt):
     q, k, v, gates = (x.detach() for x in _inputs(prompt, seed=8))
-    module = build_attention("mamba2", chunk_size=4)
+    module = build_attention("mamba2", decay="gate", chunk_size=4)
     cache = module.init_cache(2, 3, 8, max_len=32, dtype=torch.float64)
     module.prefill(q, k, v, cache, gates)
     _, state = recurrence(q, k, v, gates[..., 0], return_state=True)
@@ -268,7 +274,7 @@ def test_masks_run_each_documents_real_positions_as_their_own_sequence(masks):
     keep = keep if masks != "documents" else None
     segments = segments if masks != "padding" else None
     q, k, v, gates = _inputs(37, seed=9)
-    kernel = build_attention("mamba2", chunk_size=8)
+    kernel = build_attention("mamba2", decay="gate", chunk_size=8)
 
     def reference(q, k, v, gates):
         return each_document_alone(_reference, (q, k, v, gates), keep, segments)

@@ -36,10 +36,24 @@ RMS_EPS = 1e-6
 # How a decay gate g in (0, 1) becomes the decay: "gate", alpha = g; "mamba", Mamba-2's
 # alpha = exp(-exp(A_h) softplus(logit(g) + dt_bias_h)) with A_h, dt_bias_h learned per head
 # (logit(g) is the layer's projection of the token, the x W of the paper).
+# "mamba" is the default: the published layers' map and initialisation. With "gate" the
+# initial decay is a sigmoid of a projection near 0, alpha about 0.5 (a half-life of one token),
+# and neither gated_deltanet nor mamba2 learned recall (docs/variants.md).
 DECAYS = ("gate", "mamba")
-A_INIT = (1.0, 16.0)  # A_h ~ U(1, 16), as Mamba-2 and fla's GatedDeltaNet
+A_INIT = (1.0, 16.0)  # A_h ~ U(1, 16), as Mamba-2 (fla's GatedDeltaNet: U(0, 16))
 DT_INIT = (1e-3, 1e-1)  # softplus(dt_bias_h) log-uniform in it, at least DT_FLOOR
 DT_FLOOR = 1e-4
+
+
+def mamba_decay_init(n_heads: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mamba-2's initialisation of the decay's parameters (its mamba2_simple.py; fla's
+    GatedDeltaNet the same but for A's lower end): a_log = log A_h with A_h ~ U(A_INIT), and
+    dt_bias_h = softplus^-1(dt_h) with dt_h log-uniform in DT_INIT, floored at DT_FLOOR; (n_heads,)
+    each, from torch's global generator."""
+    a = torch.empty(n_heads).uniform_(*A_INIT)
+    low, high = (math.log(x) for x in DT_INIT)
+    dt = torch.empty(n_heads).uniform_(low, high).exp().clamp_min(DT_FLOOR)
+    return a.log(), dt + torch.log(-torch.expm1(-dt))  # softplus^-1(dt)
 
 
 def log_decay(gate: torch.Tensor) -> torch.Tensor:
@@ -91,14 +105,15 @@ class RecurrentAttention(Attention):
         per_head: bool = False,
     ):
         """`decay`: how the decay gate maps to the decay (`DECAYS`; None: no decay, deltanet);
-        `per_head`: a subclass's own option with weights per head is on."""
+        `per_head`: a subclass's own option with weights per head is on. `decay="mamba"` has
+        A_h and dt_bias_h per head given `n_heads` (a model's layer passes it), else one pair
+        shared by every head (a kernel built alone)."""
         super().__init__(causal=causal)
         self.chunk_size = require_positive_int(self.name, "chunk_size", chunk_size)
         self.short_conv = require_non_negative_int(self.name, "short_conv", short_conv)
         self.feature_map = require_choice(self.name, "feature_map", feature_map, FEATURE_MAPS)
         self.output_norm = require_bool(self.name, "output_norm", output_norm)
         self.decay = None if decay is None else require_choice(self.name, "decay", decay, DECAYS)
-        per_head = per_head or self.decay == "mamba"
         if (self.short_conv or self.output_norm or per_head) and (
             n_heads is None or head_dim is None
         ):
@@ -114,12 +129,9 @@ class RecurrentAttention(Attention):
             self.conv = nn.Conv1d(channels, channels, self.short_conv, groups=channels, bias=False)
         self.norm_weight = nn.Parameter(torch.ones(head_dim)) if self.output_norm else None
         self.a_log = self.dt_bias = None
-        if self.decay == "mamba":  # Mamba-2's initialisation (its mamba2_simple.py)
-            a = torch.empty(n_heads).uniform_(*A_INIT)
-            low, high = (math.log(x) for x in DT_INIT)
-            dt = torch.empty(n_heads).uniform_(low, high).exp().clamp_min(DT_FLOOR)
-            self.a_log = nn.Parameter(a.log())
-            self.dt_bias = nn.Parameter(dt + torch.log(-torch.expm1(-dt)))  # softplus^-1(dt)
+        if self.decay == "mamba":  # per head; a kernel built alone (no n_heads): one for all
+            a_log, dt_bias = mamba_decay_init(n_heads or 1)
+            self.a_log, self.dt_bias = nn.Parameter(a_log), nn.Parameter(dt_bias)
 
     def _log_decay(self, gate: torch.Tensor) -> torch.Tensor:
         """The log-decay of a decay gate (B, H, L) by option `decay` (`DECAYS`)."""

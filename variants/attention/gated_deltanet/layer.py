@@ -11,7 +11,8 @@ cumulative log-decays within a chunk, each <= 1, in float32 at least. Options, m
 restarts at every document), grouped KV heads and decoding (M = S^T, d x d per head in
 `cache.DeltaCache`; a position is M = alpha M, M += beta k (v - k^T M)^T, o = q M) are
 deltanet's (`common.recurrent`). The published layer (fla's GatedDeltaNet) is short_conv=4,
-feature_map=silu, output_norm=true, decay=mamba (its output gate SiLU(x W_g) is not here).
+feature_map=silu, output_norm=true, decay=mamba (the default; its output gate SiLU(x W_g) is
+not here).
 """
 
 from __future__ import annotations
@@ -30,10 +31,12 @@ class GatedDeltaNetAttention(RecurrentAttention):
     """Gated DeltaNet: S_t = alpha_t S_{t-1}(I - beta_t k k^T) + beta_t v k^T, chunk-parallel.
 
     The decay gate g = gates[..., 1] is the layer's sigmoid of a projection x W_a of the
-    token. `decay="gate"` (default) takes it as the decay, alpha_t = g (a g rounded to 0 read as
-    the smallest normal number); `decay="mamba"` maps it as the paper does,
+    token. `decay="mamba"` (default) maps it as the paper does,
     alpha_t = exp(-exp(A_h) softplus(logit(g) + dt_bias_h)) with logit(g) = x W_a and A_h,
-    dt_bias_h learned per head, initialised as Mamba-2 (`common.recurrent.mamba_log_decay`).
+    dt_bias_h learned per head, initialised as Mamba-2 (`common.recurrent.mamba_decay_init`:
+    alpha about 0.93 at the median, 0.47-0.99 over 5-95 %); `decay="gate"` takes it as the
+    decay, alpha_t = g (a g rounded to 0 read as the smallest normal number), about 0.5 at
+    initialisation: a state that forgets within a few tokens.
     """
 
     name = "gated_deltanet"
@@ -48,7 +51,7 @@ class GatedDeltaNetAttention(RecurrentAttention):
     # Options with weights per head (short_conv, decay=mamba): a group of heads run alone would
     # not know which are its own.
     independent_heads = False
-    per_head_options = ("short_conv", "output_norm", "decay")
+    per_head_options = ("short_conv", "output_norm")
 
     def __init__(
         self,
@@ -58,7 +61,7 @@ class GatedDeltaNetAttention(RecurrentAttention):
         short_conv: int = 0,
         feature_map: str = "identity",
         output_norm: bool = False,
-        decay: str = "gate",
+        decay: str = "mamba",
         n_heads: int | None = None,
         head_dim: int | None = None,
     ):

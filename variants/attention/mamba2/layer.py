@@ -31,10 +31,11 @@ class Mamba2Attention(RecurrentAttention):
     """Mamba-2's SSD: M_t = a_t M_{t-1} + k_t v_t^T, o_t = q_t M_t, chunk-parallel.
 
     The decay gate g = gates[..., 0] is the layer's sigmoid of a projection x W of the token.
-    `decay="gate"` (default) takes it as the decay, a_t = g (a g rounded to 0 read as the
-    smallest normal number); `decay="mamba"` maps it as Mamba-2 does,
+    `decay="mamba"` (default) maps it as Mamba-2 does,
     a_t = exp(-exp(A_h) softplus(logit(g) + dt_bias_h)) with logit(g) = x W and A_h, dt_bias_h
-    learned per head, initialised as Mamba-2 (`common.recurrent.mamba_log_decay`).
+    learned per head, initialised as Mamba-2 (`common.recurrent.mamba_decay_init`);
+    `decay="gate"` takes it as the decay, a_t = g (a g rounded to 0 read as the smallest normal
+    number), about 0.5 at initialisation.
     """
 
     name = "mamba2"
@@ -46,7 +47,7 @@ class Mamba2Attention(RecurrentAttention):
     # Options with weights per head (short_conv, d_skip, decay=mamba): a group of heads run
     # alone would not know which are its own.
     independent_heads = False
-    per_head_options = ("short_conv", "d_skip", "decay")
+    per_head_options = ("short_conv", "d_skip")
 
     def __init__(
         self,
@@ -56,7 +57,7 @@ class Mamba2Attention(RecurrentAttention):
         short_conv: int = 0,
         feature_map: str = "identity",
         d_skip: bool = False,
-        decay: str = "gate",
+        decay: str = "mamba",
         n_heads: int | None = None,
         head_dim: int | None = None,
     ):

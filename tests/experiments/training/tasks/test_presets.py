@@ -120,7 +120,7 @@ def test_every_job_of_the_capacity_preset_builds(resolved_config):
                 tokens = torch.randint(task.vocab_size, (2, length))
                 built.model(tokens).sum().backward()  # runs at that length: no shape constraint
     assert names >= {"full", "lsh", "routing", "compressed", "linear", "performer"}
-    assert names >= {"deltanet", "moba", "nsa"}
+    assert names >= {"deltanet", "moba", "nsa", "gated_deltanet", "mamba2", "sliding_window"}
 
 
 @pytest.mark.parametrize(
