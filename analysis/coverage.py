@@ -1,16 +1,10 @@
-"""Not learned, against a covering pattern (issue 62): each "not learned" row of the capacity
-and long-range tables beside the same variant run with a pattern that covers the sequence, on
-the same protocol (`+experiment=coverage_probes`, one probe per file in
-conf/experiment/coverage_probes/).
-
-A covered run that learned says what did not: the row's pattern, i.e. the options the probe
-changed, under this protocol (a property of the method there). A covered run that did not learn
-says the cause is not what the probe changed, and stays open. One sentence per not-learned row,
-with its evidence, for the tables' notes (`note`); rows with no probe on their protocol say so.
-
-The probes' records: the frame's own records of the `coverage_probes` sweep when it has them,
-else the snapshot committed in docs/results/coverage_probes.csv (the sweep's results.csv: every
-job's record and its stages' and counts').
+"""Not learned, against a covering pattern: each "not learned" row of the capacity and
+long-range tables beside the same variant run with a pattern that covers the sequence, on the
+same protocol (`+experiment=coverage_probes`, one probe per file in its folder). A covered run
+that learned says what did not (the options the probe changed: a property of the method under
+this protocol); one that did not learn leaves the cause open. One sentence per not-learned row
+for the tables' notes (`note`). The probes' records: the frame's `coverage_probes` sweep, else
+the snapshot docs/results/coverage_probes.csv.
 
     python -m analysis.coverage                                   # every probe (the snapshot)
     python -m analysis.coverage multirun/capacity multirun/long_range_quick   # the sentences

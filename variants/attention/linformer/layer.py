@@ -6,17 +6,9 @@ O(L^2). Every projected key mixes all positions, future ones included, so Linfor
 causal: building it with causal=True is refused, and the lengths it accepts are bounded by N.
 `share` (none | headwise | kv | layerwise) shares E and F across heads, keys and values, layers.
 
-Masks: padded keys and values are zeroed before the projection (columns stay at their absolute
-positions), and each document is projected as a sequence of its own, from column 0. Grouped KV
-heads are taken as they are: each KV head's keys and values are projected, never repeated to H.
-Initialised as the paper's fairseq code (xavier-uniform, gain 1/sqrt(2)).
-
-`init` (xavier | identity) and `learn_projection` are probes, not the paper's: identity starts E
-and F at [I; 0] (with k >= L, exact attention plus k - L null slots), and learn_projection=False
-keeps them where they start.
-
-Sharing modes' parameter counts, the masks' rules, grouped heads and the probes in full:
-docs/variants/linformer.md.
+Initialised as the paper's fairseq code (xavier-uniform, gain 1/sqrt(2)); `init=identity` and
+`learn_projection=False` are probes, not the paper's (E, F start at [I; 0] / stay where they
+start). Masks, grouped KV heads, sharing modes and the probes: docs/variants/linformer.md.
 """
 
 from __future__ import annotations
