@@ -6,13 +6,11 @@ this protocol); one that did not learn leaves the cause open. One sentence per n
 for the tables' notes (`note`). The probes' records: the frame's `coverage_probes` sweep, else
 the snapshot docs/results/coverage_probes.csv.
 
-    python -m analysis.coverage                                   # every probe (the snapshot)
-    python -m analysis.coverage multirun/capacity multirun/long_range_quick   # the sentences
+The command: `python -m analysis.not_learned` (analysis/not_learned.py).
 """
 
 from __future__ import annotations
 
-import argparse
 import functools
 import math
 from collections.abc import Sequence
@@ -256,34 +254,3 @@ def probe_table(records: pd.DataFrame) -> Table | None:
         f"evaluation reached {accuracy.LEARNED:.0%}. Wall: the job's seconds on a shared machine."
     )
     return Table("Covering-pattern probes", pd.DataFrame(rows), note_text)
-
-
-def main(argv: list[str] | None = None) -> None:
-    """`python -m analysis.coverage [SWEEP ...] [--probes DIR]`: with sweeps, a sentence per
-    not-learned row of their capacity and long-range tables; without, every probe."""
-    from analysis import capacity, series
-
-    parser = argparse.ArgumentParser(prog="python -m analysis.coverage", description=main.__doc__)
-    parser.add_argument("paths", nargs="*", help="sweep dirs or results files of the rows")
-    parser.add_argument("--probes", default=str(SNAPSHOT), help="the probes' records")
-    args = parser.parse_args(argv)
-    probes = probe_records(snapshot=Path(args.probes))
-    if not args.paths:
-        table = probe_table(probes)
-        print(table.markdown() if table else f"no probe records in {args.probes}")
-        return
-    frame = load_results(args.paths)
-    jobs = probe_jobs(probes)
-    lines = []
-    records = capacity.capacity_records(frame)
-    if len(records):
-        lines += sentences(records, [ATTENTION, "head_dim"], jobs)
-    trained = series.trained_quality(frame)
-    lengths = trained[trained["task"] != "recall"] if "task" in trained else trained  # capacity's
-    if len(lengths) and lengths[SEQ_LEN].nunique() > 1:
-        lines += sentences(accuracy.with_learned(lengths), [ATTENTION], jobs)
-    print("\n".join(f"- {line}" for line in lines) or "no row of these records is not learned")
-
-
-if __name__ == "__main__":
-    main()

@@ -267,9 +267,8 @@ def _load_path(path: Path) -> pd.DataFrame:
         frame, root = _read_csv(path / "results.csv"), path
     else:
         raise FileNotFoundError(f"{path}: no result.json, results.csv or results.parquet below it")
-    frame["source"] = str(path)
-    frame["history_path"] = _history_paths(frame, root)
-    return frame
+    # One assign: a wide CSV's frame is fragmented, and column-by-column inserts warn.
+    return frame.assign(source=str(path), history_path=_history_paths(frame, root))
 
 
 def _load_file(path: Path) -> pd.DataFrame:

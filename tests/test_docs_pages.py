@@ -181,5 +181,5 @@ def test_the_coverage_table_is_its_snapshots():
     rows = table.markdown().split("\n")[2 : 4 + len(table.frame)]  # header, rule and rows
     assert "\n".join(rows) in (DOCS / "quality.md").read_text(), (
         "docs/quality.md's covering-pattern table is not its snapshot's: run "
-        "python -m analysis.coverage"
+        "python -m analysis.not_learned"
     )

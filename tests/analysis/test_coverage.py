@@ -6,7 +6,7 @@ from __future__ import annotations
 import pandas as pd
 from omegaconf import OmegaConf
 
-from analysis import capacity, coverage, load, trained_quality
+from analysis import capacity, coverage, load, not_learned, trained_quality
 from tests.experiments.conftest import CONF
 
 CURRICULUM = '[{"seq_len": 64, "steps": 1000}]'
@@ -193,12 +193,12 @@ def test_the_command_prints_a_sentence_per_not_learned_row(tmp_path, capsys):
     ROWS.to_csv(tmp_path / "rows.csv", index=False)
     (tmp_path / "probes").mkdir()
     PROBES.to_csv(tmp_path / "probes" / "results.csv", index=False)
-    coverage.main([str(tmp_path / "rows.csv"), "--probes", str(tmp_path / "probes")])
+    not_learned.main([str(tmp_path / "rows.csv"), "--probes", str(tmp_path / "probes")])
     lines = capsys.readouterr().out.splitlines()
     assert sorted(line.split(":")[0] for line in lines) == [
         "- linformer",
         "- performer",
         "- strided",
     ]
-    coverage.main(["--probes", str(tmp_path / "probes")])
+    not_learned.main(["--probes", str(tmp_path / "probes")])
     assert "| strided | stride 64 | long_recall (64, 1024) |" in capsys.readouterr().out
