@@ -267,8 +267,10 @@ def _load_path(path: Path) -> pd.DataFrame:
         frame, root = _read_csv(path / "results.csv"), path
     else:
         raise FileNotFoundError(f"{path}: no result.json, results.csv or results.parquet below it")
-    # One assign: a wide CSV's frame is fragmented, and column-by-column inserts warn.
-    return frame.assign(source=str(path), history_path=_history_paths(frame, root))
+    # Joined, not inserted: a wide frame is fragmented, and inserting into it warns.
+    extra = {"source": str(path), "history_path": _history_paths(frame, root)}
+    return pd.concat([frame.drop(columns=list(extra), errors="ignore"),
+                      pd.DataFrame(extra, index=frame.index)], axis=1)  # fmt: skip
 
 
 def _load_file(path: Path) -> pd.DataFrame:
