@@ -84,7 +84,9 @@ def test_the_preset_compares_each_efficient_layer_at_four_shares_of_full(resolve
     patterns = list(override.sweep_iterator())
     assert len(patterns) == 10 and patterns[-1] is None
     stacks = [record.stack_label(p, "full") for p in patterns]
-    assert {"deltanet", "3×deltanet+full", "deltanet+full", "full"} <= set(stacks)
+    for efficient in ("gated_deltanet", "mamba2", "sliding_window"):
+        assert {efficient, f"3×{efficient}+full", f"{efficient}+full"} <= set(stacks)
+    assert "full" in stacks
     assert len(set(stacks)) == 10
     for pattern in patterns:
         ModelConfig(depth=4, layers=pattern)  # every stack fits the preset's depth
