@@ -86,6 +86,7 @@ def test_training_uses_the_chunked_loss_only_when_switched_on():
         ("moba", {"block_size": 4, "top_k": 2}, "residual"),
         ("nsa", {"block_size": 4, "n_select": 2, "window": 6}, "residual"),
         ("deltanet", {"chunk_size": 4}, "checkpoint"),
+        ("deltanet", {"chunk_size": 4, "short_conv": 4}, "residual"),  # runs whole
     ],
 )
 @pytest.mark.parametrize("groups", [2, 3])
@@ -132,8 +133,15 @@ def test_groups_call_the_kernel_once_per_group_and_only_if_heads_are_independent
     assert attention_spec("blockwise").independent_heads
     assert not attention_spec("routing").independent_heads  # per-head centroids
     assert not attention_spec("lsh").independent_heads  # one bucket cache per call
-    for attention, expected in (("blockwise", [2, 2]), ("routing", [4]), ("nsa", [2, 2])):
-        _, model = _pair({"attention": attention, "depth": 1}, attention_chunks=2)
+    for attention, options, expected in (
+        ("blockwise", {}, [2, 2]),
+        ("routing", {}, [4]),
+        ("nsa", {}, [2, 2]),
+        ("deltanet", {}, [2, 2]),
+        ("deltanet", {"short_conv": 4}, [4]),  # per-head convolution weights: whole
+    ):
+        base = {"attention": attention, "attention_options": options, "depth": 1}
+        _, model = _pair(base, attention_chunks=2)
         seen = []
         kernel = next(model.kernels())
         kernel.register_forward_pre_hook(lambda _, args, seen=seen: seen.append(args[0].shape[1]))

@@ -86,7 +86,9 @@ class Attention(nn.Module):
     decode_masks_padding: ClassVar[bool] = False
     # True if each head's output depends on that head's q, k, v alone, with no per-head
     # parameters, state or per-call draws: the layer may then run groups of heads as separate
-    # calls (`model.attention_chunks`) and get exactly the output of one call.
+    # calls (`model.attention_chunks`) and get exactly the output of one call. The class says
+    # it for the defaults; an option that adds per-head weights sets it False on the instance
+    # (DeltaNet's `short_conv`), and the layer reads the instance's.
     independent_heads: ClassVar[bool] = False
     # True if the kernel's work is a set of (query block, key block) pairs (exact attention
     # through SDPA's tiles, the fixed and the selected block patterns), so a mask that empties a

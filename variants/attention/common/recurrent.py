@@ -127,6 +127,9 @@ class RecurrentAttention(Attention):
         if self.short_conv:
             channels = 3 * n_heads * head_dim  # q, k and v of every head
             self.conv = nn.Conv1d(channels, channels, self.short_conv, groups=channels, bias=False)
+            # Its weights are per head: a group of heads alone would meet every head's
+            # channels, so the layer runs this kernel whole (`model.attention_chunks`).
+            self.independent_heads = False
         self.norm_weight = nn.Parameter(torch.ones(head_dim)) if self.output_norm else None
         self.a_log = self.dt_bias = None
         if self.decay == "mamba":  # per head; a kernel built alone (no n_heads): one for all
