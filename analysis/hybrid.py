@@ -200,3 +200,19 @@ def _accuracy_cell(rows: pd.DataFrame) -> str:
     if len(values) > 1:
         return f"{values.mean() * 100:.1f} ({values.min() * 100:.1f}–{values.max() * 100:.1f})"
     return f"{values.iloc[0] * 100:.1f}"
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`python -m analysis.hybrid SWEEP_DIR...`: the Hybrid stacks table, as Markdown."""
+    import argparse
+
+    from analysis.load import load_results
+
+    parser = argparse.ArgumentParser(prog="python -m analysis.hybrid", description=main.__doc__)
+    parser.add_argument("paths", nargs="+", help="sweep dirs or results files")
+    table = hybrid_table(load_results(parser.parse_args(argv).paths))
+    print(table.markdown() if table else "no hybrid stacks (model.layers) in these records")
+
+
+if __name__ == "__main__":
+    main()
