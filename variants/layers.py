@@ -18,7 +18,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from variants.attention.common.base import Attention, evaluating, replaying, shared_qk_keys
-from variants.attention.common.masking import left_pads
+from variants.attention.common.masking import left_pads, token_positions
 from variants.checks import (
     check_attention_mask,
     require_divisible,
@@ -35,11 +35,11 @@ def rotary(x: torch.Tensor, offset: int | torch.Tensor = 0) -> torch.Tensor:
     """Rotary position embedding (RoFormer, Su et al. 2021), halves form as in GPT-NeoX.
 
     x: (B, H, L, D), D even, at positions offset .. offset + L - 1 (a decoding step's are
-    after its cache's; `offset` (B,) a row's own, behind a left-padded prompt's pads) ->
-    (B, H, L, D). Feature pair (i, i + D/2) at position p is rotated
-    by the angle p * ROTARY_BASE^(-2i/D), so a dot product of a rotated query at m and a
-    rotated key at n depends on the two positions only through m - n. Computed in float32
-    or wider.
+    after its cache's; `offset` (B,) a row's own, behind a left-padded prompt's pads; (B, L)
+    each token's own, `masking.token_positions`) -> (B, H, L, D). Feature pair (i, i + D/2)
+    at position p is rotated by the angle p * ROTARY_BASE^(-2i/D), so a dot product of a
+    rotated query at m and a rotated key at n depends on the two positions only through
+    m - n. Computed in float32 or wider.
     """
     length, dim = x.shape[-2], x.shape[-1]
     half = dim // 2
@@ -47,8 +47,10 @@ def rotary(x: torch.Tensor, offset: int | torch.Tensor = 0) -> torch.Tensor:
     freqs = torch.exp(
         torch.arange(half, device=x.device, dtype=wide) * (-2 * math.log(ROTARY_BASE) / dim)
     )  # (D/2,)
-    if isinstance(offset, torch.Tensor):  # per row: (B, 1, L) positions
-        positions = torch.arange(length, device=x.device, dtype=wide) + offset.to(wide)[:, None]
+    if isinstance(offset, torch.Tensor):  # per row or per token: (B, 1, L) positions
+        positions = offset.to(wide)
+        if positions.dim() == 1:
+            positions = torch.arange(length, device=x.device, dtype=wide) + positions[:, None]
         positions = positions[:, None]
     else:
         positions = torch.arange(offset, offset + length, device=x.device, dtype=wide)  # (L,)
@@ -163,8 +165,9 @@ class SelfAttention(nn.Module):
             # sum x over every position, and 0 * NaN is NaN: padded tokens must hold zeros
             # from the start. Real outputs and gradients are those of any finite padding.
             x = x.masked_fill(~attention_mask[..., None], 0.0)
+        offset = self._offset(attention_mask, segment_ids)
         if self.head_groups > 1 and self.kernel.independent_heads:
-            return self.dropout(self._by_head_groups(x, masks))
+            return self.dropout(self._by_head_groups(x, masks, offset))
         batch, length, d_model = x.shape
         q, k, v = self._queries_keys_values(self.qkv(x))  # (B, L, d_model), k, v (B, L, kv)
         kv_heads = self.kv_heads
@@ -173,7 +176,7 @@ class SelfAttention(nn.Module):
         if self.config.positions == "rotary":
             # Rotated after the shared-QK keys are derived: a rotation keeps norms, so the keys
             # stay the unit keys of the rotated queries, and k = q stays k = q.
-            q, k = rotary(q, self._offset()), rotary(k, self._offset())
+            q, k = rotary(q, offset), rotary(k, offset)
         gates = None
         if self.gates is not None:
             gates = torch.sigmoid(self._heads(self.gates(x)))  # (B, H, L, n_gates)
@@ -251,14 +254,22 @@ class SelfAttention(nn.Module):
         with torch.no_grad(), evaluating(self), kernels_swapped([self], [bound]):
             return self(x)
 
-    def _offset(self) -> int | torch.Tensor:
-        """The position of x's first token: 0, or when the kernel is bound to a cache the
-        cache's (`CachedKernel.offset`, per row (B,) behind a left-padded prompt)."""
-        return self.kernel.offset() if isinstance(self.kernel, CachedKernel) else 0
+    def _offset(self, attention_mask=None, segment_ids=None) -> int | torch.Tensor:
+        """Where x's positions start: 0; given masks, each token's own (B, L), counted in its
+        row's or document's real tokens (`masking.token_positions`: a row as if alone); when
+        the kernel is bound to a cache the cache's (`CachedKernel.offset`, per row (B,) behind
+        a left-padded prompt)."""
+        if isinstance(self.kernel, CachedKernel):
+            return self.kernel.offset()
+        positions = token_positions(attention_mask, segment_ids)
+        return 0 if positions is None else positions
 
-    def _by_head_groups(self, x: torch.Tensor, masks: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    def _by_head_groups(
+        self, x: torch.Tensor, masks: Mapping[str, torch.Tensor], offset: int | torch.Tensor
+    ) -> torch.Tensor:
         """The attention before dropout, one group of heads at a time under checkpointing:
-        x (B, L, d_model) -> (B, L, d_model); `masks` as the kernel takes them."""
+        x (B, L, d_model) -> (B, L, d_model); `masks` as the kernel takes them, `offset` the
+        rotary positions (`_offset`)."""
         heads = torch.arange(self.n_heads, device=x.device)
         out = None
         for group in torch.tensor_split(heads, self.head_groups):
@@ -268,16 +279,21 @@ class SelfAttention(nn.Module):
                     x,
                     group,
                     masks,
+                    offset,
                     use_reentrant=False,
                     context_fn=_replay_on_recompute,
                 )
             else:
-                part = self._head_group(x, group, masks)
+                part = self._head_group(x, group, masks, offset)
             out = part if out is None else out + part  # (B, L, d_model)
         return out if self.out.bias is None else out + self.out.bias
 
     def _head_group(
-        self, x: torch.Tensor, group: torch.Tensor, masks: Mapping[str, torch.Tensor]
+        self,
+        x: torch.Tensor,
+        group: torch.Tensor,
+        masks: Mapping[str, torch.Tensor],
+        offset: int | torch.Tensor,
     ) -> torch.Tensor:
         """Heads `group` (indices): their projection, kernel and share of the output
         projection (without its bias), x (B, L, d_model) -> (B, L, d_model)."""
@@ -290,7 +306,7 @@ class SelfAttention(nn.Module):
         q, k, v = self._queries_keys_values(projected, len(group))  # each (B, L, G*head_dim)
         q, k, v = (self._heads(x, len(group)) for x in (q, k, v))  # each (B, G, L, head_dim)
         if self.config.positions == "rotary":
-            q, k = rotary(q), rotary(k)  # as in `forward`: after the shared-QK keys
+            q, k = rotary(q, offset), rotary(k, offset)  # as in `forward`
         gates = None
         if self.gates is not None:  # head h's gates are rows h n_gates ... of the projection
             n_gates = self.n_gates

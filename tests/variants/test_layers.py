@@ -248,6 +248,47 @@ def test_rotary_layer_hands_the_kernel_rotated_queries_and_keys(attention, share
         assert torch.equal(k, q) or torch.allclose(k.norm(dim=-1), k0.norm(dim=-1))
 
 
+def test_token_positions_count_the_real_tokens_before_each_in_its_document():
+    from variants.attention.common.masking import token_positions
+
+    mask = torch.tensor([[0, 0, 1, 1, 1, 1], [1, 1, 1, 1, 0, 0]], dtype=torch.bool)
+    segments = torch.tensor([[0, 0, 0, 1, 1, 2], [3, 3, 4, 4, 4, 4]])
+    for m, s in ((mask, None), (None, segments), (mask, segments)):
+        expected = torch.zeros(2, 6, dtype=torch.long)
+        for b in range(2):  # the reference: a loop counting real tokens since the document began
+            seen, doc = 0, None
+            for t in range(6):
+                if s is not None and s[b, t] != doc:
+                    seen, doc = 0, s[b, t]
+                real = m is None or bool(m[b, t])
+                expected[b, t] = max(seen + real - 1, 0)
+                seen += real
+        assert torch.equal(token_positions(m, s), expected), (m, s)
+    assert token_positions(None, None) is None
+
+
+@pytest.mark.parametrize("attention", ["linear", "full"])
+@pytest.mark.parametrize("chunks", [1, 2])
+def test_rotary_positions_of_a_padded_row_or_packed_document_are_its_own(attention, chunks):
+    """Linear attention's feature map is not rotation invariant: its outputs move if a row's
+    positions shift. A left-padded row and a packed document each equal themselves alone."""
+    torch.manual_seed(0)
+    layer = attention_layer(
+        16, 2, positions="rotary", attention=attention, attention_chunks=chunks
+    ).double()
+    x = torch.randn(2, 9, 16, dtype=torch.float64)
+    mask = torch.ones(2, 9, dtype=torch.bool)
+    mask[0, :3] = False  # row 0 left-padded by 3
+    out = layer(x, attention_mask=mask)
+    torch.testing.assert_close(out[0, 3:], layer(x[:1, 3:])[0])
+    torch.testing.assert_close(out[1], layer(x[1:])[0])
+    segments = torch.tensor([[0] * 4 + [1] * 5, [2] * 9])
+    packed = layer(x, segment_ids=segments)
+    torch.testing.assert_close(packed[0, 4:], layer(x[:1, 4:])[0])
+    if attention == "linear":  # absolute positions would have moved the padded row
+        assert not torch.allclose(layer(x[:1])[0, 3:], layer(x[:1, 3:])[0])
+
+
 def test_positions_option_is_checked():
     with pytest.raises(ValueError, match="'positions'"):
         ModelConfig(positions="alibi")

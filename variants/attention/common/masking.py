@@ -78,6 +78,27 @@ def left_pads(owner: str, attention_mask: torch.Tensor | None) -> torch.Tensor |
     return (~attention_mask).sum(dim=1)  # (B,)
 
 
+def token_positions(
+    attention_mask: torch.Tensor | None, segment_ids: torch.Tensor | None
+) -> torch.Tensor | None:
+    """Each token's position in its own sequence, (B, L) int64: the real tokens before it in
+    its document (its row without `segment_ids`), so a left-padded row and a packed document
+    count from 0 as when alone; None when neither mask is given. attention_mask (B, L) bool,
+    True = real; segment_ids (B, L) ints, each document contiguous. Pads get a neighbour's."""
+    given = attention_mask if attention_mask is not None else segment_ids
+    if given is None:
+        return None
+    real = torch.ones_like(given, dtype=torch.long) if attention_mask is None else attention_mask
+    real = real.long()
+    count = real.cumsum(-1)  # (B, L) real tokens up to and including each
+    if segment_ids is not None:
+        starts = torch.ones_like(segment_ids, dtype=torch.bool)
+        starts[:, 1:] = segment_ids[:, 1:] != segment_ids[:, :-1]
+        before = count - real  # real tokens strictly before: non-decreasing along a row
+        count = count - torch.where(starts, before, 0).cummax(dim=-1).values  # the document's
+    return (count - 1).clamp_min(0)
+
+
 def real_prefix(attention_mask: torch.Tensor) -> int:
     """The batch's real prefix: 1 + the last position real in some sequence (at least 1), so
     every position from there on is padding in every sequence (a right-padded batch's tail
