@@ -82,12 +82,12 @@ def test_the_preset_compares_each_efficient_layer_at_four_shares_of_full(resolve
     assert sorted(points) == ["cost_1024", "cost_256", "cost_4096", "recall_1024"]
     [override] = OverridesParser.create().parse_overrides([f"model.layers={swept['model.layers']}"])
     patterns = list(override.sweep_iterator())
-    assert len(patterns) == 10 and patterns[-1] is None
+    assert len(patterns) == 13 and patterns[-1] is None
     stacks = [record.stack_label(p, "full") for p in patterns]
     for efficient in ("gated_deltanet", "mamba2", "sliding_window"):
         assert {efficient, f"3×{efficient}+full", f"{efficient}+full"} <= set(stacks)
     assert "full" in stacks
-    assert len(set(stacks)) == 10
+    assert len(set(stacks)) == 13
     for pattern in patterns:
         ModelConfig(depth=4, layers=pattern)  # every stack fits the preset's depth
     for point in points:
