@@ -15,7 +15,7 @@ import re
 
 import pandas as pd
 
-from analysis import accuracy, decode_report, series
+from analysis import accuracy, decode_report, series, table_command
 from analysis.column_names import (
     DECODE_MS_PER_TOKEN,
     DECODE_STATE_BYTES,
@@ -204,14 +204,13 @@ def _accuracy_cell(rows: pd.DataFrame) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     """`python -m analysis.hybrid SWEEP_DIR...`: the Hybrid stacks table, as Markdown."""
-    import argparse
-
-    from analysis.load import load_results
-
-    parser = argparse.ArgumentParser(prog="python -m analysis.hybrid", description=main.__doc__)
-    parser.add_argument("paths", nargs="+", help="sweep dirs or results files")
-    table = hybrid_table(load_results(parser.parse_args(argv).paths))
-    print(table.markdown() if table else "no hybrid stacks (model.layers) in these records")
+    table_command.print_tables(
+        "python -m analysis.hybrid",
+        main.__doc__,
+        [hybrid_table],
+        "no hybrid stacks (model.layers) in these records",
+        argv,
+    )
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from analysis import accuracy, capacity, coverage, hybrid, series, suites
+from analysis import accuracy, capacity, coverage, hybrid, series, suites, table_command
 from analysis.column_names import ATTENTION, EVAL_ACCURACY, LAYERS, SEQ_LEN, TASK
 from analysis.load import format_value
 from analysis.markdown_table import Table
@@ -550,14 +550,13 @@ def published(frame: pd.DataFrame) -> Table | None:
 
 def main(argv: list[str] | None = None) -> None:
     """`python -m analysis.published SWEEP_DIR...`: the table, as Markdown."""
-    import argparse
-
-    from analysis.load import load_results
-
-    parser = argparse.ArgumentParser(prog="python -m analysis.published", description=main.__doc__)
-    parser.add_argument("paths", nargs="+", help="sweep dirs or results files")
-    table = published(load_results(parser.parse_args(argv).paths))
-    print(table.markdown() if table else "no published result can be checked on these records")
+    table_command.print_tables(
+        "python -m analysis.published",
+        main.__doc__,
+        [published],
+        "no published result can be checked on these records",
+        argv,
+    )
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from analysis import accuracy, series, tuning
+from analysis import accuracy, series, table_command, tuning
 from analysis.column_names import ATTENTION, EVAL_ACCURACY, SEQ_LEN, TASK
 from analysis.load import format_value
 from analysis.markdown_table import Table
@@ -237,15 +237,13 @@ def listops_table(frame: pd.DataFrame) -> Table | None:
 
 def main(argv: list[str] | None = None) -> None:
     """`python -m analysis.suites SWEEP_DIR...`: the MAD and ListOps tables, as Markdown."""
-    import argparse
-
-    from analysis.load import load_results
-
-    parser = argparse.ArgumentParser(prog="python -m analysis.suites", description=main.__doc__)
-    parser.add_argument("paths", nargs="+", help="sweep dirs or results files")
-    frame = load_results(parser.parse_args(argv).paths)
-    tables = [t for t in (mad_table(frame), listops_table(frame)) if t is not None]
-    print("\n\n".join(t.markdown() for t in tables) or "no MAD or ListOps records here")
+    table_command.print_tables(
+        "python -m analysis.suites",
+        main.__doc__,
+        [mad_table, listops_table],
+        "no MAD or ListOps records here",
+        argv,
+    )
 
 
 if __name__ == "__main__":
