@@ -44,15 +44,21 @@ def hybrid_records(frame: pd.DataFrame) -> pd.DataFrame:
     return frame[frame["sweep"].isin(sweeps) & frame[LAYERS].notna()]
 
 
+def entries(stack: str) -> list[str]:
+    """The layers of a stack's repeating unit, in order, each with its options:
+    "3×sliding_window(window=16)+full" -> [sliding_window(window=16) three times, full]."""
+    names = []
+    for part in str(stack).split("+"):
+        match = re.fullmatch(r"(?:(\d+)×)?(.+)", part)
+        count, entry = (int(match[1] or 1), match[2]) if match else (1, part)
+        names += [entry] * count
+    return names
+
+
 def unit(stack: str) -> list[str]:
     """The variants of a stack's repeating unit, in order: "3×deltanet+full" -> [deltanet,
     deltanet, deltanet, full] (options dropped: "full(impl=math)" is full)."""
-    names = []
-    for part in str(stack).split("+"):
-        match = re.fullmatch(r"(?:(\d+)×)?([^(]+)(?:\(.*\))?", part)
-        count, name = (int(match[1] or 1), match[2]) if match else (1, part)
-        names += [name] * count
-    return names
+    return [entry.split("(", 1)[0] for entry in entries(stack)]
 
 
 def full_share(stack: str) -> float:

@@ -187,11 +187,12 @@ def few_full_layers_recover_recall(frame: pd.DataFrame) -> tuple[str, str] | Non
         return None
     exact = at[full[0]]
     parts, holds = [], []
-    for variant in dict.fromkeys(n for s in at.index for n in hybrid.unit(s)):
+    # The efficient layer with its options: a 16-token window's stacks are not a 128-token's.
+    for variant in dict.fromkeys(n for s in at.index for n in hybrid.entries(s)):
         alone = [
-            s for s, share in shares.items() if share == 0 and set(hybrid.unit(s)) == {variant}
+            s for s, share in shares.items() if share == 0 and set(hybrid.entries(s)) == {variant}
         ]
-        mixed = [s for s, share in shares.items() if 0 < share < 1 and variant in hybrid.unit(s)]
+        mixed = [s for s, share in shares.items() if 0 < share < 1 and variant in hybrid.entries(s)]
         if not alone or not mixed:
             continue
         fewest = min(mixed, key=lambda s: shares[s])

@@ -173,6 +173,17 @@ def test_the_listops_table_is_its_snapshots():
     )
 
 
+def test_the_hybrid_table_is_its_snapshots():
+    from analysis import hybrid
+    from analysis.load import load_results
+
+    table = hybrid.hybrid_table(load_results([str(ROOT / "docs" / "results" / "hybrid.csv")]))
+    assert table is not None and table.markdown() in (DOCS / "hybrid.md").read_text(), (
+        "docs/hybrid.md's table is not its snapshot's: run "
+        "python -m analysis.hybrid docs/results/hybrid.csv"
+    )
+
+
 def test_the_coverage_table_is_its_snapshots():
     from analysis import coverage
     from analysis.load import load_results

@@ -241,3 +241,20 @@ def test_a_hybrid_with_few_full_layers_recovers_recall_or_not():
     unlearned = _hybrid({"full": 0.5, "deltanet": 0.3, "3×deltanet+full": 0.4}, learned_full=False)
     assert _verdicts(unlearned)[HYBRID] == "not comparable"
     assert HYBRID not in _verdicts(_capacity({"full": EXACT, "linear": EXACT}))
+
+
+def test_a_hybrid_is_read_against_its_own_efficient_layer_options_included():
+    small = "sliding_window(window=16)"
+    frame = _hybrid(
+        {
+            "full": 0.99,
+            "sliding_window": 0.05,
+            f"3×{small}+full": 0.97,  # the first hybrid of the fewest full layers
+            "3×sliding_window+full": 0.05,
+            small: 0.03,
+        }
+    )
+    row = published.published(frame).frame.set_index("published result").loc[HYBRID]
+    assert f"{small} 3.0 % → 3×{small}+full 97.0 %" in row["ours"]
+    assert "sliding_window 5.0 % → 3×sliding_window+full 5.0 %" in row["ours"]
+    assert row["verdict"] == "does not hold"
