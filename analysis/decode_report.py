@@ -13,7 +13,7 @@ from __future__ import annotations
 import pandas as pd
 from matplotlib.figure import Figure
 
-from analysis import series
+from analysis import series, table_command
 from analysis.column_names import (
     ATTENTION,
     BATCH_SIZE,
@@ -198,3 +198,18 @@ def cache_text(value: float) -> str:
 def context_text(length: float) -> str:
     """ "4K" for a multiple of 1,024 tokens, else "1,000"."""
     return f"{length / 1024:.0f}K" if length >= 1024 and length % 1024 == 0 else f"{length:,.0f}"
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`python -m analysis.decode_report SWEEP_DIR...`: the Decoding table, as Markdown."""
+    table_command.print_tables(
+        "python -m analysis.decode_report",
+        main.__doc__,
+        [decode_table],
+        "no decode measurements (measure.decode=true) in these records",
+        argv,
+    )
+
+
+if __name__ == "__main__":
+    main()

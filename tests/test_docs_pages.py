@@ -184,6 +184,17 @@ def test_the_hybrid_table_is_its_snapshots():
     )
 
 
+def test_the_decode_table_is_its_snapshots():
+    from analysis import decode_report
+    from analysis.load import load_results
+
+    frame = load_results([str(ROOT / "docs" / "results" / "decode.csv")])
+    assert decode_report.decode_table(frame).markdown() in (DOCS / "decode.md").read_text(), (
+        "docs/decode.md's table is not its snapshot's: run "
+        "python -m analysis.decode_report docs/results/decode.csv"
+    )
+
+
 def test_the_coverage_table_is_its_snapshots():
     from analysis import coverage
     from analysis.load import load_results
