@@ -99,7 +99,7 @@ def mad_records(frame: pd.DataFrame) -> pd.DataFrame:
     trained = series.trained_quality(mad, suites=True)
     if trained.empty:
         return trained
-    trained = accuracy.with_learned(trained)
+    trained = accuracy.with_learned(trained).copy()  # one block: the snapshot's wide frame
     return trained.assign(row=_names(trained))
 
 
@@ -183,7 +183,7 @@ def listops_records(frame: pd.DataFrame) -> pd.DataFrame:
     trained = series.trained_quality(frame[frame[TASK] == "listops"])
     if trained.empty:
         return trained
-    trained = accuracy.with_learned(trained)
+    trained = accuracy.with_learned(trained).copy()  # one block: the snapshot's wide frame
     return trained.assign(row=_names(trained))
 
 
