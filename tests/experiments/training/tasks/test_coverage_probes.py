@@ -76,7 +76,8 @@ def test_a_probes_pattern_covers_the_length_it_explains(resolved_config, probe):
     assert COVERS[attention["name"]](attention, covered_length(config))
 
 
-EXACT = [p for p in NAMES if not p.endswith(("compressed", "performer"))]  # their maps are learned
+# Compressed's and Performer's maps are learned or drawn: no covering probe of theirs is exact.
+EXACT = [p for p in NAMES if "compressed" not in p and "performer" not in p]
 
 
 @pytest.mark.parametrize("probe", EXACT)
