@@ -138,7 +138,7 @@ def _draw(name: str, frame: Callable[[], pd.DataFrame]) -> Callable[[], Figure |
         records = frame()
         if report.not_applicable(name, records) is not None:
             return None
-        return report.FIGURES[name][0](records)
+        return report.FIGURES[name].draw(records)
 
     return build
 
