@@ -24,15 +24,16 @@ from analysis import (
     capacity,
     decode_report,
     figures,
+    flop_rate,
     frontier,
     headline,
     hybrid,
+    kernel_time,
     knobs,
     load,
     measured,
     memory_depth,
     published,
-    scaling_fits,
     series,
     suites,
     trained_quality,
@@ -42,19 +43,6 @@ from analysis.markdown_table import Table
 from analysis.section import COST, DECODE, QUALITY, FigureSpec, Section, TableSpec
 from experiments.records.store import Unreadable
 
-KERNEL_TIME = Section(
-    "Kernel time and speed-ups over exact attention",
-    tables=(TableSpec(scaling_fits.variant_summary), TableSpec(scaling_fits.speedups)),
-    figures={
-        "time_vs_seq_len": FigureSpec(
-            figures.time_vs_seq_len,
-            "Kernel time against sequence length (log-log), forward and "
-            "forward+backward; legend: fitted exponent α and crossover L* against "
-            "exact attention (star), from the speed-ups each job measured in rounds alternating "
-            "the kernel with SDPA; third panel: those speed-ups (band: ± half their IQR).",
-        ),
-    },
-)
 HEAD_DIMS = Section(
     "Head dims",
     tables=(TableSpec(crossovers_by_head_dim), TableSpec(grouped_kv_heads)),
@@ -73,14 +61,6 @@ PEAK_MEMORY = Section(
             figures.depth, "Peak memory and step time against depth per block type."
         ),
     },
-)
-MEASURED = Section(
-    "Not measured, and timings to check",
-    tables=(
-        TableSpec(measured.failures),
-        TableSpec(scaling_fits.timing_warnings),
-        TableSpec(scaling_fits.explicit_path),
-    ),
 )
 APPROXIMATION_ERROR = Section(
     "Approximation error",
@@ -200,15 +180,6 @@ TRADEOFF = Section(
         ),
     },
 )
-FLOP_RATE = Section(
-    "Achieved FLOP rate",
-    figures={
-        "flops_fraction": FigureSpec(
-            figures.flops_fraction,
-            "Achieved useful GFLOP/s of the kernel as a fraction of the measured matmul rate.",
-        ),
-    },
-)
 DECODE_SECTION = Section(
     "Decoding",
     tables=(TableSpec(decode_report.decode_table, DECODE),),
@@ -232,10 +203,10 @@ HYBRID = Section("Hybrid stacks", tables=(TableSpec(hybrid.hybrid_table),))
 # measured, accuracy (approximation error, training, trained quality, capacity, state), the
 # suites and published results, the trade-off, the FLOP rate, decoding, hybrid stacks.
 SECTIONS: tuple[Section, ...] = (
-    KERNEL_TIME,
+    kernel_time.SECTION,
     HEAD_DIMS,
     PEAK_MEMORY,
-    MEASURED,
+    measured.SECTION,
     APPROXIMATION_ERROR,
     TRAINING_CURVES,
     TRAINED_QUALITY,
@@ -244,17 +215,17 @@ SECTIONS: tuple[Section, ...] = (
     SUITES,
     PUBLISHED,
     TRADEOFF,
-    FLOP_RATE,
+    flop_rate.SECTION,
     DECODE_SECTION,
     HYBRID,
 )
 # The order of its tables: SECTIONS', but the knob table (approximation error) after the
 # published results, where report.md has always had it.
 TABLE_ORDER: tuple[Section, ...] = (
-    KERNEL_TIME,
+    kernel_time.SECTION,
     HEAD_DIMS,
     PEAK_MEMORY,
-    MEASURED,
+    measured.SECTION,
     TRAINING_CURVES,
     TRAINED_QUALITY,
     CAPACITY,
@@ -263,7 +234,7 @@ TABLE_ORDER: tuple[Section, ...] = (
     PUBLISHED,
     APPROXIMATION_ERROR,
     TRADEOFF,
-    FLOP_RATE,
+    flop_rate.SECTION,
     DECODE_SECTION,
     HYBRID,
 )
@@ -518,10 +489,10 @@ def main(argv: list[str] | None = None) -> int:
         where = f": {error.filename}" if error.filename else ""
         print(f"error: --out {args.out}: {error.strerror or error}{where}", file=sys.stderr)
         return 1
-    summary = scaling_fits.variant_summary(frame)
+    summary = kernel_time.variant_summary(frame)
     if summary is not None:
         print(summary.markdown())
-    warned = scaling_fits.timing_warnings(frame)
+    warned = measured.timing_warnings(frame)
     if warned is not None:
         print(f"warning: {len(warned.frame)} timing warning(s): see report.md", file=sys.stderr)
     print(f"report: {args.out / 'report.md'} ({len(frame)} records, {len(pngs)} figures)")

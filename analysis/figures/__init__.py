@@ -1,7 +1,6 @@
 """The report's figures, grouped by what they show; each takes a results frame (`analysis.load`)
 and returns a matplotlib Figure.
 
-kernel_time          kernel time, crossovers and speed-ups over SDPA; achieved FLOP rate
 peak_memory          peak memory against sequence length; memory and step time against depth
 approximation_error  approximation error against length, each variant's knob, and kernel time
 quality              training curves and final losses; trained accuracy against length
@@ -11,7 +10,6 @@ style                the drawing kit they share (and `analysis.capacity`,
 """
 
 from analysis.figures.approximation_error import error_vs_knob, error_vs_seq_len, error_vs_time
-from analysis.figures.kernel_time import flops_fraction, time_vs_seq_len
 from analysis.figures.peak_memory import depth, memory_vs_seq_len
 from analysis.figures.quality import (
     accuracy_vs_seq_len,
@@ -28,12 +26,10 @@ __all__ = [
     "error_vs_knob",
     "error_vs_seq_len",
     "error_vs_time",
-    "flops_fraction",
     "memory_vs_seq_len",
     "nothing_drawn",
     "one_record_per_run",
     "series_styles",
-    "time_vs_seq_len",
     "tradeoff",
     "tradeoff_quality",
     "training_curves",

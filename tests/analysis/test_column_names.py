@@ -24,6 +24,8 @@ FIGURE_AND_TABLE_MODULES = sorted(
             for name in (
                 "markdown_table.py",
                 "scaling_fits.py",
+                "kernel_time.py",
+                "flop_rate.py",
                 "trained_quality.py",
                 "memory_depth.py",
                 "knobs.py",

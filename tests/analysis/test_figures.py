@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import pandas as pd
 import pytest
-from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
-from matplotlib.text import Text
 
-from analysis import figures, load, measured, memory_depth, report, scaling_fits, series
+from analysis import figures, kernel_time, load, report
 from analysis.figures import quality
 from tests.analysis.conftest import synthetic_records
+from tests.analysis.test_kernel_time import two_variants
 
 
 @pytest.fixture(scope="module")
@@ -19,59 +18,11 @@ def frame() -> pd.DataFrame:
     return load.tidy(pd.DataFrame(synthetic_records()))
 
 
-def texts(figure: Figure) -> list[str]:
-    """Every text drawn in the figure: titles, annotations, legend entries."""
-    found = [t.get_text() for t in figure.findobj(lambda a: hasattr(a, "get_text"))]
-    return [t for t in found if t]
-
-
-def test_scaling_fits_recover_exponents_and_crossover(frame):
-    labelled, keys = series.with_series(frame, x="seq_len")
-    fits = scaling_fits.scaling_fits(labelled, keys, "attn_fwd_bwd_ms")
-    assert fits["full"].power_law.exponent == pytest.approx(2.0, abs=1e-9)
-    assert fits["lsh"].power_law.exponent == pytest.approx(1.0, abs=1e-9)
-    assert fits["full"].crossover is None  # the reference itself
-    assert fits["lsh"].crossover.kind == "crossed"
-    assert fits["lsh"].crossover.length == pytest.approx(1000.0, rel=1e-6)
-
-
-def test_time_figure_has_exponents_crossover_and_failures(frame):
-    figure = figures.time_vs_seq_len(frame)
-    drawn = texts(figure)
-    assert any(t.startswith("full  α=2.00") for t in drawn)
-    assert any(t.startswith("lsh  α=1.00, L*=1,000") for t in drawn)
-    assert "L*≈1,000" in drawn  # the crossover's annotation by its star
-    stars = [line for ax in figure.axes for line in ax.get_lines() if line.get_marker() == "*"]
-    assert len(stars) == 2  # forward and forward+backward
-    assert drawn.count("oom×2") == 2  # both seeds of exact attention at 8192, in each panel
-    assert "linformer: skipped (no value)" in drawn
-    for ax in figure.axes:
-        assert ax.get_xscale() == ax.get_yscale() == "log"
-
-
 def test_seeds_are_drawn_as_a_band(frame):
     figure = figures.memory_vs_seq_len(
         frame.assign(peak_memory_bytes=frame["peak_memory_bytes"] * (1 + 0.1 * frame["seed"]))
     )
     assert figure.axes[0].collections  # fill_between bands
-
-
-def test_summary_table_reports_exponent_crossover_reach_and_failures(frame):
-    table = scaling_fits.variant_summary(frame).frame.set_index("variant")
-    assert table.loc["lsh", "α fwd+bwd"] == "1.00"
-    assert table.loc["full", "α fwd"] == "2.00"
-    assert table.loc["lsh", "L* fwd"] == table.loc["lsh", "L* fwd+bwd"] == "1,000"
-    assert table.loc["lsh", "longest L ok"] == "8,192"
-    assert table.loc["full", "longest L ok"] == "4,096"
-    assert table.loc["full", "failed at"] == "oom at 8,192"
-    assert table.loc["linformer", "failed at"] == "skipped at 1,024"
-    # Memory and error at the longest length both measured series reached.
-    assert table.loc["lsh", "step memory (MiB) @ L=4,096"] == "16.0"
-    assert table.loc["lsh", "rel. error @ L=4,096"] == "0.1"
-    assert table.loc["lsh", "fwd+bwd (ms) @ L=4,096"] == "123"  # 3 · 1e-2 · 4096, mean of seeds
-    failures = measured.failures(frame).frame
-    assert set(failures["status"]) == {"oom", "skipped"}
-    assert memory_depth.depth_table(frame) is None  # depth was not swept
 
 
 def test_every_figure_draws_for_results_without_any_measurement(frame, tmp_path):
@@ -82,47 +33,16 @@ def test_every_figure_draws_for_results_without_any_measurement(frame, tmp_path)
         figure.savefig(tmp_path / f"{name}.png")  # and it still saves: no log axis of nothing
 
 
-def two_variants(*families: tuple[str, float]) -> pd.DataFrame:
-    """Synthetic scaling records: exact attention (1e-5·L²) and each (name, crossover length)
-    family costing 1e-5·L²·(crossover/L)^0.9·... so that it crosses exact attention there."""
-    records = []
-    for length in (256, 512, 1024, 2048, 4096):
-        for name, crossover in (("full", None), *families):
-            cost = 1e-5 * length**2 if crossover is None else 1e-5 * crossover * length
-            records.append(
-                {
-                    "status": "ok",
-                    "attention": name,
-                    "block": "residual",
-                    "task": "random_lm",
-                    "seq_len": length,
-                    "attn_fwd_ms": cost,
-                    "attn_fwd_bwd_ms": 3 * cost,
-                    "timestamp": "2026-01-01T00:00:00",
-                }
-            )
-    return load.tidy(pd.DataFrame(records))
-
-
-def test_crossover_labels_never_overlap():
-    figure = figures.time_vs_seq_len(two_variants(("blockwise", 1000.0), ("compressed", 1050.0)))
-    renderer = FigureCanvasAgg(figure).get_renderer()
-    figure.draw(renderer)  # lays the labels out
-    for ax in figure.axes:
-        labels = [t for t in ax.texts if t.get_text().startswith("L*≈")]
-        assert sorted(t.get_text() for t in labels) == ["L*≈1,000", "L*≈1,050"]
-        first, second = (Text.get_window_extent(t, renderer) for t in labels)  # not the arrow
-        assert not first.overlaps(second)
-
-
 def line_colors(figure: Figure) -> dict[str, tuple]:
     lines = [line for ax in figure.axes[:1] for line in ax.get_lines() if line.get_label()]
     return {line.get_label().split()[0]: line.get_color() for line in lines}
 
 
 def test_a_variant_keeps_its_colour_in_every_report():
-    one = line_colors(figures.time_vs_seq_len(two_variants(("compressed", 900.0), ("lsh", 1e3))))
-    two = line_colors(figures.time_vs_seq_len(two_variants(("lsh", 1e3), ("blockwise", 800.0))))
+    one = line_colors(
+        kernel_time.time_vs_seq_len(two_variants(("compressed", 900.0), ("lsh", 1e3)))
+    )
+    two = line_colors(kernel_time.time_vs_seq_len(two_variants(("lsh", 1e3), ("blockwise", 800.0))))
     assert one["lsh"] == two["lsh"] == figures.variant_color("lsh")
     assert len({one["full"], one["compressed"], one["lsh"], two["blockwise"]}) == 4
     # A name the registry does not know (yet) gets a colour of its own name, every time.
@@ -183,27 +103,6 @@ def test_training_curve_legend_says_how_train_and_eval_are_drawn(frame):
     legend = [t.get_text() for t in figure.axes[0].get_legend().get_texts()]
     assert legend[-2:] == ["train loss (25-step mean)", "eval loss"]
     assert figure.axes[0].get_title() == "per step"
-
-
-def test_a_flagged_flop_fraction_is_drawn_hollow(frame):
-    flagged = frame.assign(
-        matmul_peak_gflops_per_s=100.0,
-        attn_fwd_gflops_per_s=50.0,
-        attn_fwd_bwd_gflops_per_s=50.0,
-        attn_fwd_bwd_matmul_fraction=0.5,
-        matmul_fraction_warning=False,
-    )
-    at = (flagged["attention"] == "lsh") & (flagged["seq_len"] == 1024)
-    flagged.loc[at, ["attn_fwd_bwd_matmul_fraction", "matmul_fraction_warning"]] = [1.4, True]
-    figure = figures.flops_fraction(flagged)
-    hollow = [
-        line
-        for line in figure.axes[1].get_lines()
-        if line.get_markerfacecolor() in ("white", (1.0, 1.0, 1.0, 1.0))
-    ]
-    assert len(hollow) == 1  # lsh's two seeds at 1024, nothing else
-    assert set(hollow[0].get_xdata()) == {1024} and set(hollow[0].get_ydata()) == {1.4}
-    assert any(t.startswith("hollow: above 1.05") for t in texts(figure))
 
 
 def test_training_curves_draw_each_variants_chosen_rate_of_a_grid_only():
