@@ -21,6 +21,7 @@ from pathlib import Path
 import pandas as pd
 
 from analysis import (
+    approximation_error,
     capacity,
     decode_report,
     figures,
@@ -29,10 +30,9 @@ from analysis import (
     headline,
     hybrid,
     kernel_time,
-    knobs,
     load,
     measured,
-    memory_depth,
+    peak_memory,
     published,
     series,
     suites,
@@ -46,43 +46,6 @@ from experiments.records.store import Unreadable
 HEAD_DIMS = Section(
     "Head dims",
     tables=(TableSpec(crossovers_by_head_dim), TableSpec(grouped_kv_heads)),
-)
-PEAK_MEMORY = Section(
-    "Peak memory",
-    tables=(TableSpec(memory_depth.depth_table),),
-    figures={
-        "memory_vs_seq_len": FigureSpec(
-            figures.memory_vs_seq_len,
-            "Peak memory against sequence length (log-log): the attention kernel alone "
-            "(forward+backward, with its saved activations and input gradients) and a whole "
-            "training step; legend: fitted exponent α.",
-        ),
-        "depth": FigureSpec(
-            figures.depth, "Peak memory and step time against depth per block type."
-        ),
-    },
-)
-APPROXIMATION_ERROR = Section(
-    "Approximation error",
-    tables=(TableSpec(knobs.error_by_knob),),
-    figures={
-        "error_vs_seq_len": FigureSpec(
-            figures.error_vs_seq_len,
-            "Relative approximation error against exact attention vs sequence length, on the "
-            "trained reference's q, k, v (only within its trained length), and beside it the "
-            "kernel swap: Δ bits/byte on held-out text when the kernel replaces exact attention "
-            "in the reference.",
-        ),
-        "error_vs_knob": FigureSpec(
-            figures.error_vs_knob, "Approximation error against each variant's knob."
-        ),
-        "error_vs_time": FigureSpec(
-            figures.error_vs_time,
-            "What accuracy costs: approximation error against the kernel's forward+backward "
-            "time at one length; a variant's points are joined along its first knob, each "
-            "labelled with the knob's value.",
-        ),
-    },
 )
 TRAINING_CURVES = Section(
     "Training curves",
@@ -205,9 +168,9 @@ HYBRID = Section("Hybrid stacks", tables=(TableSpec(hybrid.hybrid_table),))
 SECTIONS: tuple[Section, ...] = (
     kernel_time.SECTION,
     HEAD_DIMS,
-    PEAK_MEMORY,
+    peak_memory.SECTION,
     measured.SECTION,
-    APPROXIMATION_ERROR,
+    approximation_error.SECTION,
     TRAINING_CURVES,
     TRAINED_QUALITY,
     CAPACITY,
@@ -224,7 +187,7 @@ SECTIONS: tuple[Section, ...] = (
 TABLE_ORDER: tuple[Section, ...] = (
     kernel_time.SECTION,
     HEAD_DIMS,
-    PEAK_MEMORY,
+    peak_memory.SECTION,
     measured.SECTION,
     TRAINING_CURVES,
     TRAINED_QUALITY,
@@ -232,7 +195,7 @@ TABLE_ORDER: tuple[Section, ...] = (
     FRONTIER,
     SUITES,
     PUBLISHED,
-    APPROXIMATION_ERROR,
+    approximation_error.SECTION,
     TRADEOFF,
     flop_rate.SECTION,
     DECODE_SECTION,

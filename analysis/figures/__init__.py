@@ -1,16 +1,12 @@
 """The report's figures, grouped by what they show; each takes a results frame (`analysis.load`)
 and returns a matplotlib Figure.
 
-peak_memory          peak memory against sequence length; memory and step time against depth
-approximation_error  approximation error against length, each variant's knob, and kernel time
 quality              training curves and final losses; trained accuracy against length
 tradeoff             quality against speed against memory at one length
 style                the drawing kit they share (and `analysis.capacity`,
                      `analysis.decode_report` use)
 """
 
-from analysis.figures.approximation_error import error_vs_knob, error_vs_seq_len, error_vs_time
-from analysis.figures.peak_memory import depth, memory_vs_seq_len
 from analysis.figures.quality import (
     accuracy_vs_seq_len,
     one_record_per_run,
@@ -22,11 +18,6 @@ from analysis.figures.tradeoff import tradeoff, tradeoff_quality
 
 __all__ = [
     "accuracy_vs_seq_len",
-    "depth",
-    "error_vs_knob",
-    "error_vs_seq_len",
-    "error_vs_time",
-    "memory_vs_seq_len",
     "nothing_drawn",
     "one_record_per_run",
     "series_styles",

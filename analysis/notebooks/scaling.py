@@ -22,7 +22,7 @@
 # %matplotlib inline
 from IPython.display import Markdown
 
-from analysis import figures, flop_rate, kernel_time, load, measured, report
+from analysis import flop_rate, kernel_time, load, measured, peak_memory, report
 
 # %% tags=["parameters"]
 RESULTS = ["../../multirun/scaling"]  # paths relative to this notebook's folder
@@ -35,7 +35,7 @@ Markdown(report.markdown_tables(frame, [kernel_time.variant_summary, measured.fa
 kernel_time.time_vs_seq_len(frame)
 
 # %%
-figures.memory_vs_seq_len(frame)
+peak_memory.memory_vs_seq_len(frame)
 
 # %%
 flop_rate.flops_fraction(frame)

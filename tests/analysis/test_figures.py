@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 from matplotlib.figure import Figure
 
-from analysis import figures, kernel_time, load, report
+from analysis import figures, kernel_time, load, peak_memory, report
 from analysis.figures import quality
 from tests.analysis.conftest import synthetic_records
 from tests.analysis.test_kernel_time import two_variants
@@ -16,13 +16,6 @@ from tests.analysis.test_kernel_time import two_variants
 @pytest.fixture(scope="module")
 def frame() -> pd.DataFrame:
     return load.tidy(pd.DataFrame(synthetic_records()))
-
-
-def test_seeds_are_drawn_as_a_band(frame):
-    figure = figures.memory_vs_seq_len(
-        frame.assign(peak_memory_bytes=frame["peak_memory_bytes"] * (1 + 0.1 * frame["seed"]))
-    )
-    assert figure.axes[0].collections  # fill_between bands
 
 
 def test_every_figure_draws_for_results_without_any_measurement(frame, tmp_path):
@@ -65,19 +58,13 @@ def test_block_types_have_their_own_line_styles():
         for block in ("residual", "reversible", "checkpoint")
         for depth in (1, 2, 4)
     ]
-    figure = figures.depth(load.tidy(pd.DataFrame(records)))
+    figure = peak_memory.depth(load.tidy(pd.DataFrame(records)))
     styles = {line.get_label(): line.get_linestyle() for line in figure.axes[0].get_lines()}
     assert styles == {
         "full block=residual": "-",
         "full block=reversible": "--",
         "full block=checkpoint": ":",
     }
-
-
-def test_error_vs_knob_is_left_out_when_no_knob_was_swept(frame):
-    assert "no variant's option was swept" in figures.nothing_drawn(figures.error_vs_knob(frame))
-    swept = frame.assign(**{"attention.n_hashes": frame["seed"] + 1})  # 1 and 2 hashes
-    assert figures.nothing_drawn(figures.error_vs_knob(swept)) is None
 
 
 def test_curves_of_a_few_random_token_steps_are_not_drawn_and_the_report_says_why(frame):

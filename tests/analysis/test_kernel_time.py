@@ -8,7 +8,7 @@ import pytest
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.text import Text
 
-from analysis import kernel_time, load, measured, memory_depth
+from analysis import kernel_time, load, measured, peak_memory
 from tests.analysis.conftest import synthetic_records, texts
 
 
@@ -46,7 +46,7 @@ def test_summary_table_reports_exponent_crossover_reach_and_failures(frame):
     assert table.loc["lsh", "fwd+bwd (ms) @ L=4,096"] == "123"  # 3 · 1e-2 · 4096, mean of seeds
     failures = measured.failures(frame).frame
     assert set(failures["status"]) == {"oom", "skipped"}
-    assert memory_depth.depth_table(frame) is None  # depth was not swept
+    assert peak_memory.depth_table(frame) is None  # depth was not swept
 
 
 def two_variants(*families: tuple[str, float]) -> pd.DataFrame:
