@@ -34,9 +34,10 @@ from analysis import (
     measured,
     peak_memory,
     published,
-    series,
     suites,
+    tradeoff,
     trained_quality,
+    training_curves,
 )
 from analysis.head_dims import crossovers_by_head_dim, grouped_kv_heads
 from analysis.markdown_table import Table
@@ -46,43 +47,6 @@ from experiments.records.store import Unreadable
 HEAD_DIMS = Section(
     "Head dims",
     tables=(TableSpec(crossovers_by_head_dim), TableSpec(grouped_kv_heads)),
-)
-TRAINING_CURVES = Section(
-    "Training curves",
-    figures={
-        "training_curves": FigureSpec(
-            figures.training_curves,
-            "Training and eval loss per step (from the W&B runs; training loss as a 25-step "
-            "running mean) and final losses, one per run (a recall mixture's job, not each of "
-            "its counts), of the runs that trained 100 steps or more on a task with a quality "
-            "signal.",
-            when=figures.why_no_curves,
-            reads=QUALITY,
-        ),
-    },
-)
-TRAINED_QUALITY = Section(
-    "Trained quality",
-    tables=(
-        TableSpec(trained_quality.cross_evaluation),
-        TableSpec(trained_quality.quality, QUALITY),
-        TableSpec(trained_quality.quality_by_length, QUALITY),
-    ),
-    figures={
-        "accuracy_vs_seq_len": FigureSpec(
-            figures.accuracy_vs_seq_len,
-            "Trained accuracy against sequence length per variant: mean over seeds, band "
-            "min–max; dotted: the 90 % exact attention must reach for the setup to measure "
-            "anything; dashed: chance; dash-dotted: the key-blind floor measured on the same "
-            "batches; a variant that never reached 90 % is labelled not learned in the legend.",
-            when=lambda frame: (
-                None
-                if series.trained_quality(frame)["seq_len"].nunique() > 1
-                else "no trained accuracy at two lengths or more (random-token loss is not quality)"
-            ),
-            reads=QUALITY,
-        ),
-    },
 )
 CAPACITY = Section(
     "Recall capacity",
@@ -124,25 +88,6 @@ SUITES = Section(
     tables=(TableSpec(suites.mad_table, QUALITY), TableSpec(suites.listops_table, QUALITY)),
 )
 PUBLISHED = Section("Published results", tables=(TableSpec(published.published, QUALITY),))
-TRADEOFF = Section(
-    "Quality, speed and memory",
-    figures={
-        "tradeoff": FigureSpec(
-            figures.tradeoff,
-            "Quality against the kernel's forward+backward time at the longest length with "
-            "both (trained accuracy, else the error on trained activations; never random-token "
-            "loss); marker area is the kernel's own peak memory (forward+backward; a training "
-            "step's for records without it).",
-            when=lambda frame: (
-                None
-                if figures.tradeoff_quality(frame) is not None
-                else "no trained quality and no error on trained activations: nothing to trade "
-                "off (random-token loss is not quality)"
-            ),
-            reads=QUALITY,
-        ),
-    },
-)
 DECODE_SECTION = Section(
     "Decoding",
     tables=(TableSpec(decode_report.decode_table, DECODE),),
@@ -171,13 +116,13 @@ SECTIONS: tuple[Section, ...] = (
     peak_memory.SECTION,
     measured.SECTION,
     approximation_error.SECTION,
-    TRAINING_CURVES,
-    TRAINED_QUALITY,
+    training_curves.SECTION,
+    trained_quality.SECTION,
     CAPACITY,
     FRONTIER,
     SUITES,
     PUBLISHED,
-    TRADEOFF,
+    tradeoff.SECTION,
     flop_rate.SECTION,
     DECODE_SECTION,
     HYBRID,
@@ -189,14 +134,14 @@ TABLE_ORDER: tuple[Section, ...] = (
     HEAD_DIMS,
     peak_memory.SECTION,
     measured.SECTION,
-    TRAINING_CURVES,
-    TRAINED_QUALITY,
+    training_curves.SECTION,
+    trained_quality.SECTION,
     CAPACITY,
     FRONTIER,
     SUITES,
     PUBLISHED,
     approximation_error.SECTION,
-    TRADEOFF,
+    tradeoff.SECTION,
     flop_rate.SECTION,
     DECODE_SECTION,
     HYBRID,

@@ -15,7 +15,7 @@ from analysis import column_names
 from experiments.records.record import SCHEMA
 
 ANALYSIS = Path(__file__).resolve().parents[2] / "analysis"
-# The modules that draw figures or build tables (figures/__init__.py only re-exports them).
+# The modules that draw figures or build tables (figures/__init__.py only re-exports the kit).
 FIGURE_AND_TABLE_MODULES = sorted(
     [
         *(p for p in (ANALYSIS / "figures").glob("*.py") if p.name != "__init__.py"),
@@ -27,6 +27,8 @@ FIGURE_AND_TABLE_MODULES = sorted(
                 "kernel_time.py",
                 "flop_rate.py",
                 "trained_quality.py",
+                "training_curves.py",
+                "tradeoff.py",
                 "peak_memory.py",
                 "approximation_error.py",
                 "measured.py",
