@@ -27,6 +27,7 @@ from analysis import (
     figures,
     flop_rate,
     frontier,
+    head_dims,
     headline,
     hybrid,
     kernel_time,
@@ -39,72 +40,15 @@ from analysis import (
     trained_quality,
     training_curves,
 )
-from analysis.head_dims import crossovers_by_head_dim, grouped_kv_heads
 from analysis.markdown_table import Table
 from analysis.section import COST, DECODE, QUALITY, FigureSpec, Section, TableSpec
 from experiments.records.store import Unreadable
 
-HEAD_DIMS = Section(
-    "Head dims",
-    tables=(TableSpec(crossovers_by_head_dim), TableSpec(grouped_kv_heads)),
-)
-CAPACITY = Section(
-    "Recall capacity",
-    tables=(TableSpec(capacity.capacity), TableSpec(capacity.accuracy_by_pairs)),
-    figures={
-        "accuracy_vs_pairs": FigureSpec(
-            capacity.accuracy_vs_pairs,
-            "Recall capacity: trained accuracy against the number of key-value pairs per head "
-            "dim (mean, band min–max over seeds); dashed: chance, dash-dotted: the key-blind "
-            "floor.",
-            when=lambda frame: (
-                None
-                if not capacity.capacity_records(frame).empty
-                else "no trained accuracy over several n_pairs at one length (the capacity preset)"
-            ),
-        ),
-    },
-)
-FRONTIER = Section(
-    "Recall against decoding state",
-    tables=(TableSpec(frontier.frontier_table),),
-    figures={
-        "recall_vs_state": FigureSpec(
-            frontier.recall_vs_state,
-            "Recall against decoding state (Zoology, Based): each variant's MQAR recall on the "
-            "capacity preset (mean over the pair counts) against the bytes its decoder keeps "
-            "per sequence at that length (decode_state_bytes); marker per head dim, hollow: "
-            "not learned; dashed: the Pareto frontier.",
-            when=lambda frame: (
-                None
-                if frontier.has_points(frame)
-                else "no capacity records with decode_state_bytes (measure.decode_state)"
-            ),
-        ),
-    },
-)
 SUITES = Section(
     "MAD and ListOps",
     tables=(TableSpec(suites.mad_table, QUALITY), TableSpec(suites.listops_table, QUALITY)),
 )
 PUBLISHED = Section("Published results", tables=(TableSpec(published.published, QUALITY),))
-DECODE_SECTION = Section(
-    "Decoding",
-    tables=(TableSpec(decode_report.decode_table, DECODE),),
-    figures={
-        "decode_vs_context": FigureSpec(
-            decode_report.decode_vs_context,
-            "Decoding: the kernel's time per token appended to a cache of L tokens, and the "
-            "cache's size after the prefill, against the context L (log-log; measure.decode).",
-            when=lambda frame: (
-                None
-                if decode_report.has_decode(frame)
-                else "no decode measurements (measure.decode=true)"
-            ),
-            reads=DECODE,
-        ),
-    },
-)
 HYBRID = Section("Hybrid stacks", tables=(TableSpec(hybrid.hybrid_table),))
 
 # The report's sections, in the order of its figures: cost (time, memory), what was not
@@ -112,38 +56,38 @@ HYBRID = Section("Hybrid stacks", tables=(TableSpec(hybrid.hybrid_table),))
 # suites and published results, the trade-off, the FLOP rate, decoding, hybrid stacks.
 SECTIONS: tuple[Section, ...] = (
     kernel_time.SECTION,
-    HEAD_DIMS,
+    head_dims.SECTION,
     peak_memory.SECTION,
     measured.SECTION,
     approximation_error.SECTION,
     training_curves.SECTION,
     trained_quality.SECTION,
-    CAPACITY,
-    FRONTIER,
+    capacity.SECTION,
+    frontier.SECTION,
     SUITES,
     PUBLISHED,
     tradeoff.SECTION,
     flop_rate.SECTION,
-    DECODE_SECTION,
+    decode_report.SECTION,
     HYBRID,
 )
 # The order of its tables: SECTIONS', but the knob table (approximation error) after the
 # published results, where report.md has always had it.
 TABLE_ORDER: tuple[Section, ...] = (
     kernel_time.SECTION,
-    HEAD_DIMS,
+    head_dims.SECTION,
     peak_memory.SECTION,
     measured.SECTION,
     training_curves.SECTION,
     trained_quality.SECTION,
-    CAPACITY,
-    FRONTIER,
+    capacity.SECTION,
+    frontier.SECTION,
     SUITES,
     PUBLISHED,
     approximation_error.SECTION,
     tradeoff.SECTION,
     flop_rate.SECTION,
-    DECODE_SECTION,
+    decode_report.SECTION,
     HYBRID,
 )
 
