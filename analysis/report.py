@@ -44,6 +44,8 @@ from analysis.markdown_table import Table
 from analysis.section import COST, DECODE, QUALITY, FigureSpec, Section, TableSpec
 from experiments.records.store import Unreadable
 
+# The sections of the modules that hold their tables alone and are left as other work has them
+# (their tables' functions are named elsewhere): declared here instead of in the module.
 SUITES = Section(
     "MAD and ListOps",
     tables=(TableSpec(suites.mad_table, QUALITY), TableSpec(suites.listops_table, QUALITY)),
@@ -51,9 +53,10 @@ SUITES = Section(
 PUBLISHED = Section("Published results", tables=(TableSpec(published.published, QUALITY),))
 HYBRID = Section("Hybrid stacks", tables=(TableSpec(hybrid.hybrid_table),))
 
-# The report's sections, in the order of its figures: cost (time, memory), what was not
-# measured, accuracy (approximation error, training, trained quality, capacity, state), the
-# suites and published results, the trade-off, the FLOP rate, decoding, hybrid stacks.
+# The report's sections, in the order of its figures: cost (kernel time and its head-dim
+# tables, memory), what was not measured, accuracy (approximation error, training curves,
+# trained quality, capacity, recall against state), the suites and published results, the
+# trade-off, the FLOP rate, decoding, hybrid stacks.
 SECTIONS: tuple[Section, ...] = (
     kernel_time.SECTION,
     head_dims.SECTION,
@@ -71,8 +74,8 @@ SECTIONS: tuple[Section, ...] = (
     decode_report.SECTION,
     HYBRID,
 )
-# The order of its tables: SECTIONS', but the knob table (approximation error) after the
-# published results, where report.md has always had it.
+# The order of its tables (report.md lists every table, then every figure): SECTIONS', but the
+# knob table (approximation error) after the published results, where report.md has it.
 TABLE_ORDER: tuple[Section, ...] = (
     kernel_time.SECTION,
     head_dims.SECTION,
