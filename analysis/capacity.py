@@ -6,7 +6,8 @@ and is recorded at each): per variant and head dim (d_model / n_heads), the trai
 number of pairs, and the variant's *capacity*: the largest n_pairs up to which it stays within
 `WITHIN` of exact attention's accuracy at the same head dim (every smaller point too).
 Fixed-state kernels (linear, Performer) are expected to fall as the pairs outgrow their state,
-and to hold more pairs at a larger head dim; attention and LSH are not.
+and to hold more pairs at a larger head dim; attention and LSH are not. The report's section
+(`SECTION`): both tables and the figure of accuracy against pairs.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from analysis.column_names import ATTENTION, D_MODEL, EVAL_ACCURACY, HEAD_DIM, N
 from analysis.figures import style
 from analysis.load import format_value
 from analysis.markdown_table import Table
+from analysis.section import FigureSpec, Section, TableSpec
 
 PAIRS = "task.n_pairs"
 # The counts a mixture-trained job drew from (experiments/training/tasks/recall.py).
@@ -283,3 +285,22 @@ def _lines(ax: Axes, records: pd.DataFrame) -> None:
             linewidth=1,
             label="key-blind floor",
         )
+
+
+SECTION = Section(
+    "Recall capacity",
+    tables=(TableSpec(capacity), TableSpec(accuracy_by_pairs)),
+    figures={
+        "accuracy_vs_pairs": FigureSpec(
+            accuracy_vs_pairs,
+            "Recall capacity: trained accuracy against the number of key-value pairs per head "
+            "dim (mean, band min–max over seeds); dashed: chance, dash-dotted: the key-blind "
+            "floor.",
+            when=lambda frame: (
+                None
+                if not capacity_records(frame).empty
+                else "no trained accuracy over several n_pairs at one length (the capacity preset)"
+            ),
+        ),
+    },
+)

@@ -2,7 +2,7 @@
 
     python -m analysis.crossovers multirun/scaling [more results ...]
 
-The same table as report.md's "Speed-up over exact attention" (`analysis.scaling_fits.speedups`),
+The same table as report.md's "Speed-up over exact attention" (`analysis.kernel_time.speedups`),
 from the records' `speedup_vs_sdpa` (and `speedup_vs_math`) columns, without building the
 figures: the quick way to compare the crossovers of two runs.
 """
@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from analysis import load, scaling_fits
+from analysis import kernel_time, load
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -24,7 +24,7 @@ def main(argv: list[str] | None = None) -> int:
     except (FileNotFoundError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
-    table = scaling_fits.speedups(frame) if not frame.empty else None
+    table = kernel_time.speedups(frame) if not frame.empty else None
     if table is None:
         print(
             f"error: no efficient variant with speedup_vs_sdpa in {', '.join(args.results)}",

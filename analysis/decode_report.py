@@ -1,7 +1,7 @@
 """What the report says about decoding (records of `measure.decode`,
 experiments/measurement/decode_cost.py): a figure of per-token time and cache memory against
-the context, a table of both per variant and context, and one headline clause per variant at the
-longest context.
+the context, a table of both per variant and context (the report's section: `SECTION`), and one
+headline clause per variant at the longest context.
 
 A series is a variant plus the context columns that differ (batch size, ...), as in every
 other figure (`series.with_series`); the x axis is the job's seq_len, the context the tokens
@@ -26,6 +26,7 @@ from analysis.column_names import (
 )
 from analysis.figures import style
 from analysis.markdown_table import Table
+from analysis.section import DECODE, FigureSpec, Section, TableSpec
 from experiments.records.record import MIB
 
 SCOPE = "measure.decode_scope"  # kernel (older records: no such key) | model
@@ -198,6 +199,23 @@ def cache_text(value: float) -> str:
 def context_text(length: float) -> str:
     """ "4K" for a multiple of 1,024 tokens, else "1,000"."""
     return f"{length / 1024:.0f}K" if length >= 1024 and length % 1024 == 0 else f"{length:,.0f}"
+
+
+SECTION = Section(
+    "Decoding",
+    tables=(TableSpec(decode_table, DECODE),),
+    figures={
+        "decode_vs_context": FigureSpec(
+            decode_vs_context,
+            "Decoding: the kernel's time per token appended to a cache of L tokens, and the "
+            "cache's size after the prefill, against the context L (log-log; measure.decode).",
+            when=lambda frame: (
+                None if has_decode(frame) else "no decode measurements (measure.decode=true)"
+            ),
+            reads=DECODE,
+        ),
+    },
+)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -26,6 +26,7 @@ from analysis.decode_report import cache_text
 from analysis.figures import style
 from analysis.load import format_value
 from analysis.markdown_table import Table
+from analysis.section import FigureSpec, Section, TableSpec
 from experiments.records.store import has_hybrid
 
 STATE = "state_bytes"  # per sequence
@@ -217,3 +218,23 @@ def recall_vs_state(frame: pd.DataFrame) -> Figure:
     ax.set_ylim(-2, 102)
     style.legend_below(ax, handles, ncol=2 if len(handles) > 6 else 1)
     return style.finish(fig)
+
+
+SECTION = Section(
+    "Recall against decoding state",
+    tables=(TableSpec(frontier_table),),
+    figures={
+        "recall_vs_state": FigureSpec(
+            recall_vs_state,
+            "Recall against decoding state (Zoology, Based): each variant's MQAR recall on the "
+            "capacity preset (mean over the pair counts) against the bytes its decoder keeps "
+            "per sequence at that length (decode_state_bytes); marker per head dim, hollow: "
+            "not learned; dashed: the Pareto frontier.",
+            when=lambda frame: (
+                None
+                if has_points(frame)
+                else "no capacity records with decode_state_bytes (measure.decode_state)"
+            ),
+        ),
+    },
+)

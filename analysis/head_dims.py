@@ -1,4 +1,4 @@
-"""report.md's tables for a sweep over head dims (`+experiment=heads`).
+"""report.md's section (`SECTION`) for a sweep over head dims (`+experiment=heads`), two tables:
 
 - `crossovers_by_head_dim`: per variant, its crossover L* against exact attention at each head
   dim, plain multi-head (`n_kv_heads` = `n_heads`), and which way it moves from the smallest
@@ -32,6 +32,7 @@ from analysis.column_names import (
 )
 from analysis.load import format_value
 from analysis.markdown_table import Table
+from analysis.section import Section, TableSpec
 
 # The series keys that are the heads themselves: a row of these tables is a variant (and any
 # other key that varies), its columns the head dims (and KV heads).
@@ -238,3 +239,9 @@ def _mean_ratio(grouped: pd.DataFrame, base: pd.DataFrame, metric: str) -> float
 
 def _length(value) -> str:
     return f"{float(value):,.0f}"
+
+
+SECTION = Section(
+    "Head dims",
+    tables=(TableSpec(crossovers_by_head_dim), TableSpec(grouped_kv_heads)),
+)

@@ -1,12 +1,8 @@
 """report.md's tables as Markdown: `Table` and the cell helpers every table shares.
 
 Each builder takes the results frame and returns a `Table`, or None when the results hold
-nothing for it (so a report shows only the tables its sweep can fill). The builders live beside
-their topic: kernel time and crossovers in `analysis.scaling_fits`, trained quality in
-`analysis.trained_quality`, memory against depth in `analysis.memory_depth`, approximation error
-against each knob in `analysis.knobs`, recall capacity in `analysis.capacity`, published results
-in `analysis.published`, decoding in `analysis.decode_report`, and what was measured and what
-was not in `analysis.measured`.
+nothing for it (so a report shows only the tables its sweep can fill). The builders live in the
+report's sections, with the figures of their topic (`analysis.report.SECTIONS`).
 
 A row of configurations starts with `variant` and one column per key that varies in the
 results (`series.key_values`: the attention's varying options, then block, depth, threads, ...),

@@ -1,6 +1,7 @@
-"""What the results are: where, when and with what they were measured (`provenance`, the
-bullets under report.md's headline), and every configuration that was not measured
-(`failures`, the "Not measured" table)."""
+"""What the results are and how far to trust them: where, when and with what they were measured
+(`provenance`, the bullets under report.md's headline), and the report's section (`SECTION`) of
+every configuration that was not measured (`failures`), timings not to take at face value
+(`timing_warnings`) and kernels timed on the explicit path (`explicit_path`)."""
 
 from __future__ import annotations
 
@@ -8,19 +9,32 @@ import pandas as pd
 
 from analysis import series
 from analysis.column_names import (
+    ATTENTION,
+    BATCH_SIZE,
+    CAUSAL,
+    D_MODEL,
     DEVICE,
     DEVICE_NAME,
+    DTYPE,
     ERROR,
     GIT_COMMIT,
     HOSTNAME,
+    JOB,
+    KERNEL_PATH,
+    N_HEADS,
     SEQ_LEN,
+    SHARED_QK,
     STATUS,
     SWEEP,
     THREADS,
     TIMESTAMP,
+    TIMING_WARNING,
     TORCH_VERSION,
 )
+from analysis.load import format_value
 from analysis.markdown_table import Table, distinct, format_length, with_keys
+from analysis.scaling_fits import TIME_METRICS
+from analysis.section import Section, TableSpec
 from experiments.records import record
 
 
@@ -64,3 +78,95 @@ def provenance(frame: pd.DataFrame) -> list[str]:
     if len(stamps):
         lines.append(f"- measured: {stamps.min()} … {stamps.max()}")
     return lines
+
+
+# What a kernel's time depends on: records agreeing on all of these time the same kernel, so
+# their times must agree (a different block, depth or task cannot matter to the kernel alone).
+KERNEL_INPUTS = (
+    SEQ_LEN,
+    BATCH_SIZE,
+    N_HEADS,
+    D_MODEL,
+    CAUSAL,
+    DTYPE,
+    DEVICE,
+    THREADS,
+    SHARED_QK,
+    HOSTNAME,
+    SWEEP,
+)
+KERNEL_DISAGREEMENT = 3.0  # a kernel time this many times the same kernel's fastest is flagged
+
+
+def timing_warnings(frame: pd.DataFrame) -> Table | None:
+    """Timings not to take at face value: a figure whose blocks spread widely (the record's
+    `timing_warning`), and a kernel time that disagrees with the same kernel elsewhere in the
+    sweep (same attention, options and shape, another block or depth: the kernel alone is timed,
+    so its time cannot depend on them) by more than KERNEL_DISAGREEMENT×."""
+    labelled, keys = series.with_series(frame)
+    ok = labelled[labelled[STATUS] == "ok"]
+    rows = []
+    if TIMING_WARNING in ok:
+        for _, rec in ok[ok[TIMING_WARNING].notna()].iterrows():
+            rows.append({"series": rec["series"], JOB: rec[JOB], "warning": rec[TIMING_WARNING]})
+    options = sorted(c for c in ok.columns if c.startswith("attention."))
+    inputs = [c for c in (ATTENTION, *options, *KERNEL_INPUTS) if c in ok]
+    for metric in TIME_METRICS.values():
+        timed = ok[ok[metric].notna()]
+        if timed.empty:
+            continue
+        same_kernel = timed[inputs].map(format_value).apply(tuple, axis=1)
+        for _, group in timed.groupby(same_kernel, sort=False):
+            fastest = group.loc[group[metric].idxmin()]
+            for _, rec in group.iterrows():
+                ratio = rec[metric] / fastest[metric]
+                if ratio > KERNEL_DISAGREEMENT:
+                    rows.append(
+                        {
+                            "series": rec["series"],
+                            JOB: rec[JOB],
+                            "warning": (
+                                f"{metric} {rec[metric]:.3g} is {ratio:.0f}× the "
+                                f"{fastest[metric]:.3g} of the same kernel in job "
+                                f"{fastest[JOB]} ({fastest['series']})"
+                            ),
+                        }
+                    )
+    if not rows:
+        return None
+    note = (
+        "Treat these figures with care: re-measure them (delete the record and re-run the sweep) "
+        "on a quieter machine."
+    )
+    return Table("Timing warnings", with_keys(rows, labelled, keys), note)
+
+
+def explicit_path(frame: pd.DataFrame) -> Table | None:
+    """The series whose kernel ran in explicit matmuls (`kernel_path` explicit): no fused
+    attention kernel on that device and dtype, or none at all (linear, performer), while exact
+    attention's SDPA runs fused; their times are marked here."""
+    if KERNEL_PATH not in frame:
+        return None
+    labelled, keys = series.with_series(frame)
+    explicit = labelled[(labelled[STATUS] == "ok") & (labelled[KERNEL_PATH] == "explicit")]
+    if explicit.empty:
+        return None
+    rows = [
+        {
+            "series": label,
+            "jobs": ", ".join(map(str, group[JOB])),
+            DEVICE: distinct(group[DEVICE]),
+        }
+        for label, group in explicit.groupby("series", sort=False)
+    ]
+    note = (
+        "These kernels ran on the explicit path (`kernel_path`): their times are not those of a "
+        "fused kernel, where exact attention's are."
+    )
+    return Table("Measured on the explicit path", with_keys(rows, labelled, keys), note)
+
+
+SECTION = Section(
+    "Not measured, and timings to re-check",
+    tables=(TableSpec(failures), TableSpec(timing_warnings), TableSpec(explicit_path)),
+)

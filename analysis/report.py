@@ -3,8 +3,9 @@
     python -m analysis.report multirun/scaling [multirun/depth ...] --out report/
     python -m analysis.report --wandb ENTITY/PROJECT --group scaling --out report/
 
-RESULTS are sweep dirs or results files (analysis.load). The same figures come from the
-notebooks in analysis/notebooks/, which call the functions listed here. A figure these results
+RESULTS are sweep dirs or results files (analysis.load). The report is its SECTIONS in order
+(analysis.section: each section's tables and figures, declared by the module that builds them);
+the notebooks in analysis/notebooks/ call the same functions. A figure these results
 cannot fill (e.g. depth when depth was not swept) is left out and named, with the reason, under
 "Not drawn"; records that could not be read are listed in report.md and on stderr. Mistakes
 (no results, no W&B login, an --out that cannot be written) print one `error:` line and exit 1.
@@ -18,171 +19,87 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 import pandas as pd
-from matplotlib.figure import Figure
 
 from analysis import (
+    approximation_error,
     capacity,
     decode_report,
     figures,
+    flop_rate,
     frontier,
+    head_dims,
     headline,
     hybrid,
-    knobs,
+    kernel_time,
     load,
     measured,
-    memory_depth,
+    peak_memory,
     published,
-    scaling_fits,
-    series,
     suites,
+    tradeoff,
     trained_quality,
+    training_curves,
 )
-from analysis.head_dims import crossovers_by_head_dim, grouped_kv_heads
 from analysis.markdown_table import Table
+from analysis.section import COST, DECODE, QUALITY, FigureSpec, Section, TableSpec
 from experiments.records.store import Unreadable
 
-# name -> (figure function, caption). A figure is left out of the report when WHEN says these
-# results cannot fill it, or when it drew nothing.
-FIGURES: dict[str, tuple[Callable[[pd.DataFrame], Figure], str]] = {
-    "time_vs_seq_len": (
-        figures.time_vs_seq_len,
-        "Kernel time against sequence length (log-log), forward and "
-        "forward+backward; legend: fitted exponent α and crossover L* against "
-        "exact attention (star), from the speed-ups each job measured in rounds alternating "
-        "the kernel with SDPA; third panel: those speed-ups (band: ± half their IQR).",
-    ),
-    "memory_vs_seq_len": (
-        figures.memory_vs_seq_len,
-        "Peak memory against sequence length (log-log): the attention kernel alone "
-        "(forward+backward, with its saved activations and input gradients) and a whole "
-        "training step; legend: fitted exponent α.",
-    ),
-    "depth": (figures.depth, "Peak memory and step time against depth per block type."),
-    "error_vs_seq_len": (
-        figures.error_vs_seq_len,
-        "Relative approximation error against exact attention vs sequence length, on the "
-        "trained reference's q, k, v (only within its trained length), and beside it the "
-        "kernel swap: Δ bits/byte on held-out text when the kernel replaces exact attention "
-        "in the reference.",
-    ),
-    "error_vs_knob": (figures.error_vs_knob, "Approximation error against each variant's knob."),
-    "error_vs_time": (
-        figures.error_vs_time,
-        "What accuracy costs: approximation error against the kernel's forward+backward time "
-        "at one length; a variant's points are joined along its first knob, each labelled "
-        "with the knob's value.",
-    ),
-    "training_curves": (
-        figures.training_curves,
-        "Training and eval loss per step (from the W&B runs; training loss as a 25-step running "
-        "mean) and final losses, one per run (a recall mixture's job, not each of its counts), "
-        "of the runs that trained 100 steps or more on a task with a quality signal.",
-    ),
-    "accuracy_vs_seq_len": (
-        figures.accuracy_vs_seq_len,
-        "Trained accuracy against sequence length per variant: mean over seeds, band min–max; "
-        "dotted: the 90 % exact attention must reach for the setup to measure anything; "
-        "dashed: chance; dash-dotted: the key-blind floor measured on the same batches; a "
-        "variant that never reached 90 % is labelled not learned in the legend.",
-    ),
-    "accuracy_vs_pairs": (
-        capacity.accuracy_vs_pairs,
-        "Recall capacity: trained accuracy against the number of key-value pairs per head dim "
-        "(mean, band min–max over seeds); dashed: chance, dash-dotted: the key-blind floor.",
-    ),
-    "recall_vs_state": (
-        frontier.recall_vs_state,
-        "Recall against decoding state (Zoology, Based): each variant's MQAR recall on the "
-        "capacity preset (mean over the pair counts) against the bytes its decoder keeps per "
-        "sequence at that length (decode_state_bytes); marker per head dim, hollow: not "
-        "learned; dashed: the Pareto frontier.",
-    ),
-    "tradeoff": (
-        figures.tradeoff,
-        "Quality against the kernel's forward+backward time at the longest length with both "
-        "(trained accuracy, else the error on trained activations; never random-token loss); "
-        "marker area is the kernel's own peak memory (forward+backward; a training step's for "
-        "records without it).",
-    ),
-    "flops_fraction": (
-        figures.flops_fraction,
-        "Achieved useful GFLOP/s of the kernel as a fraction of the measured matmul rate.",
-    ),
-    "decode_vs_context": (
-        decode_report.decode_vs_context,
-        "Decoding: the kernel's time per token appended to a cache of L tokens, and the cache's "
-        "size after the prefill, against the context L (log-log; measure.decode).",
-    ),
+# The sections of the modules that hold their tables alone and are left as other work has them
+# (their tables' functions are named elsewhere): declared here instead of in the module.
+SUITES = Section(
+    "MAD and ListOps",
+    tables=(TableSpec(suites.mad_table, QUALITY), TableSpec(suites.listops_table, QUALITY)),
+)
+PUBLISHED = Section("Published results", tables=(TableSpec(published.published, QUALITY),))
+HYBRID = Section("Hybrid stacks", tables=(TableSpec(hybrid.hybrid_table),))
+
+# The report's sections, in the order of its figures: cost (kernel time and its head-dim
+# tables, memory), what was not measured, accuracy (approximation error, training curves,
+# trained quality, capacity, recall against state), the suites and published results, the
+# trade-off, the FLOP rate, decoding, hybrid stacks.
+SECTIONS: tuple[Section, ...] = (
+    kernel_time.SECTION,
+    head_dims.SECTION,
+    peak_memory.SECTION,
+    measured.SECTION,
+    approximation_error.SECTION,
+    training_curves.SECTION,
+    trained_quality.SECTION,
+    capacity.SECTION,
+    frontier.SECTION,
+    SUITES,
+    PUBLISHED,
+    tradeoff.SECTION,
+    flop_rate.SECTION,
+    decode_report.SECTION,
+    HYBRID,
+)
+
+
+def _moved(sections: tuple[Section, ...], section: Section, after: Section) -> tuple[Section, ...]:
+    """`sections` with `section` taken out and put back right after `after`."""
+    rest = [s for s in sections if s is not section]
+    at = rest.index(after) + 1
+    return (*rest[:at], section, *rest[at:])
+
+
+# The order of its tables (report.md lists every table, then every figure): SECTIONS', but the
+# knob table (approximation error) after the published results, where report.md has it.
+TABLE_ORDER: tuple[Section, ...] = _moved(SECTIONS, approximation_error.SECTION, after=PUBLISHED)
+
+# Every figure by name, in the report's order; a figure is left out of the report when its
+# `when` says these results cannot fill it, or when it drew nothing.
+FIGURES: dict[str, FigureSpec] = {
+    name: spec for section in SECTIONS for name, spec in section.figures.items()
 }
-
-# Figures drawn only when the results hold what they show: name -> (frame -> why not, or None).
-WHEN: dict[str, Callable[[pd.DataFrame], str | None]] = {
-    "training_curves": figures.why_no_curves,
-    "accuracy_vs_seq_len": lambda frame: (
-        None
-        if series.trained_quality(frame)["seq_len"].nunique() > 1
-        else "no trained accuracy at two lengths or more (random-token loss is not quality)"
-    ),
-    "accuracy_vs_pairs": lambda frame: (
-        None
-        if not capacity.capacity_records(frame).empty
-        else "no trained accuracy over several n_pairs at one length (the capacity preset)"
-    ),
-    "recall_vs_state": lambda frame: (
-        None
-        if frontier.has_points(frame)
-        else "no capacity records with decode_state_bytes (measure.decode_state)"
-    ),
-    "decode_vs_context": lambda frame: (
-        None if decode_report.has_decode(frame) else "no decode measurements (measure.decode=true)"
-    ),
-    "tradeoff": lambda frame: (
-        None
-        if figures.tradeoff_quality(frame) is not None
-        else "no trained quality and no error on trained activations: nothing to trade off "
-        "(random-token loss is not quality)"
-    ),
-}
-
-
 # Each builder: frame -> Table, or None when these results hold nothing for it.
 TABLES: list[Callable[[pd.DataFrame], Table | None]] = [
-    scaling_fits.variant_summary,
-    scaling_fits.speedups,
-    crossovers_by_head_dim,  # these two: only for records of several head dims
-    grouped_kv_heads,
-    memory_depth.depth_table,
-    measured.failures,
-    scaling_fits.timing_warnings,
-    scaling_fits.explicit_path,
-    trained_quality.cross_evaluation,
-    trained_quality.quality,
-    trained_quality.quality_by_length,
-    capacity.capacity,
-    capacity.accuracy_by_pairs,
-    frontier.frontier_table,
-    suites.mad_table,
-    suites.listops_table,
-    published.published,
-    knobs.error_by_knob,
-    decode_report.decode_table,
-    hybrid.hybrid_table,  # only for sweeps of hybrid stacks (model.layers)
+    spec.build for section in TABLE_ORDER for spec in section.tables
 ]
-
-# With a separate quality frame (`quality=`; the main job trains a reduced long-range run beside
-# its scaling sweep), these figures and tables are drawn from it, the others from the cost frame.
-QUALITY_FIGURES = ("accuracy_vs_seq_len", "tradeoff", "training_curves")
-QUALITY_TABLES = (
-    trained_quality.quality,
-    trained_quality.quality_by_length,
-    suites.mad_table,
-    suites.listops_table,
-    published.published,
-)
-# With a separate decode frame (`decode=`; the main job's reduced decode series), these come
-# from it.
-DECODE_FIGURES = ("decode_vs_context",)
-DECODE_TABLES = (decode_report.decode_table,)
+# Which frame each table builder reads (`section.COST`, `QUALITY`, `DECODE`).
+READS: dict[Callable[[pd.DataFrame], Table | None], str] = {
+    spec.build: spec.reads for section in SECTIONS for spec in section.tables
+}
 
 FORMATS = ("png", "svg")
 PNG_DPI = 120
@@ -201,20 +118,20 @@ def build_report(
     """Write the figures that have something to show (PNG and SVG) and report.md into
     `out_dir`; the PNG path per figure written. A figure left out has no files (an old one of
     that name is removed) and is named with its reason in report.md. `quality`: records of
-    trained quality from another sweep, for QUALITY_FIGURES, QUALITY_TABLES and the headline;
-    `decode`: records of decoding from another sweep, for DECODE_FIGURES and DECODE_TABLES."""
+    trained quality from another sweep, for the tables and figures that read `QUALITY` and the
+    headline; `decode`: records of decoding from another sweep, for those that read `DECODE`."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     pngs, left_out = {}, {}
-    for name, (draw, _) in FIGURES.items():
-        frame_of = _figure_frame(name, frame, quality, decode)
+    for name, spec in FIGURES.items():
+        frame_of = _frame_for(spec.reads, frame, quality, decode)
         why_not = not_applicable(name, frame_of)
         if why_not is not None:
             left_out[name] = why_not
             for fmt in FORMATS:
                 (out_dir / f"{name}.{fmt}").unlink(missing_ok=True)
             continue
-        figure = draw(frame_of)
+        figure = spec.draw(frame_of)
         reason = figures.nothing_drawn(figure)
         for fmt in FORMATS:
             path = out_dir / f"{name}.{fmt}"
@@ -239,25 +156,27 @@ def build_report(
     return pngs
 
 
-def _figure_frame(
-    name: str,
+def _frame_for(
+    reads: str,
     frame: pd.DataFrame,
     quality: pd.DataFrame | None,
-    decode: pd.DataFrame | None = None,
+    decode: pd.DataFrame | None,
 ) -> pd.DataFrame:
-    if decode is not None and name in DECODE_FIGURES:
+    """The frame a table or figure that `reads` it is built from: `quality` or `decode` when
+    given, else the main `frame`."""
+    if reads == DECODE and decode is not None:
         return decode
-    return quality if quality is not None and name in QUALITY_FIGURES else frame
+    return quality if reads == QUALITY and quality is not None else frame
 
 
 def not_applicable(name: str, frame: pd.DataFrame) -> str | None:
-    """Why these results cannot fill figure `name` (its WHEN condition), or None."""
-    condition = WHEN.get(name)
-    return None if condition is None else condition(frame)
+    """Why these results cannot fill figure `name` (its `when` condition), or None."""
+    spec = FIGURES.get(name)
+    return None if spec is None or spec.when is None else spec.when(frame)
 
 
-def drawn_figures(frame: pd.DataFrame) -> dict[str, tuple[Callable[[pd.DataFrame], Figure], str]]:
-    """The FIGURES whose WHEN condition these results meet."""
+def drawn_figures(frame: pd.DataFrame) -> dict[str, FigureSpec]:
+    """The FIGURES whose `when` condition these results meet."""
     return {name: spec for name, spec in FIGURES.items() if not_applicable(name, frame) is None}
 
 
@@ -273,14 +192,14 @@ def markdown(
 ) -> str:
     """report.md: the headline, provenance, unreadable records, every table that has data, then
     every figure with its caption, and the figures left out (`left_out`: name -> why; by default
-    those whose WHEN condition fails) with their reasons."""
+    those whose `when` condition fails) with their reasons."""
     both = pd.concat([f for f in (frame, quality, decode) if f is not None], ignore_index=True)
     sources = list(sources) or sorted(set(both["source"].dropna()))
     if left_out is None:
         left_out = {
             n: r
-            for n in FIGURES
-            if (r := not_applicable(n, _figure_frame(n, frame, quality, decode))) is not None
+            for n, s in FIGURES.items()
+            if (r := not_applicable(n, _frame_for(s.reads, frame, quality, decode))) is not None
         }
     parts = [
         "# attnbench report",
@@ -305,7 +224,7 @@ def markdown(
     if notes:  # which record of a configuration is shown (`load.record_notes`)
         parts += ["## Records shown", "", *(f"- {note}" for note in notes), ""]
     parts += [markdown_tables(frame, quality=quality, decode=decode), "## Figures", ""]
-    for name, (_, caption) in FIGURES.items():
+    for name, spec in FIGURES.items():
         if name in left_out:
             continue
         parts += [
@@ -313,7 +232,7 @@ def markdown(
             "",
             f"![{name}]({name}.png)",
             "",
-            f"{caption} ([SVG]({name}.svg))",
+            f"{spec.caption} ([SVG]({name}.svg))",
             "",
         ]
     if left_out:
@@ -330,15 +249,12 @@ def markdown_tables(
     quality: pd.DataFrame | None = None,
     decode: pd.DataFrame | None = None,
 ) -> str:
-    """The Markdown of every table among `builders` that these results fill (QUALITY_TABLES
-    from `quality`, DECODE_TABLES from `decode` when given)."""
-
-    def frame_for(builder):
-        if decode is not None and builder in DECODE_TABLES:
-            return decode
-        return quality if quality is not None and builder in QUALITY_TABLES else frame
-
-    built = (builder(frame_for(builder)) for builder in builders)
+    """The Markdown of every table among `builders` that these results fill (each from the
+    frame it `READS`: `quality` or `decode` when given)."""
+    built = (
+        builder(_frame_for(READS.get(builder, COST), frame, quality, decode))
+        for builder in builders
+    )
     return "\n".join(table.markdown() + "\n" for table in built if table is not None)
 
 
@@ -421,10 +337,10 @@ def main(argv: list[str] | None = None) -> int:
         where = f": {error.filename}" if error.filename else ""
         print(f"error: --out {args.out}: {error.strerror or error}{where}", file=sys.stderr)
         return 1
-    summary = scaling_fits.variant_summary(frame)
+    summary = kernel_time.variant_summary(frame)
     if summary is not None:
         print(summary.markdown())
-    warned = scaling_fits.timing_warnings(frame)
+    warned = measured.timing_warnings(frame)
     if warned is not None:
         print(f"warning: {len(warned.frame)} timing warning(s): see report.md", file=sys.stderr)
     print(f"report: {args.out / 'report.md'} ({len(frame)} records, {len(pngs)} figures)")

@@ -66,7 +66,7 @@ def update(
         return
     # Imported here, only when the report is drawn: the plotting stack (matplotlib) takes about
     # a second, which a no-op resume of an unchanged sweep does not need.
-    from analysis import load, report, scaling_fits
+    from analysis import load, measured, report
 
     try:
         frame = load.load_results([sweep_dir])
@@ -86,7 +86,7 @@ def update(
         )
         print(f"report: {out_dir / 'report.md'}")
         drawn = True
-        warned = scaling_fits.timing_warnings(frame)
+        warned = measured.timing_warnings(frame)
         if warned is not None:
             print(f"warning: {len(warned.frame)} timing warning(s): see {out_dir / 'report.md'}")
     except Exception:  # the records are safe on disk; the report can be redrawn

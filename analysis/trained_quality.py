@@ -1,15 +1,17 @@
-"""report.md's tables of trained quality: final quality and cost per trained configuration
-(`quality`), trained quality against sequence length (`quality_by_length`, read against chance,
-the key-blind floor and exact attention's ceiling), and the trained-with × evaluated-with table
-(`cross_evaluation`). Their figures: `analysis.figures.quality`; what an accuracy is read
-against: `analysis.accuracy`.
+"""The trained-quality section of report.md (`SECTION`): final quality and cost per trained
+configuration (`quality`), trained quality against sequence length (`quality_by_length`, read
+against chance, the key-blind floor and exact attention's ceiling) as a table and a figure
+(`accuracy_vs_seq_len`), and the trained-with × evaluated-with table (`cross_evaluation`). What
+an accuracy is read against: `analysis.accuracy`.
 """
 
 from __future__ import annotations
 
 import pandas as pd
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
 
-from analysis import accuracy, coverage, series, tuning
+from analysis import accuracy, coverage, section, series, tuning
 from analysis.column_names import (
     ATTENTION,
     EVAL_ACCURACY,
@@ -24,7 +26,9 @@ from analysis.column_names import (
     TASK,
     TOKENS_PER_S,
 )
+from analysis.figures import style
 from analysis.markdown_table import Table, format_length, with_keys
+from analysis.section import FigureSpec, Section, TableSpec
 from experiments.records.record import MIB
 from experiments.records.store import task_metrics
 
@@ -261,3 +265,76 @@ def cross_evaluation(frame: pd.DataFrame) -> Table | None:
         "every kernel (Reformer Table 2's layout), the mean over seeds."
     )
     return Table("Trained with × evaluated with", table.reset_index(), note)
+
+
+def accuracy_vs_seq_len(frame: pd.DataFrame) -> Figure:
+    """Trained accuracy against seq_len per series: mean over seeds with a min..max band.
+
+    Only records of tasks with a quality signal (never random tokens). Dotted: the 90 % that
+    exact attention must reach for the setup to measure anything; dashed: chance; dash-dotted:
+    the key-blind floor measured on the same batches. A series whose job never reached 90 % is
+    labelled "not learned in N steps (control x %)" in the legend (`analysis.accuracy`).
+    """
+    trained = series.trained_quality(frame).assign(accuracy_pct=lambda f: f[EVAL_ACCURACY] * 100)
+    trained = accuracy.with_learned(trained)
+    labelled, _ = series.with_series(trained, x=SEQ_LEN)
+    fig, (ax,) = style.new_figure(
+        1, "Trained accuracy vs sequence length (mean, min–max over seeds)"
+    )
+    xs = style.draw_series(ax, labelled, SEQ_LEN, "accuracy_pct", notes=_learned_notes(labelled))
+    ax.axhline(90, color="grey", linestyle=":", linewidth=1)
+    _chance_and_floor(ax, labelled, SEQ_LEN)
+    style.label_axes(ax, "", SEQ_LEN, "accuracy (%)", log=(True, False), xs=xs)
+    ax.set_ylim(-2, 102)
+    return style.finish(fig)
+
+
+def _learned_notes(labelled: pd.DataFrame) -> dict[str, str]:
+    """series -> "(not learned in N steps (control x %))" for series none of whose jobs learned."""
+    notes = {}
+    for name, rows in labelled.groupby("series"):
+        if not rows["job_learned"].any():
+            notes[str(name)] = f"({accuracy.not_learned_text(rows)})"
+    return notes
+
+
+def _chance_and_floor(ax: Axes, labelled: pd.DataFrame, x: str) -> None:
+    """Chance (dashed) and the measured key-blind floor per `x` (dash-dotted), in percent."""
+    chance, floor = accuracy.chance_and_floor(labelled, by=x)
+    if chance is not None:
+        ax.axhline(chance * 100, color="grey", linestyle="--", linewidth=1)
+        ax.annotate("chance", (0.01, chance * 100), xycoords=("axes fraction", "data"), fontsize=7)
+    if len(floor):
+        ax.plot(floor.index, floor.values * 100, color="grey", linestyle="-.", linewidth=1)
+        ax.annotate(
+            "key-blind floor",
+            (floor.index[-1], floor.values[-1] * 100),
+            fontsize=7,
+            xytext=(2, 3),
+            textcoords="offset points",
+        )
+
+
+SECTION = Section(
+    "Trained quality",
+    tables=(
+        TableSpec(cross_evaluation),
+        TableSpec(quality, section.QUALITY),
+        TableSpec(quality_by_length, section.QUALITY),
+    ),
+    figures={
+        "accuracy_vs_seq_len": FigureSpec(
+            accuracy_vs_seq_len,
+            "Trained accuracy against sequence length per variant: mean over seeds, band "
+            "min–max; dotted: the 90 % exact attention must reach for the setup to measure "
+            "anything; dashed: chance; dash-dotted: the key-blind floor measured on the same "
+            "batches; a variant that never reached 90 % is labelled not learned in the legend.",
+            when=lambda frame: (
+                None
+                if series.trained_quality(frame)[SEQ_LEN].nunique() > 1
+                else "no trained accuracy at two lengths or more (random-token loss is not quality)"
+            ),
+            reads=section.QUALITY,
+        ),
+    },
+)

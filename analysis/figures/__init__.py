@@ -1,42 +1,10 @@
-"""The report's figures, grouped by what they show; each takes a results frame (`analysis.load`)
-and returns a matplotlib Figure.
+"""The drawing kit every report figure shares; the figures themselves live in the report's
+sections, with the tables of their topic (`analysis.report.SECTIONS`, analysis/section.py).
 
-kernel_time          kernel time, crossovers and speed-ups over SDPA; achieved FLOP rate
-peak_memory          peak memory against sequence length; memory and step time against depth
-approximation_error  approximation error against length, each variant's knob, and kernel time
-quality              training curves and final losses; trained accuracy against length
-tradeoff             quality against speed against memory at one length
-style                the drawing kit they share (and `analysis.capacity`,
-                     `analysis.decode_report` use)
+style                colours, markers and line styles per series, panels, legends below them,
+                     labels placed without overlap, and `nothing_drawn`
 """
 
-from analysis.figures.approximation_error import error_vs_knob, error_vs_seq_len, error_vs_time
-from analysis.figures.kernel_time import flops_fraction, time_vs_seq_len
-from analysis.figures.peak_memory import depth, memory_vs_seq_len
-from analysis.figures.quality import (
-    accuracy_vs_seq_len,
-    one_record_per_run,
-    training_curves,
-    why_no_curves,
-)
 from analysis.figures.style import nothing_drawn, series_styles, variant_color
-from analysis.figures.tradeoff import tradeoff, tradeoff_quality
 
-__all__ = [
-    "accuracy_vs_seq_len",
-    "depth",
-    "error_vs_knob",
-    "error_vs_seq_len",
-    "error_vs_time",
-    "flops_fraction",
-    "memory_vs_seq_len",
-    "nothing_drawn",
-    "one_record_per_run",
-    "series_styles",
-    "time_vs_seq_len",
-    "tradeoff",
-    "tradeoff_quality",
-    "training_curves",
-    "why_no_curves",
-    "variant_color",
-]
+__all__ = ["nothing_drawn", "series_styles", "variant_color"]

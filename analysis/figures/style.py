@@ -1,5 +1,5 @@
-"""The report's drawing kit, shared by every figure (`analysis.figures`, `analysis.capacity`,
-`analysis.decode_report`): colours and styles per series, figures and axes, lines with bands,
+"""The report's drawing kit, shared by every figure (each in its report section's module,
+`analysis.report.SECTIONS`): colours and styles per series, figures and axes, lines with bands,
 failure markers at the wall, legends, the layout pass every figure ends with, labels placed
 only where they fit, and the marker of a panel with nothing to draw.
 

@@ -20,7 +20,7 @@
 
 # %%
 # %matplotlib inline
-from analysis import figures, load
+from analysis import approximation_error, load, tradeoff, training_curves
 
 # %% tags=["parameters"]
 RESULTS = ["../../multirun/lsh", "../../multirun/linformer"]  # relative to this folder
@@ -30,13 +30,13 @@ SEQ_LEN = None  # length of the training-curve and trade-off figures; None = mos
 frame = load.load_results(RESULTS)
 
 # %%
-figures.error_vs_seq_len(frame)
+approximation_error.error_vs_seq_len(frame)
 
 # %%
-figures.error_vs_knob(frame)
+approximation_error.error_vs_knob(frame)
 
 # %%
-figures.training_curves(frame, seq_len=SEQ_LEN)
+training_curves.training_curves(frame, seq_len=SEQ_LEN)
 
 # %%
-figures.tradeoff(frame, seq_len=SEQ_LEN)
+tradeoff.tradeoff(frame, seq_len=SEQ_LEN)

@@ -21,14 +21,14 @@
 # %matplotlib inline
 from IPython.display import Markdown
 
-from analysis import figures, load, measured, memory_depth, report
+from analysis import load, measured, peak_memory, report
 
 # %% tags=["parameters"]
 RESULTS = ["../../multirun/depth"]  # paths relative to this notebook's folder
 
 # %%
 frame = load.load_results(RESULTS)
-Markdown(report.markdown_tables(frame, [memory_depth.depth_table, measured.failures]))
+Markdown(report.markdown_tables(frame, [peak_memory.depth_table, measured.failures]))
 
 # %%
-figures.depth(frame)
+peak_memory.depth(frame)

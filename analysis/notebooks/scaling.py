@@ -22,20 +22,20 @@
 # %matplotlib inline
 from IPython.display import Markdown
 
-from analysis import figures, load, measured, report, scaling_fits
+from analysis import flop_rate, kernel_time, load, measured, peak_memory, report
 
 # %% tags=["parameters"]
 RESULTS = ["../../multirun/scaling"]  # paths relative to this notebook's folder
 
 # %%
 frame = load.load_results(RESULTS)
-Markdown(report.markdown_tables(frame, [scaling_fits.variant_summary, measured.failures]))
+Markdown(report.markdown_tables(frame, [kernel_time.variant_summary, measured.failures]))
 
 # %%
-figures.time_vs_seq_len(frame)
+kernel_time.time_vs_seq_len(frame)
 
 # %%
-figures.memory_vs_seq_len(frame)
+peak_memory.memory_vs_seq_len(frame)
 
 # %%
-figures.flops_fraction(frame)
+flop_rate.flops_fraction(frame)

@@ -7,6 +7,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from matplotlib.figure import Figure
 
 FIXTURE = Path(__file__).parent / "fixtures" / "results"
 
@@ -101,3 +102,9 @@ def synthetic_records() -> list[dict]:
             }
         )
     return records
+
+
+def texts(figure: Figure) -> list[str]:
+    """Every text drawn in the figure: titles, annotations, legend entries."""
+    found = [t.get_text() for t in figure.findobj(lambda a: hasattr(a, "get_text"))]
+    return [t for t in found if t]

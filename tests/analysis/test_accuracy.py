@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from analysis import accuracy, capacity, figures, headline, load, trained_quality
+from analysis import accuracy, capacity, headline, load, tradeoff, trained_quality
 
 
 def _long_range():
@@ -83,7 +83,7 @@ def test_the_length_table_states_steps_learned_chance_floor_and_intervals():
 
 
 def test_the_figure_labels_the_variant_that_did_not_learn_and_draws_the_floor():
-    figure = figures.accuracy_vs_seq_len(_long_range())
+    figure = trained_quality.accuracy_vs_seq_len(_long_range())
     (ax,) = [a for a in figure.axes if a.get_legend() is not None]
     labels = [t.get_text() for t in ax.get_legend().get_texts()]
     assert any(label.startswith("lsh") and "not learned in 550 steps" in label for label in labels)
@@ -151,7 +151,7 @@ def test_accuracy_by_pairs_has_chance_and_floor_rows_and_a_figure_per_head_dim()
 
 
 def test_the_tradeoff_chart_draws_chance_and_floor_and_labels_not_learned():
-    (ax,) = figures.tradeoff(_long_range()).axes
+    (ax,) = tradeoff.tradeoff(_long_range()).axes
     labels = [t.get_text() for t in ax.get_legend().get_texts()]
     assert any(label.startswith("lsh") and label.endswith("not learned") for label in labels)
     assert not any(label.startswith("full") and "not learned" in label for label in labels)

@@ -19,7 +19,7 @@ from matplotlib.figure import Figure
 from matplotlib.text import Text
 from matplotlib.transforms import Bbox
 
-from analysis import capacity, decode_report, figures, frontier, load, report
+from analysis import capacity, decode_report, figures, frontier, load, report, training_curves
 from tests.analysis.conftest import FIXTURE, synthetic_records
 from tests.analysis.test_capacity import _mixture_sweep
 from tests.analysis.test_decode_report import decode_records
@@ -104,7 +104,7 @@ def error_quality() -> pd.DataFrame:
     return frame
 
 
-def training_curves() -> Figure:
+def recall_curves() -> Figure:
     """The training-curve test's case: recall runs of 200 steps, with a per-step history."""
     frame = synthetic_frame().assign(task="recall", trained_steps=200)
     at_256 = frame[(frame["seq_len"] == 256) & (frame["seed"] == 0)]
@@ -114,7 +114,7 @@ def training_curves() -> Figure:
         + [(first, 3, "eval/loss", 5.2)],
         columns=["row", "step", "metric", "value"],
     )
-    return figures.training_curves(frame, curves=curves, seq_len=256)
+    return training_curves.training_curves(frame, curves=curves, seq_len=256)
 
 
 def flagged_fractions() -> pd.DataFrame:
@@ -138,7 +138,7 @@ def _draw(name: str, frame: Callable[[], pd.DataFrame]) -> Callable[[], Figure |
         records = frame()
         if report.not_applicable(name, records) is not None:
             return None
-        return report.FIGURES[name][0](records)
+        return report.FIGURES[name].draw(records)
 
     return build
 
@@ -151,7 +151,7 @@ CASES: dict[str, Callable[[], Figure | None]] = {
     "memory_vs_seq_len:16 variants": _draw("memory_vs_seq_len", many_crossings),
     "flops_fraction:flagged": _draw("flops_fraction", flagged_fractions),
     "error_vs_knob:swept": _draw("error_vs_knob", knob_swept),
-    "training_curves:recall": training_curves,
+    "training_curves:recall": recall_curves,
     "accuracy_vs_seq_len:long range": _draw("accuracy_vs_seq_len", long_range_records),
     "tradeoff:accuracy": _draw("tradeoff", long_range_records),
     "tradeoff:error": _draw("tradeoff", error_quality),

@@ -9,7 +9,7 @@ import json
 import pandas as pd
 import pytest
 
-from analysis import glance, load, scaling_fits
+from analysis import glance, kernel_time, load
 from tests.analysis.conftest import FIXTURE
 from tests.analysis.test_accuracy import _capacity, _long_range
 from tests.analysis.test_decode_report import decode_records
@@ -103,7 +103,7 @@ def test_the_command_writes_between_the_markers_from_the_fixture_sweep(small_swe
     rows = _rows(block)
     assert list(rows)[:2] == ["full", "lsh"] and set(rows) == {"full", "lsh", "linear", "blockwise"}
     # lsh's L* is the report's "Per variant" one (these records: against exact's own jobs).
-    summary = scaling_fits.variant_summary(load.tidy(load.load_results([small_sweep])))
+    summary = kernel_time.variant_summary(load.tidy(load.load_results([small_sweep])))
     expected = summary.frame.set_index("variant")["L* fwd+bwd"]
     speed = _column(rows, "L* vs SDPA")
     assert rows["lsh"][speed] == expected["lsh"] != "—"

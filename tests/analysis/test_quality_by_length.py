@@ -1,11 +1,12 @@
-"""The long-range quality sections: accuracy vs length, its table, the quality-cost chart."""
+"""The long-range quality sections: accuracy vs length, its table and its figure (the records
+the quality-cost chart is tested on too)."""
 
 from __future__ import annotations
 
 import pandas as pd
 from matplotlib.figure import Figure
 
-from analysis import figures, load, report, series, trained_quality
+from analysis import load, report, series, trained_quality
 
 LENGTHS = (256, 512, 1024, 2048)
 ACCURACY = {  # variant -> accuracy at each length, seed 0; seed 1 is 0.02 lower
@@ -79,31 +80,10 @@ def test_single_length_results_have_no_length_table_and_random_tokens_are_not_qu
 def test_the_report_draws_accuracy_and_the_chart_only_for_trained_quality(tmp_path):
     frame = long_range_records()
     assert {"accuracy_vs_seq_len", "tradeoff"} <= set(report.drawn_figures(frame))
-    assert isinstance(figures.accuracy_vs_seq_len(frame), Figure)
+    assert isinstance(trained_quality.accuracy_vs_seq_len(frame), Figure)
     random_tokens = frame.assign(task="random_lm", approx_rel_error=None)
     drawn = set(report.drawn_figures(random_tokens))
     assert "accuracy_vs_seq_len" not in drawn and "tradeoff" not in drawn
     text = report.markdown(frame, sources=["x"])
     assert "## Trained quality vs sequence length: accuracy (%)" in text
     assert "![accuracy_vs_seq_len](accuracy_vs_seq_len.png)" in text
-
-
-def test_the_chart_plots_accuracy_against_kernel_time_at_the_longest_length():
-    figure = figures.tradeoff(long_range_records())
-    (ax,) = figure.axes
-    assert "at seq_len=2048" in figure.texts[0].get_text()
-    points = {
-        tuple(map(float, offsets))
-        for collection in ax.collections
-        for offsets in collection.get_offsets()
-    }
-    assert (20.0, 97.0) in points and (5.0, 6.0) in points  # full, blockwise: mean of seeds
-    assert "forward + backward" in ax.get_xlabel() and "accuracy" in ax.get_ylabel()
-
-
-def test_without_accuracy_the_chart_uses_the_error_on_trained_activations():
-    frame = long_range_records().assign(task="random_lm", eval_accuracy=None)
-    frame["approx_rel_error"] = frame["attn_fwd_bwd_ms"].map(lambda t: None if pd.isna(t) else 0.1)
-    assert figures.tradeoff_quality(frame)[0] == "approx_rel_error"
-    (ax,) = figures.tradeoff(frame).axes
-    assert "trained activations" in ax.get_ylabel()

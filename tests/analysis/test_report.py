@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from analysis import load, report
+from analysis import load, report, section
 from tests.analysis.conftest import FIXTURE
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -142,3 +142,72 @@ def test_an_out_dir_that_cannot_be_written_is_one_line(small_sweep, tmp_path, ca
     assert report.main([str(small_sweep), "--out", str(tmp_path / "ro")]) == 1
     err = capsys.readouterr().err.splitlines()
     assert err == [f"error: --out {tmp_path / 'ro'}: Permission denied: {tmp_path}/ro/report.md"]
+
+
+def test_the_sections_give_the_reports_order_of_tables_and_figures():
+    """report.md's order, which the sections (analysis/section.py) compose: the tables section
+    by section in TABLE_ORDER, then the figures in SECTIONS' order."""
+    assert list(report.FIGURES) == [
+        "time_vs_seq_len",
+        "memory_vs_seq_len",
+        "depth",
+        "error_vs_seq_len",
+        "error_vs_knob",
+        "error_vs_time",
+        "training_curves",
+        "accuracy_vs_seq_len",
+        "accuracy_vs_pairs",
+        "recall_vs_state",
+        "tradeoff",
+        "flops_fraction",
+        "decode_vs_context",
+    ]
+    assert [build.__name__ for build in report.TABLES] == [
+        "variant_summary",
+        "speedups",
+        "crossovers_by_head_dim",
+        "grouped_kv_heads",
+        "depth_table",
+        "failures",
+        "timing_warnings",
+        "explicit_path",
+        "cross_evaluation",
+        "quality",
+        "quality_by_length",
+        "capacity",
+        "accuracy_by_pairs",
+        "frontier_table",
+        "mad_table",
+        "listops_table",
+        "published",
+        "error_by_knob",
+        "decode_table",
+        "hybrid_table",
+    ]
+
+
+def test_every_section_has_one_place_in_each_order_and_its_own_figure_names():
+    assert sorted(map(id, report.TABLE_ORDER)) == sorted(map(id, report.SECTIONS))
+    names = [name for s in report.SECTIONS for name in s.figures]
+    assert len(names) == len(set(names)) == len(report.FIGURES)  # no name drawn over another
+
+
+def test_quality_and_decode_records_feed_their_tables_and_figures():
+    """With `quality=` / `decode=`, these read those records; everything else the main frame."""
+    reads = {name: spec.reads for name, spec in report.FIGURES.items()}
+    reads |= {build.__name__: how for build, how in report.READS.items()}
+    assert {name for name, how in reads.items() if how == section.QUALITY} == {
+        "training_curves",
+        "accuracy_vs_seq_len",
+        "tradeoff",
+        "quality",
+        "quality_by_length",
+        "mad_table",
+        "listops_table",
+        "published",
+    }
+    assert {name for name, how in reads.items() if how == section.DECODE} == {
+        "decode_vs_context",
+        "decode_table",
+    }
+    assert set(reads.values()) == {section.COST, section.QUALITY, section.DECODE}

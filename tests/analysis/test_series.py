@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from analysis import load, scaling_fits, series
+from analysis import kernel_time, load, scaling_fits, series
 
 
 def records(**varying) -> pd.DataFrame:
@@ -36,7 +36,7 @@ def test_configurations_that_differ_only_in_threads_are_not_averaged():
     labelled, keys = series.with_series(frame, x="seq_len")
     assert keys == ["variant", "threads"]
     assert sorted(labelled["series"].unique()) == ["full threads=1", "full threads=2"]
-    table = scaling_fits.variant_summary(frame).frame
+    table = kernel_time.variant_summary(frame).frame
     assert list(table[["variant", "threads"]].itertuples(index=False, name=None)) == [
         ("full", "1"),
         ("full", "2"),
@@ -71,7 +71,6 @@ def test_a_pinned_fused_sdpa_backend_is_the_reference_where_plain_sdpa_was_not_m
 
 
 def test_a_pinned_fused_backend_is_the_fused_baseline_itself_and_sdpa_math_is_not():
-    from analysis import scaling_fits
 
     frame = records(**{"attention.impl": ["sdpa_flash", "sdpa_math"]})
     labelled, _ = series.with_series(frame, x="seq_len")

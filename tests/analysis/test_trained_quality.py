@@ -1,8 +1,8 @@
-"""The quality-after-training table, and the per-variant table's crossover column."""
+"""The quality-after-training table."""
 
 import pandas as pd
 
-from analysis import load, scaling_fits, trained_quality
+from analysis import load, trained_quality
 
 
 def _records(*rows):
@@ -56,75 +56,6 @@ def test_cost_only_sweeps_have_no_quality_table():
     frame = _records({"task": "random_lm", "eval_loss": 5.5, "step_ms": 3.0})
     assert trained_quality.quality(frame) is None
     assert trained_quality.quality(_records({"step_ms": 3.0})) is None  # nothing trained
-
-
-def test_a_series_with_no_measurement_has_no_crossover_rather_than_being_the_reference():
-    # Records from before skipped jobs resolved their device keep the configured "auto", so no
-    # exact series shares their context.
-    rows = [
-        {
-            "status": "ok",
-            "attention": attention,
-            "task": "random_lm",
-            "seq_len": n,
-            "device": "cpu",
-            "attn_fwd_ms": n / scale,
-            "attn_fwd_bwd_ms": 2 * n / scale,
-        }
-        for n in (256, 512)
-        for attention, scale in (("full", 100), ("lsh", 200))
-    ]
-    rows += [
-        {
-            "status": "skipped",
-            "attention": "linformer",
-            "task": "random_lm",
-            "seq_len": n,
-            "device": "auto",
-            "error": "cannot be causal",
-        }
-        for n in (256, 512)
-    ]
-    table = scaling_fits.variant_summary(load.tidy(pd.DataFrame(rows))).frame.set_index("variant")
-    assert table.loc["full", "L* fwd"] == "reference"
-    assert table.loc["lsh", "L* fwd"] == "≤256"
-    assert table.loc["linformer", "L* fwd"] == "—"
-
-
-def test_summary_leaves_out_columns_with_nothing_to_say_and_shows_the_swept_knobs():
-    # The lsh preset: one length, no exact attention, no memory: no α, L* or memory columns.
-    rows = [
-        {
-            "status": "ok",
-            "attention": "lsh",
-            "task": "random_lm",
-            "seq_len": 4096,
-            "attention.n_hashes": n_hashes,
-            "attention.bucket_size": bucket,
-            "attn_fwd_ms": n_hashes * 10.0,
-            "attn_fwd_bwd_ms": n_hashes * 30.0,
-            "approx_rel_error": 1 / n_hashes,
-            "approx_reference_digest": "abc123",  # measured on trained activations
-        }
-        for n_hashes in (1, 2)
-        for bucket in (32, 64)
-    ]
-    table = scaling_fits.variant_summary(load.tidy(pd.DataFrame(rows))).frame
-    assert list(table.columns) == [
-        "variant",
-        "n_hashes",
-        "bucket_size",
-        "fwd (ms) @ L=4,096",
-        "fwd+bwd (ms) @ L=4,096",
-        "rel. error @ L=4,096",
-    ]
-    assert table[["n_hashes", "bucket_size"]].values.tolist() == [
-        ["1", "32"],
-        ["1", "64"],
-        ["2", "32"],
-        ["2", "64"],
-    ]
-    assert list(table["fwd+bwd (ms) @ L=4,096"]) == ["30", "30", "60", "60"]
 
 
 def test_a_learning_rate_grid_shows_each_variants_chosen_rate_only():

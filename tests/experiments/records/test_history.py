@@ -8,7 +8,7 @@ import math
 import pandas as pd
 import pytest
 
-from analysis import figures, load
+from analysis import figures, load, training_curves
 from experiments.app.job import run_job
 from experiments.records import history
 from tests.experiments.conftest import MEASURE_NOTHING, TINY
@@ -47,9 +47,9 @@ def test_a_job_without_wandb_keeps_its_curve_and_the_report_draws_it(resolved_co
     frame = load.load_results([tmp_path])
     curves = load.load_curves(frame)
     assert set(curves["metric"]) >= {"train/loss", "eval/loss"}
-    assert figures.why_no_curves(frame) is not None  # 3 random-token steps: not drawn
+    assert training_curves.why_no_curves(frame) is not None  # 3 random-token steps: not drawn
     # As if it had trained long enough on a quality task: what draws the curve is the history.
-    figure = figures.training_curves(frame.assign(task="recall", trained_steps=100))
+    figure = training_curves.training_curves(frame.assign(task="recall", trained_steps=100))
     assert figures.nothing_drawn(figure) is None
     assert any(len(line.get_xdata()) == 3 for line in figure.axes[0].get_lines())
 

@@ -1,5 +1,7 @@
-"""Figures of trained quality: loss curves and final losses, and trained accuracy against
-sequence length read against chance and the key-blind floor."""
+"""The training-curves section of report.md (`SECTION`): training and eval loss per step and
+the final losses (`training_curves`) of the runs whose curve says something (`curve_records`:
+a task with a quality signal, trained `MIN_CURVE_STEPS` steps or more; `why_no_curves` says why
+not), one record per run (`one_record_per_run`)."""
 
 from __future__ import annotations
 
@@ -11,7 +13,6 @@ from matplotlib.ticker import MaxNLocator
 
 from analysis import accuracy, load, series, tuning
 from analysis.column_names import (
-    EVAL_ACCURACY,
     EVAL_LOSS,
     JOB,
     SEQ_LEN,
@@ -21,6 +22,7 @@ from analysis.column_names import (
     TRAINED_STEPS,
 )
 from analysis.figures import style
+from analysis.section import QUALITY, FigureSpec, Section
 
 # A loss curve of fewer steps shows the noise of its first batches, not learning (the main
 # job's timing runs train 3 steps of a random-token LM: every variant within 0.05 nats).
@@ -190,49 +192,17 @@ def _draw_final_losses(ax: Axes, labelled: pd.DataFrame) -> None:
     ax.set_xlim(-0.6, len(order) - 0.4)
 
 
-def accuracy_vs_seq_len(frame: pd.DataFrame) -> Figure:
-    """Trained accuracy against seq_len per series: mean over seeds with a min..max band.
-
-    Only records of tasks with a quality signal (never random tokens). Dotted: the 90 % that
-    exact attention must reach for the setup to measure anything; dashed: chance; dash-dotted:
-    the key-blind floor measured on the same batches. A series whose job never reached 90 % is
-    labelled "not learned in N steps (control x %)" in the legend (`analysis.accuracy`).
-    """
-    trained = series.trained_quality(frame).assign(accuracy_pct=lambda f: f[EVAL_ACCURACY] * 100)
-    trained = accuracy.with_learned(trained)
-    labelled, _ = series.with_series(trained, x=SEQ_LEN)
-    fig, (ax,) = style.new_figure(
-        1, "Trained accuracy vs sequence length (mean, min–max over seeds)"
-    )
-    xs = style.draw_series(ax, labelled, SEQ_LEN, "accuracy_pct", notes=_learned_notes(labelled))
-    ax.axhline(90, color="grey", linestyle=":", linewidth=1)
-    _chance_and_floor(ax, labelled, SEQ_LEN)
-    style.label_axes(ax, "", SEQ_LEN, "accuracy (%)", log=(True, False), xs=xs)
-    ax.set_ylim(-2, 102)
-    return style.finish(fig)
-
-
-def _learned_notes(labelled: pd.DataFrame) -> dict[str, str]:
-    """series -> "(not learned in N steps (control x %))" for series none of whose jobs learned."""
-    notes = {}
-    for name, rows in labelled.groupby("series"):
-        if not rows["job_learned"].any():
-            notes[str(name)] = f"({accuracy.not_learned_text(rows)})"
-    return notes
-
-
-def _chance_and_floor(ax: Axes, labelled: pd.DataFrame, x: str) -> None:
-    """Chance (dashed) and the measured key-blind floor per `x` (dash-dotted), in percent."""
-    chance, floor = accuracy.chance_and_floor(labelled, by=x)
-    if chance is not None:
-        ax.axhline(chance * 100, color="grey", linestyle="--", linewidth=1)
-        ax.annotate("chance", (0.01, chance * 100), xycoords=("axes fraction", "data"), fontsize=7)
-    if len(floor):
-        ax.plot(floor.index, floor.values * 100, color="grey", linestyle="-.", linewidth=1)
-        ax.annotate(
-            "key-blind floor",
-            (floor.index[-1], floor.values[-1] * 100),
-            fontsize=7,
-            xytext=(2, 3),
-            textcoords="offset points",
-        )
+SECTION = Section(
+    "Training curves",
+    figures={
+        "training_curves": FigureSpec(
+            training_curves,
+            "Training and eval loss per step (from the W&B runs; training loss as a 25-step "
+            "running mean) and final losses, one per run (a recall mixture's job, not each of "
+            "its counts), of the runs that trained 100 steps or more on a task with a quality "
+            "signal.",
+            when=why_no_curves,
+            reads=QUALITY,
+        ),
+    },
+)

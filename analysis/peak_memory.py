@@ -1,5 +1,7 @@
-"""Figures of memory: peak memory against sequence length (the kernel alone and a whole step),
-and memory and step time against depth per block type."""
+"""The peak-memory section of report.md (`SECTION`): peak memory against sequence length (the
+attention kernel alone and a whole training step, `memory_vs_seq_len`), and peak memory and step
+time against depth per block type, as a figure (`depth`) and a table (`depth_table`) of the
+series measured at two depths or more."""
 
 from __future__ import annotations
 
@@ -13,9 +15,13 @@ from analysis.column_names import (
     DEPTH,
     PEAK_MEMORY_BYTES,
     SEQ_LEN,
+    STATUS,
     STEP_MS,
 )
 from analysis.figures import style
+from analysis.load import format_value
+from analysis.markdown_table import Table, with_keys
+from analysis.section import FigureSpec, Section, TableSpec
 from experiments.records.record import MIB
 
 # The two memories a reader compares: what the kernel alone holds, and the whole step.
@@ -72,3 +78,54 @@ def depth(frame: pd.DataFrame) -> Figure:
 
 def _with_mib(frame: pd.DataFrame) -> pd.DataFrame:
     return frame.assign(peak_memory_mib=frame[PEAK_MEMORY_BYTES] / MIB)
+
+
+def depth_table(frame: pd.DataFrame) -> Table | None:
+    """Peak memory and step time per block type and depth, for the series measured at two depths
+    or more (as the depth figure)."""
+    labelled, keys = series.with_series(frame, x=DEPTH)
+    ok = labelled[(labelled[STATUS] == "ok") & labelled[DEPTH].notna()]
+    if ok[DEPTH].nunique() < 2:
+        return None
+    depths_per_series = labelled.groupby("series")[DEPTH].nunique()
+    swept = labelled["series"].isin(depths_per_series[depths_per_series > 1].index)
+    labelled, keys = series.with_series(frame[swept], x=DEPTH)  # keys of these series only
+    memory = series.mean_spread(labelled, DEPTH, PEAK_MEMORY_BYTES)
+    step = series.mean_spread(labelled, DEPTH, STEP_MS)
+    failed = series.failures(labelled, DEPTH)
+    depths = sorted(labelled[DEPTH].dropna().unique())
+    rows = []
+    for name in series.series_order(labelled):
+        row = {"series": name}
+        for d in depths:
+            row[f"depth {format_value(d)}"] = _depth_cell(name, d, memory, step, failed)
+        rows.append(row)
+    note = "Each cell: peak memory of one training step (MiB) / its time (ms), mean over seeds."
+    return Table("Memory and time vs depth", with_keys(rows, labelled, keys), note)
+
+
+def _depth_cell(name: str, depth: float, memory, step, failed) -> str:
+    def at(stats: pd.DataFrame) -> pd.DataFrame:
+        return stats[(stats["series"] == name) & (stats[DEPTH] == depth)]
+
+    mem, time = at(memory), at(step)
+    if mem.empty and time.empty:
+        return ",".join(at(failed)[STATUS].unique()) or "—"
+    mem_text = f"{mem['mean'].iloc[0] / MIB:.1f}" if len(mem) else "—"
+    time_text = f"{time['mean'].iloc[0]:.0f}" if len(time) else "—"
+    return f"{mem_text} / {time_text}"
+
+
+SECTION = Section(
+    "Peak memory",
+    tables=(TableSpec(depth_table),),
+    figures={
+        "memory_vs_seq_len": FigureSpec(
+            memory_vs_seq_len,
+            "Peak memory against sequence length (log-log): the attention kernel alone "
+            "(forward+backward, with its saved activations and input gradients) and a whole "
+            "training step; legend: fitted exponent α.",
+        ),
+        "depth": FigureSpec(depth, "Peak memory and step time against depth per block type."),
+    },
+)

@@ -1,5 +1,6 @@
-"""The trade-off figure: quality against speed against memory at one length, after the Long
-Range Arena paper's Figure 3."""
+"""The trade-off section of report.md (`SECTION`): quality against speed against memory at one
+length, after the Long Range Arena paper's Figure 3 (`tradeoff`); drawn when the records hold a
+quality to trade (`tradeoff_quality`: trained accuracy, else the error on trained activations)."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from analysis.column_names import (
     TASK,
 )
 from analysis.figures import style
+from analysis.section import QUALITY, FigureSpec, Section
 from experiments.records.record import MIB
 
 
@@ -143,3 +145,24 @@ def tradeoff(frame: pd.DataFrame, seq_len: float | None = None) -> Figure:
         ax.set_title("(names left out where they would overlap: see the legend)", fontsize=8)
         style.finish(fig)
     return fig
+
+
+SECTION = Section(
+    "Quality, speed and memory",
+    figures={
+        "tradeoff": FigureSpec(
+            tradeoff,
+            "Quality against the kernel's forward+backward time at the longest length with "
+            "both (trained accuracy, else the error on trained activations; never random-token "
+            "loss); marker area is the kernel's own peak memory (forward+backward; a training "
+            "step's for records without it).",
+            when=lambda frame: (
+                None
+                if tradeoff_quality(frame) is not None
+                else "no trained quality and no error on trained activations: nothing to trade "
+                "off (random-token loss is not quality)"
+            ),
+            reads=QUALITY,
+        ),
+    },
+)
