@@ -195,6 +195,19 @@ def test_the_decode_table_is_its_snapshots():
     )
 
 
+def test_the_sinks_row_is_its_snapshots():
+    from analysis import published
+    from analysis.load import load_results
+
+    frame = load_results([str(ROOT / "docs" / "results" / "sliding_window_sinks.csv")])
+    rows = published.published(frame).markdown().split("\n")
+    [row] = [r for r in rows if r.startswith("| Attention sinks")]
+    assert row in (DOCS / "quality" / "long_range.md").read_text(), (
+        "docs/quality/long_range.md's sinks row is not its snapshot's: run "
+        "python -m analysis.published docs/results/sliding_window_sinks.csv"
+    )
+
+
 def test_the_coverage_table_is_its_snapshots():
     from analysis import coverage
     from analysis.load import load_results

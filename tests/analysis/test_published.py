@@ -258,3 +258,41 @@ def test_a_hybrid_is_read_against_its_own_efficient_layer_options_included():
     assert f"{small} 3.0 % → 3×{small}+full 97.0 %" in row["ours"]
     assert "sliding_window 5.0 % → 3×sliding_window+full 5.0 %" in row["ours"]
     assert row["verdict"] == "does not hold"
+
+
+SINKS = "Attention sinks stabilise a sliding window's perplexity, not its recall beyond reach"
+
+
+def _sinks(at_long: dict[tuple[int, bool], float], control: float = 1.0) -> pd.DataFrame:
+    """sliding_window on long-range recall, each sink form at 64 (control) and 1024 tokens."""
+    rows = []
+    for number, ((tokens, learned), value) in enumerate(at_long.items()):
+        for length, acc in ((64, control), (1024, value)):
+            rows.append(
+                {
+                    "sweep": "long_range_quick",
+                    "job": f"{number}" + ("/64" if length == 64 else ""),
+                    "status": "ok",
+                    "attention": "sliding_window",
+                    "attention.sink_tokens": tokens,
+                    "attention.learned_sink": learned,
+                    "task": "long_recall",
+                    "seq_len": length,
+                    "seed": 0,
+                    "eval_accuracy": acc,
+                    "trained_steps": 500 if length == 64 else 650,
+                }
+            )
+    return load.tidy(pd.DataFrame(rows))
+
+
+def test_sinks_do_not_bring_back_recall_beyond_the_window_or_do():
+    lost = _sinks({(0, False): 0.05, (4, False): 0.06, (0, True): 0.05})
+    row = published.published(lost).frame.set_index("published result").loc[SINKS]
+    assert row["verdict"] == "holds"
+    assert "4 sink tokens 100.0 % / 6.0 %" in row["ours"] and "a learned sink" in row["ours"]
+    assert _verdicts(_sinks({(0, False): 0.05, (4, False): 0.9}))[SINKS] == "does not hold"
+    assert _verdicts(_sinks({(0, False): 0.05, (4, True): 0.05}, control=0.5))[SINKS] == (
+        "not comparable"
+    )
+    assert published.published(_sinks({(0, False): 0.05})) is None  # no form with sinks
