@@ -208,6 +208,18 @@ def test_the_sinks_row_is_its_snapshots():
     )
 
 
+def test_the_long_range_families_table_is_its_snapshots():
+    from analysis import trained_quality
+    from analysis.load import load_results
+
+    frame = load_results([str(ROOT / "docs" / "results" / "long_range_families.csv")])
+    table = trained_quality.quality_by_length(frame).markdown()
+    assert table in (DOCS / "quality" / "long_range.md").read_text(), (
+        "docs/quality/long_range.md's families table is not its snapshot's: regenerate it from "
+        "docs/results/long_range_families.csv (trained_quality.quality_by_length)"
+    )
+
+
 def test_the_coverage_table_is_its_snapshots():
     from analysis import coverage
     from analysis.load import load_results
