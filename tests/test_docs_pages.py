@@ -220,6 +220,17 @@ def test_the_long_range_families_table_is_its_snapshots():
     )
 
 
+def test_the_listops_checks_are_their_snapshots():
+    from analysis import published
+    from analysis.load import load_results
+
+    frame = load_results([str(ROOT / "docs" / "results" / "listops.csv")])
+    assert published.published(frame).markdown() in (DOCS / "quality" / "listops.md").read_text(), (
+        "docs/quality/listops.md's published checks are not its snapshot's: run "
+        "python -m analysis.published docs/results/listops.csv"
+    )
+
+
 def test_the_coverage_table_is_its_snapshots():
     from analysis import coverage
     from analysis.load import load_results
