@@ -259,7 +259,9 @@ def sinks_do_not_restore_recall(frame: pd.DataFrame) -> tuple[str, str] | None:
     if NO_SINKS not in by.index or len(by) < 2:
         return None
     short, long = by.columns.min(), by.columns.max()
-    ours = f"sliding_window (a 128-token window), at {format_value(short)} / " + (
+    widths = window["attention.window"].dropna() if "attention.window" in window else []
+    width = f"a {format_value(widths.iloc[0])}-token window" if len(widths) else "its window"
+    ours = f"sliding_window ({width}), at {format_value(short)} / " + (
         f"{format_value(long)} tokens: "
         + "; ".join(f"{f} {_pct(by.at[f, short])} / {_pct(by.at[f, long])}" for f in by.index)
     )

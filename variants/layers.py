@@ -165,7 +165,10 @@ class SelfAttention(nn.Module):
             # sum x over every position, and 0 * NaN is NaN: padded tokens must hold zeros
             # from the start. Real outputs and gradients are those of any finite padding.
             x = x.masked_fill(~attention_mask[..., None], 0.0)
-        offset = self._offset(attention_mask, segment_ids)
+        # Rotary positions only: nothing else reads them, so a masked step without them pays
+        # nothing for counting positions.
+        rotated = self.config.positions == "rotary"
+        offset = self._offset(attention_mask, segment_ids) if rotated else 0
         if self.head_groups > 1 and self.kernel.independent_heads:
             return self.dropout(self._by_head_groups(x, masks, offset))
         batch, length, d_model = x.shape
@@ -173,7 +176,7 @@ class SelfAttention(nn.Module):
         kv_heads = self.kv_heads
         q, k, v = self._heads(q), self._heads(k, kv_heads), self._heads(v, kv_heads)
         # q (B, H, L, head_dim); k, v (B, H_kv, L, head_dim)
-        if self.config.positions == "rotary":
+        if rotated:
             # Rotated after the shared-QK keys are derived: a rotation keeps norms, so the keys
             # stay the unit keys of the rotated queries, and k = q stays k = q.
             q, k = rotary(q, offset), rotary(k, offset)
