@@ -1,10 +1,12 @@
-"""Records of the suites' presets (MAD, ListOps) for the analysis tests: tidy frames."""
+"""Records of the suites' presets (MAD, ListOps, capacity) for the analysis tests: tidy frames."""
 
 from __future__ import annotations
 
 import pandas as pd
 
 from analysis import load, suites
+
+CAPACITY_PAIRS = (4, 8, 16, 32, 64)
 
 KINDS = list(suites.MAD_COLUMNS.values())  # compression, fuzzy, in-context, memo, noisy, copy
 LENGTHS = {"compression": 32, "memorization": 32}
@@ -78,6 +80,36 @@ def listops_sweep(scores: dict[str, float], seeds=(0,)) -> pd.DataFrame:
                     "learned": False,
                     "chance_accuracy": 0.1,
                     "floor_accuracy": 0.16,
+                }
+            )
+    return load.tidy(pd.DataFrame(rows))
+
+
+def capacity_sweep(jobs) -> pd.DataFrame:
+    """A mixture-trained capacity sweep: per job (attention, accuracy per count of
+    CAPACITY_PAIRS, extra columns) its own record at the smallest count and one evaluation
+    point per other count (`<job>/n_pairs=P`); learned when its control reached 90 %."""
+    rows = []
+    for job, (attention, values, extra) in enumerate(jobs):
+        for pairs, value in zip(CAPACITY_PAIRS, values, strict=True):
+            own = pairs == CAPACITY_PAIRS[0]
+            rows.append(
+                {
+                    "sweep": "capacity",
+                    "job": str(job) if own else f"{job}/n_pairs={pairs}",
+                    "status": "ok",
+                    "attention": attention,
+                    "task": "recall",
+                    "task.n_pairs": pairs,
+                    "task.train_pairs": "[4, 8, 16, 32, 64]",
+                    "task.n_values": 256,
+                    "seq_len": 256,
+                    "seed": 0,
+                    "eval_accuracy": value,
+                    "learned": values[0] >= 0.9,
+                    "chance_accuracy": 1 / 256,
+                    "floor_accuracy": 1 / pairs,
+                    **extra,
                 }
             )
     return load.tidy(pd.DataFrame(rows))

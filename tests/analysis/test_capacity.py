@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import pandas as pd
 
-from analysis import capacity, headline, load
+from analysis import capacity, headline
+from tests.analysis.suite_records import CAPACITY_PAIRS, capacity_sweep
 
-PAIRS = (4, 8, 16, 32, 64)
+PAIRS = CAPACITY_PAIRS
 # Accuracy per count: exact holds every count, linear falls past 16 pairs, deltanet past 32,
 # performer learns nothing (its control, 4 pairs, at 30 %).
 ACCURACY = {
@@ -19,35 +20,12 @@ ACCURACY = {
 
 
 def _mixture_sweep() -> pd.DataFrame:
-    rows = []
-    for job, (attention, values) in enumerate(ACCURACY.items()):
-        for pairs, value in zip(PAIRS, values, strict=True):
-            own = pairs == PAIRS[0]
-            rows.append(
-                {
-                    "sweep": "capacity",
-                    "job": str(job) if own else f"{job}/n_pairs={pairs}",
-                    "status": "ok",
-                    "attention": attention,
-                    "task": "recall",
-                    "task.n_pairs": pairs,
-                    "task.train_pairs": "[4, 8, 16, 32, 64]",
-                    "task.n_values": 256,
-                    "seq_len": 256,
-                    "d_model": 64,
-                    "n_heads": 4,
-                    "seed": 0,
-                    "eval_accuracy": value,
-                    "train.steps": 400,
-                    "trained_steps": 400,
-                    # The run's learned: its control (4 pairs) reached 90 % during training.
-                    "learned": values[0] >= 0.9,
-                    "steps_to_learn": 250 if values[0] >= 0.9 else None,
-                    "chance_accuracy": 1 / 256,
-                    "floor_accuracy": 1 / pairs,
-                }
-            )
-    return load.tidy(pd.DataFrame(rows))
+    # The run's learned: its control (4 pairs) reached 90 % during training.
+    shape = {"d_model": 64, "n_heads": 4, "train.steps": 400, "trained_steps": 400}
+    return capacity_sweep(
+        (a, v, {**shape, "steps_to_learn": 250 if v[0] >= 0.9 else None})
+        for a, v in ACCURACY.items()
+    )
 
 
 def test_points_of_one_job_give_each_variant_its_capacity():

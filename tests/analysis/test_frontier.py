@@ -8,8 +8,8 @@ import random
 import pandas as pd
 import pytest
 
-from analysis import frontier, load, report
-from tests.analysis.test_capacity import PAIRS
+from analysis import frontier, report
+from tests.analysis.suite_records import capacity_sweep
 
 BATCH = 16
 # Per point: (attention, options, n_heads, state bytes of the batch, accuracy per count).
@@ -26,37 +26,23 @@ POINTS = [
 
 
 def frontier_sweep(points=POINTS, *, state: bool = True) -> pd.DataFrame:
-    rows = []
-    for job, (attention, options, heads, nbytes, values) in enumerate(points):
-        for pairs, value in zip(PAIRS, values, strict=True):
-            own = pairs == PAIRS[0]
-            rows.append(
-                {
-                    "sweep": "capacity",
-                    "job": str(job) if own else f"{job}/n_pairs={pairs}",
-                    "status": "ok",
-                    "attention": attention,
-                    **options,
-                    "task": "recall",
-                    "task.n_pairs": pairs,
-                    "task.train_pairs": "[4, 8, 16, 32, 64]",
-                    "task.n_values": 256,
-                    "seq_len": 256,
-                    "batch_size": BATCH,
-                    "d_model": 64,
-                    "n_heads": heads,
-                    "seed": 0,
-                    "eval_accuracy": value,
-                    "train.steps": 2000,
-                    "trained_steps": 2000,
-                    "learned": values[0] >= 0.9,
-                    "chance_accuracy": 1 / 256,
-                    "floor_accuracy": 1 / pairs,
-                    "measure.decode_scope": "model",
-                    "decode_state_bytes": nbytes if state else None,
-                }
-            )
-    return load.tidy(pd.DataFrame(rows))
+    return capacity_sweep(
+        (
+            attention,
+            values,
+            {
+                **options,
+                "batch_size": BATCH,
+                "d_model": 64,
+                "n_heads": heads,
+                "train.steps": 2000,
+                "trained_steps": 2000,
+                "measure.decode_scope": "model",
+                "decode_state_bytes": nbytes if state else None,
+            },
+        )
+        for attention, options, heads, nbytes, values in points
+    )
 
 
 def brute_force_front(state: list[float], recall: list[float]) -> list[bool]:
