@@ -23,8 +23,8 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
+from experiments.app import interrupts, job_dirs, parent, plugin_options, sweep, sweep_clock
 from experiments.app import job as jobs
-from experiments.app import job_dirs, parent, plugin_options, sweep, sweep_clock
 from experiments.app.resolvers import TunedTableError, config_dir, lr_source_of, register
 from experiments.job_config import added_keys, check_required_keys
 from experiments.records import record, store
@@ -97,7 +97,8 @@ def main() -> None:
 
     Exit codes: 0 done; 1 a single run did not end ok, or a job of a multirun ended in a status
     of `fail_on` (default: error; the end of the multirun exits so itself:
-    experiments/app/sweep.py); 130 interrupted (Ctrl-C), after gathering what finished.
+    experiments/app/sweep.py); 130 interrupted (Ctrl-C), after gathering what finished, the
+    process ended within `interrupts.EXIT_GRACE_S` whatever its exit waits on.
     """
     parent.mark_launcher()  # jobs in other processes (joblib's workers) end with this one
     try:
@@ -109,14 +110,28 @@ def main() -> None:
         app()
         code = 0
     except sweep.Interrupted as stop:  # Ctrl-C in a multirun, which the interrupt carries
-        try:
-            code = stop.multirun.end(interrupted=True)
-        except KeyboardInterrupt:  # a second Ctrl-C: stop now
-            code = sweep.INTERRUPTED
+        code = _end_interrupted(stop)
     except KeyboardInterrupt:  # a single run, or before a multirun started
         print("interrupted", file=sys.stderr)
         code = sweep.INTERRUPTED
+    except SystemExit as error:
+        stop = interrupts.raised()
+        if not (isinstance(stop, sweep.Interrupted) and error.code):
+            raise
+        # Hydra's exit after an error that replaced the Ctrl-C as it propagated (it printed
+        # the error): the sweep was interrupted all the same.
+        code = _end_interrupted(stop)
+    if code == sweep.INTERRUPTED:  # nothing is left to do: the exit must not wait on anything
+        interrupts.exit_within(code)
     sys.exit(code)
+
+
+def _end_interrupted(stop: sweep.Interrupted) -> int:
+    """The end of the multirun a Ctrl-C interrupted (130); a second Ctrl-C: stop now."""
+    try:
+        return stop.multirun.end(interrupted=True)
+    except KeyboardInterrupt:
+        return sweep.INTERRUPTED
 
 
 if __name__ == "__main__":

@@ -10,11 +10,15 @@ the default logger). A handler made by `raising` is raised again until it propag
 thread to send SIGINT to the main thread again (`signal.pthread_kill`) every `RETRY_S`,
 until the handler raises it outside the hook (or `MAX_RETRIES`, or the handler changed, as the
 end of a multirun puts back the default one). Every other unraisable exception goes to the hook
-there was before.
+there was before. An interrupt that another error replaced as it propagated (a `finally` that
+failed under it, as OmegaConf's can while Hydra composes a job) is kept: `raised()` is the last
+one a handler raised, for the entry point to end the sweep as interrupted all the same.
 """
 
 from __future__ import annotations
 
+import faulthandler
+import os
 import signal
 import sys
 import threading
@@ -30,20 +34,32 @@ _pending = threading.Event()  # an interrupt was dropped and is to be raised aga
 _lock = threading.Lock()
 _previous_hook: Callable[[Any], None] | None = None
 _helper: threading.Thread | None = None
+_raised: BaseException | None = None  # the last interrupt a `raising` handler raised
 
 
 def raising(make: Callable[[], BaseException]) -> Callable[[int, FrameType | None], None]:
     """A SIGINT handler that raises `make()`, raised again wherever Python would drop it."""
 
+    global _raised
+
     def on_sigint(signum: int, frame: FrameType | None) -> None:
+        global _raised
         if _in_hook(frame):
             return  # `_pending` stays set: the helper signals again in RETRY_S
         _pending.clear()
-        raise make()
+        _raised = make()
+        raise _raised
 
     on_sigint.raised_again = True  # type: ignore[attr-defined]
+    _raised = None
     _install()
     return on_sigint
+
+
+def raised() -> BaseException | None:
+    """The interrupt the last `raising` handler raised (None: none since it was made), whether
+    or not it propagated."""
+    return _raised
 
 
 def _ours(handler: Any) -> bool:
@@ -93,3 +109,23 @@ def _install() -> None:
         if _helper is None:
             _helper = threading.Thread(target=_retry, name="attnbench-interrupts", daemon=True)
             _helper.start()
+
+
+EXIT_GRACE_S = 10.0  # an interrupted process's exit (threads joined, atexit hooks) within this
+
+
+def exit_within(code: int, grace_s: float = EXIT_GRACE_S) -> None:
+    """`sys.exit(code)`, but if the exit has not ended the process after `grace_s` (a thread or
+    an atexit hook that waits on something the Ctrl-C broke), every thread's stack to stderr
+    and `os._exit(code)`: a Ctrl-C ends the process."""
+
+    def stalled() -> None:
+        time.sleep(grace_s)
+        print(f"\nexit stalled for {grace_s:g} s; ending now. Threads:", file=sys.stderr)
+        faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+        sys.stderr.flush()
+        sys.stdout.flush()
+        os._exit(code)
+
+    threading.Thread(target=stalled, name="attnbench-exit", daemon=True).start()
+    sys.exit(code)

@@ -210,6 +210,11 @@ class SweepEnd(Callback):
             print(f"error: {error}", file=sys.stderr)
             sys.exit(2)
 
+    def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
+        stop = interrupts.raised()
+        if isinstance(stop, Interrupted) and stop.multirun is self.multirun is not None:
+            raise stop  # a Ctrl-C that something swallowed: no further job starts
+
     def on_job_end(self, config: DictConfig, job_return: Any = None, **kwargs: Any) -> None:
         if config.hydra.get("mode") != RunMode.MULTIRUN:
             return
