@@ -241,3 +241,16 @@ def test_the_coverage_table_is_its_snapshots():
         "docs/quality.md's covering-pattern table is not its snapshot's: run "
         "python -m analysis.not_learned"
     )
+
+
+def test_the_performer_lookup_rows_are_the_commands():
+    from benchmarks import lookup_weight
+
+    # exact softmax and the default Performer: the rows a test can afford (the others draw
+    # 2048 and 16384 features per seed: 20 s)
+    rows = lookup_weight.table(["performer"]).split("\n")
+    page = (DOCS / "variants" / "performer.md").read_text()
+    assert all(row in page for row in rows), (
+        "docs/variants/performer.md's lookup table is not the command's: run "
+        "python -m benchmarks.lookup_weight"
+    )
