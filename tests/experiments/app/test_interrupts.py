@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 import weakref
 
 import pytest
@@ -146,6 +147,8 @@ def test_ctrl_c_under_wandb_stops_the_sweep_whenever_it_arrives(cli, tmp_path):
         assert process.returncode == 130, (tries, stderr[-2000:])
         assert 100000 not in records, (tries, stderr[-2000:])  # the last job did not finish
         assert "sweep.Interrupted" not in stderr, stderr[-2000:]  # never dropped, nor printed
+        if "exit stalled" in stderr:  # bounded (interrupts.exit_within), but say what it waited on
+            warnings.warn(f"SIGINT {delay} s in: the exit stalled: {stderr[-3000:]}", stacklevel=1)
     assert len(tries) >= 2, tries
 
 
