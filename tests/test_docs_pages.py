@@ -254,3 +254,19 @@ def test_the_performer_lookup_rows_are_the_commands():
         "docs/variants/performer.md's lookup table is not the command's: run "
         "python -m benchmarks.lookup_weight"
     )
+
+
+def test_the_mad_table_and_checks_are_their_snapshots():
+    from analysis import published, suites
+    from analysis.load import load_results
+
+    frame = load_results([str(ROOT / "docs" / "results" / "mad.csv")])
+    page = (DOCS / "quality" / "mad.md").read_text()
+    assert suites.mad_table(frame).markdown() in page, (
+        "docs/quality/mad.md's table is not its snapshot's: run "
+        "python -m analysis.suites docs/results/mad.csv"
+    )
+    assert published.published(frame).markdown() in page, (
+        "docs/quality/mad.md's published checks are not its snapshot's: run "
+        "python -m analysis.published docs/results/mad.csv"
+    )
