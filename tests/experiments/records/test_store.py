@@ -272,7 +272,8 @@ def test_a_gap_of_a_nullable_column_stays_a_gap_not_the_text_na():
     frame = pd.DataFrame(
         {
             "attention": pd.array(["lsh", pd.NA], dtype="string").astype(object),
-            "attention.stride": ["auto", pd.NA],  # mixed kinds: written as text
+            # mixed kinds (an object column, as gathered records hold): written as text
+            "attention.stride": pd.Series(["auto", pd.NA], dtype=object),
         }
     )
     frame.loc[2] = ["full", 64]
