@@ -1,4 +1,5 @@
-"""Records of the suites' presets (MAD, ListOps, capacity) for the analysis tests: tidy frames."""
+"""Records of the presets (a scaling sweep, MAD, ListOps, capacity) for the analysis tests: tidy
+frames."""
 
 from __future__ import annotations
 
@@ -7,6 +8,31 @@ import pandas as pd
 from analysis import load, suites
 
 CAPACITY_PAIRS = (4, 8, 16, 32, 64)
+
+
+def crossing_sweep(crossings, lengths, extra=lambda length, cost: {}) -> pd.DataFrame:
+    """Synthetic scaling records: for each (name, crossover) of `crossings` a kernel costing
+    1e-5·crossover·L ms forward (crossover None: exact attention, 1e-5·L²), so that it crosses
+    exact attention at that length; forward+backward 3×; `extra(length, cost)` adds columns."""
+    records = []
+    for length in lengths:
+        for name, crossover in crossings:
+            cost = 1e-5 * length**2 if crossover is None else 1e-5 * crossover * length
+            records.append(
+                {
+                    "status": "ok",
+                    "attention": name,
+                    "block": "residual",
+                    "task": "random_lm",
+                    "seq_len": length,
+                    "attn_fwd_ms": cost,
+                    "attn_fwd_bwd_ms": 3 * cost,
+                    **extra(length, cost),
+                    "timestamp": "2026-01-01T00:00:00",
+                }
+            )
+    return load.tidy(pd.DataFrame(records))
+
 
 KINDS = list(suites.MAD_COLUMNS.values())  # compression, fuzzy, in-context, memo, noisy, copy
 LENGTHS = {"compression": 32, "memorization": 32}

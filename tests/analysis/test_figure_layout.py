@@ -20,6 +20,7 @@ from matplotlib.text import Text
 from matplotlib.transforms import Bbox
 
 from analysis import capacity, decode_report, figures, frontier, load, report, training_curves
+from tests.analysis import suite_records
 from tests.analysis.conftest import FIXTURE, synthetic_records
 from tests.analysis.test_capacity import _mixture_sweep
 from tests.analysis.test_decode_report import decode_records
@@ -44,26 +45,16 @@ def many_crossings() -> pd.DataFrame:
 
     others = [name for name in attention_names() if name != "full"]
     crossings = {name: 300 * 4 ** (i / (len(others) - 1)) for i, name in enumerate(others)}
-    records = []
-    for length in (128, 256, 512, 1024, 2048, 4096):
-        for name, crossover in (("full", None), *crossings.items()):
-            cost = 1e-5 * length**2 if crossover is None else 1e-5 * crossover * length
-            records.append(
-                {
-                    "status": "ok",
-                    "attention": name,
-                    "block": "residual",
-                    "task": "random_lm",
-                    "seq_len": length,
-                    "attn_fwd_ms": cost,
-                    "attn_fwd_bwd_ms": 3 * cost,
-                    "speedup_vs_sdpa": 1e-5 * length**2 / cost,
-                    "peak_memory_bytes": 2**20 * length / 256,
-                    "attn_fwd_bwd_peak_bytes": 2**19 * length / 256,
-                    "timestamp": "2026-01-01T00:00:00",
-                }
-            )
-    return load.tidy(pd.DataFrame(records))
+
+    def costs(length: int, cost: float) -> dict:
+        return {
+            "speedup_vs_sdpa": 1e-5 * length**2 / cost,
+            "peak_memory_bytes": 2**20 * length / 256,
+            "attn_fwd_bwd_peak_bytes": 2**19 * length / 256,
+        }
+
+    lengths = (128, 256, 512, 1024, 2048, 4096)
+    return suite_records.crossing_sweep((("full", None), *crossings.items()), lengths, costs)
 
 
 def many_trained() -> pd.DataFrame:

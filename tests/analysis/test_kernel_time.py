@@ -9,6 +9,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.text import Text
 
 from analysis import kernel_time, load, measured, peak_memory
+from tests.analysis import suite_records
 from tests.analysis.conftest import synthetic_records, texts
 
 
@@ -50,25 +51,8 @@ def test_summary_table_reports_exponent_crossover_reach_and_failures(frame):
 
 
 def two_variants(*families: tuple[str, float]) -> pd.DataFrame:
-    """Synthetic scaling records: exact attention (1e-5·L²) and each (name, crossover length)
-    family costing 1e-5·L²·(crossover/L)^0.9·... so that it crosses exact attention there."""
-    records = []
-    for length in (256, 512, 1024, 2048, 4096):
-        for name, crossover in (("full", None), *families):
-            cost = 1e-5 * length**2 if crossover is None else 1e-5 * crossover * length
-            records.append(
-                {
-                    "status": "ok",
-                    "attention": name,
-                    "block": "residual",
-                    "task": "random_lm",
-                    "seq_len": length,
-                    "attn_fwd_ms": cost,
-                    "attn_fwd_bwd_ms": 3 * cost,
-                    "timestamp": "2026-01-01T00:00:00",
-                }
-            )
-    return load.tidy(pd.DataFrame(records))
+    """Exact attention and each (name, crossover length) family crossing it there."""
+    return suite_records.crossing_sweep((("full", None), *families), (256, 512, 1024, 2048, 4096))
 
 
 def test_crossover_labels_never_overlap():
