@@ -16,7 +16,7 @@ import pandas as pd
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
-from analysis import accuracy, coverage, series, tuning
+from analysis import accuracy, coverage, series, table_command, tuning
 from analysis.column_names import ATTENTION, D_MODEL, EVAL_ACCURACY, HEAD_DIM, N_HEADS, SEQ_LEN
 from analysis.figures import style
 from analysis.load import format_value
@@ -304,3 +304,19 @@ SECTION = Section(
         ),
     },
 )
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`python -m analysis.capacity SWEEP_DIR...`: the capacity tables (capacity per head dim,
+    accuracy by pairs), as Markdown."""
+    table_command.print_tables(
+        "python -m analysis.capacity",
+        main.__doc__,
+        [capacity, accuracy_by_pairs],
+        "no capacity records (trained accuracy over several n_pairs at one length)",
+        argv,
+    )
+
+
+if __name__ == "__main__":
+    main()

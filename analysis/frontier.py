@@ -20,7 +20,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
-from analysis import capacity, tuning
+from analysis import capacity, table_command, tuning
 from analysis.column_names import ATTENTION, BATCH_SIZE, DECODE_STATE_BYTES, EVAL_ACCURACY, LAYERS
 from analysis.decode_report import cache_text
 from analysis.figures import style
@@ -238,3 +238,18 @@ SECTION = Section(
         ),
     },
 )
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`python -m analysis.frontier SWEEP_DIR...`: the recall-against-state table, as Markdown."""
+    table_command.print_tables(
+        "python -m analysis.frontier",
+        main.__doc__,
+        [frontier_table],
+        "no capacity records with decode_state_bytes (measure.decode_state)",
+        argv,
+    )
+
+
+if __name__ == "__main__":
+    main()
