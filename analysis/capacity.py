@@ -17,7 +17,15 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
 from analysis import accuracy, coverage, series, table_command, tuning
-from analysis.column_names import ATTENTION, D_MODEL, EVAL_ACCURACY, HEAD_DIM, N_HEADS, SEQ_LEN
+from analysis.column_names import (
+    ATTENTION,
+    D_MODEL,
+    EVAL_ACCURACY,
+    HEAD_DIM,
+    LAYERS,
+    N_HEADS,
+    SEQ_LEN,
+)
 from analysis.figures import style
 from analysis.load import format_value
 from analysis.markdown_table import Table
@@ -40,13 +48,29 @@ def capacity_records(frame: pd.DataFrame) -> pd.DataFrame:
         or trained[SEQ_LEN].nunique() != 1
     ):
         return trained.iloc[0:0].assign(**{HEAD_DIM: pd.Series(dtype=int)})  # columns stay readable
-    trained = accuracy.with_learned(trained)
+    trained = accuracy.with_learned(_stacks_named(trained))
     # The control is the smallest count a job was evaluated at (every state holds it), not
     # its shortest length: a capacity job has one length.
     smallest = trained.groupby("job_key")[PAIRS].transform("min")
     control = trained[trained[PAIRS] == smallest].groupby("job_key")[EVAL_ACCURACY].mean()
     trained["control_accuracy"] = trained["job_key"].map(control)
     return trained.copy().assign(**{HEAD_DIM: (trained[D_MODEL] // trained[N_HEADS]).astype(int)})
+
+
+def _stacks_named(records: pd.DataFrame) -> pd.DataFrame:
+    """A hybrid stack's records under its own name (`layers`, "gated_deltanet+full") as their
+    attention and variant: their `attention` is the full layers' (full), and a stack is not
+    exact attention's row."""
+    if LAYERS not in records:
+        return records
+    stacked = records[LAYERS].notna() & (records[LAYERS].map(str) != records[ATTENTION].map(str))
+    if not stacked.any():
+        return records
+    records = records.copy()
+    for column in (ATTENTION, "variant"):
+        records[column] = records[column].astype(object)
+        records.loc[stacked, column] = records.loc[stacked, LAYERS].map(str)
+    return records
 
 
 def _mixture_note(records: pd.DataFrame) -> str:
@@ -67,8 +91,9 @@ def _means(records: pd.DataFrame) -> pd.DataFrame:
 
 
 def _order(records: pd.DataFrame) -> list[str]:
-    names = list(dict.fromkeys(records[ATTENTION].map(str)))
-    return sorted(names, key=lambda n: (n != series.REFERENCE, names.index(n)))
+    """Exact attention first, then by name (a stack beside its efficient layer)."""
+    names = set(records[ATTENTION].map(str))
+    return sorted(names, key=lambda n: (n != series.REFERENCE, n))
 
 
 def accuracy_by_pairs(frame: pd.DataFrame) -> Table | None:

@@ -103,8 +103,8 @@ def delta_rule_recalls_at_least_as_well(frame: pd.DataFrame) -> tuple[str, str] 
             if both:  # an unlearned pair of rows tells the budget, not the method
                 holds.append(by["deltanet"][d] >= by["linear"][d] - 0.01)
     trained = _long_range(frame)
-    if trained is not None and {"deltanet", "linear"} <= set(trained[ATTENTION]):
-        longest = trained[SEQ_LEN].max()
+    longest = _longest_shared(trained, ("deltanet", "linear"))
+    if longest is not None:
         at = trained[trained[SEQ_LEN] == longest].groupby(ATTENTION)[EVAL_ACCURACY].mean()
         parts.append(
             f"long-range recall at {format_value(longest)} tokens: DeltaNet "
@@ -146,19 +146,18 @@ def gated_delta_rule_recalls_at_least_as_well(frame: pd.DataFrame) -> tuple[str,
             )
             holds += [by[GATED][d] >= by[r][d] - 0.01 for r in counted]
     trained = _long_range(frame)
-    if trained is not None and GATED in set(trained[ATTENTION]):
-        here = [r for r in GATED_RIVALS if r in set(trained[ATTENTION])]
-        if here:
-            longest = trained[SEQ_LEN].max()
-            at = trained[trained[SEQ_LEN] == longest].groupby(ATTENTION)[EVAL_ACCURACY].mean()
-            present = [r for r in here if r in at.index]
-            if GATED in at.index and present:
-                cells = ", ".join(f"{r} {_pct(at[r])}" for r in present)
-                parts.append(
-                    f"long-range recall at {format_value(longest)} tokens: Gated DeltaNet "
-                    f"{_pct(at[GATED])}, {cells}"
-                )
-                holds += [at[GATED] >= at[r] - 0.01 for r in present]
+    here = [r for r in GATED_RIVALS if _longest_shared(trained, (GATED, r)) is not None]
+    if here:
+        longest = max(_longest_shared(trained, (GATED, r)) for r in here)
+        at = trained[trained[SEQ_LEN] == longest].groupby(ATTENTION)[EVAL_ACCURACY].mean()
+        present = [r for r in here if r in at.index]
+        if GATED in at.index and present:
+            cells = ", ".join(f"{r} {_pct(at[r])}" for r in present)
+            parts.append(
+                f"long-range recall at {format_value(longest)} tokens: Gated DeltaNet "
+                f"{_pct(at[GATED])}, {cells}"
+            )
+            holds += [at[GATED] >= at[r] - 0.01 for r in present]
     if not parts:
         return None
     if not holds:
@@ -302,6 +301,16 @@ def _long_range(frame: pd.DataFrame) -> pd.DataFrame | None:
         return None
     trained = trained[trained[TASK].isin(LONG_RANGE_TASKS)]
     return trained if trained[SEQ_LEN].nunique() > 1 else None
+
+
+def _longest_shared(trained: pd.DataFrame | None, names) -> float | None:
+    """The longest length at which every one of `names` has long-range records, or None:
+    records of other sweeps beside them (a probe at a longer length) must not pick the length."""
+    if trained is None:
+        return None
+    lengths = [set(trained.loc[trained[ATTENTION] == n, SEQ_LEN]) for n in names]
+    shared = set.intersection(*lengths) if lengths else set()
+    return max(shared) if shared else None
 
 
 def _mad(frame: pd.DataFrame):

@@ -63,3 +63,20 @@ def test_the_headline_of_a_capacity_sweep_gives_each_variant_its_capacity_once()
         "- **performer**: recall capacity (pairs within 10 points of exact attention): "
         "not learned in 400 steps (control 30.0%) at head dim 16.",
     ]
+
+
+def test_a_hybrid_stack_is_its_own_row_not_exact_attentions():
+    """A stack's records say `attention` full (its full layers'); capacity reads them under the
+    stack's name, so exact attention's row and the reference stay the all-full model's."""
+    shape = {"d_model": 64, "n_heads": 4, "train.steps": 400, "trained_steps": 400}
+    frame = capacity_sweep(
+        [
+            ("full", ACCURACY["full"], {**shape, "layers": "full"}),
+            ("full", (0.6, 0.5, 0.4, 0.3, 0.2), {**shape, "layers": "mamba2+full"}),
+        ]
+    )
+    rows = {r["variant"]: r for r in capacity.accuracy_by_pairs(frame).frame.to_dict("records")}
+    assert rows["full"]["4 pairs"] == "100.0" and rows["full"]["64 pairs"] == "98.0"
+    assert rows["mamba2+full (not learned)"]["4 pairs"] == "60.0"
+    cells = capacity.capacity(frame).frame.set_index("variant")["head dim 16"]
+    assert cells["mamba2+full"].startswith("not learned")

@@ -296,3 +296,41 @@ def test_sinks_do_not_bring_back_recall_beyond_the_window_or_do():
         "not comparable"
     )
     assert published.published(_sinks({(0, False): 0.05})) is None  # no form with sinks
+
+
+def _long_range(at: dict[str, dict[int, float]]) -> pd.DataFrame:
+    """Long-range recall records: per variant, its accuracy at each length (one job each)."""
+    rows = [
+        {
+            "sweep": "long_range_quick",
+            "job": f"{attention}-{length}",
+            "status": "ok",
+            "attention": attention,
+            "task": "long_recall",
+            "seq_len": length,
+            "seed": 0,
+            "eval_accuracy": value,
+            "trained_steps": 650,
+        }
+        for attention, by_length in at.items()
+        for length, value in by_length.items()
+    ]
+    return load.tidy(pd.DataFrame(rows))
+
+
+def test_the_state_claims_read_the_longest_length_both_variants_were_trained_at():
+    """A probe of another variant at a longer length (routing at 2048) beside the records must
+    not pick the length the delta-rule claims compare at."""
+    frame = _long_range(
+        {
+            "linear": {64: 1.0, 1024: 0.5},
+            "deltanet": {64: 1.0, 1024: 0.95},
+            "gated_deltanet": {64: 1.0, 1024: 0.96},
+            "routing": {64: 1.0, 2048: 0.99},
+        }
+    )
+    rows = published.published(frame).frame.set_index("published result")
+    delta = rows.loc["The delta rule recalls at least as well as linear attention"]
+    assert "at 1024 tokens: DeltaNet 95.0 %, linear 50.0 %" in delta["ours"]
+    assert delta["verdict"] == "holds"
+    assert "at 1024 tokens: Gated DeltaNet 96.0 %, deltanet 95.0 %" in rows.loc[GATED]["ours"]
