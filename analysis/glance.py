@@ -209,8 +209,9 @@ def _recall(quality: pd.DataFrame | None) -> tuple[str, dict[str, str], str | No
 
 
 def _capacity(frame: pd.DataFrame | None) -> dict[str, str]:
-    """Variant -> "head dim 16: 8; head dim 32: 16" from the report's capacity table."""
-    table = None if frame is None else capacity.capacity(frame)
+    """Variant -> "head dim 16: 8; head dim 32: 16" from the report's capacity table (a row per
+    variant: hybrid stacks are the capacity page's)."""
+    table = None if frame is None else capacity.capacity(frame[~capacity.is_stack(frame)])
     if table is None:
         return {}
     cells = {series.REFERENCE: "reference"}

@@ -139,6 +139,27 @@ def test_the_glance_markers_are_in_the_readme_once():
     assert text.index(glance.BEGIN) < text.index(glance.END)
 
 
+def test_the_glance_table_is_its_snapshots():
+    from analysis import glance
+    from analysis.load import load_results
+
+    def snapshot(name):
+        return load_results([str(ROOT / "docs" / "results" / f"{name}.csv")])
+
+    block = glance.glance(
+        snapshot("scaling"),
+        quality=snapshot("long_range_quick"),
+        decode_records=snapshot("decode_quick"),
+        capacity_records=snapshot("capacity"),
+    )
+    text = (ROOT / "README.md").read_text()
+    written = text[text.index(glance.BEGIN) + len(glance.BEGIN) : text.index(glance.END)]
+    assert written == "\n" + block, (
+        "README.md's glance table is not its snapshots': run the command above it "
+        "(python -m analysis.glance docs/results/scaling.csv ... --write README.md)"
+    )
+
+
 @pytest.mark.slow
 def test_the_conformance_table_is_generated():
     from variants import conformance, registry
@@ -269,4 +290,29 @@ def test_the_mad_table_and_checks_are_their_snapshots():
     assert published.published(frame).markdown() in page, (
         "docs/quality/mad.md's published checks are not its snapshot's: run "
         "python -m analysis.published docs/results/mad.csv"
+    )
+
+
+def test_the_capacity_tables_and_checks_are_their_snapshots():
+    from analysis import capacity, frontier, published
+    from analysis.load import load_results
+
+    frame = load_results([str(ROOT / "docs" / "results" / "capacity.csv")])
+    page = (DOCS / "quality" / "capacity.md").read_text()
+    for table in (capacity.capacity(frame), capacity.accuracy_by_pairs(frame)):
+        assert table.markdown().replace("## ", "### ") in page, (
+            "docs/quality/capacity.md's tables are not its snapshot's: run "
+            "python -m analysis.capacity docs/results/capacity.csv"
+        )
+    assert frontier.frontier_table(frame).markdown().replace("## ", "### ") in page, (
+        "docs/quality/capacity.md's frontier is not its snapshot's: run "
+        "python -m analysis.frontier docs/results/capacity.csv"
+    )
+    both = load_results(
+        [str(ROOT / "docs" / "results" / name) for name in ("capacity.csv", "long_range_quick.csv")]
+    )
+    rows = published.published(both).markdown().split("\n", 2)[2]  # without its heading
+    assert rows in (DOCS / "quality.md").read_text(), (
+        "docs/quality.md's published checks are not the snapshots': run python -m "
+        "analysis.published docs/results/capacity.csv docs/results/long_range_quick.csv"
     )
