@@ -16,7 +16,15 @@ from dataclasses import dataclass
 import pandas as pd
 
 from analysis import accuracy, capacity, coverage, hybrid, series, suites, table_command
-from analysis.column_names import ATTENTION, EVAL_ACCURACY, LAYERS, SEQ_LEN, TASK
+from analysis.column_names import (
+    ATTENTION,
+    D_MODEL,
+    EVAL_ACCURACY,
+    LAYERS,
+    N_HEADS,
+    SEQ_LEN,
+    TASK,
+)
 from analysis.load import format_value
 from analysis.markdown_table import Table
 
@@ -176,7 +184,7 @@ def few_full_layers_recover_recall(frame: pd.DataFrame) -> tuple[str, str] | Non
     trained = series.trained_quality(records) if len(records) else records
     if trained.empty or LAYERS not in trained:
         return None
-    trained = trained[trained[SEQ_LEN].notna()]
+    trained = _shaped_as_the_stacks(trained[trained[SEQ_LEN].notna()])
     longest = trained[SEQ_LEN].max()
     at = trained[trained[SEQ_LEN] == longest].groupby(LAYERS)[EVAL_ACCURACY].mean()
     learned = accuracy.with_learned(trained).groupby(LAYERS)["job_learned"].any()
@@ -209,6 +217,18 @@ def few_full_layers_recover_recall(frame: pd.DataFrame) -> tuple[str, str] | Non
     if not holds:
         return ours, NOT_COMPARABLE
     return ours, HOLDS if all(holds) else FAILS
+
+
+def _shaped_as_the_stacks(trained: pd.DataFrame) -> pd.DataFrame:
+    """The records of the widths and head counts the mixed stacks were trained at: a sweep that
+    also holds plain models at another head dim (capacity's head dim 32) must not average them
+    into the all-efficient and all-full stacks the mixed ones are read against."""
+    shape = [c for c in (D_MODEL, N_HEADS) if c in trained]
+    mixed = trained[[0 < hybrid.full_share(s) < 1 for s in trained[LAYERS].map(str)]]
+    if not shape or mixed.empty:
+        return trained
+    keys = pd.MultiIndex.from_frame(trained[shape])
+    return trained[keys.isin(pd.MultiIndex.from_frame(mixed[shape].drop_duplicates()))]
 
 
 BEYOND_REACH = 0.5  # a window's recall down by more than 50 points from its control

@@ -334,3 +334,15 @@ def test_the_state_claims_read_the_longest_length_both_variants_were_trained_at(
     assert "at 1024 tokens: DeltaNet 95.0 %, linear 50.0 %" in delta["ours"]
     assert delta["verdict"] == "holds"
     assert "at 1024 tokens: Gated DeltaNet 96.0 %, deltanet 95.0 %" in rows.loc[GATED]["ours"]
+
+
+def test_a_hybrid_is_read_against_the_stacks_of_its_own_head_count():
+    """Plain models at another head count beside the stacks (capacity's head dim 32) are not
+    averaged into the all-full and all-efficient stacks the mixed stack is read against."""
+    frame = _hybrid({"full": 0.99, "deltanet": 0.3, "3×deltanet+full": 0.97}).assign(n_heads=4)
+    wider = _hybrid({"full": 0.5, "deltanet": 0.9}).assign(n_heads=2)
+    row = published.published(pd.concat([frame, wider], ignore_index=True))
+    ours = row.frame.set_index("published result").loc[HYBRID]["ours"]
+    assert ours == (
+        "at 1024 tokens, every layer full 99.0 %; deltanet 30.0 % → 3×deltanet+full 97.0 %"
+    )
