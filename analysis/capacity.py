@@ -30,6 +30,7 @@ from analysis.figures import style
 from analysis.load import format_value
 from analysis.markdown_table import Table
 from analysis.section import FigureSpec, Section, TableSpec
+from experiments.records import store
 
 PAIRS = "task.n_pairs"
 # The counts a mixture-trained job drew from (experiments/training/tasks/recall.py).
@@ -57,18 +58,11 @@ def capacity_records(frame: pd.DataFrame) -> pd.DataFrame:
     return trained.copy().assign(**{HEAD_DIM: (trained[D_MODEL] // trained[N_HEADS]).astype(int)})
 
 
-def is_stack(records: pd.DataFrame) -> pd.Series:
-    """Whether each record is a hybrid stack's: its `layers` names more than its attention."""
-    if LAYERS not in records:
-        return pd.Series(False, index=records.index)
-    return records[LAYERS].notna() & (records[LAYERS].map(str) != records[ATTENTION].map(str))
-
-
 def _stacks_named(records: pd.DataFrame) -> pd.DataFrame:
     """A hybrid stack's records under its own name (`layers`, "gated_deltanet+full") as their
     attention and variant: their `attention` is the full layers' (full), and a stack is not
     exact attention's row."""
-    stacked = is_stack(records)
+    stacked = store.is_stack(records)
     if not stacked.any():
         return records
     records = records.copy()

@@ -21,13 +21,12 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
 from analysis import capacity, table_command, tuning
-from analysis.column_names import ATTENTION, BATCH_SIZE, DECODE_STATE_BYTES, EVAL_ACCURACY, LAYERS
+from analysis.column_names import ATTENTION, BATCH_SIZE, DECODE_STATE_BYTES, EVAL_ACCURACY
 from analysis.decode_report import cache_text
 from analysis.figures import style
 from analysis.load import format_value
 from analysis.markdown_table import Table
 from analysis.section import FigureSpec, Section, TableSpec
-from experiments.records.store import has_hybrid
 
 STATE = "state_bytes"  # per sequence
 RECALL = "recall"  # mean over the pair counts
@@ -63,7 +62,7 @@ def frontier_points(frame: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
     records = capacity.capacity_records(frame)
     if records.empty:
         return pd.DataFrame(), []
-    records = records.assign(point=_labels(records))
+    records = records.assign(point=records["variant"].map(str))  # a stack's: its layers
     measured = records[DECODE_STATE_BYTES].notna() & records[BATCH_SIZE].notna()
     missing = sorted(records.loc[~measured, "point"].unique())
     rows = []
@@ -95,16 +94,6 @@ def frontier_points(frame: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
     )
     points = points.sort_values([STATE, RECALL], ascending=[True, False], kind="stable")
     return points.reset_index(drop=True), [m for m in missing if m not in set(points["point"])]
-
-
-def _labels(records: pd.DataFrame) -> pd.Series:
-    """A point's name: the record's `variant` (its attention and the options that vary among
-    that attention's records), or the stack (`layers`) where the records mix variants."""
-    labels = records["variant"].map(str)
-    if has_hybrid(records) and LAYERS in records:
-        stacked = records[LAYERS].notna() & (records[LAYERS].map(str) != records[ATTENTION])
-        labels = labels.where(~stacked, records[LAYERS].map(str))
-    return labels
 
 
 def has_points(frame: pd.DataFrame) -> bool:

@@ -38,6 +38,7 @@ from analysis.column_names import (
 from analysis.load import format_value
 from analysis.markdown_table import Table
 from analysis.trained_quality import CEILING
+from experiments.records import store
 
 BEGIN = "<!-- glance:begin -->"
 END = "<!-- glance:end -->"
@@ -211,7 +212,7 @@ def _recall(quality: pd.DataFrame | None) -> tuple[str, dict[str, str], str | No
 def _capacity(frame: pd.DataFrame | None) -> dict[str, str]:
     """Variant -> "head dim 16: 8; head dim 32: 16" from the report's capacity table (a row per
     variant: hybrid stacks are the capacity page's)."""
-    table = None if frame is None else capacity.capacity(frame[~capacity.is_stack(frame)])
+    table = None if frame is None else capacity.capacity(frame[~store.is_stack(frame)])
     if table is None:
         return {}
     cells = {series.REFERENCE: "reference"}

@@ -154,9 +154,10 @@ def gated_delta_rule_recalls_at_least_as_well(frame: pd.DataFrame) -> tuple[str,
             )
             holds += [by[GATED][d] >= by[r][d] - 0.01 for r in counted]
     trained = _long_range(frame)
-    here = [r for r in GATED_RIVALS if _longest_shared(trained, (GATED, r)) is not None]
+    shared = {r: _longest_shared(trained, (GATED, r)) for r in GATED_RIVALS}
+    here = [r for r, length in shared.items() if length is not None]
     if here:
-        longest = max(_longest_shared(trained, (GATED, r)) for r in here)
+        longest = max(shared[r] for r in here)
         at = trained[trained[SEQ_LEN] == longest].groupby(ATTENTION)[EVAL_ACCURACY].mean()
         present = [r for r in here if r in at.index]
         if GATED in at.index and present:

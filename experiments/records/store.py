@@ -371,13 +371,18 @@ def varying_keys(frame: pd.DataFrame) -> list[str]:
     ]
 
 
-def has_hybrid(frame: pd.DataFrame) -> bool:
-    """Whether a record of `frame` is a hybrid stack: its `layers` names more than its
+def is_stack(frame: pd.DataFrame) -> pd.Series:
+    """Whether each record of `frame` is a hybrid stack's: its `layers` names more than its
     attention (`record.stack_label`; a plain model's `layers` is its attention)."""
     if "layers" not in frame or "attention" not in frame:
-        return False
+        return pd.Series(False, index=frame.index)
     layers = frame["layers"]
-    return bool((layers.notna() & (layers.map(str) != frame["attention"].map(str))).any())
+    return layers.notna() & (layers.map(str) != frame["attention"].map(str))
+
+
+def has_hybrid(frame: pd.DataFrame) -> bool:
+    """Whether a record of `frame` is a hybrid stack (`is_stack`)."""
+    return bool(is_stack(frame).any())
 
 
 def task_metrics(columns) -> list[str]:
