@@ -16,7 +16,7 @@ import pandas as pd
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
-from analysis import accuracy, coverage, series, table_command, tuning
+from analysis import accuracy, coverage, hybrid, series, table_command, tuning
 from analysis.column_names import (
     ATTENTION,
     D_MODEL,
@@ -276,9 +276,18 @@ def accuracy_vs_pairs(frame: pd.DataFrame) -> Figure:
             label = name
             if not jobs["job_learned"].any():
                 label += f" ({accuracy.not_learned_text(jobs)})"
-            color = style.variant_color(name)
+            # A stack in its efficient layer's colour, lighter and dotted.
+            stacked = hybrid.efficient_layer(name) != name
+            color = style.variant_color(hybrid.efficient_layer(name))
+            color = style.shade(color, 1) if stacked else color
             ax.plot(
-                mine[PAIRS], mine["mean"] * 100, marker="o", markersize=4, color=color, label=label
+                mine[PAIRS],
+                mine["mean"] * 100,
+                marker="s" if stacked else "o",
+                markersize=4,
+                linestyle=":" if stacked else "-",
+                color=color,
+                label=label,
             )
             if (mine["count"] > 1).any():
                 ax.fill_between(

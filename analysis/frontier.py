@@ -20,7 +20,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
-from analysis import capacity, table_command, tuning
+from analysis import capacity, hybrid, table_command, tuning
 from analysis.column_names import ATTENTION, BATCH_SIZE, DECODE_STATE_BYTES, EVAL_ACCURACY
 from analysis.decode_report import cache_text
 from analysis.figures import style
@@ -168,15 +168,15 @@ def recall_vs_state(frame: pd.DataFrame) -> Figure:
         style.message(ax, "no capacity records with decode_state_bytes (measure.decode_state)")
         return style.finish(fig)
     head_dims = sorted(points["head_dim"].unique())
-    configs: dict[str, list[str]] = {}
+    configs: dict[str, list[str]] = {}  # per colour (a stack: its efficient layer's), its points
     for _, p in points.iterrows():
-        mine = configs.setdefault(p[ATTENTION], [])
+        mine = configs.setdefault(hybrid.efficient_layer(p[ATTENTION]), [])
         if p["point"] not in mine:
             mine.append(p["point"])
     handles = []
     for _, p in points.iterrows():
-        shade = configs[p[ATTENTION]].index(p["point"])
-        color = style.shade(style.variant_color(p[ATTENTION]), shade)
+        family = hybrid.efficient_layer(p[ATTENTION])
+        color = style.shade(style.variant_color(family), configs[family].index(p["point"]))
         marker = style.MARKERS[head_dims.index(p["head_dim"]) % len(style.MARKERS)]
         label = p["point"] + (f", head dim {p['head_dim']}" if len(head_dims) > 1 else "")
         if not p["learned"]:

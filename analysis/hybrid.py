@@ -61,6 +61,12 @@ def unit(stack: str) -> list[str]:
     return [entry.split("(", 1)[0] for entry in entries(stack)]
 
 
+def efficient_layer(stack: str) -> str:
+    """The variant a stack is drawn as (its colour): its first layer that is not full; a plain
+    variant's name is itself."""
+    return next((n for n in unit(stack) if n != ALL_FULL), str(stack))
+
+
 def full_share(stack: str) -> float:
     """The fraction of a stack's layers that are exact attention."""
     names = unit(stack)
