@@ -23,6 +23,9 @@ def print_tables(
     table that is not None, or `nothing` when none is."""
     parser = argparse.ArgumentParser(prog=prog, description=description)
     parser.add_argument("paths", nargs="+", help="sweep dirs or results files")
-    frame = load_results(parser.parse_args(argv).paths)
+    try:
+        frame = load_results(parser.parse_args(argv).paths)
+    except (FileNotFoundError, ValueError) as error:  # a path holding no results: one line
+        parser.error(str(error))
     tables = [t for t in (build(frame) for build in builders) if t is not None]
     print("\n\n".join(t.markdown() for t in tables) or nothing)
