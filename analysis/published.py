@@ -19,6 +19,7 @@ from analysis import accuracy, capacity, coverage, hybrid, series, suites, table
 from analysis.column_names import (
     ATTENTION,
     D_MODEL,
+    DEPTH,
     EVAL_ACCURACY,
     LAYERS,
     N_HEADS,
@@ -178,14 +179,29 @@ HYBRID_WITHIN = 0.05  # a hybrid within 5 points of the all-full stack recovers 
 
 
 def few_full_layers_recover_recall(frame: pd.DataFrame) -> tuple[str, str] | None:
-    """Hybrid stacks (the hybrid preset): per efficient variant whose all-efficient stack is
-    more than HYBRID_WITHIN below the all-full stack at the longest trained length, the stack
-    with the fewest full layers; holds if each is within HYBRID_WITHIN of the all-full stack."""
+    """Hybrid stacks (the hybrid preset): per model shape and efficient variant whose
+    all-efficient stack is more than HYBRID_WITHIN below the all-full stack at the longest
+    trained length, the stack with the fewest full layers; holds if each is within
+    HYBRID_WITHIN of the all-full stack of its shape."""
     records = hybrid.hybrid_records(frame)
     trained = series.trained_quality(records) if len(records) else records
     if trained.empty or LAYERS not in trained:
         return None
-    trained = _shaped_as_the_stacks(trained[trained[SEQ_LEN].notna()])
+    shapes = _shapes_of_the_stacks(trained[trained[SEQ_LEN].notna()])
+    read = [(label, _gap_closed(group)) for label, group in shapes]
+    read = [(label, r) for label, r in read if r is not None]
+    if not read:
+        return None
+    ours = "; ".join(label + text for label, (text, _, _) in read)
+    holds = [h for _, (_, h, _) in read for h in h]
+    if not all(learned for _, (_, _, learned) in read) or not holds:
+        return ours, NOT_COMPARABLE
+    return ours, HOLDS if all(holds) else FAILS
+
+
+def _gap_closed(trained: pd.DataFrame) -> tuple[str, list[bool], bool] | None:
+    """For one model shape: the text, per efficient variant with a gap whether its fewest-full
+    stack closes it, and whether the all-full stack learned."""
     longest = trained[SEQ_LEN].max()
     at = trained[trained[SEQ_LEN] == longest].groupby(LAYERS)[EVAL_ACCURACY].mean()
     learned = accuracy.with_learned(trained).groupby(LAYERS)["job_learned"].any()
@@ -212,24 +228,29 @@ def few_full_layers_recover_recall(frame: pd.DataFrame) -> tuple[str, str] | Non
         holds.append(bool(at[fewest] >= exact - HYBRID_WITHIN))
     if not parts:
         return None
-    ours = f"at {format_value(longest)} tokens, every layer full {_pct(exact)}; " + "; ".join(parts)
+    text = f"at {format_value(longest)} tokens, every layer full {_pct(exact)}; " + "; ".join(parts)
     if not learned[full[0]]:
-        return ours + " (the all-full stack did not learn)", NOT_COMPARABLE
-    if not holds:
-        return ours, NOT_COMPARABLE
-    return ours, HOLDS if all(holds) else FAILS
+        text += " (the all-full stack did not learn)"
+    return text, holds, bool(learned[full[0]])
 
 
-def _shaped_as_the_stacks(trained: pd.DataFrame) -> pd.DataFrame:
-    """The records of the widths and head counts the mixed stacks were trained at: a sweep that
-    also holds plain models at another head dim (capacity's head dim 32) must not average them
+def _shapes_of_the_stacks(trained: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
+    """The records of each model shape (width, head count, depth) a mixed stack was trained
+    at, labelled by what varies ("depth 4: "; "" for one shape): a sweep that also holds plain
+    models of another shape (capacity's head dim 32, its depth-4 stacks) must not average them
     into the all-efficient and all-full stacks the mixed ones are read against."""
-    shape = [c for c in (D_MODEL, N_HEADS) if c in trained]
+    shape = [c for c in (D_MODEL, N_HEADS, DEPTH) if c in trained]
     mixed = trained[[0 < hybrid.full_share(s) < 1 for s in trained[LAYERS].map(str)]]
     if not shape or mixed.empty:
-        return trained
-    keys = pd.MultiIndex.from_frame(trained[shape])
-    return trained[keys.isin(pd.MultiIndex.from_frame(mixed[shape].drop_duplicates()))]
+        return [("", trained)]
+    kinds = mixed[shape].drop_duplicates().sort_values(shape)
+    varies = [c for c in shape if kinds[c].nunique() > 1]
+    groups = []
+    for _, kind in kinds.iterrows():
+        mine = trained[trained[shape].fillna(-1).eq(kind[shape].fillna(-1)).all(axis=1)]
+        label = ", ".join(f"{c.replace('_', ' ')} {format_value(kind[c])}" for c in varies)
+        groups.append((label + ": " if label else "", mine))
+    return groups
 
 
 BEYOND_REACH = 0.5  # a window's recall down by more than 50 points from its control

@@ -346,3 +346,18 @@ def test_a_hybrid_is_read_against_the_stacks_of_its_own_head_count():
     assert ours == (
         "at 1024 tokens, every layer full 99.0 %; deltanet 30.0 % → 3×deltanet+full 97.0 %"
     )
+
+
+def test_a_hybrid_is_read_against_the_stacks_of_its_own_depth():
+    """Stacks at depth 2 and 4 in one sweep (capacity's 1 : 1 at depth 2, 3 : 1 at depth 4):
+    each mixed stack is read against the all-full and all-efficient stacks of its own depth."""
+    deep = _hybrid({"full": 0.99, "deltanet": 0.3, "3×deltanet+full": 0.97})
+    shallow = _hybrid({"full": 0.95, "deltanet": 0.2, "deltanet|full": 0.4}).assign(depth=2)
+    shallow["job"] = "s" + shallow["job"]
+    row = published.published(pd.concat([shallow, deep], ignore_index=True))
+    row = row.frame.set_index("published result").loc[HYBRID]
+    assert row["ours"] == (
+        "depth 2: at 1024 tokens, every layer full 95.0 %; deltanet 20.0 % → deltanet+full 40.0 %; "
+        "depth 4: at 1024 tokens, every layer full 99.0 %; deltanet 30.0 % → 3×deltanet+full 97.0 %"
+    )
+    assert row["verdict"] == "does not hold"
