@@ -20,6 +20,7 @@ from analysis import accuracy, coverage, hybrid, series, table_command, tuning
 from analysis.column_names import (
     ATTENTION,
     D_MODEL,
+    DEPTH,
     EVAL_ACCURACY,
     HEAD_DIM,
     LAYERS,
@@ -49,7 +50,7 @@ def capacity_records(frame: pd.DataFrame) -> pd.DataFrame:
         or trained[SEQ_LEN].nunique() != 1
     ):
         return trained.iloc[0:0].assign(**{HEAD_DIM: pd.Series(dtype=int)})  # columns stay readable
-    trained = accuracy.with_learned(_stacks_named(trained))
+    trained = accuracy.with_learned(_depths_named(_stacks_named(trained)))
     # The control is the smallest count a job was evaluated at (every state holds it), not
     # its shortest length: a capacity job has one length.
     smallest = trained.groupby("job_key")[PAIRS].transform("min")
@@ -70,6 +71,31 @@ def _stacks_named(records: pd.DataFrame) -> pd.DataFrame:
         records[column] = records[column].astype(object)
         records.loc[stacked, column] = records.loc[stacked, LAYERS].map(str)
     return records
+
+
+def _depths_named(records: pd.DataFrame) -> pd.DataFrame:
+    """A model at another depth than most of the sweep's under its name and depth ("full
+    (depth 4)"): the rows are keyed by name and head dim, and two depths must not be averaged."""
+    if DEPTH not in records or records[DEPTH].nunique() < 2:
+        return records
+    usual = records[DEPTH].mode().iloc[0]
+    other = records[DEPTH] != usual
+    records = records.copy()
+    for column in (ATTENTION, "variant"):
+        records[column] = records[column].astype(object)
+        records.loc[other, column] = (
+            records.loc[other, column].map(str)
+            + " (depth "
+            + records.loc[other, DEPTH].map(format_value)
+            + ")"
+        )
+    return records
+
+
+def _reference(name: str) -> str:
+    """The exact-attention row a row is read against: its depth's ("full (depth 4)")."""
+    depth = name[name.index(" (depth ") :] if " (depth " in name else ""
+    return series.REFERENCE + depth
 
 
 def _mixture_note(records: pd.DataFrame) -> str:
@@ -175,13 +201,14 @@ def _cells(records: pd.DataFrame) -> dict[str, dict[int, str]]:
     return {
         name: {d: _capacity_cell(means, records, name, d) for d in head_dims}
         for name in _order(records)
-        if name != series.REFERENCE
+        if name
+        != _reference(name)  # exact attention, at any depth, is what the rest is read against
     }
 
 
 def capacity(frame: pd.DataFrame) -> Table | None:
     """Per variant (rows) and head dim (columns): the largest n_pairs up to which its accuracy
-    stays within 10 points of exact attention's at the same head dim and n_pairs."""
+    stays within 10 points of exact attention's at the same head dim, depth and n_pairs."""
     records = capacity_records(frame)
     cells = _cells(records)
     if not cells:
@@ -206,7 +233,8 @@ def capacity(frame: pd.DataFrame) -> Table | None:
 
 def _capacity_cell(means, records, name, head_dim) -> str:
     mine = means[(means[ATTENTION] == name) & (means[HEAD_DIM] == head_dim)]
-    exact = means[(means[ATTENTION] == series.REFERENCE) & (means[HEAD_DIM] == head_dim)]
+    reference = _reference(name) if _reference(name) in set(means[ATTENTION]) else series.REFERENCE
+    exact = means[(means[ATTENTION] == reference) & (means[HEAD_DIM] == head_dim)]
     if mine.empty or exact.empty:
         return "—"
     jobs = records[(records[ATTENTION] == name) & (records[HEAD_DIM] == head_dim)]
@@ -276,7 +304,7 @@ def accuracy_vs_pairs(frame: pd.DataFrame) -> Figure:
             label = name
             if not jobs["job_learned"].any():
                 label += f" ({accuracy.not_learned_text(jobs)})"
-            # A stack in its efficient layer's colour, lighter and dotted.
+            # A stack (or another depth) in its efficient layer's colour, lighter and dotted.
             stacked = hybrid.efficient_layer(name) != name
             color = style.variant_color(hybrid.efficient_layer(name))
             color = style.shade(color, 1) if stacked else color

@@ -58,13 +58,13 @@ def entries(stack: str) -> list[str]:
 def unit(stack: str) -> list[str]:
     """The variants of a stack's repeating unit, in order: "3×deltanet+full" -> [deltanet,
     deltanet, deltanet, full] (options dropped: "full(impl=math)" is full)."""
-    return [entry.split("(", 1)[0] for entry in entries(stack)]
+    return [entry.split("(", 1)[0].strip() for entry in entries(stack)]
 
 
 def efficient_layer(stack: str) -> str:
     """The variant a stack is drawn as (its colour): its first layer that is not full; a plain
-    variant's name is itself."""
-    return next((n for n in unit(stack) if n != ALL_FULL), str(stack))
+    variant's is itself, whatever its row's label adds ("full (depth 4)": full)."""
+    return next((n for n in unit(stack) if n != ALL_FULL), ALL_FULL)
 
 
 def full_share(stack: str) -> float:

@@ -80,3 +80,23 @@ def test_a_hybrid_stack_is_its_own_row_not_exact_attentions():
     assert rows["mamba2+full (not learned)"]["4 pairs"] == "60.0"
     cells = capacity.capacity(frame).frame.set_index("variant")["head dim 16"]
     assert cells["mamba2+full"].startswith("not learned")
+
+
+def test_models_of_another_depth_are_their_own_rows_read_against_exact_attention_there():
+    """Depth 4 beside the preset's depth 2 (capacity's 3 : 1 stacks and their references): not
+    averaged into the depth-2 rows; each read against exact attention of its own depth."""
+    shape = {"d_model": 64, "n_heads": 4, "train.steps": 400, "trained_steps": 400}
+    deep_full = (1.0, 1.0, 0.99, 0.8, 0.6)
+    frame = capacity_sweep(
+        [
+            *((a, ACCURACY[a], {**shape, "depth": 2}) for a in ("full", "deltanet", "linear")),
+            ("full", deep_full, {**shape, "depth": 4}),
+            ("deltanet", (1.0, 0.99, 0.97, 0.75, 0.55), {**shape, "depth": 4}),
+        ]
+    )
+    rows = {r["variant"]: r for r in capacity.accuracy_by_pairs(frame).frame.to_dict("records")}
+    assert rows["full"]["64 pairs"] == "98.0" and rows["full (depth 4)"]["64 pairs"] == "60.0"
+    cells = capacity.capacity(frame).frame.set_index("variant")["head dim 16"]
+    # Within 10 points of depth 4's exact attention at every count; of depth 2's only to 16.
+    assert cells["deltanet (depth 4)"] == "≥ 64" and cells["deltanet"] == "32"
+    assert "full (depth 4)" not in cells  # exact attention is the reference, not a row
