@@ -11,7 +11,7 @@ import textwrap
 import pandas as pd
 from matplotlib.figure import Figure
 
-from analysis import load, series
+from analysis import load, series, table_command
 from analysis.column_names import (
     APPROX_REL_ERROR,
     ATTENTION,
@@ -301,3 +301,19 @@ SECTION = Section(
         ),
     },
 )
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`python -m analysis.approximation_error SWEEP_DIR...`: the knob table (whether each
+    variant's error on trained activations falls as its knob gets finer), as Markdown."""
+    table_command.print_tables(
+        "python -m analysis.approximation_error",
+        main.__doc__,
+        [error_by_knob],
+        "no approximation error over a swept knob (the knobs preset)",
+        argv,
+    )
+
+
+if __name__ == "__main__":
+    main()
