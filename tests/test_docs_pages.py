@@ -293,6 +293,18 @@ def test_the_mad_table_and_checks_are_their_snapshots():
     )
 
 
+def test_the_knob_table_is_its_snapshots():
+    from analysis import approximation_error
+    from analysis.load import load_results
+
+    frame = load_results([str(ROOT / "docs" / "results" / "knobs.csv")])
+    table = approximation_error.error_by_knob(frame).markdown().replace("## ", "### ")
+    assert table in (DOCS / "quality" / "approximation.md").read_text(), (
+        "docs/quality/approximation.md's knob table is not its snapshot's: run "
+        "python -m analysis.approximation_error docs/results/knobs.csv"
+    )
+
+
 def test_the_capacity_tables_and_checks_are_their_snapshots():
     from analysis import capacity, frontier, published
     from analysis.load import load_results
