@@ -50,7 +50,7 @@ def capacity_records(frame: pd.DataFrame) -> pd.DataFrame:
         or trained[SEQ_LEN].nunique() != 1
     ):
         return trained.iloc[0:0].assign(**{HEAD_DIM: pd.Series(dtype=int)})  # columns stay readable
-    trained = accuracy.with_learned(_depths_named(_stacks_named(trained)))
+    trained = accuracy.with_learned(_depths_named(_named(trained)))
     # The control is the smallest count a job was evaluated at (every state holds it), not
     # its shortest length: a capacity job has one length.
     smallest = trained.groupby("job_key")[PAIRS].transform("min")
@@ -59,17 +59,17 @@ def capacity_records(frame: pd.DataFrame) -> pd.DataFrame:
     return trained.copy().assign(**{HEAD_DIM: (trained[D_MODEL] // trained[N_HEADS]).astype(int)})
 
 
-def _stacks_named(records: pd.DataFrame) -> pd.DataFrame:
-    """A hybrid stack's records under its own name (`layers`, "gated_deltanet+full") as their
-    attention and variant: their `attention` is the full layers' (full), and a stack is not
-    exact attention's row."""
-    stacked = store.is_stack(records)
-    if not stacked.any():
-        return records
+def _named(records: pd.DataFrame) -> pd.DataFrame:
+    """Each row under the name it is read by, as its attention and variant: a plain model's
+    variant label (its attention and the options that vary among its rows, "sliding_window
+    window=64": two windows are two rows), a hybrid stack's `layers` ("gated_deltanet+full":
+    its `attention` is its full layers', and a stack is not exact attention's row)."""
     records = records.copy()
+    names = records["variant" if "variant" in records else ATTENTION].astype(object)
+    stacked = store.is_stack(records)
+    names[stacked] = records.loc[stacked, LAYERS].map(str)
     for column in (ATTENTION, "variant"):
-        records[column] = records[column].astype(object)
-        records.loc[stacked, column] = records.loc[stacked, LAYERS].map(str)
+        records[column] = names
     return records
 
 

@@ -100,3 +100,17 @@ def test_models_of_another_depth_are_their_own_rows_read_against_exact_attention
     # Within 10 points of depth 4's exact attention at every count; of depth 2's only to 16.
     assert cells["deltanet (depth 4)"] == "≥ 64" and cells["deltanet"] == "32"
     assert "full (depth 4)" not in cells  # exact attention is the reference, not a row
+
+
+def test_two_settings_of_a_variants_option_are_two_rows():
+    """A window swept on capacity: each window its own row, not their mean under one name."""
+    shape = {"d_model": 64, "n_heads": 4, "train.steps": 400, "trained_steps": 400}
+    frame = capacity_sweep(
+        [
+            ("full", ACCURACY["full"], shape),
+            ("sliding_window", (1.0, 0.9, 0.6, 0.4, 0.2), {**shape, "attention.window": 64}),
+            ("sliding_window", ACCURACY["full"], {**shape, "attention.window": 256}),
+        ]
+    )
+    cells = capacity.capacity(frame).frame.set_index("variant")["head dim 16"]
+    assert cells["sliding_window window=256"] == "≥ 64" and cells["sliding_window window=64"] == "8"
