@@ -116,9 +116,15 @@ def _means(records: pd.DataFrame) -> pd.DataFrame:
 
 
 def _order(records: pd.DataFrame) -> list[str]:
-    """Exact attention first, then by name (a stack beside its efficient layer)."""
+    """Exact attention first, then each efficient layer by name, followed by its other rows
+    (other depths, options, the stacks it is the efficient layer of)."""
     names = set(records[ATTENTION].map(str))
-    return sorted(names, key=lambda n: (n != series.REFERENCE, n))
+
+    def key(name: str) -> tuple:
+        family = hybrid.efficient_layer(name)
+        return (name != series.REFERENCE, family, len(hybrid.unit(name)) > 1, name != family, name)
+
+    return sorted(names, key=key)
 
 
 def accuracy_by_pairs(frame: pd.DataFrame) -> Table | None:
