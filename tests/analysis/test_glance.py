@@ -155,3 +155,22 @@ def test_the_capacity_cell_holds_the_head_dims_not_the_chosen_rates():
     )
     cells = glance._capacity(grid)
     assert cells["linear"].startswith("head dim 16: ") and "lr" not in cells["linear"]
+
+
+def test_the_capacity_column_reads_the_sweeps_usual_depth_only():
+    """Depth-4 models beside a depth-2 capacity sweep are the capacity page's rows, not the
+    glance's: one row per variant, at the preset's depth."""
+    from tests.analysis.suite_records import CAPACITY_PAIRS, capacity_sweep
+
+    shape = {"d_model": 64, "n_heads": 4, "train.steps": 400, "trained_steps": 400}
+    full = (1.0,) * len(CAPACITY_PAIRS)
+    frame = capacity_sweep(
+        [
+            ("full", full, {**shape, "depth": 2}),
+            ("linear", (0.99, 0.97, 0.92, 0.6, 0.3), {**shape, "depth": 2}),
+            ("linear", full, {**shape, "depth": 4}),
+            ("full", full, {**shape, "depth": 4}),
+            ("full", full, {**shape, "depth": 2, "seed": 1}),
+        ]
+    )
+    assert glance._capacity(frame) == {"full": "reference", "linear": "head dim 16: 16"}
