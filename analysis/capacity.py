@@ -204,11 +204,11 @@ def _cells(records: pd.DataFrame) -> dict[str, dict[int, str]]:
         return {}
     means = _means(records)
     head_dims = sorted(int(d) for d in records[HEAD_DIM].unique())
+    # Exact attention, at any depth, is what the other rows are read against: not a row.
     return {
         name: {d: _capacity_cell(means, records, name, d) for d in head_dims}
         for name in _order(records)
-        if name
-        != _reference(name)  # exact attention, at any depth, is what the rest is read against
+        if name != _reference(name)
     }
 
 
