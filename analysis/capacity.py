@@ -50,7 +50,7 @@ def capacity_records(frame: pd.DataFrame) -> pd.DataFrame:
         or trained[SEQ_LEN].nunique() != 1
     ):
         return trained.iloc[0:0].assign(**{HEAD_DIM: pd.Series(dtype=int)})  # columns stay readable
-    trained = accuracy.with_learned(_depths_named(_named(trained)))
+    trained = accuracy.with_learned(_shapes_named(_named(trained)))
     # The control is the smallest count a job was evaluated at (every state holds it), not
     # its shortest length: a capacity job has one length.
     smallest = trained.groupby("job_key")[PAIRS].transform("min")
@@ -73,29 +73,42 @@ def _named(records: pd.DataFrame) -> pd.DataFrame:
     return records
 
 
-def _depths_named(records: pd.DataFrame) -> pd.DataFrame:
-    """A model at another depth than most of the sweep's under its name and depth ("full
-    (depth 4)"): the rows are keyed by name and head dim, and two depths must not be averaged."""
-    if DEPTH not in records or records[DEPTH].nunique() < 2:
-        return records
-    usual = records[DEPTH].mode().iloc[0]
-    other = records[DEPTH] != usual
+# The model's shape beside head dim (its own column): a row at another depth or width than
+# most of the sweep's says so in its name.
+SHAPE = (DEPTH, D_MODEL)
+
+
+def _shapes_named(records: pd.DataFrame) -> pd.DataFrame:
+    """A model at another depth or width than most of the sweep's under its name and shape
+    ("full (depth 4)", "mamba2 (d_model 32)"): the rows are keyed by name and head dim, and two
+    shapes must not be averaged."""
     records = records.copy()
+    suffix = pd.Series("", index=records.index, dtype=object)
+    for column in (c for c in SHAPE if c in records and records[c].nunique() > 1):
+        other = records[column] != records[column].mode().iloc[0]
+        label = column.replace("_", " ") if column == DEPTH else column
+        values = records.loc[other, column].map(format_value)
+        suffix[other] = suffix[other] + ", " + label + " " + values
+    shaped = suffix != ""
     for column in (ATTENTION, "variant"):
         records[column] = records[column].astype(object)
-        records.loc[other, column] = (
-            records.loc[other, column].map(str)
-            + " (depth "
-            + records.loc[other, DEPTH].map(format_value)
-            + ")"
+        records.loc[shaped, column] = (
+            records.loc[shaped, column].map(str) + " (" + suffix[shaped].str[2:] + ")"
         )
     return records
 
 
+def of_usual_shape(frame: pd.DataFrame) -> pd.DataFrame:
+    """The records of the sweep's usual depth and width (each column's most frequent value)."""
+    for column in (c for c in SHAPE if c in frame and frame[c].nunique() > 1):
+        frame = frame[frame[column] == frame[column].mode().iloc[0]]
+    return frame
+
+
 def _reference(name: str) -> str:
-    """The exact-attention row a row is read against: its depth's ("full (depth 4)")."""
-    depth = name[name.index(" (depth ") :] if " (depth " in name else ""
-    return series.REFERENCE + depth
+    """The exact-attention row a row is read against: its shape's ("full (depth 4)")."""
+    shape = name[name.index(" (") :] if " (" in name else ""
+    return series.REFERENCE + shape
 
 
 def _mixture_note(records: pd.DataFrame) -> str:

@@ -211,11 +211,10 @@ def _recall(quality: pd.DataFrame | None) -> tuple[str, dict[str, str], str | No
 
 def _capacity(frame: pd.DataFrame | None) -> dict[str, str]:
     """Variant -> "head dim 16: 8; head dim 32: 16" from the report's capacity table (a row per
-    variant at the sweep's usual depth: hybrid stacks and other depths are the capacity page's)."""
+    variant at the sweep's usual depth and width: stacks and other shapes are the capacity
+    page's)."""
     if frame is not None:
-        frame = frame[~store.is_stack(frame)]
-        if "depth" in frame and frame["depth"].nunique() > 1:
-            frame = frame[frame["depth"] == frame["depth"].mode().iloc[0]]
+        frame = capacity.of_usual_shape(frame[~store.is_stack(frame)])
     table = None if frame is None else capacity.capacity(frame)
     if table is None:
         return {}

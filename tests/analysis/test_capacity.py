@@ -114,3 +114,21 @@ def test_two_settings_of_a_variants_option_are_two_rows():
     )
     cells = capacity.capacity(frame).frame.set_index("variant")["head dim 16"]
     assert cells["sliding_window window=256"] == "≥ 64" and cells["sliding_window window=64"] == "8"
+
+
+def test_a_model_of_another_width_is_its_own_row():
+    """Head dim 16 at d_model 32 (2 heads) beside the preset's d_model 64 (4 heads): its own
+    row, named by its width, not averaged into the preset's head dim 16."""
+    shape = {"d_model": 64, "n_heads": 4, "train.steps": 400, "trained_steps": 400}
+    narrow = {**shape, "d_model": 32, "n_heads": 2}
+    frame = capacity_sweep(
+        [
+            ("full", ACCURACY["full"], shape),
+            ("linear", ACCURACY["linear"], shape),
+            ("full", ACCURACY["full"], {**shape, "seed": 1}),
+            ("linear", ACCURACY["performer"], narrow),
+        ]
+    )
+    cells = capacity.capacity(frame).frame.set_index("variant")["head dim 16"]
+    assert cells["linear"] == "16"
+    assert cells["linear (d_model 32)"].startswith("not learned")
