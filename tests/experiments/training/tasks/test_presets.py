@@ -184,7 +184,7 @@ def test_every_mad_kind_builds_at_its_setting_with_its_readout(resolved_config, 
 def test_the_listops_preset_runs_every_variant_on_an_lr_grid(resolved_config):
     swept = _swept("listops")
     assert sorted(swept["attention"]) == sorted(variants.attention_names())
-    assert len(swept["train.lr"]) == 3
+    assert len(swept["train.lr"]) == 2  # the grid cut to fit the budget (its YAML says why)
     config = resolved_config("+experiment=listops", "attention=full")
     built = measure.setup(JobConfig.of(config))
     assert built.task.name == "listops" and config["seq_len"] < 2000
