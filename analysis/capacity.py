@@ -82,20 +82,26 @@ def _shapes_named(records: pd.DataFrame) -> pd.DataFrame:
     """A model at another depth or width than most of the sweep's under its name and shape
     ("full (depth 4)", "mamba2 (d_model 32)"): the rows are keyed by name and head dim, and two
     shapes must not be averaged."""
-    records = records.copy()
-    suffix = pd.Series("", index=records.index, dtype=object)
-    for column in (c for c in SHAPE if c in records and records[c].nunique() > 1):
-        other = records[column] != records[column].mode().iloc[0]
-        label = column.replace("_", " ") if column == DEPTH else column
-        values = records.loc[other, column].map(format_value)
-        suffix[other] = suffix[other] + ", " + label + " " + values
+    varying = [c for c in SHAPE if c in records and records[c].nunique() > 1]
+    if not varying:
+        return records
+    usual = {c: records[c].mode().iloc[0] for c in varying}
+    suffix = records[varying].apply(
+        lambda row: shape_text({c: row[c] for c in varying if row[c] != usual[c]}), axis=1
+    )
     shaped = suffix != ""
+    records = records.copy()
     for column in (ATTENTION, "variant"):
         records[column] = records[column].astype(object)
         records.loc[shaped, column] = (
-            records.loc[shaped, column].map(str) + " (" + suffix[shaped].str[2:] + ")"
+            records.loc[shaped, column].map(str) + " (" + suffix[shaped] + ")"
         )
     return records
+
+
+def shape_text(shape: dict) -> str:
+    """A model's shape as row names say it: {"depth": 4, "d_model": 32} -> "depth 4, d_model 32"."""
+    return ", ".join(f"{column} {format_value(value)}" for column, value in shape.items())
 
 
 def of_usual_shape(frame: pd.DataFrame) -> pd.DataFrame:

@@ -248,7 +248,7 @@ def _shapes_of_the_stacks(trained: pd.DataFrame) -> list[tuple[str, pd.DataFrame
     groups = []
     for _, kind in kinds.iterrows():
         mine = trained[trained[shape].fillna(-1).eq(kind[shape].fillna(-1)).all(axis=1)]
-        label = ", ".join(f"{c.replace('_', ' ')} {format_value(kind[c])}" for c in varies)
+        label = capacity.shape_text({c: kind[c] for c in varies})
         groups.append((label + ": " if label else "", mine))
     return groups
 
