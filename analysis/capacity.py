@@ -320,6 +320,11 @@ def accuracy_vs_pairs(frame: pd.DataFrame) -> Figure:
         style.message(axes[0], "no trained accuracy over several n_pairs at one length")
         return style.finish(fig)
     means = _means(records)
+    # Each row of a family (other shapes, options, its stacks) its own shade of the family's
+    # colour, in table order, dotted: a family's rows are told apart, not drawn alike.
+    families: dict[str, list[str]] = {}
+    for name in _order(records):
+        families.setdefault(hybrid.efficient_layer(name), []).append(name)
     for ax, head_dim in zip(axes, head_dims, strict=False):
         for name in _order(records):
             mine = means[(means[ATTENTION] == name) & (means[HEAD_DIM] == head_dim)]
@@ -329,10 +334,9 @@ def accuracy_vs_pairs(frame: pd.DataFrame) -> Figure:
             label = name
             if not jobs["job_learned"].any():
                 label += f" ({accuracy.not_learned_text(jobs)})"
-            # A stack (or another depth) in its efficient layer's colour, lighter and dotted.
-            stacked = hybrid.efficient_layer(name) != name
-            color = style.variant_color(hybrid.efficient_layer(name))
-            color = style.shade(color, 1) if stacked else color
+            family = hybrid.efficient_layer(name)
+            stacked = family != name
+            color = style.shade(style.variant_color(family), families[family].index(name))
             ax.plot(
                 mine[PAIRS],
                 mine["mean"] * 100,
