@@ -10,7 +10,7 @@
   to the same kernel at `n_kv_heads` = `n_heads`.
 
 Both are None unless the records hold more than one head dim, so the report of any other sweep
-is unchanged.
+is unchanged. Alone: `python -m analysis.head_dims PATH...` prints both (docs/heads.md's).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import math
 
 import pandas as pd
 
-from analysis import fit, scaling_fits, series
+from analysis import fit, scaling_fits, series, table_command
 from analysis.column_names import (
     ATTENTION,
     ATTN_FWD_BWD_MS,
@@ -245,3 +245,19 @@ SECTION = Section(
     "Head dims",
     tables=(TableSpec(crossovers_by_head_dim), TableSpec(grouped_kv_heads)),
 )
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`python -m analysis.head_dims SWEEP_DIR...`: the crossover by head dim and the grouped KV
+    heads' ratios, as Markdown."""
+    table_command.print_tables(
+        "python -m analysis.head_dims",
+        main.__doc__,
+        [crossovers_by_head_dim, grouped_kv_heads],
+        "no records over more than one head dim (the heads preset)",
+        argv,
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,7 +1,8 @@
 """Masks and grouped KV heads: what each costs a kernel, as a ratio to the same kernel without.
 
     python -m benchmarks.mask_cost                          # 16K tokens, every variant that can
-    python -m benchmarks.mask_cost --seq-len 4096 --kernels full,blockwise --markdown out.md
+    python -m benchmarks.mask_cost --seq-len 4096 --kernels full,blockwise --csv out.csv
+    python -m benchmarks.mask_cost --table docs/results/mask_cost.csv   # a snapshot's table
 
 For every variant whose spec takes the input, the kernel's forward+backward at batch 1, fp32,
 causal where it can be, one thread by default, at its registry defaults: `padding` (the last
@@ -18,6 +19,7 @@ The shapes and the timing in full: docs/internals-analysis.md, "mask_cost".
 from __future__ import annotations
 
 import argparse
+import csv
 import datetime
 import math
 import subprocess
@@ -62,6 +64,17 @@ class Cost:
     base_ms: float | None = None
     error: str | None = None
     memory_ratio: float | None = None
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What a table was measured with: its length, rounds per row, threads, commit and day."""
+
+    seq_len: int
+    rounds: int
+    threads: int
+    commit: str
+    date: str
 
 
 @dataclass(frozen=True)
@@ -270,16 +283,77 @@ def git_commit() -> str:
         return "unknown"
 
 
-def header(length: int, rounds: int, threads: int) -> str:
+def header(settings: Settings) -> str:
     """The settings a table was measured with, one paragraph."""
-    today = datetime.date.today().isoformat()
     return (
-        f"Measured {today} at commit `{git_commit()}`: L={length}, batch 1, head_dim "
-        f"{HEAD_DIM}, fp32, {threads} thread(s), forward+backward, at least {rounds} "
-        f"interleaved rounds per row (`python -m benchmarks.mask_cost --seq-len {length}`). "
-        f"Ratios are medians over rounds of with / without in the same round; **bold ⚠**: a "
-        f"mask above {BOUND}× on a kernel that can skip whole blocks."
+        f"Measured {settings.date} at commit `{settings.commit}`: L={settings.seq_len}, batch 1, "
+        f"head_dim {HEAD_DIM}, fp32, {settings.threads} thread(s), forward+backward, at least "
+        f"{settings.rounds} interleaved rounds per row (`python -m benchmarks.mask_cost "
+        f"--seq-len {settings.seq_len}`). Ratios are medians over rounds of with / without in "
+        f"the same round; **bold ⚠**: a mask above {BOUND}× on a kernel that can skip whole "
+        f"blocks."
     )
+
+
+# A snapshot: one line per (variant, input) measured, the settings repeated on each line.
+CSV_FIELDS = (
+    "variant", "feature", "ratio", "ratio_iqr", "ratio_rounds", "base_ms", "memory_ratio",
+    "error", "seq_len", "rounds", "threads", "commit", "date",
+)  # fmt: skip
+
+
+def write_csv(rows: list[Row], settings: Settings, path: Path) -> None:
+    """`rows` as a snapshot at `path` (CSV_FIELDS; empty cells where not measured)."""
+    with path.open("w", newline="") as file:
+        writer = csv.DictWriter(file, CSV_FIELDS)
+        writer.writeheader()
+        for row in rows:
+            for feature, cost in row.costs.items():
+                m = cost.ratio
+                cells = (None, None, None) if m is None else (m.median, m.iqr, m.rounds)
+                writer.writerow(
+                    {
+                        "variant": row.variant,
+                        "feature": feature,
+                        **dict(zip(CSV_FIELDS[2:5], map(_cell, cells), strict=True)),
+                        "base_ms": _cell(cost.base_ms),
+                        "memory_ratio": _cell(cost.memory_ratio),
+                        "error": cost.error or "",
+                        **vars(settings),
+                    }
+                )
+
+
+def _cell(value: float | None) -> str:
+    return "" if value is None else str(value)  # str(float) round-trips
+
+
+def _number(cell: str) -> float | None:
+    return float(cell) if cell else None
+
+
+def read_csv(path: Path) -> tuple[list[Row], Settings]:
+    """The rows and settings of a snapshot written by `write_csv`."""
+    with path.open(newline="") as file:
+        lines = list(csv.DictReader(file))
+    if not lines:
+        raise ValueError(f"{path} holds no measured rows")
+    costs: dict[str, dict[str, Cost]] = {}
+    for line in lines:
+        measured = None
+        if line["ratio"]:
+            measured = Ratio(
+                float(line["ratio"]), float(line["ratio_iqr"]), int(line["ratio_rounds"])
+            )
+        costs.setdefault(line["variant"], {})[line["feature"]] = Cost(
+            measured, _number(line["base_ms"]), line["error"] or None, _number(line["memory_ratio"])
+        )
+    first = lines[0]
+    settings = Settings(
+        int(first["seq_len"]), int(first["rounds"]), int(first["threads"]), first["commit"],
+        first["date"],
+    )  # fmt: skip
+    return [Row(variant, found) for variant, found in costs.items()], settings
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -297,12 +371,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--features", default=",".join(FEATURES), help=f"subset of {','.join(FEATURES)}"
     )
-    parser.add_argument("--markdown", type=Path, help="also write the table (and settings) here")
+    parser.add_argument("--csv", type=Path, help="also write the rows here (a snapshot)")
+    parser.add_argument(
+        "--table", type=Path, help="measure nothing: print this snapshot's settings and table"
+    )
     return parser.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> list[Row]:
     args = parse_args(argv)
+    if args.table is not None:
+        rows, settings = read_csv(args.table)
+        print(header(settings) + "\n\n" + table(rows))
+        return rows
     torch.set_num_threads(args.threads)
     names = args.kernels.split(",") if args.kernels else attention_names()
     unknown = sorted(set(names) - set(attention_names()))
@@ -310,19 +391,20 @@ def main(argv: list[str] | None = None) -> list[Row]:
     if unknown or not set(features) <= set(FEATURES):
         bad = unknown[0] if unknown else features
         raise SystemExit(f"unknown kernel or feature {bad!r}; kernels: {attention_names()}")
+    settings = Settings(
+        args.seq_len, args.rounds, torch.get_num_threads(), git_commit(),
+        datetime.date.today().isoformat(),
+    )  # fmt: skip
     print(
-        f"L={args.seq_len}, threads {torch.get_num_threads()}, {args.rounds} rounds, "
+        f"L={args.seq_len}, threads {settings.threads}, {args.rounds} rounds, "
         f"{args.min_round_s:g} s per contender and round",
         flush=True,
     )
     log = lambda line: print(line, flush=True)  # noqa: E731
     rows = measure(names, args.seq_len, args.rounds, args.min_round_s, features, log)
-    text = table(rows)
-    print("\n" + text)
-    if args.markdown is not None:
-        args.markdown.write_text(
-            header(args.seq_len, args.rounds, torch.get_num_threads()) + "\n\n" + text + "\n"
-        )
+    print("\n" + header(settings) + "\n\n" + table(rows))
+    if args.csv is not None:
+        write_csv(rows, settings, args.csv)
     return rows
 
 

@@ -245,3 +245,13 @@ def test_the_direction_says_when_the_lengths_do_not_order_the_crossovers():
         "up: 2,000 → 5,000 from head dim 32 to 128 (×2.5) (uncertain)"
     )
     assert head_dims.direction({32: crossed(2000)}) == "—"
+
+
+def test_the_command_prints_both_tables_of_a_results_file(tmp_path, capsys):
+    path = tmp_path / "results.csv"
+    pd.DataFrame(heads_records()).to_csv(path, index=False)
+    head_dims.main([str(path)])
+    text = capsys.readouterr().out
+    records = frame_of(heads_records())
+    assert head_dims.crossovers_by_head_dim(records).markdown() in text
+    assert head_dims.grouped_kv_heads(records).markdown() in text
