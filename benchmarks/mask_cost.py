@@ -22,7 +22,6 @@ import argparse
 import csv
 import datetime
 import math
-import subprocess
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -31,6 +30,7 @@ from pathlib import Path
 import torch
 
 from experiments.measurement.memory import peak_memory_bytes
+from experiments.measurement.provenance import git_commit
 from experiments.measurement.timing import Ratio, quartiles, ratio, round_timer, time_in_rounds
 from variants import ModelConfig, attention_names
 from variants.attention.common.base import sample_gates
@@ -268,19 +268,6 @@ def table(rows: list[Row]) -> str:
             f"| {base_cell(row, ('gqa',))} | {cell(row, 'gqa')} | {memory_cell(row)} |"
         )
     return "\n".join(lines)
-
-
-def git_commit() -> str:
-    try:
-        return subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            check=True,
-            cwd=Path(__file__).parent,
-        ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def header(settings: Settings) -> str:

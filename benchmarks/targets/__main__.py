@@ -6,17 +6,21 @@
         --skip-flex --skip-memory --skip-depth --skip-decode --csv targets.csv
     python -m benchmarks.targets --million       # one 2^20-token training step per O(L) variant
     python -m benchmarks.targets --reformer      # 12 LSH layers at 64K, reversible vs residual
+    python -m benchmarks.targets --table docs/results/selection_targets.csv  # a CSV's table
 
 Every contender (SDPA included) runs with PyTorch's transparent-huge-page allocations
 (THP_MEM_ALLOC_ENABLE=1, set by the `benchmarks` package before torch starts unless the
 environment sets it; `THP_MEM_ALLOC_ENABLE=0` measures without); the first line says which.
 The kernel rows measure at --batch, --heads, --head-dim, --dtype and --device (default 1, 4, 64,
-float32, cpu: the shape the bounds were set at); `--csv PATH` also writes the table there.
+float32, cpu: the shape the bounds were set at); `--csv PATH` also writes the table there, with
+the run's shape, threads, commit and day on every row, and `--table PATH` prints such a file's
+run and table again without measuring.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
 from pathlib import Path
@@ -33,13 +37,18 @@ from benchmarks.targets.reversible_depth import depth_targets
 from benchmarks.targets.speed import LENGTHS, kernel_targets, time_kernels
 from benchmarks.targets.step_memory import MEMORY_LENGTH, memory_targets
 from benchmarks.targets.steps import ROW_PREFIX, print_step_table, step_row
-from benchmarks.targets.table import Target, print_table, write_csv
+from benchmarks.targets.table import Target, markdown, print_table, read_csv, write_csv
+from experiments.measurement.provenance import git_commit
 from experiments.measurement.timing import matmul_gflops_per_s
 from variants import attention_names
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    if args.table is not None:
+        rows, run = read_csv(args.table)
+        print(", ".join(f"{k} {v}" for k, v in run.items()) + "\n\n" + markdown(rows))
+        return
     torch.set_num_threads(args.threads)
     if args.step_row:
         print(ROW_PREFIX + json.dumps(step_row(*args.step_row.split(":"))), flush=True)
@@ -61,6 +70,8 @@ def main(argv: list[str] | None = None) -> None:
             "dtype": str(at.dtype).removeprefix("torch."),
             "device": at.device.type,
             "threads": torch.get_num_threads(),
+            "commit": git_commit(),
+            "date": datetime.date.today().isoformat(),
         }
         write_csv(args.csv, targets, run)
         print(f"wrote {len(targets)} rows to {args.csv}")
@@ -176,6 +187,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         type=Path,
         help="also write the target table to this CSV file: one row per target, with the "
         "run's shape (not with --million or --reformer)",
+    )
+    parser.add_argument(
+        "--table",
+        type=Path,
+        help="measure nothing: print the run and the table of a CSV written by --csv",
     )
     parser.add_argument(
         "--rounds",

@@ -36,12 +36,18 @@ def met_text(row: Target) -> str:
     return "" if row.met is None else ("yes" if row.met else "NO")
 
 
-def print_table(rows: list[Target]) -> None:
+def markdown(rows: list[Target]) -> str:
+    """The table as Markdown: target, measured (two decimals), bound, met."""
     width = max(len(r.name) for r in rows)
-    print(f"\n| {'target'.ljust(width)} | measured | bound | met |")
-    print(f"|{'-' * (width + 2)}|---------:|-------|-----|")
+    lines = [f"| {'target'.ljust(width)} | measured | bound | met |"]
+    lines.append(f"|{'-' * (width + 2)}|---------:|-------|-----|")
     for r in rows:
-        print(f"| {r.name.ljust(width)} | {r.value:8.2f} | {r.bound} | {met_text(r)} |")
+        lines.append(f"| {r.name.ljust(width)} | {r.value:8.2f} | {r.bound} | {met_text(r)} |")
+    return "\n".join(lines)
+
+
+def print_table(rows: list[Target]) -> None:
+    print("\n" + markdown(rows))
 
 
 def write_csv(path: Path, rows: list[Target], run: Mapping[str, object]) -> None:
@@ -52,3 +58,17 @@ def write_csv(path: Path, rows: list[Target], run: Mapping[str, object]) -> None
         writer.writerow(["target", "measured", "bound", "met", *run])
         for r in rows:
             writer.writerow([r.name, r.value, r.bound, met_text(r), *run.values()])
+
+
+MET = {"yes": True, "NO": False, "": None}
+
+
+def read_csv(path: Path) -> tuple[list[Target], dict[str, str]]:
+    """The rows of a table `write_csv` wrote, and its run's columns (as text)."""
+    with open(path, newline="") as file:
+        lines = list(csv.DictReader(file))
+    if not lines:
+        raise ValueError(f"{path} holds no target rows")
+    rows = [Target(x["target"], float(x["measured"]), x["bound"], MET[x["met"]]) for x in lines]
+    run = {k: v for k, v in lines[0].items() if k not in ("target", "measured", "bound", "met")}
+    return rows, run

@@ -77,7 +77,7 @@ def test_a_run_below_4096_writes_the_table_as_csv(tmp_path, capsys, one_call):
         rows = list(csv.DictReader(file))
     assert list(rows[0]) == [
         *("target", "measured", "bound", "met"),
-        *("batch", "heads", "head_dim", "dtype", "device", "threads"),
+        *("batch", "heads", "head_dim", "dtype", "device", "threads", "commit", "date"),
     ]
     assert [[r["target"], f"{float(r['measured']):.2f}", r["bound"], r["met"]] for r in rows] == [
         [name, value, bound, met] for name, value, bound, met in printed
@@ -88,3 +88,8 @@ def test_a_run_below_4096_writes_the_table_as_csv(tmp_path, capsys, one_call):
     names = {r["target"] for r in rows}
     assert {"linear speed-up, L=64", "strided scaling exponent 64->128"} <= names
     assert kernels.shape() == kernels.Shape()  # the run's shape ends with it
+    # the file's table is the printed one, read back without measuring
+    cli.main(["--table", str(path)])
+    again = capsys.readouterr().out
+    assert again.startswith("batch 2, heads 2, head_dim 16, dtype float32, device cpu, threads")
+    assert again.split("\n\n", 1)[1].strip() in out
