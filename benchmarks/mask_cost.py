@@ -11,9 +11,7 @@ heads on 2 key/value heads, against 8: time, and the peak memory ratio), each ag
 call without. The contenders of a row are timed in interleaved rounds
 (`timing.time_in_rounds`), each ratio the median over rounds (`timing.ratio`): above 1, the
 input costs time. A ratio above `BOUND` (1.3) on a kernel that can skip whole blocks (its
-spec's `block_sparse_work`) is flagged in the table.
-
-The shapes and the timing in full: docs/internals-analysis.md, "mask_cost".
+spec's `block_sparse_work`) is flagged. Shapes and timing: docs/internals-analysis.md.
 """
 
 from __future__ import annotations

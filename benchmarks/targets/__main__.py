@@ -12,9 +12,8 @@ Every contender (SDPA included) runs with PyTorch's transparent-huge-page alloca
 (THP_MEM_ALLOC_ENABLE=1, set by the `benchmarks` package before torch starts unless the
 environment sets it; `THP_MEM_ALLOC_ENABLE=0` measures without); the first line says which.
 The kernel rows measure at --batch, --heads, --head-dim, --dtype and --device (default 1, 4, 64,
-float32, cpu: the shape the bounds were set at); `--csv PATH` also writes the table there, with
-the run's shape, threads, commit and day on every row, and `--table PATH` prints such a file's
-run and table again without measuring.
+float32, cpu: the shape the bounds were set at); `--csv PATH` also writes the table and the run
+(shape, threads, commit, day) there, which `--table PATH` prints again without measuring.
 """
 
 from __future__ import annotations
