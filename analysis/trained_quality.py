@@ -2,7 +2,8 @@
 configuration (`quality`), trained quality against sequence length (`quality_by_length`, read
 against chance, the key-blind floor and exact attention's ceiling) as a table and a figure
 (`accuracy_vs_seq_len`), and the trained-with × evaluated-with table (`cross_evaluation`). What
-an accuracy is read against: `analysis.accuracy`.
+an accuracy is read against: `analysis.accuracy`. Alone: `python -m analysis.trained_quality
+PATH...` prints the tables (docs/swap.md's).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import pandas as pd
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
-from analysis import accuracy, coverage, section, series, tuning
+from analysis import accuracy, coverage, section, series, table_command, tuning
 from analysis.column_names import (
     ATTENTION,
     EVAL_ACCURACY,
@@ -338,3 +339,19 @@ SECTION = Section(
         ),
     },
 )
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`python -m analysis.trained_quality SWEEP_DIR...`: quality and cost after training, by
+    length, and trained-with × evaluated-with, as Markdown (those the records fill)."""
+    table_command.print_tables(
+        "python -m analysis.trained_quality",
+        main.__doc__,
+        [quality, quality_by_length, cross_evaluation],
+        "no trained quality in these records",
+        argv,
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -77,3 +77,15 @@ def test_a_learning_rate_grid_shows_each_variants_chosen_rate_only():
     ]  # fmt: skip
     assert rows[0]["lr (grid)"] == "0.001 of {0.001, 0.003}"
     assert rows[1]["lr (grid)"] == "0.003 of {0.001, 0.003}"
+
+
+def test_the_command_prints_the_table_of_a_results_file(tmp_path, capsys):
+    rows = [
+        {"seed": 0, "eval_bits_per_byte": 2.0, "step_ms": 10.0},
+        {"seed": 0, "attention": "linear", "eval_bits_per_byte": 2.5, "step_ms": 5.0},
+    ]
+    frame = _records(*rows)
+    path = tmp_path / "results.csv"
+    frame.to_csv(path, index=False)
+    trained_quality.main([str(path)])
+    assert trained_quality.quality(frame).markdown() in capsys.readouterr().out
