@@ -228,6 +228,40 @@ def _family_rank(cls: type) -> int:
     return FAMILIES.index(family) if family in FAMILIES else len(FAMILIES)
 
 
+# A million tokens: a variant runs the `million` preset's step when its own FLOP model
+# (`Attention.flops`, causal, at its defaults, 4 heads of 64) puts a forward at 2^20 tokens at
+# most MILLION_FLOPS. The count is extrapolated from 8K and 16K by its growth between them (the
+# plans some models build at 2^20 take seconds each): exact for the linear and quadratic ones,
+# 4-5x low for MoBA and NSA, whose L^2/b terms grow late. NSA (1.5e13 counted at 2^20, about
+# half an hour of a core) is the costliest that ran; the quadratic ones are 1.2e14 and more.
+MILLION_TOKENS = 2**20
+MILLION_FLOPS = 5e13
+
+
+def forward_flops(spec: AttentionSpec, seq_len: int, heads: int = 4, head_dim: int = 64):
+    """A causal forward's FLOPs at `seq_len` (batch 1) by the variant's own FLOP model, at its
+    defaults; None when it cannot be causal or has no FLOP model."""
+    if not spec.causal_supported:
+        return None
+    try:
+        return spec.build(causal=True).flops(1, heads, seq_len, head_dim)
+    except NotImplementedError:
+        return None
+
+
+def million_flops(spec: AttentionSpec) -> float | None:
+    """`forward_flops` at MILLION_TOKENS, extrapolated from 8K and 16K; None as it."""
+    at_8k, at_16k = (forward_flops(spec, n) for n in (2**13, 2**14))
+    if not at_8k or not at_16k:
+        return None
+    return at_16k * (at_16k / at_8k) ** 6  # six doublings from 2^14 to 2^20
+
+
+def _runs_a_million(spec: AttentionSpec) -> bool:
+    flops = million_flops(spec)
+    return flops is not None and flops <= MILLION_FLOPS
+
+
 # What `select` filters on: each word a predicate on a spec. `published`: a variant measured
 # through the presets registered for it (combined -> longformer, bigbird, sparse_fixed) is left
 # out, its presets stay.
@@ -240,6 +274,7 @@ CAPABILITIES = {
     "gqa": lambda spec: spec.supports_gqa,
     "padding": lambda spec: spec.supports_padding_mask,
     "documents": lambda spec: spec.supports_segments,
+    "million": _runs_a_million,
     "published": lambda spec: (
         bool(spec.preset)
         or not any(

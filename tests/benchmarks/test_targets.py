@@ -9,6 +9,7 @@ import pytest
 
 from benchmarks.targets import __main__ as cli
 from benchmarks.targets import call_timing, decode, flex_compare, kernels, million, steps
+from variants.registry import MILLION_FLOPS, attention_spec, forward_flops, million_flops, select
 
 
 def test_kernels_are_the_layers_of_the_targets_model():
@@ -92,13 +93,29 @@ def test_million_rows_run_each_step_in_its_own_process(capsys):
     assert ran.seconds > 0 and ran.peak_rss_bytes > 2**20
     assert 0 < ran.cpu_seconds  # the step's process time, every thread
     assert ran.bound_bytes == million.MILLION_LIMIT_BYTES
-    assert left_out.seconds is None and "quadratic" in left_out.note
+    assert left_out.seconds is None and "FLOP per forward at 2^20 tokens" in left_out.note
     failed = steps.run_step_row("broken", "no-such-variant", 256, 1, "residual", 256)
     assert failed.seconds is None and "no-such-variant" in failed.note
     steps.print_step_table([*rows, failed])
     table = capsys.readouterr().out
     assert "| blockwise, 1 layer, L=256 |" in table and "| < 16 GB | yes |" in table
     assert "| broken | | | | | failed (exit 1)" in table
+
+
+def test_a_million_tokens_run_the_variants_their_flop_models_let():
+    chosen = million.million_kernels()
+    skipped = million.not_run()
+    assert not set(chosen) & set(skipped)
+    assert set(chosen) | set(skipped) == set(select("causal", "published"))
+    for name in chosen:  # within the budget, by the variant's own FLOP model
+        assert million_flops(attention_spec(name)) <= MILLION_FLOPS
+    assert {"full", "compressed", "sparse_fixed"} <= set(skipped)  # quadratic: >= 1.2e14
+    # every variant whose cost is linear in the length is in, the families of 2025 too
+    for name in select("causal", "published"):
+        spec = attention_spec(name)
+        if forward_flops(spec, 2**14) == 2 * forward_flops(spec, 2**13):
+            assert name in chosen
+    assert {"gated_deltanet", "mamba2", "sliding_window", "nsa", "moba"} <= set(chosen)
 
 
 def test_the_memory_bound_is_16_gb_to_a_million_tokens_and_20_beyond():
