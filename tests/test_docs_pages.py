@@ -328,3 +328,16 @@ def test_the_capacity_tables_and_checks_are_their_snapshots():
         "docs/quality.md's published checks are not the snapshots': run python -m "
         "analysis.published docs/results/capacity.csv docs/results/long_range_quick.csv"
     )
+
+
+def test_the_heads_tables_are_their_snapshots():
+    from analysis import head_dims
+    from analysis.load import load_results
+
+    frame = load_results([str(ROOT / "docs" / "results" / "heads.csv")])
+    page = (DOCS / "heads.md").read_text()
+    for table in (head_dims.crossovers_by_head_dim(frame), head_dims.grouped_kv_heads(frame)):
+        assert table.markdown().replace("## ", "### ") in page, (
+            "docs/heads.md's tables are not its snapshot's: run "
+            "python -m analysis.head_dims docs/results/heads.csv"
+        )
