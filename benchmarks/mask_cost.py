@@ -295,12 +295,13 @@ def write_csv(rows: list[Row], settings: Settings, path: Path) -> None:
         for row in rows:
             for feature, cost in row.costs.items():
                 m = cost.ratio
-                cells = (None, None, None) if m is None else (m.median, m.iqr, m.rounds)
                 writer.writerow(
                     {
                         "variant": row.variant,
                         "feature": feature,
-                        **dict(zip(CSV_FIELDS[2:5], map(_cell, cells), strict=True)),
+                        "ratio": _cell(m and m.median),
+                        "ratio_iqr": _cell(m and m.iqr),
+                        "ratio_rounds": _cell(m and m.rounds),
                         "base_ms": _cell(cost.base_ms),
                         "memory_ratio": _cell(cost.memory_ratio),
                         "error": cost.error or "",
@@ -366,9 +367,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> list[Row]:
     args = parse_args(argv)
     if args.table is not None:
-        rows, settings = read_csv(args.table)
+        try:
+            rows, settings = read_csv(args.table)
+        except (OSError, ValueError, KeyError) as error:
+            raise SystemExit(
+                f"--table {args.table}: not a mask_cost snapshot ({error!r})"
+            ) from None
         print(header(settings) + "\n\n" + table(rows))
         return rows
+    if args.csv is not None and not args.csv.parent.is_dir():  # before minutes of measuring
+        raise SystemExit(f"--csv: folder {str(args.csv.parent)!r} does not exist")
     torch.set_num_threads(args.threads)
     names = args.kernels.split(",") if args.kernels else attention_names()
     unknown = sorted(set(names) - set(attention_names()))

@@ -250,7 +250,8 @@ def forward_flops(spec: AttentionSpec, seq_len: int, heads: int = 4, head_dim: i
 
 
 def million_flops(spec: AttentionSpec) -> float | None:
-    """`forward_flops` at MILLION_TOKENS, extrapolated from 8K and 16K; None as it."""
+    """`forward_flops` at MILLION_TOKENS, extrapolated from 8K and 16K; None where
+    `forward_flops` is."""
     at_8k, at_16k = (forward_flops(spec, n) for n in (2**13, 2**14))
     if not at_8k or not at_16k:
         return None

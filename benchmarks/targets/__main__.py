@@ -45,7 +45,10 @@ from variants import attention_names
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     if args.table is not None:
-        rows, run = read_csv(args.table)
+        try:
+            rows, run = read_csv(args.table)
+        except (OSError, ValueError, KeyError) as error:
+            raise SystemExit(f"--table {args.table}: not a targets CSV ({error!r})") from None
         print(", ".join(f"{k} {v}" for k, v in run.items()) + "\n\n" + markdown(rows))
         return
     torch.set_num_threads(args.threads)

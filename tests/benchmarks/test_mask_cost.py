@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 
+import pytest
+
 from benchmarks import mask_cost
 from experiments.measurement.timing import Ratio
 
@@ -61,3 +63,10 @@ def test_a_snapshot_keeps_failures_and_unmeasured_memory(tmp_path):
     mask_cost.write_csv(rows, settings, tmp_path / "s.csv")
     assert mask_cost.read_csv(tmp_path / "s.csv") == (rows, settings)
     assert "error: RuntimeError: out of memory" in mask_cost.table(rows)
+
+
+def test_a_bad_snapshot_or_csv_folder_is_one_line_before_any_measuring(tmp_path):
+    with pytest.raises(SystemExit, match=r"--table .*not a mask_cost snapshot"):
+        mask_cost.main(["--table", str(tmp_path / "missing.csv")])
+    with pytest.raises(SystemExit, match=r"--csv: folder .* does not exist"):
+        mask_cost.main(["--kernels", "full", "--csv", str(tmp_path / "no" / "s.csv")])
