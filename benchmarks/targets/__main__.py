@@ -6,6 +6,7 @@
         --skip-flex --skip-memory --skip-depth --skip-decode --csv targets.csv
     python -m benchmarks.targets --million       # one 2^20-token training step per O(L) variant
     python -m benchmarks.targets --reformer      # 12 LSH layers at 64K, reversible vs residual
+    python -m benchmarks.targets --million --csv docs/results/million.csv
     python -m benchmarks.targets --table docs/results/selection_targets.csv  # a CSV's table
 
 Every contender (SDPA included) runs with PyTorch's transparent-huge-page allocations
@@ -35,7 +36,16 @@ from benchmarks.targets.reformer import REFORMER_LENGTH, reformer_rows
 from benchmarks.targets.reversible_depth import depth_targets
 from benchmarks.targets.speed import LENGTHS, kernel_targets, time_kernels
 from benchmarks.targets.step_memory import MEMORY_LENGTH, memory_targets
-from benchmarks.targets.steps import ROW_PREFIX, print_step_table, step_row
+from benchmarks.targets.steps import (
+    ROW_PREFIX,
+    StepRow,
+    is_step_csv,
+    print_step_table,
+    read_step_csv,
+    step_markdown,
+    step_row,
+    write_step_csv,
+)
 from benchmarks.targets.table import Target, markdown, print_table, read_csv, write_csv
 from experiments.measurement.provenance import git_commit
 from experiments.measurement.timing import matmul_gflops_per_s
@@ -45,20 +55,14 @@ from variants import attention_names
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     if args.table is not None:
-        try:
-            rows, run = read_csv(args.table)
-        except (OSError, ValueError, KeyError) as error:
-            raise SystemExit(f"--table {args.table}: not a targets CSV ({error!r})") from None
-        print(", ".join(f"{k} {v}" for k, v in run.items()) + "\n\n" + markdown(rows))
+        print(saved_table(args.table))
         return
     torch.set_num_threads(args.threads)
     if args.step_row:
         print(ROW_PREFIX + json.dumps(step_row(*args.step_row.split(":"))), flush=True)
         return
     if args.million or args.reformer:
-        rows = million_rows(args.million_len, args.kernels) if args.million else []
-        rows += reformer_rows(args.reformer_len, args.reformer_d_model) if args.reformer else []
-        print_step_table(rows)
+        run_steps(args)
         return
     with measured_at(args.shape):
         targets = measure(args)
@@ -71,12 +75,53 @@ def main(argv: list[str] | None = None) -> None:
             "head_dim": at.head_dim,
             "dtype": str(at.dtype).removeprefix("torch."),
             "device": at.device.type,
-            "threads": torch.get_num_threads(),
-            "commit": git_commit(),
-            "date": datetime.date.today().isoformat(),
+            **provenance(),
         }
         write_csv(args.csv, targets, run)
         print(f"wrote {len(targets)} rows to {args.csv}")
+
+
+def provenance() -> dict[str, object]:
+    """The columns every CSV row of a run carries: threads, commit and day."""
+    return {
+        "threads": torch.get_num_threads(),
+        "commit": git_commit(),
+        "date": datetime.date.today().isoformat(),
+    }
+
+
+def saved_table(path: Path) -> str:
+    """The run line and table of a CSV that `--csv` wrote (target or step rows)."""
+    try:
+        if is_step_csv(path):
+            steps, run = read_step_csv(path)
+            table = step_markdown(steps)
+        else:
+            targets, run = read_csv(path)
+            table = markdown(targets)
+    except (OSError, ValueError, KeyError) as error:
+        raise SystemExit(f"--table {path}: not a targets CSV ({error!r})") from None
+    return ", ".join(f"{k} {v}" for k, v in run.items()) + "\n\n" + table
+
+
+def run_steps(args: argparse.Namespace) -> None:
+    """The `--million` and `--reformer` rows, one process each; with `--csv`, the file is
+    written again after every row, so a run stopped midway keeps the rows that ended."""
+    rows: list[StepRow] = []
+    run = provenance()
+
+    def keep(row: StepRow) -> None:
+        rows.append(row)
+        if args.csv is not None:
+            write_step_csv(args.csv, rows, run)
+
+    if args.million:
+        million_rows(args.million_len, args.kernels, keep)
+    if args.reformer:
+        reformer_rows(args.reformer_len, args.reformer_d_model, keep)
+    print_step_table(rows)
+    if args.csv is not None:
+        print(f"wrote {len(rows)} rows to {args.csv}")
 
 
 def measure(args: argparse.Namespace) -> list[Target]:
@@ -188,7 +233,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--csv",
         type=Path,
         help="also write the target table to this CSV file: one row per target, with the "
-        "run's shape (not with --million or --reformer)",
+        "run's shape (with --million or --reformer: their step rows, after every row)",
     )
     parser.add_argument(
         "--table",
@@ -276,8 +321,6 @@ def _check(parser: _Parser, args: argparse.Namespace) -> None:
         )
     if args.csv is not None and not args.csv.parent.is_dir():
         parser.error(f"argument --csv: folder {str(args.csv.parent)!r} does not exist")
-    if args.csv is not None and (args.million or args.reformer):
-        parser.error("argument --csv: writes the target table, which --million and --reformer skip")
     args.shape = Shape(
         args.batch, args.heads, args.head_dim, DTYPES[args.dtype], torch.device(device)
     )

@@ -4,7 +4,7 @@ O(L) variant, each in its own process (`steps`), its peak RSS bound 16 GB."""
 from __future__ import annotations
 
 from benchmarks.targets.kernels import HEAD_DIM, HEADS
-from benchmarks.targets.steps import StepRow, describe, run_step_row
+from benchmarks.targets.steps import OnRow, StepRow, describe, run_step_row
 from variants.registry import MILLION_FLOPS, MILLION_TOKENS, attention_spec, million_flops, select
 
 MILLION_LENGTH = MILLION_TOKENS
@@ -37,9 +37,11 @@ def million_bound(length: int) -> int:
     return MILLION_LIMIT_BYTES if length <= MILLION_LENGTH else BEYOND_MILLION_LIMIT_BYTES
 
 
-def million_rows(length: int = MILLION_LENGTH, names: str | None = None) -> list[StepRow]:
+def million_rows(
+    length: int = MILLION_LENGTH, names: str | None = None, on_row: OnRow = None
+) -> list[StepRow]:
     """One layer, one training step at `length` tokens per O(L) variant (all, or `names`,
-    comma-separated), with MILLION_SWITCHES; each printed as it ends."""
+    comma-separated), with MILLION_SWITCHES; each printed and given to `on_row` as it ends."""
     skipped = not_run()
     chosen = names.split(",") if names else [*million_kernels(), *skipped]
     rows = []
@@ -52,4 +54,6 @@ def million_rows(length: int = MILLION_LENGTH, names: str | None = None) -> list
             row.bound_bytes = million_bound(length)
         print(f"{row.name}: {describe(row)}", flush=True)
         rows.append(row)
+        if on_row is not None:
+            on_row(row)
     return rows

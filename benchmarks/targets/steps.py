@@ -9,11 +9,14 @@ is the row's own. Both use the memory switches `model.ff_chunks`, `model.loss_ch
 
 from __future__ import annotations
 
+import csv
 import json
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
 
 import torch
 
@@ -38,6 +41,9 @@ class StepRow:
     cpu_seconds: float | None = None
     bound_bytes: int | None = None
     note: str = ""
+
+
+OnRow = Callable[[StepRow], None] | None  # told of each row as it ends
 
 
 def step_row(attention: str, length: str, depth: str, block: str, d_model: str) -> dict:
@@ -79,12 +85,16 @@ def describe(row: StepRow) -> str:
     return f"{row.seconds:.0f} s{cpu}, peak RSS {row.peak_rss_bytes / 1e9:.2f} GB"
 
 
-def print_step_table(rows: list[StepRow]) -> None:
-    print("\n| step | seconds | CPU seconds | peak RSS GB | bound | met |")
-    print("|---|---:|---:|---:|---|---|")
+def step_markdown(rows: list[StepRow]) -> str:
+    """The rows as a Markdown table: step, wall and CPU seconds, peak RSS, bound and met (or
+    why the row has no step)."""
+    lines = [
+        "| step | seconds | CPU seconds | peak RSS GB | bound | met |",
+        "|---|---:|---:|---:|---|---|",
+    ]
     for row in rows:
         if row.seconds is None:
-            print(f"| {row.name} | | | | | {row.note} |")
+            lines.append(f"| {row.name} | | | | | {row.note} |")
             continue
         bound = met = ""
         if row.bound_bytes is not None:
@@ -92,4 +102,56 @@ def print_step_table(rows: list[StepRow]) -> None:
             met = "yes" if row.peak_rss_bytes < row.bound_bytes else "NO"
         gb = row.peak_rss_bytes / 1e9
         cpu = "" if row.cpu_seconds is None else f"{row.cpu_seconds:.0f}"
-        print(f"| {row.name} | {row.seconds:.0f} | {cpu} | {gb:.2f} | {bound} | {met} |")
+        lines.append(f"| {row.name} | {row.seconds:.0f} | {cpu} | {gb:.2f} | {bound} | {met} |")
+    return "\n".join(lines)
+
+
+def print_step_table(rows: list[StepRow]) -> None:
+    print("\n" + step_markdown(rows))
+
+
+STEP_COLUMNS = [f.name for f in fields(StepRow)]
+
+
+def write_step_csv(path: Path, rows: list[StepRow], run: Mapping[str, object]) -> None:
+    """The rows at `path` as CSV (StepRow's fields, unrounded; empty where a row has none),
+    then the `run`'s columns (threads, commit, day), the same on every row. Written whole
+    each time, so a run that writes after every row keeps the rows that ended."""
+    with open(path, "w", newline="") as file:
+        writer = csv.writer(file)
+        writer.writerow([*STEP_COLUMNS, *run])
+        for row in rows:
+            values = ["" if v is None else v for v in asdict(row).values()]
+            writer.writerow([*values, *run.values()])
+
+
+def read_step_csv(path: Path) -> tuple[list[StepRow], dict[str, str]]:
+    """The rows `write_step_csv` wrote, and its run's columns (as text, from the first row)."""
+    with open(path, newline="") as file:
+        lines = list(csv.DictReader(file))
+    if not lines:
+        raise ValueError(f"{path} holds no step rows")
+
+    def number(text: str, kind: type) -> float | int | None:
+        return None if text == "" else kind(float(text))
+
+    rows = [
+        StepRow(
+            x["name"],
+            number(x["seconds"], float),
+            number(x["peak_rss_bytes"], int),
+            number(x["cpu_seconds"], float),
+            number(x["bound_bytes"], int),
+            x["note"],
+        )
+        for x in lines
+    ]
+    run = {k: v for k, v in lines[0].items() if k not in STEP_COLUMNS}
+    return rows, run
+
+
+def is_step_csv(path: Path) -> bool:
+    """Whether the CSV at `path` holds step rows (its header starts with StepRow's fields)."""
+    with open(path, newline="") as file:
+        header = next(csv.reader(file), [])
+    return header[: len(STEP_COLUMNS)] == STEP_COLUMNS

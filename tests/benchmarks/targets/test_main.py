@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from benchmarks.targets import __main__ as cli
-from benchmarks.targets import kernels
+from benchmarks.targets import kernels, million, steps
 
 # One length's timing per call, not 0.3 s of calls: the flags and the rows are tested.
 QUICK = ["--rounds", "1", "--min-seconds", "0", "--threads", "1"]
@@ -32,7 +32,6 @@ SKIP = ["--skip-flex", "--skip-memory", "--skip-depth", "--skip-decode"]
         (["--min-seconds", "-1"], "argument --min-seconds: must be a number >= 0, got '-1'"),
         (["--depth-attention", "nope"], "argument --depth-attention: unknown variant 'nope'"),
         (["--csv", "/no/such/folder/t.csv"], "argument --csv: folder '/no/such/folder' does not"),
-        (["--million", "--csv", "t.csv"], "argument --csv: writes the target table, which"),
     ],
 )
 def test_a_bad_flag_is_one_line_naming_it_and_its_constraint(flags, message, capsys):
@@ -93,3 +92,36 @@ def test_a_run_below_4096_writes_the_table_as_csv(tmp_path, capsys, one_call):
     again = capsys.readouterr().out
     assert again.startswith("batch 2, heads 2, head_dim 16, dtype float32, device cpu, threads")
     assert again.split("\n\n", 1)[1].strip() in out
+
+
+def test_step_rows_are_written_after_each_row_and_read_back_as_printed(
+    tmp_path, capsys, monkeypatch
+):
+    path = tmp_path / "million.csv"
+    ended = []
+
+    def fake_step(name, attention, length, depth, block, d_model):
+        if ended:  # the second step never ends: the run is stopped
+            raise KeyboardInterrupt
+        ended.append(name)
+        return steps.StepRow(name, 12.5, 3 * 10**9, 11.0)
+
+    monkeypatch.setattr(million, "run_step_row", fake_step)
+    with pytest.raises(KeyboardInterrupt):
+        cli.main(
+            ["--million", "--million-len", "256", "--kernels", "linear,blockwise"]
+            + ["--threads", "1", "--csv", str(path)]
+        )
+    capsys.readouterr()
+    rows, run = steps.read_step_csv(path)
+    assert [r.name for r in rows] == ended == ["linear, 1 layer, L=256"]  # kept: the row that ended
+    assert rows[0] == steps.StepRow(ended[0], 12.5, 3 * 10**9, 11.0, million.MILLION_LIMIT_BYTES)
+    assert set(run) == {"threads", "commit", "date"} and run["threads"] == "1"
+    # a row without a step (left out, or failed) survives the round trip with its note
+    left_out = steps.StepRow("full, 1 layer", note="about 5.6e+14 FLOP: not run")
+    steps.write_step_csv(path, [*rows, left_out], run)
+    cli.main(["--table", str(path)])
+    again = capsys.readouterr().out
+    assert again.split("\n\n", 1)[1].strip() == steps.step_markdown([*rows, left_out])
+    assert "| linear, 1 layer, L=256 | 12 | 11 | 3.00 | < 16 GB | yes |" in again
+    assert "| full, 1 layer | | | | | about 5.6e+14 FLOP: not run |" in again
