@@ -24,6 +24,9 @@ MEMORY_KERNELS = (
     "moba",
     "nsa",
     "deltanet",
+    "gated_deltanet",
+    "mamba2",
+    "sliding_window",
 )
 MEMORY_INFO_KERNELS = ("compressed",)  # measured alongside, without a bound
 MEMORY_LIMIT_BYTES = 4 * 10**9  # the target says 4 GB: 3.73 GiB
