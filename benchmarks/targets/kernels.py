@@ -79,12 +79,10 @@ SETTINGS = {
 }
 # blockwise with as many key blocks per query block as a combined preset's causal pattern:
 # longformer own + 2 back + the global token's block; bigbird own + 1 back + the global block
-# + 3 random blocks. And blockwise of sliding_window's reach (its default window of 128): keys
-# up to 127 back, 128 computed per query, as the window's.
+# + 3 random blocks.
 SAME_BLOCKS_KERNELS = {
     "blockwise-4x128": {"variant": "blockwise", "block_size": 128, "look_backward": 3},
     "blockwise-6x64": {"variant": "blockwise", "block_size": 64, "look_backward": 5},
-    "blockwise-2x64": {"variant": "blockwise", "block_size": 64, "look_backward": 1},
 }
 ROUTING_WINDOW = SETTINGS["routing"]["window"]
 

@@ -87,6 +87,8 @@ def test_training_uses_the_chunked_loss_only_when_switched_on():
         ("nsa", {"block_size": 4, "n_select": 2, "window": 6}, "residual"),
         ("deltanet", {"chunk_size": 4}, "checkpoint"),
         ("deltanet", {"chunk_size": 4, "short_conv": 4}, "residual"),  # runs whole
+        ("sliding_window", {"window": 4, "sink_tokens": 2}, "residual"),
+        ("sliding_window", {"window": 4, "learned_sink": True}, "residual"),  # runs whole
     ],
 )
 @pytest.mark.parametrize("groups", [2, 3])
@@ -139,6 +141,8 @@ def test_groups_call_the_kernel_once_per_group_and_only_if_heads_are_independent
         ("nsa", {}, [2, 2]),
         ("deltanet", {}, [2, 2]),
         ("deltanet", {"short_conv": 4}, [4]),  # per-head convolution weights: whole
+        ("sliding_window", {}, [2, 2]),
+        ("sliding_window", {"learned_sink": True}, [4]),  # a sink logit per head: whole
     ):
         base = {"attention": attention, "attention_options": options, "depth": 1}
         _, model = _pair(base, attention_chunks=2)
