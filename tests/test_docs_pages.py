@@ -341,3 +341,29 @@ def test_the_heads_tables_are_their_snapshots():
             "docs/heads.md's tables are not its snapshot's: run "
             "python -m analysis.head_dims docs/results/heads.csv"
         )
+
+
+def test_the_masks_table_is_its_snapshot():
+    from benchmarks import mask_cost
+
+    rows, settings = mask_cost.read_csv(ROOT / "docs" / "results" / "mask_cost.csv")
+    page = (DOCS / "masks.md").read_text()
+    for block in (mask_cost.header(settings), mask_cost.table(rows)):
+        assert block in page, (
+            "docs/masks.md's table is not its snapshot's: run "
+            "python -m benchmarks.mask_cost --table docs/results/mask_cost.csv"
+        )
+
+
+@pytest.mark.parametrize(
+    "page, snapshot",
+    [("selection.md", "selection_targets.csv"), ("million.md", "million.csv")],
+)
+def test_the_targets_tables_are_their_snapshots(page, snapshot):
+    from benchmarks.targets.__main__ import saved_table
+
+    table = saved_table(ROOT / "docs" / "results" / snapshot)
+    assert table in (DOCS / page).read_text(), (
+        f"docs/{page}'s table is not its snapshot's: run "
+        f"python -m benchmarks.targets --table docs/results/{snapshot}"
+    )

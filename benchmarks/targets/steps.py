@@ -75,6 +75,8 @@ def run_step_row(
             row = json.loads(line.removeprefix(ROW_PREFIX))
             return StepRow(name, row["seconds"], row["peak_rss_bytes"], row.get("cpu_seconds"))
     error = (done.stderr.strip().splitlines() or ["no output"])[-1]
+    if done.returncode < 0:  # SIGKILL with no output: on Linux, the OOM killer's way
+        error = f"killed by signal {-done.returncode}; {error}"
     return StepRow(name, note=f"failed (exit {done.returncode}): {error}")
 
 
@@ -126,7 +128,9 @@ def write_step_csv(path: Path, rows: list[StepRow], run: Mapping[str, object]) -
 
 
 def read_step_csv(path: Path) -> tuple[list[StepRow], dict[str, str]]:
-    """The rows `write_step_csv` wrote, and its run's columns (as text, from the first row)."""
+    """The rows `write_step_csv` wrote, and its run's columns: each column's distinct values
+    in row order, comma-separated (rows of several runs, each with its commit, can share a
+    file)."""
     with open(path, newline="") as file:
         lines = list(csv.DictReader(file))
     if not lines:
@@ -146,7 +150,9 @@ def read_step_csv(path: Path) -> tuple[list[StepRow], dict[str, str]]:
         )
         for x in lines
     ]
-    run = {k: v for k, v in lines[0].items() if k not in STEP_COLUMNS}
+    run = {
+        k: ", ".join(dict.fromkeys(x[k] for x in lines)) for k in lines[0] if k not in STEP_COLUMNS
+    }
     return rows, run
 
 

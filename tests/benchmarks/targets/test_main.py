@@ -125,3 +125,8 @@ def test_step_rows_are_written_after_each_row_and_read_back_as_printed(
     assert again.split("\n\n", 1)[1].strip() == steps.step_markdown([*rows, left_out])
     assert "| linear, 1 layer, L=256 | 12 | 11 | 3.00 | < 16 GB | yes |" in again
     assert "| full, 1 layer | | | | | about 5.6e+14 FLOP: not run |" in again
+    # rows of two runs in one file: the run line names each commit once, in row order
+    later = dict(run, commit="abc")
+    with open(path, "a", newline="") as file:
+        csv.writer(file).writerow(["blockwise, 1 layer", 1.0, 10**9, 1.0, "", "", *later.values()])
+    assert steps.read_step_csv(path)[1]["commit"] == f"{run['commit']}, abc"
