@@ -4,9 +4,8 @@
     python -m benchmarks.targets --max-len 8192  # a quick subset
     python -m benchmarks.targets --lengths 512,1024 --kernels linear,blockwise --heads 8 \
         --skip-flex --skip-memory --skip-depth --skip-decode --csv targets.csv
-    python -m benchmarks.targets --million       # one 2^20-token training step per O(L) variant
+    python -m benchmarks.targets --million --csv m.csv  # a 2^20-token step per O(L) variant
     python -m benchmarks.targets --reformer      # 12 LSH layers at 64K, reversible vs residual
-    python -m benchmarks.targets --million --csv docs/results/million.csv
     python -m benchmarks.targets --table docs/results/selection_targets.csv  # a CSV's table
 
 Every contender (SDPA included) runs with PyTorch's transparent-huge-page allocations
