@@ -367,3 +367,15 @@ def test_the_targets_tables_are_their_snapshots(page, snapshot):
         f"docs/{page}'s table is not its snapshot's: run "
         f"python -m benchmarks.targets --table docs/results/{snapshot}"
     )
+
+
+def test_the_swap_table_is_its_snapshot():
+    from analysis import trained_quality
+    from analysis.load import load_results
+
+    frame = load_results([str(ROOT / "docs" / "results" / "swap.csv")])
+    table = trained_quality.quality(frame).markdown().replace("## ", "### ")
+    assert table in (DOCS / "swap.md").read_text(), (
+        "docs/swap.md's table is not its snapshot's: run "
+        "python -m analysis.trained_quality docs/results/swap.csv"
+    )
