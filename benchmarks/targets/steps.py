@@ -22,6 +22,7 @@ import torch
 
 from benchmarks.targets.kernels import BATCH, model_config
 from experiments.measurement.memory import peak_rss_bytes
+from experiments.records.files import write_atomic
 from variants import TransformerLM
 
 # The memory switches of every step row, as ModelConfig fields.
@@ -118,13 +119,18 @@ STEP_COLUMNS = [f.name for f in fields(StepRow)]
 def write_step_csv(path: Path, rows: list[StepRow], run: Mapping[str, object]) -> None:
     """The rows at `path` as CSV (StepRow's fields, unrounded; empty where a row has none),
     then the `run`'s columns (threads, commit, day), the same on every row. Written whole
-    each time, so a run that writes after every row keeps the rows that ended."""
-    with open(path, "w", newline="") as file:
-        writer = csv.writer(file)
-        writer.writerow([*STEP_COLUMNS, *run])
-        for row in rows:
-            values = ["" if v is None else v for v in asdict(row).values()]
-            writer.writerow([*values, *run.values()])
+    each time (`write_atomic`: a run stopped mid-write keeps the file of the rows before), so a
+    run that writes after every row keeps the rows that ended."""
+
+    def write(tmp: Path) -> None:
+        with open(tmp, "w", newline="") as file:
+            writer = csv.writer(file)
+            writer.writerow([*STEP_COLUMNS, *run])
+            for row in rows:
+                values = ["" if v is None else v for v in asdict(row).values()]
+                writer.writerow([*values, *run.values()])
+
+    write_atomic(path, write)
 
 
 def read_step_csv(path: Path) -> tuple[list[StepRow], dict[str, str]]:
