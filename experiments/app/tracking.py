@@ -23,6 +23,7 @@ import pathlib
 import re
 import secrets
 import shutil
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Optional
@@ -36,6 +37,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+# How long an interrupted job's run may take to close: W&B 0.31 can wait forever in
+# `wandb.teardown()` when Ctrl-C arrived during one of its calls (seen once in a test run).
+CLOSE_AFTER_INTERRUPT_S = 10.0
 MODES = ("online", "offline", "disabled", "dryrun")  # dryrun is W&B's old name for offline
 STEP_AXIS = history.STEP_AXIS  # x-axis of per-step training curves
 SCALING_AXIS = "seq_len"  # x-axis of per-job cost measurements
@@ -127,7 +131,7 @@ class _WandbTracker(Tracker):
         the one a re-run records (online, the re-run resumes this run by its id)."""
         run, self._run = self._run, None
         if run is not None:
-            self._guard(_close, run, 255)
+            self._guard(_close_within, run, 255, CLOSE_AFTER_INTERRUPT_S)
         if self._offline and self.run_dir is not None:
             shutil.rmtree(self.run_dir, ignore_errors=True)
             self.run_dir = None
@@ -421,6 +425,20 @@ def _close(run: Any, exit_code: int) -> None:
 
     run.finish(exit_code=exit_code)
     wandb.teardown()
+
+
+def _close_within(run: Any, exit_code: int, seconds: float) -> None:
+    """`_close`, given up after `seconds` with a warning (it goes on in a daemon thread, which
+    the process's exit does not wait for): an interrupted job must not hang on W&B."""
+    closing = threading.Thread(
+        target=_close, args=(run, exit_code), name="attnbench-wandb-close", daemon=True
+    )
+    closing.start()
+    closing.join(seconds)
+    if closing.is_alive():
+        log.warning(
+            "W&B's run did not close within %g s of the interrupt; going on without it", seconds
+        )
 
 
 def _settings(logger_cfg: Mapping) -> dict[str, Any]:

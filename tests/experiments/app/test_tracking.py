@@ -384,3 +384,26 @@ def test_runs_are_named_by_what_ran_and_grouped_by_their_sweep_dir(tmp_path):
     assert tracking.group_of("default", tmp_path / "mine") == "mine"
     assert tracking.group_of("scaling", tmp_path / "mine") == "scaling"
     assert tracking.group_of("default", None) == "default"
+
+
+def test_an_interrupted_run_that_w_and_b_cannot_close_is_given_up_not_waited_for(
+    tmp_path, monkeypatch, caplog
+):
+    import threading
+
+    import wandb
+
+    stuck = threading.Event()  # W&B 0.31's teardown, stuck after a Ctrl-C mid-call
+    tracker = start(tmp_path)
+    tracker.log_step({"loss": 1.0}, step=0)
+    monkeypatch.setattr(wandb, "teardown", lambda *a, **k: stuck.wait())
+    monkeypatch.setattr(tracking, "CLOSE_AFTER_INTERRUPT_S", 0.2)
+    run_dir = tracker.run_dir
+    discarding = threading.Thread(target=tracker.discard)
+    discarding.start()
+    discarding.join(10)  # a discard that waited for W&B would still be running
+    returned = not discarding.is_alive()
+    stuck.set()
+    assert returned
+    assert not run_dir.exists() and tracker.run_dir is None
+    assert "did not close within 0.2 s of the interrupt" in caplog.text
