@@ -261,6 +261,32 @@ def grouped_heads(s: Subject) -> Result:
     return verdict("grouped_heads", deviation(grouped, repeated), "H_kv = H / 2 vs repeated")
 
 
+def independent_heads(s: Subject) -> Result:
+    """Where claimed: heads called apart (one, then the other three, each inside
+    `computing_heads`) give the one call's outputs and the gradients of its weights."""
+    kernel = s.build(s.directions()[0])
+    if not kernel.independent_heads:
+        return Result("independent_heads", NOT_CLAIMED, None, "independent_heads=False")
+    q, k, v, g = s.inputs()
+    weights = [w for w in kernel.parameters() if w.requires_grad]
+    probe = torch.randn(q.shape, generator=torch.Generator().manual_seed(1), dtype=q.dtype)
+
+    def outputs_and_grads(groups):
+        parts = []
+        with replaying():
+            for heads in groups:
+                with kernel.computing_heads(heads):
+                    parts.append(call(kernel, *(None if x is None else x[:, heads]
+                                                for x in (q, k, v, g))))  # fmt: skip
+        out = torch.cat(parts, dim=1)  # (B, H, L, D)
+        return out, torch.autograd.grad((out * probe).sum(), weights) if weights else ()
+
+    whole, whole_grads = outputs_and_grads([torch.arange(HEADS)])
+    apart, apart_grads = outputs_and_grads(torch.tensor_split(torch.arange(HEADS), [1]))
+    worst = worse(deviation(apart, whole), *map(deviation, apart_grads, whole_grads))
+    return verdict("independent_heads", worst, "heads {0} and {1, 2, 3} apart = at once")
+
+
 def decode(s: Subject) -> Result:
     """Prefill half, then decode token by token, into a cache of `max_len` above the length:
     the causal forward's outputs at every position."""
@@ -394,6 +420,7 @@ PROPERTIES: dict[str, Callable[[Subject], Result]] = {
         left_padding,
         documents,
         grouped_heads,
+        independent_heads,
         decode,
         padded_decode,
         finite_gradients,

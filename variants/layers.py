@@ -95,7 +95,8 @@ class SelfAttention(nn.Module):
     `independent_heads`: the heads are cut into that many groups (sizes differ by at most one),
     and each group's q, k, v projection, kernel and share of the output projection run under
     activation checkpointing (with the group's gates, for gated kernels), one group after
-    another. Only the normalised input and each group's (B, L, d_model) contribution are kept
+    another (a kernel's per-head weights: the group's rows, `Attention.of_heads`). Only the
+    normalised input and each group's (B, L, d_model) contribution are kept
     for backward; no q, k, v of all heads and no kernel temporaries of more than one group are
     ever live. The output equals the unchunked
     layer's up to rounding (the output projection is summed over groups). The recompute runs
@@ -318,7 +319,8 @@ class SelfAttention(nn.Module):
             ).flatten()
             gated = F.linear(x, self.gates.weight[gate_rows], _rows(self.gates.bias, gate_rows))
             gates = torch.sigmoid(self._heads(gated, len(group)))  # (B, G, L, n_gates)
-        y = self.kernel(q, k, v, gates=gates, **masks)  # (B, G, L, head_dim)
+        with self.kernel.computing_heads(group):  # its per-head weights: the group's rows
+            y = self.kernel(q, k, v, gates=gates, **masks)  # (B, G, L, head_dim)
         y = y.transpose(1, 2).reshape(batch, length, -1)  # (B, L, G*head_dim)
         return F.linear(y, self.out.weight[:, columns])  # (B, L, d_model)
 

@@ -67,3 +67,38 @@ def test_bad_arguments_are_one_line(capsys):
     assert "no_such_module_x" in capsys.readouterr().err
     assert conformance.main(["nope"]) == 2
     assert "unknown attention variant 'nope'" in capsys.readouterr().err
+
+
+class HeadScaled(variants.Attention):
+    """Causal attention times a learned scale per head: independent heads only if each call
+    reads its own heads' scales (`of_heads`); `rows` says how it reads them."""
+
+    name = "head_scaled"
+    exact = False
+    time_complexity = memory_complexity = "O(L^2)"
+    independent_heads = True
+    rows = "of_heads"
+
+    def __init__(self, *, causal: bool = True, n_heads: int = 4):
+        super().__init__(causal=causal)
+        self.scale = torch.nn.Parameter(torch.arange(1.0, n_heads + 1))
+
+    def attend(self, q, k, v):
+        heads = q.shape[1]
+        scale = self.of_heads(self.scale) if self.rows == "of_heads" else self.scale[:heads]
+        out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
+        return out * scale[:, None, None]  # (B, H, L, D)
+
+    def flops(self, batch, heads, seq_len, head_dim):
+        return 2 * batch * heads * seq_len * seq_len * head_dim
+
+
+@pytest.mark.parametrize("rows, status", [("of_heads", "held"), ("first", "FAILED")])
+def test_heads_apart_must_read_their_own_per_head_weights(rows, status, monkeypatch):
+    monkeypatch.setattr(HeadScaled, "rows", rows)
+    variants.register_attention(HeadScaled)
+    try:
+        (result,) = conformance.check(HeadScaled.name, properties=["independent_heads"])
+    finally:
+        variants.registry._ATTENTION._entries.pop(HeadScaled.name)
+    assert result.status == status, result.line()

@@ -86,15 +86,23 @@ def test_training_uses_the_chunked_loss_only_when_switched_on():
         ("moba", {"block_size": 4, "top_k": 2}, "residual"),
         ("nsa", {"block_size": 4, "n_select": 2, "window": 6}, "residual"),
         ("deltanet", {"chunk_size": 4}, "checkpoint"),
-        ("deltanet", {"chunk_size": 4, "short_conv": 4}, "residual"),  # runs whole
+        # Per-head weights (convolution, A_h and dt_bias_h, D_h, sink logits): each group
+        # reads its own heads' rows.
+        ("deltanet", {"chunk_size": 4, "short_conv": 4}, "residual"),
+        ("gated_deltanet", {"chunk_size": 4, "short_conv": 4, "output_norm": True}, "residual"),
+        ("mamba2", {"chunk_size": 4, "short_conv": 4, "d_skip": True}, "checkpoint"),
         ("sliding_window", {"window": 4, "sink_tokens": 2}, "residual"),
-        ("sliding_window", {"window": 4, "learned_sink": True}, "residual"),  # runs whole
+        ("sliding_window", {"window": 4, "learned_sink": True}, "residual"),
     ],
 )
 @pytest.mark.parametrize("groups", [2, 3])
 def test_heads_in_groups_equal_all_heads_at_once(attention, options, block, groups):
     base = {"attention": attention, "attention_options": options, "block": block}
     plain, grouped = _pair(base, attention_chunks=groups)
+    with torch.no_grad():  # per-head weights that differ by head (sinks start at zero, D at 1)
+        for weight in plain.parameters():
+            weight.add_(0.3 * torch.randn_like(weight))
+    grouped.load_state_dict(plain.state_dict())
     tokens, targets, mask = _batch(length=16)
     expected = plain.loss(tokens, targets, mask)
     expected.backward()
@@ -140,9 +148,9 @@ def test_groups_call_the_kernel_once_per_group_and_only_if_heads_are_independent
         ("routing", {}, [4]),
         ("nsa", {}, [2, 2]),
         ("deltanet", {}, [2, 2]),
-        ("deltanet", {"short_conv": 4}, [4]),  # per-head convolution weights: whole
-        ("sliding_window", {}, [2, 2]),
-        ("sliding_window", {"learned_sink": True}, [4]),  # a sink logit per head: whole
+        ("deltanet", {"short_conv": 4}, [2, 2]),  # per-head weights: the group's rows
+        ("mamba2", {"short_conv": 4, "d_skip": True}, [2, 2]),
+        ("sliding_window", {"learned_sink": True}, [2, 2]),
     ):
         base = {"attention": attention, "attention_options": options, "depth": 1}
         _, model = _pair(base, attention_chunks=2)

@@ -84,12 +84,14 @@ class Attention(nn.Module):
     # Its `prefill_attend` takes `attention_mask` and its `decode_step` leaves out the cache's
     # pad slots (`Cache.real_keys`): a cache of positions then takes left-padded prompts.
     decode_masks_padding: ClassVar[bool] = False
-    # True if each head's output depends on that head's q, k, v alone, with no per-head
-    # parameters, state or per-call draws: the layer may then run groups of heads as separate
-    # calls (`model.attention_chunks`) and get exactly the output of one call. The class says
-    # it for the defaults; an option that adds per-head weights sets it False on the instance
-    # (DeltaNet's `short_conv`), and the layer reads the instance's.
+    # True if each head's output depends on that head's q, k, v and its own rows of the
+    # per-head weights alone, with no state or per-call draws shared by heads: the layer may
+    # then run groups of heads as separate calls (`model.attention_chunks`) and get exactly the
+    # output of one call. A kernel with per-head weights reads them through `of_heads`, which
+    # gives the rows of the heads a grouped call computes (`computing_heads`).
     independent_heads: ClassVar[bool] = False
+    # The layer's heads (indices) the current call computes, None: all (`computing_heads`).
+    _computed_heads: torch.Tensor | None = None
     # True if the kernel's work is a set of (query block, key block) pairs (exact attention
     # through SDPA's tiles, the fixed and the selected block patterns), so a mask that empties a
     # block could drop that block's work: benchmarks/mask_cost.py holds what a mask costs such a
@@ -523,6 +525,22 @@ class Attention(nn.Module):
         variants. Forward+backward is `FWD_BWD_FLOP_FACTOR` times this.
         """
         raise NotImplementedError
+
+    @contextmanager
+    def computing_heads(self, heads: torch.Tensor) -> Iterator[None]:
+        """Within it, calls carry the layer's heads `heads` (indices, (G,)) alone, q, k, v
+        (B, G, L, D): `of_heads` gives per-head weights' rows of those heads."""
+        outer, self._computed_heads = self._computed_heads, heads
+        try:
+            yield
+        finally:
+            self._computed_heads = outer
+
+    def of_heads(self, weight: torch.Tensor) -> torch.Tensor:
+        """A per-head weight (H, ...) -> the rows of the heads this call computes (G, ...):
+        all H outside `computing_heads`."""
+        heads = self._computed_heads
+        return weight if heads is None else weight[heads.to(weight.device)]
 
     def tie_to(self, first: Attention) -> None:
         """Share parameters with the first layer's kernel when the variant asks for it.

@@ -84,6 +84,8 @@ class RecurrentAttention(Attention):
     supports_decode = True
     supports_padding_mask = supports_segments = True  # one document at a time
     native_gqa = True  # k, v broadcast over each group in the chunked form
+    # Per-head weights (the convolution, A_h, dt_bias_h, D_h) are read through `of_heads`.
+    independent_heads = True
     # The options whose weights are per head (they need the model's n_heads and head_dim).
     per_head_options: ClassVar[tuple[str, ...]] = ("short_conv", "output_norm")
 
@@ -127,9 +129,6 @@ class RecurrentAttention(Attention):
         if self.short_conv:
             channels = 3 * n_heads * head_dim  # q, k and v of every head
             self.conv = nn.Conv1d(channels, channels, self.short_conv, groups=channels, bias=False)
-            # Its weights are per head: a group of heads alone would meet every head's
-            # channels, so the layer runs this kernel whole (`model.attention_chunks`).
-            self.independent_heads = False
         self.norm_weight = nn.Parameter(torch.ones(head_dim)) if self.output_norm else None
         self.a_log = self.dt_bias = None
         if self.decay == "mamba":  # per head; a kernel built alone (no n_heads): one for all
@@ -139,7 +138,7 @@ class RecurrentAttention(Attention):
     def _log_decay(self, gate: torch.Tensor) -> torch.Tensor:
         """The log-decay of a decay gate (B, H, L) by option `decay` (`DECAYS`)."""
         if self.decay == "mamba":
-            return mamba_log_decay(gate, self.a_log, self.dt_bias)
+            return mamba_log_decay(gate, self.of_heads(self.a_log), self.of_heads(self.dt_bias))
         return log_decay(gate)
 
     # --- the subclass's kernel ---------------------------------------------------------------
@@ -187,7 +186,8 @@ class RecurrentAttention(Attention):
             tail = x.new_zeros(batch, heads, width - 1, 3 * head_dim)
         x = torch.cat([tail.to(x.dtype), x], dim=2)  # (B, H, w - 1 + L, 3D)
         channels = x.permute(0, 1, 3, 2).reshape(batch, heads * 3 * head_dim, -1)  # (B, C, T)
-        weight = self.conv.weight.to(x.dtype)
+        weight = self.conv.weight.unflatten(0, (-1, 3 * head_dim))  # (H, 3D, 1, w) per head
+        weight = self.of_heads(weight).flatten(0, 1).to(x.dtype)  # (C, 1, w) this call's heads
         out = F.conv1d(channels, weight, groups=channels.shape[1])  # (B, C, L)
         return out.reshape(batch, heads, 3 * head_dim, length).permute(0, 1, 3, 2)
 

@@ -48,9 +48,6 @@ class GatedDeltaNetAttention(RecurrentAttention):
         "by token)"
     )
     n_gates = 2  # beta, alpha
-    # Options with weights per head (short_conv, decay=mamba): a group of heads run alone would
-    # not know which are its own.
-    independent_heads = False
     per_head_options = ("short_conv", "output_norm")
 
     def __init__(

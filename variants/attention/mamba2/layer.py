@@ -44,9 +44,6 @@ class Mamba2Attention(RecurrentAttention):
     memory_complexity = "O(L C + L d^2 / C)"
     bidirectional_reason = "the SSD is a recurrence over positions (a decayed state)"
     n_gates = 1  # a
-    # Options with weights per head (short_conv, d_skip, decay=mamba): a group of heads run
-    # alone would not know which are its own.
-    independent_heads = False
     per_head_options = ("short_conv", "d_skip")
 
     def __init__(
@@ -95,7 +92,7 @@ class Mamba2Attention(RecurrentAttention):
         """With `d_skip`, D_h v_t added (v repeated over a group's heads)."""
         if self.skip is None:
             return out
-        skip = self.skip.to(out.dtype)[:, None, None]  # (H, 1, 1)
+        skip = self.of_heads(self.skip).to(out.dtype)[:, None, None]  # (H, 1, 1)
         return out + skip * repeat_kv(v, out.shape[1]).to(out.dtype)
 
     def flops(self, batch: int, heads: int, seq_len: int, head_dim: int) -> int:

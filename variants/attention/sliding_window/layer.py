@@ -55,7 +55,7 @@ class SlidingWindowAttention(Attention):
     softmax_kernels = "sdpa"
     supports_padding_mask = supports_segments = True
     native_gqa = native_gqa_decode = True
-    independent_heads = True  # but with learned_sink (a logit per head): see __init__
+    independent_heads = True  # the learned sinks' logits read through `of_heads`
     decode_masks_padding = True  # a left-padded prompt's slots left out (`Cache.real_keys`)
 
     def __init__(
@@ -74,8 +74,6 @@ class SlidingWindowAttention(Attention):
         self.n_heads = require_positive_int(self.name, "n_heads", n_heads)
         # gpt-oss's sink: a logit per head in every row's denominator, learned with the model.
         self.sink_logit = nn.Parameter(torch.zeros(self.n_heads)) if learned_sink else None
-        if learned_sink:  # a group of heads run alone would not know which logits are its own
-            self.independent_heads = False
 
     def pattern(self, seq_len: int) -> patterns.Pattern:
         """The band of `window` (causal: the `window` latest positions) and the sink columns."""
@@ -162,7 +160,8 @@ class SlidingWindowAttention(Attention):
     def _sink_softmax(self, scores: torch.Tensor) -> torch.Tensor:
         """softmax over [scores, sink logit] with the sink's column dropped: (B, H, ..., n)."""
         heads = scores.shape[1]
-        sink = self.sink_logit.to(scores.dtype).view(1, heads, *([1] * (scores.dim() - 2)))
+        sink = self.of_heads(self.sink_logit).to(scores.dtype)  # (H,) this call's heads
+        sink = sink.view(1, heads, *([1] * (scores.dim() - 2)))
         sink = sink.expand(*scores.shape[:-1], 1)
         return torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :-1]
 
