@@ -513,6 +513,8 @@ HASH_NEUTRAL_DEFAULTS = {
     "attention.shared_selection": False,
     "attention.init": "xavier",  # linformer's probes (docs/variants/linformer.md)
     "attention.learn_projection": True,
+    "attention.dt_min": 0.001,  # the state layers' initial decay (docs/variants/common.md)
+    "attention.dt_max": 0.1,
     "model.projection_bias": True,
     "model.n_kv_heads": None,
     "model.layers": None,

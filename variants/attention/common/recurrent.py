@@ -45,13 +45,16 @@ DT_INIT = (1e-3, 1e-1)  # softplus(dt_bias_h) log-uniform in it, at least DT_FLO
 DT_FLOOR = 1e-4
 
 
-def mamba_decay_init(n_heads: int) -> tuple[torch.Tensor, torch.Tensor]:
+def mamba_decay_init(
+    n_heads: int, dt_range: tuple[float, float] = DT_INIT
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Mamba-2's initialisation of the decay's parameters (its mamba2_simple.py; fla's
     GatedDeltaNet the same but for A's lower end): a_log = log A_h with A_h ~ U(A_INIT), and
-    dt_bias_h = softplus^-1(dt_h) with dt_h log-uniform in DT_INIT, floored at DT_FLOOR; (n_heads,)
-    each, from torch's global generator."""
+    dt_bias_h = softplus^-1(dt_h) with dt_h log-uniform in `dt_range` (Mamba-2's dt_min,
+    dt_max), floored at DT_FLOOR; (n_heads,) each, from torch's global generator. The initial
+    decay is about exp(-A_h dt_h): 0.93 at the medians of the default ranges."""
     a = torch.empty(n_heads).uniform_(*A_INIT)
-    low, high = (math.log(x) for x in DT_INIT)
+    low, high = (math.log(x) for x in dt_range)
     dt = torch.empty(n_heads).uniform_(low, high).exp().clamp_min(DT_FLOOR)
     return a.log(), dt + torch.log(-torch.expm1(-dt))  # softplus^-1(dt)
 
@@ -71,6 +74,16 @@ def mamba_log_decay(gate: torch.Tensor, a_log: torch.Tensor, dt_bias: torch.Tens
     logit = gate.log() - torch.log1p(-gate)  # the projection x W the sigmoid was taken of
     dt = F.softplus(logit + dt_bias.to(gate.dtype)[:, None])  # (B, H, L)
     return -a_log.to(gate.dtype).exp()[:, None] * dt
+
+
+def _dt_range(owner: str, dt_min: float, dt_max: float) -> tuple[float, float]:
+    """(dt_min, dt_max) as floats; `ValueError` naming the option unless 0 < dt_min <= dt_max."""
+    for option, value in (("dt_min", dt_min), ("dt_max", dt_max)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+            raise ValueError(f"{owner}: option {option!r} must be a number > 0, got {value!r}")
+    if dt_min > dt_max:
+        raise ValueError(f"{owner}: option 'dt_min'={dt_min} must be <= 'dt_max'={dt_max}")
+    return float(dt_min), float(dt_max)
 
 
 class RecurrentAttention(Attention):
@@ -104,12 +117,15 @@ class RecurrentAttention(Attention):
         n_heads: int | None = None,
         head_dim: int | None = None,
         decay: str | None = None,
+        dt_min: float = DT_INIT[0],
+        dt_max: float = DT_INIT[1],
         per_head: bool = False,
     ):
         """`decay`: how the decay gate maps to the decay (`DECAYS`; None: no decay, deltanet);
         `per_head`: a subclass's own option with weights per head is on. `decay="mamba"` has
         A_h and dt_bias_h per head given `n_heads` (a model's layer passes it), else one pair
-        shared by every head (a kernel built alone)."""
+        shared by every head (a kernel built alone); `dt_min` <= `dt_max`, both > 0: the range
+        of its initial step (`mamba_decay_init`)."""
         super().__init__(causal=causal)
         self.chunk_size = require_positive_int(self.name, "chunk_size", chunk_size)
         self.short_conv = require_non_negative_int(self.name, "short_conv", short_conv)
@@ -131,8 +147,9 @@ class RecurrentAttention(Attention):
             self.conv = nn.Conv1d(channels, channels, self.short_conv, groups=channels, bias=False)
         self.norm_weight = nn.Parameter(torch.ones(head_dim)) if self.output_norm else None
         self.a_log = self.dt_bias = None
+        self.dt_range = _dt_range(self.name, dt_min, dt_max)
         if self.decay == "mamba":  # per head; a kernel built alone (no n_heads): one for all
-            a_log, dt_bias = mamba_decay_init(n_heads or 1)
+            a_log, dt_bias = mamba_decay_init(n_heads or 1, self.dt_range)
             self.a_log, self.dt_bias = nn.Parameter(a_log), nn.Parameter(dt_bias)
 
     def _log_decay(self, gate: torch.Tensor) -> torch.Tensor:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch.nn.functional as F
 
 from variants.attention.common.delta_rule import chunked_delta_rule, delta_rule_flops
-from variants.attention.common.recurrent import RecurrentAttention
+from variants.attention.common.recurrent import DT_INIT, RecurrentAttention
 from variants.registry import register_attention
 
 NORM_EPS = 1e-12
@@ -59,6 +59,8 @@ class GatedDeltaNetAttention(RecurrentAttention):
         feature_map: str = "identity",
         output_norm: bool = False,
         decay: str = "mamba",
+        dt_min: float = DT_INIT[0],
+        dt_max: float = DT_INIT[1],
         n_heads: int | None = None,
         head_dim: int | None = None,
     ):
@@ -69,6 +71,8 @@ class GatedDeltaNetAttention(RecurrentAttention):
             feature_map=feature_map,
             output_norm=output_norm,
             decay=decay,
+            dt_min=dt_min,
+            dt_max=dt_max,
             n_heads=n_heads,
             head_dim=head_dim,
         )
@@ -102,4 +106,9 @@ class GatedDeltaNetAttention(RecurrentAttention):
         return (
             f"causal={self.causal}, chunk_size={self.chunk_size}, short_conv={self.short_conv}, "
             f"feature_map={self.feature_map}, output_norm={self.output_norm}, decay={self.decay}"
+            + (
+                f", dt_min={self.dt_range[0]:g}, dt_max={self.dt_range[1]:g}"
+                if self.a_log is not None
+                else ""
+            )
         )

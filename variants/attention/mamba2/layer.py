@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from variants.attention.common.masking import repeat_kv
-from variants.attention.common.recurrent import RecurrentAttention
+from variants.attention.common.recurrent import DT_INIT, RecurrentAttention
 from variants.attention.mamba2.function import chunked_ssd
 from variants.checks import require_bool
 from variants.registry import register_attention
@@ -55,6 +55,8 @@ class Mamba2Attention(RecurrentAttention):
         feature_map: str = "identity",
         d_skip: bool = False,
         decay: str = "mamba",
+        dt_min: float = DT_INIT[0],
+        dt_max: float = DT_INIT[1],
         n_heads: int | None = None,
         head_dim: int | None = None,
     ):
@@ -65,6 +67,8 @@ class Mamba2Attention(RecurrentAttention):
             short_conv=short_conv,
             feature_map=feature_map,
             decay=decay,
+            dt_min=dt_min,
+            dt_max=dt_max,
             n_heads=n_heads,
             head_dim=head_dim,
             per_head=d_skip,
@@ -106,4 +110,9 @@ class Mamba2Attention(RecurrentAttention):
         return (
             f"causal={self.causal}, chunk_size={self.chunk_size}, short_conv={self.short_conv}, "
             f"feature_map={self.feature_map}, d_skip={self.d_skip}, decay={self.decay}"
+            + (
+                f", dt_min={self.dt_range[0]:g}, dt_max={self.dt_range[1]:g}"
+                if self.a_log is not None
+                else ""
+            )
         )

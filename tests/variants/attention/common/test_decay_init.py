@@ -97,3 +97,32 @@ def test_a_model_starts_with_a_decay_that_keeps_tokens_the_gate_does_not(name):
 
     assert median_alpha("mamba") > 0.85
     assert 0.4 < median_alpha("gate") < 0.6
+
+
+@pytest.mark.parametrize("name", ["gated_deltanet", "mamba2"])
+def test_dt_min_and_dt_max_set_the_initial_step_range(name):
+    """Mamba-2's dt_min / dt_max: dt_h log-uniform in them, so a range ten times lower starts
+    the decay ten times nearer 1 (alpha = exp(-A dt) at x W = 0)."""
+    options = {"dt_min": 1e-4, "dt_max": 1e-3}
+    torch.manual_seed(0)
+    model = variants.TransformerLM(
+        vocab_size=11, d_model=64, n_heads=16, depth=1, attention=name, attention_options=options
+    )
+    (kernel,) = model.kernels()
+    dt = torch.nn.functional.softplus(kernel.dt_bias.detach())
+    assert 1e-4 * (1 - 1e-5) <= float(dt.min()) and float(dt.max()) <= 1e-3 * (1 + 1e-5)
+    assert float(torch.exp(-kernel.a_log.exp() * dt).median()) > 0.99
+    assert "dt_min=0.0001, dt_max=0.001" in repr(kernel)
+
+
+@pytest.mark.parametrize(
+    "options, named",
+    [
+        ({"dt_min": 0.0}, "'dt_min'"),
+        ({"dt_max": "x"}, "'dt_max'"),
+        ({"dt_min": 0.5}, "<= 'dt_max'"),
+    ],
+)
+def test_a_bad_step_range_is_refused_by_name(options, named):
+    with pytest.raises(ValueError, match=named):
+        variants.TransformerLM(vocab_size=11, attention="gated_deltanet", attention_options=options)
