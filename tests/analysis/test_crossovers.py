@@ -104,3 +104,33 @@ def test_speedups_over_the_quadratic_form_chain_through_its_own_job(tmp_path, ca
     assert (kept.loc[kept["attention"] == "blockwise", "speedup_vs_math"] == 3.0).all()
     math_rows = chained[chained.get("attention.impl") == "math"]
     assert math_rows["speedup_vs_math"].isna().all()
+
+
+def _power_law_sweep(sweep, factor):
+    """blockwise's speed-up, a power law crossing 1 at 2,048, times `factor`."""
+    job = 0
+    for length, speedup in ((256, 0.512), (1024, 0.8), (4096, 1.25)):
+        for attention, value in (("full", 1.0), ("blockwise", speedup * factor)):
+            _write(
+                sweep,
+                job,
+                attention=attention,
+                seq_len=length,
+                attn_fwd_bwd_ms=1.0,
+                speedup_vs_sdpa=value,
+                speedup_vs_sdpa_iqr=0.01,
+            )
+            job += 1
+
+
+def test_two_runs_side_by_side_say_how_far_apart_their_crossovers_are(tmp_path, capsys):
+    # The busy run's speed-ups 0.8x the quiet one's: x1.5625 per quadrupling puts its
+    # crossing a factor 4^(log 1.25 / log 1.5625) = 2 later.
+    _power_law_sweep(tmp_path / "quiet", 1.0)
+    _power_law_sweep(tmp_path / "busy", 0.8)
+    assert crossovers.main([str(tmp_path / "quiet"), "--beside", str(tmp_path / "busy")]) == 0
+    out = capsys.readouterr().out
+    assert "| variant | L* vs SDPA, quiet | L* vs SDPA, busy | apart |" in out
+    (row,) = [line for line in out.splitlines() if line.startswith("| blockwise")]
+    # (uncertain: the busy run's speed-up at 4,096 is 1.00, within its spread of 1)
+    assert row == "| blockwise | 2,048 | ≈4,096 (uncertain) | 2.00× | 1.25 / 1.00 at 4,096 |"
