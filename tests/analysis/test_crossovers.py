@@ -27,11 +27,13 @@ def _write(sweep, job, **record):
     (sweep / str(job) / "result.json").write_text(json.dumps({**base, **record}))
 
 
-def test_prints_each_variants_crossover_and_speedups(tmp_path, capsys):
-    sweep = tmp_path / "sweep"
+def _power_law_sweep(sweep, factor=1.0, spreads=(0.01, 0.01, 0.01)):
+    """blockwise's speed-up, a power law crossing 1 at 2,048 (x1.5625 per quadrupling), times
+    `factor`, with the rounds' IQRs `spreads` at 256, 1024 and 4096."""
     job = 0
-    for length, speedup, spread in ((256, 0.512, 0.1), (1024, 0.8, 0.3), (4096, 1.25, 0.1)):
-        for attention, value in (("full", 1.0), ("blockwise", speedup)):
+    lengths = ((256, 0.512), (1024, 0.8), (4096, 1.25))
+    for (length, speedup), spread in zip(lengths, spreads, strict=True):
+        for attention, value in (("full", 1.0), ("blockwise", speedup * factor)):
             _write(
                 sweep,
                 job,
@@ -42,6 +44,11 @@ def test_prints_each_variants_crossover_and_speedups(tmp_path, capsys):
                 speedup_vs_sdpa_iqr=spread,
             )
             job += 1
+
+
+def test_prints_each_variants_crossover_and_speedups(tmp_path, capsys):
+    sweep = tmp_path / "sweep"
+    _power_law_sweep(sweep, spreads=(0.1, 0.3, 0.1))
     assert crossovers.main([str(sweep)]) == 0
     out = capsys.readouterr().out
     (row,) = [line for line in out.splitlines() if line.startswith("| blockwise")]
@@ -104,23 +111,6 @@ def test_speedups_over_the_quadratic_form_chain_through_its_own_job(tmp_path, ca
     assert (kept.loc[kept["attention"] == "blockwise", "speedup_vs_math"] == 3.0).all()
     math_rows = chained[chained.get("attention.impl") == "math"]
     assert math_rows["speedup_vs_math"].isna().all()
-
-
-def _power_law_sweep(sweep, factor):
-    """blockwise's speed-up, a power law crossing 1 at 2,048, times `factor`."""
-    job = 0
-    for length, speedup in ((256, 0.512), (1024, 0.8), (4096, 1.25)):
-        for attention, value in (("full", 1.0), ("blockwise", speedup * factor)):
-            _write(
-                sweep,
-                job,
-                attention=attention,
-                seq_len=length,
-                attn_fwd_bwd_ms=1.0,
-                speedup_vs_sdpa=value,
-                speedup_vs_sdpa_iqr=0.01,
-            )
-            job += 1
 
 
 def test_two_runs_side_by_side_say_how_far_apart_their_crossovers_are(tmp_path, capsys):
