@@ -379,3 +379,16 @@ def test_the_swap_table_is_its_snapshot():
         "docs/swap.md's table is not its snapshot's: run "
         "python -m analysis.trained_quality docs/results/swap.csv"
     )
+
+
+def test_the_main_jobs_time_table_is_its_snapshots():
+    from analysis import job_phases
+    from analysis.load import load_results
+
+    names = ("scaling", "decode_quick", "long_range_quick")
+    frame = load_results([str(ROOT / "docs" / "results" / f"{n}.csv") for n in names])
+    table = job_phases.phases(frame).markdown().replace("## ", "### ")
+    assert table in (DOCS / "running.md").read_text(), (
+        "docs/running.md's time table is not its snapshots': run python -m analysis.job_phases "
+        "docs/results/scaling.csv docs/results/decode_quick.csv docs/results/long_range_quick.csv"
+    )
