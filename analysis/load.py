@@ -161,11 +161,28 @@ def tidy(frame: pd.DataFrame) -> pd.DataFrame:
         )
     frame = _heads_of_old_records(frame)
     frame = _layers_of_old_records(frame)
+    frame = _options_of_old_records(frame)
     frame = frame.copy()  # one block per dtype again after the column-by-column conversion
     frame["variant"] = variant_labels(frame)
     order = [c for c in _SORT if frame[c].notna().any()]
     frame = frame.sort_values(order, kind="stable", na_position="last") if order else frame
     return frame.reset_index(drop=True)
+
+
+def _options_of_old_records(frame: pd.DataFrame) -> pd.DataFrame:
+    """Records written before an attention option existed (`attention.dt_min` in a Gated
+    DeltaNet record of last week): the option's hash-neutral default (`HASH_NEUTRAL_DEFAULTS`:
+    the default does what the code did before it), where another record of the same variant
+    holds the option, so that old and new records of one configuration are one series."""
+    for key, default in record.HASH_NEUTRAL_DEFAULTS.items():
+        if not key.startswith("attention.") or key not in frame or default is None:
+            continue
+        owners = set(frame.loc[frame[key].notna(), "attention"].dropna().map(str))
+        old = frame[key].isna() & frame["attention"].map(str).isin(owners)
+        if old.any():
+            frame[key] = frame[key].astype(object).where(~old, default)
+            frame[key] = _typed(key, frame[key])
+    return frame
 
 
 def _heads_of_old_records(frame: pd.DataFrame) -> pd.DataFrame:

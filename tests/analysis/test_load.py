@@ -200,6 +200,20 @@ def test_records_before_the_heads_columns_get_them_from_d_model_and_n_heads():
     assert frame["head_dim"].tolist() == [64, 32] and frame["n_kv_heads"].tolist() == [4, 2]
 
 
+def test_records_before_an_option_existed_get_its_hash_neutral_default():
+    """A Gated DeltaNet record from before `dt_min` joins the newer records of the same
+    configuration (one label); a variant without the option keeps none."""
+    base = {"status": "ok", "seq_len": 256}
+    old = {**base, "attention": "gated_deltanet"}
+    new = {**base, "attention": "gated_deltanet", "attention.dt_min": 0.001}
+    other = {**base, "attention": "full"}
+    frame = load.tidy(pd.DataFrame([old, new, other]))
+    by_attention = frame.set_index("attention")["attention.dt_min"]
+    assert by_attention["gated_deltanet"].tolist() == [0.001, 0.001]
+    assert by_attention["full"] is None
+    assert record.HASH_NEUTRAL_DEFAULTS["attention.dt_min"] == 0.001
+
+
 def _stringified_like_the_old_store(frame: pd.DataFrame) -> pd.DataFrame:
     """results.parquet as the store wrote it before the record schema typed it: every object
     column as text, missing values None."""
