@@ -21,7 +21,12 @@ LONGEST = 3  # jobs named per launch
 
 
 def launches(frame: pd.DataFrame) -> pd.DataFrame:
-    """The records with `start`, `end` (UTC) and `launch` (0, 1, ... in time order)."""
+    """One row per job with `start`, `end` (UTC) and `launch` (0, 1, ... in time order). A
+    job's other records (a curriculum stage's, `<job>/64`; an evaluation point's) are left
+    out: its own record, the last to end, holds its whole time."""
+    if "job" in frame:
+        job_dir = frame["job"].astype(str).str.split("/").str[0]
+        frame = frame.loc[frame.groupby(job_dir)["job_seconds"].idxmax()]
     end = pd.to_datetime(frame["timestamp"], utc=True, format="ISO8601")
     jobs = frame.assign(start=end - pd.to_timedelta(frame["job_seconds"], unit="s"), end=end)
     jobs = jobs.sort_values("start", kind="stable").reset_index(drop=True)

@@ -43,3 +43,11 @@ def test_two_workers_side_by_side_are_one_launch_and_a_pause_starts_the_next():
 
 def test_records_without_timing_have_no_table(capsys):
     assert job_phases.phases(pd.DataFrame({"attention": ["full"]})) is None
+
+
+def test_a_curriculum_stages_record_is_not_another_job():
+    stage = _job("long_range_quick", "performer", 70, 70) | {"job": "performer-L1024-ab/64"}
+    final = _job("long_range_quick", "performer", 78, 78) | {"job": "performer-L1024-ab"}
+    table = job_phases.phases(pd.DataFrame([stage, final])).frame
+    assert list(table["jobs"]) == [1, 1] and list(table["job seconds"]) == ["78", "78"]
+    assert table["longest jobs"][0] == "performer L=256 78 s"
