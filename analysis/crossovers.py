@@ -1,7 +1,7 @@
 """Print each variant's crossover lengths and in-job speed-ups over exact attention.
 
     python -m analysis.crossovers multirun/scaling [more results ...]
-    python -m analysis.crossovers QUIET --beside BUSY    # two runs' L* side by side
+    python -m analysis.crossovers QUIET --beside BUSY [--labels quiet busy]    # two runs
 
 The same table as report.md's "Speed-up over exact attention" (`analysis.kernel_time.speedups`),
 from the records' `speedup_vs_sdpa` (and `speedup_vs_math`) columns, without building the
@@ -67,6 +67,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("results", nargs="+", help="sweep dirs, results.csv/.parquet files")
     parser.add_argument("--beside", metavar="RESULTS", help="a second run of the same sweep")
+    parser.add_argument(
+        "--labels", nargs=2, metavar=("FIRST", "SECOND"), help="the two runs' names (--beside)"
+    )
     args = parser.parse_args(argv)
     try:
         frame = load.tidy(load.load_results(args.results))
@@ -75,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 1
     if other is not None:
-        labels = (_label(args.results[0]), _label(args.beside))
+        labels = tuple(args.labels or (_label(args.results[0]), _label(args.beside)))
         if labels[0] == labels[1]:
             labels = (labels[0], f"{labels[1]} (2)")
         print(side_by_side(frame, other, labels).markdown())

@@ -124,3 +124,11 @@ def test_two_runs_side_by_side_say_how_far_apart_their_crossovers_are(tmp_path, 
     (row,) = [line for line in out.splitlines() if line.startswith("| blockwise")]
     # (uncertain: the busy run's speed-up at 4,096 is 1.00, within its spread of 1)
     assert row == "| blockwise | 2,048 | ≈4,096 (uncertain) | 2.00× | 1.25 / 1.00 at 4,096 |"
+
+
+def test_the_two_runs_can_be_named(tmp_path, capsys):
+    _power_law_sweep(tmp_path / "a")
+    _power_law_sweep(tmp_path / "b", 0.8)
+    argv = [str(tmp_path / "a"), "--beside", str(tmp_path / "b"), "--labels", "quiet", "busy"]
+    assert crossovers.main(argv) == 0
+    assert "| variant | L* vs SDPA, quiet | L* vs SDPA, busy | apart |" in capsys.readouterr().out
