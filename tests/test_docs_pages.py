@@ -392,3 +392,37 @@ def test_the_main_jobs_time_table_is_its_snapshots():
         "docs/running.md's time table is not its snapshots': run python -m analysis.job_phases "
         "docs/results/scaling.csv docs/results/decode_quick.csv docs/results/long_range_quick.csv"
     )
+
+
+@pytest.mark.parametrize(
+    "preset", ["reformer_table2", "shared_qk", "reversible_quality", "quality_speed"]
+)
+def test_the_reproductions_tables_are_their_snapshots(preset):
+    from analysis import trained_quality
+    from analysis.load import load_results
+
+    frame = load_results([str(ROOT / "docs" / "results" / f"{preset}.csv")])
+    built = (
+        trained_quality.cross_evaluation if preset == "reformer_table2" else trained_quality.quality
+    )
+    table = built(frame).markdown().replace("## ", "### ")
+    assert table in (DOCS / "reproductions.md").read_text(), (
+        f"docs/reproductions.md's {preset} table is not its snapshot's: run "
+        f"python -m analysis.trained_quality docs/results/{preset}.csv"
+    )
+
+
+def test_the_quiet_and_busy_crossovers_are_their_snapshots():
+    from analysis import crossovers
+    from analysis.load import load_results, tidy
+
+    quiet, busy = (
+        tidy(load_results([str(ROOT / "docs" / "results" / f"{name}.csv")]))
+        for name in ("scaling", "scaling_busy")
+    )
+    table = crossovers.side_by_side(quiet, busy, ("quiet", "busy")).markdown()
+    assert table.replace("## ", "### ") in (DOCS / "report.md").read_text(), (
+        "docs/report.md's quiet and busy table is not its snapshots': run python -m "
+        "analysis.crossovers docs/results/scaling.csv --beside docs/results/scaling_busy.csv "
+        "--labels quiet busy"
+    )
