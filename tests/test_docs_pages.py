@@ -426,3 +426,12 @@ def test_the_quiet_and_busy_crossovers_are_their_snapshots():
         "analysis.crossovers docs/results/scaling.csv --beside docs/results/scaling_busy.csv "
         "--labels quiet busy"
     )
+
+
+def test_the_decay_profile_table_is_the_commands():
+    from experiments.measurement import decay_profile
+
+    assert decay_profile.table() in (DOCS / "variants" / "common.md").read_text(), (
+        "docs/variants/common.md's decay table is not the command's: run "
+        "python -m experiments.measurement.decay_profile"
+    )

@@ -81,6 +81,30 @@ def row(label: str, alpha: torch.Tensor, kept: torch.Tensor | None) -> str:
     return "| " + " | ".join(cells) + " |"
 
 
+def table(seq_len: int = 64, models: int = 20) -> str:
+    """The profile as Markdown: per variant and decay the quantiles of alpha over `models`
+    fresh models, its median half-life and what is kept of a pair at its query; the paper's
+    initialisation last (docs/variants/common.md's table)."""
+    task = build_task(TASK, seq_len=seq_len, batch_size=16, seed=0)
+    batch = task.batch("train", 0)
+    quantiles = " | ".join(f"alpha q{round(q * 100):02d}" for q in QUANTILES)
+    lines = [
+        f"| variant, decay | {quantiles} | half-life (tokens) | kept at the query |",
+        "|---" * (len(QUANTILES) + 3) + "|",
+    ]
+    for name in GATE_INDEX:
+        for decay in ("gate", "mamba"):
+            drawn = [alphas(name, decay, batch, task.vocab_size, s) for s in range(models)]
+            kept = torch.cat([kept_at_queries(a, batch) for a in drawn])
+            lines.append(row(f"{name}, {decay}", torch.cat([a.flatten() for a in drawn]), kept))
+    lines.append(row("paper's init, x W = 0", paper_alphas(10**6), None))
+    note = (
+        f"{models} models per row at initialisation, long_recall at {seq_len} tokens (16 "
+        "pairs, batch 16); kept at the query: median over queries, heads and layers."
+    )
+    return "\n".join(lines) + "\n\n" + note
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m experiments.measurement.decay_profile", description=__doc__.split("\n")[0]
@@ -88,21 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seq-len", type=int, default=64, help="the task's length (64)")
     parser.add_argument("--models", type=int, default=20, help="models (seeds) per row (20)")
     args = parser.parse_args(argv)
-    task = build_task(TASK, seq_len=args.seq_len, batch_size=16, seed=0)
-    batch = task.batch("train", 0)
-    quantiles = " | ".join(f"alpha q{round(q * 100):02d}" for q in QUANTILES)
-    print(f"| variant, decay | {quantiles} | half-life (tokens) | kept at the query |")
-    print("|---" * (len(QUANTILES) + 4) + "|")
-    for name in GATE_INDEX:
-        for decay in ("gate", "mamba"):
-            drawn = [alphas(name, decay, batch, task.vocab_size, s) for s in range(args.models)]
-            kept = torch.cat([kept_at_queries(a, batch) for a in drawn])
-            print(row(f"{name}, {decay}", torch.cat([a.flatten() for a in drawn]), kept))
-    print(row("paper's init, x W = 0", paper_alphas(10**6), None))
-    print(
-        f"\n{args.models} models per row at initialisation, long_recall at {args.seq_len} "
-        "tokens (16 pairs, batch 16); kept at the query: median over queries, heads and layers."
-    )
+    print(table(args.seq_len, args.models))
     return 0
 
 
