@@ -111,7 +111,7 @@ def test_dt_min_and_dt_max_set_the_initial_step_range(name):
     (kernel,) = model.kernels()
     dt = torch.nn.functional.softplus(kernel.dt_bias.detach())
     assert 1e-4 * (1 - 1e-5) <= float(dt.min()) and float(dt.max()) <= 1e-3 * (1 + 1e-5)
-    assert float(torch.exp(-kernel.a_log.exp() * dt).median()) > 0.99
+    assert float(torch.exp(-kernel.a_log.detach().exp() * dt).median()) > 0.99
     assert "dt_min=0.0001, dt_max=0.001" in repr(kernel)
 
 
