@@ -92,7 +92,7 @@ capacity-seeds: $(BASE)  ## capacity: seed 1 and head dim 32 at each variant's c
 sweep-%: $(BASE)  ## run a preset sweep, e.g. make sweep-depth (smoke, scaling, depth, lsh, linformer)
 	$(PY) -m experiments.run -m +experiment=$*
 
-test: $(STAMP)  ## install, then run the default test suite (two workers: 5 min on 2 cores, 8 min on one)
+test: $(STAMP)  ## install, then run the default test suite (two workers; its time: docs/running.md)
 	$(PY) -m pytest -q -n 2
 
 test-gpu: $(STAMP)  ## the CUDA checks (every variant fp32/bf16 vs CPU, reversible grads, a sweep)
