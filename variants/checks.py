@@ -61,6 +61,13 @@ def require_choice(owner: str, option: str, value: Any, choices: tuple[str, ...]
     return value
 
 
+def require_positive_number(owner: str, option: str, value: Any) -> float:
+    """Return `value` as float if it is a number > 0 (not a bool), else raise `ValueError`."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ValueError(f"{owner}: option {option!r} must be a positive number, got {value!r}")
+    return float(value)
+
+
 def require_probability(owner: str, option: str, value: Any) -> float:
     """Return `value` as float if 0 <= value < 1, else raise `ValueError`."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:

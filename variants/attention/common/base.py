@@ -40,6 +40,7 @@ from variants.checks import (
     check_segment_ids,
     require_bool,
     require_positive_int,
+    require_positive_number,
     token_mask,
 )
 from variants.patterns import Pattern
@@ -233,10 +234,7 @@ class Attention(nn.Module):
                 f"attention {self.name!r} does not support option 'scale': its output is not a "
                 "softmax of scaled scores (or it normalises q)"
             )
-        if not isinstance(scale, (int, float)) or isinstance(scale, bool) or not scale > 0:
-            raise ValueError(
-                f"{self.name}: option 'scale' must be a positive number, got {scale!r}"
-            )
+        scale = require_positive_number(self.name, "scale", scale)
         return q * (scale * math.sqrt(q.shape[-1]))
 
     def _last_queries(self, q, k, v, gates, attention_mask, segment_ids) -> torch.Tensor:

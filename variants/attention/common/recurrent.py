@@ -29,6 +29,7 @@ from variants.checks import (
     require_choice,
     require_non_negative_int,
     require_positive_int,
+    require_positive_number,
 )
 
 FEATURE_MAPS = ("identity", "silu")
@@ -78,12 +79,11 @@ def mamba_log_decay(gate: torch.Tensor, a_log: torch.Tensor, dt_bias: torch.Tens
 
 def _dt_range(owner: str, dt_min: float, dt_max: float) -> tuple[float, float]:
     """(dt_min, dt_max) as floats; `ValueError` naming the option unless 0 < dt_min <= dt_max."""
-    for option, value in (("dt_min", dt_min), ("dt_max", dt_max)):
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-            raise ValueError(f"{owner}: option {option!r} must be a number > 0, got {value!r}")
-    if dt_min > dt_max:
+    low = require_positive_number(owner, "dt_min", dt_min)
+    high = require_positive_number(owner, "dt_max", dt_max)
+    if low > high:
         raise ValueError(f"{owner}: option 'dt_min'={dt_min} must be <= 'dt_max'={dt_max}")
-    return float(dt_min), float(dt_max)
+    return low, high
 
 
 class RecurrentAttention(Attention):
@@ -151,6 +151,12 @@ class RecurrentAttention(Attention):
         if self.decay == "mamba":  # per head; a kernel built alone (no n_heads): one for all
             a_log, dt_bias = mamba_decay_init(n_heads or 1, self.dt_range)
             self.a_log, self.dt_bias = nn.Parameter(a_log), nn.Parameter(dt_bias)
+
+    def _decay_repr(self) -> str:
+        """The decay's options for `extra_repr`: its initial step's range with `decay='mamba'`."""
+        if self.a_log is None:
+            return f"decay={self.decay}"
+        return f"decay={self.decay}, dt_min={self.dt_range[0]:g}, dt_max={self.dt_range[1]:g}"
 
     def _log_decay(self, gate: torch.Tensor) -> torch.Tensor:
         """The log-decay of a decay gate (B, H, L) by option `decay` (`DECAYS`)."""

@@ -105,10 +105,5 @@ class GatedDeltaNetAttention(RecurrentAttention):
     def extra_repr(self) -> str:
         return (
             f"causal={self.causal}, chunk_size={self.chunk_size}, short_conv={self.short_conv}, "
-            f"feature_map={self.feature_map}, output_norm={self.output_norm}, decay={self.decay}"
-            + (
-                f", dt_min={self.dt_range[0]:g}, dt_max={self.dt_range[1]:g}"
-                if self.a_log is not None
-                else ""
-            )
+            f"feature_map={self.feature_map}, output_norm={self.output_norm}, {self._decay_repr()}"
         )

@@ -109,10 +109,5 @@ class Mamba2Attention(RecurrentAttention):
     def extra_repr(self) -> str:
         return (
             f"causal={self.causal}, chunk_size={self.chunk_size}, short_conv={self.short_conv}, "
-            f"feature_map={self.feature_map}, d_skip={self.d_skip}, decay={self.decay}"
-            + (
-                f", dt_min={self.dt_range[0]:g}, dt_max={self.dt_range[1]:g}"
-                if self.a_log is not None
-                else ""
-            )
+            f"feature_map={self.feature_map}, d_skip={self.d_skip}, {self._decay_repr()}"
         )
