@@ -71,6 +71,8 @@ def main(argv: list[str] | None = None) -> int:
         "--labels", nargs=2, metavar=("FIRST", "SECOND"), help="the two runs' names (--beside)"
     )
     args = parser.parse_args(argv)
+    if args.labels and not args.beside:
+        parser.error("argument --labels: names the two runs of --beside, which is not given")
     try:
         frame = load.tidy(load.load_results(args.results))
         other = load.tidy(load.load_results([args.beside])) if args.beside else None

@@ -132,3 +132,11 @@ def test_the_two_runs_can_be_named(tmp_path, capsys):
     argv = [str(tmp_path / "a"), "--beside", str(tmp_path / "b"), "--labels", "quiet", "busy"]
     assert crossovers.main(argv) == 0
     assert "| variant | L* vs SDPA, quiet | L* vs SDPA, busy | apart |" in capsys.readouterr().out
+
+
+def test_labels_without_a_second_run_are_one_line(tmp_path, capsys):
+    _power_law_sweep(tmp_path / "a")
+    with pytest.raises(SystemExit) as ended:
+        crossovers.main([str(tmp_path / "a"), "--labels", "quiet", "busy"])
+    assert ended.value.code == 2
+    assert "argument --labels" in capsys.readouterr().err
